@@ -1,0 +1,40 @@
+// Where a tensor's bytes live: host memory or a CUDA device.
+#ifndef DCP_CORE_DEVICE_H_
+#define DCP_CORE_DEVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dcp {
+
+struct Device {
+  enum class Kind { kCpu, kCuda };
+
+  Kind kind = Kind::kCpu;
+  int index = 0;  // Device ordinal for kCuda; 0 for kCpu.
+
+  static Device Cpu() { return Device{}; }
+  static Device Cuda(int index) { return Device{Kind::kCuda, index}; }
+
+  bool is_cpu() const { return kind == Kind::kCpu; }
+  bool is_cuda() const { return kind == Kind::kCuda; }
+
+  // "cpu" or "cuda:N".
+  std::string ToString() const;
+
+  // Parses "cpu", "cuda" (ordinal 0) or "cuda:N".
+  static absl::StatusOr<Device> Parse(absl::string_view text);
+
+  friend bool operator==(const Device& a, const Device& b) {
+    return a.kind == b.kind && a.index == b.index;
+  }
+  friend bool operator!=(const Device& a, const Device& b) {
+    return !(a == b);
+  }
+};
+
+}  // namespace dcp
+
+#endif  // DCP_CORE_DEVICE_H_

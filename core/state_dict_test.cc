@@ -1,0 +1,85 @@
+#include "core/state_dict.h"
+
+#include "gtest/gtest.h"
+
+namespace dcp {
+namespace {
+
+StateDict Nested() {
+  StateDict optim_state;
+  optim_state["0"] = StateDict{{"exp_avg", Tensor::Empty(DType::kF32, {2})},
+                               {"step", int64_t{7}}};
+  StateDict sd;
+  sd["model"] = StateDict{{"w", Tensor::Empty(DType::kBF16, {3, 3})}};
+  sd["optim"] = StateDict{
+      {"state", optim_state},
+      {"param_groups", StateList{StateDict{{"lr", 0.1}, {"name", "g0"}}}}};
+  sd["epoch"] = 3;
+  sd["blob"] = Bytes{std::string("\0\1\2", 3)};
+  return sd;
+}
+
+TEST(FlattenStateDict, DottedNamesAndPaths) {
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(Nested());
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  std::vector<std::string> names;
+  for (const auto& [name, value] : flat->leaves) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "blob", "epoch", "model.w", "optim.param_groups.0.lr",
+                       "optim.param_groups.0.name", "optim.state.0.exp_avg",
+                       "optim.state.0.step"}));
+  const ObjectPath& path = flat->mapping.at("optim.param_groups.0.lr");
+  ASSERT_EQ(path.size(), 4u);
+  EXPECT_EQ(std::get<int64_t>(path[2]), 0);
+  EXPECT_EQ(std::get<std::string>(path[3]), "lr");
+}
+
+TEST(FlattenStateDict, RoundTripRestoresNesting) {
+  StateDict original = Nested();
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(original);
+  ASSERT_TRUE(flat.ok());
+  absl::StatusOr<StateDict> back =
+      UnflattenStateDict(flat->leaves, flat->mapping);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const StateValue& groups = back->at("optim").dict().at("param_groups");
+  ASSERT_EQ(groups.kind(), StateValue::Kind::kList);
+  EXPECT_DOUBLE_EQ(groups.list()[0].dict().at("lr").double_value(), 0.1);
+  EXPECT_EQ(back->at("blob").bytes_value().data, std::string("\0\1\2", 3));
+  EXPECT_EQ(back->at("optim").dict().at("state").dict().at("0").dict().at(
+                "step").int_value(),
+            7);
+}
+
+TEST(FlattenStateDict, DottedKeyCollisionIsAnError) {
+  StateDict sd;
+  sd["a.b"] = 1;
+  sd["a"] = StateDict{{"b", 2}};
+  absl::Status s = FlattenStateDict(sd).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"a.b\""), absl::string_view::npos);
+}
+
+TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
+  StateDict sd;
+  sd["layer.0"] = StateDict{{"w", 5}};
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(sd);
+  ASSERT_TRUE(flat.ok());
+  absl::StatusOr<StateDict> back =
+      UnflattenStateDict(flat->leaves, flat->mapping);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->at("layer.0").dict().at("w").int_value(), 5);
+}
+
+TEST(FindByPath, FindsLeavesAndRejectsMissing) {
+  StateDict sd = Nested();
+  StateValue* v = FindByPath(sd, {std::string("optim"),
+                                  std::string("param_groups"), int64_t{0},
+                                  std::string("name")});
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->string_value(), "g0");
+  EXPECT_EQ(FindByPath(sd, {std::string("optim"), int64_t{0}}), nullptr);
+  EXPECT_EQ(FindByPath(sd, {std::string("nope")}), nullptr);
+}
+
+}  // namespace
+}  // namespace dcp

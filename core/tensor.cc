@@ -1,0 +1,138 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dcp {
+
+int64_t NumElements(absl::Span<const int64_t> sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+Shape ContiguousStrides(absl::Span<const int64_t> sizes) {
+  Shape strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= sizes[i] > 0 ? sizes[i] : 1;
+  }
+  return strides;
+}
+
+std::string ShapeToString(absl::Span<const int64_t> sizes) {
+  return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]");
+}
+
+TensorView::TensorView(void* data, DType dtype, Shape sizes, Device device)
+    : data_(data),
+      dtype_(dtype),
+      sizes_(std::move(sizes)),
+      strides_(ContiguousStrides(sizes_)),
+      device_(device) {}
+
+TensorView::TensorView(void* data, DType dtype, Shape sizes, Shape strides,
+                       Device device)
+    : data_(data),
+      dtype_(dtype),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      device_(device) {}
+
+bool TensorView::is_contiguous() const {
+  if (numel() <= 1) return true;
+  int64_t expected = 1;
+  for (size_t i = sizes_.size(); i-- > 0;) {
+    if (sizes_[i] != 1 && strides_[i] != expected) return false;
+    expected *= sizes_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::Empty(DType dtype, Shape sizes) {
+  const size_t nbytes = NumElements(sizes) * ElementSize(dtype);
+  constexpr size_t kAlign = 4096;
+  const size_t padded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  void* memory = padded == 0 ? nullptr : std::aligned_alloc(kAlign, padded);
+  if (padded != 0 && memory == nullptr) throw std::bad_alloc();
+  if (memory != nullptr) std::memset(memory, 0, padded);
+  Tensor t;
+  t.view_ = TensorView(memory, dtype, std::move(sizes));
+  t.owner_ = std::shared_ptr<void>(memory, [](void* p) { std::free(p); });
+  return t;
+}
+
+Tensor Tensor::Wrap(TensorView view) {
+  Tensor t;
+  t.view_ = std::move(view);
+  return t;
+}
+
+Tensor Tensor::WithOwner(TensorView view, std::shared_ptr<void> owner) {
+  Tensor t;
+  t.view_ = std::move(view);
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+namespace {
+
+// Copies a strided host view into contiguous `out`, one innermost row at a
+// time.
+void GatherStrided(const TensorView& v, std::byte* out) {
+  const size_t elem = ElementSize(v.dtype());
+  const int64_t rank = v.dim();
+  const int64_t n = v.numel();
+  if (n == 0) return;
+  if (rank == 0) {
+    std::memcpy(out, v.data(), elem);
+    return;
+  }
+  std::vector<int64_t> index(rank, 0);
+  const auto* base = static_cast<const std::byte*>(v.data());
+  const int64_t inner = v.sizes()[rank - 1];
+  const int64_t inner_stride = v.strides()[rank - 1];
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < rank - 1; ++d) offset += index[d] * v.strides()[d];
+    for (int64_t i = 0; i < inner; ++i) {
+      std::memcpy(out, base + (offset + i * inner_stride) * elem, elem);
+      out += elem;
+    }
+    for (int64_t d = rank - 2; d >= 0; --d) {
+      if (++index[d] < v.sizes()[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Tensor::ContiguousHostCopy() const {
+  if (!device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ContiguousHostCopy of a ", device().ToString(),
+                     " tensor; copy device memory with the DeviceRuntime"));
+  }
+  Tensor copy = Empty(dtype(), sizes());
+  if (view_.is_contiguous()) {
+    if (nbytes() > 0) std::memcpy(copy.data(), data(), nbytes());
+  } else {
+    GatherStrided(view_, static_cast<std::byte*>(copy.data()));
+  }
+  return copy;
+}
+
+bool Tensor::BytesEqual(const Tensor& other) const {
+  if (dtype() != other.dtype() || sizes() != other.sizes()) return false;
+  if (nbytes() == 0) return true;
+  return std::memcmp(data(), other.data(), nbytes()) == 0;
+}
+
+}  // namespace dcp

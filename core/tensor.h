@@ -1,0 +1,114 @@
+// TensorView (a non-owning description of tensor memory) and Tensor (a view
+// plus shared ownership of what backs it). State dicts hold Tensors.
+//
+// Layout: sizes and strides are in elements, row-major strides by default.
+// 0-d tensors (sizes = {}) have one element; a zero in sizes means no
+// elements. Staging and writing require contiguous memory: a non-contiguous
+// tensor is copied to a contiguous one by the stager (see staging/) and is
+// rejected with kInvalidArgument by the synchronous CPU writer, which writes
+// straight from the caller's memory.
+#ifndef DCP_CORE_TENSOR_H_
+#define DCP_CORE_TENSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace dcp {
+
+using Shape = std::vector<int64_t>;
+
+// Number of elements of a shape (1 for the 0-d shape).
+int64_t NumElements(absl::Span<const int64_t> sizes);
+
+// Row-major strides of a shape, in elements.
+Shape ContiguousStrides(absl::Span<const int64_t> sizes);
+
+// "[2, 3, 4]".
+std::string ShapeToString(absl::Span<const int64_t> sizes);
+
+class TensorView {
+ public:
+  TensorView() = default;
+  // A contiguous view.
+  TensorView(void* data, DType dtype, Shape sizes, Device device = Device{});
+  // A strided view; strides in elements, same rank as sizes.
+  TensorView(void* data, DType dtype, Shape sizes, Shape strides,
+             Device device);
+
+  void* data() const { return data_; }
+  DType dtype() const { return dtype_; }
+  const Shape& sizes() const { return sizes_; }
+  const Shape& strides() const { return strides_; }
+  const Device& device() const { return device_; }
+  int64_t dim() const { return static_cast<int64_t>(sizes_.size()); }
+
+  int64_t numel() const { return NumElements(sizes_); }
+  // numel() * ElementSize(dtype()): the bytes a contiguous copy occupies.
+  size_t nbytes() const { return numel() * ElementSize(dtype_); }
+  bool is_contiguous() const;
+
+  // The bytes of a contiguous view. Only valid for host memory.
+  absl::Span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(data_), nbytes()};
+  }
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::kF32;
+  Shape sizes_;
+  Shape strides_;
+  Device device_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Allocates a zero-filled contiguous host tensor, 4 KiB aligned (ready for
+  // O_DIRECT reads straight into it).
+  static Tensor Empty(DType dtype, Shape sizes);
+
+  // Wraps memory the caller keeps alive for as long as the Tensor is used
+  // (the usual case for a training loop's parameters).
+  static Tensor Wrap(TensorView view);
+
+  // Wraps memory kept alive by `owner` (any shared object: a staging buffer,
+  // a DLPack capsule, device memory with a deleter).
+  static Tensor WithOwner(TensorView view, std::shared_ptr<void> owner);
+
+  const TensorView& view() const { return view_; }
+  void* data() const { return view_.data(); }
+  DType dtype() const { return view_.dtype(); }
+  const Shape& sizes() const { return view_.sizes(); }
+  const Device& device() const { return view_.device(); }
+  int64_t numel() const { return view_.numel(); }
+  size_t nbytes() const { return view_.nbytes(); }
+  bool defined() const { return view_.data() != nullptr || numel() == 0; }
+
+  // A contiguous host copy of this host tensor (gathering strided data).
+  // kInvalidArgument for device tensors (use the DeviceRuntime instead).
+  absl::StatusOr<Tensor> ContiguousHostCopy() const;
+
+  // True when both views have the same dtype, shape and bytes (host only).
+  bool BytesEqual(const Tensor& other) const;
+
+  // Identity of the underlying memory (shared between copies of a Tensor);
+  // used to stage a tensor reachable under two keys once.
+  const void* storage_id() const { return view_.data(); }
+
+ private:
+  TensorView view_;
+  std::shared_ptr<void> owner_;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_CORE_TENSOR_H_

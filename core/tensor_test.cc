@@ -1,0 +1,64 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "core/sharded_tensor.h"
+#include "gtest/gtest.h"
+
+namespace dcp {
+namespace {
+
+TEST(Tensor, ZeroDimAndZeroElement) {
+  Tensor scalar = Tensor::Empty(DType::kF64, {});
+  EXPECT_EQ(scalar.numel(), 1);
+  EXPECT_EQ(scalar.nbytes(), 8u);
+  Tensor empty = Tensor::Empty(DType::kF32, {3, 0, 2});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.nbytes(), 0u);
+  EXPECT_TRUE(empty.view().is_contiguous());
+}
+
+TEST(Tensor, EmptyIsAlignedAndZeroed) {
+  Tensor t = Tensor::Empty(DType::kI32, {5, 7});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 4096, 0u);
+  for (int i = 0; i < 35; ++i) EXPECT_EQ(static_cast<int32_t*>(t.data())[i], 0);
+}
+
+TEST(Tensor, ContiguousCopyOfTransposedView) {
+  std::vector<int32_t> data(6);
+  std::iota(data.begin(), data.end(), 0);  // [[0,1,2],[3,4,5]]
+  // Transpose: shape [3,2], strides [1,3].
+  TensorView transposed(data.data(), DType::kI32, {3, 2}, {1, 3},
+                        Device::Cpu());
+  EXPECT_FALSE(transposed.is_contiguous());
+  absl::StatusOr<Tensor> copy = Tensor::Wrap(transposed).ContiguousHostCopy();
+  ASSERT_TRUE(copy.ok());
+  const int32_t* out = static_cast<const int32_t*>(copy->data());
+  EXPECT_EQ(std::vector<int32_t>(out, out + 6),
+            (std::vector<int32_t>{0, 3, 1, 4, 2, 5}));
+}
+
+TEST(Tensor, DeviceTensorCannotBeCopiedOnHost) {
+  TensorView view(reinterpret_cast<void*>(0x1000), DType::kF32, {4},
+                  Device::Cuda(0));
+  EXPECT_EQ(Tensor::Wrap(view).ContiguousHostCopy().status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardedTensor, ValidateRejectsOutOfBounds) {
+  ShardedTensor ok(DType::kF32, {4, 4},
+                   {Shard{{0, 0}, Tensor::Empty(DType::kF32, {2, 4})}});
+  EXPECT_TRUE(ok.Validate("w").ok());
+  ShardedTensor bad(DType::kF32, {4, 4},
+                    {Shard{{3, 0}, Tensor::Empty(DType::kF32, {2, 4})}});
+  absl::Status s = bad.Validate("layer.w");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer.w"), absl::string_view::npos);
+  ShardedTensor wrong_dtype(DType::kF32, {4},
+                            {Shard{{0}, Tensor::Empty(DType::kI8, {4})}});
+  EXPECT_FALSE(wrong_dtype.Validate("w").ok());
+}
+
+}  // namespace
+}  // namespace dcp
