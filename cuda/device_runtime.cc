@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -59,15 +60,17 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateDeviceRuntime(
     case DeviceRuntimeMode::kCuda:
       return cuda_internal::CreateCudaRuntime();
     case DeviceRuntimeMode::kAuto: {
-      absl::StatusOr<std::unique_ptr<DeviceRuntime>> cuda =
-          cuda_internal::CreateCudaRuntime();
-      if (cuda.ok()) return cuda;
+      absl::StatusOr<int> count = cuda_internal::QueryCudaDeviceCount();
+      if (count.ok() && *count > 0) return cuda_internal::CreateCudaRuntime();
       static std::atomic<bool> said_once{false};
       if (!said_once.exchange(true)) {
+        const std::string reason =
+            count.ok() ? std::string("cudaGetDeviceCount found 0 devices")
+                       : std::string(count.status().message());
         std::fprintf(stderr,
-                     "dcp: device runtime 'auto' falls back to host memory: "
-                     "%s\n",
-                     std::string(cuda.status().message()).c_str());
+                     "dcp: no usable CUDA device (%s); device runtime 'auto' "
+                     "uses host memory\n",
+                     reason.c_str());
       }
       return CreateHostRuntime();
     }
