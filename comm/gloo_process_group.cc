@@ -15,124 +15,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "comm/internal/gloo_store.h"
 #include "core/status.h"
-
-#define HIREDIS_NESTED_INCLUDE 1
-#include "gloo/config.h"
 #include "gloo/rendezvous/context.h"
-#include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
-#if GLOO_USE_REDIS
-#include "gloo/rendezvous/redis_store.h"
-#endif
 
 namespace dcp::comm {
-namespace {
-
-using Millis = std::chrono::milliseconds;
-
-// Time left until `deadline`, at least 1 ms so Gloo reports a timeout
-// instead of treating 0 as "no timeout".
-Millis Remaining(absl::Time deadline) {
-  const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  return Millis(ms < 1 ? 1 : ms);
-}
-
-// The rank a rendezvous key belongs to: Gloo names its keys by rank
-// ("3", "rank_3", "3/1"); -1 when the key does not say.
-int RankOfKey(absl::string_view key) {
-  const size_t slash = key.rfind('/');
-  absl::string_view tail =
-      key.substr(slash == absl::string_view::npos ? 0 : slash + 1);
-  if (absl::StartsWith(tail, "rank_")) tail.remove_prefix(5);
-  int rank = -1;
-  if (!absl::SimpleAtoi(tail, &rank)) return -1;
-  return rank;
-}
-
-// A Store that bounds every wait by one deadline and remembers the keys it
-// waited for last, so a rendezvous timeout can name the missing ranks.
-// (Gloo's own get() waits a fixed 30 s whatever the context's timeout.)
-class DeadlineStore final : public gloo::rendezvous::Store {
- public:
-  DeadlineStore(gloo::rendezvous::Store& inner, absl::Time deadline)
-      : inner_(inner), deadline_(deadline) {}
-
-  void set(const std::string& key, const std::vector<char>& data) override {
-    inner_.set(key, data);
-  }
-  std::vector<char> get(const std::string& key) override {
-    wait({key});
-    return inner_.get(key);
-  }
-  void wait(const std::vector<std::string>& keys) override {
-    waiting_for_ = keys;
-    inner_.wait(keys, Remaining(deadline_));
-  }
-  void wait(const std::vector<std::string>& keys, const Millis&) override {
-    wait(keys);
-  }
-
-  // The ranks of the keys of the last wait; empty if none could be told.
-  std::vector<int> WaitingForRanks() const {
-    std::vector<int> ranks;
-    for (const std::string& key : waiting_for_) {
-      if (int rank = RankOfKey(key); rank >= 0) ranks.push_back(rank);
-    }
-    return ranks;
-  }
-
- private:
-  gloo::rendezvous::Store& inner_;
-  const absl::Time deadline_;
-  std::vector<std::string> waiting_for_;
-};
-
-// How many groups of each name this process created: the instance number
-// that keeps successive groups of one name apart in the store.
-int NextInstance(const std::string& group_name) {
-  static absl::Mutex mu(absl::kConstInit);
-  static std::map<std::string, int>* counts ABSL_GUARDED_BY(mu) =
-      new std::map<std::string, int>();
-  absl::MutexLock lock(&mu);
-  return (*counts)[group_name]++;
-}
-
-// Opens the store named by `address`. Throws nothing.
-absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
-    const StoreAddress& address) {
-  try {
-    if (address.kind == StoreAddress::Kind::kRedis) {
-#if GLOO_USE_REDIS
-      return std::unique_ptr<gloo::rendezvous::Store>(
-          new gloo::rendezvous::RedisStore(address.host, address.port));
-#else
-      return absl::UnimplementedError(absl::StrCat(
-          "rendezvous ", address.ToString(),
-          ": this Gloo was built without redis; use a shared directory"));
-#endif
-    }
-    std::error_code ec;
-    std::filesystem::create_directories(address.path, ec);
-    if (ec) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rendezvous directory ", address.path,
-                       " cannot be created: ", ec.message()));
-    }
-    return std::unique_ptr<gloo::rendezvous::Store>(
-        new gloo::rendezvous::FileStore(address.path));
-  } catch (const std::exception& e) {
-    const absl::StatusCode code = address.kind == StoreAddress::Kind::kRedis
-                                      ? absl::StatusCode::kUnavailable
-                                      : absl::StatusCode::kInvalidArgument;
-    return absl::Status(code, absl::StrCat("rendezvous ", address.ToString(),
-                                           " cannot be opened: ", e.what()));
-  }
-}
-
-}  // namespace
+using internal::DeadlineStore;
+using internal::Millis;
+using internal::NextInstance;
+using internal::OpenStore;
+using internal::Remaining;
 
 class GlooProcessGroup::Impl {
  public:

@@ -39,19 +39,9 @@
 
 namespace dcp::comm {
 
-struct GlooOptions {
-  int rank = 0;
-  int world_size = 1;
-  // Where the ranks meet: a shared directory (FileStore) or a redis server.
-  StoreAddress store;
-  // Keys of this group live under "<group_name>/<instance>/" in the store.
-  std::string group_name = "dcp-checkpoint";
+struct GlooOptions : GroupMembership {
   // Address of this rank's tcp listener; peers connect to it.
   std::string listen_address = "127.0.0.1";
-  // Default per-call timeout.
-  absl::Duration timeout = absl::Minutes(5);
-  // How long Create waits for every rank to join.
-  absl::Duration connect_timeout = absl::Minutes(5);
 };
 
 class GlooProcessGroup final : public ProcessGroup {

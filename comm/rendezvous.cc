@@ -88,6 +88,15 @@ EnvLookup ProcessEnvironment() {
   };
 }
 
+EnvLookup MapEnvironment(std::map<std::string, std::string> vars) {
+  return
+      [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+        auto it = vars.find(name);
+        if (it == vars.end()) return std::nullopt;
+        return it->second;
+      };
+}
+
 absl::StatusOr<RendezvousInfo> RendezvousFromEnvironment(const EnvLookup& env) {
   RendezvousInfo info;
   for (const RankVariables& vars : kRankVariables) {

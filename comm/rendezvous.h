@@ -17,11 +17,13 @@
 #define DCP_COMM_RENDEZVOUS_H_
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace dcp::comm {
 
@@ -50,11 +52,30 @@ struct RendezvousInfo {
   std::string listen_address = "127.0.0.1";
 };
 
+// Who joins which group, and where: what the Gloo and NCCL backends share.
+struct GroupMembership {
+  int rank = 0;
+  int world_size = 1;
+  // Where the ranks meet (unused for a world of one).
+  StoreAddress store;
+  // Keys of this group live under "<group_name>/<instance>/" in the store,
+  // <instance> counting the groups of that name this process made before.
+  std::string group_name = "dcp-checkpoint";
+  // Default per-call timeout.
+  absl::Duration timeout = absl::Minutes(5);
+  // How long joining waits for every rank.
+  absl::Duration connect_timeout = absl::Minutes(5);
+};
+
 // Looks up one environment variable; nullopt when unset.
 using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
 
 // The process environment (getenv).
 EnvLookup ProcessEnvironment();
+
+// A fixed set of variables (for tests, or for a caller that passes the
+// rendezvous explicitly instead of through the process environment).
+EnvLookup MapEnvironment(std::map<std::string, std::string> vars);
 
 // Reads the variables above through `env`. With no rank variables at all,
 // returns a single-rank world (rank 0 of 1, no store). kInvalidArgument when

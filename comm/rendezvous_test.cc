@@ -11,17 +11,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
-  return
-      [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
-        auto it = vars.find(name);
-        if (it == vars.end()) return std::nullopt;
-        return it->second;
-      };
-}
-
 TEST(RendezvousTest, NoVariablesIsSingleRank) {
-  auto info = RendezvousFromEnvironment(FakeEnv({}));
+  auto info = RendezvousFromEnvironment(MapEnvironment({}));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->rank, 0);
   EXPECT_EQ(info->world_size, 1);
@@ -31,13 +22,13 @@ TEST(RendezvousTest, NoVariablesIsSingleRank) {
 }
 
 TEST(RendezvousTest, DcpVariablesWinOverTorchrun) {
-  auto info =
-      RendezvousFromEnvironment(FakeEnv({{"DCP_RANK", "2"},
-                                         {"DCP_WORLD_SIZE", "4"},
-                                         {"RANK", "0"},
-                                         {"WORLD_SIZE", "8"},
-                                         {"LOCAL_RANK", "2"},
-                                         {"DCP_RENDEZVOUS", "/tmp/rv"}}));
+  auto info = RendezvousFromEnvironment(
+      MapEnvironment({{"DCP_RANK", "2"},
+                      {"DCP_WORLD_SIZE", "4"},
+                      {"RANK", "0"},
+                      {"WORLD_SIZE", "8"},
+                      {"LOCAL_RANK", "2"},
+                      {"DCP_RENDEZVOUS", "/tmp/rv"}}));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->rank, 2);
   EXPECT_EQ(info->world_size, 4);
@@ -68,7 +59,7 @@ TEST(RendezvousTest, ReadsTorchrunSlurmAndOpenMpi) {
   };
   for (Case c : cases) {
     c.vars["DCP_RENDEZVOUS"] = "redis://head-node:7000";
-    auto info = RendezvousFromEnvironment(FakeEnv(c.vars));
+    auto info = RendezvousFromEnvironment(MapEnvironment(c.vars));
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->rank, c.rank);
     EXPECT_EQ(info->world_size, c.size);
@@ -81,27 +72,27 @@ TEST(RendezvousTest, ReadsTorchrunSlurmAndOpenMpi) {
 }
 
 TEST(RendezvousTest, ErrorsNameWhatIsMissing) {
-  auto half = RendezvousFromEnvironment(FakeEnv({{"RANK", "1"}}));
+  auto half = RendezvousFromEnvironment(MapEnvironment({{"RANK", "1"}}));
   EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(half.status().message(), HasSubstr("WORLD_SIZE is not"));
 
   auto no_store = RendezvousFromEnvironment(
-      FakeEnv({{"DCP_RANK", "0"}, {"DCP_WORLD_SIZE", "2"}}));
+      MapEnvironment({{"DCP_RANK", "0"}, {"DCP_WORLD_SIZE", "2"}}));
   EXPECT_EQ(no_store.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_store.status().message(), HasSubstr("DCP_RENDEZVOUS"));
 
   auto bad_int = RendezvousFromEnvironment(
-      FakeEnv({{"DCP_RANK", "one"}, {"DCP_WORLD_SIZE", "2"}}));
+      MapEnvironment({{"DCP_RANK", "one"}, {"DCP_WORLD_SIZE", "2"}}));
   EXPECT_THAT(bad_int.status().message(), HasSubstr("DCP_RANK=\"one\""));
 
-  auto out_of_range = RendezvousFromEnvironment(FakeEnv(
+  auto out_of_range = RendezvousFromEnvironment(MapEnvironment(
       {{"DCP_RANK", "4"}, {"DCP_WORLD_SIZE", "4"}, {"DCP_RENDEZVOUS", "/d"}}));
   EXPECT_THAT(out_of_range.status().message(), HasSubstr("outside [0"));
 }
 
 TEST(RendezvousTest, SingleRankNeedsNoStore) {
   auto info = RendezvousFromEnvironment(
-      FakeEnv({{"DCP_RANK", "0"}, {"DCP_WORLD_SIZE", "1"}}));
+      MapEnvironment({{"DCP_RANK", "0"}, {"DCP_WORLD_SIZE", "1"}}));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(info->store.has_value());
 }
