@@ -45,9 +45,11 @@ struct MetadataIndex {
     if (a.fqn != b.fqn) return a.fqn < b.fqn;
     return a.offset < b.offset;
   }
+  // The system abseil (20220623) cannot hash std::optional.
   template <typename H>
   friend H AbslHashValue(H h, const MetadataIndex& m) {
-    return H::combine(std::move(h), m.fqn, m.offset);
+    if (!m.offset.has_value()) return H::combine(std::move(h), m.fqn, false);
+    return H::combine(std::move(h), m.fqn, true, *m.offset);
   }
 
   // "name" or "name@[0, 128]" for messages.
