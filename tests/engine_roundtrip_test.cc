@@ -169,7 +169,7 @@ TEST_F(EngineLoadErrors, MissingKeyStrictAndPartial) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("missing"), absl::string_view::npos) << s;
 
-  DefaultLoadPlanner partial(LoadPlannerOptions{.allow_partial_load = true});
+  DefaultLoadPlanner partial(DefaultLoadPlannerOptions{.allow_partial_load = true});
   LoadOptions options;
   options.checkpoint_id = dir_;
   options.planner = &partial;
