@@ -37,6 +37,14 @@ uint64_t GetU64(const char* p) {
 // Builds a StringTable and hands out ids.
 class StringTableBuilder {
  public:
+  // Adds `s` without indexing it for Id() (the caller guarantees no
+  // duplicates among appended strings and later Id() queries).
+  uint32_t Append(absl::string_view s) {
+    blob_.append(s.data(), s.size());
+    lengths_.push_back(static_cast<uint32_t>(s.size()));
+    return static_cast<uint32_t>(lengths_.size() - 1);
+  }
+
   uint32_t Id(absl::string_view s) {
     auto [it, inserted] =
         ids_.try_emplace(s, static_cast<uint32_t>(lengths_.size()));
@@ -56,6 +64,37 @@ class StringTableBuilder {
   absl::flat_hash_map<absl::string_view, uint32_t> ids_;
   std::string blob_;
   std::vector<uint32_t> lengths_;
+};
+
+// Name ids for the sorted streams of names in Metadata's maps. The value
+// names get ids 0..n-1 in order; a query stream that is itself sorted (the
+// flatten mapping, the storage data) finds them by a forward merge, without
+// hashing; names that are not value names go through the string table.
+class NameIds {
+ public:
+  NameIds(const Metadata& metadata, StringTableBuilder& table) : table_(table) {
+    sorted_.reserve(metadata.state_dict_metadata.size());
+    for (const auto& [fqn, value] : metadata.state_dict_metadata) {
+      sorted_.push_back(fqn);
+      table_.Append(fqn);
+    }
+  }
+
+  // Restarts the forward merge for a new sorted stream.
+  void Rewind() { pos_ = 0; }
+
+  uint32_t Id(absl::string_view fqn) {
+    while (pos_ < sorted_.size() && sorted_[pos_] < fqn) ++pos_;
+    if (pos_ < sorted_.size() && sorted_[pos_] == fqn) {
+      return static_cast<uint32_t>(pos_);
+    }
+    return table_.Id(fqn);
+  }
+
+ private:
+  StringTableBuilder& table_;
+  std::vector<absl::string_view> sorted_;
+  size_t pos_ = 0;
 };
 
 absl::StatusOr<std::vector<absl::string_view>> ReadStringTable(
@@ -281,13 +320,14 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   proto->set_version(metadata.version.empty() ? kFormatVersion
                                               : metadata.version);
   proto->set_checksum_block_size(metadata.checksum_block_size);
-  StringTableBuilder names;
+  StringTableBuilder table;
+  NameIds names(metadata, table);
 
   const int values = static_cast<int>(metadata.state_dict_metadata.size());
   proto->mutable_value_name()->Reserve(values);
   proto->mutable_value_kind()->Reserve(values);
   for (const auto& [fqn, value] : metadata.state_dict_metadata) {
-    proto->add_value_name(names.Id(fqn));
+    proto->add_value_name(names.Id(fqn));  // The merge finds each at once.
     const auto* tensor = std::get_if<TensorStorageMetadata>(&value);
     if (tensor == nullptr) {
       proto->add_value_kind(0);
@@ -314,6 +354,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   }
 
   StringTableBuilder keys;
+  names.Rewind();
   for (const auto& [fqn, path] : metadata.flatten_mapping) {
     proto->add_flatten_name(names.Id(fqn));
     proto->add_flatten_path_length(static_cast<uint32_t>(path.size()));
@@ -340,6 +381,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   proto->mutable_storage_offset()->Reserve(items);
   proto->mutable_storage_length()->Reserve(items);
   proto->mutable_storage_checksum_count()->Reserve(items);
+  names.Rewind();
   for (const auto& [index, info] : metadata.storage_data) {
     proto->add_storage_name(names.Id(index.fqn));
     if (index.offset.has_value()) {
@@ -361,7 +403,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
     proto->mutable_storage_checksums()->Add(info.block_checksums.begin(),
                                             info.block_checksums.end());
   }
-  names.Emit(proto->mutable_names());
+  table.Emit(proto->mutable_names());
 
   if (metadata.storage_meta.has_value()) {
     format::StorageMeta* m = proto->mutable_storage_meta();
