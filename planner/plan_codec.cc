@@ -1,9 +1,12 @@
 #include "planner/plan_codec.h"
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/status.h"
 #include "planner/plan.pb.h"
 
 namespace dcp {
@@ -45,8 +48,7 @@ std::optional<uint64_t> DerivedListMask(const std::string& name,
 
 }  // namespace
 
-std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
-  pb::FlattenMapping proto;
+void MappingToProto(const FlattenMapping& mapping, pb::FlattenMapping& proto) {
   proto.set_version(kPlanEncodingVersion);
   for (const auto& [name, path] : mapping) {
     pb::FlattenEntry* entry = proto.add_entries();
@@ -64,14 +66,10 @@ std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
       }
     }
   }
-  return proto.SerializeAsString();
 }
 
-absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
-  pb::FlattenMapping proto;
-  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::DataLossError("flatten mapping does not parse");
-  }
+absl::StatusOr<FlattenMapping> MappingFromProto(
+    const pb::FlattenMapping& proto) {
   if (proto.version() > kPlanEncodingVersion) {
     return VersionError("flatten mapping", proto.version());
   }
@@ -112,6 +110,60 @@ absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
     mapping.emplace(entry.name(), std::move(path));
   }
   return mapping;
+}
+
+template <typename Proto>
+absl::Status Parse(absl::string_view bytes, absl::string_view what,
+                   Proto& proto) {
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(
+        absl::StrCat(what, " does not parse (", bytes.size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
+  pb::FlattenMapping proto;
+  MappingToProto(mapping, proto);
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
+  pb::FlattenMapping proto;
+  DCP_RETURN_IF_ERROR(Parse(bytes, "flatten mapping", proto));
+  return MappingFromProto(proto);
+}
+
+std::string EncodeSavePlannerData(const SavePlannerData& data) {
+  pb::SavePlannerData proto;
+  proto.set_version(kPlanEncodingVersion);
+  if (data.digest.has_value()) {
+    proto.set_has_digest(true);
+    proto.set_digest_high(data.digest->high);
+    proto.set_digest_low(data.digest->low);
+  }
+  proto.set_unchanged(data.unchanged);
+  if (!data.mapping.empty())
+    MappingToProto(data.mapping, *proto.mutable_mapping());
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
+  pb::SavePlannerData proto;
+  DCP_RETURN_IF_ERROR(Parse(bytes, "save planner data", proto));
+  if (proto.version() > kPlanEncodingVersion) {
+    return VersionError("save planner data", proto.version());
+  }
+  SavePlannerData data;
+  if (proto.has_digest()) {
+    data.digest = PlanDigest{proto.digest_high(), proto.digest_low()};
+  }
+  data.unchanged = proto.unchanged();
+  if (proto.has_mapping()) {
+    DCP_ASSIGN_OR_RETURN(data.mapping, MappingFromProto(proto.mapping()));
+  }
+  return data;
 }
 
 }  // namespace dcp
