@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "planner/chunk_geometry.h"
+#include "planner/global_load_plan.h"
 #include "planner/global_save_plan.h"
 #include "planner/value_codec.h"
 
@@ -481,7 +482,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
 
 absl::StatusOr<std::vector<LoadPlan>> DefaultLoadPlanner::CreateGlobalPlan(
     std::vector<LoadPlan> local_plans) {
-  return local_plans;
+  if (!options_.dedup_reads || metadata_ == nullptr) return local_plans;
+  return BuildGlobalLoadPlan(std::move(local_plans), *metadata_);
 }
 
 absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {
