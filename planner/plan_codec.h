@@ -58,6 +58,22 @@ struct SavePlannerData {
 std::string EncodeSavePlannerData(const SavePlannerData& data);
 absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes);
 
+// Whole plans and metadata, for exchange between ranks. Names and tensor
+// properties are stored once per message. Decoding checks every reference
+// and count; it allocates at most a constant factor more than the input
+// (names referenced by many items are copied at most kMaxNameExpansion times
+// the input size, else kDataLoss).
+inline constexpr size_t kMaxNameExpansion = 256;
+
+std::string EncodeSavePlan(const SavePlan& plan);
+absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes);
+
+std::string EncodeLoadPlan(const LoadPlan& plan);
+absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes);
+
+std::string EncodeMetadata(const Metadata& metadata);
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
+
 }  // namespace dcp
 
 #endif  // DCP_PLANNER_PLAN_CODEC_H_
