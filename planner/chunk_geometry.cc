@@ -270,19 +270,22 @@ absl::Status ValidateTiling(
     // Chunks along one dimension: sort and walk.
     const size_t dim = split_dims[0];
     const std::vector<size_t> order = SortedNonEmpty(chunks, dim);
+    // Overlaps are reported before gaps.
     int64_t covered_to = 0;
-    for (size_t k = 0; k < order.size(); ++k) {
-      const ChunkStorageMetadata& c = chunks[order[k]];
-      if (c.offsets[dim] < covered_to) {
-        return overlap_error(order[k - 1], order[k]);
-      }
-      if (c.offsets[dim] > covered_to) break;
+    size_t reaching = 0;  // The chunk that ends at covered_to.
+    std::optional<int64_t> gap;
+    for (size_t i : order) {
+      const ChunkStorageMetadata& c = chunks[i];
+      if (c.offsets[dim] < covered_to) return overlap_error(reaching, i);
+      if (c.offsets[dim] > covered_to && !gap.has_value()) gap = covered_to;
       covered_to = c.offsets[dim] + c.sizes[dim];
+      reaching = i;
     }
-    if (covered_to == global_size[dim]) return absl::OkStatus();
+    if (!gap.has_value() && covered_to != global_size[dim]) gap = covered_to;
+    if (!gap.has_value()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor \"", tensor_name, "\" of shape ", ShapeToString(global_size),
-        ": no chunk holds index ", covered_to, " of dimension ", dim,
+        ": no chunk holds index ", *gap, " of dimension ", dim,
         "; the saved chunks must cover the whole tensor"));
   }
   bool exact;

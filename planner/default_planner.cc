@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "planner/chunk_geometry.h"
+#include "planner/global_load_plan.h"
 #include "planner/global_save_plan.h"
 #include "planner/value_codec.h"
 
@@ -113,39 +114,178 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
       plan.items.push_back(std::move(item));
     }
   }
-  if (options_.flatten_state_dict) {
-    plan.planner_data = EncodeFlattenMapping(mapping_);
-  }
   return plan;
 }
 
+DedupPolicy DefaultSavePlanner::policy() const {
+  return options_.dedup_save_to_lowest_rank ? DedupPolicy::kLowestRank
+                                            : DedupPolicy::kBalanceBytes;
+}
+
 absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
-  return BuildLocalPlan();
+  DCP_ASSIGN_OR_RETURN(SavePlan plan, BuildLocalPlan());
+  SavePlannerData data;
+  data.mapping = mapping_;
+  local_digest_.reset();
+  if (options_.enable_plan_caching) {
+    if (cache_ == nullptr) {
+      cache_ = options_.plan_cache != nullptr ? options_.plan_cache
+                                              : SavePlanCache::ProcessDefault();
+    }
+    const PlanDigest digest = DigestSavePlan(plan.items, mapping_);
+    local_digest_ = digest;
+    data.digest = digest;
+    absl::MutexLock lock(&cache_->mutex());
+    if (cache_->rank_finals().Find(digest) != nullptr) {
+      SavePlan marker;
+      SavePlannerData marker_data;
+      marker_data.digest = digest;
+      marker_data.unchanged = true;
+      marker.planner_data = EncodeSavePlannerData(marker_data);
+      return marker;
+    }
+  }
+  plan.planner_data = EncodeSavePlannerData(data);
+  return plan;
 }
 
 absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
 DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
+  std::vector<SavePlannerData> data(local_plans.size());
+  bool cacheable = options_.enable_plan_caching;
+  for (size_t r = 0; r < local_plans.size(); ++r) {
+    if (local_plans[r].planner_data.empty()) {
+      cacheable = false;
+      continue;
+    }
+    absl::StatusOr<SavePlannerData> decoded =
+        DecodeSavePlannerData(local_plans[r].planner_data);
+    if (!decoded.ok()) {
+      return Annotate(decoded.status(), absl::StrCat("plan of rank ", r));
+    }
+    data[r] = std::move(*decoded);
+    if (!data[r].digest.has_value()) cacheable = false;
+  }
+  if (cacheable) {
+    return CreateCachedGlobalPlan(std::move(local_plans), std::move(data));
+  }
   std::vector<FlattenMapping> mappings(local_plans.size());
   for (size_t r = 0; r < local_plans.size(); ++r) {
-    if (local_plans[r].planner_data.empty()) continue;
-    absl::StatusOr<FlattenMapping> mapping =
-        DecodeFlattenMapping(local_plans[r].planner_data);
-    if (!mapping.ok()) {
-      return Annotate(mapping.status(), absl::StrCat("plan of rank ", r));
+    if (data[r].unchanged) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r,
+          " sent an unchanged-plan marker, but not every rank caches plans; "
+          "enable plan caching on all ranks or none"));
     }
-    mappings[r] = std::move(*mapping);
+    mappings[r] = std::move(data[r].mapping);
   }
-  DCP_ASSIGN_OR_RETURN(GlobalSavePlan global,
-                       BuildGlobalSavePlan(std::move(local_plans), mappings,
-                                           options_.dedup_save_to_lowest_rank
-                                               ? DedupPolicy::kLowestRank
-                                               : DedupPolicy::kBalanceBytes));
+  DCP_ASSIGN_OR_RETURN(
+      GlobalSavePlan global,
+      BuildGlobalSavePlan(std::move(local_plans), mappings, policy()));
   global.metadata.storage_meta = storage_meta_;
   return std::make_pair(std::move(global.plans), std::move(global.metadata));
 }
 
+absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
+                                           std::vector<SavePlannerData> data) {
+  if (cache_ == nullptr) {
+    cache_ = options_.plan_cache != nullptr ? options_.plan_cache
+                                            : SavePlanCache::ProcessDefault();
+  }
+  const size_t n = local_plans.size();
+  absl::MutexLock lock(&cache_->mutex());
+  // The global key: every rank's digest, and the dedup policy.
+  std::string key_bytes;
+  key_bytes.reserve(n * 16 + 1);
+  for (size_t r = 0; r < n; ++r) {
+    const PlanDigest& d = *data[r].digest;
+    key_bytes.append(reinterpret_cast<const char*>(&d.high), 8);
+    key_bytes.append(reinterpret_cast<const char*>(&d.low), 8);
+    auto& rank_cache = cache_->coordinator_rank(r);
+    if (data[r].unchanged) {
+      if (rank_cache.Find(d) == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r,
+            " sent an unchanged-plan marker for a plan the coordinator has "
+            "not cached (was the coordinator restarted?); save again with "
+            "plan caching off"));
+      }
+    } else {
+      SavePlanCache::CoordinatorRankEntry entry;
+      entry.local_plan.items = std::move(local_plans[r].items);
+      entry.mapping = std::move(data[r].mapping);
+      rank_cache.Put(d, std::move(entry));
+    }
+  }
+  key_bytes.push_back(static_cast<char>(policy()));
+  const PlanDigest key = DigestBytes(key_bytes);
+
+  SavePlanCache::GlobalEntry* global = cache_->coordinator_globals().Find(key);
+  if (global == nullptr) {
+    std::vector<SavePlan> plans(n);
+    std::vector<FlattenMapping> mappings(n);
+    for (size_t r = 0; r < n; ++r) {
+      const auto* entry = cache_->coordinator_rank(r).Find(*data[r].digest);
+      plans[r].items = entry->local_plan.items;
+      mappings[r] = entry->mapping;
+    }
+    DCP_ASSIGN_OR_RETURN(
+        GlobalSavePlan built,
+        BuildGlobalSavePlan(std::move(plans), mappings, policy()));
+    SavePlanCache::GlobalEntry entry;
+    entry.final_digests.resize(n);
+    for (size_t r = 0; r < n; ++r) {
+      // The final plan is a function of all local plans and the rank.
+      entry.final_digests[r] = DigestBytes(absl::StrCat(key_bytes, "#", r));
+    }
+    entry.final_plans = std::move(built.plans);
+    entry.metadata = std::move(built.metadata);
+    global = &cache_->coordinator_globals().Put(key, std::move(entry));
+  }
+
+  std::vector<SavePlan> out(n);
+  for (size_t r = 0; r < n; ++r) {
+    auto* rank_entry = cache_->coordinator_rank(r).Find(*data[r].digest);
+    const PlanDigest& final_digest = global->final_digests[r];
+    SavePlannerData out_data;
+    out_data.digest = final_digest;
+    if (data[r].unchanged && rank_entry->final_sent == final_digest) {
+      out_data.unchanged = true;
+    } else {
+      out[r].items = global->final_plans[r].items;
+    }
+    rank_entry->final_sent = final_digest;
+    out[r].planner_data = EncodeSavePlannerData(out_data);
+    out[r].storage_data = std::move(local_plans[r].storage_data);
+  }
+  Metadata metadata = global->metadata;
+  metadata.storage_meta = storage_meta_;
+  return std::make_pair(std::move(out), std::move(metadata));
+}
+
 absl::StatusOr<SavePlan> DefaultSavePlanner::FinishPlan(SavePlan central_plan) {
-  return central_plan;
+  if (!local_digest_.has_value() || central_plan.planner_data.empty()) {
+    return central_plan;
+  }
+  DCP_ASSIGN_OR_RETURN(SavePlannerData data,
+                       DecodeSavePlannerData(central_plan.planner_data));
+  if (!data.digest.has_value()) return central_plan;
+  absl::MutexLock lock(&cache_->mutex());
+  if (!data.unchanged) {
+    cache_->rank_finals().Put(*local_digest_, {*data.digest, central_plan});
+    return central_plan;
+  }
+  SavePlanCache::FinalEntry* entry = cache_->rank_finals().Find(*local_digest_);
+  if (entry == nullptr || entry->final_digest != *data.digest) {
+    return absl::FailedPreconditionError(
+        "the coordinator sent an unchanged-plan marker for a final plan this "
+        "rank does not hold (a previous save failed midway?); save again "
+        "with plan caching off");
+  }
+  SavePlan plan = entry->final_plan;
+  plan.storage_data = std::move(central_plan.storage_data);
+  return plan;
 }
 
 absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
@@ -342,7 +482,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
 
 absl::StatusOr<std::vector<LoadPlan>> DefaultLoadPlanner::CreateGlobalPlan(
     std::vector<LoadPlan> local_plans) {
-  return local_plans;
+  if (!options_.dedup_reads || metadata_ == nullptr) return local_plans;
+  return BuildGlobalLoadPlan(std::move(local_plans), *metadata_);
 }
 
 absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {

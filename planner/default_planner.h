@@ -23,8 +23,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "planner/global_save_plan.h"
 #include "planner/metadata.h"
 #include "planner/plan.h"
+#include "planner/plan_cache.h"
 #include "planner/plan_codec.h"
 #include "planner/planner.h"
 
@@ -51,6 +53,10 @@ struct DefaultSavePlannerOptions {
   // rank sends only a marker, and the coordinator reuses its cached global
   // plan and metadata (planner/plan_cache.h).
   bool enable_plan_caching = false;
+  // The cache used when enable_plan_caching is on, one per rank (tests
+  // simulating many ranks in one process give each its own). When null, a
+  // process-wide cache is used.
+  std::shared_ptr<SavePlanCache> plan_cache;
 };
 
 class DefaultSavePlanner : public SavePlanner {
@@ -93,8 +99,14 @@ class DefaultSavePlanner : public SavePlanner {
 
  private:
   absl::StatusOr<SavePlan> BuildLocalPlan();
+  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+  CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
+                         std::vector<SavePlannerData> data);
+  DedupPolicy policy() const;
 
   DefaultSavePlannerOptions options_;
+  std::shared_ptr<SavePlanCache> cache_;
+  std::optional<PlanDigest> local_digest_;  // Of the last local plan.
   StorageMeta storage_meta_;
   bool is_coordinator_ = false;
   std::map<std::string, StateValue> leaves_;

@@ -47,9 +47,11 @@ absl::StatusOr<InMemoryCheckpoint> SaveInMemory(
     DCP_RETURN_IF_ERROR(planners[r]->SetUp(*state_dicts[r], meta, r == 0));
     DCP_ASSIGN_OR_RETURN(local[r], planners[r]->CreateLocalPlan());
   }
+  InMemoryCheckpoint out;
+  out.local_plans = local;
   DCP_ASSIGN_OR_RETURN(auto global,
                        planners[0]->CreateGlobalPlan(std::move(local)));
-  InMemoryCheckpoint out;
+  out.central_plans = global.first;
   out.metadata = std::move(global.second);
   out.written.resize(n);
   for (size_t r = 0; r < n; ++r) {

@@ -21,6 +21,9 @@ struct InMemoryCheckpoint {
   Metadata metadata;
   absl::flat_hash_map<MetadataIndex, std::string> items;
   std::vector<std::vector<WriteItem>> written;  // By rank.
+  // What travelled: each rank's local plan and the coordinator's answer.
+  std::vector<SavePlan> local_plans;
+  std::vector<SavePlan> central_plans;
 };
 
 // Saves `state_dicts[r]` as rank r (rank 0 coordinates) with the planners

@@ -66,10 +66,28 @@ struct ReadItem {
   Shape lengths;
 };
 
+// Read dedup (added by a global load plan, see
+// planner/global_load_plan.h): one stored item and the ranks on the other
+// side of a transfer.
+struct SharedRead {
+  MetadataIndex storage_index;
+  std::vector<int32_t> ranks;
+
+  friend bool operator==(const SharedRead& a, const SharedRead& b) {
+    return a.storage_index == b.storage_index && a.ranks == b.ranks;
+  }
+};
+
 struct LoadPlan {
   std::vector<ReadItem> items;
   std::string storage_data;
   std::string planner_data;
+  // Read dedup annotations; a reader that ignores them reads every item
+  // itself, which is always correct. `read_for_peers`: stored items this
+  // rank reads once and sends whole to `ranks`. `received_from`: stored
+  // items this rank needs but does not read; `ranks` holds the one reader.
+  std::vector<SharedRead> read_for_peers;
+  std::vector<SharedRead> received_from;
 };
 
 // What writing one item produced (the seed's WriteResult): the item's index,

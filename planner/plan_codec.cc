@@ -1,9 +1,14 @@
 #include "planner/plan_codec.h"
 
+#include <cstdint>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/dtype.h"
+#include "core/status.h"
 #include "planner/plan.pb.h"
 
 namespace dcp {
@@ -43,10 +48,7 @@ std::optional<uint64_t> DerivedListMask(const std::string& name,
   return mask;
 }
 
-}  // namespace
-
-std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
-  pb::FlattenMapping proto;
+void MappingToProto(const FlattenMapping& mapping, pb::FlattenMapping& proto) {
   proto.set_version(kPlanEncodingVersion);
   for (const auto& [name, path] : mapping) {
     pb::FlattenEntry* entry = proto.add_entries();
@@ -64,14 +66,10 @@ std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
       }
     }
   }
-  return proto.SerializeAsString();
 }
 
-absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
-  pb::FlattenMapping proto;
-  if (!proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::DataLossError("flatten mapping does not parse");
-  }
+absl::StatusOr<FlattenMapping> MappingFromProto(
+    const pb::FlattenMapping& proto) {
   if (proto.version() > kPlanEncodingVersion) {
     return VersionError("flatten mapping", proto.version());
   }
@@ -112,6 +110,472 @@ absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
     mapping.emplace(entry.name(), std::move(path));
   }
   return mapping;
+}
+
+template <typename Proto>
+absl::Status Parse(absl::string_view bytes, absl::string_view what,
+                   Proto& proto) {
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(
+        absl::StrCat(what, " does not parse (", bytes.size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
+  pb::FlattenMapping proto;
+  MappingToProto(mapping, proto);
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes) {
+  pb::FlattenMapping proto;
+  DCP_RETURN_IF_ERROR(Parse(bytes, "flatten mapping", proto));
+  return MappingFromProto(proto);
+}
+
+std::string EncodeSavePlannerData(const SavePlannerData& data) {
+  pb::SavePlannerData proto;
+  proto.set_version(kPlanEncodingVersion);
+  if (data.digest.has_value()) {
+    proto.set_has_digest(true);
+    proto.set_digest_high(data.digest->high);
+    proto.set_digest_low(data.digest->low);
+  }
+  proto.set_unchanged(data.unchanged);
+  if (!data.mapping.empty())
+    MappingToProto(data.mapping, *proto.mutable_mapping());
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
+  pb::SavePlannerData proto;
+  DCP_RETURN_IF_ERROR(Parse(bytes, "save planner data", proto));
+  if (proto.version() > kPlanEncodingVersion) {
+    return VersionError("save planner data", proto.version());
+  }
+  SavePlannerData data;
+  if (proto.has_digest()) {
+    data.digest = PlanDigest{proto.digest_high(), proto.digest_low()};
+  }
+  data.unchanged = proto.unchanged();
+  if (proto.has_mapping()) {
+    DCP_ASSIGN_OR_RETURN(data.mapping, MappingFromProto(proto.mapping()));
+  }
+  return data;
+}
+
+// ---------------------------------------------------------------------------
+// Plans and metadata.
+
+namespace {
+
+using Int64s = ::google::protobuf::RepeatedField<int64_t>;
+using Strings = ::google::protobuf::RepeatedPtrField<std::string>;
+
+// Interns names while encoding.
+class NameTable {
+ public:
+  explicit NameTable(Strings* out) : out_(out) {}
+  uint32_t Id(const std::string& name) {
+    auto [it, inserted] = ids_.try_emplace(name, out_->size());
+    if (inserted) out_->Add(std::string(name));
+    return it->second;
+  }
+
+ private:
+  Strings* out_;
+  absl::flat_hash_map<std::string, uint32_t> ids_;
+};
+
+// Resolves name references while decoding, within a copy budget.
+class NameReader {
+ public:
+  NameReader(const Strings& names, size_t input_size)
+      : names_(names), budget_(kMaxNameExpansion * input_size + 4096) {}
+  absl::Status Get(uint32_t id, absl::string_view what, std::string* out) {
+    if (id >= static_cast<uint32_t>(names_.size())) {
+      return absl::DataLossError(
+          absl::StrCat(what, " refers to name ", id, " of ", names_.size()));
+    }
+    const std::string& name = names_.Get(static_cast<int>(id));
+    if (name.size() > budget_) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": names expand beyond ", kMaxNameExpansion,
+                       "x the encoded size; the encoding is corrupt"));
+    }
+    budget_ -= name.size();
+    *out = name;
+    return absl::OkStatus();
+  }
+
+ private:
+  const Strings& names_;
+  size_t budget_;
+};
+
+void PutShape(const Shape& shape, Int64s* out) {
+  out->Reserve(static_cast<int>(shape.size()));
+  for (int64_t d : shape) out->Add(d);
+}
+
+Shape GetShape(const Int64s& in) { return Shape(in.begin(), in.end()); }
+
+// Index fields live in pb::Index and, inlined, in pb::WriteItem.
+template <typename P>
+void IndexToProto(const MetadataIndex& index, NameTable& names, P* out) {
+  out->set_name(names.Id(index.fqn));
+  if (index.offset.has_value()) {
+    PutShape(*index.offset, out->mutable_offset());
+  } else {
+    out->set_no_offset(true);
+  }
+  if (index.index.has_value() && *index.index >= 0) {
+    out->set_hint_plus_one(static_cast<uint64_t>(*index.index) + 1);
+  }
+}
+
+template <typename P>
+absl::Status IndexFromProto(const P& in, NameReader& names,
+                            MetadataIndex* out) {
+  DCP_RETURN_IF_ERROR(names.Get(in.name(), "index", &out->fqn));
+  if (!in.no_offset()) {
+    out->offset = GetShape(in.offset());
+  } else if (in.offset_size() != 0) {
+    return absl::DataLossError("index has offsets but is marked offset-free");
+  }
+  if (in.hint_plus_one() > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::DataLossError("index hint out of range");
+  }
+  if (in.hint_plus_one() != 0) {
+    out->index = static_cast<int64_t>(in.hint_plus_one() - 1);
+  }
+  return absl::OkStatus();
+}
+
+template <typename Proto>
+absl::Status ParseVersioned(absl::string_view bytes, absl::string_view what,
+                            Proto& proto) {
+  DCP_RETURN_IF_ERROR(Parse(bytes, what, proto));
+  if (proto.version() == 0 || proto.version() > kPlanEncodingVersion) {
+    return VersionError(what, proto.version());
+  }
+  return absl::OkStatus();
+}
+
+std::string TensorInfoKey(const TensorWriteData& t) {
+  std::string key;
+  key.push_back(static_cast<char>(t.properties.dtype));
+  key.push_back(t.properties.requires_grad ? 1 : 0);
+  key.push_back(t.properties.pin_memory ? 1 : 0);
+  key.append(reinterpret_cast<const char*>(t.size.data()),
+             t.size.size() * sizeof(int64_t));
+  return key;
+}
+
+absl::StatusOr<DType> DecodeDType(uint32_t code) {
+  absl::StatusOr<DType> dtype = DTypeFromCode(code);
+  if (!dtype.ok()) return absl::DataLossError(dtype.status().message());
+  return dtype;
+}
+
+}  // namespace
+
+std::string EncodeSavePlan(const SavePlan& plan) {
+  pb::SavePlan proto;
+  proto.set_version(kPlanEncodingVersion);
+  NameTable names(proto.mutable_names());
+  absl::flat_hash_map<std::string, uint32_t> infos;
+  proto.mutable_items()->Reserve(static_cast<int>(plan.items.size()));
+  for (const WriteItem& item : plan.items) {
+    pb::WriteItem* w = proto.add_items();
+    IndexToProto(item.index, names, w);
+    w->set_type(static_cast<uint32_t>(item.type));
+    if (item.bytes_io_data.has_value()) {
+      w->set_nbytes_plus_one(static_cast<uint64_t>(item.bytes_io_data->nbytes) +
+                             1);
+    }
+    if (!item.tensor_data.has_value()) continue;
+    const TensorWriteData& t = *item.tensor_data;
+    auto [it, inserted] = infos.try_emplace(TensorInfoKey(t), infos.size());
+    if (inserted) {
+      pb::TensorInfo* info = proto.add_tensor_infos();
+      info->set_dtype(static_cast<uint32_t>(t.properties.dtype));
+      PutShape(t.size, info->mutable_size());
+      info->set_requires_grad(t.properties.requires_grad);
+      info->set_pin_memory(t.properties.pin_memory);
+    }
+    w->set_tensor_info_plus_one(it->second + 1);
+    PutShape(t.chunk.sizes, w->mutable_chunk_sizes());
+    if (!item.index.offset.has_value() ||
+        *item.index.offset != t.chunk.offsets) {
+      w->set_chunk_offsets_differ(true);
+      PutShape(t.chunk.offsets, w->mutable_chunk_offsets());
+    }
+  }
+  proto.set_storage_data(plan.storage_data);
+  proto.set_planner_data(plan.planner_data);
+  proto.set_unusable(!plan.usable);
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes) {
+  pb::SavePlan proto;
+  DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "save plan", proto));
+  NameReader names(proto.names(), bytes.size());
+  std::vector<TensorWriteData> infos;
+  for (const pb::TensorInfo& info : proto.tensor_infos()) {
+    TensorWriteData t;
+    DCP_ASSIGN_OR_RETURN(t.properties.dtype, DecodeDType(info.dtype()));
+    t.properties.requires_grad = info.requires_grad();
+    t.properties.pin_memory = info.pin_memory();
+    t.size = GetShape(info.size());
+    infos.push_back(std::move(t));
+  }
+  SavePlan plan;
+  plan.items.reserve(proto.items_size());
+  for (const pb::WriteItem& w : proto.items()) {
+    WriteItem item;
+    DCP_RETURN_IF_ERROR(IndexFromProto(w, names, &item.index));
+    if (w.type() > static_cast<uint32_t>(WriteItemType::kBytesIO)) {
+      return absl::DataLossError(
+          absl::StrCat("save plan item has unknown type ", w.type()));
+    }
+    item.type = static_cast<WriteItemType>(w.type());
+    if (w.nbytes_plus_one() != 0) {
+      if (w.nbytes_plus_one() - 1 > static_cast<uint64_t>(INT64_MAX)) {
+        return absl::DataLossError("save plan item size out of range");
+      }
+      item.bytes_io_data =
+          BytesIOWriteData{static_cast<int64_t>(w.nbytes_plus_one() - 1)};
+    }
+    if (w.tensor_info_plus_one() != 0) {
+      if (w.tensor_info_plus_one() > infos.size()) {
+        return absl::DataLossError(
+            absl::StrCat("save plan item refers to tensor info ",
+                         w.tensor_info_plus_one() - 1, " of ", infos.size()));
+      }
+      TensorWriteData t = infos[w.tensor_info_plus_one() - 1];
+      t.chunk.sizes = GetShape(w.chunk_sizes());
+      if (w.chunk_offsets_differ()) {
+        t.chunk.offsets = GetShape(w.chunk_offsets());
+      } else if (item.index.offset.has_value()) {
+        t.chunk.offsets = *item.index.offset;
+      } else {
+        return absl::DataLossError("save plan chunk has no offsets");
+      }
+      if (t.chunk.offsets.size() != t.size.size() ||
+          t.chunk.sizes.size() != t.size.size()) {
+        return absl::DataLossError(
+            absl::StrCat("save plan chunk of ", item.index.ToString(),
+                         " does not match its tensor's rank"));
+      }
+      item.tensor_data = std::move(t);
+    }
+    plan.items.push_back(std::move(item));
+  }
+  plan.storage_data = proto.storage_data();
+  plan.planner_data = proto.planner_data();
+  plan.usable = !proto.unusable();
+  return plan;
+}
+
+namespace {
+
+void SharesToProto(const std::vector<SharedRead>& shares, NameTable& names,
+                   google::protobuf::RepeatedPtrField<pb::ReadShare>* out) {
+  for (const SharedRead& s : shares) {
+    pb::ReadShare* p = out->Add();
+    IndexToProto(s.storage_index, names, p->mutable_storage_index());
+    for (int32_t r : s.ranks) p->add_ranks(r);
+  }
+}
+
+absl::Status SharesFromProto(
+    const google::protobuf::RepeatedPtrField<pb::ReadShare>& in,
+    NameReader& names, std::vector<SharedRead>* out) {
+  for (const pb::ReadShare& p : in) {
+    SharedRead s;
+    DCP_RETURN_IF_ERROR(
+        IndexFromProto(p.storage_index(), names, &s.storage_index));
+    s.ranks.assign(p.ranks().begin(), p.ranks().end());
+    out->push_back(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeLoadPlan(const LoadPlan& plan) {
+  pb::LoadPlan proto;
+  proto.set_version(kPlanEncodingVersion);
+  NameTable names(proto.mutable_names());
+  proto.mutable_items()->Reserve(static_cast<int>(plan.items.size()));
+  for (const ReadItem& item : plan.items) {
+    pb::ReadItem* r = proto.add_items();
+    r->set_type(static_cast<uint32_t>(item.type));
+    IndexToProto(item.dest_index, names, r->mutable_dest_index());
+    PutShape(item.dest_offsets, r->mutable_dest_offsets());
+    IndexToProto(item.storage_index, names, r->mutable_storage_index());
+    PutShape(item.storage_offsets, r->mutable_storage_offsets());
+    PutShape(item.lengths, r->mutable_lengths());
+  }
+  proto.set_storage_data(plan.storage_data);
+  proto.set_planner_data(plan.planner_data);
+  SharesToProto(plan.read_for_peers, names, proto.mutable_read_for_peers());
+  SharesToProto(plan.received_from, names, proto.mutable_received_from());
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes) {
+  pb::LoadPlan proto;
+  DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "load plan", proto));
+  NameReader names(proto.names(), bytes.size());
+  LoadPlan plan;
+  plan.items.reserve(proto.items_size());
+  for (const pb::ReadItem& r : proto.items()) {
+    ReadItem item;
+    if (r.type() > static_cast<uint32_t>(LoadItemType::kBytesIO)) {
+      return absl::DataLossError(
+          absl::StrCat("load plan item has unknown type ", r.type()));
+    }
+    item.type = static_cast<LoadItemType>(r.type());
+    DCP_RETURN_IF_ERROR(
+        IndexFromProto(r.dest_index(), names, &item.dest_index));
+    DCP_RETURN_IF_ERROR(
+        IndexFromProto(r.storage_index(), names, &item.storage_index));
+    item.dest_offsets = GetShape(r.dest_offsets());
+    item.storage_offsets = GetShape(r.storage_offsets());
+    item.lengths = GetShape(r.lengths());
+    if (item.dest_offsets.size() != item.lengths.size() ||
+        item.storage_offsets.size() != item.lengths.size()) {
+      return absl::DataLossError(
+          absl::StrCat("load plan item for ", item.dest_index.ToString(),
+                       " has offsets and lengths of different ranks"));
+    }
+    plan.items.push_back(std::move(item));
+  }
+  plan.storage_data = proto.storage_data();
+  plan.planner_data = proto.planner_data();
+  DCP_RETURN_IF_ERROR(
+      SharesFromProto(proto.read_for_peers(), names, &plan.read_for_peers));
+  DCP_RETURN_IF_ERROR(
+      SharesFromProto(proto.received_from(), names, &plan.received_from));
+  return plan;
+}
+
+std::string EncodeMetadata(const Metadata& metadata) {
+  pb::Metadata proto;
+  proto.set_version(kPlanEncodingVersion);
+  NameTable names(proto.mutable_names());
+  NameTable paths(proto.mutable_paths());
+  for (const auto& [name, entry] : metadata.state_dict_metadata) {
+    pb::MetadataEntry* e = proto.add_entries();
+    e->set_name(names.Id(name));
+    const auto* tensor = std::get_if<TensorStorageMetadata>(&entry);
+    if (tensor == nullptr) continue;
+    pb::TensorMetadata* t = e->mutable_tensor();
+    t->set_dtype(static_cast<uint32_t>(tensor->properties.dtype));
+    PutShape(tensor->size, t->mutable_size());
+    t->set_requires_grad(tensor->properties.requires_grad);
+    t->set_pin_memory(tensor->properties.pin_memory);
+    t->set_num_chunks(tensor->chunks.size());
+    for (const ChunkStorageMetadata& c : tensor->chunks) {
+      PutShape(c.offsets, t->mutable_chunk_offsets());
+      PutShape(c.sizes, t->mutable_chunk_sizes());
+    }
+  }
+  MappingToProto(metadata.flatten_mapping, *proto.mutable_mapping());
+  for (const auto& [index, info] : metadata.storage_data) {
+    pb::StorageEntry* s = proto.add_storage();
+    IndexToProto(index, names, s->mutable_index());
+    s->set_path(paths.Id(info.relative_path));
+    s->set_offset(info.offset);
+    s->set_length(info.length);
+    for (uint64_t c : info.block_checksums) s->add_block_checksums(c);
+  }
+  if (metadata.storage_meta.has_value()) {
+    pb::StorageMeta* m = proto.mutable_storage_meta();
+    m->set_checkpoint_id(metadata.storage_meta->checkpoint_id);
+    m->set_save_id(metadata.storage_meta->save_id);
+    m->set_load_id(metadata.storage_meta->load_id);
+    for (const std::string& module : metadata.storage_meta->modules) {
+      m->add_modules(module);
+    }
+  }
+  proto.set_format_version(metadata.version);
+  proto.set_checksum_block_size(metadata.checksum_block_size);
+  return proto.SerializeAsString();
+}
+
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes) {
+  pb::Metadata proto;
+  DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "metadata", proto));
+  NameReader names(proto.names(), bytes.size());
+  Metadata metadata;
+  for (const pb::MetadataEntry& e : proto.entries()) {
+    std::string name;
+    DCP_RETURN_IF_ERROR(names.Get(e.name(), "metadata entry", &name));
+    if (!e.has_tensor()) {
+      metadata.state_dict_metadata.emplace(std::move(name),
+                                           BytesStorageMetadata{});
+      continue;
+    }
+    const pb::TensorMetadata& t = e.tensor();
+    TensorStorageMetadata tensor;
+    DCP_ASSIGN_OR_RETURN(tensor.properties.dtype, DecodeDType(t.dtype()));
+    tensor.properties.requires_grad = t.requires_grad();
+    tensor.properties.pin_memory = t.pin_memory();
+    tensor.size = GetShape(t.size());
+    const size_t rank = tensor.size.size();
+    const size_t dims = static_cast<size_t>(t.chunk_offsets_size());
+    if (static_cast<size_t>(t.chunk_sizes_size()) != dims ||
+        (rank == 0 ? dims != 0 || t.num_chunks() > 1
+                   : t.num_chunks() != dims / rank || dims % rank != 0)) {
+      return absl::DataLossError(absl::StrCat(
+          "metadata of \"", name, "\" has ", t.num_chunks(), " chunks but ",
+          dims, " chunk dimensions for rank ", rank));
+    }
+    tensor.chunks.resize(t.num_chunks());
+    for (size_t k = 0; k < tensor.chunks.size(); ++k) {
+      tensor.chunks[k].offsets.assign(
+          t.chunk_offsets().begin() + k * rank,
+          t.chunk_offsets().begin() + (k + 1) * rank);
+      tensor.chunks[k].sizes.assign(t.chunk_sizes().begin() + k * rank,
+                                    t.chunk_sizes().begin() + (k + 1) * rank);
+    }
+    metadata.state_dict_metadata.emplace(std::move(name), std::move(tensor));
+  }
+  DCP_ASSIGN_OR_RETURN(metadata.flatten_mapping,
+                       MappingFromProto(proto.mapping()));
+  NameReader paths(proto.paths(), bytes.size());
+  for (const pb::StorageEntry& s : proto.storage()) {
+    MetadataIndex index;
+    DCP_RETURN_IF_ERROR(IndexFromProto(s.index(), names, &index));
+    StorageInfo info;
+    DCP_RETURN_IF_ERROR(
+        paths.Get(s.path(), "storage entry", &info.relative_path));
+    info.offset = s.offset();
+    info.length = s.length();
+    info.block_checksums.assign(s.block_checksums().begin(),
+                                s.block_checksums().end());
+    metadata.storage_data.emplace(std::move(index), std::move(info));
+  }
+  if (proto.has_storage_meta()) {
+    StorageMeta m;
+    m.checkpoint_id = proto.storage_meta().checkpoint_id();
+    m.save_id = proto.storage_meta().save_id();
+    m.load_id = proto.storage_meta().load_id();
+    m.modules.assign(proto.storage_meta().modules().begin(),
+                     proto.storage_meta().modules().end());
+    metadata.storage_meta = std::move(m);
+  }
+  metadata.version = proto.format_version();
+  metadata.checksum_block_size = proto.checksum_block_size();
+  return metadata;
 }
 
 }  // namespace dcp

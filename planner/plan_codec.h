@@ -7,7 +7,9 @@
 #ifndef DCP_PLANNER_PLAN_CODEC_H_
 #define DCP_PLANNER_PLAN_CODEC_H_
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,6 +29,50 @@ using FlattenMapping = std::map<std::string, ObjectPath>;
 // segments are list indices (a few bytes); other paths are stored in full.
 std::string EncodeFlattenMapping(const FlattenMapping& mapping);
 absl::StatusOr<FlattenMapping> DecodeFlattenMapping(absl::string_view bytes);
+
+// A 128-bit digest of a plan (XXH3-128), used as a plan cache key.
+struct PlanDigest {
+  uint64_t high = 0;
+  uint64_t low = 0;
+  friend bool operator==(const PlanDigest& a, const PlanDigest& b) {
+    return a.high == b.high && a.low == b.low;
+  }
+  friend bool operator!=(const PlanDigest& a, const PlanDigest& b) {
+    return !(a == b);
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const PlanDigest& d) {
+    return H::combine(std::move(h), d.high, d.low);
+  }
+};
+
+// What DefaultSavePlanner keeps in SavePlan::planner_data: the flatten
+// mapping, and with plan caching the plan's digest and whether the plan is an
+// "unchanged" marker standing for a cached plan.
+struct SavePlannerData {
+  std::optional<PlanDigest> digest;
+  bool unchanged = false;
+  FlattenMapping mapping;
+};
+
+std::string EncodeSavePlannerData(const SavePlannerData& data);
+absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes);
+
+// Whole plans and metadata, for exchange between ranks. Names and tensor
+// properties are stored once per message. Decoding checks every reference
+// and count; it allocates at most a constant factor more than the input
+// (names referenced by many items are copied at most kMaxNameExpansion times
+// the input size, else kDataLoss).
+inline constexpr size_t kMaxNameExpansion = 256;
+
+std::string EncodeSavePlan(const SavePlan& plan);
+absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes);
+
+std::string EncodeLoadPlan(const LoadPlan& plan);
+absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes);
+
+std::string EncodeMetadata(const Metadata& metadata);
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
 
 }  // namespace dcp
 

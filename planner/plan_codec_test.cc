@@ -1,0 +1,277 @@
+#include "planner/plan_codec.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dcp {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool SameItem(const WriteItem& a, const WriteItem& b) {
+  auto same_tensor = [](const std::optional<TensorWriteData>& x,
+                        const std::optional<TensorWriteData>& y) {
+    if (x.has_value() != y.has_value()) return false;
+    if (!x.has_value()) return true;
+    return x->chunk == y->chunk && x->properties == y->properties &&
+           x->size == y->size;
+  };
+  return a.index == b.index && a.index.index == b.index.index &&
+         a.type == b.type &&
+         a.bytes_io_data.has_value() == b.bytes_io_data.has_value() &&
+         (!a.bytes_io_data ||
+          a.bytes_io_data->nbytes == b.bytes_io_data->nbytes) &&
+         same_tensor(a.tensor_data, b.tensor_data);
+}
+
+bool SameReadItem(const ReadItem& a, const ReadItem& b) {
+  return a.type == b.type && a.dest_index == b.dest_index &&
+         a.dest_offsets == b.dest_offsets &&
+         a.storage_index == b.storage_index &&
+         a.storage_index.index == b.storage_index.index &&
+         a.storage_offsets == b.storage_offsets && a.lengths == b.lengths;
+}
+
+SavePlan SampleSavePlan() {
+  SavePlan plan;
+  for (int i = 0; i < 40; ++i) {
+    WriteItem item;
+    item.index = MetadataIndex(absl::StrCat("layers.", i / 4, ".weight"),
+                               Shape{i % 4 * 64, 0});
+    item.type = WriteItemType::kShard;
+    item.tensor_data = TensorWriteData{{{i % 4 * 64, 0}, {64, 1024}},
+                                       {DType::kBF16, i % 3 == 0, false},
+                                       {256, 1024}};
+    if (i % 10 == 0) item.index.index = i;
+    plan.items.push_back(item);
+  }
+  WriteItem whole;
+  whole.index = MetadataIndex("scalar", Shape{});
+  whole.type = WriteItemType::kTensor;
+  whole.tensor_data = TensorWriteData{{{}, {}}, {DType::kF64}, {}};
+  plan.items.push_back(whole);
+  WriteItem odd = whole;  // Chunk offsets unlike the index (kept as is).
+  odd.index = MetadataIndex(std::string("\xff\xfe bin", 6), Shape{3});
+  odd.tensor_data = TensorWriteData{{{2}, {1}}, {DType::kI8}, {4}};
+  plan.items.push_back(odd);
+  WriteItem value;
+  value.index = MetadataIndex("step");
+  value.type = WriteItemType::kBytesIO;
+  value.bytes_io_data = BytesIOWriteData{9};
+  plan.items.push_back(value);
+  plan.storage_data = std::string("rank\0prefix", 11);
+  plan.planner_data = "pd";
+  plan.usable = false;
+  return plan;
+}
+
+LoadPlan SampleLoadPlan() {
+  LoadPlan plan;
+  for (int i = 0; i < 30; ++i) {
+    ReadItem item;
+    item.type = LoadItemType::kTensor;
+    item.dest_index = MetadataIndex(absl::StrCat("w", i % 5), Shape{i, 0});
+    item.dest_offsets = {0, i};
+    item.storage_index =
+        MetadataIndex(absl::StrCat("w", i % 5), Shape{0, 0}, i);
+    item.storage_offsets = {i, 0};
+    item.lengths = {1, 7};
+    plan.items.push_back(item);
+  }
+  ReadItem value;
+  value.type = LoadItemType::kBytesIO;
+  value.dest_index = value.storage_index = MetadataIndex("step");
+  plan.items.push_back(value);
+  plan.read_for_peers = {{MetadataIndex("w0", Shape{0, 0}, 0), {1, 2}}};
+  plan.received_from = {{MetadataIndex("w1", Shape{0, 0}), {3}}};
+  plan.storage_data = "s";
+  return plan;
+}
+
+Metadata SampleMetadata() {
+  Metadata md;
+  md.state_dict_metadata["w"] = TensorStorageMetadata{
+      {DType::kF32, true, false}, {4, 6}, {{{0, 0}, {4, 2}}, {{0, 2}, {4, 4}}}};
+  md.state_dict_metadata["s"] =
+      TensorStorageMetadata{{DType::kI64}, {}, {{{}, {}}}};
+  md.state_dict_metadata["z"] = TensorStorageMetadata{{DType::kU8}, {0}, {}};
+  md.state_dict_metadata["step"] = BytesStorageMetadata{};
+  md.flatten_mapping = {{"w", {"w"}},
+                        {"a.0.b", {"a", int64_t{0}, "b"}},
+                        {"x.y", {"x.y"}},
+                        {"s", {"s"}}};
+  md.storage_data[MetadataIndex("w", Shape{0, 2})] =
+      StorageInfo{"__0_0.distcp", 4096, 64, {1, 2, 3}};
+  md.storage_data[MetadataIndex("step")] =
+      StorageInfo{"__1_0.distcp", 0, 9, {77}};
+  md.storage_meta = StorageMeta{"ckpt", "save-1", "", {"model", "optim"}};
+  md.version = kFormatVersion;
+  md.checksum_block_size = 1 << 20;
+  return md;
+}
+
+void ExpectSameMetadata(const Metadata& a, const Metadata& b) {
+  ASSERT_EQ(a.state_dict_metadata.size(), b.state_dict_metadata.size());
+  for (const auto& [name, entry] : a.state_dict_metadata) {
+    const StorageMetadata& other = b.state_dict_metadata.at(name);
+    ASSERT_EQ(entry.index(), other.index()) << name;
+    if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
+      const auto& u = std::get<TensorStorageMetadata>(other);
+      EXPECT_EQ(t->properties, u.properties) << name;
+      EXPECT_EQ(t->size, u.size) << name;
+      EXPECT_EQ(t->chunks, u.chunks) << name;
+    }
+  }
+  EXPECT_EQ(a.flatten_mapping, b.flatten_mapping);
+  EXPECT_EQ(a.storage_data, b.storage_data);
+  ASSERT_EQ(a.storage_meta.has_value(), b.storage_meta.has_value());
+  if (a.storage_meta) {
+    EXPECT_EQ(a.storage_meta->checkpoint_id, b.storage_meta->checkpoint_id);
+    EXPECT_EQ(a.storage_meta->save_id, b.storage_meta->save_id);
+    EXPECT_EQ(a.storage_meta->modules, b.storage_meta->modules);
+  }
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.checksum_block_size, b.checksum_block_size);
+}
+
+TEST(PlanCodecTest, SavePlanRoundTrips) {
+  const SavePlan plan = SampleSavePlan();
+  const std::string bytes = EncodeSavePlan(plan);
+  absl::StatusOr<SavePlan> back = DecodeSavePlan(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->items.size(), plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    EXPECT_TRUE(SameItem(plan.items[i], back->items[i])) << i;
+  }
+  EXPECT_EQ(back->storage_data, plan.storage_data);
+  EXPECT_EQ(back->planner_data, plan.planner_data);
+  EXPECT_FALSE(back->usable);
+  // Compact: names and tensor properties are stored once.
+  EXPECT_LT(bytes.size(), 24 * plan.items.size());
+}
+
+TEST(PlanCodecTest, LoadPlanRoundTrips) {
+  const LoadPlan plan = SampleLoadPlan();
+  absl::StatusOr<LoadPlan> back = DecodeLoadPlan(EncodeLoadPlan(plan));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->items.size(), plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    EXPECT_TRUE(SameReadItem(plan.items[i], back->items[i])) << i;
+  }
+  EXPECT_EQ(back->read_for_peers, plan.read_for_peers);
+  EXPECT_EQ(back->received_from, plan.received_from);
+  EXPECT_EQ(back->storage_data, "s");
+}
+
+TEST(PlanCodecTest, MetadataRoundTrips) {
+  const Metadata md = SampleMetadata();
+  absl::StatusOr<Metadata> back = DecodeMetadata(EncodeMetadata(md));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameMetadata(md, *back);
+}
+
+TEST(PlanCodecTest, SavePlannerDataRoundTrips) {
+  SavePlannerData data;
+  data.digest = PlanDigest{1, 2};
+  data.unchanged = true;
+  data.mapping = {{"a.b.0", {"a", "b", int64_t{0}}}, {"k.v", {"k.v"}}};
+  absl::StatusOr<SavePlannerData> back =
+      DecodeSavePlannerData(EncodeSavePlannerData(data));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->digest, data.digest);
+  EXPECT_TRUE(back->unchanged);
+  EXPECT_EQ(back->mapping, data.mapping);
+}
+
+TEST(PlanCodecTest, NewerVersionIsRejected) {
+  std::string bytes = EncodeLoadPlan(LoadPlan{});
+  // Field 1 (version) varint: 0x08 then the value.
+  ASSERT_EQ(bytes.substr(0, 2), std::string("\x08\x01", 2));
+  bytes[1] = 9;
+  absl::Status status = DecodeLoadPlan(bytes).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("encoding version 9"));
+  EXPECT_EQ(DecodeSavePlan("").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(PlanCodecTest, NameExpansionIsBounded) {
+  SavePlan plan;
+  WriteItem item;
+  item.index = MetadataIndex(std::string(50000, 'n'));
+  item.type = WriteItemType::kBytesIO;
+  item.bytes_io_data = BytesIOWriteData{1};
+  plan.items.assign(1000, item);
+  absl::Status status = DecodeSavePlan(EncodeSavePlan(plan)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("names expand beyond"));
+}
+
+// Truncations, bit flips and random bytes: decoding either succeeds or says
+// kDataLoss; it never crashes.
+template <typename Decode>
+void FuzzDecoder(const std::string& valid, Decode decode, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  int errors = 0;
+  for (size_t cut = 0; cut < valid.size(); ++cut) {
+    auto result = decode(absl::string_view(valid.data(), cut));
+    if (!result.ok()) {
+      EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss);
+      ++errors;
+    }
+  }
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string corrupt = valid;
+    const int flips = 1 + rng() % 4;
+    for (int f = 0; f < flips; ++f) {
+      corrupt[rng() % corrupt.size()] = static_cast<char>(rng());
+    }
+    auto result = decode(corrupt);
+    if (!result.ok()) {
+      EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss);
+      ++errors;
+    }
+  }
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::string random(rng() % 64, '\0');
+    for (char& c : random) c = static_cast<char>(rng());
+    auto result = decode(random);
+    if (!result.ok()) {
+      EXPECT_EQ(result.status().code(), absl::StatusCode::kDataLoss);
+      ++errors;
+    }
+  }
+  EXPECT_GT(errors, 1000);
+}
+
+TEST(PlanCodecFuzzTest, SavePlan) {
+  FuzzDecoder(
+      EncodeSavePlan(SampleSavePlan()),
+      [](absl::string_view b) { return DecodeSavePlan(b); }, 1);
+}
+
+TEST(PlanCodecFuzzTest, LoadPlan) {
+  FuzzDecoder(
+      EncodeLoadPlan(SampleLoadPlan()),
+      [](absl::string_view b) { return DecodeLoadPlan(b); }, 2);
+}
+
+TEST(PlanCodecFuzzTest, Metadata) {
+  FuzzDecoder(
+      EncodeMetadata(SampleMetadata()),
+      [](absl::string_view b) { return DecodeMetadata(b); }, 3);
+}
+
+TEST(PlanCodecFuzzTest, SavePlannerData) {
+  SavePlannerData data;
+  data.digest = PlanDigest{5, 6};
+  data.mapping = {{"a.b.0", {"a", "b", int64_t{0}}}, {"k.v", {"k.v"}}};
+  FuzzDecoder(
+      EncodeSavePlannerData(data),
+      [](absl::string_view b) { return DecodeSavePlannerData(b); }, 4);
+}
+
+}  // namespace
+}  // namespace dcp
