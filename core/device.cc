@@ -1,9 +1,9 @@
 #include "core/device.h"
 
 #include "absl/status/status.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace dcp {
 
@@ -18,8 +18,7 @@ absl::StatusOr<Device> Device::Parse(absl::string_view text) {
   int index = 0;
   absl::string_view ordinal = text;
   if (absl::ConsumePrefix(&ordinal, "cuda:") &&
-      absl::SimpleAtoi(ordinal, &index) &&
-      index >= 0) {
+      absl::SimpleAtoi(ordinal, &index) && index >= 0) {
     return Device::Cuda(index);
   }
   return absl::InvalidArgumentError(

@@ -30,9 +30,7 @@ struct Device {
   friend bool operator==(const Device& a, const Device& b) {
     return a.kind == b.kind && a.index == b.index;
   }
-  friend bool operator!=(const Device& a, const Device& b) {
-    return !(a == b);
-  }
+  friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
 };
 
 }  // namespace dcp

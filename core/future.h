@@ -149,12 +149,12 @@ class Future {
   template <typename U, typename Fn>
   Future<U> Then(Executor& executor, Fn fn) const {
     Promise<U> promise;
-    OnReady([&executor, promise, fn = std::move(fn)](
-                const Result& result) mutable {
-      executor.Schedule([promise, fn = std::move(fn), result]() mutable {
-        promise.Set(fn(result));
-      });
-    });
+    OnReady(
+        [&executor, promise, fn = std::move(fn)](const Result& result) mutable {
+          executor.Schedule([promise, fn = std::move(fn), result]() mutable {
+            promise.Set(fn(result));
+          });
+        });
     return promise.future();
   }
 

@@ -44,8 +44,8 @@ TEST(Future, ErrorsPropagateThroughThen) {
 
 TEST(WhenAll, FirstErrorInInputOrder) {
   Promise<void> a, b, c;
-  Future<void> all = WhenAll(std::vector<Future<void>>{
-      a.future(), b.future(), c.future()});
+  Future<void> all =
+      WhenAll(std::vector<Future<void>>{a.future(), b.future(), c.future()});
   c.Set(absl::InternalError("c"));
   a.Set(absl::OkStatus());
   EXPECT_FALSE(all.ready());

@@ -9,10 +9,10 @@ absl::Status ShardedTensor::Validate(absl::string_view name) const {
     const Shard& shard = shards_[i];
     const Shape& sizes = shard.tensor.sizes();
     if (shard.tensor.dtype() != dtype_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sharded tensor \"", name, "\" shard ", i, " has dtype ",
-          DTypeName(shard.tensor.dtype()), " but the tensor is ",
-          DTypeName(dtype_)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharded tensor \"", name, "\" shard ", i, " has dtype ",
+                       DTypeName(shard.tensor.dtype()), " but the tensor is ",
+                       DTypeName(dtype_)));
     }
     if (shard.offsets.size() != global_sizes_.size() ||
         sizes.size() != global_sizes_.size()) {

@@ -87,9 +87,9 @@ absl::StatusOr<StateValue*> Descend(StateValue& node,
   StateValue* child = nullptr;
   if (const auto* key = std::get_if<std::string>(&element)) {
     if (node.kind() != StateValue::Kind::kDict) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot unflatten \"", name, "\": key \"", *key,
-          "\" is used under a ", StateKindName(node.kind())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot unflatten \"", name, "\": key \"", *key,
+                       "\" is used under a ", StateKindName(node.kind())));
     }
     child = &node.dict()[*key];
   } else {

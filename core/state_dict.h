@@ -46,9 +46,9 @@ class StateValue {
     kList,
   };
   // Alternatives in the order of Kind.
-  using Variant = std::variant<std::monostate, Tensor, ShardedTensor, int64_t,
-                               double, bool, std::string, Bytes, StateDict,
-                               StateList>;
+  using Variant =
+      std::variant<std::monostate, Tensor, ShardedTensor, int64_t, double, bool,
+                   std::string, Bytes, StateDict, StateList>;
 
   StateValue() = default;
   StateValue(Tensor v) : value_(std::move(v)) {}

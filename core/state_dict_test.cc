@@ -45,8 +45,14 @@ TEST(FlattenStateDict, RoundTripRestoresNesting) {
   ASSERT_EQ(groups.kind(), StateValue::Kind::kList);
   EXPECT_DOUBLE_EQ(groups.list()[0].dict().at("lr").double_value(), 0.1);
   EXPECT_EQ(back->at("blob").bytes_value().data, std::string("\0\1\2", 3));
-  EXPECT_EQ(back->at("optim").dict().at("state").dict().at("0").dict().at(
-                "step").int_value(),
+  EXPECT_EQ(back->at("optim")
+                .dict()
+                .at("state")
+                .dict()
+                .at("0")
+                .dict()
+                .at("step")
+                .int_value(),
             7);
 }
 
@@ -72,9 +78,9 @@ TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
 
 TEST(FindByPath, FindsLeavesAndRejectsMissing) {
   StateDict sd = Nested();
-  StateValue* v = FindByPath(sd, {std::string("optim"),
-                                  std::string("param_groups"), int64_t{0},
-                                  std::string("name")});
+  StateValue* v =
+      FindByPath(sd, {std::string("optim"), std::string("param_groups"),
+                      int64_t{0}, std::string("name")});
   ASSERT_NE(v, nullptr);
   EXPECT_EQ(v->string_value(), "g0");
   EXPECT_EQ(FindByPath(sd, {std::string("optim"), int64_t{0}}), nullptr);

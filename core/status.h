@@ -30,17 +30,17 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing
 // function when it is not OK.
-#define DCP_RETURN_IF_ERROR(expr)                                  \
-  do {                                                             \
-    ::absl::Status dcp_status_macro_value_ = (expr);               \
-    if (ABSL_PREDICT_FALSE(!dcp_status_macro_value_.ok())) {       \
-      return dcp_status_macro_value_;                              \
-    }                                                              \
+#define DCP_RETURN_IF_ERROR(expr)                            \
+  do {                                                       \
+    ::absl::Status dcp_status_macro_value_ = (expr);         \
+    if (ABSL_PREDICT_FALSE(!dcp_status_macro_value_.ok())) { \
+      return dcp_status_macro_value_;                        \
+    }                                                        \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); returns its Status when it is not
 // OK, otherwise moves the value into `lhs` (a declaration or an lvalue).
-#define DCP_ASSIGN_OR_RETURN(lhs, rexpr)                                      \
+#define DCP_ASSIGN_OR_RETURN(lhs, rexpr)                                       \
   DCP_ASSIGN_OR_RETURN_IMPL_(DCP_STATUS_CONCAT_(dcp_statusor_, __LINE__), lhs, \
                              rexpr)
 

@@ -1,0 +1,101 @@
+// The StorageWriter and StorageReader contracts of the seed: the storage
+// layer turns final plans into bytes on some medium and back. The engine
+// drives a writer as
+//
+//   Reset(checkpoint_id) -> SetUp(is_coordinator, rank, use_collectives) ->
+//   PrepareLocalPlan -> (coordinator) PrepareGlobalPlan -> WriteData ->
+//   (coordinator) Finish(metadata, all ranks' results) -> MarkCommitted
+//   or, on any failure, Abort()
+//
+// and a reader as
+//
+//   Reset(checkpoint_id) -> ReadMetadata -> SetUp -> PrepareLocalPlan ->
+//   (coordinator) PrepareGlobalPlan -> ReadData
+//
+// One instance serves one save or load at a time; calls come from one thread
+// (the engine's), except that WriteData/ReadData may complete on I/O threads.
+#ifndef DCP_IO_STORAGE_H_
+#define DCP_IO_STORAGE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/future.h"
+#include "planner/metadata.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+
+namespace dcp {
+
+class StorageWriter {
+ public:
+  virtual ~StorageWriter() = default;
+
+  // Points the writer at a (new) checkpoint location; clears per-save state.
+  virtual absl::Status Reset(const std::string& checkpoint_id) = 0;
+
+  // Describes this save (checkpoint id, a fresh save id).
+  virtual StorageMeta GetStorageMeta() const = 0;
+
+  // Called on every rank before planning. Fails early when the location
+  // cannot be written (kPermissionDenied, kAlreadyExists with overwrite off).
+  virtual absl::Status SetUp(bool is_coordinator, int rank,
+                             bool use_collectives) = 0;
+
+  virtual absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) = 0;
+
+  // Coordinator only: assigns each rank its file names (storage_data).
+  virtual absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
+      std::vector<SavePlan> plans) = 0;
+
+  // Writes every item of `plan`, pulling data from `planner.ResolveData`.
+  // The future resolves with one WriteResult per item once all data is
+  // durable (fsynced when sync_files is on), or with the first error (code
+  // by cause: kResourceExhausted for ENOSPC, kDataLoss for EIO; the message
+  // names operation, file and offset). `planner` outlives the future.
+  virtual Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
+                                                     SavePlanner& planner) = 0;
+
+  // Coordinator only: records `results` (all ranks') into the metadata and
+  // commits it atomically. The checkpoint exists once this returns OK.
+  virtual absl::Status Finish(
+      const Metadata& metadata,
+      const std::vector<std::vector<WriteResult>>& results) = 0;
+
+  // Every rank, after the commit: removes what the new checkpoint replaced.
+  virtual absl::Status MarkCommitted() = 0;
+
+  // After a failure: removes what this save wrote; never touches a
+  // committed checkpoint. Safe to call at any point, more than once.
+  virtual void Abort() = 0;
+};
+
+class StorageReader {
+ public:
+  virtual ~StorageReader() = default;
+
+  virtual absl::Status Reset(const std::string& checkpoint_id) = 0;
+
+  // kNotFound when the location holds no committed checkpoint; kDataLoss
+  // when the metadata does not parse.
+  virtual absl::StatusOr<Metadata> ReadMetadata() = 0;
+
+  virtual absl::Status SetUp(const Metadata& metadata, bool is_coordinator) = 0;
+
+  virtual absl::StatusOr<LoadPlan> PrepareLocalPlan(LoadPlan plan) = 0;
+
+  virtual absl::StatusOr<std::vector<LoadPlan>> PrepareGlobalPlan(
+      std::vector<LoadPlan> plans) = 0;
+
+  // Reads every item of `plan`, verifies checksums, and hands data to
+  // `planner` (LoadBytes, or ResolveTensor + copy + CommitTensor). Resolves
+  // OK only when every item was delivered; kDataLoss naming tensor, file and
+  // offset on a checksum mismatch or a truncated file.
+  virtual Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) = 0;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_IO_STORAGE_H_

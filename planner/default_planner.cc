@@ -1,0 +1,384 @@
+#include "planner/default_planner.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "planner/chunk_geometry.h"
+#include "planner/global_save_plan.h"
+#include "planner/value_codec.h"
+
+namespace dcp {
+namespace {
+
+// Flattens `state_dict`, or takes its top-level values as they are when
+// `flatten` is off (then containers are an error).
+absl::StatusOr<FlatStateDict> Leaves(const StateDict& state_dict,
+                                     bool flatten) {
+  if (flatten) return FlattenStateDict(state_dict);
+  FlatStateDict out;
+  for (const auto& [key, value] : state_dict) {
+    if (value.is_container()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", key, "\" is a ", StateKindName(value.kind()),
+                       "; nested state dicts need flatten_state_dict=true"));
+    }
+    out.leaves.emplace(key, value);
+    out.mapping.emplace(key, ObjectPath{key});
+  }
+  return out;
+}
+
+Shape Zeros(size_t rank) { return Shape(rank, 0); }
+
+WriteItem TensorItem(const std::string& name, WriteItemType type,
+                     const Shape& offsets, const Shape& sizes, DType dtype,
+                     const Shape& global_size) {
+  WriteItem item;
+  item.index = MetadataIndex(name, offsets);
+  item.type = type;
+  TensorWriteData data;
+  data.chunk.offsets = offsets;
+  data.chunk.sizes = sizes;
+  data.properties.dtype = dtype;
+  data.size = global_size;
+  item.tensor_data = std::move(data);
+  return item;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// DefaultSavePlanner
+
+DefaultSavePlanner::DefaultSavePlanner(DefaultSavePlannerOptions options)
+    : options_(std::move(options)) {}
+
+absl::Status DefaultSavePlanner::SetUp(const StateDict& state_dict,
+                                       const StorageMeta& storage_meta,
+                                       bool is_coordinator) {
+  DCP_ASSIGN_OR_RETURN(FlatStateDict flat,
+                       Leaves(state_dict, options_.flatten_state_dict));
+  for (const auto& [name, value] : flat.leaves) {
+    if (value.is_sharded_tensor()) {
+      DCP_RETURN_IF_ERROR(value.sharded_tensor().Validate(name));
+    }
+  }
+  leaves_ = std::move(flat.leaves);
+  mapping_ =
+      options_.flatten_state_dict ? std::move(flat.mapping) : FlattenMapping{};
+  storage_meta_ = storage_meta;
+  is_coordinator_ = is_coordinator;
+  chunks_.clear();
+  encoded_values_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
+  SavePlan plan;
+  chunks_.clear();
+  encoded_values_.clear();
+  for (const auto& [name, value] : leaves_) {
+    if (value.is_tensor()) {
+      const Tensor& t = value.tensor();
+      WriteItem item =
+          TensorItem(name, WriteItemType::kTensor, Zeros(t.sizes().size()),
+                     t.sizes(), t.dtype(), t.sizes());
+      chunks_.emplace(item.index, t);
+      plan.items.push_back(std::move(item));
+    } else if (value.is_sharded_tensor()) {
+      const ShardedTensor& st = value.sharded_tensor();
+      for (const Shard& shard : st.local_shards()) {
+        WriteItem item =
+            TensorItem(name, WriteItemType::kShard, shard.offsets,
+                       shard.tensor.sizes(), st.dtype(), st.global_sizes());
+        if (!chunks_.emplace(item.index, shard.tensor).second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sharded tensor \"", name, "\" has two local shards at offsets ",
+              ShapeToString(shard.offsets)));
+        }
+        plan.items.push_back(std::move(item));
+      }
+    } else {
+      DCP_ASSIGN_OR_RETURN(std::string encoded, EncodeValue(value));
+      WriteItem item;
+      item.index = MetadataIndex(name);
+      item.type = WriteItemType::kBytesIO;
+      item.bytes_io_data =
+          BytesIOWriteData{static_cast<int64_t>(encoded.size())};
+      encoded_values_.emplace(name, std::move(encoded));
+      plan.items.push_back(std::move(item));
+    }
+  }
+  if (options_.flatten_state_dict) {
+    plan.planner_data = EncodeFlattenMapping(mapping_);
+  }
+  return plan;
+}
+
+absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
+  return BuildLocalPlan();
+}
+
+absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
+  std::vector<FlattenMapping> mappings(local_plans.size());
+  for (size_t r = 0; r < local_plans.size(); ++r) {
+    if (local_plans[r].planner_data.empty()) continue;
+    absl::StatusOr<FlattenMapping> mapping =
+        DecodeFlattenMapping(local_plans[r].planner_data);
+    if (!mapping.ok()) {
+      return Annotate(mapping.status(), absl::StrCat("plan of rank ", r));
+    }
+    mappings[r] = std::move(*mapping);
+  }
+  DCP_ASSIGN_OR_RETURN(GlobalSavePlan global,
+                       BuildGlobalSavePlan(std::move(local_plans), mappings,
+                                           options_.dedup_save_to_lowest_rank
+                                               ? DedupPolicy::kLowestRank
+                                               : DedupPolicy::kBalanceBytes));
+  global.metadata.storage_meta = storage_meta_;
+  return std::make_pair(std::move(global.plans), std::move(global.metadata));
+}
+
+absl::StatusOr<SavePlan> DefaultSavePlanner::FinishPlan(SavePlan central_plan) {
+  return central_plan;
+}
+
+absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
+    const WriteItem& item) {
+  if (item.type == WriteItemType::kBytesIO) {
+    auto it = encoded_values_.find(item.index.fqn);
+    if (it == encoded_values_.end()) {
+      return absl::NotFoundError(absl::StrCat("value \"", item.index.fqn,
+                                              "\" is not in this rank's plan"));
+    }
+    return WriteData(it->second);
+  }
+  auto it = chunks_.find(item.index);
+  if (it == chunks_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "tensor chunk ", item.index.ToString(), " is not in this rank's plan"));
+  }
+  const Tensor& tensor = it->second;
+  if (tensor.view().is_contiguous()) return WriteData(tensor);
+  if (!tensor.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor chunk ", item.index.ToString(), " is a non-contiguous ",
+        tensor.device().ToString(),
+        " tensor; stage it (staging/) or make it contiguous before saving"));
+  }
+  DCP_ASSIGN_OR_RETURN(Tensor copy, tensor.ContiguousHostCopy());
+  return WriteData(std::move(copy));
+}
+
+// ---------------------------------------------------------------------------
+// DefaultLoadPlanner
+
+DefaultLoadPlanner::DefaultLoadPlanner(DefaultLoadPlannerOptions options)
+    : options_(std::move(options)) {}
+
+absl::Status DefaultLoadPlanner::SetUp(StateDict* state_dict,
+                                       const Metadata& metadata,
+                                       bool is_coordinator) {
+  if (state_dict == nullptr) {
+    return absl::InvalidArgumentError("load into a null state dict");
+  }
+  state_dict_ = state_dict;
+  metadata_ = &metadata;
+  is_coordinator_ = is_coordinator;
+  destinations_.clear();
+  value_destinations_.clear();
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A chunk of the destination: where it sits in the global tensor and the
+// memory it is loaded into.
+struct Destination {
+  ChunkStorageMetadata chunk;
+  TensorView view;
+};
+
+absl::Status CheckTensorMatches(const std::string& name, DType dtype,
+                                const Shape& size,
+                                const TensorStorageMetadata& saved) {
+  if (saved.properties.dtype != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", name, "\": the state dict has dtype ", DTypeName(dtype),
+        " but the checkpoint has ", DTypeName(saved.properties.dtype),
+        "; convert the tensor or load into a ",
+        DTypeName(saved.properties.dtype), " tensor"));
+  }
+  if (saved.size != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", name, "\": the state dict has shape ", ShapeToString(size),
+        " but the checkpoint has ", ShapeToString(saved.size)));
+  }
+  return absl::OkStatus();
+}
+
+Shape Minus(const Shape& a, const Shape& b) {
+  Shape out(a.size());
+  for (size_t d = 0; d < a.size(); ++d) out[d] = a[d] - b[d];
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
+  if (state_dict_ == nullptr || metadata_ == nullptr) {
+    return absl::FailedPreconditionError("CreateLocalPlan before SetUp");
+  }
+  DCP_ASSIGN_OR_RETURN(FlatStateDict flat,
+                       Leaves(*state_dict_, options_.flatten_state_dict));
+  destinations_.clear();
+  value_destinations_.clear();
+  LoadPlan plan;
+  std::vector<std::string> missing;
+  std::vector<Destination> wanted;
+  for (const auto& [name, value] : flat.leaves) {
+    auto it = metadata_->state_dict_metadata.find(name);
+    if (it == metadata_->state_dict_metadata.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const auto* saved = std::get_if<TensorStorageMetadata>(&it->second);
+    const bool is_tensor = value.is_tensor() || value.is_sharded_tensor();
+    if (is_tensor != (saved != nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", name, "\" is a ", StateKindName(value.kind()),
+                       " in the state dict but a ",
+                       saved != nullptr ? "tensor" : "non-tensor value",
+                       " in the checkpoint"));
+    }
+    if (!is_tensor) {
+      StateValue* target = FindByPath(*state_dict_, flat.mapping.at(name));
+      if (target == nullptr) {
+        return absl::InternalError(
+            absl::StrCat("flattened value \"", name, "\" not found again"));
+      }
+      value_destinations_.emplace(name, target);
+      ReadItem item;
+      item.type = LoadItemType::kBytesIO;
+      item.dest_index = MetadataIndex(name);
+      item.storage_index = MetadataIndex(name);
+      plan.items.push_back(std::move(item));
+      continue;
+    }
+    wanted.clear();
+    if (value.is_tensor()) {
+      const Tensor& t = value.tensor();
+      DCP_RETURN_IF_ERROR(
+          CheckTensorMatches(name, t.dtype(), t.sizes(), *saved));
+      wanted.push_back({{Zeros(t.sizes().size()), t.sizes()}, t.view()});
+    } else {
+      const ShardedTensor& st = value.sharded_tensor();
+      DCP_RETURN_IF_ERROR(st.Validate(name));
+      DCP_RETURN_IF_ERROR(
+          CheckTensorMatches(name, st.dtype(), st.global_sizes(), *saved));
+      for (const Shard& shard : st.local_shards()) {
+        wanted.push_back(
+            {{shard.offsets, shard.tensor.sizes()}, shard.tensor.view()});
+      }
+    }
+    std::vector<ChunkStorageMetadata> requested;
+    requested.reserve(wanted.size());
+    for (const Destination& d : wanted) requested.push_back(d.chunk);
+    std::vector<int64_t> covered(wanted.size(), 0);
+    const size_t first_item = plan.items.size();
+    ForEachOverlap(requested, saved->chunks,
+                   [&](size_t r, size_t s, const ChunkStorageMetadata& box) {
+                     const ChunkStorageMetadata& dest = requested[r];
+                     const ChunkStorageMetadata& src = saved->chunks[s];
+                     ReadItem item;
+                     item.type = LoadItemType::kTensor;
+                     item.dest_index = MetadataIndex(name, dest.offsets);
+                     item.dest_offsets = Minus(box.offsets, dest.offsets);
+                     item.storage_index = MetadataIndex(
+                         name, src.offsets, static_cast<int64_t>(s));
+                     item.storage_offsets = Minus(box.offsets, src.offsets);
+                     item.lengths = box.sizes;
+                     covered[r] += ChunkVolume(box);
+                     plan.items.push_back(std::move(item));
+                   });
+    // Deterministic order: by destination chunk, then stored chunk.
+    std::sort(plan.items.begin() + first_item, plan.items.end(),
+              [](const ReadItem& a, const ReadItem& b) {
+                if (a.dest_index.offset != b.dest_index.offset) {
+                  return a.dest_index.offset < b.dest_index.offset;
+                }
+                return a.storage_index.offset < b.storage_index.offset;
+              });
+    for (size_t r = 0; r < wanted.size(); ++r) {
+      if (covered[r] != ChunkVolume(requested[r])) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor \"", name, "\": the checkpoint holds ", covered[r], " of ",
+            ChunkVolume(requested[r]), " elements of the requested chunk [",
+            ChunkToString(requested[r]),
+            "]; its chunk list is incomplete (damaged metadata?)"));
+      }
+      destinations_.emplace(MetadataIndex(name, requested[r].offsets),
+                            wanted[r].view);
+    }
+  }
+  if (!missing.empty() && !options_.allow_partial_load) {
+    constexpr size_t kListed = 10;
+    std::vector<std::string> listed(
+        missing.begin(), missing.begin() + std::min(missing.size(), kListed));
+    return absl::NotFoundError(absl::StrCat(
+        "the checkpoint has no \"", absl::StrJoin(listed, "\", \""), "\"",
+        missing.size() > kListed
+            ? absl::StrCat(" (and ", missing.size() - kListed, " more)")
+            : "",
+        "; load with allow_partial_load to skip missing keys"));
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<LoadPlan>> DefaultLoadPlanner::CreateGlobalPlan(
+    std::vector<LoadPlan> local_plans) {
+  return local_plans;
+}
+
+absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {
+  return central_plan;
+}
+
+absl::Status DefaultLoadPlanner::LoadBytes(const ReadItem& item,
+                                           absl::string_view bytes) {
+  auto it = value_destinations_.find(item.dest_index.fqn);
+  if (it == value_destinations_.end()) {
+    return absl::NotFoundError(absl::StrCat("value \"", item.dest_index.fqn,
+                                            "\" is not in this rank's plan"));
+  }
+  absl::StatusOr<StateValue> value = DecodeValue(bytes);
+  if (!value.ok()) {
+    return Annotate(value.status(),
+                    absl::StrCat("value \"", item.dest_index.fqn, "\""));
+  }
+  *it->second = std::move(*value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorView> DefaultLoadPlanner::ResolveTensor(
+    const ReadItem& item) {
+  auto it = destinations_.find(item.dest_index);
+  if (it == destinations_.end()) {
+    return absl::NotFoundError(absl::StrCat("destination chunk ",
+                                            item.dest_index.ToString(),
+                                            " is not in this rank's plan"));
+  }
+  return it->second;
+}
+
+absl::Status DefaultLoadPlanner::CommitTensor(const ReadItem& item,
+                                              const TensorView& tensor) {
+  return absl::OkStatus();
+}
+
+}  // namespace dcp

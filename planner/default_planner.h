@@ -1,0 +1,173 @@
+// DefaultSavePlanner and DefaultLoadPlanner: the seed's default planners.
+//
+// Save: every rank plans one WriteItem per tensor (kTensor: the whole
+// tensor, index offset all zeros), per local shard of a sharded tensor
+// (kShard: index offset = the shard's offsets) and per non-tensor value
+// (kBytesIO, encoded as in planner/value_codec.h). The coordinator
+// deduplicates replicated items (see DedupPolicy), validates the layout and
+// builds the Metadata (planner/global_save_plan.h).
+//
+// Load: every rank intersects the chunks it wants (each tensor whole, each
+// local shard of a sharded tensor) with the chunks that were saved and reads
+// only the overlapping boxes, so any saved layout loads into any requested
+// layout (N-d, uneven, zero-size dimensions).
+#ifndef DCP_PLANNER_DEFAULT_PLANNER_H_
+#define DCP_PLANNER_DEFAULT_PLANNER_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "planner/metadata.h"
+#include "planner/plan.h"
+#include "planner/plan_codec.h"
+#include "planner/planner.h"
+
+namespace dcp {
+
+// The seed's DefaultSavePlanner keyword arguments.
+struct DefaultSavePlannerOptions {
+  // Flatten nested dicts/lists into dotted names; the mapping is stored in
+  // Metadata::flatten_mapping. When false, every top-level value must be a
+  // leaf (nested containers cannot be stored without flattening:
+  // kInvalidArgument).
+  bool flatten_state_dict = true;
+  // Accepted for the seed's API. dcp's ShardedTensor never nests, so its
+  // shards are always saved as chunks of the one global tensor.
+  bool flatten_sharded_tensors = true;
+  // Accepted for the seed's API (deprecated there). Replicated items are
+  // always deduplicated: the metadata records one location per item, so two
+  // ranks can never both write it.
+  std::optional<bool> dedup_replicated_tensors;
+  // Who writes a replicated item: the lowest rank holding it (true), or the
+  // holder that balances bytes per rank (false, the default).
+  bool dedup_save_to_lowest_rank = false;
+  // Reuse plans across saves whose local plans are unchanged: an unchanged
+  // rank sends only a marker, and the coordinator reuses its cached global
+  // plan and metadata (planner/plan_cache.h).
+  bool enable_plan_caching = false;
+};
+
+class DefaultSavePlanner : public SavePlanner {
+ public:
+  explicit DefaultSavePlanner(DefaultSavePlannerOptions options = {});
+
+  // Flattens `state_dict` (keeping the tensors' memory shared with it).
+  // kInvalidArgument for colliding flattened names, a sharded tensor whose
+  // shards do not fit it, or nesting without flatten_state_dict.
+  absl::Status SetUp(const StateDict& state_dict,
+                     const StorageMeta& storage_meta,
+                     bool is_coordinator) override;
+
+  // Items in flattened-name order; planner_data holds the flatten mapping.
+  // With plan caching, a plan equal to this rank's previous one is returned
+  // as an "unchanged" marker (IsUnchangedSavePlan) instead.
+  absl::StatusOr<SavePlan> CreateLocalPlan() override;
+
+  // See BuildGlobalSavePlan. With plan caching, when every rank's plan is
+  // unchanged (or equal to a cached one) the cached result is reused and
+  // ranks whose final plan is unchanged get a marker back.
+  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> CreateGlobalPlan(
+      std::vector<SavePlan> local_plans) override;
+
+  // Resolves a marker to this rank's cached final plan (keeping the
+  // marker's storage_data). kFailedPrecondition for a marker this rank has
+  // no cached plan for.
+  absl::StatusOr<SavePlan> FinishPlan(SavePlan central_plan) override;
+
+  // kTensor/kShard: the chunk as a contiguous Tensor. A contiguous tensor is
+  // returned as is (memory shared with the state dict); a non-contiguous
+  // host tensor is copied into a new contiguous host tensor; a
+  // non-contiguous device tensor is kInvalidArgument (stage it first).
+  // kBytesIO: the encoded value. kNotFound for an item this planner did not
+  // plan. Thread-safe after CreateLocalPlan.
+  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override;
+
+  // The flattened leaves being saved.
+  const std::map<std::string, StateValue>& leaves() const { return leaves_; }
+
+ private:
+  absl::StatusOr<SavePlan> BuildLocalPlan();
+
+  DefaultSavePlannerOptions options_;
+  StorageMeta storage_meta_;
+  bool is_coordinator_ = false;
+  std::map<std::string, StateValue> leaves_;
+  FlattenMapping mapping_;
+  // Filled by CreateLocalPlan, read-only afterwards.
+  absl::flat_hash_map<MetadataIndex, Tensor> chunks_;
+  absl::flat_hash_map<std::string, std::string> encoded_values_;
+};
+
+// The seed's DefaultLoadPlanner keyword arguments.
+struct DefaultLoadPlannerOptions {
+  // Match the destination's flattened names against the checkpoint's. When
+  // false, every top-level value must be a leaf.
+  bool flatten_state_dict = true;
+  // Accepted for the seed's API (see DefaultSavePlannerOptions).
+  bool flatten_sharded_tensors = true;
+  // Skip destination keys the checkpoint lacks instead of failing.
+  bool allow_partial_load = false;
+  // Let CreateGlobalPlan assign each stored item that several ranks need to
+  // one reader (see LoadPlan::read_for_peers). Only annotates the plans:
+  // every rank keeps the items it needs.
+  bool dedup_reads = true;
+};
+
+class DefaultLoadPlanner : public LoadPlanner {
+ public:
+  explicit DefaultLoadPlanner(DefaultLoadPlannerOptions options = {});
+
+  // Keeps `state_dict` and a pointer to `metadata`: both must outlive the
+  // load. kInvalidArgument as for DefaultSavePlanner::SetUp.
+  absl::Status SetUp(StateDict* state_dict, const Metadata& metadata,
+                     bool is_coordinator) override;
+
+  // One ReadItem per (requested chunk, saved chunk) pair that share
+  // elements, offsets relative to each chunk; one kBytesIO item per
+  // non-tensor leaf. Checkpoint keys the state dict lacks are ignored.
+  // Errors: kNotFound naming the missing keys (unless allow_partial_load);
+  // kInvalidArgument naming the key and both dtypes, both shapes, or both
+  // kinds (tensor / value) on a mismatch; kDataLoss when the saved chunks do
+  // not hold every requested element.
+  absl::StatusOr<LoadPlan> CreateLocalPlan() override;
+
+  // With dedup_reads: fills read_for_peers / received_from (see
+  // BuildGlobalLoadPlan); items are unchanged.
+  absl::StatusOr<std::vector<LoadPlan>> CreateGlobalPlan(
+      std::vector<LoadPlan> local_plans) override;
+
+  absl::StatusOr<LoadPlan> FinishPlan(LoadPlan central_plan) override;
+
+  // Decodes the value and replaces the leaf in the caller's state dict.
+  // kDataLoss for bytes that do not decode; kNotFound for an unplanned item.
+  absl::Status LoadBytes(const ReadItem& item,
+                         absl::string_view bytes) override;
+
+  // The destination chunk `item.dest_index`: the caller's tensor (or shard)
+  // memory itself, with its own strides (a reader copying a box at
+  // dest_offsets must honour them). kNotFound for an unplanned chunk.
+  absl::StatusOr<TensorView> ResolveTensor(const ReadItem& item) override;
+
+  // No-op: ResolveTensor hands out the destination itself.
+  absl::Status CommitTensor(const ReadItem& item,
+                            const TensorView& tensor) override;
+
+ private:
+  DefaultLoadPlannerOptions options_;
+  StateDict* state_dict_ = nullptr;
+  const Metadata* metadata_ = nullptr;
+  bool is_coordinator_ = false;
+  // Filled by CreateLocalPlan, read-only afterwards.
+  absl::flat_hash_map<MetadataIndex, TensorView> destinations_;
+  absl::flat_hash_map<std::string, StateValue*> value_destinations_;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_PLANNER_DEFAULT_PLANNER_H_

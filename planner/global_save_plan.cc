@@ -1,0 +1,321 @@
+#include "planner/global_save_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "planner/chunk_geometry.h"
+
+namespace dcp {
+namespace {
+
+// A stored item, keyed by interned name and chunk offset.
+struct IndexKey {
+  uint32_t name;
+  const std::optional<Shape>* offset;
+
+  template <typename H>
+  friend H AbslHashValue(H h, const IndexKey& k) {
+    if (!k.offset->has_value()) return H::combine(std::move(h), k.name, false);
+    return H::combine(std::move(h), k.name, true, **k.offset);
+  }
+  friend bool operator==(const IndexKey& a, const IndexKey& b) {
+    return a.name == b.name && *a.offset == *b.offset;
+  }
+};
+
+struct NameInfo {
+  absl::string_view name;
+  const WriteItem* first = nullptr;  // Defines kind, dtype and shape.
+  uint32_t first_rank = 0;
+  std::vector<uint32_t> groups;
+};
+
+// The items of all ranks that share one MetadataIndex.
+struct Group {
+  uint32_t name = 0;
+  const WriteItem* first = nullptr;
+  uint32_t first_rank = 0;  // Lowest rank holding it.
+  uint32_t holders = 0;
+  uint32_t holders_begin = 0;  // Into the holder ranks array.
+  uint32_t writer = 0;
+  int64_t bytes = 0;
+  int64_t hint = -1;  // Position of the chunk in the metadata.
+};
+
+absl::Status Disagree(absl::string_view name, absl::string_view what,
+                      uint32_t rank_a, absl::string_view value_a,
+                      uint32_t rank_b, absl::string_view value_b) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", name, "\": rank ", rank_a, " saves it with ", what, " ", value_a,
+      " but rank ", rank_b, " with ", what, " ", value_b,
+      "; every rank must save a name with the same ", what));
+}
+
+absl::string_view KindName(const WriteItem& item) {
+  return item.type == WriteItemType::kBytesIO ? "a non-tensor value"
+                                              : "a tensor";
+}
+
+// Checks `item` (from `rank`) against the first item seen for its name.
+absl::Status CheckAgainstName(const NameInfo& info, const WriteItem& item,
+                              uint32_t rank) {
+  const WriteItem& first = *info.first;
+  const bool first_bytes = first.type == WriteItemType::kBytesIO;
+  const bool item_bytes = item.type == WriteItemType::kBytesIO;
+  if (first_bytes != item_bytes) {
+    return Disagree(info.name, "kind", info.first_rank, KindName(first), rank,
+                    KindName(item));
+  }
+  if (item_bytes) return absl::OkStatus();
+  const TensorWriteData& a = *first.tensor_data;
+  const TensorWriteData& b = *item.tensor_data;
+  if (a.properties.dtype != b.properties.dtype) {
+    return Disagree(info.name, "dtype", info.first_rank,
+                    DTypeName(a.properties.dtype), rank,
+                    DTypeName(b.properties.dtype));
+  }
+  if (a.size != b.size) {
+    return Disagree(info.name, "global shape", info.first_rank,
+                    ShapeToString(a.size), rank, ShapeToString(b.size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckItem(const WriteItem& item, uint32_t rank) {
+  if (item.type == WriteItemType::kBytesIO) {
+    if (!item.bytes_io_data.has_value() || item.index.offset.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " plans value \"", item.index.fqn,
+                       "\" without bytes_io_data or with a chunk offset"));
+    }
+    return absl::OkStatus();
+  }
+  if (!item.tensor_data.has_value() || !item.index.offset.has_value() ||
+      *item.index.offset != item.tensor_data->chunk.offsets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " plans tensor chunk ", item.index.ToString(),
+        " without tensor_data or with an index offset that "
+        "differs from its chunk offsets"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, ObjectPath>> MergeMappings(
+    const std::vector<FlattenMapping>& mappings) {
+  absl::flat_hash_map<absl::string_view, std::pair<const ObjectPath*, size_t>>
+      seen;
+  for (size_t r = 0; r < mappings.size(); ++r) {
+    for (const auto& [name, path] : mappings[r]) {
+      auto [it, inserted] = seen.try_emplace(name, &path, r);
+      if (!inserted && *it->second.first != path) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", name, "\": rank ", it->second.second,
+            " flattens it from path ", PathToString(*it->second.first),
+            " but rank ", r, " from a different path ", PathToString(path)));
+      }
+    }
+  }
+  std::vector<std::pair<absl::string_view, const ObjectPath*>> sorted;
+  sorted.reserve(seen.size());
+  for (const auto& [name, entry] : seen) sorted.emplace_back(name, entry.first);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::map<std::string, ObjectPath> merged;
+  for (const auto& [name, path] : sorted) {
+    merged.emplace_hint(merged.end(), std::string(name), *path);
+  }
+  return merged;
+}
+
+void AssignWriters(std::vector<Group>& groups,
+                   const std::vector<uint32_t>& holder_ranks, size_t num_ranks,
+                   DedupPolicy policy) {
+  if (policy == DedupPolicy::kLowestRank) {
+    for (Group& g : groups) g.writer = g.first_rank;
+    return;
+  }
+  std::vector<int64_t> load(num_ranks, 0);
+  std::vector<uint32_t> shared;
+  for (uint32_t i = 0; i < groups.size(); ++i) {
+    Group& g = groups[i];
+    g.writer = g.first_rank;
+    if (g.holders == 1) {
+      load[g.first_rank] += g.bytes;
+    } else {
+      shared.push_back(i);
+    }
+  }
+  std::sort(shared.begin(), shared.end(), [&](uint32_t a, uint32_t b) {
+    return groups[a].bytes != groups[b].bytes
+               ? groups[a].bytes > groups[b].bytes
+               : a < b;
+  });
+  for (uint32_t i : shared) {
+    Group& g = groups[i];
+    uint32_t best = g.first_rank;
+    for (uint32_t k = 0; k < g.holders; ++k) {
+      const uint32_t r = holder_ranks[g.holders_begin + k];
+      if (load[r] < load[best]) best = r;
+    }
+    g.writer = best;
+    load[best] += g.bytes;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
+    std::vector<SavePlan> local_plans,
+    const std::vector<FlattenMapping>& mappings, DedupPolicy policy) {
+  const size_t num_ranks = local_plans.size();
+  size_t total_items = 0;
+  for (const SavePlan& plan : local_plans) total_items += plan.items.size();
+
+  absl::flat_hash_map<absl::string_view, uint32_t> name_ids;
+  std::vector<NameInfo> names;
+  absl::flat_hash_map<IndexKey, uint32_t> group_ids;
+  group_ids.reserve(total_items);
+  std::vector<Group> groups;
+  std::vector<uint32_t> group_of_item;  // By rank, then item.
+  group_of_item.reserve(total_items);
+
+  for (uint32_t r = 0; r < num_ranks; ++r) {
+    for (const WriteItem& item : local_plans[r].items) {
+      absl::Status status = CheckItem(item, r);
+      if (!status.ok()) return status;
+      auto [name_it, new_name] =
+          name_ids.try_emplace(item.index.fqn, names.size());
+      if (new_name) {
+        names.push_back(NameInfo{item.index.fqn, &item, r, {}});
+      } else {
+        status = CheckAgainstName(names[name_it->second], item, r);
+        if (!status.ok()) return status;
+      }
+      const uint32_t name = name_it->second;
+      auto [group_it, new_group] =
+          group_ids.try_emplace(IndexKey{name, &item.index.offset},
+                                static_cast<uint32_t>(groups.size()));
+      if (new_group) {
+        Group g;
+        g.name = name;
+        g.first = &item;
+        g.first_rank = r;
+        g.bytes = item.StorageBytes();
+        groups.push_back(g);
+        names[name].groups.push_back(group_it->second);
+      } else {
+        const Group& g = groups[group_it->second];
+        if (item.tensor_data.has_value() &&
+            item.tensor_data->chunk.sizes !=
+                g.first->tensor_data->chunk.sizes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor \"", item.index.fqn, "\": rank ", g.first_rank,
+              " saves the chunk at offsets ", ShapeToString(*item.index.offset),
+              " with sizes ", ShapeToString(g.first->tensor_data->chunk.sizes),
+              " but rank ", r, " with sizes ",
+              ShapeToString(item.tensor_data->chunk.sizes),
+              "; replicated chunks must be identical"));
+        }
+      }
+      ++groups[group_it->second].holders;
+      group_of_item.push_back(group_it->second);
+    }
+  }
+
+  // Holder ranks of each group, ascending (counting sort over the items).
+  std::vector<uint32_t> holder_ranks(total_items);
+  {
+    uint32_t begin = 0;
+    for (Group& g : groups) {
+      g.holders_begin = begin;
+      begin += g.holders;
+    }
+    std::vector<uint32_t> fill(groups.size(), 0);
+    size_t k = 0;
+    for (uint32_t r = 0; r < num_ranks; ++r) {
+      for (size_t i = 0; i < local_plans[r].items.size(); ++i, ++k) {
+        const uint32_t g = group_of_item[k];
+        holder_ranks[groups[g].holders_begin + fill[g]++] = r;
+      }
+    }
+  }
+
+  // Validation and metadata, tensor by tensor.
+  GlobalSavePlan out;
+  Metadata& metadata = out.metadata;
+  metadata.version = kFormatVersion;
+  std::vector<uint32_t> name_order(names.size());
+  for (uint32_t i = 0; i < names.size(); ++i) name_order[i] = i;
+  std::sort(name_order.begin(), name_order.end(), [&](uint32_t a, uint32_t b) {
+    return names[a].name < names[b].name;
+  });
+  std::vector<ChunkStorageMetadata> chunks;
+  for (uint32_t n : name_order) {
+    NameInfo& info = names[n];
+    if (info.first->type == WriteItemType::kBytesIO) {
+      metadata.state_dict_metadata.emplace_hint(
+          metadata.state_dict_metadata.end(), std::string(info.name),
+          BytesStorageMetadata{});
+      continue;
+    }
+    std::sort(info.groups.begin(), info.groups.end(),
+              [&](uint32_t a, uint32_t b) {
+                return groups[a].first->tensor_data->chunk.offsets <
+                       groups[b].first->tensor_data->chunk.offsets;
+              });
+    chunks.clear();
+    for (size_t k = 0; k < info.groups.size(); ++k) {
+      Group& g = groups[info.groups[k]];
+      g.hint = static_cast<int64_t>(k);
+      chunks.push_back(g.first->tensor_data->chunk);
+    }
+    const TensorWriteData& tensor = *info.first->tensor_data;
+    absl::Status status =
+        ValidateTiling(info.name, tensor.size, chunks, [&](size_t k) {
+          const Group& g = groups[info.groups[k]];
+          return absl::StrCat("[", ChunkToString(chunks[k]), "] from rank ",
+                              g.first_rank);
+        });
+    if (!status.ok()) return status;
+    TensorStorageMetadata tensor_metadata;
+    tensor_metadata.properties = tensor.properties;
+    tensor_metadata.size = tensor.size;
+    tensor_metadata.chunks = chunks;
+    metadata.state_dict_metadata.emplace_hint(
+        metadata.state_dict_metadata.end(), std::string(info.name),
+        std::move(tensor_metadata));
+  }
+  absl::StatusOr<std::map<std::string, ObjectPath>> mapping =
+      MergeMappings(mappings);
+  if (!mapping.ok()) return mapping.status();
+  metadata.flatten_mapping = std::move(*mapping);
+
+  AssignWriters(groups, holder_ranks, num_ranks, policy);
+
+  // Final plans: each rank keeps what it writes. Names are no longer viewed
+  // past this point, so items can be moved.
+  out.plans.resize(num_ranks);
+  size_t k = 0;
+  for (uint32_t r = 0; r < num_ranks; ++r) {
+    SavePlan& local = local_plans[r];
+    SavePlan& final_plan = out.plans[r];
+    final_plan.storage_data = std::move(local.storage_data);
+    final_plan.planner_data = std::move(local.planner_data);
+    final_plan.usable = local.usable;
+    for (WriteItem& item : local.items) {
+      const Group& g = groups[group_of_item[k++]];
+      if (g.writer != r) continue;
+      if (g.hint >= 0) item.index.index = g.hint;
+      final_plan.items.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
+}  // namespace dcp

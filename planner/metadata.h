@@ -1,0 +1,137 @@
+// The global description of a committed checkpoint (the seed's Metadata and
+// its parts): for each flattened name, either a tensor (global shape, dtype,
+// the chunks it was saved as) or an opaque byte value; where each stored item
+// lives (file, offset, length, checksums); the flatten mapping that restores
+// nesting; and who saved it. Encoded as described in docs/FORMAT.md.
+#ifndef DCP_PLANNER_METADATA_H_
+#define DCP_PLANNER_METADATA_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "core/dtype.h"
+#include "core/state_dict.h"
+#include "core/tensor.h"
+
+namespace dcp {
+
+// Identifies one stored item: a value by flattened name, and for tensors the
+// chunk by its offset in the global tensor. `index` is a hint (the position
+// of the chunk in TensorStorageMetadata::chunks) that speeds look-ups; it
+// takes no part in equality or hashing.
+struct MetadataIndex {
+  std::string fqn;
+  std::optional<Shape> offset;  // Set for tensor chunks.
+  std::optional<int64_t> index;
+
+  MetadataIndex() = default;
+  explicit MetadataIndex(std::string fqn_in,
+                         std::optional<Shape> offset_in = std::nullopt,
+                         std::optional<int64_t> index_in = std::nullopt)
+      : fqn(std::move(fqn_in)), offset(std::move(offset_in)), index(index_in) {}
+
+  friend bool operator==(const MetadataIndex& a, const MetadataIndex& b) {
+    return a.fqn == b.fqn && a.offset == b.offset;
+  }
+  friend bool operator!=(const MetadataIndex& a, const MetadataIndex& b) {
+    return !(a == b);
+  }
+  friend bool operator<(const MetadataIndex& a, const MetadataIndex& b) {
+    if (a.fqn != b.fqn) return a.fqn < b.fqn;
+    return a.offset < b.offset;
+  }
+  // The system abseil (20220623) cannot hash std::optional.
+  template <typename H>
+  friend H AbslHashValue(H h, const MetadataIndex& m) {
+    if (!m.offset.has_value()) return H::combine(std::move(h), m.fqn, false);
+    return H::combine(std::move(h), m.fqn, true, *m.offset);
+  }
+
+  // "name" or "name@[0, 128]" for messages.
+  std::string ToString() const;
+};
+
+// A box inside a tensor: where it starts and how large it is, per dimension.
+struct ChunkStorageMetadata {
+  Shape offsets;
+  Shape sizes;
+
+  friend bool operator==(const ChunkStorageMetadata& a,
+                         const ChunkStorageMetadata& b) {
+    return a.offsets == b.offsets && a.sizes == b.sizes;
+  }
+};
+
+// The seed's TensorProperties. Only dtype changes the stored bytes; the rest
+// is carried so a load can restore it.
+struct TensorProperties {
+  DType dtype = DType::kF32;
+  bool requires_grad = false;
+  bool pin_memory = false;
+
+  friend bool operator==(const TensorProperties& a, const TensorProperties& b) {
+    return a.dtype == b.dtype && a.requires_grad == b.requires_grad &&
+           a.pin_memory == b.pin_memory;
+  }
+};
+
+struct TensorStorageMetadata {
+  TensorProperties properties;
+  Shape size;  // The global shape.
+  std::vector<ChunkStorageMetadata> chunks;
+};
+
+// A non-tensor value, stored as bytes (see docs/FORMAT.md for the encoding
+// of int, float, bool, string and bytes values).
+struct BytesStorageMetadata {};
+
+using StorageMetadata =
+    std::variant<TensorStorageMetadata, BytesStorageMetadata>;
+
+// Where the bytes of one stored item live, written by the storage layer and
+// read back at load. Checksums are XXH3-64 of consecutive blocks of
+// `Metadata::checksum_block_size` bytes of the item (the last block may be
+// shorter; an empty item has no blocks).
+struct StorageInfo {
+  std::string relative_path;  // Data file, relative to the checkpoint dir.
+  int64_t offset = 0;         // Byte offset of the item in the file.
+  int64_t length = 0;         // Bytes of the item.
+  std::vector<uint64_t> block_checksums;
+
+  friend bool operator==(const StorageInfo& a, const StorageInfo& b) {
+    return a.relative_path == b.relative_path && a.offset == b.offset &&
+           a.length == b.length && a.block_checksums == b.block_checksums;
+  }
+};
+
+// The seed's StorageMeta: identifies a save and the checkpoint it belongs to.
+struct StorageMeta {
+  std::string checkpoint_id;
+  std::string save_id;
+  std::string load_id;
+  std::vector<std::string> modules;
+};
+
+struct Metadata {
+  // By flattened name. std::map keeps the encoding deterministic.
+  std::map<std::string, StorageMetadata> state_dict_metadata;
+  // The flatten mapping (the seed's planner_data for the default planner).
+  std::map<std::string, ObjectPath> flatten_mapping;
+  // Where each stored item lives (the seed's storage_data).
+  std::map<MetadataIndex, StorageInfo> storage_data;
+  std::optional<StorageMeta> storage_meta;
+  std::string version;  // The format version that wrote this (FORMAT.md).
+  int64_t checksum_block_size = int64_t{4} << 20;
+};
+
+// The format version this build writes.
+inline constexpr char kFormatVersion[] = "dcp-1";
+
+}  // namespace dcp
+
+#endif  // DCP_PLANNER_METADATA_H_

@@ -1,0 +1,100 @@
+// The SavePlanner and LoadPlanner contracts of the seed. The engine drives
+// them in this order on every rank:
+//
+//   save: SetUp -> CreateLocalPlan -> (coordinator) CreateGlobalPlan ->
+//         FinishPlan -> ResolveData per item while writing
+//   load: SetUp -> CreateLocalPlan -> (coordinator) CreateGlobalPlan ->
+//         FinishPlan -> LoadBytes / ResolveTensor + CommitTensor per item
+//
+// A planner instance serves one save or load at a time and is not
+// thread-safe, except ResolveData, ResolveTensor, CommitTensor and LoadBytes,
+// which the storage layer may call from several I/O threads at once for
+// different items.
+#ifndef DCP_PLANNER_PLANNER_H_
+#define DCP_PLANNER_PLANNER_H_
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/state_dict.h"
+#include "core/tensor.h"
+#include "planner/metadata.h"
+#include "planner/plan.h"
+
+namespace dcp {
+
+// The data behind one WriteItem: a contiguous tensor chunk (host or device
+// memory, owned by the state dict or the stager) or encoded bytes.
+using WriteData = std::variant<Tensor, std::string>;
+
+class SavePlanner {
+ public:
+  virtual ~SavePlanner() = default;
+
+  // Takes the state dict to save (the planner keeps it until the save ends).
+  // `storage_meta` identifies the save; `is_coordinator` tells whether this
+  // rank will run CreateGlobalPlan.
+  virtual absl::Status SetUp(const StateDict& state_dict,
+                             const StorageMeta& storage_meta,
+                             bool is_coordinator) = 0;
+
+  // This rank's plan: one item per tensor, shard chunk or non-tensor value.
+  virtual absl::StatusOr<SavePlan> CreateLocalPlan() = 0;
+
+  // Coordinator only: validates and deduplicates all ranks' plans, returns
+  // each rank's final plan (same order as the input) and the global
+  // metadata (storage_data still empty: the storage layer fills it from the
+  // write results). kInvalidArgument naming tensor and ranks on bad plans.
+  virtual absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+  CreateGlobalPlan(std::vector<SavePlan> local_plans) = 0;
+
+  // Accepts the coordinator's plan for this rank.
+  virtual absl::StatusOr<SavePlan> FinishPlan(SavePlan central_plan) = 0;
+
+  // The data of `item` (thread-safe). Tensor chunks are contiguous.
+  virtual absl::StatusOr<WriteData> ResolveData(const WriteItem& item) = 0;
+};
+
+class LoadPlanner {
+ public:
+  virtual ~LoadPlanner() = default;
+
+  // Takes the state dict to fill in place (tensors are written into their
+  // memory; non-tensor values are replaced). The planner keeps `state_dict`
+  // until the load ends.
+  virtual absl::Status SetUp(StateDict* state_dict, const Metadata& metadata,
+                             bool is_coordinator) = 0;
+
+  // Intersects what this rank wants with what was saved. Errors: kNotFound
+  // for a missing key (unless partial load is allowed), kInvalidArgument for
+  // a dtype or shape mismatch, naming the key.
+  virtual absl::StatusOr<LoadPlan> CreateLocalPlan() = 0;
+
+  // Coordinator only: may rewrite plans (read dedup); same order as input.
+  virtual absl::StatusOr<std::vector<LoadPlan>> CreateGlobalPlan(
+      std::vector<LoadPlan> local_plans) = 0;
+
+  virtual absl::StatusOr<LoadPlan> FinishPlan(LoadPlan central_plan) = 0;
+
+  // Delivers the stored bytes of a kBytesIO item (thread-safe).
+  virtual absl::Status LoadBytes(const ReadItem& item,
+                                 absl::string_view bytes) = 0;
+
+  // The destination chunk `item.dest_index` (thread-safe): host memory the
+  // reader copies the box into at `item.dest_offsets`.
+  virtual absl::StatusOr<TensorView> ResolveTensor(const ReadItem& item) = 0;
+
+  // Called once the box of `item` has been copied into `tensor` (the view
+  // ResolveTensor returned); a planner that resolved to a temporary copies it
+  // to the final destination here (thread-safe).
+  virtual absl::Status CommitTensor(const ReadItem& item,
+                                    const TensorView& tensor) = 0;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_PLANNER_PLANNER_H_

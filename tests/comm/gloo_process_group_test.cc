@@ -1,0 +1,322 @@
+// Multi-process tests of GlooProcessGroup: real Gloo over tcp on 127.0.0.1,
+// meeting in a FileStore under $TEST_TMPDIR, one forked process per rank.
+#include "comm/gloo_process_group.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
+
+namespace dcp::comm {
+namespace {
+
+using ::dcp::testing::Check;
+using ::dcp::testing::FreshTestDir;
+using ::dcp::testing::RankExit;
+using ::dcp::testing::RunRanks;
+
+// Bytes that differ by rank, call and position, including zeros.
+std::string Payload(int rank, int call, size_t size) {
+  std::string out(size, '\0');
+  for (size_t i = 0; i < size; ++i) {
+    out[i] = static_cast<char>((rank * 131 + call * 17 + i * 7) & 0xff);
+  }
+  return out;
+}
+
+// Payload sizes per rank: empty, one byte, odd, 1 MiB.
+size_t SizeOf(int rank) {
+  static constexpr size_t kSizes[] = {0, 1, 100003, size_t{1} << 20};
+  return kSizes[rank % 4];
+}
+
+GlooOptions Options(const std::string& dir, int rank, int size,
+                    absl::Duration timeout) {
+  GlooOptions options;
+  options.rank = rank;
+  options.world_size = size;
+  options.store.kind = StoreAddress::Kind::kFile;
+  options.store.path = dir;
+  options.timeout = timeout;
+  options.connect_timeout = absl::Seconds(10);
+  return options;
+}
+
+// Expects every rank but `except` (-1: none) to have exited with 0.
+void ExpectAllExitedZero(const std::vector<RankExit>& exits, int except = -1) {
+  for (size_t r = 0; r < exits.size(); ++r) {
+    if (static_cast<int>(r) == except) continue;
+    EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0)
+        << "rank " << r << ": exited=" << exits[r].exited
+        << " code=" << exits[r].exit_code << " signal=" << exits[r].signal
+        << " timed_out=" << exits[r].timed_out;
+  }
+}
+
+int RunCollectives(const std::string& dir, int rank, int n) {
+  auto group =
+      GlooProcessGroup::Create(Options(dir, rank, n, absl::Seconds(10)));
+  if (!group.ok()) return Check(false, rank, group.status().ToString());
+  ProcessGroup& pg = **group;
+  if (int rc = Check(pg.rank() == rank && pg.size() == n, rank, "rank/size"))
+    return rc;
+  for (int round = 0; round < 2; ++round) {
+    const int call = round * 10;
+    // Gather to root 2.
+    auto gathered = pg.Gather(Payload(rank, call, SizeOf(rank)), /*root=*/2);
+    if (!gathered.ok()) return Check(false, rank, gathered.status().ToString());
+    if (rank == 2) {
+      if (int rc = Check(gathered->size() == static_cast<size_t>(n), rank,
+                         "gather count"))
+        return rc;
+      for (int r = 0; r < n; ++r) {
+        if (int rc = Check((*gathered)[r] == Payload(r, call, SizeOf(r)), rank,
+                           absl::StrCat("gather payload of rank ", r)))
+          return rc;
+      }
+    } else if (int rc = Check(gathered->empty(), rank, "gather non-root")) {
+      return rc;
+    }
+    // Scatter from root 1: rank r gets a payload of SizeOf(r + 1).
+    std::vector<std::string> parts;
+    if (rank == 1) {
+      for (int r = 0; r < n; ++r)
+        parts.push_back(Payload(r, call + 1, SizeOf(r + 1)));
+    }
+    auto scattered = pg.Scatter(parts, /*root=*/1);
+    if (!scattered.ok())
+      return Check(false, rank, scattered.status().ToString());
+    if (int rc = Check(*scattered == Payload(rank, call + 1, SizeOf(rank + 1)),
+                       rank, "scatter payload"))
+      return rc;
+    // Broadcast from root 3 (1 MiB).
+    auto broadcast = pg.Broadcast(
+        rank == 3 ? Payload(3, call + 2, SizeOf(3)) : std::string("ignored"),
+        /*root=*/3);
+    if (!broadcast.ok())
+      return Check(false, rank, broadcast.status().ToString());
+    if (int rc = Check(*broadcast == Payload(3, call + 2, SizeOf(3)), rank,
+                       "broadcast payload"))
+      return rc;
+    // All-gather.
+    auto all = pg.AllGather(Payload(rank, call + 3, SizeOf(rank + 2)));
+    if (!all.ok()) return Check(false, rank, all.status().ToString());
+    for (int r = 0; r < n; ++r) {
+      if (int rc = Check((*all)[r] == Payload(r, call + 3, SizeOf(r + 2)), rank,
+                         absl::StrCat("allgather payload of rank ", r)))
+        return rc;
+    }
+    if (absl::Status s = pg.Barrier(); !s.ok())
+      return Check(false, rank, s.ToString());
+    // Statuses: odd ranks report an error.
+    auto statuses = AllGatherStatuses(
+        pg, rank % 2 ? absl::ResourceExhaustedError(
+                           absl::StrCat("rank ", rank, " disk full"))
+                     : absl::OkStatus());
+    if (!statuses.ok()) return Check(false, rank, statuses.status().ToString());
+    for (int r = 0; r < n; ++r) {
+      const absl::Status want = r % 2
+                                    ? absl::ResourceExhaustedError(absl::StrCat(
+                                          "rank ", r, " disk full"))
+                                    : absl::OkStatus();
+      if (int rc = Check((*statuses)[r] == want, rank,
+                         absl::StrCat("status of rank ", r)))
+        return rc;
+    }
+  }
+  return 0;
+}
+
+TEST(GlooProcessGroupTest, FourRanksMoveExactBytes) {
+  const std::string dir = FreshTestDir("four_ranks");
+  ExpectAllExitedZero(RunRanks(
+      4, [&](int rank) { return RunCollectives(dir, rank, 4); },
+      absl::Seconds(60)));
+}
+
+// Rank 1 disappears after joining (`how` says how); the others' barrier
+// fails within the timeout with an error naming rank 1, and the group stays
+// broken afterwards.
+void LostPeerTest(const std::string& name, const std::function<void()>& lose) {
+  const std::string dir = FreshTestDir(name);
+  constexpr absl::Duration kTimeout = absl::Seconds(3);
+  ExpectAllExitedZero(
+      RunRanks(
+          3,
+          [&](int rank) -> int {
+            auto group =
+                GlooProcessGroup::Create(Options(dir, rank, 3, kTimeout));
+            if (!group.ok())
+              return Check(false, rank, group.status().ToString());
+            // Everyone is connected before rank 1 goes.
+            if (absl::Status s = (*group)->Barrier(); !s.ok())
+              return Check(false, rank, s.ToString());
+            if (rank == 1) {
+              lose();
+              return 0;
+            }
+            const absl::Time start = absl::Now();
+            absl::Status s = (*group)->Barrier();
+            const absl::Duration took = absl::Now() - start;
+            std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+                         absl::FormatDuration(took).c_str(),
+                         s.ToString().c_str());
+            if (int rc =
+                    Check(s.code() == absl::StatusCode::kUnavailable ||
+                              s.code() == absl::StatusCode::kDeadlineExceeded,
+                          rank, absl::StrCat("barrier code: ", s.ToString())))
+              return rc;
+            if (int rc = Check(absl::StrContains(s.message(), "rank 1"), rank,
+                               absl::StrCat("names rank 1: ", s.ToString())))
+              return rc;
+            if (int rc =
+                    Check(absl::StrContains(s.message(), "barrier"), rank,
+                          absl::StrCat("names the operation: ", s.ToString())))
+              return rc;
+            if (int rc =
+                    Check(took < kTimeout + absl::Seconds(1), rank,
+                          absl::StrCat("took ", absl::FormatDuration(took))))
+              return rc;
+            // Broken from now on, at once.
+            const absl::Time again = absl::Now();
+            auto later = (*group)->AllGather("x");
+            if (int rc = Check(
+                    later.status().code() == s.code() &&
+                        absl::StrContains(later.status().message(), "broken") &&
+                        absl::Now() - again < absl::Milliseconds(500),
+                    rank,
+                    absl::StrCat("later call: ", later.status().ToString())))
+              return rc;
+            return 0;
+          },
+          absl::Seconds(30)),
+      /*except=*/1);
+}
+
+TEST(GlooProcessGroupTest, ExitedPeerIsNamed) {
+  LostPeerTest("exited_peer", [] { _exit(0); });
+}
+
+TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
+  LostPeerTest("killed_peer", [] { kill(getpid(), SIGKILL); });
+}
+
+TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
+  const std::string dir = FreshTestDir("hung_peer");
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        auto group =
+            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(30)));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(2500));  // Alive but silent.
+          return 0;
+        }
+        const absl::Time start = absl::Now();
+        auto gathered = (*group)->Gather("plan", /*root=*/0, absl::Seconds(2));
+        const absl::Duration took = absl::Now() - start;
+        const absl::Status& s = gathered.status();
+        std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+                     absl::FormatDuration(took).c_str(), s.ToString().c_str());
+        if (int rc = Check(s.code() == absl::StatusCode::kDeadlineExceeded,
+                           rank, s.ToString()))
+          return rc;
+        if (int rc = Check(absl::StrContains(s.message(), "gather") &&
+                               absl::StrContains(s.message(), "rank 1"),
+                           rank, s.ToString()))
+          return rc;
+        return Check(
+            took >= absl::Milliseconds(1900) && took < absl::Seconds(3), rank,
+            absl::StrCat("took ", absl::FormatDuration(took)));
+      },
+      absl::Seconds(30)));
+}
+
+TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
+  const std::string dir = FreshTestDir("missing_rank");
+  GlooOptions options = Options(dir, 0, 2, absl::Seconds(5));
+  options.connect_timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  auto group = GlooProcessGroup::Create(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << group.status();
+  EXPECT_TRUE(absl::StrContains(group.status().message(), "rank(s) 1"))
+      << group.status();
+  std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
+}
+
+// A checkpoint group and a "training" group live side by side in the same
+// processes; a background thread drives one while the main thread drives
+// the other, and neither waits on or corrupts the other.
+TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
+  const std::string dir = FreshTestDir("two_groups");
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        GlooOptions train = Options(dir, rank, 2, absl::Seconds(10));
+        train.group_name = "training-loop";
+        GlooOptions ckpt = Options(dir, rank, 2, absl::Seconds(10));
+        auto train_group = GlooProcessGroup::Create(train);
+        if (!train_group.ok())
+          return Check(false, rank, train_group.status().ToString());
+        auto ckpt_group = GlooProcessGroup::Create(ckpt);
+        if (!ckpt_group.ok())
+          return Check(false, rank, ckpt_group.status().ToString());
+        absl::Status background;
+        std::thread saver([&] {
+          for (int i = 0; i < 50 && background.ok(); ++i) {
+            auto all = (*ckpt_group)->AllGather(Payload(rank, i, 1000 + i));
+            if (!all.ok()) {
+              background = all.status();
+            } else if ((*all)[1 - rank] != Payload(1 - rank, i, 1000 + i)) {
+              background = absl::DataLossError("checkpoint payload mismatch");
+            }
+          }
+        });
+        absl::Status foreground;
+        for (int i = 0; i < 50 && foreground.ok(); ++i) {
+          auto b = (*train_group)->Broadcast(Payload(0, 100 + i, 77), 0);
+          if (!b.ok()) {
+            foreground = b.status();
+          } else if (*b != Payload(0, 100 + i, 77)) {
+            foreground = absl::DataLossError("training payload mismatch");
+          }
+        }
+        saver.join();
+        if (int rc = Check(background.ok(), rank, background.ToString()))
+          return rc;
+        return Check(foreground.ok(), rank, foreground.ToString());
+      },
+      absl::Seconds(60)));
+}
+
+TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
+  const std::string dir = FreshTestDir("stale");
+  auto job = [&](int rank) -> int {
+    auto group =
+        GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(5)));
+    if (!group.ok()) return 10 + static_cast<int>(group.status().code());
+    return (*group)->Barrier().ok() ? 0 : 3;
+  };
+  ExpectAllExitedZero(RunRanks(2, job, absl::Seconds(30)));
+  // A second job in the same directory finds the first job's keys.
+  std::vector<RankExit> second = RunRanks(2, job, absl::Seconds(30));
+  for (const RankExit& e : second) {
+    EXPECT_EQ(e.exit_code,
+              10 + static_cast<int>(absl::StatusCode::kAlreadyExists));
+  }
+}
+
+}  // namespace
+}  // namespace dcp::comm
