@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/status.h"
+#include "cuda/host_copy.h"
 
 namespace dcp {
 namespace {
@@ -490,7 +491,7 @@ class HostRuntime final : public DeviceRuntime {
       if (!fault.ok()) return fault;
     }
     if (options_.copy_observer) options_.copy_observer(trace);
-    std::memcpy(trace.dst, trace.src, trace.bytes);
+    BulkHostCopy(trace.dst, trace.src, trace.bytes);  // As DMA would.
     trace.phase = HostCopyTrace::Phase::kEnd;
     if (options_.copy_observer) options_.copy_observer(trace);
     return absl::OkStatus();

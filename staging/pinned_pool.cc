@@ -61,7 +61,6 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     return ErrnoError(err, what);
   }
   buffer->data_ = static_cast<std::byte*>(p);
-  if (!options.shared) madvise(p, buffer->size_, MADV_HUGEPAGE);
   if (options.pinned) {
     DCP_RETURN_IF_ERROR(Annotate(
         runtime->RegisterHost(buffer->data_, buffer->size_),

@@ -12,8 +12,6 @@
 //   * the mapping is ordinary memory that io_uring can register as fixed
 //     buffers (Regions()) and that works without any GPU (the host runtime's
 //     RegisterHost is bookkeeping only).
-// Anonymous mappings get MADV_HUGEPAGE (fewer TLB misses and faster
-// registration); a failure of that hint is ignored.
 //
 // Thread safety: all methods are thread-safe. A PinnedChunk keeps the pool's
 // memory alive, so a lease may outlive the PinnedPool object.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "core/status.h"
+#include "cuda/host_copy.h"
 
 namespace dcp {
 namespace {
@@ -331,9 +332,9 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
       CpuPool().Schedule([&, task] {
         const TensorView& v = task.slot->source;
         if (v.is_contiguous()) {
-          std::memcpy(task.dst,
-                      static_cast<const std::byte*>(v.data()) + task.offset,
-                      task.length);
+          BulkHostCopy(task.dst,
+                       static_cast<const std::byte*>(v.data()) + task.offset,
+                       task.length);
         } else {
           absl::StatusOr<Tensor> gathered =
               Tensor::Wrap(v).ContiguousHostCopy();
@@ -426,15 +427,19 @@ Future<StateDict> DefaultStager::Stage(const StateDict& state_dict) {
         StageNow(state_dict, !options_.use_non_blocking_copy));
   }
   Promise<StateDict> promise;
-  Future<StateDict> future = promise.future();
+  Promise<void> done;
   {
     absl::MutexLock lock(&future_mu_);
-    last_async_ = future;
+    last_async_ = done.future();
   }
-  background_->Schedule([this, state_dict, promise] {
-    promise.Set(StageNow(state_dict, /*wait_for_copies=*/true));
+  background_->Schedule([this, state_dict, promise, done] {
+    absl::StatusOr<StateDict> staged =
+        StageNow(state_dict, /*wait_for_copies=*/true);
+    const absl::Status status = staged.status();
+    promise.Set(std::move(staged));
+    done.Set(status);
   });
-  return future;
+  return promise.future();
 }
 
 bool DefaultStager::should_synchronize_after_execute() const {
@@ -443,12 +448,12 @@ bool DefaultStager::should_synchronize_after_execute() const {
 
 absl::Status DefaultStager::SynchronizeStaging() {
   absl::Status status;
-  Future<StateDict> last;
+  Future<void> last;
   {
     absl::MutexLock lock(&future_mu_);
     last = last_async_;
   }
-  if (last.valid()) status = last.Wait().status();
+  if (last.valid()) status = last.Wait();
   absl::MutexLock lock(&mu_);
   absl::Status pending = WaitPendingCopies();
   return status.ok() ? pending : status;

@@ -145,9 +145,11 @@ class DefaultStager final : public AsyncStager {
   std::vector<std::shared_ptr<void>> pending_memory_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 
-  // The last async Stage, for SynchronizeStaging/Close.
+  // Completion of the last async Stage, for SynchronizeStaging/Close. A
+  // Future<void>: holding the staged dict here would keep its memory busy
+  // and defeat the cache.
   absl::Mutex future_mu_;
-  Future<StateDict> last_async_ ABSL_GUARDED_BY(future_mu_);
+  Future<void> last_async_ ABSL_GUARDED_BY(future_mu_);
 
   std::unique_ptr<ThreadPool> cpu_pool_;    // memcpy of CPU tensors.
   std::unique_ptr<ThreadPool> background_;  // use_async_staging.

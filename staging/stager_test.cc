@@ -157,7 +157,7 @@ TEST_F(StagerTest, ShardedTensorShardsAreStaged) {
 // Device tensors of the host runtime, filled with a pattern.
 class DeviceTensors {
  public:
-  DeviceTensors(DeviceRuntime& runtime) : runtime_(runtime) {}
+  explicit DeviceTensors(DeviceRuntime& runtime) : runtime_(runtime) {}
   ~DeviceTensors() {
     for (void* p : blocks_) runtime_.FreeDevice(p).IgnoreError();
   }
@@ -213,13 +213,20 @@ struct CopyHold {
   }
 };
 
-TEST(StagerAsyncTest, AsyncStageReturnsBeforeCopiesFinish) {
+// A host runtime whose first D2H copy waits at `hold`, and one device tensor.
+class StagerAsyncTest : public ::testing::Test {
+ protected:
   CopyHold hold;
-  HostRuntimeOptions ro;
-  ro.copy_observer = [&](const HostCopyTrace& t) { hold.Observe(t); };
-  auto runtime = CreateHostRuntime(ro);
-  DeviceTensors device(*runtime);
+  std::unique_ptr<DeviceRuntime> runtime = CreateHostRuntime([this] {
+    HostRuntimeOptions ro;
+    ro.copy_observer = [this](const HostCopyTrace& t) { hold.Observe(t); };
+    return ro;
+  }());
+  DeviceTensors device{*runtime};
   Tensor t = device.Make(5000, 3);
+};
+
+TEST_F(StagerAsyncTest, AsyncStageReturnsBeforeCopiesFinish) {
   StagingOptions o;  // Seed defaults: async.
   DefaultStager stager(o, runtime.get());
   EXPECT_FALSE(stager.should_synchronize_after_execute());
@@ -232,13 +239,7 @@ TEST(StagerAsyncTest, AsyncStageReturnsBeforeCopiesFinish) {
   EXPECT_TRUE(stager.SynchronizeStaging().ok());
 }
 
-TEST(StagerAsyncTest, NonBlockingCopyNeedsSynchronizeStaging) {
-  CopyHold hold;
-  HostRuntimeOptions ro;
-  ro.copy_observer = [&](const HostCopyTrace& t) { hold.Observe(t); };
-  auto runtime = CreateHostRuntime(ro);
-  DeviceTensors device(*runtime);
-  Tensor t = device.Make(5000, 3);
+TEST_F(StagerAsyncTest, NonBlockingCopyNeedsSynchronizeStaging) {
   StagingOptions o;
   o.use_async_staging = false;  // Non-blocking copies stay on.
   DefaultStager stager(o, runtime.get());
