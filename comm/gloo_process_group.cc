@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
 #include "core/status.h"
 #include "gloo/rendezvous/context.h"
@@ -35,8 +36,9 @@ class GlooProcessGroup::Impl {
 
   absl::Status Connect(const GlooOptions& options) {
     DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
-    const std::string prefix =
+    prefix_ =
         absl::StrCat(options.group_name, "/", NextInstance(options.group_name));
+    const std::string& prefix = prefix_;
     prefix_store_ =
         std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
     DeadlineStore store(*prefix_store_, absl::Now() + options.connect_timeout);
@@ -159,7 +161,7 @@ class GlooProcessGroup::Impl {
         if (t.data_buf) t.data_buf->waitSend(nullptr, Remaining(deadline));
       }
     } catch (const std::exception& e) {
-      return PeerError(op, peer, doing, e.what(), deadline);
+      return GiveUp(op, peer, PeerError(op, peer, doing, e.what(), deadline));
     }
     return absl::OkStatus();
   }
@@ -169,6 +171,57 @@ class GlooProcessGroup::Impl {
 
  private:
   // Slots below this are left to Gloo's own collectives on the context.
+  static std::string AbortKey(int rank) { return absl::StrCat("abort/", rank); }
+
+  // Called once when a collective failed on this rank. If `peer` gave up
+  // first (its abort record is in the store) the result carries the peer's
+  // reason, so the rank that was really lost is named on every rank. Then
+  // this rank leaves its own record and closes its connections, so peers
+  // blocked on it fail now instead of at their deadline.
+  absl::Status GiveUp(absl::string_view op, int peer, absl::Status status) {
+    if (peer >= 0 && peer != rank_) {
+      // A peer closes its sockets right after writing its record (or Gloo
+      // closes them just before): allow the record a moment to appear.
+      const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
+      for (int i = 0; i < 25 && !internal::KeyExists(*store_, key); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::Status theirs;
+      try {
+        if (internal::KeyExists(*store_, key)) {
+          const std::vector<char> record = prefix_store_->get(AbortKey(peer));
+          if (DecodeStatus(absl::string_view(record.data(), record.size()),
+                           &theirs)
+                  .ok() &&
+              !theirs.ok()) {
+            status = absl::Status(
+                theirs.code(),
+                absl::StrFormat(
+                    "%s on rank %d of %d: rank %d gave up first: %s", op, rank_,
+                    size_, peer, theirs.message()));
+          }
+        }
+      } catch (const std::exception&) {
+        // No record: the peer itself is what was lost.
+      }
+    }
+    try {
+      const std::string record = EncodeStatus(status);
+      prefix_store_->set(AbortKey(rank_),
+                         std::vector<char>(record.begin(), record.end()));
+    } catch (const std::exception&) {
+      // Best effort: peers then report the lost connection to this rank.
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        if (auto& pair = context_->getPair(r)) pair->close();
+      } catch (const std::exception&) {
+      }
+    }
+    return status;
+  }
+
   static constexpr uint64_t kSlotBase = uint64_t{1} << 40;
 
   absl::Status PeerError(absl::string_view op, int peer, const char* doing,
@@ -190,6 +243,7 @@ class GlooProcessGroup::Impl {
   const int rank_;
   const int size_;
   std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::string prefix_;
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;

@@ -242,6 +242,67 @@ TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
       absl::Seconds(30)));
 }
 
+// The seed's save pattern: plans are gathered to rank 0, final plans
+// scattered back. Rank 1 is lost before sending its plan (`lose` says
+// how). Rank 0 sees it directly; ranks 2 and 3, waiting for rank 0 in the
+// scatter, learn rank 0's reason through its abort record, so every rank
+// names rank 1 and none waits for its full timeout.
+void LostDuringSaveTest(const std::string& name, absl::Duration timeout,
+                        const std::function<void()>& lose,
+                        absl::StatusCode want, absl::Duration within) {
+  const std::string dir = FreshTestDir(name);
+  ExpectAllExitedZero(
+      RunRanks(
+          4,
+          [&](int rank) -> int {
+            auto group =
+                GlooProcessGroup::Create(Options(dir, rank, 4, timeout));
+            if (!group.ok())
+              return Check(false, rank, group.status().ToString());
+            if (absl::Status s = (*group)->Barrier(); !s.ok())
+              return Check(false, rank, s.ToString());
+            if (rank == 1) {
+              lose();
+              return 0;
+            }
+            const absl::Time start = absl::Now();
+            absl::Status s = (*group)->Gather("local plan", 0).status();
+            if (s.ok()) {
+              std::vector<std::string> plans;
+              s = (*group)->Scatter(plans, 0).status();
+            }
+            const absl::Duration took = absl::Now() - start;
+            std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+                         absl::FormatDuration(took).c_str(),
+                         s.ToString().c_str());
+            if (int rc = Check(s.code() == want, rank,
+                               absl::StrCat("code: ", s.ToString())))
+              return rc;
+            if (int rc =
+                    Check(absl::StrContains(s.message(), "to rank 1") ||
+                              absl::StrContains(s.message(), "from rank 1"),
+                          rank, absl::StrCat("names rank 1: ", s.ToString())))
+              return rc;
+            return Check(took < within, rank,
+                         absl::StrCat("took ", absl::FormatDuration(took)));
+          },
+          absl::Seconds(30)),
+      /*except=*/1);
+}
+
+TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
+  LostDuringSaveTest(
+      "killed_during_save", absl::Seconds(5), [] { kill(getpid(), SIGKILL); },
+      absl::StatusCode::kUnavailable, absl::Seconds(2));
+}
+
+TEST(GlooProcessGroupTest, HungDuringSaveIsNamedOnEveryRank) {
+  LostDuringSaveTest(
+      "hung_during_save", absl::Milliseconds(1500),
+      [] { absl::SleepFor(absl::Seconds(3)); },
+      absl::StatusCode::kDeadlineExceeded, absl::Milliseconds(2500));
+}
+
 TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
   const std::string dir = FreshTestDir("missing_rank");
   GlooOptions options = Options(dir, 0, 2, absl::Seconds(5));
