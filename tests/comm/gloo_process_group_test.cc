@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,71 +145,90 @@ TEST(GlooProcessGroupTest, FourRanksMoveExactBytes) {
       absl::Seconds(60)));
 }
 
-// Rank 1 disappears after joining (`how` says how); the others' barrier
-// fails within the timeout with an error naming rank 1, and the group stays
-// broken afterwards.
-void LostPeerTest(const std::string& name, const std::function<void()>& lose) {
-  const std::string dir = FreshTestDir(name);
-  constexpr absl::Duration kTimeout = absl::Seconds(3);
+// A lost-rank scenario: `n` ranks join and meet in a barrier; then rank 1
+// calls `lose` while the others run `step`, which must fail with one of
+// `codes`, naming `op` and rank 1, within `within`; a later call on the
+// group then fails at once as broken.
+struct LossCase {
+  std::string name;
+  int n = 3;
+  absl::Duration timeout;
+  std::function<void()> lose;
+  std::function<absl::Status(ProcessGroup&)> step;
+  std::vector<absl::StatusCode> codes;
+  std::string op;
+  absl::Duration within;
+};
+
+int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
+  auto group = GlooProcessGroup::Create(Options(dir, rank, c.n, c.timeout));
+  if (!group.ok()) return Check(false, rank, group.status().ToString());
+  // Everyone is connected before rank 1 goes.
+  if (absl::Status s = (*group)->Barrier(); !s.ok()) {
+    return Check(false, rank, s.ToString());
+  }
+  if (rank == 1) {
+    c.lose();
+    return 0;
+  }
+  const absl::Time start = absl::Now();
+  const absl::Status s = c.step(**group);
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+               absl::FormatDuration(took).c_str(), s.ToString().c_str());
+  const bool code_ok =
+      std::find(c.codes.begin(), c.codes.end(), s.code()) != c.codes.end();
+  if (int rc = Check(code_ok, rank, absl::StrCat("code: ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(
+          absl::StrContains(s.message(), "rank 1 ") &&
+              absl::StrContains(s.message(), c.op),
+          rank, absl::StrCat("names rank 1, ", c.op, ": ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(took < c.within, rank,
+                     absl::StrCat("took ", absl::FormatDuration(took)))) {
+    return rc;
+  }
+  const absl::Time again = absl::Now();
+  auto later = (*group)->AllGather("x");
+  return Check(later.status().code() == s.code() &&
+                   absl::StrContains(later.status().message(), "broken") &&
+                   absl::Now() - again < absl::Milliseconds(500),
+               rank, absl::StrCat("later call: ", later.status().ToString()));
+}
+
+void RunLossCase(const LossCase& c) {
+  const std::string dir = FreshTestDir(c.name);
   ExpectAllExitedZero(
       RunRanks(
-          3,
-          [&](int rank) -> int {
-            auto group =
-                GlooProcessGroup::Create(Options(dir, rank, 3, kTimeout));
-            if (!group.ok())
-              return Check(false, rank, group.status().ToString());
-            // Everyone is connected before rank 1 goes.
-            if (absl::Status s = (*group)->Barrier(); !s.ok())
-              return Check(false, rank, s.ToString());
-            if (rank == 1) {
-              lose();
-              return 0;
-            }
-            const absl::Time start = absl::Now();
-            absl::Status s = (*group)->Barrier();
-            const absl::Duration took = absl::Now() - start;
-            std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
-                         absl::FormatDuration(took).c_str(),
-                         s.ToString().c_str());
-            if (int rc =
-                    Check(s.code() == absl::StatusCode::kUnavailable ||
-                              s.code() == absl::StatusCode::kDeadlineExceeded,
-                          rank, absl::StrCat("barrier code: ", s.ToString())))
-              return rc;
-            if (int rc = Check(absl::StrContains(s.message(), "rank 1"), rank,
-                               absl::StrCat("names rank 1: ", s.ToString())))
-              return rc;
-            if (int rc =
-                    Check(absl::StrContains(s.message(), "barrier"), rank,
-                          absl::StrCat("names the operation: ", s.ToString())))
-              return rc;
-            if (int rc =
-                    Check(took < kTimeout + absl::Seconds(1), rank,
-                          absl::StrCat("took ", absl::FormatDuration(took))))
-              return rc;
-            // Broken from now on, at once.
-            const absl::Time again = absl::Now();
-            auto later = (*group)->AllGather("x");
-            if (int rc = Check(
-                    later.status().code() == s.code() &&
-                        absl::StrContains(later.status().message(), "broken") &&
-                        absl::Now() - again < absl::Milliseconds(500),
-                    rank,
-                    absl::StrCat("later call: ", later.status().ToString())))
-              return rc;
-            return 0;
-          },
+          c.n, [&](int rank) { return SurviveLoss(c, dir, rank); },
           absl::Seconds(30)),
       /*except=*/1);
 }
 
+absl::Status BarrierStep(ProcessGroup& group) { return group.Barrier(); }
+
+LossCase BarrierLoss(const std::string& name, std::function<void()> lose) {
+  LossCase c;
+  c.name = name;
+  c.timeout = absl::Seconds(3);
+  c.lose = std::move(lose);
+  c.step = BarrierStep;
+  c.codes = {absl::StatusCode::kUnavailable,
+             absl::StatusCode::kDeadlineExceeded};
+  c.op = "barrier";
+  c.within = absl::Seconds(2);
+  return c;
+}
+
 TEST(GlooProcessGroupTest, ExitedPeerIsNamed) {
-  LostPeerTest("exited_peer", [] { _exit(0); });
+  RunLossCase(BarrierLoss("exited_peer", [] { _exit(0); }));
 }
 
 TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
-  LostPeerTest("killed_peer", [] { kill(getpid(), SIGKILL); });
+  RunLossCase(BarrierLoss("killed_peer", [] { kill(getpid(), SIGKILL); }));
 }
 
 TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
@@ -243,64 +264,40 @@ TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
 }
 
 // The seed's save pattern: plans are gathered to rank 0, final plans
-// scattered back. Rank 1 is lost before sending its plan (`lose` says
-// how). Rank 0 sees it directly; ranks 2 and 3, waiting for rank 0 in the
-// scatter, learn rank 0's reason through its abort record, so every rank
-// names rank 1 and none waits for its full timeout.
-void LostDuringSaveTest(const std::string& name, absl::Duration timeout,
-                        const std::function<void()>& lose,
-                        absl::StatusCode want, absl::Duration within) {
-  const std::string dir = FreshTestDir(name);
-  ExpectAllExitedZero(
-      RunRanks(
-          4,
-          [&](int rank) -> int {
-            auto group =
-                GlooProcessGroup::Create(Options(dir, rank, 4, timeout));
-            if (!group.ok())
-              return Check(false, rank, group.status().ToString());
-            if (absl::Status s = (*group)->Barrier(); !s.ok())
-              return Check(false, rank, s.ToString());
-            if (rank == 1) {
-              lose();
-              return 0;
-            }
-            const absl::Time start = absl::Now();
-            absl::Status s = (*group)->Gather("local plan", 0).status();
-            if (s.ok()) {
-              std::vector<std::string> plans;
-              s = (*group)->Scatter(plans, 0).status();
-            }
-            const absl::Duration took = absl::Now() - start;
-            std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
-                         absl::FormatDuration(took).c_str(),
-                         s.ToString().c_str());
-            if (int rc = Check(s.code() == want, rank,
-                               absl::StrCat("code: ", s.ToString())))
-              return rc;
-            if (int rc =
-                    Check(absl::StrContains(s.message(), "to rank 1") ||
-                              absl::StrContains(s.message(), "from rank 1"),
-                          rank, absl::StrCat("names rank 1: ", s.ToString())))
-              return rc;
-            return Check(took < within, rank,
-                         absl::StrCat("took ", absl::FormatDuration(took)));
-          },
-          absl::Seconds(30)),
-      /*except=*/1);
+// scattered back. Rank 1 is lost before sending its plan. Rank 0 sees it
+// directly; ranks 2 and 3, blocked on rank 0, learn rank 0's reason through
+// its abort record, so every rank names rank 1 and none waits for its full
+// timeout.
+absl::Status SaveStep(ProcessGroup& group) {
+  absl::Status s = group.Gather("local plan", 0).status();
+  if (!s.ok()) return s;
+  return group.Scatter({}, 0).status();
 }
 
 TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
-  LostDuringSaveTest(
-      "killed_during_save", absl::Seconds(5), [] { kill(getpid(), SIGKILL); },
-      absl::StatusCode::kUnavailable, absl::Seconds(2));
+  LossCase c;
+  c.name = "killed_during_save";
+  c.n = 4;
+  c.timeout = absl::Seconds(5);
+  c.lose = [] { kill(getpid(), SIGKILL); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kUnavailable};
+  c.op = "gather";
+  c.within = absl::Seconds(2);
+  RunLossCase(c);
 }
 
 TEST(GlooProcessGroupTest, HungDuringSaveIsNamedOnEveryRank) {
-  LostDuringSaveTest(
-      "hung_during_save", absl::Milliseconds(1500),
-      [] { absl::SleepFor(absl::Seconds(3)); },
-      absl::StatusCode::kDeadlineExceeded, absl::Milliseconds(2500));
+  LossCase c;
+  c.name = "hung_during_save";
+  c.n = 4;
+  c.timeout = absl::Milliseconds(1500);
+  c.lose = [] { absl::SleepFor(absl::Seconds(3)); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kDeadlineExceeded};
+  c.op = "gather";
+  c.within = absl::Milliseconds(2500);
+  RunLossCase(c);
 }
 
 TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
