@@ -6,6 +6,7 @@
 #include <exception>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -57,6 +58,25 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t capacity_ = 0;
+};
+
+// Makes `device` current on the calling thread for a scope: collectives may
+// run on any thread (a background save thread), and CUDA's current device
+// is per thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
 };
 
 }  // namespace
@@ -253,6 +273,8 @@ class NcclProcessGroup::Impl {
     return AllGatherSizes("barrier", 0, deadline).status();
   }
 
+  int device() const { return device_; }
+
  private:
   // Point-to-point between `root` and every other rank r with sizes[r] > 0
   // bytes: with `to_root`, r sends send_ and root receives into
@@ -313,6 +335,13 @@ class NcclProcessGroup::Impl {
       }
       return std::string(id.begin(), id.end());
     } catch (const std::exception& e) {
+      if (absl::StrContains(e.what(), "already exists")) {
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "nccl process group: %s holds a unique id under \"%s\" from an "
+            "earlier job; use a fresh rendezvous directory or another group "
+            "name: %s",
+            options.store.ToString(), prefix, e.what()));
+      }
       return absl::DeadlineExceededError(absl::StrFormat(
           "nccl process group, rank %d of %d: no unique id from rank 0 under "
           "\"%s\" in %s within %s (is rank 0 running?): %s",
@@ -429,29 +458,37 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, absl::Duration timeout,
                                    std::unique_ptr<Impl> impl)
     : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
 
-NcclProcessGroup::~NcclProcessGroup() = default;
+NcclProcessGroup::~NcclProcessGroup() {
+  DeviceScope scope(impl_->device());
+  impl_.reset();
+}
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoGather(
     absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Gather(payload, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoScatter(
     absl::Span<const std::string> payloads, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Scatter(payloads, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoBroadcast(
     absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Broadcast(payload, root, deadline);
 }
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoAllGather(
     absl::string_view payload, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->AllGather("allgather", payload, deadline);
 }
 
 absl::Status NcclProcessGroup::DoBarrier(absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Barrier(deadline);
 }
 
