@@ -41,13 +41,13 @@ size_t SizeOf(int rank) {
   return kSizes[rank % 4];
 }
 
-GlooOptions Options(const std::string& dir, int rank, int size,
+// `store` is a directory or a redis:// address.
+GlooOptions Options(const std::string& store, int rank, int size,
                     absl::Duration timeout) {
   GlooOptions options;
   options.rank = rank;
   options.world_size = size;
-  options.store.kind = StoreAddress::Kind::kFile;
-  options.store.path = dir;
+  options.store = *ParseStoreAddress(store);
   options.timeout = timeout;
   options.connect_timeout = absl::Seconds(10);
   return options;
@@ -158,6 +158,7 @@ struct LossCase {
   std::vector<absl::StatusCode> codes;
   std::string op;
   absl::Duration within;
+  std::string store;  // Empty: a fresh directory named after the case.
 };
 
 int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
@@ -200,7 +201,7 @@ int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
 }
 
 void RunLossCase(const LossCase& c) {
-  const std::string dir = FreshTestDir(c.name);
+  const std::string dir = c.store.empty() ? FreshTestDir(c.name) : c.store;
   ExpectAllExitedZero(
       RunRanks(
           c.n, [&](int rank) { return SurviveLoss(c, dir, rank); },
@@ -274,7 +275,7 @@ absl::Status SaveStep(ProcessGroup& group) {
   return group.Scatter({}, 0).status();
 }
 
-TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
+LossCase KilledDuringSave() {
   LossCase c;
   c.name = "killed_during_save";
   c.n = 4;
@@ -284,7 +285,11 @@ TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
   c.codes = {absl::StatusCode::kUnavailable};
   c.op = "gather";
   c.within = absl::Seconds(2);
-  RunLossCase(c);
+  return c;
+}
+
+TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
+  RunLossCase(KilledDuringSave());
 }
 
 TEST(GlooProcessGroupTest, HungDuringSaveIsNamedOnEveryRank) {
@@ -374,6 +379,30 @@ TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
     EXPECT_EQ(e.exit_code,
               10 + static_cast<int>(absl::StatusCode::kAlreadyExists));
   }
+}
+
+// The same over Gloo's RedisStore, with a private redis-server.
+class GlooRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    redis_ = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+    if (redis_ == nullptr) GTEST_SKIP() << why_not;
+  }
+  std::unique_ptr<dcp::testing::RedisServer> redis_;
+};
+
+TEST_F(GlooRedisTest, FourRanksMoveExactBytes) {
+  const std::string store = redis_->address();
+  ExpectAllExitedZero(RunRanks(
+      4, [&](int rank) { return RunCollectives(store, rank, 4); },
+      absl::Seconds(60)));
+}
+
+TEST_F(GlooRedisTest, KilledDuringSaveIsNamedOnEveryRank) {
+  LossCase c = KilledDuringSave();
+  c.store = redis_->address();
+  RunLossCase(c);
 }
 
 }  // namespace
