@@ -364,6 +364,39 @@ TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
       absl::Seconds(60)));
 }
 
+// A second call while one is in flight on the same group is refused at
+// once and does not disturb the first.
+TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
+  const std::string dir = FreshTestDir("overlap");
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        auto group =
+            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(10)));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(500));
+          if (absl::Status s = (*group)->Barrier(); !s.ok())
+            return Check(false, rank, s.ToString());
+        } else {
+          absl::Status first;
+          std::thread in_flight([&] { first = (*group)->Barrier(); });
+          absl::SleepFor(absl::Milliseconds(200));
+          absl::Status second = (*group)->AllGather("x").status();
+          in_flight.join();
+          if (int rc =
+                  Check(second.code() == absl::StatusCode::kFailedPrecondition,
+                        rank, second.ToString()))
+            return rc;
+          if (int rc = Check(first.ok(), rank, first.ToString())) return rc;
+        }
+        auto all = (*group)->AllGather(Payload(rank, 1, 10));
+        return Check(all.ok() && (*all)[1 - rank] == Payload(1 - rank, 1, 10),
+                     rank, all.status().ToString());
+      },
+      absl::Seconds(30)));
+}
+
 TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
   const std::string dir = FreshTestDir("stale");
   auto job = [&](int rank) -> int {
