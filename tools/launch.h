@@ -6,7 +6,8 @@
 // one fails (SIGTERM, then SIGKILL after a grace period) and exits with the
 // first failure's exit code (128 + signal for a rank killed by a signal).
 // Without --rendezvous it makes a fresh temporary directory and removes it
-// afterwards. SIGINT/SIGTERM sent to the launcher are passed on to the ranks.
+// afterwards; a directory given with --rendezvous is kept and must be fresh
+// for each job (Gloo's FileStore refuses keys left by an earlier job). SIGINT/SIGTERM sent to the launcher are passed on to the ranks.
 #ifndef DCP_TOOLS_LAUNCH_H_
 #define DCP_TOOLS_LAUNCH_H_
 
