@@ -13,7 +13,9 @@
 // any process group library).
 //
 // Payloads of any size travel as Gloo point-to-point messages on unbound
-// buffers: first an 8-byte size, then the bytes, on slots derived from a
+// buffers: first a 24-byte header (the collective's name, its root, the
+// payload size; a rank in another collective gets kDataLoss saying so),
+// then the bytes, on slots derived from a
 // per-group call counter. Waiting per peer is what lets an error name the
 // rank that was lost or late. Costs per call: gather and scatter move n-1
 // messages through the root, broadcast n-1 from the root, all-gather and

@@ -397,6 +397,28 @@ TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
       absl::Seconds(30)));
 }
 
+// Ranks that call different collectives are told so (kDataLoss on both),
+// instead of exchanging bytes meant for another call or timing out.
+TEST(GlooProcessGroupTest, MismatchedCollectivesAreDataLoss) {
+  const std::string dir = FreshTestDir("mismatch");
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        auto group =
+            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(10)));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        const absl::Status s = rank == 0
+                                   ? (*group)->Gather("plan", 0).status()
+                                   : (*group)->Broadcast("meta", 1).status();
+        std::fprintf(stderr, "[rank %d] %s\n", rank, s.ToString().c_str());
+        return Check(
+            s.code() == absl::StatusCode::kDataLoss &&
+                absl::StrContains(s.message(), "rank 1 is in broadcast"),
+            rank, s.ToString());
+      },
+      absl::Seconds(30)));
+}
+
 TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
   const std::string dir = FreshTestDir("stale");
   auto job = [&](int rank) -> int {
