@@ -64,6 +64,22 @@ void ExpectAllExitedZero(const std::vector<RankExit>& exits, int except = -1) {
   }
 }
 
+// Forks `n` ranks that each join a group meeting in a fresh directory
+// named `name` (default timeout `timeout`) and run `body`; expects every
+// rank to exit 0.
+void RunGlooRanks(const std::string& name, int n, absl::Duration timeout,
+                  const std::function<int(ProcessGroup&, int)>& body) {
+  const std::string dir = FreshTestDir(name);
+  ExpectAllExitedZero(RunRanks(
+      n,
+      [&](int rank) -> int {
+        auto group = GlooProcessGroup::Create(Options(dir, rank, n, timeout));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        return body(**group, rank);
+      },
+      absl::Seconds(30)));
+}
+
 int RunCollectives(const std::string& dir, int rank, int n) {
   auto group =
       GlooProcessGroup::Create(Options(dir, rank, n, absl::Seconds(10)));
@@ -233,19 +249,15 @@ TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
 }
 
 TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
-  const std::string dir = FreshTestDir("hung_peer");
-  ExpectAllExitedZero(RunRanks(
-      2,
-      [&](int rank) -> int {
-        auto group =
-            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(30)));
-        if (!group.ok()) return Check(false, rank, group.status().ToString());
+  RunGlooRanks(
+      "hung_peer", 2, absl::Seconds(30),
+      [&](ProcessGroup& group, int rank) -> int {
         if (rank == 1) {
           absl::SleepFor(absl::Milliseconds(2500));  // Alive but silent.
           return 0;
         }
         const absl::Time start = absl::Now();
-        auto gathered = (*group)->Gather("plan", /*root=*/0, absl::Seconds(2));
+        auto gathered = group.Gather("plan", /*root=*/0, absl::Seconds(2));
         const absl::Duration took = absl::Now() - start;
         const absl::Status& s = gathered.status();
         std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
@@ -260,8 +272,7 @@ TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
         return Check(
             took >= absl::Milliseconds(1900) && took < absl::Seconds(3), rank,
             absl::StrCat("took ", absl::FormatDuration(took)));
-      },
-      absl::Seconds(30)));
+      });
 }
 
 // The seed's save pattern: plans are gathered to rank 0, final plans
@@ -367,22 +378,18 @@ TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
 // A second call while one is in flight on the same group is refused at
 // once and does not disturb the first.
 TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
-  const std::string dir = FreshTestDir("overlap");
-  ExpectAllExitedZero(RunRanks(
-      2,
-      [&](int rank) -> int {
-        auto group =
-            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(10)));
-        if (!group.ok()) return Check(false, rank, group.status().ToString());
+  RunGlooRanks(
+      "overlap", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
         if (rank == 1) {
           absl::SleepFor(absl::Milliseconds(500));
-          if (absl::Status s = (*group)->Barrier(); !s.ok())
+          if (absl::Status s = group.Barrier(); !s.ok())
             return Check(false, rank, s.ToString());
         } else {
           absl::Status first;
-          std::thread in_flight([&] { first = (*group)->Barrier(); });
+          std::thread in_flight([&] { first = group.Barrier(); });
           absl::SleepFor(absl::Milliseconds(200));
-          absl::Status second = (*group)->AllGather("x").status();
+          absl::Status second = group.AllGather("x").status();
           in_flight.join();
           if (int rc =
                   Check(second.code() == absl::StatusCode::kFailedPrecondition,
@@ -390,33 +397,26 @@ TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
             return rc;
           if (int rc = Check(first.ok(), rank, first.ToString())) return rc;
         }
-        auto all = (*group)->AllGather(Payload(rank, 1, 10));
+        auto all = group.AllGather(Payload(rank, 1, 10));
         return Check(all.ok() && (*all)[1 - rank] == Payload(1 - rank, 1, 10),
                      rank, all.status().ToString());
-      },
-      absl::Seconds(30)));
+      });
 }
 
 // Ranks that call different collectives are told so (kDataLoss on both),
 // instead of exchanging bytes meant for another call or timing out.
 TEST(GlooProcessGroupTest, MismatchedCollectivesAreDataLoss) {
-  const std::string dir = FreshTestDir("mismatch");
-  ExpectAllExitedZero(RunRanks(
-      2,
-      [&](int rank) -> int {
-        auto group =
-            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(10)));
-        if (!group.ok()) return Check(false, rank, group.status().ToString());
-        const absl::Status s = rank == 0
-                                   ? (*group)->Gather("plan", 0).status()
-                                   : (*group)->Broadcast("meta", 1).status();
+  RunGlooRanks(
+      "mismatch", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
+        const absl::Status s = rank == 0 ? group.Gather("plan", 0).status()
+                                         : group.Broadcast("meta", 1).status();
         std::fprintf(stderr, "[rank %d] %s\n", rank, s.ToString().c_str());
         return Check(
             s.code() == absl::StatusCode::kDataLoss &&
                 absl::StrContains(s.message(), "rank 1 is in broadcast"),
             rank, s.ToString());
-      },
-      absl::Seconds(30)));
+      });
 }
 
 TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
