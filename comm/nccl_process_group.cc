@@ -86,14 +86,10 @@ class NcclProcessGroup::Impl {
   Impl(const NcclLibrary* nccl, int rank, int size)
       : nccl_(nccl), rank_(rank), size_(size) {}
 
+  // Every call waited for its work, so aborting cuts nothing short, and
+  // unlike a destroy it cannot block on a lost peer.
   ~Impl() {
-    if (comm_ != nullptr) {
-      if (broken_) {
-        nccl_->CommAbort(comm_);
-      } else {
-        nccl_->CommDestroy(comm_);
-      }
-    }
+    if (comm_ != nullptr) nccl_->CommAbort(comm_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -351,8 +347,8 @@ class NcclProcessGroup::Impl {
   }
 
   absl::Status NcclError(absl::string_view op, ncclResult_t rc) {
-    broken_ = true;
     const char* last = comm_ != nullptr ? nccl_->GetLastError(comm_) : "";
+    if (last == nullptr) last = "";
     return absl::UnavailableError(absl::StrFormat(
         "%s on rank %d of %d: NCCL error: %s%s%s (a peer may be lost)", op,
         rank_, size_, nccl_->GetErrorString(rc), *last ? ": " : "", last));
@@ -388,7 +384,6 @@ class NcclProcessGroup::Impl {
         const cudaError_t rc = cudaStreamQuery(stream_);
         if (rc == cudaSuccess) return absl::OkStatus();
         if (rc != cudaErrorNotReady) {
-          broken_ = true;
           return CudaError(rc, absl::StrCat(op, ": stream"));
         }
       }
@@ -398,7 +393,6 @@ class NcclProcessGroup::Impl {
   }
 
   absl::Status Abort(absl::string_view op, absl::Duration limit) {
-    broken_ = true;
     nccl_->CommAbort(comm_);
     comm_ = nullptr;
     return absl::DeadlineExceededError(absl::StrFormat(
@@ -433,7 +427,6 @@ class NcclProcessGroup::Impl {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  bool broken_ = false;
   DeviceBuffer sizes_;
   DeviceBuffer send_;
   DeviceBuffer recv_;
