@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
 #include "core/status.h"
 #include "gloo/rendezvous/context.h"
@@ -35,8 +36,9 @@ class GlooProcessGroup::Impl {
 
   absl::Status Connect(const GlooOptions& options) {
     DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
-    const std::string prefix =
+    prefix_ =
         absl::StrCat(options.group_name, "/", NextInstance(options.group_name));
+    const std::string& prefix = prefix_;
     prefix_store_ =
         std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
     DeadlineStore store(*prefix_store_, absl::Now() + options.connect_timeout);
@@ -90,10 +92,20 @@ class GlooProcessGroup::Impl {
     absl::string_view data;
   };
 
-  // One step of point-to-point traffic: sends `sends`, receives one payload
-  // from each rank of `recv_from` into (*received)[i], and waits for all of
-  // it until `deadline`. Errors name `op` and the peer.
-  absl::Status Exchange(absl::string_view op, const std::vector<Send>& sends,
+  // What precedes every payload: the collective the sender is in (so ranks
+  // that called different collectives get told so) and the payload size.
+  struct Header {
+    char op[12] = {};
+    int32_t root = -1;
+    uint64_t size = 0;
+  };
+
+  // One step of point-to-point traffic in collective `op` (rooted at `root`,
+  // -1 for none): sends `sends`, receives one payload from each rank of
+  // `recv_from` into (*received)[i], and waits for all of it until
+  // `deadline`. Errors name `op` and the peer.
+  absl::Status Exchange(absl::string_view op, int root,
+                        const std::vector<Send>& sends,
                         const std::vector<int>& recv_from,
                         std::vector<std::string>* received,
                         absl::Time deadline) {
@@ -103,7 +115,7 @@ class GlooProcessGroup::Impl {
 
     struct Transfer {
       int peer = -1;
-      uint64_t size = 0;
+      Header header;
       std::unique_ptr<gloo::transport::UnboundBuffer> size_buf;
       std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
     };
@@ -119,12 +131,14 @@ class GlooProcessGroup::Impl {
       for (size_t i = 0; i < sends.size(); ++i) {
         Transfer& t = out[i];
         t.peer = peer = sends[i].peer;
-        t.size = sends[i].data.size();
-        t.size_buf = context_->createUnboundBuffer(&t.size, sizeof(t.size));
+        op.copy(t.header.op, sizeof(t.header.op) - 1);
+        t.header.root = root;
+        t.header.size = sends[i].data.size();
+        t.size_buf = context_->createUnboundBuffer(&t.header, sizeof(Header));
         t.size_buf->send(t.peer, size_slot);
-        if (t.size > 0) {
+        if (t.header.size > 0) {
           t.data_buf = context_->createUnboundBuffer(
-              const_cast<char*>(sends[i].data.data()), t.size);
+              const_cast<char*>(sends[i].data.data()), t.header.size);
           t.data_buf->send(t.peer, data_slot);
         }
       }
@@ -132,7 +146,7 @@ class GlooProcessGroup::Impl {
       for (size_t i = 0; i < recv_from.size(); ++i) {
         Transfer& t = in[i];
         t.peer = peer = recv_from[i];
-        t.size_buf = context_->createUnboundBuffer(&t.size, sizeof(t.size));
+        t.size_buf = context_->createUnboundBuffer(&t.header, sizeof(Header));
         t.size_buf->recv(t.peer, size_slot);
       }
       doing = "waiting for a payload size from";
@@ -140,10 +154,14 @@ class GlooProcessGroup::Impl {
         Transfer& t = in[i];
         peer = t.peer;
         t.size_buf->waitRecv(nullptr, Remaining(deadline));
-        if (t.size > 0) {
+        if (absl::Status s = CheckHeader(op, root, t.peer, t.header); !s.ok()) {
+          return GiveUp(op, t.peer, s);
+        }
+        if (t.header.size > 0) {
           std::string& dest = (*received)[i];
-          dest.resize(t.size);
-          t.data_buf = context_->createUnboundBuffer(dest.data(), t.size);
+          dest.resize(t.header.size);
+          t.data_buf =
+              context_->createUnboundBuffer(dest.data(), t.header.size);
           t.data_buf->recv(t.peer, data_slot);
         }
       }
@@ -159,7 +177,7 @@ class GlooProcessGroup::Impl {
         if (t.data_buf) t.data_buf->waitSend(nullptr, Remaining(deadline));
       }
     } catch (const std::exception& e) {
-      return PeerError(op, peer, doing, e.what(), deadline);
+      return GiveUp(op, peer, PeerError(op, peer, doing, e.what(), deadline));
     }
     return absl::OkStatus();
   }
@@ -168,7 +186,82 @@ class GlooProcessGroup::Impl {
   int size() const { return size_; }
 
  private:
+  // Payloads above this are taken for garbage, not for a plan.
+  static constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 40;
+
+  // kDataLoss when `peer` is not in the same collective as this rank.
+  absl::Status CheckHeader(absl::string_view op, int root, int peer,
+                           Header& header) const {
+    header.op[sizeof(header.op) - 1] = '\0';
+    const absl::string_view theirs(header.op);
+    if (theirs != op || header.root != root) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s (root %d) on rank %d of %d: rank %d is in %s (root %d): the "
+          "ranks called different collectives; every rank must call the "
+          "same collectives in the same order with the same root",
+          op, root, rank_, size_, peer, theirs, header.root));
+    }
+    if (header.size > kMaxPayloadBytes) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s on rank %d of %d: rank %d announced %d bytes; the stream is "
+          "corrupt",
+          op, rank_, size_, peer, header.size));
+    }
+    return absl::OkStatus();
+  }
+
   // Slots below this are left to Gloo's own collectives on the context.
+  static std::string AbortKey(int rank) { return absl::StrCat("abort/", rank); }
+
+  // Called once when a collective failed on this rank. If `peer` gave up
+  // first (its abort record is in the store) the result carries the peer's
+  // reason, so the rank that was really lost is named on every rank. Then
+  // this rank leaves its own record and closes its connections, so peers
+  // blocked on it fail now instead of at their deadline.
+  absl::Status GiveUp(absl::string_view op, int peer, absl::Status status) {
+    if (peer >= 0 && peer != rank_) {
+      // A peer closes its sockets right after writing its record (or Gloo
+      // closes them just before): allow the record a moment to appear.
+      const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
+      for (int i = 0; i < 25 && !internal::KeyExists(*store_, key); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::Status theirs;
+      try {
+        if (internal::KeyExists(*store_, key)) {
+          const std::vector<char> record = prefix_store_->get(AbortKey(peer));
+          if (DecodeStatus(absl::string_view(record.data(), record.size()),
+                           &theirs)
+                  .ok() &&
+              !theirs.ok()) {
+            status = absl::Status(
+                theirs.code(),
+                absl::StrFormat(
+                    "%s on rank %d of %d: rank %d gave up first: %s", op, rank_,
+                    size_, peer, theirs.message()));
+          }
+        }
+      } catch (const std::exception&) {
+        // No record: the peer itself is what was lost.
+      }
+    }
+    try {
+      const std::string record = EncodeStatus(status);
+      prefix_store_->set(AbortKey(rank_),
+                         std::vector<char>(record.begin(), record.end()));
+    } catch (const std::exception&) {
+      // Best effort: peers then report the lost connection to this rank.
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        if (auto& pair = context_->getPair(r)) pair->close();
+      } catch (const std::exception&) {
+      }
+    }
+    return status;
+  }
+
   static constexpr uint64_t kSlotBase = uint64_t{1} << 40;
 
   absl::Status PeerError(absl::string_view op, int peer, const char* doing,
@@ -190,6 +283,7 @@ class GlooProcessGroup::Impl {
   const int rank_;
   const int size_;
   std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::string prefix_;
   std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -223,15 +317,16 @@ absl::StatusOr<std::vector<std::string>> GlooProcessGroup::DoGather(
     absl::string_view payload, int root, absl::Time deadline) {
   std::vector<std::string> received;
   if (rank() != root) {
-    DCP_RETURN_IF_ERROR(
-        impl_->Exchange("gather", {{root, payload}}, {}, &received, deadline));
+    DCP_RETURN_IF_ERROR(impl_->Exchange("gather", root, {{root, payload}}, {},
+                                        &received, deadline));
     return std::vector<std::string>();
   }
   std::vector<int> from;
   for (int r = 0; r < size(); ++r) {
     if (r != root) from.push_back(r);
   }
-  DCP_RETURN_IF_ERROR(impl_->Exchange("gather", {}, from, &received, deadline));
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange("gather", root, {}, from, &received, deadline));
   std::vector<std::string> all(size());
   for (size_t i = 0; i < from.size(); ++i)
     all[from[i]] = std::move(received[i]);
@@ -244,14 +339,16 @@ absl::StatusOr<std::string> GlooProcessGroup::FromRoot(
     const std::vector<absl::string_view>& per_rank, absl::Time deadline) {
   std::vector<std::string> received;
   if (rank() != root) {
-    DCP_RETURN_IF_ERROR(impl_->Exchange(op, {}, {root}, &received, deadline));
+    DCP_RETURN_IF_ERROR(
+        impl_->Exchange(op, root, {}, {root}, &received, deadline));
     return std::move(received[0]);
   }
   std::vector<Impl::Send> sends;
   for (int r = 0; r < size(); ++r) {
     if (r != root) sends.push_back({r, per_rank[r]});
   }
-  DCP_RETURN_IF_ERROR(impl_->Exchange(op, sends, {}, &received, deadline));
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange(op, root, sends, {}, &received, deadline));
   return std::string(per_rank[root]);
 }
 
@@ -278,7 +375,8 @@ absl::StatusOr<std::vector<std::string>> GlooProcessGroup::AllToAll(
     from.push_back(r);
   }
   std::vector<std::string> received;
-  DCP_RETURN_IF_ERROR(impl_->Exchange(op, sends, from, &received, deadline));
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange(op, /*root=*/-1, sends, from, &received, deadline));
   std::vector<std::string> all(size());
   for (size_t i = 0; i < from.size(); ++i)
     all[from[i]] = std::move(received[i]);

@@ -13,7 +13,9 @@
 // any process group library).
 //
 // Payloads of any size travel as Gloo point-to-point messages on unbound
-// buffers: first an 8-byte size, then the bytes, on slots derived from a
+// buffers: first a 24-byte header (the collective's name, its root, the
+// payload size; a rank in another collective gets kDataLoss saying so),
+// then the bytes, on slots derived from a
 // per-group call counter. Waiting per peer is what lets an error name the
 // rank that was lost or late. Costs per call: gather and scatter move n-1
 // messages through the root, broadcast n-1 from the root, all-gather and
@@ -22,7 +24,14 @@
 //
 // Errors: a peer whose socket closed gives kUnavailable ("... lost
 // connection to rank K ..."); a deadline gives kDeadlineExceeded ("...
-// waiting for rank K ..."). Either breaks the group (see process_group.h).
+// waiting for ... rank K ..."). Either breaks the group (see
+// process_group.h). A rank that fails writes an abort record (its Status)
+// under "<prefix>/abort/<rank>" in the store and closes its sockets, so
+// ranks blocked on it fail at once, and with its reason: when rank 1 dies
+// during a gather to rank 0, ranks 2 and 3 waiting on rank 0 report
+// "rank 0 gave up first: gather on rank 0 ...: lost connection to rank 1",
+// with rank 0's code, instead of timing out on rank 0. A rank that dies
+// without a record costs its peers up to 250 ms of looking for one.
 // The rendezvous directory must not hold keys of an earlier job with the
 // same group name: the launcher gives each job a fresh directory.
 #ifndef DCP_COMM_GLOO_PROCESS_GROUP_H_

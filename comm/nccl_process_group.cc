@@ -6,6 +6,7 @@
 #include <exception>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -59,6 +60,25 @@ class DeviceBuffer {
   size_t capacity_ = 0;
 };
 
+// Makes `device` current on the calling thread for a scope: collectives may
+// run on any thread (a background save thread), and CUDA's current device
+// is per thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 }  // namespace
 
 class NcclProcessGroup::Impl {
@@ -66,14 +86,10 @@ class NcclProcessGroup::Impl {
   Impl(const NcclLibrary* nccl, int rank, int size)
       : nccl_(nccl), rank_(rank), size_(size) {}
 
+  // Every call waited for its work, so aborting cuts nothing short, and
+  // unlike a destroy it cannot block on a lost peer.
   ~Impl() {
-    if (comm_ != nullptr) {
-      if (broken_) {
-        nccl_->CommAbort(comm_);
-      } else {
-        nccl_->CommDestroy(comm_);
-      }
-    }
+    if (comm_ != nullptr) nccl_->CommAbort(comm_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -253,6 +269,8 @@ class NcclProcessGroup::Impl {
     return AllGatherSizes("barrier", 0, deadline).status();
   }
 
+  int device() const { return device_; }
+
  private:
   // Point-to-point between `root` and every other rank r with sizes[r] > 0
   // bytes: with `to_root`, r sends send_ and root receives into
@@ -313,6 +331,13 @@ class NcclProcessGroup::Impl {
       }
       return std::string(id.begin(), id.end());
     } catch (const std::exception& e) {
+      if (absl::StrContains(e.what(), "already exists")) {
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "nccl process group: %s holds a unique id under \"%s\" from an "
+            "earlier job; use a fresh rendezvous directory or another group "
+            "name: %s",
+            options.store.ToString(), prefix, e.what()));
+      }
       return absl::DeadlineExceededError(absl::StrFormat(
           "nccl process group, rank %d of %d: no unique id from rank 0 under "
           "\"%s\" in %s within %s (is rank 0 running?): %s",
@@ -322,8 +347,8 @@ class NcclProcessGroup::Impl {
   }
 
   absl::Status NcclError(absl::string_view op, ncclResult_t rc) {
-    broken_ = true;
     const char* last = comm_ != nullptr ? nccl_->GetLastError(comm_) : "";
+    if (last == nullptr) last = "";
     return absl::UnavailableError(absl::StrFormat(
         "%s on rank %d of %d: NCCL error: %s%s%s (a peer may be lost)", op,
         rank_, size_, nccl_->GetErrorString(rc), *last ? ": " : "", last));
@@ -359,7 +384,6 @@ class NcclProcessGroup::Impl {
         const cudaError_t rc = cudaStreamQuery(stream_);
         if (rc == cudaSuccess) return absl::OkStatus();
         if (rc != cudaErrorNotReady) {
-          broken_ = true;
           return CudaError(rc, absl::StrCat(op, ": stream"));
         }
       }
@@ -369,7 +393,6 @@ class NcclProcessGroup::Impl {
   }
 
   absl::Status Abort(absl::string_view op, absl::Duration limit) {
-    broken_ = true;
     nccl_->CommAbort(comm_);
     comm_ = nullptr;
     return absl::DeadlineExceededError(absl::StrFormat(
@@ -404,7 +427,6 @@ class NcclProcessGroup::Impl {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  bool broken_ = false;
   DeviceBuffer sizes_;
   DeviceBuffer send_;
   DeviceBuffer recv_;
@@ -429,29 +451,37 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, absl::Duration timeout,
                                    std::unique_ptr<Impl> impl)
     : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
 
-NcclProcessGroup::~NcclProcessGroup() = default;
+NcclProcessGroup::~NcclProcessGroup() {
+  DeviceScope scope(impl_->device());
+  impl_.reset();
+}
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoGather(
     absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Gather(payload, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoScatter(
     absl::Span<const std::string> payloads, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Scatter(payloads, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoBroadcast(
     absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Broadcast(payload, root, deadline);
 }
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoAllGather(
     absl::string_view payload, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->AllGather("allgather", payload, deadline);
 }
 
 absl::Status NcclProcessGroup::DoBarrier(absl::Time deadline) {
+  DeviceScope scope(impl_->device());
   return impl_->Barrier(deadline);
 }
 

@@ -52,7 +52,8 @@ class NcclProcessGroup final : public ProcessGroup {
   static absl::StatusOr<std::unique_ptr<NcclProcessGroup>> Create(
       const NcclOptions& options);
 
-  // Destroys the communicator (aborts it if the group is broken).
+  // Releases the communicator (ncclCommAbort: never blocks on a lost peer;
+  // every call already waited for its own work).
   ~NcclProcessGroup() override;
 
   absl::string_view backend() const override { return "nccl"; }

@@ -1,7 +1,7 @@
 #include "comm/process_group.h"
 
 #include <cstdint>
-#include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -9,25 +9,33 @@
 // Contract shared by every implementation:
 // - Every rank of the group calls the same collectives in the same order with
 //   the same root. Payload sizes may differ per rank and per call.
-// - One collective at a time per group: a call made while another is in
-//   flight on the same group returns kFailedPrecondition at once (it does not
-//   queue, because a queue would let ranks run collectives in different
-//   orders). Any thread may call, but the calls must be ordered; a
-//   background save thread should own its group.
-// - `timeout` bounds the whole call; ZeroDuration() (the default) means the
-//   group's default timeout. A call never waits longer: it returns
-//   kDeadlineExceeded naming the operation and the rank(s) it was waiting
-//   for. A peer whose connection dropped gives kUnavailable naming it.
-// - After a failure with kDeadlineExceeded, kUnavailable, kInternal,
-//   kAborted or kDataLoss the group is broken: every later call fails at
-//   once with the first error's code and message, since the ranks no longer
-//   agree on where the collective sequence stands. Create a new group to
-//   continue. Argument errors (kInvalidArgument) do not break the group.
+// - Ownership: payloads are read during the call only (views and spans need
+//   not outlive it); results are new strings owned by the caller.
+// - Threads: one collective at a time per group. A call made while another
+//   is in flight on the same group returns kFailedPrecondition at once (it
+//   does not queue: a queue would let ranks run collectives in different
+//   orders). Any thread may call, one after another; a background save
+//   thread should own a group of its own (see the isolation note in
+//   gloo_process_group.h). rank(), size(), backend() and default_timeout()
+//   are safe from any thread at any time.
+// - Time: `timeout` bounds the whole call; kGroupTimeout (the default) means
+//   the group's default timeout. A call never waits longer: it returns
+//   kDeadlineExceeded naming the operation and the rank it was waiting for
+//   (where the backend can tell). A peer whose connection dropped gives
+//   kUnavailable naming it.
+// - Failure: after kDeadlineExceeded, kUnavailable, kInternal, kAborted or
+//   kDataLoss the group is broken: every later call fails at once with the
+//   first error's code and message ("... broken by an earlier failure: ..."),
+//   since the ranks no longer agree on where the collective sequence stands.
+//   Create a new group to continue. Argument errors (kInvalidArgument) do not
+//   break the group.
+// - Lifetime: destroy a group only when no call is in flight on it.
+//   Destroying it closes its connections; peers still using it fail with
+//   kUnavailable.
 // - No exception crosses this interface.
 #ifndef DCP_COMM_PROCESS_GROUP_H_
 #define DCP_COMM_PROCESS_GROUP_H_
 
-#include <atomic>
 #include <string>
 #include <vector>
 

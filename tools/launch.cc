@@ -151,24 +151,25 @@ void SignalRank(const Rank& rank, int sig) {
 
 }  // namespace
 
+void AddLaunchOptions(CLI::App& app, LaunchOptions* options) {
+  app.add_option("-n,--nproc", options->num_ranks, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--rendezvous", options->rendezvous,
+                 "shared rendezvous directory, fresh for each job (default: "
+                 "a temporary directory, removed afterwards)");
+  app.add_option_function<double>(
+      "--grace-seconds",
+      [options](double seconds) { options->grace = absl::Seconds(seconds); },
+      "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)");
+  app.add_option("command", options->command, "-- PROGRAM ARGS...")->required();
+}
+
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
                                               const char* const* argv) {
   LaunchOptions options;
-  CLI::App app(
-      "Starts N local ranks of PROGRAM with DCP_RANK, DCP_WORLD_SIZE, "
-      "DCP_RENDEZVOUS and LOCAL_RANK set; prefixes their output with "
-      "[rank K]; stops all when one fails and exits with its code.",
-      "dcp_launch");
-  app.add_option("-n,--nproc", options.num_ranks, "number of ranks")
-      ->required()
-      ->check(CLI::Range(1, 4096));
-  app.add_option("--rendezvous", options.rendezvous,
-                 "shared rendezvous directory (default: a fresh temporary "
-                 "directory, removed afterwards)");
-  double grace_seconds = absl::ToDoubleSeconds(options.grace);
-  app.add_option("--grace-seconds", grace_seconds,
-                 "seconds between SIGTERM and SIGKILL when stopping ranks");
-  app.add_option("command", options.command, "-- PROGRAM ARGS...")->required();
+  CLI::App app(kLaunchDescription, "dcp_launch");
+  AddLaunchOptions(app, &options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -178,7 +179,6 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
     return absl::InvalidArgumentError(
         absl::StrCat("dcp_launch: ", e.what(), "\n", app.help()));
   }
-  options.grace = absl::Seconds(grace_seconds);
   return options;
 }
 

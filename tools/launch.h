@@ -6,13 +6,16 @@
 // one fails (SIGTERM, then SIGKILL after a grace period) and exits with the
 // first failure's exit code (128 + signal for a rank killed by a signal).
 // Without --rendezvous it makes a fresh temporary directory and removes it
-// afterwards. SIGINT/SIGTERM sent to the launcher are passed on to the ranks.
+// afterwards; a directory given with --rendezvous is kept and must be fresh
+// for each job (Gloo's FileStore refuses keys left by an earlier job).
+// SIGINT/SIGTERM sent to the launcher are passed on to the ranks.
 #ifndef DCP_TOOLS_LAUNCH_H_
 #define DCP_TOOLS_LAUNCH_H_
 
 #include <string>
 #include <vector>
 
+#include "CLI/App.hpp"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
@@ -30,6 +33,18 @@ struct LaunchOptions {
   int stdout_fd = 1;
   int stderr_fd = 2;
 };
+
+// One-line description of the launcher, for help texts.
+inline constexpr char kLaunchDescription[] =
+    "Starts N local ranks of PROGRAM with DCP_RANK, DCP_WORLD_SIZE, "
+    "DCP_RENDEZVOUS and LOCAL_RANK set; prefixes their output with "
+    "[rank K]; stops all when one fails and exits with its code.";
+
+// Adds the launcher's options and the PROGRAM ARGS positional to `app`,
+// filling `*options` when `app` parses (for `dcp launch` as a CLI11
+// subcommand: add a subcommand, call this, then Launch(*options) when it
+// was given). `options` must outlive parsing.
+void AddLaunchOptions(CLI::App& app, LaunchOptions* options);
 
 // Parses the launcher's command line (argv[0] is the program name).
 // kInvalidArgument with CLI11's message and usage for bad input;

@@ -19,6 +19,16 @@
 #endif
 
 namespace dcp::comm::internal {
+namespace {
+
+// FileStore with its key check made public.
+class CheckableFileStore final : public gloo::rendezvous::FileStore {
+ public:
+  using FileStore::check;
+  using FileStore::FileStore;
+};
+
+}  // namespace
 
 Millis Remaining(absl::Time deadline) {
   const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
@@ -64,7 +74,7 @@ absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
                        " cannot be created: ", ec.message()));
     }
     return std::unique_ptr<gloo::rendezvous::Store>(
-        new gloo::rendezvous::FileStore(address.path));
+        new CheckableFileStore(address.path));
   } catch (const std::exception& e) {
     const absl::StatusCode code = address.kind == StoreAddress::Kind::kRedis
                                       ? absl::StatusCode::kUnavailable
@@ -72,6 +82,20 @@ absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
     return absl::Status(code, absl::StrCat("rendezvous ", address.ToString(),
                                            " cannot be opened: ", e.what()));
   }
+}
+bool KeyExists(gloo::rendezvous::Store& store, const std::string& key) {
+  try {
+    if (auto* file = dynamic_cast<CheckableFileStore*>(&store)) {
+      return file->check({key});
+    }
+#if GLOO_USE_REDIS
+    if (auto* redis = dynamic_cast<gloo::rendezvous::RedisStore*>(&store)) {
+      return redis->check({key});
+    }
+#endif
+  } catch (const std::exception&) {
+  }
+  return false;
 }
 
 }  // namespace dcp::comm::internal

@@ -76,6 +76,10 @@ int NextInstance(const std::string& group_name);
 absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
     const StoreAddress& address);
 
+// Whether `key` (the full key, prefixes included) is set, without waiting.
+// Works on stores made by OpenStore; false for other stores or on error.
+bool KeyExists(gloo::rendezvous::Store& store, const std::string& key);
+
 }  // namespace dcp::comm::internal
 
 #endif  // DCP_COMM_INTERNAL_GLOO_STORE_H_

@@ -48,7 +48,6 @@ absl::StatusOr<const NcclLibrary*> LoadOnce() {
         Bind(handle, "ncclCommInitRankConfig", &lib->CommInitRankConfig,
              &missing) &&
         Bind(handle, "ncclCommAbort", &lib->CommAbort, &missing) &&
-        Bind(handle, "ncclCommDestroy", &lib->CommDestroy, &missing) &&
         Bind(handle, "ncclCommGetAsyncError", &lib->CommGetAsyncError,
              &missing) &&
         Bind(handle, "ncclGetErrorString", &lib->GetErrorString, &missing) &&

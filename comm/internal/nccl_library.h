@@ -21,7 +21,6 @@ struct NcclLibrary {
   ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int,
                                      ncclConfig_t*);
   ncclResult_t (*CommAbort)(ncclComm_t);
-  ncclResult_t (*CommDestroy)(ncclComm_t);
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
   const char* (*GetErrorString)(ncclResult_t);
   const char* (*GetLastError)(ncclComm_t);

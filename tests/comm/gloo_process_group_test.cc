@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,13 +41,13 @@ size_t SizeOf(int rank) {
   return kSizes[rank % 4];
 }
 
-GlooOptions Options(const std::string& dir, int rank, int size,
+// `store` is a directory or a redis:// address.
+GlooOptions Options(const std::string& store, int rank, int size,
                     absl::Duration timeout) {
   GlooOptions options;
   options.rank = rank;
   options.world_size = size;
-  options.store.kind = StoreAddress::Kind::kFile;
-  options.store.path = dir;
+  options.store = *ParseStoreAddress(store);
   options.timeout = timeout;
   options.connect_timeout = absl::Seconds(10);
   return options;
@@ -60,6 +62,22 @@ void ExpectAllExitedZero(const std::vector<RankExit>& exits, int except = -1) {
         << " code=" << exits[r].exit_code << " signal=" << exits[r].signal
         << " timed_out=" << exits[r].timed_out;
   }
+}
+
+// Forks `n` ranks that each join a group meeting in a fresh directory
+// named `name` (default timeout `timeout`) and run `body`; expects every
+// rank to exit 0.
+void RunGlooRanks(const std::string& name, int n, absl::Duration timeout,
+                  const std::function<int(ProcessGroup&, int)>& body) {
+  const std::string dir = FreshTestDir(name);
+  ExpectAllExitedZero(RunRanks(
+      n,
+      [&](int rank) -> int {
+        auto group = GlooProcessGroup::Create(Options(dir, rank, n, timeout));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        return body(**group, rank);
+      },
+      absl::Seconds(30)));
 }
 
 int RunCollectives(const std::string& dir, int rank, int n) {
@@ -143,87 +161,103 @@ TEST(GlooProcessGroupTest, FourRanksMoveExactBytes) {
       absl::Seconds(60)));
 }
 
-// Rank 1 disappears after joining (`how` says how); the others' barrier
-// fails within the timeout with an error naming rank 1, and the group stays
-// broken afterwards.
-void LostPeerTest(const std::string& name, const std::function<void()>& lose) {
-  const std::string dir = FreshTestDir(name);
-  constexpr absl::Duration kTimeout = absl::Seconds(3);
+// A lost-rank scenario: `n` ranks join and meet in a barrier; then rank 1
+// calls `lose` while the others run `step`, which must fail with one of
+// `codes`, naming `op` and rank 1, within `within`; a later call on the
+// group then fails at once as broken.
+struct LossCase {
+  std::string name;
+  int n = 3;
+  absl::Duration timeout;
+  std::function<void()> lose;
+  std::function<absl::Status(ProcessGroup&)> step;
+  std::vector<absl::StatusCode> codes;
+  std::string op;
+  absl::Duration within;
+  std::string store;  // Empty: a fresh directory named after the case.
+};
+
+int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
+  auto group = GlooProcessGroup::Create(Options(dir, rank, c.n, c.timeout));
+  if (!group.ok()) return Check(false, rank, group.status().ToString());
+  // Everyone is connected before rank 1 goes.
+  if (absl::Status s = (*group)->Barrier(); !s.ok()) {
+    return Check(false, rank, s.ToString());
+  }
+  if (rank == 1) {
+    c.lose();
+    return 0;
+  }
+  const absl::Time start = absl::Now();
+  const absl::Status s = c.step(**group);
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+               absl::FormatDuration(took).c_str(), s.ToString().c_str());
+  const bool code_ok =
+      std::find(c.codes.begin(), c.codes.end(), s.code()) != c.codes.end();
+  if (int rc = Check(code_ok, rank, absl::StrCat("code: ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(
+          absl::StrContains(s.message(), "rank 1 ") &&
+              absl::StrContains(s.message(), c.op),
+          rank, absl::StrCat("names rank 1, ", c.op, ": ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(took < c.within, rank,
+                     absl::StrCat("took ", absl::FormatDuration(took)))) {
+    return rc;
+  }
+  const absl::Time again = absl::Now();
+  auto later = (*group)->AllGather("x");
+  return Check(later.status().code() == s.code() &&
+                   absl::StrContains(later.status().message(), "broken") &&
+                   absl::Now() - again < absl::Milliseconds(500),
+               rank, absl::StrCat("later call: ", later.status().ToString()));
+}
+
+void RunLossCase(const LossCase& c) {
+  const std::string dir = c.store.empty() ? FreshTestDir(c.name) : c.store;
   ExpectAllExitedZero(
       RunRanks(
-          3,
-          [&](int rank) -> int {
-            auto group =
-                GlooProcessGroup::Create(Options(dir, rank, 3, kTimeout));
-            if (!group.ok())
-              return Check(false, rank, group.status().ToString());
-            // Everyone is connected before rank 1 goes.
-            if (absl::Status s = (*group)->Barrier(); !s.ok())
-              return Check(false, rank, s.ToString());
-            if (rank == 1) {
-              lose();
-              return 0;
-            }
-            const absl::Time start = absl::Now();
-            absl::Status s = (*group)->Barrier();
-            const absl::Duration took = absl::Now() - start;
-            std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
-                         absl::FormatDuration(took).c_str(),
-                         s.ToString().c_str());
-            if (int rc =
-                    Check(s.code() == absl::StatusCode::kUnavailable ||
-                              s.code() == absl::StatusCode::kDeadlineExceeded,
-                          rank, absl::StrCat("barrier code: ", s.ToString())))
-              return rc;
-            if (int rc = Check(absl::StrContains(s.message(), "rank 1"), rank,
-                               absl::StrCat("names rank 1: ", s.ToString())))
-              return rc;
-            if (int rc =
-                    Check(absl::StrContains(s.message(), "barrier"), rank,
-                          absl::StrCat("names the operation: ", s.ToString())))
-              return rc;
-            if (int rc =
-                    Check(took < kTimeout + absl::Seconds(1), rank,
-                          absl::StrCat("took ", absl::FormatDuration(took))))
-              return rc;
-            // Broken from now on, at once.
-            const absl::Time again = absl::Now();
-            auto later = (*group)->AllGather("x");
-            if (int rc = Check(
-                    later.status().code() == s.code() &&
-                        absl::StrContains(later.status().message(), "broken") &&
-                        absl::Now() - again < absl::Milliseconds(500),
-                    rank,
-                    absl::StrCat("later call: ", later.status().ToString())))
-              return rc;
-            return 0;
-          },
+          c.n, [&](int rank) { return SurviveLoss(c, dir, rank); },
           absl::Seconds(30)),
       /*except=*/1);
 }
 
+absl::Status BarrierStep(ProcessGroup& group) { return group.Barrier(); }
+
+LossCase BarrierLoss(const std::string& name, std::function<void()> lose) {
+  LossCase c;
+  c.name = name;
+  c.timeout = absl::Seconds(3);
+  c.lose = std::move(lose);
+  c.step = BarrierStep;
+  c.codes = {absl::StatusCode::kUnavailable,
+             absl::StatusCode::kDeadlineExceeded};
+  c.op = "barrier";
+  c.within = absl::Seconds(2);
+  return c;
+}
+
 TEST(GlooProcessGroupTest, ExitedPeerIsNamed) {
-  LostPeerTest("exited_peer", [] { _exit(0); });
+  RunLossCase(BarrierLoss("exited_peer", [] { _exit(0); }));
 }
 
 TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
-  LostPeerTest("killed_peer", [] { kill(getpid(), SIGKILL); });
+  RunLossCase(BarrierLoss("killed_peer", [] { kill(getpid(), SIGKILL); }));
 }
 
 TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
-  const std::string dir = FreshTestDir("hung_peer");
-  ExpectAllExitedZero(RunRanks(
-      2,
-      [&](int rank) -> int {
-        auto group =
-            GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(30)));
-        if (!group.ok()) return Check(false, rank, group.status().ToString());
+  RunGlooRanks(
+      "hung_peer", 2, absl::Seconds(30),
+      [&](ProcessGroup& group, int rank) -> int {
         if (rank == 1) {
           absl::SleepFor(absl::Milliseconds(2500));  // Alive but silent.
           return 0;
         }
         const absl::Time start = absl::Now();
-        auto gathered = (*group)->Gather("plan", /*root=*/0, absl::Seconds(2));
+        auto gathered = group.Gather("plan", /*root=*/0, absl::Seconds(2));
         const absl::Duration took = absl::Now() - start;
         const absl::Status& s = gathered.status();
         std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
@@ -238,8 +272,48 @@ TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
         return Check(
             took >= absl::Milliseconds(1900) && took < absl::Seconds(3), rank,
             absl::StrCat("took ", absl::FormatDuration(took)));
-      },
-      absl::Seconds(30)));
+      });
+}
+
+// The seed's save pattern: plans are gathered to rank 0, final plans
+// scattered back. Rank 1 is lost before sending its plan. Rank 0 sees it
+// directly; ranks 2 and 3, blocked on rank 0, learn rank 0's reason through
+// its abort record, so every rank names rank 1 and none waits for its full
+// timeout.
+absl::Status SaveStep(ProcessGroup& group) {
+  absl::Status s = group.Gather("local plan", 0).status();
+  if (!s.ok()) return s;
+  return group.Scatter({}, 0).status();
+}
+
+LossCase KilledDuringSave() {
+  LossCase c;
+  c.name = "killed_during_save";
+  c.n = 4;
+  c.timeout = absl::Seconds(5);
+  c.lose = [] { kill(getpid(), SIGKILL); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kUnavailable};
+  c.op = "gather";
+  c.within = absl::Seconds(2);
+  return c;
+}
+
+TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
+  RunLossCase(KilledDuringSave());
+}
+
+TEST(GlooProcessGroupTest, HungDuringSaveIsNamedOnEveryRank) {
+  LossCase c;
+  c.name = "hung_during_save";
+  c.n = 4;
+  c.timeout = absl::Milliseconds(1500);
+  c.lose = [] { absl::SleepFor(absl::Seconds(3)); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kDeadlineExceeded};
+  c.op = "gather";
+  c.within = absl::Milliseconds(2500);
+  RunLossCase(c);
 }
 
 TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
@@ -301,6 +375,50 @@ TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
       absl::Seconds(60)));
 }
 
+// A second call while one is in flight on the same group is refused at
+// once and does not disturb the first.
+TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
+  RunGlooRanks(
+      "overlap", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(500));
+          if (absl::Status s = group.Barrier(); !s.ok())
+            return Check(false, rank, s.ToString());
+        } else {
+          absl::Status first;
+          std::thread in_flight([&] { first = group.Barrier(); });
+          absl::SleepFor(absl::Milliseconds(200));
+          absl::Status second = group.AllGather("x").status();
+          in_flight.join();
+          if (int rc =
+                  Check(second.code() == absl::StatusCode::kFailedPrecondition,
+                        rank, second.ToString()))
+            return rc;
+          if (int rc = Check(first.ok(), rank, first.ToString())) return rc;
+        }
+        auto all = group.AllGather(Payload(rank, 1, 10));
+        return Check(all.ok() && (*all)[1 - rank] == Payload(1 - rank, 1, 10),
+                     rank, all.status().ToString());
+      });
+}
+
+// Ranks that call different collectives are told so (kDataLoss on both),
+// instead of exchanging bytes meant for another call or timing out.
+TEST(GlooProcessGroupTest, MismatchedCollectivesAreDataLoss) {
+  RunGlooRanks(
+      "mismatch", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
+        const absl::Status s = rank == 0 ? group.Gather("plan", 0).status()
+                                         : group.Broadcast("meta", 1).status();
+        std::fprintf(stderr, "[rank %d] %s\n", rank, s.ToString().c_str());
+        return Check(
+            s.code() == absl::StatusCode::kDataLoss &&
+                absl::StrContains(s.message(), "rank 1 is in broadcast"),
+            rank, s.ToString());
+      });
+}
+
 TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
   const std::string dir = FreshTestDir("stale");
   auto job = [&](int rank) -> int {
@@ -316,6 +434,30 @@ TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
     EXPECT_EQ(e.exit_code,
               10 + static_cast<int>(absl::StatusCode::kAlreadyExists));
   }
+}
+
+// The same over Gloo's RedisStore, with a private redis-server.
+class GlooRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    redis_ = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+    if (redis_ == nullptr) GTEST_SKIP() << why_not;
+  }
+  std::unique_ptr<dcp::testing::RedisServer> redis_;
+};
+
+TEST_F(GlooRedisTest, FourRanksMoveExactBytes) {
+  const std::string store = redis_->address();
+  ExpectAllExitedZero(RunRanks(
+      4, [&](int rank) { return RunCollectives(store, rank, 4); },
+      absl::Seconds(60)));
+}
+
+TEST_F(GlooRedisTest, KilledDuringSaveIsNamedOnEveryRank) {
+  LossCase c = KilledDuringSave();
+  c.store = redis_->address();
+  RunLossCase(c);
 }
 
 }  // namespace

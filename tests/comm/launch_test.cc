@@ -126,12 +126,14 @@ TEST(LaunchTest, MissingProgramIs127) {
 }
 
 TEST(LaunchTest, ParsesCommandLine) {
-  const char* argv[] = {"dcp_launch", "-n",   "4",  "--rendezvous", "/tmp/rv",
-                        "--",         "prog", "-x", "--flag"};
-  auto options = ParseLaunchArgs(9, argv);
+  const char* argv[] = {
+      "dcp_launch", "-n", "4",    "--rendezvous", "/tmp/rv", "--grace-seconds",
+      "0.5",        "--", "prog", "-x",           "--flag"};
+  auto options = ParseLaunchArgs(11, argv);
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->num_ranks, 4);
   EXPECT_EQ(options->rendezvous, "/tmp/rv");
+  EXPECT_EQ(options->grace, absl::Milliseconds(500));
   EXPECT_EQ(options->command,
             (std::vector<std::string>{"prog", "-x", "--flag"}));
   const char* bad[] = {"dcp_launch", "--", "prog"};

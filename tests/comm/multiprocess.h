@@ -5,7 +5,10 @@
 #ifndef DCP_TESTS_COMM_MULTIPROCESS_H_
 #define DCP_TESTS_COMM_MULTIPROCESS_H_
 
+#include <sys/types.h>
+
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,27 @@ std::string FreshTestDir(const std::string& name);
 // In a child: prints "[rank r] message" to stderr and returns 1 when `ok`
 // is false, else 0. Use as `if (int rc = Check(...)) return rc;`.
 int Check(bool ok, int rank, const std::string& message);
+
+// A private redis-server on 127.0.0.1 for the length of a test, to meet
+// through Gloo's RedisStore.
+class RedisServer {
+ public:
+  // Starts one on a free port and waits until it accepts connections.
+  // nullptr (with the reason in `*why_not`) when redis-server is not
+  // installed or does not come up.
+  static std::unique_ptr<RedisServer> StartIfInstalled(std::string* why_not);
+  ~RedisServer();  // Stops it.
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  // "redis://127.0.0.1:<port>".
+  std::string address() const;
+
+ private:
+  RedisServer(pid_t pid, int port) : pid_(pid), port_(port) {}
+  pid_t pid_;
+  int port_;
+};
 
 }  // namespace dcp::testing
 
