@@ -15,6 +15,7 @@
 #include "core/checksum.h"
 #include "core/status.h"
 #include "io/box_copy.h"
+#include "io/io_engine.h"
 #include "io/metadata_format.h"
 
 namespace dcp {
@@ -30,6 +31,22 @@ int64_t AlignUp(int64_t value, int64_t alignment) {
 
 FileSystemBase* OrLocal(FileSystemBase* fs) {
   return fs != nullptr ? fs : &LocalFileSystem();
+}
+
+// `given`, or a new engine of `mode` stored in `owned` (a set-up failure
+// goes to `error`, reported at SetUp).
+IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
+                      std::unique_ptr<IoEngine>& owned, absl::Status& error) {
+  if (given != nullptr) return given;
+  IoEngineOptions options;
+  options.mode = mode;
+  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine(options);
+  if (!engine.ok()) {
+    error = engine.status();
+    return nullptr;
+  }
+  owned = *std::move(engine);
+  return owned.get();
 }
 
 std::string NewSaveId() {
@@ -64,6 +81,17 @@ std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
   }
   return sums;
 }
+
+// A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t size)
+      : data(static_cast<std::byte*>(::operator new[](
+            std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
+  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::byte* data;
+};
 
 // Runs fn(worker) on `count` threads (inline for one) and waits.
 template <typename Fn>
@@ -110,6 +138,8 @@ FileSystemWriter::FileSystemWriter(std::string path,
       options_(options),
       fs_(OrLocal(options.file_system)),
       save_id_(NewSaveId()) {
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
   options_.thread_count = std::max(1, options_.thread_count);
   if (options_.checksum_block_size <= 0) {
     options_.checksum_block_size = Metadata{}.checksum_block_size;
@@ -143,6 +173,7 @@ void FileSystemWriter::RecordCreated(const std::string& path) {
 
 absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                                      bool /*use_collectives*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   DCP_RETURN_IF_ERROR(
@@ -201,37 +232,68 @@ absl::Status FileSystemWriter::WriteFile(
     const std::vector<const WriteItem*>& items, SavePlanner& planner,
     std::vector<WriteResult*>& results) {
   const std::string path = JoinPath(path_, relative_path);
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs_->OpenForWrite(path));
+  OpenOptions open_options;
+  open_options.direct = options_.direct_io;
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs_->OpenForWrite(path, open_options));
   RecordCreated(path);
+
+  // Everything a submitted write reads from stays alive until all complete.
+  std::vector<dcp::WriteData> held;
+  held.reserve(items.size());
+  std::vector<std::unique_ptr<AlignedBuffer>> bounce;
+  std::vector<Future<size_t>> futures;
+  std::vector<size_t> future_item;  // Which item each future writes.
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  auto submit = [&](size_t item, int64_t offset, const std::byte* data,
+                    size_t length) {
+    std::vector<Future<size_t>> f =
+        engine_->Submit({IoRequest::Write(file.get(), offset, data, length)});
+    f[0].OnReady([failed](const absl::StatusOr<size_t>& r) {
+      if (!r.ok()) failed->store(true);
+    });
+    futures.push_back(std::move(f[0]));
+    future_item.push_back(item);
+  };
+
+  absl::Status status;
   int64_t offset = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
+  for (size_t i = 0; i < items.size() && !failed->load(); ++i) {
     const WriteItem& item = *items[i];
-    DCP_ASSIGN_OR_RETURN(dcp::WriteData data, planner.ResolveData(item));
+    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    if (!resolved.ok()) {
+      status = Annotate(
+          resolved.status(),
+          absl::StrCat("rank ", rank_, ": resolving ", item.index.ToString()));
+      break;
+    }
+    held.push_back(*std::move(resolved));
     const std::byte* bytes;
     int64_t length;
-    if (const Tensor* tensor = std::get_if<Tensor>(&data)) {
+    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
       if (!tensor->device().is_cpu() || !tensor->view().is_contiguous()) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        status = absl::InvalidArgumentError(absl::StrCat(
             "rank ", rank_, ": tensor ", item.index.ToString(), " is ",
             tensor->device().is_cpu() ? "not contiguous" : "in device memory",
             "; the file writer takes contiguous host tensors (stage first)"));
+        break;
       }
       bytes = static_cast<const std::byte*>(tensor->data());
       length = static_cast<int64_t>(tensor->nbytes());
       if (length != item.StorageBytes()) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        status = absl::InvalidArgumentError(absl::StrCat(
             "rank ", rank_, ": tensor ", item.index.ToString(), " resolved to ",
             length, " bytes, the plan says ", item.StorageBytes()));
+        break;
       }
       offset = AlignUp(offset, kPayloadAlignment);
     } else {
-      const std::string& value = std::get<std::string>(data);
+      const std::string& value = std::get<std::string>(held.back());
       bytes = reinterpret_cast<const std::byte*>(value.data());
       length = static_cast<int64_t>(value.size());
+      // O_DIRECT needs every write aligned: bytes items get their own blocks.
+      if (options_.direct_io) offset = AlignUp(offset, kPayloadAlignment);
     }
-    DCP_RETURN_IF_ERROR(Annotate(
-        file->PWrite(offset, {bytes, static_cast<size_t>(length)}),
-        absl::StrCat("rank ", rank_, ": writing ", item.index.ToString())));
     WriteResult& result = *results[i];
     result.index = item.index;
     result.size_in_bytes = length;
@@ -240,12 +302,47 @@ absl::Status FileSystemWriter::WriteFile(
     result.storage_data.length = length;
     result.storage_data.block_checksums =
         BlockChecksums(bytes, length, options_.checksum_block_size);
+    if (!options_.direct_io) {
+      if (length > 0) submit(i, offset, bytes, length);
+    } else {
+      // The 4 KiB aligned body straight from the caller's memory when it is
+      // aligned; the rest through a zero-padded aligned bounce block (the
+      // padding lies before the next item's aligned start).
+      int64_t body = 0;
+      if (reinterpret_cast<uintptr_t>(bytes) % kPayloadAlignment == 0) {
+        body = length / kPayloadAlignment * kPayloadAlignment;
+        if (body > 0) submit(i, offset, bytes, body);
+      }
+      const int64_t rest = length - body;
+      if (rest > 0) {
+        const int64_t padded = AlignUp(rest, kPayloadAlignment);
+        bounce.push_back(std::make_unique<AlignedBuffer>(padded));
+        std::memcpy(bounce.back()->data, bytes + body, rest);
+        std::memset(bounce.back()->data + rest, 0, padded - rest);
+        submit(i, offset + body, bounce.back()->data, padded);
+      }
+    }
     offset += length;
   }
-  if (options_.sync_files) {
-    DCP_RETURN_IF_ERROR(Annotate(file->Sync(), absl::StrCat("rank ", rank_)));
+  if (status.ok() && options_.sync_files && !failed->load()) {
+    futures.push_back(engine_->Submit({IoRequest::Fsync(file.get())})[0]);
+    future_item.push_back(items.size());
   }
-  return Annotate(file->Close(), absl::StrCat("rank ", rank_));
+  // Wait for everything in flight before the buffers and the file go away.
+  for (size_t f = 0; f < futures.size(); ++f) {
+    const absl::StatusOr<size_t>& r = futures[f].Wait();
+    if (!r.ok() && status.ok()) {
+      status =
+          Annotate(r.status(),
+                   future_item[f] < items.size()
+                       ? absl::StrCat("rank ", rank_, ": writing ",
+                                      items[future_item[f]]->index.ToString())
+                       : absl::StrCat("rank ", rank_));
+    }
+  }
+  absl::Status closed = file->Close();
+  if (status.ok()) status = Annotate(closed, absl::StrCat("rank ", rank_));
+  return status;
 }
 
 Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
@@ -457,17 +554,14 @@ class OpenFiles {
       ABSL_GUARDED_BY(mu_);
 };
 
-// Reads `stored` into `buffer` (its length) and verifies its checksums.
-absl::Status ReadAndVerify(OpenFiles& files, const StoredItem& stored,
-                           int64_t block_size, std::byte* buffer) {
+// Checks that `got` bytes were read for `stored` and that `data` matches its
+// block checksums.
+absl::Status Verify(const StoredItem& stored, const std::string& file_path,
+                    size_t got, int64_t block_size, const std::byte* data) {
   const StorageInfo& info = *stored.info;
-  DCP_ASSIGN_OR_RETURN(File * file, files.Get(info.relative_path));
-  DCP_ASSIGN_OR_RETURN(
-      size_t got,
-      file->PRead(info.offset, {buffer, static_cast<size_t>(info.length)}));
   if (static_cast<int64_t>(got) != info.length) {
     return absl::DataLossError(absl::StrCat(
-        "data file ", file->path(), " is truncated: ", stored.index->ToString(),
+        "data file ", file_path, " is truncated: ", stored.index->ToString(),
         " needs bytes [", info.offset, ", ", info.offset + info.length,
         ") but the file ends at offset ",
         info.offset + static_cast<int64_t>(got)));
@@ -482,28 +576,17 @@ absl::Status ReadAndVerify(OpenFiles& files, const StoredItem& stored,
   for (size_t b = 0; b < blocks; ++b) {
     const int64_t start = static_cast<int64_t>(b) * block_size;
     const int64_t size = std::min(block_size, info.length - start);
-    const uint64_t actual = Checksum(buffer + start, size);
+    const uint64_t actual = Checksum(data + start, size);
     if (actual != info.block_checksums[b]) {
       return absl::DataLossError(absl::StrFormat(
           "checksum mismatch in %s: file %s offset %d length %d (xxh3 %016x, "
           "expected %016x); the checkpoint is corrupt",
-          stored.index->ToString(), file->path(), info.offset + start, size,
+          stored.index->ToString(), file_path, info.offset + start, size,
           actual, info.block_checksums[b]));
     }
   }
   return absl::OkStatus();
 }
-
-// A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size)
-      : data(static_cast<std::byte*>(::operator new[](
-            std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
-  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  std::byte* data;
-};
 
 absl::Status DeliverTensor(const StoredItem& stored, const ReadItem& item,
                            const std::byte* data, LoadPlanner& planner) {
@@ -514,9 +597,23 @@ absl::Status DeliverTensor(const StoredItem& stored, const ReadItem& item,
   return planner.CommitTensor(item, dest);
 }
 
-absl::Status LoadStoredItem(OpenFiles& files, const StoredItem& stored,
-                            int64_t block_size, LoadPlanner& planner) {
-  const int64_t length = stored.info->length;
+// One stored item on its way from the file to the planner.
+struct ReadSlot {
+  const StoredItem* stored = nullptr;
+  File* file = nullptr;
+  std::byte* target = nullptr;  // The destination (zero copy) or `buffer`.
+  std::unique_ptr<AlignedBuffer> buffer;
+  std::optional<TensorView> zero_copy_dest;
+  Future<size_t> read;
+};
+
+// Decides where `slot` is read to: straight into the destination when the
+// only use is a whole stored chunk into a whole contiguous host tensor of
+// the same size, otherwise a bounce buffer.
+absl::Status PrepareSlot(OpenFiles& files, LoadPlanner& planner,
+                         ReadSlot& slot) {
+  const StoredItem& stored = *slot.stored;
+  DCP_ASSIGN_OR_RETURN(slot.file, files.Get(stored.info->relative_path));
   const ReadItem& first = *stored.uses.front();
   if (stored.uses.size() == 1 && first.type == LoadItemType::kTensor &&
       AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
@@ -525,23 +622,36 @@ absl::Status LoadStoredItem(OpenFiles& files, const StoredItem& stored,
     if (dest.device().is_cpu() && dest.is_contiguous() &&
         dest.sizes() == first.lengths &&
         ElementSize(dest.dtype()) == stored.element_size &&
-        static_cast<int64_t>(dest.nbytes()) == length) {
-      // Zero copy: the stored chunk is exactly the destination.
-      DCP_RETURN_IF_ERROR(ReadAndVerify(files, stored, block_size,
-                                        static_cast<std::byte*>(dest.data())));
-      return planner.CommitTensor(first, dest);
+        static_cast<int64_t>(dest.nbytes()) == stored.info->length) {
+      slot.zero_copy_dest = dest;
+      slot.target = static_cast<std::byte*>(dest.data());
+      return absl::OkStatus();
     }
   }
-  AlignedBuffer buffer(static_cast<size_t>(length));
-  DCP_RETURN_IF_ERROR(ReadAndVerify(files, stored, block_size, buffer.data));
+  slot.buffer = std::make_unique<AlignedBuffer>(stored.info->length);
+  slot.target = slot.buffer->data;
+  return absl::OkStatus();
+}
+
+// Verifies what was read into `slot` and hands it to the planner.
+absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
+                        LoadPlanner& planner) {
+  const StoredItem& stored = *slot.stored;
+  DCP_ASSIGN_OR_RETURN(size_t got, slot.read.Wait());
+  DCP_RETURN_IF_ERROR(
+      Verify(stored, slot.file->path(), got, block_size, slot.target));
+  if (slot.zero_copy_dest.has_value()) {
+    return planner.CommitTensor(*stored.uses.front(), *slot.zero_copy_dest);
+  }
+  const int64_t length = stored.info->length;
   for (const ReadItem* item : stored.uses) {
     if (item->type == LoadItemType::kBytesIO) {
       DCP_RETURN_IF_ERROR(planner.LoadBytes(
-          *item, absl::string_view(reinterpret_cast<const char*>(buffer.data),
+          *item, absl::string_view(reinterpret_cast<const char*>(slot.target),
                                    static_cast<size_t>(length))));
     } else {
       DCP_RETURN_IF_ERROR(
-          Annotate(DeliverTensor(stored, *item, buffer.data, planner),
+          Annotate(DeliverTensor(stored, *item, slot.target, planner),
                    absl::StrCat("loading ", item->storage_index.ToString(),
                                 " into ", item->dest_index.ToString())));
     }
@@ -557,6 +667,8 @@ FileSystemReader::FileSystemReader(std::string path,
       options_(options),
       fs_(OrLocal(options.file_system)) {
   options_.thread_count = std::max(1, options_.thread_count);
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
 }
 
 FileSystemReader::~FileSystemReader() = default;
@@ -591,6 +703,7 @@ absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
 
 absl::Status FileSystemReader::SetUp(const Metadata& metadata,
                                      bool /*is_coordinator*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
   metadata_ = metadata;
   return absl::OkStatus();
 }
@@ -666,17 +779,63 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     stored[it->second].uses.push_back(&item);
   }
 
+  // Reads go out in windows of bounce-buffer bytes (zero-copy reads cost no
+  // memory); window w+1 is in flight while window w is verified and
+  // delivered on thread_count threads.
   OpenFiles files(*fs_, path_);
   FirstError error;
-  std::atomic<size_t> next{0};
-  const int threads =
-      static_cast<int>(std::min<size_t>(options_.thread_count, stored.size()));
-  RunOnThreads(threads, [&](int) {
-    for (size_t i = next++; i < stored.size() && !error.failed(); i = next++) {
-      error.Update(LoadStoredItem(files, stored[i],
-                                  metadata.checksum_block_size, planner));
+  std::vector<ReadSlot> slots(stored.size());
+  size_t next_to_submit = 0;
+  auto submit_window = [&]() -> std::pair<size_t, size_t> {
+    const size_t begin = next_to_submit;
+    int64_t bounce_bytes = 0;
+    std::vector<IoRequest> batch;
+    std::vector<size_t> batch_slots;
+    while (next_to_submit < slots.size() && !error.failed() &&
+           bounce_bytes < options_.read_window_bytes) {
+      ReadSlot& slot = slots[next_to_submit];
+      slot.stored = &stored[next_to_submit];
+      ++next_to_submit;
+      absl::Status prepared = PrepareSlot(files, planner, slot);
+      if (!prepared.ok()) {
+        slot.read = Future<size_t>::Ready(prepared);
+        error.Update(prepared);
+        break;
+      }
+      if (slot.buffer != nullptr) bounce_bytes += slot.stored->info->length;
+      batch.push_back(IoRequest::Read(slot.file, slot.stored->info->offset,
+                                      slot.target, slot.stored->info->length));
+      batch_slots.push_back(next_to_submit - 1);
     }
-  });
+    std::vector<Future<size_t>> futures = engine_->Submit(batch);
+    for (size_t i = 0; i < futures.size(); ++i) {
+      slots[batch_slots[i]].read = std::move(futures[i]);
+    }
+    return {begin, next_to_submit};
+  };
+  auto finish_window = [&](std::pair<size_t, size_t> window) {
+    std::atomic<size_t> next{window.first};
+    const int threads = static_cast<int>(
+        std::min<size_t>(options_.thread_count, window.second - window.first));
+    RunOnThreads(threads, [&](int) {
+      for (size_t i = next++; i < window.second; i = next++) {
+        ReadSlot& slot = slots[i];
+        if (!slot.read.valid()) continue;
+        if (error.failed()) {
+          slot.read.Wait();  // Keep the buffer until its read is done.
+        } else {
+          error.Update(FinishSlot(slot, metadata.checksum_block_size, planner));
+        }
+        slot.buffer.reset();
+      }
+    });
+  };
+  std::pair<size_t, size_t> window = submit_window();
+  while (window.first < window.second) {
+    std::pair<size_t, size_t> following = submit_window();
+    finish_window(window);
+    window = following;
+  }
   return Future<void>::Ready(error.status());
 }
 

@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "io/file_system.h"
+#include "io/io_engine.h"
 #include "io/storage.h"
 
 namespace dcp {
@@ -51,6 +52,14 @@ struct FileSystemWriterOptions {
   // The file system to use; nullptr means LocalFileSystem(). Not owned; must
   // outlive the writer.
   FileSystemBase* file_system = nullptr;
+  // Open data files with O_DIRECT (where the file system supports it): every
+  // write is then 4 KiB aligned, unaligned tails and unaligned memory go
+  // through small aligned bounce blocks.
+  bool direct_io = false;
+  // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
+  // owned; must outlive the writer.
+  IoEngine* io_engine = nullptr;
+  IoMode io_mode = IoMode::kAuto;
 };
 
 class FileSystemWriter final : public StorageWriter {
@@ -72,9 +81,11 @@ class FileSystemWriter final : public StorageWriter {
   // Gives plan i the data file prefix of rank i (in storage_data).
   absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
       std::vector<SavePlan> plans) override;
-  // Writes this rank's items into new data files (see the class comment);
-  // resolves when they are durable. The call blocks until the data is
-  // written (the returned future is ready).
+  // Writes this rank's items into new data files (see the class comment)
+  // through the I/O engine: thread_count threads resolve, checksum and
+  // submit items of their files while earlier writes are in flight; each
+  // file is fsynced after its writes (sync_files). Resolves when the data is
+  // durable; the call blocks (the returned future is ready).
   Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
                                              SavePlanner& planner) override;
   absl::Status Finish(
@@ -101,6 +112,9 @@ class FileSystemWriter final : public StorageWriter {
   std::string path_;
   FileSystemWriterOptions options_;
   FileSystemBase* fs_;
+  std::unique_ptr<IoEngine> owned_engine_;
+  IoEngine* engine_ = nullptr;
+  absl::Status engine_error_;  // Reported by SetUp.
   std::string save_id_;
   bool is_coordinator_ = true;
   int rank_ = 0;
@@ -115,10 +129,18 @@ class FileSystemWriter final : public StorageWriter {
 };
 
 struct FileSystemReaderOptions {
-  // Stored items read in parallel.
+  // Threads verifying checksums and delivering items (reads themselves are
+  // all in flight in the I/O engine).
   int thread_count = 1;
   // nullptr means LocalFileSystem(). Not owned; must outlive the reader.
   FileSystemBase* file_system = nullptr;
+  // Bytes of bounce buffers (items that cannot be read straight into their
+  // destination) per window of reads; two windows are in memory at once.
+  int64_t read_window_bytes = int64_t{128} << 20;
+  // The I/O engine; nullptr means one of `io_mode` owned by the reader. Not
+  // owned; must outlive the reader.
+  IoEngine* io_engine = nullptr;
+  IoMode io_mode = IoMode::kAuto;
 };
 
 class FileSystemReader final : public StorageReader {
@@ -138,7 +160,10 @@ class FileSystemReader final : public StorageReader {
   // Reads each stored item the plan uses once, verifies its checksums, then
   // delivers every ReadItem that uses it. A tensor item that covers a whole
   // stored chunk and a whole contiguous host destination is read straight
-  // into the destination. The call blocks; the returned future is ready.
+  // into the destination (no bounce copy). Reads are issued together through
+  // the I/O engine, in windows of `read_window_bytes` of bounce buffers, and
+  // verification overlaps the next window's reads. The call blocks; the
+  // returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   const std::string& path() const { return path_; }
@@ -147,6 +172,9 @@ class FileSystemReader final : public StorageReader {
   std::string path_;
   FileSystemReaderOptions options_;
   FileSystemBase* fs_;
+  std::unique_ptr<IoEngine> owned_engine_;
+  IoEngine* engine_ = nullptr;
+  absl::Status engine_error_;  // Reported by SetUp.
   std::optional<Metadata> metadata_;
 };
 

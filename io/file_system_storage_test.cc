@@ -124,13 +124,22 @@ absl::StatusOr<Metadata> ReadMetadataOf(const std::string& dir) {
   return FileSystemReader(dir).ReadMetadata();
 }
 
-class RoundTripTest : public ::testing::TestWithParam<std::pair<bool, int>> {};
+struct Layout {
+  bool single_file_per_rank;
+  int thread_count;
+  IoMode mode;
+  bool direct_io;
+};
+
+class RoundTripTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(RoundTripTest, EveryByteComesBackAndTensorsAre4KiBAligned) {
   const std::string dir = NewTestDir("roundtrip");
   FileSystemWriterOptions options;
-  options.single_file_per_rank = GetParam().first;
-  options.thread_count = GetParam().second;
+  options.single_file_per_rank = GetParam().single_file_per_rank;
+  options.thread_count = GetParam().thread_count;
+  options.io_mode = GetParam().mode;
+  options.direct_io = GetParam().direct_io;
   options.checksum_block_size = 1000;  // Several blocks for "big".
   const Sample sample = Sample::Make(7);
   ASSERT_TRUE(Save(dir, sample, options).ok());
@@ -158,10 +167,14 @@ TEST_P(RoundTripTest, EveryByteComesBackAndTensorsAre4KiBAligned) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, RoundTripTest,
-                         ::testing::Values(std::make_pair(true, 1),
-                                           std::make_pair(true, 3),
-                                           std::make_pair(false, 2)));
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RoundTripTest,
+    ::testing::Values(Layout{true, 1, IoMode::kAuto, false},
+                      Layout{true, 3, IoMode::kAuto, false},
+                      Layout{false, 2, IoMode::kAuto, false},
+                      Layout{true, 1, IoMode::kPosix, false},
+                      Layout{true, 2, IoMode::kAuto, true},
+                      Layout{false, 1, IoMode::kPosix, true}));
 
 TEST(FileSystemStorageTest, ReshardsBoxesAndReadsSharedItemsForEachUse) {
   // A 4x6 int32 tensor saved as two row shards; loaded as its column block
