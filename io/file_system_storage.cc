@@ -234,8 +234,12 @@ absl::Status FileSystemWriter::WriteFile(
   const std::string path = JoinPath(path_, relative_path);
   OpenOptions open_options;
   open_options.direct = options_.direct_io;
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs_->OpenForWrite(path, open_options));
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_->OpenForWrite(path, open_options);
+  if (!opened.ok()) {
+    return Annotate(opened.status(), absl::StrCat("rank ", rank_));
+  }
+  std::unique_ptr<File> file = *std::move(opened);
   RecordCreated(path);
 
   // Everything a submitted write reads from stays alive until all complete.
