@@ -137,6 +137,9 @@ struct FileSystemReaderOptions {
   // Bytes of bounce buffers (items that cannot be read straight into their
   // destination) per window of reads; two windows are in memory at once.
   int64_t read_window_bytes = int64_t{128} << 20;
+  // Read with O_DIRECT (where supported): aligned reads straight into 4 KiB
+  // aligned destinations, the rest through aligned bounce buffers.
+  bool direct_io = false;
   // The I/O engine; nullptr means one of `io_mode` owned by the reader. Not
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;

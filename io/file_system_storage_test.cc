@@ -92,7 +92,15 @@ TEST_P(RoundTripTest, EveryByteComesBackAndTensorsAre4KiBAligned) {
   options.checksum_block_size = 1000;  // Several blocks for "big".
   const Sample sample = Sample::Make(7);
   ASSERT_TRUE(Save(dir, sample, options).ok());
-  ExpectLoads(dir, sample);
+  for (bool direct_load : {false, true}) {
+    FileSystemReaderOptions reader_options;
+    reader_options.io_mode = GetParam().mode;
+    reader_options.direct_io = direct_load;
+    reader_options.thread_count = GetParam().thread_count;
+    absl::Status loaded =
+        ::dcp::testing::LoadAndCompare(dir, sample, reader_options);
+    EXPECT_TRUE(loaded.ok()) << "direct_load=" << direct_load << ": " << loaded;
+  }
 
   absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
   ASSERT_TRUE(metadata.ok()) << metadata.status();
@@ -333,10 +341,14 @@ TEST(FileSystemStorageTest, TruncatedDataFileIsDataLoss) {
   const std::string file = JoinPath(dir, info.relative_path);
   ASSERT_EQ(::truncate(file.c_str(), info.offset + 10), 0);
 
-  absl::Status status = LoadSample(dir, sample);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("truncated"), HasSubstr(file), HasSubstr("big")));
+  for (bool direct : {false, true}) {
+    FileSystemReaderOptions options;
+    options.direct_io = direct;
+    absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << direct;
+    EXPECT_THAT(status.message(), AllOf(HasSubstr("truncated"), HasSubstr(file),
+                                        HasSubstr("big")));
+  }
 }
 
 TEST(FileSystemStorageTest, GarbageMetadataIsDataLoss) {
