@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,10 @@ namespace dcp {
 namespace {
 
 constexpr int64_t kPayloadAlignment = 4096;
+// O_DIRECT writes of unaligned memory: bounce chunk size and the most bounce
+// bytes in flight per file.
+constexpr int64_t kBounceChunk = int64_t{4} << 20;
+constexpr int64_t kBounceBudget = int64_t{32} << 20;
 constexpr char kDataFileSuffix[] = ".distcp";
 constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
 
@@ -84,12 +89,14 @@ std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
 
 // A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
 struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size)
-      : data(static_cast<std::byte*>(::operator new[](
+  explicit AlignedBuffer(size_t size_in)
+      : size(static_cast<int64_t>(size_in)),
+        data(static_cast<std::byte*>(::operator new[](
             std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
   ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  int64_t size;
   std::byte* data;
 };
 
@@ -245,7 +252,12 @@ absl::Status FileSystemWriter::WriteFile(
   // Everything a submitted write reads from stays alive until all complete.
   std::vector<dcp::WriteData> held;
   held.reserve(items.size());
-  std::vector<std::unique_ptr<AlignedBuffer>> bounce;
+  struct Bounce {
+    std::unique_ptr<AlignedBuffer> buffer;
+    Future<size_t> done;
+  };
+  std::deque<Bounce> bounce;
+  int64_t bounce_bytes = 0;
   std::vector<Future<size_t>> futures;
   std::vector<size_t> future_item;  // Which item each future writes.
   auto failed = std::make_shared<std::atomic<bool>>(false);
@@ -317,13 +329,23 @@ absl::Status FileSystemWriter::WriteFile(
         body = length / kPayloadAlignment * kPayloadAlignment;
         if (body > 0) submit(i, offset, bytes, body);
       }
-      const int64_t rest = length - body;
-      if (rest > 0) {
-        const int64_t padded = AlignUp(rest, kPayloadAlignment);
-        bounce.push_back(std::make_unique<AlignedBuffer>(padded));
-        std::memcpy(bounce.back()->data, bytes + body, rest);
-        std::memset(bounce.back()->data + rest, 0, padded - rest);
-        submit(i, offset + body, bounce.back()->data, padded);
+      // Unaligned memory or the tail: copied in chunks through aligned,
+      // zero-padded bounce buffers, at most kBounceBudget bytes of them in
+      // flight (older ones are waited for and reused).
+      for (int64_t pos = body; pos < length; pos += kBounceChunk) {
+        const int64_t n = std::min(kBounceChunk, length - pos);
+        const int64_t padded = AlignUp(n, kPayloadAlignment);
+        while (!bounce.empty() && bounce_bytes + padded > kBounceBudget) {
+          bounce.front().done.Wait();  // Its error is seen with the others.
+          bounce_bytes -= bounce.front().buffer->size;
+          bounce.pop_front();
+        }
+        auto buffer = std::make_unique<AlignedBuffer>(padded);
+        std::memcpy(buffer->data, bytes + pos, n);
+        std::memset(buffer->data + n, 0, padded - n);
+        submit(i, offset + pos, buffer->data, padded);
+        bounce_bytes += padded;
+        bounce.push_back({std::move(buffer), futures.back()});
       }
     }
     offset += length;
