@@ -39,13 +39,15 @@ for mode in uring posix; do
     out=$("$BENCH" --dir="$DIR/ckpt" --size_mb="$SIZE_MB" --mode=$mode --direct=$direct --cold=1)
     rm -rf "$DIR/ckpt"
     echo "$out"
-    python3 - "$out" "$W_BUF" "$W_DIR" "$R_COLD" "$direct" <<'PY'
+    python3 - "$out" "$W_BUF" "$W_DIR" "$R_COLD" "$R_DIR" "$direct" <<'PY'
 import json, sys
-r = json.loads(sys.argv[1]); wbuf, wdir, rcold = map(float, sys.argv[2:5])
-fio_w = wdir if sys.argv[5] == "1" else wbuf
-print("  %-8s direct=%s  save %.3f GB/s = %.2fx fio write   load %.3f GB/s = %.2fx fio cold read"
-      % (r["engine"], sys.argv[5], r["save_gbps"], r["save_gbps"] / fio_w,
-         r["load_gbps"], r["load_gbps"] / rcold))
+r = json.loads(sys.argv[1]); wbuf, wdir, rcold, rdir = map(float, sys.argv[2:6])
+direct = sys.argv[6] == "1"
+fio_w, fio_r = (wdir, rdir) if direct else (wbuf, rcold)
+print("  %-8s direct=%d  save %.3f GB/s = %.2fx fio %s write   load %.3f GB/s = %.2fx fio %s read"
+      % (r["engine"], direct, r["save_gbps"], r["save_gbps"] / fio_w,
+         "direct" if direct else "buffered+fsync", r["load_gbps"],
+         r["load_gbps"] / fio_r, "direct" if direct else "cold"))
 PY
   done
 done
