@@ -17,6 +17,12 @@ std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// A partial write lands whole 4 KiB blocks (as the kernel's would; an
+// O_DIRECT file takes nothing else); nothing of a smaller write.
+size_t PartialLength(size_t length) {
+  return length >= 4096 ? length / 4096 * 4096 : 0;
+}
+
 uint64_t SplitMix(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -70,14 +76,18 @@ class FaultInjectionFileSystem::FaultyFile final : public File {
                                           " length=", data.size());
     Decision d = fs_.Check(FaultOp::kWrite, path());
     if (d.fail) {
-      if (d.short_write && data.size() > 1) {
-        DCP_RETURN_IF_ERROR(base_->PWrite(offset, data.first(data.size() / 2)));
+      const size_t half = PartialLength(data.size() / 2);
+      if (d.short_write && half > 0) {
+        DCP_RETURN_IF_ERROR(base_->PWrite(offset, data.first(half)));
       }
       return fs_.Failure(d, FaultOp::kWrite, what);
     }
     int error = 0;
-    const int64_t allowed =
+    int64_t allowed =
         fs_.ClaimWriteBytes(static_cast<int64_t>(data.size()), &error);
+    if (allowed < static_cast<int64_t>(data.size())) {
+      allowed = static_cast<int64_t>(PartialLength(allowed));
+    }
     if (allowed > 0) {
       DCP_RETURN_IF_ERROR(base_->PWrite(offset, data.first(allowed)));
     }

@@ -55,7 +55,8 @@ struct Fault {
   // Fail the nth matching call (1-based), counted from when the fault was
   // injected; 0 fails every matching call.
   int64_t nth = 1;
-  // kWrite only: half of the bytes are written before the error.
+  // kWrite only: the whole 4 KiB blocks of the first half of the bytes are
+  // written before the error.
   bool short_write = false;
 };
 
@@ -69,7 +70,8 @@ class FaultInjectionFileSystem final : public FileSystemBase {
   // Fails each operation with probability 1/n, drawn from `seed`.
   void FailOneIn(int64_t n, uint64_t seed, int error = EIO);
   // Writes fail with `error` once `bytes` bytes have been written in total
-  // (the write that crosses the limit writes up to it, then fails).
+  // (the write that crosses the limit lands the whole 4 KiB blocks below the
+  // limit, then fails).
   void FailWritesAfter(int64_t bytes, int error = ENOSPC);
   // Removes every fault (the crash bookkeeping stays).
   void ClearFaults();
