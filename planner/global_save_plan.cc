@@ -372,11 +372,14 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
           BytesStorageMetadata{});
       continue;
     }
-    std::sort(info.groups.begin(), info.groups.end(),
-              [&](uint32_t a, uint32_t b) {
-                return groups[a].first->tensor_data->chunk.offsets <
-                       groups[b].first->tensor_data->chunk.offsets;
-              });
+    auto by_offset = [&](uint32_t a, uint32_t b) {
+      return groups[a].first->tensor_data->chunk.offsets <
+             groups[b].first->tensor_data->chunk.offsets;
+    };
+    // Ranks usually hold consecutive chunks: often sorted already.
+    if (!std::is_sorted(info.groups.begin(), info.groups.end(), by_offset)) {
+      std::sort(info.groups.begin(), info.groups.end(), by_offset);
+    }
     chunks.clear();
     for (size_t k = 0; k < info.groups.size(); ++k) {
       Group& g = groups[info.groups[k]];
@@ -412,14 +415,19 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     SavePlan& local = local_plans[r];
     SavePlan& final_plan = out.plans[r];
     final_plan.storage_data = std::move(local.storage_data);
-    final_plan.planner_data = std::move(local.planner_data);
     final_plan.usable = local.usable;
-    for (WriteItem& item : local.items) {
+    // Keep the items this rank writes, compacting in place.
+    std::vector<WriteItem>& items = local.items;
+    size_t kept = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
       const Group& g = groups[group_of_item[k++]];
       if (g.writer != r) continue;
-      if (g.hint >= 0) item.index.index = g.hint;
-      final_plan.items.push_back(std::move(item));
+      if (g.hint >= 0) items[i].index.index = g.hint;
+      if (kept != i) items[kept] = std::move(items[i]);
+      ++kept;
     }
+    items.erase(items.begin() + kept, items.end());
+    final_plan.items = std::move(items);
   }
   return out;
 }

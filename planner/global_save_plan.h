@@ -33,8 +33,8 @@ struct GlobalSavePlan {
 // (the flatten mapping; `data` may be empty when no rank flattened). Each
 // final plan keeps the rank's items that it writes, in their original order,
 // with `index.index` set to the chunk's position in the metadata (chunks of
-// a tensor are sorted by offset); storage_data and planner_data are carried
-// over.
+// a tensor are sorted by offset); storage_data is carried over, planner_data
+// is left empty (the mapping it held is in the metadata).
 //
 // Errors (kInvalidArgument, naming tensor, chunks and ranks):
 // - ranks disagree on a name's kind (tensor or value), dtype, global shape,
