@@ -10,8 +10,9 @@
 //   requests its 768-way row shard of every sharded tensor and every
 //   replicated tensor of its group): the local plans of all 768 ranks plus
 //   the global plan with read dedup.
-// - Sizes: encoded local save plan bytes per item, metadata bytes per
-//   stored item (with one file location and checksum per item).
+// - Sizes: encoded local save plan bytes per item; metadata bytes per
+//   stored item (with one file location and checksum per item), as io/'s
+//   metadata file and as the planner's exchange message.
 // - Scaling: global plan time from 64 to R ranks.
 //
 // Times are CPU seconds of the planning thread (see Stopwatch).
@@ -27,6 +28,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "core/state_dict.h"
+#include "io/metadata_format.h"
 #include "nlohmann/json.hpp"
 #include "planner/default_planner.h"
 #include "planner/global_load_plan.h"
@@ -320,9 +322,19 @@ int Main(int argc, char** argv) {
   const double plan_bytes_per_item =
       static_cast<double>(plan_bytes) / (sampled * kItemsPerRank);
   AddStorageData(global.metadata, global.plans);
-  const size_t metadata_bytes = EncodeMetadata(global.metadata).size();
+  // The metadata file as io/ writes it (docs/FORMAT.md), and the planner's
+  // exchange message (for broadcasting metadata between ranks).
+  absl::StatusOr<std::string> metadata_file = EncodeMetadata(global.metadata);
+  if (!metadata_file.ok()) {
+    std::fprintf(stderr, "EncodeMetadata failed: %s\n",
+                 metadata_file.status().ToString().c_str());
+    return 1;
+  }
+  const size_t metadata_bytes = metadata_file->size();
   const double metadata_bytes_per_item =
       static_cast<double>(metadata_bytes) / stored;
+  const size_t metadata_message_bytes =
+      EncodeMetadataMessage(global.metadata).size();
   const size_t final_plan_bytes = EncodeSavePlan(global.plans[1]).size();
 
   // Load: 1024 -> 768 ranks.
@@ -365,6 +377,8 @@ int Main(int argc, char** argv) {
       {"unchanged_marker_bytes", marker_bytes},
       {"metadata_bytes", metadata_bytes},
       {"metadata_bytes_per_item", metadata_bytes_per_item},
+      {"metadata_exchange_bytes_per_item",
+       static_cast<double>(metadata_message_bytes) / stored},
       {"scaling", scaling},
   };
   if (json) {

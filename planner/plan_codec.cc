@@ -499,7 +499,7 @@ absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes) {
   return plan;
 }
 
-std::string EncodeMetadata(const Metadata& metadata) {
+std::string EncodeMetadataMessage(const Metadata& metadata) {
   pb::Metadata proto;
   proto.set_version(kPlanEncodingVersion);
   NameTable names(proto.mutable_names());
@@ -543,7 +543,7 @@ std::string EncodeMetadata(const Metadata& metadata) {
   return proto.SerializeAsString();
 }
 
-absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes) {
+absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes) {
   pb::Metadata proto;
   DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "metadata", proto));
   NameReader names(proto.names(), bytes.size());

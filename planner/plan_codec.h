@@ -97,8 +97,11 @@ absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes);
 std::string EncodeLoadPlan(const LoadPlan& plan);
 absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes);
 
-std::string EncodeMetadata(const Metadata& metadata);
-absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
+// Metadata for exchange between ranks (not the on-disk metadata file, which
+// io/metadata_format.h encodes). Named apart from io's EncodeMetadata: both
+// live in namespace dcp and a shared name would clash at link time.
+std::string EncodeMetadataMessage(const Metadata& metadata);
+absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes);
 
 }  // namespace dcp
 

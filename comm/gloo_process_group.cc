@@ -1,0 +1,396 @@
+#include "comm/gloo_process_group.h"
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <system_error>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "comm/internal/gloo_store.h"
+#include "core/status.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace dcp::comm {
+using internal::DeadlineStore;
+using internal::Millis;
+using internal::NextInstance;
+using internal::OpenStore;
+using internal::Remaining;
+
+class GlooProcessGroup::Impl {
+ public:
+  Impl(int rank, int size) : rank_(rank), size_(size) {}
+
+  absl::Status Connect(const GlooOptions& options) {
+    DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
+    prefix_ =
+        absl::StrCat(options.group_name, "/", NextInstance(options.group_name));
+    const std::string& prefix = prefix_;
+    prefix_store_ =
+        std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
+    DeadlineStore store(*prefix_store_, absl::Now() + options.connect_timeout);
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.listen_address;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gloo: cannot listen on ", options.listen_address,
+          " (set DCP_COMM_ADDR to this host's address): ", e.what()));
+    }
+    try {
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      context_->setTimeout(Millis(std::max<int64_t>(
+          1, absl::ToInt64Milliseconds(options.connect_timeout))));
+      context_->connectFullMesh(store, device_);
+      context_->setTimeout(Millis(
+          std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))));
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const std::string where =
+          absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
+                          rank_, size_, prefix, options.store.ToString());
+      if (absl::StrContains(what, "already exists")) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            where,
+            ": the store holds this rank's key from an earlier job; "
+            "use a fresh rendezvous directory or another group name: ",
+            what));
+      }
+      if (absl::StrContains(what, "Wait timeout") ||
+          absl::StrContains(absl::AsciiStrToLower(what), "timed out") ||
+          absl::StrContains(absl::AsciiStrToLower(what), "timeout")) {
+        std::vector<int> missing = store.WaitingForRanks();
+        return absl::DeadlineExceededError(absl::StrCat(
+            where, ": not every rank joined within ",
+            absl::FormatDuration(options.connect_timeout),
+            missing.empty() ? std::string()
+                            : absl::StrCat("; waiting for rank(s) ",
+                                           absl::StrJoin(missing, ",")),
+            ": ", what));
+      }
+      return absl::UnavailableError(absl::StrCat(where, ": ", what));
+    }
+    return absl::OkStatus();
+  }
+
+  struct Send {
+    int peer;
+    absl::string_view data;
+  };
+
+  // What precedes every payload: the collective the sender is in (so ranks
+  // that called different collectives get told so) and the payload size.
+  struct Header {
+    char op[12] = {};
+    int32_t root = -1;
+    uint64_t size = 0;
+  };
+
+  // One step of point-to-point traffic in collective `op` (rooted at `root`,
+  // -1 for none): sends `sends`, receives one payload from each rank of
+  // `recv_from` into (*received)[i], and waits for all of it until
+  // `deadline`. Errors name `op` and the peer.
+  absl::Status Exchange(absl::string_view op, int root,
+                        const std::vector<Send>& sends,
+                        const std::vector<int>& recv_from,
+                        std::vector<std::string>* received,
+                        absl::Time deadline) {
+    const uint64_t size_slot = kSlotBase + 2 * next_call_;
+    const uint64_t data_slot = size_slot + 1;
+    ++next_call_;
+
+    struct Transfer {
+      int peer = -1;
+      Header header;
+      std::unique_ptr<gloo::transport::UnboundBuffer> size_buf;
+      std::unique_ptr<gloo::transport::UnboundBuffer> data_buf;
+    };
+    // Sized once: the buffers point into these elements.
+    std::vector<Transfer> out(sends.size());
+    std::vector<Transfer> in(recv_from.size());
+    received->assign(recv_from.size(), std::string());
+
+    int peer = -1;
+    const char* doing = "";
+    try {
+      doing = "posting a send to";
+      for (size_t i = 0; i < sends.size(); ++i) {
+        Transfer& t = out[i];
+        t.peer = peer = sends[i].peer;
+        op.copy(t.header.op, sizeof(t.header.op) - 1);
+        t.header.root = root;
+        t.header.size = sends[i].data.size();
+        t.size_buf = context_->createUnboundBuffer(&t.header, sizeof(Header));
+        t.size_buf->send(t.peer, size_slot);
+        if (t.header.size > 0) {
+          t.data_buf = context_->createUnboundBuffer(
+              const_cast<char*>(sends[i].data.data()), t.header.size);
+          t.data_buf->send(t.peer, data_slot);
+        }
+      }
+      doing = "posting a receive from";
+      for (size_t i = 0; i < recv_from.size(); ++i) {
+        Transfer& t = in[i];
+        t.peer = peer = recv_from[i];
+        t.size_buf = context_->createUnboundBuffer(&t.header, sizeof(Header));
+        t.size_buf->recv(t.peer, size_slot);
+      }
+      doing = "waiting for a payload size from";
+      for (size_t i = 0; i < in.size(); ++i) {
+        Transfer& t = in[i];
+        peer = t.peer;
+        t.size_buf->waitRecv(nullptr, Remaining(deadline));
+        if (absl::Status s = CheckHeader(op, root, t.peer, t.header); !s.ok()) {
+          return GiveUp(op, t.peer, s);
+        }
+        if (t.header.size > 0) {
+          std::string& dest = (*received)[i];
+          dest.resize(t.header.size);
+          t.data_buf =
+              context_->createUnboundBuffer(dest.data(), t.header.size);
+          t.data_buf->recv(t.peer, data_slot);
+        }
+      }
+      doing = "waiting for a payload from";
+      for (Transfer& t : in) {
+        peer = t.peer;
+        if (t.data_buf) t.data_buf->waitRecv(nullptr, Remaining(deadline));
+      }
+      doing = "waiting for a send to complete to";
+      for (Transfer& t : out) {
+        peer = t.peer;
+        t.size_buf->waitSend(nullptr, Remaining(deadline));
+        if (t.data_buf) t.data_buf->waitSend(nullptr, Remaining(deadline));
+      }
+    } catch (const std::exception& e) {
+      return GiveUp(op, peer, PeerError(op, peer, doing, e.what(), deadline));
+    }
+    return absl::OkStatus();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  // Payloads above this are taken for garbage, not for a plan.
+  static constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 40;
+
+  // kDataLoss when `peer` is not in the same collective as this rank.
+  absl::Status CheckHeader(absl::string_view op, int root, int peer,
+                           Header& header) const {
+    header.op[sizeof(header.op) - 1] = '\0';
+    const absl::string_view theirs(header.op);
+    if (theirs != op || header.root != root) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s (root %d) on rank %d of %d: rank %d is in %s (root %d): the "
+          "ranks called different collectives; every rank must call the "
+          "same collectives in the same order with the same root",
+          op, root, rank_, size_, peer, theirs, header.root));
+    }
+    if (header.size > kMaxPayloadBytes) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s on rank %d of %d: rank %d announced %d bytes; the stream is "
+          "corrupt",
+          op, rank_, size_, peer, header.size));
+    }
+    return absl::OkStatus();
+  }
+
+  // Slots below this are left to Gloo's own collectives on the context.
+  static std::string AbortKey(int rank) { return absl::StrCat("abort/", rank); }
+
+  // Called once when a collective failed on this rank. If `peer` gave up
+  // first (its abort record is in the store) the result carries the peer's
+  // reason, so the rank that was really lost is named on every rank. Then
+  // this rank leaves its own record and closes its connections, so peers
+  // blocked on it fail now instead of at their deadline.
+  absl::Status GiveUp(absl::string_view op, int peer, absl::Status status) {
+    if (peer >= 0 && peer != rank_) {
+      // A peer closes its sockets right after writing its record (or Gloo
+      // closes them just before): allow the record a moment to appear.
+      const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
+      for (int i = 0; i < 25 && !internal::KeyExists(*store_, key); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::Status theirs;
+      try {
+        if (internal::KeyExists(*store_, key)) {
+          const std::vector<char> record = prefix_store_->get(AbortKey(peer));
+          if (DecodeStatus(absl::string_view(record.data(), record.size()),
+                           &theirs)
+                  .ok() &&
+              !theirs.ok()) {
+            status = absl::Status(
+                theirs.code(),
+                absl::StrFormat(
+                    "%s on rank %d of %d: rank %d gave up first: %s", op, rank_,
+                    size_, peer, theirs.message()));
+          }
+        }
+      } catch (const std::exception&) {
+        // No record: the peer itself is what was lost.
+      }
+    }
+    try {
+      const std::string record = EncodeStatus(status);
+      prefix_store_->set(AbortKey(rank_),
+                         std::vector<char>(record.begin(), record.end()));
+    } catch (const std::exception&) {
+      // Best effort: peers then report the lost connection to this rank.
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        if (auto& pair = context_->getPair(r)) pair->close();
+      } catch (const std::exception&) {
+      }
+    }
+    return status;
+  }
+
+  static constexpr uint64_t kSlotBase = uint64_t{1} << 40;
+
+  absl::Status PeerError(absl::string_view op, int peer, const char* doing,
+                         absl::string_view what, absl::Time deadline) const {
+    const std::string lower = absl::AsciiStrToLower(what);
+    if (absl::Now() >= deadline || absl::StrContains(lower, "timed out") ||
+        absl::StrContains(lower, "timeout")) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s on rank %d of %d: deadline passed %s rank %d (rank %d may be "
+          "lost, hung or behind; gloo: %s)",
+          op, rank_, size_, doing, peer, peer, what));
+    }
+    return absl::UnavailableError(absl::StrFormat(
+        "%s on rank %d of %d: lost connection to rank %d while %s it (gloo: "
+        "%s)",
+        op, rank_, size_, peer, doing, what));
+  }
+
+  const int rank_;
+  const int size_;
+  std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::string prefix_;
+  std::unique_ptr<gloo::rendezvous::PrefixStore> prefix_store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint64_t next_call_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
+    const GlooOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("gloo: rank %d outside a world of %d ranks",
+                        options.rank, options.world_size));
+  }
+  auto impl = std::make_unique<Impl>(options.rank, options.world_size);
+  if (options.world_size > 1) {
+    absl::Status status = impl->Connect(options);
+    if (!status.ok()) return status;
+  }
+  return std::unique_ptr<GlooProcessGroup>(new GlooProcessGroup(
+      options.rank, options.world_size, options.timeout, std::move(impl)));
+}
+
+GlooProcessGroup::GlooProcessGroup(int rank, int size, absl::Duration timeout,
+                                   std::unique_ptr<Impl> impl)
+    : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
+
+GlooProcessGroup::~GlooProcessGroup() = default;
+
+absl::StatusOr<std::vector<std::string>> GlooProcessGroup::DoGather(
+    absl::string_view payload, int root, absl::Time deadline) {
+  std::vector<std::string> received;
+  if (rank() != root) {
+    DCP_RETURN_IF_ERROR(impl_->Exchange("gather", root, {{root, payload}}, {},
+                                        &received, deadline));
+    return std::vector<std::string>();
+  }
+  std::vector<int> from;
+  for (int r = 0; r < size(); ++r) {
+    if (r != root) from.push_back(r);
+  }
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange("gather", root, {}, from, &received, deadline));
+  std::vector<std::string> all(size());
+  for (size_t i = 0; i < from.size(); ++i)
+    all[from[i]] = std::move(received[i]);
+  all[root] = std::string(payload);
+  return all;
+}
+
+absl::StatusOr<std::string> GlooProcessGroup::FromRoot(
+    absl::string_view op, int root,
+    const std::vector<absl::string_view>& per_rank, absl::Time deadline) {
+  std::vector<std::string> received;
+  if (rank() != root) {
+    DCP_RETURN_IF_ERROR(
+        impl_->Exchange(op, root, {}, {root}, &received, deadline));
+    return std::move(received[0]);
+  }
+  std::vector<Impl::Send> sends;
+  for (int r = 0; r < size(); ++r) {
+    if (r != root) sends.push_back({r, per_rank[r]});
+  }
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange(op, root, sends, {}, &received, deadline));
+  return std::string(per_rank[root]);
+}
+
+absl::StatusOr<std::string> GlooProcessGroup::DoScatter(
+    absl::Span<const std::string> payloads, int root, absl::Time deadline) {
+  std::vector<absl::string_view> per_rank;
+  if (rank() == root) per_rank.assign(payloads.begin(), payloads.end());
+  return FromRoot("scatter", root, per_rank, deadline);
+}
+
+absl::StatusOr<std::string> GlooProcessGroup::DoBroadcast(
+    absl::string_view payload, int root, absl::Time deadline) {
+  return FromRoot("broadcast", root,
+                  std::vector<absl::string_view>(size(), payload), deadline);
+}
+
+absl::StatusOr<std::vector<std::string>> GlooProcessGroup::AllToAll(
+    absl::string_view op, absl::string_view payload, absl::Time deadline) {
+  std::vector<Impl::Send> sends;
+  std::vector<int> from;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    sends.push_back({r, payload});
+    from.push_back(r);
+  }
+  std::vector<std::string> received;
+  DCP_RETURN_IF_ERROR(
+      impl_->Exchange(op, /*root=*/-1, sends, from, &received, deadline));
+  std::vector<std::string> all(size());
+  for (size_t i = 0; i < from.size(); ++i)
+    all[from[i]] = std::move(received[i]);
+  all[rank()] = std::string(payload);
+  return all;
+}
+
+absl::StatusOr<std::vector<std::string>> GlooProcessGroup::DoAllGather(
+    absl::string_view payload, absl::Time deadline) {
+  return AllToAll("allgather", payload, deadline);
+}
+
+absl::Status GlooProcessGroup::DoBarrier(absl::Time deadline) {
+  return AllToAll("barrier", "", deadline).status();
+}
+
+}  // namespace dcp::comm

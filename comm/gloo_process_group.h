@@ -1,0 +1,102 @@
+// GlooProcessGroup: the ProcessGroup over Gloo (libgloo-dev) on its tcp
+// transport, for CPU jobs and for coordination next to GPU jobs. Gloo types
+// stay out of this header.
+//
+// Isolation from the training loop: each GlooProcessGroup owns its own Gloo
+// context (its own tcp device, loop thread and full mesh of sockets) and
+// meets its peers under its own store prefix "<group_name>/<instance>",
+// where <instance> counts the groups of that name this process created
+// before. Nothing is shared with a training loop's process group (a
+// PyTorch or Gloo group the application made), so a save running on a
+// background thread cannot interleave with, or wait behind, the loop's
+// collectives. Ranks must create their groups in the same order (as with
+// any process group library).
+//
+// Payloads of any size travel as Gloo point-to-point messages on unbound
+// buffers: first a 24-byte header (the collective's name, its root, the
+// payload size; a rank in another collective gets kDataLoss saying so),
+// then the bytes, on slots derived from a
+// per-group call counter. Waiting per peer is what lets an error name the
+// rank that was lost or late. Costs per call: gather and scatter move n-1
+// messages through the root, broadcast n-1 from the root, all-gather and
+// barrier n-1 per rank (full mesh; fine for coordination payloads, not for
+// bulk data).
+//
+// Errors: a peer whose socket closed gives kUnavailable ("... lost
+// connection to rank K ..."); a deadline gives kDeadlineExceeded ("...
+// waiting for ... rank K ..."). Either breaks the group (see
+// process_group.h). A rank that fails writes an abort record (its Status)
+// under "<prefix>/abort/<rank>" in the store and closes its sockets, so
+// ranks blocked on it fail at once, and with its reason: when rank 1 dies
+// during a gather to rank 0, ranks 2 and 3 waiting on rank 0 report
+// "rank 0 gave up first: gather on rank 0 ...: lost connection to rank 1",
+// with rank 0's code, instead of timing out on rank 0. A rank that dies
+// without a record costs its peers up to 250 ms of looking for one.
+// The rendezvous directory must not hold keys of an earlier job with the
+// same group name: the launcher gives each job a fresh directory.
+#ifndef DCP_COMM_GLOO_PROCESS_GROUP_H_
+#define DCP_COMM_GLOO_PROCESS_GROUP_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+
+namespace dcp::comm {
+
+struct GlooOptions : GroupMembership {
+  // Address of this rank's tcp listener; peers connect to it.
+  std::string listen_address = "127.0.0.1";
+};
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Joins the group: publishes this rank's address in the store and
+  // connects to every other rank. Blocks until all `world_size` ranks have
+  // joined or `connect_timeout` passes (kDeadlineExceeded). kInvalidArgument
+  // for bad rank/size or an unusable store directory; kUnavailable when the
+  // redis server cannot be reached or a connection fails; kAlreadyExists
+  // when the store already holds this rank's key (a stale directory).
+  static absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Create(
+      const GlooOptions& options);
+
+  ~GlooProcessGroup() override;
+
+  absl::string_view backend() const override { return "gloo"; }
+
+ protected:
+  absl::StatusOr<std::vector<std::string>> DoGather(
+      absl::string_view payload, int root, absl::Time deadline) override;
+  absl::StatusOr<std::string> DoScatter(absl::Span<const std::string> payloads,
+                                        int root, absl::Time deadline) override;
+  absl::StatusOr<std::string> DoBroadcast(absl::string_view payload, int root,
+                                          absl::Time deadline) override;
+  absl::StatusOr<std::vector<std::string>> DoAllGather(
+      absl::string_view payload, absl::Time deadline) override;
+  absl::Status DoBarrier(absl::Time deadline) override;
+
+ private:
+  class Impl;
+  GlooProcessGroup(int rank, int size, absl::Duration timeout,
+                   std::unique_ptr<Impl> impl);
+  // `root` sends per_rank[r] to each rank r (only root's `per_rank` is
+  // read); returns this rank's payload.
+  absl::StatusOr<std::string> FromRoot(
+      absl::string_view op, int root,
+      const std::vector<absl::string_view>& per_rank, absl::Time deadline);
+  // Every rank sends `payload` to every other rank; returns all payloads
+  // indexed by rank.
+  absl::StatusOr<std::vector<std::string>> AllToAll(absl::string_view op,
+                                                    absl::string_view payload,
+                                                    absl::Time deadline);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcp::comm
+
+#endif  // DCP_COMM_GLOO_PROCESS_GROUP_H_

@@ -1,0 +1,488 @@
+#include "comm/nccl_process_group.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "comm/internal/gloo_store.h"
+#include "comm/internal/nccl_library.h"
+#include "core/status.h"
+#include "cuda_runtime_api.h"
+#include "gloo/rendezvous/prefix_store.h"
+
+namespace dcp::comm {
+namespace {
+
+using internal::DeadlineStore;
+using internal::NcclLibrary;
+
+absl::Status CudaError(cudaError_t rc, absl::string_view what) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(rc)));
+}
+
+// Device memory that grows on demand and is freed with its owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Makes room for `bytes` (contents are not kept).
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= capacity_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    capacity_ = 0;
+    const size_t want = std::max<size_t>(bytes, 4096);
+    if (cudaError_t rc = cudaMalloc(&ptr_, want); rc != cudaSuccess) {
+      ptr_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", want,
+                       " bytes for NCCL payloads: ", cudaGetErrorString(rc)));
+    }
+    capacity_ = want;
+    return absl::OkStatus();
+  }
+  char* data() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Makes `device` current on the calling thread for a scope: collectives may
+// run on any thread (a background save thread), and CUDA's current device
+// is per thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+class NcclProcessGroup::Impl {
+ public:
+  Impl(const NcclLibrary* nccl, int rank, int size)
+      : nccl_(nccl), rank_(rank), size_(size) {}
+
+  // Every call waited for its work, so aborting cuts nothing short, and
+  // unlike a destroy it cannot block on a lost peer.
+  ~Impl() {
+    if (comm_ != nullptr) nccl_->CommAbort(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init(const NcclOptions& options) {
+    const absl::Time deadline = absl::Now() + options.connect_timeout;
+    DCP_ASSIGN_OR_RETURN(std::string id, ExchangeId(options, deadline));
+
+    int devices = 0;
+    if (cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "nccl process group, rank %d of %d: no usable GPU (%s); NCCL needs "
+          "one GPU per rank: use the gloo backend on this machine",
+          rank_, size_, cudaGetErrorString(rc)));
+    }
+    if (options.cuda_device < 0 || options.cuda_device >= devices) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "nccl process group, rank %d of %d: CUDA device %d does not exist "
+          "(this machine has %d); NCCL needs one GPU per rank",
+          rank_, size_, options.cuda_device, devices));
+    }
+    device_ = options.cuda_device;
+    if (cudaError_t rc = cudaSetDevice(device_); rc != cudaSuccess) {
+      return CudaError(rc, absl::StrCat("cudaSetDevice(", device_, ")"));
+    }
+    if (cudaError_t rc =
+            cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+        rc != cudaSuccess) {
+      return CudaError(rc, "cudaStreamCreateWithFlags");
+    }
+
+    ncclUniqueId unique_id;
+    std::memcpy(unique_id.internal, id.data(), sizeof(unique_id.internal));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // Lets the host bound the wait.
+    const ncclResult_t rc =
+        nccl_->CommInitRankConfig(&comm_, size_, unique_id, rank_, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      return NcclError("ncclCommInitRank", rc);
+    }
+    return WaitForComm("ncclCommInitRank", deadline, options.connect_timeout);
+  }
+
+  // Sizes of every rank's payload (one 8-byte count each), all-gathered.
+  absl::StatusOr<std::vector<uint64_t>> AllGatherSizes(absl::string_view op,
+                                                       uint64_t own,
+                                                       absl::Time deadline) {
+    DCP_RETURN_IF_ERROR(sizes_.Reserve(size_ * sizeof(uint64_t)));
+    uint64_t* d_sizes = reinterpret_cast<uint64_t*>(sizes_.data());
+    DCP_RETURN_IF_ERROR(ToDevice(d_sizes + rank_, &own, sizeof(own)));
+    DCP_RETURN_IF_ERROR(
+        Check(op, nccl_->AllGather(d_sizes + rank_, d_sizes, 1, ncclUint64,
+                                   comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Wait(op, deadline));
+    std::vector<uint64_t> sizes(size_);
+    DCP_RETURN_IF_ERROR(
+        ToHost(sizes.data(), d_sizes, size_ * sizeof(uint64_t)));
+    return sizes;
+  }
+
+  absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view op,
+                                                     absl::string_view payload,
+                                                     absl::Time deadline) {
+    DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
+                         AllGatherSizes(op, payload.size(), deadline));
+    const uint64_t max = *std::max_element(sizes.begin(), sizes.end());
+    std::vector<std::string> all(size_);
+    if (max == 0) return all;
+    DCP_RETURN_IF_ERROR(send_.Reserve(max));
+    DCP_RETURN_IF_ERROR(recv_.Reserve(max * size_));
+    DCP_RETURN_IF_ERROR(ToDevice(send_.data(), payload.data(), payload.size()));
+    DCP_RETURN_IF_ERROR(
+        Check(op, nccl_->AllGather(send_.data(), recv_.data(), max, ncclUint8,
+                                   comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Wait(op, deadline));
+    for (int r = 0; r < size_; ++r) {
+      all[r].resize(sizes[r]);
+      DCP_RETURN_IF_ERROR(
+          ToHost(all[r].data(), recv_.data() + r * max, sizes[r]));
+    }
+    return all;
+  }
+
+  absl::StatusOr<std::vector<std::string>> Gather(absl::string_view payload,
+                                                  int root,
+                                                  absl::Time deadline) {
+    DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
+                         AllGatherSizes("gather", payload.size(), deadline));
+    std::vector<uint64_t> offsets(size_ + 1, 0);
+    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
+    if (rank_ == root) {
+      DCP_RETURN_IF_ERROR(recv_.Reserve(offsets[size_]));
+    } else {
+      DCP_RETURN_IF_ERROR(send_.Reserve(payload.size()));
+      DCP_RETURN_IF_ERROR(
+          ToDevice(send_.data(), payload.data(), payload.size()));
+    }
+    DCP_RETURN_IF_ERROR(RootExchange("gather", root, /*to_root=*/true, sizes,
+                                     offsets, deadline));
+    if (rank_ != root) return std::vector<std::string>();
+    std::vector<std::string> all(size_);
+    for (int r = 0; r < size_; ++r) {
+      if (r == root) {
+        all[r] = std::string(payload);
+        continue;
+      }
+      all[r].resize(sizes[r]);
+      DCP_RETURN_IF_ERROR(
+          ToHost(all[r].data(), recv_.data() + offsets[r], sizes[r]));
+    }
+    return all;
+  }
+
+  absl::StatusOr<std::string> Scatter(absl::Span<const std::string> payloads,
+                                      int root, absl::Time deadline) {
+    // The root's sizes reach every rank first.
+    std::vector<uint64_t> sizes(size_, 0);
+    if (rank_ == root) {
+      for (int r = 0; r < size_; ++r) sizes[r] = payloads[r].size();
+    }
+    DCP_RETURN_IF_ERROR(sizes_.Reserve(size_ * sizeof(uint64_t)));
+    DCP_RETURN_IF_ERROR(
+        ToDevice(sizes_.data(), sizes.data(), size_ * sizeof(uint64_t)));
+    DCP_RETURN_IF_ERROR(
+        Check("scatter", nccl_->Broadcast(sizes_.data(), sizes_.data(), size_,
+                                          ncclUint64, root, comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Wait("scatter", deadline));
+    DCP_RETURN_IF_ERROR(
+        ToHost(sizes.data(), sizes_.data(), size_ * sizeof(uint64_t)));
+    std::vector<uint64_t> offsets(size_ + 1, 0);
+    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
+    if (rank_ == root) {
+      DCP_RETURN_IF_ERROR(send_.Reserve(offsets[size_]));
+      for (int r = 0; r < size_; ++r) {
+        DCP_RETURN_IF_ERROR(
+            ToDevice(send_.data() + offsets[r], payloads[r].data(), sizes[r]));
+      }
+    } else {
+      DCP_RETURN_IF_ERROR(recv_.Reserve(sizes[rank_]));
+    }
+    DCP_RETURN_IF_ERROR(RootExchange("scatter", root, /*to_root=*/false, sizes,
+                                     offsets, deadline));
+    if (rank_ == root) return payloads[root];
+    std::string mine(sizes[rank_], '\0');
+    DCP_RETURN_IF_ERROR(ToHost(mine.data(), recv_.data(), mine.size()));
+    return mine;
+  }
+
+  absl::StatusOr<std::string> Broadcast(absl::string_view payload, int root,
+                                        absl::Time deadline) {
+    uint64_t size = rank_ == root ? payload.size() : 0;
+    DCP_RETURN_IF_ERROR(sizes_.Reserve(sizeof(uint64_t)));
+    DCP_RETURN_IF_ERROR(ToDevice(sizes_.data(), &size, sizeof(size)));
+    DCP_RETURN_IF_ERROR(
+        Check("broadcast", nccl_->Broadcast(sizes_.data(), sizes_.data(), 1,
+                                            ncclUint64, root, comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
+    DCP_RETURN_IF_ERROR(ToHost(&size, sizes_.data(), sizeof(size)));
+    if (rank_ == root) {
+      if (size == 0) return std::string();
+      DCP_RETURN_IF_ERROR(recv_.Reserve(size));
+      DCP_RETURN_IF_ERROR(ToDevice(recv_.data(), payload.data(), size));
+    } else {
+      if (size == 0) return std::string();
+      DCP_RETURN_IF_ERROR(recv_.Reserve(size));
+    }
+    DCP_RETURN_IF_ERROR(
+        Check("broadcast", nccl_->Broadcast(recv_.data(), recv_.data(), size,
+                                            ncclUint8, root, comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
+    if (rank_ == root) return std::string(payload);
+    std::string out(size, '\0');
+    DCP_RETURN_IF_ERROR(ToHost(out.data(), recv_.data(), size));
+    return out;
+  }
+
+  absl::Status Barrier(absl::Time deadline) {
+    return AllGatherSizes("barrier", 0, deadline).status();
+  }
+
+  int device() const { return device_; }
+
+ private:
+  // Point-to-point between `root` and every other rank r with sizes[r] > 0
+  // bytes: with `to_root`, r sends send_ and root receives into
+  // recv_ + offsets[r]; otherwise root sends send_ + offsets[r] and r
+  // receives into recv_. Waits for completion.
+  absl::Status RootExchange(absl::string_view op, int root, bool to_root,
+                            const std::vector<uint64_t>& sizes,
+                            const std::vector<uint64_t>& offsets,
+                            absl::Time deadline) {
+    DCP_RETURN_IF_ERROR(Check(op, nccl_->GroupStart()));
+    for (int r = 0; r < size_; ++r) {
+      if (r == root || sizes[r] == 0) continue;
+      ncclResult_t rc = ncclSuccess;
+      if (rank_ == root) {
+        rc = to_root ? nccl_->Recv(recv_.data() + offsets[r], sizes[r],
+                                   ncclUint8, r, comm_, stream_)
+                     : nccl_->Send(send_.data() + offsets[r], sizes[r],
+                                   ncclUint8, r, comm_, stream_);
+      } else if (r == rank_) {
+        rc = to_root ? nccl_->Send(send_.data(), sizes[r], ncclUint8, root,
+                                   comm_, stream_)
+                     : nccl_->Recv(recv_.data(), sizes[r], ncclUint8, root,
+                                   comm_, stream_);
+      }
+      if (rc != ncclSuccess && rc != ncclInProgress) {
+        nccl_->GroupEnd();
+        return NcclError(op, rc);
+      }
+    }
+    DCP_RETURN_IF_ERROR(Check(op, nccl_->GroupEnd()));
+    return Wait(op, deadline);
+  }
+
+  // Rank 0 makes the id and publishes it; the others wait for it.
+  absl::StatusOr<std::string> ExchangeId(const NcclOptions& options,
+                                         absl::Time deadline) {
+    if (size_ == 1) return internal::NewNcclUniqueId();
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<gloo::rendezvous::Store> store,
+                         internal::OpenStore(options.store));
+    const std::string prefix =
+        absl::StrCat(options.group_name, "/",
+                     internal::NextInstance(options.group_name), "/nccl");
+    gloo::rendezvous::PrefixStore prefixed(prefix, *store);
+    DeadlineStore bounded(prefixed, deadline);
+    const std::string key = "unique_id_from_rank_0";
+    try {
+      if (rank_ == 0) {
+        DCP_ASSIGN_OR_RETURN(std::string id, internal::NewNcclUniqueId());
+        bounded.set(key, std::vector<char>(id.begin(), id.end()));
+        return id;
+      }
+      std::vector<char> id = bounded.get(key);
+      if (id.size() != sizeof(ncclUniqueId::internal)) {
+        return absl::DataLossError(
+            absl::StrFormat("nccl unique id in %s is %d bytes, expected %d",
+                            options.store.ToString(), id.size(),
+                            sizeof(ncclUniqueId::internal)));
+      }
+      return std::string(id.begin(), id.end());
+    } catch (const std::exception& e) {
+      if (absl::StrContains(e.what(), "already exists")) {
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "nccl process group: %s holds a unique id under \"%s\" from an "
+            "earlier job; use a fresh rendezvous directory or another group "
+            "name: %s",
+            options.store.ToString(), prefix, e.what()));
+      }
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "nccl process group, rank %d of %d: no unique id from rank 0 under "
+          "\"%s\" in %s within %s (is rank 0 running?): %s",
+          rank_, size_, prefix, options.store.ToString(),
+          absl::FormatDuration(options.connect_timeout), e.what()));
+    }
+  }
+
+  absl::Status NcclError(absl::string_view op, ncclResult_t rc) {
+    const char* last = comm_ != nullptr ? nccl_->GetLastError(comm_) : "";
+    if (last == nullptr) last = "";
+    return absl::UnavailableError(absl::StrFormat(
+        "%s on rank %d of %d: NCCL error: %s%s%s (a peer may be lost)", op,
+        rank_, size_, nccl_->GetErrorString(rc), *last ? ": " : "", last));
+  }
+
+  absl::Status Check(absl::string_view op, ncclResult_t rc) {
+    if (rc == ncclSuccess || rc == ncclInProgress) return absl::OkStatus();
+    return NcclError(op, rc);
+  }
+
+  // Waits until the communicator finished initializing.
+  absl::Status WaitForComm(absl::string_view op, absl::Time deadline,
+                           absl::Duration limit) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      nccl_->CommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) return NcclError(op, state);
+      if (absl::Now() >= deadline) return Abort(op, limit);
+      absl::SleepFor(absl::Microseconds(500));
+    }
+  }
+
+  // Waits until the work queued on the stream completed.
+  absl::Status Wait(absl::string_view op, absl::Time deadline) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      nccl_->CommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return NcclError(op, state);
+      }
+      if (state == ncclSuccess) {
+        const cudaError_t rc = cudaStreamQuery(stream_);
+        if (rc == cudaSuccess) return absl::OkStatus();
+        if (rc != cudaErrorNotReady) {
+          return CudaError(rc, absl::StrCat(op, ": stream"));
+        }
+      }
+      if (absl::Now() >= deadline) return Abort(op, absl::ZeroDuration());
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
+
+  absl::Status Abort(absl::string_view op, absl::Duration limit) {
+    nccl_->CommAbort(comm_);
+    comm_ = nullptr;
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "%s on rank %d of %d: deadline passed%s; NCCL does not tell which "
+        "rank is missing (lost, hung or behind); the communicator was aborted",
+        op, rank_, size_,
+        limit > absl::ZeroDuration()
+            ? absl::StrCat(" after ", absl::FormatDuration(limit))
+            : ""));
+  }
+
+  absl::Status ToDevice(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    const cudaError_t rc =
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+    return rc == cudaSuccess ? absl::OkStatus() : CudaError(rc, "copy to GPU");
+  }
+
+  // Called only after Wait, so the copy does not block on pending NCCL work.
+  absl::Status ToHost(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    cudaError_t rc =
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(stream_);
+    return rc == cudaSuccess ? absl::OkStatus()
+                             : CudaError(rc, "copy from GPU");
+  }
+
+  const NcclLibrary* const nccl_;
+  const int rank_;
+  const int size_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  DeviceBuffer sizes_;
+  DeviceBuffer send_;
+  DeviceBuffer recv_;
+};
+
+absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
+    const NcclOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("nccl: rank %d outside a world of %d ranks",
+                        options.rank, options.world_size));
+  }
+  DCP_ASSIGN_OR_RETURN(const NcclLibrary* nccl, internal::LoadNccl());
+  auto impl = std::make_unique<Impl>(nccl, options.rank, options.world_size);
+  DCP_RETURN_IF_ERROR(impl->Init(options));
+  return std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(
+      options.rank, options.world_size, options.timeout, std::move(impl)));
+}
+
+NcclProcessGroup::NcclProcessGroup(int rank, int size, absl::Duration timeout,
+                                   std::unique_ptr<Impl> impl)
+    : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  DeviceScope scope(impl_->device());
+  impl_.reset();
+}
+
+absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoGather(
+    absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
+  return impl_->Gather(payload, root, deadline);
+}
+
+absl::StatusOr<std::string> NcclProcessGroup::DoScatter(
+    absl::Span<const std::string> payloads, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
+  return impl_->Scatter(payloads, root, deadline);
+}
+
+absl::StatusOr<std::string> NcclProcessGroup::DoBroadcast(
+    absl::string_view payload, int root, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
+  return impl_->Broadcast(payload, root, deadline);
+}
+
+absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoAllGather(
+    absl::string_view payload, absl::Time deadline) {
+  DeviceScope scope(impl_->device());
+  return impl_->AllGather("allgather", payload, deadline);
+}
+
+absl::Status NcclProcessGroup::DoBarrier(absl::Time deadline) {
+  DeviceScope scope(impl_->device());
+  return impl_->Barrier(deadline);
+}
+
+}  // namespace dcp::comm

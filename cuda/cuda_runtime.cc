@@ -1,0 +1,359 @@
+// DeviceRuntime over the CUDA runtime API (libcudart_static). Compiled by the
+// host compiler: no kernels here.
+//
+// Handles: a DeviceStream* / DeviceEvent* points at a small heap record that
+// remembers the device the CUDA object belongs to, so every call can make
+// that device current first (the current device is per host thread, and the
+// staging threads are not the thread that created the stream).
+#include "cuda/internal/cuda_runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "cuda/device_runtime.h"
+
+namespace dcp::cuda_internal {
+namespace {
+
+absl::StatusCode CodeFor(cudaError_t err) {
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return absl::StatusCode::kResourceExhausted;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidMemcpyDirection:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidDevice:
+      return absl::StatusCode::kInvalidArgument;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorInitializationError:
+    case cudaErrorCudartUnloading:
+      return absl::StatusCode::kFailedPrecondition;
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return absl::StatusCode::kAlreadyExists;
+    case cudaErrorHostMemoryNotRegistered:
+      return absl::StatusCode::kNotFound;
+    case cudaErrorNotReady:
+      return absl::StatusCode::kUnavailable;
+    case cudaErrorNotSupported:
+      return absl::StatusCode::kUnimplemented;
+    default:
+      // Launch failures, illegal addresses, ECC errors: sticky device faults.
+      return absl::StatusCode::kInternal;
+  }
+}
+
+// "what: <cuda message> (cudaErrorName)".
+absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
+  return absl::Status(CodeFor(err), absl::StrFormat("%s: %s (%s)", what,
+                                                    cudaGetErrorString(err),
+                                                    cudaGetErrorName(err)));
+}
+
+#define DCP_CUDA_CHECK(expr, what)              \
+  do {                                          \
+    const cudaError_t dcp_cuda_err_ = (expr);   \
+    if (dcp_cuda_err_ != cudaSuccess) {         \
+      return CudaStatus(dcp_cuda_err_, (what)); \
+    }                                           \
+  } while (false)
+
+struct CudaStreamRecord {
+  cudaStream_t stream = nullptr;
+  int device = 0;
+};
+
+struct CudaEventRecord {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+};
+
+CudaStreamRecord* AsRecord(DeviceStream* s) {
+  return reinterpret_cast<CudaStreamRecord*>(s);
+}
+CudaEventRecord* AsRecord(DeviceEvent* e) {
+  return reinterpret_cast<CudaEventRecord*>(e);
+}
+
+cudaMemcpyKind ToCuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToHost:
+      return cudaMemcpyHostToHost;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+  }
+  return cudaMemcpyDefault;
+}
+
+absl::Status SetDevice(int device, absl::string_view what) {
+  DCP_CUDA_CHECK(cudaSetDevice(device),
+                 absl::StrFormat("%s: cudaSetDevice(%d)", what, device));
+  return absl::OkStatus();
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  explicit CudaRuntime(int device_count) : device_count_(device_count) {}
+
+  absl::string_view name() const override { return "cuda"; }
+  bool is_host() const override { return false; }
+  int DeviceCount() const override { return device_count_; }
+
+  absl::StatusOr<DeviceProperties> GetDeviceProperties(
+      int device) const override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "GetDeviceProperties"));
+    cudaDeviceProp prop;
+    DCP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device),
+                   absl::StrFormat("cudaGetDeviceProperties(%d)", device));
+    DeviceProperties out;
+    out.ordinal = device;
+    out.name = prop.name;
+    out.total_memory = prop.totalGlobalMem;
+    out.compute_major = prop.major;
+    out.compute_minor = prop.minor;
+    out.async_engine_count = prop.asyncEngineCount;
+    out.pci_bus_id = prop.pciBusID;
+    return out;
+  }
+
+  absl::StatusOr<DeviceStream*> CreateStream(int device) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateStream"));
+    DCP_RETURN_IF_ERROR(SetDevice(device, "CreateStream"));
+    auto record = std::make_unique<CudaStreamRecord>();
+    record->device = device;
+    DCP_CUDA_CHECK(
+        cudaStreamCreateWithFlags(&record->stream, cudaStreamNonBlocking),
+        absl::StrFormat("cudaStreamCreateWithFlags on device %d", device));
+    return reinterpret_cast<DeviceStream*>(record.release());
+  }
+
+  absl::Status DestroyStream(DeviceStream* stream) override {
+    if (stream == nullptr) return absl::OkStatus();
+    std::unique_ptr<CudaStreamRecord> record(AsRecord(stream));
+    DCP_RETURN_IF_ERROR(SetDevice(record->device, "DestroyStream"));
+    const cudaError_t sync = cudaStreamSynchronize(record->stream);
+    const cudaError_t destroy = cudaStreamDestroy(record->stream);
+    DCP_CUDA_CHECK(sync, "DestroyStream: cudaStreamSynchronize");
+    DCP_CUDA_CHECK(destroy, "cudaStreamDestroy");
+    return absl::OkStatus();
+  }
+
+  absl::Status SynchronizeStream(DeviceStream* stream) override {
+    DCP_RETURN_IF_ERROR(CheckStream(stream, "SynchronizeStream"));
+    DCP_CUDA_CHECK(cudaStreamSynchronize(AsRecord(stream)->stream),
+                   "cudaStreamSynchronize");
+    return absl::OkStatus();
+  }
+
+  absl::Status StreamWaitEvent(DeviceStream* stream,
+                               DeviceEvent* event) override {
+    DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitEvent"));
+    DCP_RETURN_IF_ERROR(CheckEvent(event, "StreamWaitEvent"));
+    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "StreamWaitEvent"));
+    DCP_CUDA_CHECK(cudaStreamWaitEvent(AsRecord(stream)->stream,
+                                       AsRecord(event)->event, 0),
+                   "cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceEvent*> CreateEvent(int device,
+                                           bool enable_timing) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateEvent"));
+    DCP_RETURN_IF_ERROR(SetDevice(device, "CreateEvent"));
+    auto record = std::make_unique<CudaEventRecord>();
+    record->device = device;
+    DCP_CUDA_CHECK(
+        cudaEventCreateWithFlags(&record->event, enable_timing
+                                                     ? cudaEventDefault
+                                                     : cudaEventDisableTiming),
+        absl::StrFormat("cudaEventCreateWithFlags on device %d", device));
+    return reinterpret_cast<DeviceEvent*>(record.release());
+  }
+
+  absl::Status DestroyEvent(DeviceEvent* event) override {
+    if (event == nullptr) return absl::OkStatus();
+    std::unique_ptr<CudaEventRecord> record(AsRecord(event));
+    DCP_CUDA_CHECK(cudaEventDestroy(record->event), "cudaEventDestroy");
+    return absl::OkStatus();
+  }
+
+  absl::Status RecordEvent(DeviceEvent* event, DeviceStream* stream) override {
+    DCP_RETURN_IF_ERROR(CheckStream(stream, "RecordEvent"));
+    DCP_RETURN_IF_ERROR(CheckEvent(event, "RecordEvent"));
+    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "RecordEvent"));
+    DCP_CUDA_CHECK(
+        cudaEventRecord(AsRecord(event)->event, AsRecord(stream)->stream),
+        "cudaEventRecord");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> QueryEvent(DeviceEvent* event) override {
+    DCP_RETURN_IF_ERROR(CheckEvent(event, "QueryEvent"));
+    const cudaError_t err = cudaEventQuery(AsRecord(event)->event);
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaStatus(err, "cudaEventQuery");
+  }
+
+  absl::Status SynchronizeEvent(DeviceEvent* event) override {
+    DCP_RETURN_IF_ERROR(CheckEvent(event, "SynchronizeEvent"));
+    DCP_CUDA_CHECK(cudaEventSynchronize(AsRecord(event)->event),
+                   "cudaEventSynchronize");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> ElapsedMillis(DeviceEvent* start,
+                                       DeviceEvent* end) override {
+    DCP_RETURN_IF_ERROR(CheckEvent(start, "ElapsedMillis"));
+    DCP_RETURN_IF_ERROR(CheckEvent(end, "ElapsedMillis"));
+    float ms = 0;
+    const cudaError_t err =
+        cudaEventElapsedTime(&ms, AsRecord(start)->event, AsRecord(end)->event);
+    if (err == cudaErrorNotReady || err == cudaErrorInvalidResourceHandle) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cudaEventElapsedTime: %s (%s); both events must be recorded, "
+          "complete and created with timing",
+          cudaGetErrorString(err), cudaGetErrorName(err)));
+    }
+    DCP_CUDA_CHECK(err, "cudaEventElapsedTime");
+    return static_cast<double>(ms);
+  }
+
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
+                         CopyKind kind, DeviceStream* stream) override {
+    DCP_RETURN_IF_ERROR(CheckStream(stream, "CopyAsync"));
+    if (bytes == 0) return absl::OkStatus();
+    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "CopyAsync"));
+    DCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind),
+                                   AsRecord(stream)->stream),
+                   absl::StrFormat("cudaMemcpyAsync %s %d bytes dst=%p src=%p",
+                                   CopyKindName(kind), bytes, dst, src));
+    return absl::OkStatus();
+  }
+
+  absl::Status Copy(void* dst, const void* src, size_t bytes,
+                    CopyKind kind) override {
+    if (bytes == 0) return absl::OkStatus();
+    DCP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, ToCuda(kind)),
+                   absl::StrFormat("cudaMemcpy %s %d bytes dst=%p src=%p",
+                                   CopyKindName(kind), bytes, dst, src));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocatePinned(size_t bytes) override {
+    void* p = nullptr;
+    DCP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+                   absl::StrFormat("cudaHostAlloc %d bytes", bytes));
+    return p;
+  }
+
+  absl::Status FreePinned(void* ptr) override {
+    if (ptr == nullptr) return absl::OkStatus();
+    DCP_CUDA_CHECK(cudaFreeHost(ptr), absl::StrFormat("cudaFreeHost %p", ptr));
+    return absl::OkStatus();
+  }
+
+  absl::Status RegisterHost(void* ptr, size_t bytes) override {
+    DCP_CUDA_CHECK(
+        cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
+        absl::StrFormat("cudaHostRegister %p length=%d", ptr, bytes));
+    return absl::OkStatus();
+  }
+
+  absl::Status UnregisterHost(void* ptr) override {
+    DCP_CUDA_CHECK(cudaHostUnregister(ptr),
+                   absl::StrFormat("cudaHostUnregister %p", ptr));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> AllocateDevice(int device, size_t bytes) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "AllocateDevice"));
+    DCP_RETURN_IF_ERROR(SetDevice(device, "AllocateDevice"));
+    void* p = nullptr;
+    DCP_CUDA_CHECK(
+        cudaMalloc(&p, bytes),
+        absl::StrFormat("cudaMalloc %d bytes on device %d", bytes, device));
+    return p;
+  }
+
+  absl::Status FreeDevice(void* ptr) override {
+    if (ptr == nullptr) return absl::OkStatus();
+    DCP_CUDA_CHECK(cudaFree(ptr), absl::StrFormat("cudaFree %p", ptr));
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status CheckDevice(int device, absl::string_view what) const {
+    if (device < 0 || device >= device_count_) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: device %d does not exist (%d CUDA devices)",
+                          what, device, device_count_));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckStream(DeviceStream* stream,
+                                  absl::string_view what) {
+    if (stream == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: null stream", what));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckEvent(DeviceEvent* event, absl::string_view what) {
+    if (event == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: null event", what));
+    }
+    return absl::OkStatus();
+  }
+
+  const int device_count_;
+};
+
+}  // namespace
+
+absl::StatusOr<int> QueryCudaDeviceCount() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Do not leave the error for an unrelated call.
+    return CudaStatus(err, "cudaGetDeviceCount");
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateCudaRuntime() {
+  absl::StatusOr<int> count = QueryCudaDeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no usable CUDA device: %s; use device runtime mode 'auto' or 'host' "
+        "on a machine without a GPU",
+        count.status().message()));
+  }
+  if (*count == 0) {
+    return absl::FailedPreconditionError(
+        "no usable CUDA device: cudaGetDeviceCount found 0 devices; use "
+        "device runtime mode 'auto' or 'host' on a machine without a GPU");
+  }
+  return std::unique_ptr<DeviceRuntime>(new CudaRuntime(*count));
+}
+
+}  // namespace dcp::cuda_internal

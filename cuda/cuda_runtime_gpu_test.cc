@@ -1,0 +1,88 @@
+// Real-GPU checks of the CUDA DeviceRuntime. Tagged "gpu"; every test skips
+// when CudaDeviceCount() == 0, so the suite passes on machines without one.
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cuda/device_runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dcp {
+namespace {
+
+class CudaRuntimeGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> runtime =
+        CreateDeviceRuntime(DeviceRuntimeMode::kCuda);
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    runtime_ = *std::move(runtime);
+  }
+  std::unique_ptr<DeviceRuntime> runtime_;
+};
+
+TEST_F(CudaRuntimeGpuTest, PropertiesOfDeviceZero) {
+  absl::StatusOr<DeviceProperties> props = runtime_->GetDeviceProperties(0);
+  ASSERT_TRUE(props.ok()) << props.status();
+  EXPECT_FALSE(props->name.empty());
+  EXPECT_GT(props->total_memory, 0u);
+  EXPECT_GE(props->async_engine_count, 1);
+  EXPECT_EQ(
+      runtime_->GetDeviceProperties(runtime_->DeviceCount()).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaRuntimeGpuTest, PinnedRoundTripOnTwoStreams) {
+  const size_t n = (64 << 20) + 12345;
+  absl::StatusOr<void*> src = runtime_->AllocatePinned(n);
+  absl::StatusOr<void*> dst = runtime_->AllocatePinned(n);
+  absl::StatusOr<void*> dev = runtime_->AllocateDevice(0, n);
+  ASSERT_TRUE(src.ok() && dst.ok() && dev.ok());
+  auto* s = static_cast<unsigned char*>(*src);
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<unsigned char>(i * 7 + 1);
+  std::memset(*dst, 0, n);
+  auto up = MakeOwnedStream(*runtime_, 0);
+  auto down = MakeOwnedStream(*runtime_, 0);
+  auto uploaded = MakeOwnedEvent(*runtime_, 0, true);
+  auto start = MakeOwnedEvent(*runtime_, 0, true);
+  ASSERT_TRUE(up.ok() && down.ok() && uploaded.ok() && start.ok());
+  ASSERT_TRUE(runtime_->RecordEvent(start->get(), up->get()).ok());
+  ASSERT_TRUE(
+      runtime_->CopyAsync(*dev, *src, n, CopyKind::kHostToDevice, up->get())
+          .ok());
+  ASSERT_TRUE(runtime_->RecordEvent(uploaded->get(), up->get()).ok());
+  ASSERT_TRUE(runtime_->StreamWaitEvent(down->get(), uploaded->get()).ok());
+  ASSERT_TRUE(
+      runtime_->CopyAsync(*dst, *dev, n, CopyKind::kDeviceToHost, down->get())
+          .ok());
+  ASSERT_TRUE(runtime_->SynchronizeStream(down->get()).ok());
+  EXPECT_EQ(std::memcmp(*src, *dst, n), 0);
+  absl::StatusOr<double> ms =
+      runtime_->ElapsedMillis(start->get(), uploaded->get());
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_GT(*ms, 0.0);
+  EXPECT_TRUE(runtime_->FreeDevice(*dev).ok());
+  EXPECT_TRUE(runtime_->FreePinned(*src).ok());
+  EXPECT_TRUE(runtime_->FreePinned(*dst).ok());
+}
+
+TEST_F(CudaRuntimeGpuTest, RegisterTwiceIsAlreadyExists) {
+  std::vector<unsigned char> buf(1 << 20);
+  ASSERT_TRUE(runtime_->RegisterHost(buf.data(), buf.size()).ok());
+  EXPECT_EQ(runtime_->RegisterHost(buf.data(), buf.size()).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(runtime_->UnregisterHost(buf.data()).ok());
+  EXPECT_EQ(runtime_->UnregisterHost(buf.data()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CudaRuntimeGpuTest, HugeDeviceAllocationIsResourceExhausted) {
+  absl::StatusOr<void*> p = runtime_->AllocateDevice(0, size_t{1} << 50);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(p.status().message(), ::testing::HasSubstr("cudaMalloc"));
+}
+
+}  // namespace
+}  // namespace dcp

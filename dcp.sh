@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one entry point for a newcomer. On a fresh Debian 12 machine it installs
+# the missing Debian packages, builds what is needed, then:
+#   ./dcp.sh demo [flags]      checkpoint and restore a synthetic model
+#   ./dcp.sh test [targets]    run the test suite (default: everything)
+#   ./dcp.sh bench KIND [..]   run a benchmark (dcp bench KIND)
+#   ./dcp.sh <subcommand> ...  run the dcp command line (inspect, verify, ...)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(
+  bazel-bootstrap g++ libabsl-dev liburing-dev libxxhash-dev libzstd-dev
+  libprotobuf-dev protobuf-compiler libcli11-dev libgloo-dev libdlpack-dev
+  nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev fio
+)
+
+install_missing_packages() {
+  local missing=()
+  for pkg in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null |
+        grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if ((${#missing[@]} > 0)); then
+    echo "dcp.sh: installing missing packages: ${missing[*]}" >&2
+    local sudo=""
+    if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}" >&2
+  fi
+}
+
+# Every command builds in one configuration (-c opt, from .bazelrc), so the
+# demo after the tests reuses the same build outputs.
+run_dcp() {
+  bazel build //tools:dcp >&2
+  exec ./bazel-bin/tools/dcp "$@"
+}
+
+install_missing_packages
+cmd="${1:-help}"
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+  test)
+    if [[ $# -eq 0 ]]; then set -- //...; fi
+    exec bazel test "$@"
+    ;;
+  demo | bench | inspect | verify | launch)
+    run_dcp "$cmd" "$@"
+    ;;
+  help | -h | --help)
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    ;;
+  *)
+    run_dcp "$cmd" "$@"
+    ;;
+esac

@@ -1,0 +1,82 @@
+// The public save/load API of dcp (the seed's save, load, save_state_dict,
+// load_state_dict). Python keyword arguments become option structs; errors
+// are absl::Status. A multi-rank failure is a CheckpointException Status
+// (core/checkpoint_exception.h) on every rank.
+//
+// Thread safety: one save or load per StorageWriter/Reader and planner at a
+// time; independent saves may run concurrently on different instances.
+#ifndef DCP_ENGINE_CHECKPOINT_H_
+#define DCP_ENGINE_CHECKPOINT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/state_dict.h"
+#include "io/storage.h"
+#include "planner/metadata.h"
+#include "planner/planner.h"
+
+namespace dcp {
+
+namespace comm {
+class ProcessGroup;
+}  // namespace comm
+
+// The group Save/Load use when the options name none (the seed's
+// default process group: "dist.is_initialized()"). Not owned; must outlive
+// every Save/Load that uses it. nullptr (the initial value) means
+// single-process. Use a group of its own for checkpointing, never the
+// training loop's (see comm/process_group.h).
+void SetDefaultProcessGroup(comm::ProcessGroup* group);
+comm::ProcessGroup* DefaultProcessGroup();
+
+struct SaveOptions {
+  // Where to save: a directory for the default FileSystemWriter. Ignored
+  // when `storage_writer` is given (it was pointed at its location).
+  std::string checkpoint_id;
+  // Not owned; default: a FileSystemWriter at checkpoint_id.
+  StorageWriter* storage_writer = nullptr;
+  // Not owned; default: a DefaultSavePlanner.
+  SavePlanner* planner = nullptr;
+  // Not owned; default: DefaultProcessGroup(), else single-process.
+  comm::ProcessGroup* process_group = nullptr;
+  int coordinator_rank = 0;
+  // Save without any collective (every rank writes its own checkpoint).
+  bool no_dist = false;
+  // false: each rank plans on its own, without exchanging plans; only a
+  // world of one rank supports it for now (kUnimplemented otherwise).
+  bool use_collectives = true;
+};
+
+struct LoadOptions {
+  std::string checkpoint_id;
+  StorageReader* storage_reader = nullptr;  // Not owned.
+  LoadPlanner* planner = nullptr;           // Not owned.
+  comm::ProcessGroup* process_group = nullptr;  // Not owned.
+  int coordinator_rank = 0;
+  bool no_dist = false;
+};
+
+// Saves `state_dict` and returns the committed metadata. On failure nothing
+// is committed, what this save wrote is removed, and a previous checkpoint
+// at the same location is untouched.
+absl::StatusOr<Metadata> Save(const StateDict& state_dict,
+                              const SaveOptions& options);
+
+// Loads a checkpoint into `state_dict` in place: tensors are filled in their
+// own memory (resharded as needed), plain values replaced. On failure the
+// Status says what and where; tensors may hold partial data.
+absl::Status Load(StateDict& state_dict, const LoadOptions& options);
+
+// The seed's save_state_dict / load_state_dict: explicit storage.
+absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
+                                       StorageWriter& storage_writer,
+                                       SaveOptions options = {});
+absl::Status LoadStateDict(StateDict& state_dict,
+                           StorageReader& storage_reader,
+                           LoadOptions options = {});
+
+}  // namespace dcp
+
+#endif  // DCP_ENGINE_CHECKPOINT_H_

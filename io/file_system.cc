@@ -1,0 +1,243 @@
+#include "io/file_system.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace dcp {
+namespace {
+
+class PosixFile final : public File {
+ public:
+  PosixFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const std::string& path() const override { return path_; }
+  int native_fd() const override { return fd_; }
+
+  absl::Status PWrite(int64_t offset,
+                      absl::Span<const std::byte> data) override {
+    DCP_RETURN_IF_ERROR(CheckOpen("pwrite"));
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done,
+                           static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(
+            errno, absl::StrCat("pwrite ", path_, " offset=", offset + done,
+                                " length=", data.size() - done));
+      }
+      if (n == 0) {
+        return ErrnoError(EIO, absl::StrCat("pwrite ", path_, " offset=",
+                                            offset + done, " wrote 0 bytes"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> PRead(int64_t offset,
+                               absl::Span<std::byte> buffer) override {
+    DCP_RETURN_IF_ERROR(CheckOpen("pread"));
+    size_t done = 0;
+    while (done < buffer.size()) {
+      ssize_t n = ::pread(fd_, buffer.data() + done, buffer.size() - done,
+                          static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(
+            errno, absl::StrCat("pread ", path_, " offset=", offset + done,
+                                " length=", buffer.size() - done));
+      }
+      if (n == 0) break;  // End of file.
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+
+  absl::Status Sync() override {
+    DCP_RETURN_IF_ERROR(CheckOpen("fsync"));
+    while (::fsync(fd_) != 0) {
+      if (errno != EINTR)
+        return ErrnoError(errno, absl::StrCat("fsync ", path_));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Size() override {
+    DCP_RETURN_IF_ERROR(CheckOpen("fstat"));
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+      return ErrnoError(errno, absl::StrCat("fstat ", path_));
+    }
+    return static_cast<int64_t>(st.st_size);
+  }
+
+  absl::Status Close() override {
+    DCP_RETURN_IF_ERROR(CheckOpen("close"));
+    int fd = std::exchange(fd_, -1);
+    // Linux closes the descriptor even when close() fails; never retry.
+    if (::close(fd) != 0 && errno != EINTR) {
+      return ErrnoError(errno, absl::StrCat("close ", path_));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status CheckOpen(absl::string_view op) const {
+    if (fd_ >= 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " ", path_, ": the file is closed"));
+  }
+
+  int fd_;
+  std::string path_;
+};
+
+// open(2) with O_DIRECT where asked and supported (tmpfs refuses it with
+// EINVAL: fall back to buffered I/O there).
+int OpenRetryingEintr(const std::string& path, int flags, bool direct) {
+  int fd;
+  if (direct) {
+    do {
+      fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0 || errno != EINVAL) return fd;
+  }
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+class LocalFileSystemImpl final : public FileSystemBase {
+ public:
+  absl::StatusOr<std::unique_ptr<File>> OpenForWrite(
+      const std::string& path, const OpenOptions& options) override {
+    int flags = O_WRONLY | O_CREAT | (options.exclusive ? O_EXCL : O_TRUNC);
+    int fd = OpenRetryingEintr(path, flags, options.direct);
+    if (fd < 0) {
+      return ErrnoError(errno, absl::StrCat("open for write ", path));
+    }
+    return NewPosixFile(fd, path);
+  }
+
+  absl::StatusOr<std::unique_ptr<File>> OpenForRead(
+      const std::string& path, const OpenOptions& options) override {
+    int fd = OpenRetryingEintr(path, O_RDONLY, options.direct);
+    if (fd < 0) return ErrnoError(errno, absl::StrCat("open for read ", path));
+    return NewPosixFile(fd, path);
+  }
+
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return ErrnoError(errno, absl::StrCat("rename ", from, " to ", to));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) {
+      return ErrnoError(errno, absl::StrCat("unlink ", path));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CreateDir(const std::string& path) override {
+    if (path.empty()) return absl::InvalidArgumentError("mkdir: empty path");
+    // Create parents first, left to right.
+    for (size_t pos = path.find('/', 1); pos != std::string::npos;
+         pos = path.find('/', pos + 1)) {
+      DCP_RETURN_IF_ERROR(MakeOneDir(path.substr(0, pos)));
+    }
+    return MakeOneDir(path);
+  }
+
+  absl::StatusOr<bool> Exists(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) return true;
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return ErrnoError(errno, absl::StrCat("stat ", path));
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr)
+      return ErrnoError(errno, absl::StrCat("opendir ", path));
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* entry = ::readdir(dir)) {
+      absl::string_view name = entry->d_name;
+      if (name != "." && name != "..") names.emplace_back(name);
+    }
+    int error = errno;
+    ::closedir(dir);
+    if (error != 0) return ErrnoError(error, absl::StrCat("readdir ", path));
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::Status SyncDir(const std::string& path) override {
+    int fd;
+    do {
+      fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return ErrnoError(errno, absl::StrCat("open directory ", path));
+    absl::Status status;
+    while (::fsync(fd) != 0) {
+      if (errno != EINTR) {
+        status = ErrnoError(errno, absl::StrCat("fsync directory ", path));
+        break;
+      }
+    }
+    ::close(fd);
+    return status;
+  }
+
+ private:
+  static absl::Status MakeOneDir(const std::string& path) {
+    if (::mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
+    const int error = errno;
+    // An existing directory is fine whatever mkdir said (a read-only parent
+    // may report EROFS or EACCES before EEXIST).
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("mkdir ", path, ": exists and is not a directory"));
+    }
+    return ErrnoError(error, absl::StrCat("mkdir ", path));
+  }
+};
+
+}  // namespace
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+FileSystemBase& LocalFileSystem() {
+  static LocalFileSystemImpl* const fs = new LocalFileSystemImpl();
+  return *fs;
+}
+
+std::unique_ptr<File> NewPosixFile(int fd, std::string path) {
+  return std::make_unique<PosixFile>(fd, std::move(path));
+}
+
+}  // namespace dcp

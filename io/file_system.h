@@ -1,0 +1,119 @@
+// FileSystemBase: the small file-system interface the storage layer uses
+// (the seed's FileSystemBase), and the local POSIX implementation. Wrappers
+// (fault injection, see io/fault_injection.h) forward to another instance.
+//
+// Errors: every failure is converted from errno once, at the system call,
+// with the operation, path and (for I/O) offset and length in the message:
+// kNotFound (ENOENT), kPermissionDenied (EACCES, EPERM, EROFS),
+// kAlreadyExists (EEXIST), kResourceExhausted (ENOSPC, EDQUOT), kDataLoss
+// (EIO) and absl::ErrnoToStatus's mapping for the rest.
+//
+// Thread safety: FileSystemBase methods are thread-safe. A File may be used
+// from several threads at once for positional I/O (PRead/PWrite at disjoint
+// ranges); Sync, Close and destruction must not race with other calls.
+#ifndef DCP_IO_FILE_SYSTEM_H_
+#define DCP_IO_FILE_SYSTEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace dcp {
+
+// An open file. The destructor closes it if Close() was not called (and
+// drops any close error: call Close() to see it).
+class File {
+ public:
+  virtual ~File() = default;
+
+  // The path the file was opened with (for messages).
+  virtual const std::string& path() const = 0;
+
+  // Writes all of `data` at `offset`, retrying short writes and EINTR.
+  virtual absl::Status PWrite(int64_t offset,
+                              absl::Span<const std::byte> data) = 0;
+
+  // Reads up to `buffer.size()` bytes at `offset`, retrying short reads and
+  // EINTR; returns the bytes read, fewer only at end of file.
+  virtual absl::StatusOr<size_t> PRead(int64_t offset,
+                                       absl::Span<std::byte> buffer) = 0;
+
+  // Makes written data durable (fdatasync-like semantics are not enough for
+  // a new file's size, so this is fsync).
+  virtual absl::Status Sync() = 0;
+
+  // The current size in bytes.
+  virtual absl::StatusOr<int64_t> Size() = 0;
+
+  // Closes the file; later calls fail with kFailedPrecondition.
+  virtual absl::Status Close() = 0;
+
+  // The operating-system descriptor I/O engines may use directly, or -1 when
+  // I/O must go through the virtual methods (a wrapper that injects faults).
+  virtual int native_fd() const { return -1; }
+};
+
+struct OpenOptions {
+  // Fail with kAlreadyExists when the file exists (O_EXCL); otherwise an
+  // existing file is truncated.
+  bool exclusive = true;
+  // Open with O_DIRECT where the file system supports it (silently buffered
+  // where it does not). Callers then use 4 KiB aligned buffers and offsets.
+  bool direct = false;
+};
+
+class FileSystemBase {
+ public:
+  virtual ~FileSystemBase() = default;
+
+  // Creates `path` for writing (mode 0644).
+  virtual absl::StatusOr<std::unique_ptr<File>> OpenForWrite(
+      const std::string& path, const OpenOptions& options = {}) = 0;
+
+  // Opens an existing file read-only.
+  virtual absl::StatusOr<std::unique_ptr<File>> OpenForRead(
+      const std::string& path, const OpenOptions& options = {}) = 0;
+
+  // Atomically replaces `to` with `from` (rename(2)).
+  virtual absl::Status Rename(const std::string& from,
+                              const std::string& to) = 0;
+
+  // Removes a file; kNotFound when it does not exist.
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+
+  // Creates `path` and missing parents (mkdir -p); OK if it exists as a
+  // directory.
+  virtual absl::Status CreateDir(const std::string& path) = 0;
+
+  // Whether `path` exists (any kind of file).
+  virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
+
+  // The names (not paths) of the entries of directory `path`, sorted,
+  // without "." and "..".
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& path) = 0;
+
+  // Makes the entries of directory `path` durable (fsync of the directory).
+  virtual absl::Status SyncDir(const std::string& path) = 0;
+};
+
+// `dir` + "/" + `name` (no doubled slash).
+std::string JoinPath(absl::string_view dir, absl::string_view name);
+
+// The local POSIX file system (process-wide, stateless).
+FileSystemBase& LocalFileSystem();
+
+// A File over an open descriptor that it owns (closes). For I/O engines and
+// wrappers that open descriptors themselves.
+std::unique_ptr<File> NewPosixFile(int fd, std::string path);
+
+}  // namespace dcp
+
+#endif  // DCP_IO_FILE_SYSTEM_H_

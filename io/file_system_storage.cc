@@ -1,0 +1,935 @@
+#include "io/file_system_storage.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checksum.h"
+#include "core/status.h"
+#include "io/box_copy.h"
+#include "io/io_engine.h"
+#include "io/metadata_format.h"
+
+namespace dcp {
+namespace {
+
+constexpr int64_t kPayloadAlignment = 4096;
+// O_DIRECT writes of unaligned memory: bounce chunk size and the most bounce
+// bytes in flight per file.
+constexpr int64_t kBounceChunk = int64_t{4} << 20;
+constexpr int64_t kBounceBudget = int64_t{32} << 20;
+constexpr char kDataFileSuffix[] = ".distcp";
+constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
+
+int64_t AlignUp(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+FileSystemBase* OrLocal(FileSystemBase* fs) {
+  return fs != nullptr ? fs : &LocalFileSystem();
+}
+
+// `given`, or a new engine of `mode` stored in `owned` (a set-up failure
+// goes to `error`, reported at SetUp).
+IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
+                      std::unique_ptr<IoEngine>& owned, absl::Status& error) {
+  if (given != nullptr) return given;
+  IoEngineOptions options;
+  options.mode = mode;
+  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine(options);
+  if (!engine.ok()) {
+    error = engine.status();
+    return nullptr;
+  }
+  owned = *std::move(engine);
+  return owned.get();
+}
+
+std::string NewSaveId() {
+  uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
+    bits = static_cast<uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           reinterpret_cast<uintptr_t>(&bits);
+  }
+  return absl::StrFormat("%016x", bits);
+}
+
+// "__<rank>_<save id>_": data files are this prefix, an index and ".distcp".
+std::string DataFilePrefix(int rank, absl::string_view save_id) {
+  return absl::StrCat("__", rank, "_", save_id, "_");
+}
+
+// Whether `name` is a file a FileSystemWriter creates (a data file or a
+// temporary metadata file): the files a later save may replace.
+bool IsReplaceableName(absl::string_view name) {
+  return (absl::StartsWith(name, "__") &&
+          absl::EndsWith(name, kDataFileSuffix)) ||
+         absl::StartsWith(name, kTempMetadataPrefix);
+}
+
+std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
+                                     int64_t block_size) {
+  std::vector<uint64_t> sums;
+  sums.reserve((length + block_size - 1) / block_size);
+  for (int64_t pos = 0; pos < length; pos += block_size) {
+    sums.push_back(Checksum(data + pos, std::min(block_size, length - pos)));
+  }
+  return sums;
+}
+
+// A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t size_in)
+      : size(static_cast<int64_t>(size_in)),
+        data(static_cast<std::byte*>(::operator new[](
+            std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
+  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  int64_t size;
+  std::byte* data;
+};
+
+// Runs fn(worker) on `count` threads (inline for one) and waits.
+template <typename Fn>
+void RunOnThreads(int count, Fn fn) {
+  if (count <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+// Keeps the first error of several workers.
+class FirstError {
+ public:
+  void Update(absl::Status status) {
+    if (status.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(status);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// FileSystemWriter
+
+FileSystemWriter::FileSystemWriter(std::string path,
+                                   FileSystemWriterOptions options)
+    : path_(std::move(path)),
+      options_(options),
+      fs_(OrLocal(options.file_system)),
+      save_id_(NewSaveId()) {
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
+  options_.thread_count = std::max(1, options_.thread_count);
+  if (options_.checksum_block_size <= 0) {
+    options_.checksum_block_size = Metadata{}.checksum_block_size;
+  }
+}
+
+FileSystemWriter::~FileSystemWriter() = default;
+
+absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  save_id_ = NewSaveId();
+  committed_ = false;
+  replaceable_files_.clear();
+  committed_files_.clear();
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+StorageMeta FileSystemWriter::GetStorageMeta() const {
+  StorageMeta meta;
+  meta.checkpoint_id = path_;
+  meta.save_id = save_id_;
+  return meta;
+}
+
+void FileSystemWriter::RecordCreated(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  created_.push_back(path);
+}
+
+absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
+                                     bool /*use_collectives*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
+  is_coordinator_ = is_coordinator;
+  rank_ = rank;
+  DCP_RETURN_IF_ERROR(
+      Annotate(fs_->CreateDir(path_), absl::StrCat("rank ", rank,
+                                                   ": cannot create checkpoint "
+                                                   "directory ",
+                                                   path_)));
+  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
+  if (!options_.overwrite) {
+    DCP_ASSIGN_OR_RETURN(bool exists, fs_->Exists(metadata_path));
+    if (exists) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          path_, " already holds a committed checkpoint (", metadata_path,
+          "); pass overwrite=true to replace it or choose another directory"));
+    }
+  }
+  // Probe that the directory takes new files now rather than failing after
+  // planning: permission bits, read-only mounts and quotas all show here.
+  const std::string probe =
+      JoinPath(path_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
+  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
+  if (!file.ok()) {
+    return Annotate(file.status(),
+                    absl::StrCat("rank ", rank, ": checkpoint directory ",
+                                 path_, " is not writable"));
+  }
+  absl::Status closed = (*file)->Close();
+  absl::Status removed = fs_->RemoveFile(probe);
+  DCP_RETURN_IF_ERROR(closed);
+  DCP_RETURN_IF_ERROR(removed);
+  if (is_coordinator_) {
+    DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs_->ListDir(path_));
+    replaceable_files_.clear();
+    for (std::string& name : names) {
+      if (IsReplaceableName(name))
+        replaceable_files_.push_back(std::move(name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SavePlan> FileSystemWriter::PrepareLocalPlan(SavePlan plan) {
+  return plan;
+}
+
+absl::StatusOr<std::vector<SavePlan>> FileSystemWriter::PrepareGlobalPlan(
+    std::vector<SavePlan> plans) {
+  for (size_t i = 0; i < plans.size(); ++i) {
+    plans[i].storage_data = DataFilePrefix(static_cast<int>(i), save_id_);
+  }
+  return plans;
+}
+
+absl::Status FileSystemWriter::WriteFile(
+    const std::string& relative_path,
+    const std::vector<const WriteItem*>& items, SavePlanner& planner,
+    std::vector<WriteResult*>& results) {
+  const std::string path = JoinPath(path_, relative_path);
+  OpenOptions open_options;
+  open_options.direct = options_.direct_io;
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_->OpenForWrite(path, open_options);
+  if (!opened.ok()) {
+    return Annotate(opened.status(), absl::StrCat("rank ", rank_));
+  }
+  std::unique_ptr<File> file = *std::move(opened);
+  RecordCreated(path);
+
+  // Everything a submitted write reads from stays alive until all complete.
+  std::vector<dcp::WriteData> held;
+  held.reserve(items.size());
+  struct Bounce {
+    std::unique_ptr<AlignedBuffer> buffer;
+    Future<size_t> done;
+  };
+  std::deque<Bounce> bounce;
+  int64_t bounce_bytes = 0;
+  std::vector<Future<size_t>> futures;
+  std::vector<size_t> future_item;  // Which item each future writes.
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  auto submit = [&](size_t item, int64_t offset, const std::byte* data,
+                    size_t length) {
+    std::vector<Future<size_t>> f =
+        engine_->Submit({IoRequest::Write(file.get(), offset, data, length)});
+    f[0].OnReady([failed](const absl::StatusOr<size_t>& r) {
+      if (!r.ok()) failed->store(true);
+    });
+    futures.push_back(std::move(f[0]));
+    future_item.push_back(item);
+  };
+
+  absl::Status status;
+  int64_t offset = 0;
+  for (size_t i = 0; i < items.size() && !failed->load(); ++i) {
+    const WriteItem& item = *items[i];
+    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    if (!resolved.ok()) {
+      status = Annotate(
+          resolved.status(),
+          absl::StrCat("rank ", rank_, ": resolving ", item.index.ToString()));
+      break;
+    }
+    held.push_back(*std::move(resolved));
+    const std::byte* bytes;
+    int64_t length;
+    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
+      if (!tensor->device().is_cpu() || !tensor->view().is_contiguous()) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank_, ": tensor ", item.index.ToString(), " is ",
+            tensor->device().is_cpu() ? "not contiguous" : "in device memory",
+            "; the file writer takes contiguous host tensors (stage first)"));
+        break;
+      }
+      bytes = static_cast<const std::byte*>(tensor->data());
+      length = static_cast<int64_t>(tensor->nbytes());
+      if (length != item.StorageBytes()) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank_, ": tensor ", item.index.ToString(), " resolved to ",
+            length, " bytes, the plan says ", item.StorageBytes()));
+        break;
+      }
+      offset = AlignUp(offset, kPayloadAlignment);
+    } else {
+      const std::string& value = std::get<std::string>(held.back());
+      bytes = reinterpret_cast<const std::byte*>(value.data());
+      length = static_cast<int64_t>(value.size());
+      // O_DIRECT needs every write aligned: bytes items get their own blocks.
+      if (options_.direct_io) offset = AlignUp(offset, kPayloadAlignment);
+    }
+    WriteResult& result = *results[i];
+    result.index = item.index;
+    result.size_in_bytes = length;
+    result.storage_data.relative_path = relative_path;
+    result.storage_data.offset = offset;
+    result.storage_data.length = length;
+    result.storage_data.block_checksums =
+        BlockChecksums(bytes, length, options_.checksum_block_size);
+    if (!options_.direct_io) {
+      if (length > 0) submit(i, offset, bytes, length);
+    } else {
+      // The 4 KiB aligned body straight from the caller's memory when it is
+      // aligned; the rest through a zero-padded aligned bounce block (the
+      // padding lies before the next item's aligned start).
+      int64_t body = 0;
+      if (reinterpret_cast<uintptr_t>(bytes) % kPayloadAlignment == 0) {
+        body = length / kPayloadAlignment * kPayloadAlignment;
+        if (body > 0) submit(i, offset, bytes, body);
+      }
+      // Unaligned memory or the tail: copied in chunks through aligned,
+      // zero-padded bounce buffers, at most kBounceBudget bytes of them in
+      // flight (older ones are waited for and reused).
+      for (int64_t pos = body; pos < length; pos += kBounceChunk) {
+        const int64_t n = std::min(kBounceChunk, length - pos);
+        const int64_t padded = AlignUp(n, kPayloadAlignment);
+        while (!bounce.empty() && bounce_bytes + padded > kBounceBudget) {
+          bounce.front().done.Wait();  // Its error is seen with the others.
+          bounce_bytes -= bounce.front().buffer->size;
+          bounce.pop_front();
+        }
+        auto buffer = std::make_unique<AlignedBuffer>(padded);
+        std::memcpy(buffer->data, bytes + pos, n);
+        std::memset(buffer->data + n, 0, padded - n);
+        submit(i, offset + pos, buffer->data, padded);
+        bounce_bytes += padded;
+        bounce.push_back({std::move(buffer), futures.back()});
+      }
+    }
+    offset += length;
+  }
+  if (status.ok() && options_.sync_files && !failed->load()) {
+    futures.push_back(engine_->Submit({IoRequest::Fsync(file.get())})[0]);
+    future_item.push_back(items.size());
+  }
+  // Wait for everything in flight before the buffers and the file go away.
+  for (size_t f = 0; f < futures.size(); ++f) {
+    const absl::StatusOr<size_t>& r = futures[f].Wait();
+    if (!r.ok() && status.ok()) {
+      status =
+          Annotate(r.status(),
+                   future_item[f] < items.size()
+                       ? absl::StrCat("rank ", rank_, ": writing ",
+                                      items[future_item[f]]->index.ToString())
+                       : absl::StrCat("rank ", rank_));
+    }
+  }
+  absl::Status closed = file->Close();
+  if (status.ok()) status = Annotate(closed, absl::StrCat("rank ", rank_));
+  return status;
+}
+
+Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
+    const SavePlan& plan, SavePlanner& planner) {
+  const std::string prefix = plan.storage_data.empty()
+                                 ? DataFilePrefix(rank_, save_id_)
+                                 : plan.storage_data;
+  // Assign items to files: balanced by bytes over thread_count files, or one
+  // file per item.
+  struct FileWork {
+    std::string relative_path;
+    std::vector<const WriteItem*> items;
+    std::vector<WriteResult*> results;
+    int64_t bytes = 0;
+  };
+  std::vector<WriteResult> results(plan.items.size());
+  std::vector<FileWork> files;
+  if (options_.single_file_per_rank) {
+    const size_t count = std::min<size_t>(
+        options_.thread_count, std::max<size_t>(1, plan.items.size()));
+    files.resize(count);
+    std::vector<size_t> order(plan.items.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return plan.items[a].StorageBytes() > plan.items[b].StorageBytes();
+    });
+    std::vector<std::vector<size_t>> assigned(count);
+    for (size_t i : order) {
+      size_t best = 0;
+      for (size_t f = 1; f < count; ++f) {
+        if (files[f].bytes < files[best].bytes) best = f;
+      }
+      files[best].bytes += plan.items[i].StorageBytes();
+      assigned[best].push_back(i);
+    }
+    for (size_t f = 0; f < count; ++f) {
+      std::sort(assigned[f].begin(), assigned[f].end());  // Plan order.
+      for (size_t i : assigned[f]) {
+        files[f].items.push_back(&plan.items[i]);
+        files[f].results.push_back(&results[i]);
+      }
+    }
+  } else {
+    files.resize(plan.items.size());
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      files[i].items.push_back(&plan.items[i]);
+      files[i].results.push_back(&results[i]);
+    }
+  }
+  if (plan.items.empty()) files.clear();
+  for (size_t f = 0; f < files.size(); ++f) {
+    files[f].relative_path = absl::StrCat(prefix, f, kDataFileSuffix);
+  }
+
+  FirstError error;
+  std::atomic<size_t> next{0};
+  const int threads =
+      static_cast<int>(std::min<size_t>(options_.thread_count, files.size()));
+  RunOnThreads(threads, [&](int) {
+    for (size_t f = next++; f < files.size() && !error.failed(); f = next++) {
+      error.Update(WriteFile(files[f].relative_path, files[f].items, planner,
+                             files[f].results));
+    }
+  });
+  absl::Status status = error.status();
+  if (status.ok() && options_.sync_files && !files.empty()) {
+    // Make the new names durable (the commit's directory fsync covers the
+    // coordinator's directory too; this covers every rank's).
+    status = Annotate(fs_->SyncDir(path_), absl::StrCat("rank ", rank_));
+  }
+  if (!status.ok()) return Future<std::vector<WriteResult>>::Ready(status);
+  return Future<std::vector<WriteResult>>::Ready(std::move(results));
+}
+
+absl::Status FileSystemWriter::Finish(
+    const Metadata& metadata,
+    const std::vector<std::vector<WriteResult>>& results) {
+  Metadata committed = metadata;
+  committed.version = kFormatVersion;
+  committed.checksum_block_size = options_.checksum_block_size;
+  if (!committed.storage_meta.has_value()) {
+    committed.storage_meta = GetStorageMeta();
+  }
+  committed_files_.clear();
+  for (const std::vector<WriteResult>& rank_results : results) {
+    for (const WriteResult& result : rank_results) {
+      committed_files_.insert(result.storage_data.relative_path);
+      committed.storage_data.insert_or_assign(result.index,
+                                              result.storage_data);
+    }
+  }
+  DCP_ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(committed));
+
+  const std::string final_path = JoinPath(path_, kMetadataFileName);
+  const std::string temp_path =
+      JoinPath(path_, absl::StrCat(kTempMetadataPrefix, save_id_));
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs_->OpenForWrite(temp_path));
+  RecordCreated(temp_path);
+  DCP_RETURN_IF_ERROR(file->PWrite(
+      0, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}));
+  if (options_.sync_files) DCP_RETURN_IF_ERROR(file->Sync());
+  DCP_RETURN_IF_ERROR(file->Close());
+  DCP_RETURN_IF_ERROR(fs_->Rename(temp_path, final_path));
+  // From here on the new checkpoint is the committed one: Abort must not
+  // remove its files.
+  committed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    created_.clear();
+  }
+  if (options_.sync_files) {
+    DCP_RETURN_IF_ERROR(
+        Annotate(fs_->SyncDir(path_),
+                 absl::StrCat("committed ", final_path,
+                              " but could not make the rename durable")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FileSystemWriter::MarkCommitted() {
+  if (!is_coordinator_) return absl::OkStatus();
+  absl::Status first;
+  bool removed_any = false;
+  for (const std::string& name : replaceable_files_) {
+    if (committed_files_.contains(name)) continue;
+    absl::Status status = fs_->RemoveFile(JoinPath(path_, name));
+    if (status.ok()) {
+      removed_any = true;
+    } else if (!absl::IsNotFound(status) && first.ok()) {
+      first = status;
+    }
+  }
+  replaceable_files_.clear();
+  if (removed_any && options_.sync_files) {
+    absl::Status status = fs_->SyncDir(path_);
+    if (first.ok()) first = status;
+  }
+  return Annotate(first, "checkpoint committed; removing replaced files");
+}
+
+void FileSystemWriter::Abort() {
+  std::vector<std::string> created;
+  {
+    absl::MutexLock lock(&mu_);
+    created.swap(created_);
+  }
+  if (committed_) return;
+  for (const std::string& path : created) {
+    // Best effort: Abort runs after a failure and reports nothing.
+    fs_->RemoveFile(path).IgnoreError();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// FileSystemReader
+
+namespace {
+
+// What the reader knows about one stored item the plan uses.
+struct StoredItem {
+  const MetadataIndex* index = nullptr;
+  const StorageInfo* info = nullptr;
+  Shape chunk_sizes;  // Tensor chunks only.
+  size_t element_size = 1;
+  std::vector<const ReadItem*> uses;
+};
+
+// Hashes MetadataIndex by fqn and offset (the system abseil cannot hash
+// std::optional, so MetadataIndex's AbslHashValue does not instantiate).
+struct IndexHash {
+  size_t operator()(const MetadataIndex& index) const {
+    size_t h = absl::Hash<std::string>()(index.fqn);
+    if (index.offset.has_value()) {
+      h = absl::HashOf(h, *index.offset);
+    }
+    return h;
+  }
+};
+
+bool AllZero(const Shape& shape) {
+  return std::all_of(shape.begin(), shape.end(),
+                     [](int64_t v) { return v == 0; });
+}
+
+// Opens each data file once per ReadData and shares it between threads.
+class OpenFiles {
+ public:
+  OpenFiles(FileSystemBase& fs, std::string dir, bool direct)
+      : fs_(fs), dir_(std::move(dir)), direct_(direct) {}
+
+  absl::StatusOr<File*> Get(const std::string& relative_path) {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(relative_path);
+    if (it != files_.end()) return it->second.get();
+    absl::StatusOr<std::unique_ptr<File>> file =
+        fs_.OpenForRead(JoinPath(dir_, relative_path),
+                        OpenOptions{/*exclusive=*/false, direct_});
+    if (!file.ok()) return file.status();
+    File* raw = file->get();
+    files_.emplace(relative_path, *std::move(file));
+    return raw;
+  }
+
+ private:
+  FileSystemBase& fs_;
+  std::string dir_;
+  bool direct_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<File>> files_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Checks that `got` bytes were read for `stored` and that `data` matches its
+// block checksums.
+absl::Status Verify(const StoredItem& stored, const std::string& file_path,
+                    size_t got, int64_t block_size, const std::byte* data) {
+  const StorageInfo& info = *stored.info;
+  if (static_cast<int64_t>(got) != info.length) {
+    return absl::DataLossError(absl::StrCat(
+        "data file ", file_path, " is truncated: ", stored.index->ToString(),
+        " needs bytes [", info.offset, ", ", info.offset + info.length,
+        ") but the file ends at offset ",
+        info.offset + static_cast<int64_t>(got)));
+  }
+  const size_t blocks = (info.length + block_size - 1) / block_size;
+  if (info.block_checksums.size() != blocks) {
+    return absl::DataLossError(
+        absl::StrCat("metadata lists ", info.block_checksums.size(),
+                     " checksums for ", stored.index->ToString(), " (",
+                     info.length, " bytes in ", blocks, " blocks)"));
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    const int64_t start = static_cast<int64_t>(b) * block_size;
+    const int64_t size = std::min(block_size, info.length - start);
+    const uint64_t actual = Checksum(data + start, size);
+    if (actual != info.block_checksums[b]) {
+      return absl::DataLossError(absl::StrFormat(
+          "checksum mismatch in %s: file %s offset %d length %d (xxh3 %016x, "
+          "expected %016x); the checkpoint is corrupt",
+          stored.index->ToString(), file_path, info.offset + start, size,
+          actual, info.block_checksums[b]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeliverTensor(const StoredItem& stored, const ReadItem& item,
+                           const std::byte* data, LoadPlanner& planner) {
+  DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(item));
+  DCP_RETURN_IF_ERROR(CopyBox(data, stored.chunk_sizes, item.storage_offsets,
+                              stored.element_size, dest, item.dest_offsets,
+                              item.lengths));
+  return planner.CommitTensor(item, dest);
+}
+
+// One stored item on its way from the file to the planner.
+struct ReadSlot {
+  const StoredItem* stored = nullptr;
+  File* file = nullptr;
+  // Where the item's bytes are once read: the destination (zero copy) or
+  // inside `buffer`.
+  std::byte* target = nullptr;
+  std::unique_ptr<AlignedBuffer> buffer;
+  // O_DIRECT reads: bytes of `buffer` before the item (aligned start); for a
+  // zero-copy read, the aligned body goes to the destination and the last
+  // partial block through `tail`.
+  int64_t lead = 0;
+  int64_t body = 0;
+  std::unique_ptr<AlignedBuffer> tail;
+  std::optional<TensorView> zero_copy_dest;
+  std::vector<IoRequest> requests;
+  std::vector<Future<size_t>> reads;
+};
+
+int64_t AlignDown(int64_t value, int64_t alignment) {
+  return value / alignment * alignment;
+}
+
+// Decides where `slot` is read to: straight into the destination when the
+// only use is a whole stored chunk into a whole contiguous host tensor of
+// the same size (and, for O_DIRECT, 4 KiB aligned memory), otherwise a
+// bounce buffer; and builds the read requests.
+absl::Status PrepareSlot(OpenFiles& files, LoadPlanner& planner, bool direct,
+                         ReadSlot& slot) {
+  const StoredItem& stored = *slot.stored;
+  const int64_t offset = stored.info->offset;
+  const int64_t length = stored.info->length;
+  DCP_ASSIGN_OR_RETURN(slot.file, files.Get(stored.info->relative_path));
+  const ReadItem& first = *stored.uses.front();
+  if (stored.uses.size() == 1 && first.type == LoadItemType::kTensor &&
+      AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
+      first.lengths == stored.chunk_sizes) {
+    DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(first));
+    auto* data = static_cast<std::byte*>(dest.data());
+    if (dest.device().is_cpu() && dest.is_contiguous() &&
+        dest.sizes() == first.lengths &&
+        ElementSize(dest.dtype()) == stored.element_size &&
+        static_cast<int64_t>(dest.nbytes()) == length &&
+        (!direct ||
+         (reinterpret_cast<uintptr_t>(data) % kPayloadAlignment == 0 &&
+          offset % kPayloadAlignment == 0))) {
+      slot.zero_copy_dest = dest;
+      slot.target = data;
+      if (!direct) {
+        slot.requests.push_back(
+            IoRequest::Read(slot.file, offset, data, length));
+        return absl::OkStatus();
+      }
+      slot.body = AlignDown(length, kPayloadAlignment);
+      if (slot.body > 0) {
+        slot.requests.push_back(
+            IoRequest::Read(slot.file, offset, data, slot.body));
+      }
+      if (slot.body < length) {
+        slot.tail = std::make_unique<AlignedBuffer>(kPayloadAlignment);
+        slot.requests.push_back(IoRequest::Read(
+            slot.file, offset + slot.body, slot.tail->data, kPayloadAlignment));
+      }
+      return absl::OkStatus();
+    }
+  }
+  const int64_t start = direct ? AlignDown(offset, kPayloadAlignment) : offset;
+  const int64_t end =
+      direct ? AlignUp(offset + length, kPayloadAlignment) : offset + length;
+  slot.buffer = std::make_unique<AlignedBuffer>(end - start);
+  slot.lead = offset - start;
+  slot.target = slot.buffer->data + slot.lead;
+  slot.requests.push_back(
+      IoRequest::Read(slot.file, start, slot.buffer->data, end - start));
+  return absl::OkStatus();
+}
+
+// Waits for the reads of `slot`; returns how many of the item's bytes
+// arrived (fewer than its length: the file is truncated).
+absl::StatusOr<size_t> AwaitSlot(ReadSlot& slot) {
+  std::vector<size_t> got;
+  for (Future<size_t>& read : slot.reads) {
+    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
+    got.push_back(n);
+  }
+  const int64_t length = slot.stored->info->length;
+  if (slot.tail != nullptr) {
+    const int64_t body_got = slot.body > 0 ? got.front() : 0;
+    if (body_got < slot.body) return body_got;
+    const int64_t tail_got = std::min<int64_t>(got.back(), length - slot.body);
+    std::memcpy(slot.target + slot.body, slot.tail->data, tail_got);
+    return slot.body + tail_got;
+  }
+  if (got.empty()) return 0;
+  return static_cast<size_t>(std::clamp<int64_t>(
+      static_cast<int64_t>(got.front()) - slot.lead, 0, length));
+}
+
+// Verifies what was read into `slot` and hands it to the planner.
+absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
+                        LoadPlanner& planner) {
+  const StoredItem& stored = *slot.stored;
+  DCP_ASSIGN_OR_RETURN(size_t got, AwaitSlot(slot));
+  DCP_RETURN_IF_ERROR(
+      Verify(stored, slot.file->path(), got, block_size, slot.target));
+  if (slot.zero_copy_dest.has_value()) {
+    return planner.CommitTensor(*stored.uses.front(), *slot.zero_copy_dest);
+  }
+  const int64_t length = stored.info->length;
+  for (const ReadItem* item : stored.uses) {
+    if (item->type == LoadItemType::kBytesIO) {
+      DCP_RETURN_IF_ERROR(planner.LoadBytes(
+          *item, absl::string_view(reinterpret_cast<const char*>(slot.target),
+                                   static_cast<size_t>(length))));
+    } else {
+      DCP_RETURN_IF_ERROR(
+          Annotate(DeliverTensor(stored, *item, slot.target, planner),
+                   absl::StrCat("loading ", item->storage_index.ToString(),
+                                " into ", item->dest_index.ToString())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+FileSystemReader::FileSystemReader(std::string path,
+                                   FileSystemReaderOptions options)
+    : path_(std::move(path)),
+      options_(options),
+      fs_(OrLocal(options.file_system)) {
+  options_.thread_count = std::max(1, options_.thread_count);
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
+}
+
+FileSystemReader::~FileSystemReader() = default;
+
+absl::Status FileSystemReader::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  metadata_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
+  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
+  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForRead(metadata_path);
+  if (absl::IsNotFound(file.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        "no committed checkpoint in ", path_, " (", metadata_path,
+        " does not exist; a save that did not finish leaves none)"));
+  }
+  if (!file.ok()) return file.status();
+  DCP_ASSIGN_OR_RETURN(int64_t size, (*file)->Size());
+  std::string bytes(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got, (*file)->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
+                                     bytes.size()}));
+  bytes.resize(got);
+  DCP_RETURN_IF_ERROR((*file)->Close());
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, DecodeMetadata(bytes, metadata_path));
+  if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};
+  metadata.storage_meta->checkpoint_id = path_;
+  return metadata;
+}
+
+absl::Status FileSystemReader::SetUp(const Metadata& metadata,
+                                     bool /*is_coordinator*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
+  metadata_ = metadata;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadPlan> FileSystemReader::PrepareLocalPlan(LoadPlan plan) {
+  return plan;
+}
+
+absl::StatusOr<std::vector<LoadPlan>> FileSystemReader::PrepareGlobalPlan(
+    std::vector<LoadPlan> plans) {
+  return plans;
+}
+
+Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
+                                        LoadPlanner& planner) {
+  if (!metadata_.has_value()) {
+    return Future<void>::Ready(absl::FailedPreconditionError(
+        "FileSystemReader::ReadData before SetUp"));
+  }
+  const Metadata& metadata = *metadata_;
+  // Group the read items by the stored item they use: each is read once.
+  absl::flat_hash_map<MetadataIndex, size_t, IndexHash> slot;
+  std::vector<StoredItem> stored;
+  for (const ReadItem& item : plan.items) {
+    auto [it, inserted] = slot.try_emplace(item.storage_index, stored.size());
+    if (inserted) {
+      auto info = metadata.storage_data.find(item.storage_index);
+      if (info == metadata.storage_data.end()) {
+        return Future<void>::Ready(absl::DataLossError(absl::StrCat(
+            "the metadata of ", path_, " has no storage entry for ",
+            item.storage_index.ToString())));
+      }
+      StoredItem s;
+      s.index = &info->first;
+      s.info = &info->second;
+      if (item.type == LoadItemType::kTensor) {
+        auto value = metadata.state_dict_metadata.find(item.storage_index.fqn);
+        const auto* tensor =
+            value == metadata.state_dict_metadata.end()
+                ? nullptr
+                : std::get_if<TensorStorageMetadata>(&value->second);
+        const ChunkStorageMetadata* chunk = nullptr;
+        if (tensor != nullptr) {
+          const auto& hint = item.storage_index.index;
+          if (hint.has_value() && *hint >= 0 &&
+              *hint < static_cast<int64_t>(tensor->chunks.size()) &&
+              tensor->chunks[*hint].offsets == item.storage_index.offset) {
+            chunk = &tensor->chunks[*hint];
+          } else {
+            for (const ChunkStorageMetadata& c : tensor->chunks) {
+              if (c.offsets == item.storage_index.offset) chunk = &c;
+            }
+          }
+        }
+        if (chunk == nullptr) {
+          return Future<void>::Ready(absl::DataLossError(
+              absl::StrCat("the metadata of ", path_, " has no tensor chunk ",
+                           item.storage_index.ToString())));
+        }
+        s.chunk_sizes = chunk->sizes;
+        s.element_size = ElementSize(tensor->properties.dtype);
+        if (NumElements(s.chunk_sizes) * static_cast<int64_t>(s.element_size) !=
+            s.info->length) {
+          return Future<void>::Ready(absl::DataLossError(absl::StrCat(
+              "the metadata of ", path_, " stores ", s.info->length,
+              " bytes for ", item.storage_index.ToString(), " of shape ",
+              ShapeToString(s.chunk_sizes), " and dtype ",
+              DTypeName(tensor->properties.dtype))));
+        }
+      }
+      stored.push_back(std::move(s));
+    }
+    stored[it->second].uses.push_back(&item);
+  }
+
+  // Reads go out in windows of bounce-buffer bytes (zero-copy reads cost no
+  // memory); window w+1 is in flight while window w is verified and
+  // delivered on thread_count threads.
+  OpenFiles files(*fs_, path_, options_.direct_io);
+  FirstError error;
+  std::vector<ReadSlot> slots(stored.size());
+  size_t next_to_submit = 0;
+  auto submit_window = [&]() -> std::pair<size_t, size_t> {
+    const size_t begin = next_to_submit;
+    int64_t bounce_bytes = 0;
+    std::vector<IoRequest> batch;
+    std::vector<size_t> batch_slots;
+    while (next_to_submit < slots.size() && !error.failed() &&
+           bounce_bytes < options_.read_window_bytes) {
+      ReadSlot& slot = slots[next_to_submit];
+      slot.stored = &stored[next_to_submit];
+      ++next_to_submit;
+      absl::Status prepared =
+          PrepareSlot(files, planner, options_.direct_io, slot);
+      if (!prepared.ok()) {
+        slot.reads.push_back(Future<size_t>::Ready(prepared));
+        error.Update(prepared);
+        break;
+      }
+      if (slot.buffer != nullptr) bounce_bytes += slot.stored->info->length;
+      for (const IoRequest& request : slot.requests) {
+        batch.push_back(request);
+        batch_slots.push_back(next_to_submit - 1);
+      }
+    }
+    std::vector<Future<size_t>> futures = engine_->Submit(batch);
+    for (size_t i = 0; i < futures.size(); ++i) {
+      slots[batch_slots[i]].reads.push_back(std::move(futures[i]));
+    }
+    return {begin, next_to_submit};
+  };
+  auto finish_window = [&](std::pair<size_t, size_t> window) {
+    std::atomic<size_t> next{window.first};
+    const int threads = static_cast<int>(
+        std::min<size_t>(options_.thread_count, window.second - window.first));
+    RunOnThreads(threads, [&](int) {
+      for (size_t i = next++; i < window.second; i = next++) {
+        ReadSlot& slot = slots[i];
+        if (error.failed()) {
+          // Keep the buffers until their reads are done.
+          for (Future<size_t>& read : slot.reads) read.Wait();
+        } else {
+          error.Update(FinishSlot(slot, metadata.checksum_block_size, planner));
+        }
+        slot.buffer.reset();
+        slot.tail.reset();
+      }
+    });
+  };
+  std::pair<size_t, size_t> window = submit_window();
+  while (window.first < window.second) {
+    std::pair<size_t, size_t> following = submit_window();
+    finish_window(window);
+    window = following;
+  }
+  return Future<void>::Ready(error.status());
+}
+
+}  // namespace dcp

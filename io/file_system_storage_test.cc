@@ -1,0 +1,431 @@
+#include "io/file_system_storage.h"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system.h"
+#include "io/metadata_format.h"
+#include "io/testing/fake_planners.h"
+#include "io/testing/sample_state.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::FakeLoadPlanner;
+using ::dcp::testing::FakeSavePlanner;
+using ::dcp::testing::LoadOneRank;
+using ::dcp::testing::PatternTensor;
+using ::dcp::testing::SaveOneRank;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsSupersetOf;
+using ::testing::SizeIs;
+using ::testing::UnorderedElementsAreArray;
+
+using Sample = ::dcp::testing::SampleState;
+using ::dcp::testing::NewTestDir;
+
+std::vector<std::string> List(const std::string& dir) {
+  return ::dcp::testing::ListNames(dir);
+}
+
+std::vector<std::string> DataFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const std::string& name : List(dir)) {
+    if (name != kMetadataFileName) out.push_back(name);
+  }
+  return out;
+}
+
+absl::Status Save(const std::string& dir, const Sample& sample,
+                  FileSystemWriterOptions options = {}) {
+  return ::dcp::testing::SaveSample(dir, sample, options);
+}
+
+// Loads `dir` into fresh destinations for `sample`'s tensors.
+absl::Status LoadSample(const std::string& dir, const Sample& sample) {
+  FileSystemReader reader(dir);
+  FakeLoadPlanner planner;
+  sample.Destinations(planner);
+  return LoadOneRank(reader, planner);
+}
+
+// Loads `dir` and checks that it holds exactly `sample`'s bytes.
+void ExpectLoads(const std::string& dir, const Sample& sample) {
+  absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+absl::StatusOr<Metadata> ReadMetadataOf(const std::string& dir) {
+  return FileSystemReader(dir).ReadMetadata();
+}
+
+struct Layout {
+  bool single_file_per_rank;
+  int thread_count;
+  IoMode mode;
+  bool direct_io;
+};
+
+class RoundTripTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(RoundTripTest, EveryByteComesBackAndTensorsAre4KiBAligned) {
+  const std::string dir = NewTestDir("roundtrip");
+  FileSystemWriterOptions options;
+  options.single_file_per_rank = GetParam().single_file_per_rank;
+  options.thread_count = GetParam().thread_count;
+  options.io_mode = GetParam().mode;
+  options.direct_io = GetParam().direct_io;
+  options.checksum_block_size = 1000;  // Several blocks for "big".
+  const Sample sample = Sample::Make(7);
+  ASSERT_TRUE(Save(dir, sample, options).ok());
+  for (bool direct_load : {false, true}) {
+    FileSystemReaderOptions reader_options;
+    reader_options.io_mode = GetParam().mode;
+    reader_options.direct_io = direct_load;
+    reader_options.thread_count = GetParam().thread_count;
+    absl::Status loaded =
+        ::dcp::testing::LoadAndCompare(dir, sample, reader_options);
+    EXPECT_TRUE(loaded.ok()) << "direct_load=" << direct_load << ": " << loaded;
+  }
+
+  absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  EXPECT_EQ(metadata->version, kFormatVersion);
+  EXPECT_EQ(metadata->checksum_block_size, 1000);
+  EXPECT_THAT(metadata->storage_data, SizeIs(9));
+  for (const auto& [index, info] : metadata->storage_data) {
+    if (index.offset.has_value()) {
+      EXPECT_EQ(info.offset % 4096, 0) << index.ToString();
+    }
+  }
+  const StorageInfo& big =
+      metadata->storage_data.at(MetadataIndex("big", Shape{0}));
+  EXPECT_EQ(big.length, 6000);
+  EXPECT_THAT(big.block_checksums, SizeIs(6));
+  const size_t expected_files =
+      options.single_file_per_rank ? options.thread_count : 9;
+  EXPECT_THAT(DataFiles(dir), SizeIs(expected_files));
+  for (const std::string& name : DataFiles(dir)) {
+    EXPECT_THAT(name, AllOf(HasSubstr("__0_"), HasSubstr(".distcp")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, RoundTripTest,
+    ::testing::Values(Layout{true, 1, IoMode::kAuto, false},
+                      Layout{true, 3, IoMode::kAuto, false},
+                      Layout{false, 2, IoMode::kAuto, false},
+                      Layout{true, 1, IoMode::kPosix, false},
+                      Layout{true, 2, IoMode::kAuto, true},
+                      Layout{false, 1, IoMode::kPosix, true}));
+
+TEST(FileSystemStorageTest, ReshardsBoxesAndReadsSharedItemsForEachUse) {
+  // A 4x6 int32 tensor saved as two row shards; loaded as its column block
+  // [:, 1:4] (two boxes, one from each shard) and, a second time, whole.
+  const std::string dir = NewTestDir("reshard");
+  Tensor full = PatternTensor(DType::kI32, {4, 6}, 3);
+  const auto* src = static_cast<const int32_t*>(full.data());
+  FakeSavePlanner save;
+  for (int64_t row : {0, 2}) {
+    Tensor shard = Tensor::Empty(DType::kI32, {2, 6});
+    std::memcpy(shard.data(), src + row * 6, 2 * 6 * 4);
+    save.AddShard("w", {4, 6}, {row, 0}, shard);
+  }
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+
+  FakeLoadPlanner load;
+  Tensor block = Tensor::Empty(DType::kI32, {4, 3});
+  Tensor whole = Tensor::Empty(DType::kI32, {4, 6});
+  load.SetDestination(MetadataIndex("w", Shape{0, 1}), block);
+  load.SetDestination(MetadataIndex("w", Shape{0, 0}), whole);
+  LoadPlan plan;
+  for (int64_t row : {0, 2}) {
+    ReadItem item;
+    item.storage_index = MetadataIndex("w", Shape{row, 0});
+    item.storage_offsets = {0, 1};
+    item.dest_index = MetadataIndex("w", Shape{0, 1});
+    item.dest_offsets = {row, 0};
+    item.lengths = {2, 3};
+    plan.items.push_back(item);
+    item.storage_offsets = {0, 0};
+    item.dest_index = MetadataIndex("w", Shape{0, 0});
+    item.lengths = {2, 6};
+    plan.items.push_back(item);
+  }
+  FileSystemReader reader(dir);
+  absl::Status status = LoadOneRank(reader, load, &plan);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(whole.BytesEqual(full));
+  const auto* got = static_cast<const int32_t*>(block.data());
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      ASSERT_EQ(got[r * 3 + c], src[r * 6 + c + 1]) << r << "," << c;
+    }
+  }
+  EXPECT_EQ(load.commits(), 4);
+}
+
+TEST(FileSystemStorageTest, NoMetadataMeansNoCheckpoint) {
+  const std::string dir = NewTestDir("uncommitted");
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = Sample::Make(1).SavePlanner();
+  ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
+  std::vector<SavePlan> plans =
+      *writer.PrepareGlobalPlan({*planner.CreateLocalPlan()});
+  ASSERT_TRUE(writer.WriteData(plans[0], planner).Wait().ok());
+  EXPECT_THAT(DataFiles(dir), SizeIs(1));
+
+  absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
+  EXPECT_EQ(metadata.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(metadata.status().message(),
+              HasSubstr(absl::StrCat("no committed checkpoint in ", dir)));
+  writer.Abort();
+  EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+TEST(FileSystemStorageTest, OverwriteKeepsOldCheckpointUntilCommit) {
+  const std::string dir = NewTestDir("overwrite");
+  const Sample old_sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, old_sample).ok());
+  const std::vector<std::string> old_files = DataFiles(dir);
+
+  const Sample new_sample = Sample::Make(2);
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = new_sample.SavePlanner();
+  ASSERT_TRUE(writer.Reset("").ok());
+  ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
+  auto global = *planner.CreateGlobalPlan({*planner.CreateLocalPlan()});
+  std::vector<SavePlan> plans = *writer.PrepareGlobalPlan(global.first);
+  absl::StatusOr<std::vector<WriteResult>> results =
+      writer.WriteData(plans[0], planner).Wait();
+  ASSERT_TRUE(results.ok()) << results.status();
+  // New data is written, not committed: the old checkpoint loads unchanged.
+  ExpectLoads(dir, old_sample);
+  EXPECT_THAT(DataFiles(dir), IsSupersetOf(old_files));
+
+  ASSERT_TRUE(writer.Finish(global.second, {*results}).ok());
+  // Committed: the new checkpoint loads, old files are still there until
+  // MarkCommitted.
+  ExpectLoads(dir, new_sample);
+  EXPECT_THAT(DataFiles(dir), IsSupersetOf(old_files));
+  ASSERT_TRUE(writer.MarkCommitted().ok());
+  ExpectLoads(dir, new_sample);
+  std::vector<std::string> new_files;
+  for (const WriteResult& r : *results) {
+    new_files.push_back(r.storage_data.relative_path);
+  }
+  std::sort(new_files.begin(), new_files.end());
+  new_files.erase(std::unique(new_files.begin(), new_files.end()),
+                  new_files.end());
+  EXPECT_THAT(DataFiles(dir), UnorderedElementsAreArray(new_files));
+  for (const std::string& old : old_files) {
+    EXPECT_THAT(new_files, ::testing::Not(::testing::Contains(old)));
+  }
+}
+
+TEST(FileSystemStorageTest, OverwriteFalseRefusesCommittedCheckpoint) {
+  const std::string dir = NewTestDir("no_overwrite");
+  const Sample sample = Sample::Make(1);
+  FileSystemWriterOptions options;
+  options.overwrite = false;
+  ASSERT_TRUE(Save(dir, sample, options).ok());  // Empty dir: allowed.
+  const std::vector<std::string> before = List(dir);
+  absl::Status status = Save(dir, Sample::Make(2), options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(dir), HasSubstr("overwrite")));
+  EXPECT_EQ(List(dir), before);
+  ExpectLoads(dir, sample);
+}
+
+// Runs `fn` in a child process without CAP_DAC_OVERRIDE (so permission bits
+// bind even for root) and returns its status code and message.
+std::pair<int, std::string> RunWithoutDacOverride(
+    const std::function<absl::Status()>& fn) {
+  int pipe_fds[2];
+  EXPECT_EQ(::pipe(pipe_fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    if (::syscall(SYS_capget, &header, data) == 0) {
+      data[0].effective &= ~(1u << CAP_DAC_OVERRIDE);
+      data[0].effective &= ~(1u << CAP_DAC_READ_SEARCH);
+      ::syscall(SYS_capset, &header, data);
+    }
+    absl::Status status = fn();
+    std::string out =
+        absl::StrCat(static_cast<int>(status.code()), " ", status.message());
+    (void)!::write(pipe_fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buffer[512];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buffer, sizeof(buffer))) > 0) {
+    out.append(buffer, n);
+  }
+  ::close(pipe_fds[0]);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  const size_t space = out.find(' ');
+  return {std::atoi(out.substr(0, space).c_str()),
+          space == std::string::npos ? "" : out.substr(space + 1)};
+}
+
+TEST(FileSystemStorageTest, ReadOnlyDirectoryIsPermissionDeniedNamingPath) {
+  const std::string dir = NewTestDir("readonly");
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  auto [code, message] =
+      RunWithoutDacOverride([&] { return Save(dir, Sample::Make(1)); });
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kPermissionDenied))
+      << message;
+  EXPECT_THAT(message, HasSubstr(dir));
+  EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+// Flips one byte of a file at `offset`.
+void FlipByte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x01;
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+TEST(FileSystemStorageTest, FlippedByteIsDataLossNamingTensorFileOffset) {
+  const std::string dir = NewTestDir("corrupt");
+  const Sample sample = Sample::Make(4);
+  FileSystemWriterOptions options;
+  options.checksum_block_size = 1024;
+  ASSERT_TRUE(Save(dir, sample, options).ok());
+  const Metadata metadata = *ReadMetadataOf(dir);
+  const StorageInfo& info =
+      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
+  const std::string file = JoinPath(dir, info.relative_path);
+  FlipByte(file, info.offset + 2 * 1024 + 5);  // In the third block.
+
+  absl::Status status = LoadSample(dir, sample);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("big"), HasSubstr(file),
+                    HasSubstr(absl::StrCat("offset ", info.offset + 2048))));
+}
+
+TEST(FileSystemStorageTest, TruncatedDataFileIsDataLoss) {
+  const std::string dir = NewTestDir("truncated");
+  const Sample sample = Sample::Make(5);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  const Metadata metadata = *ReadMetadataOf(dir);
+  const StorageInfo& info =
+      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
+  const std::string file = JoinPath(dir, info.relative_path);
+  ASSERT_EQ(::truncate(file.c_str(), info.offset + 10), 0);
+
+  for (bool direct : {false, true}) {
+    FileSystemReaderOptions options;
+    options.direct_io = direct;
+    absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << direct;
+    EXPECT_THAT(status.message(), AllOf(HasSubstr("truncated"), HasSubstr(file),
+                                        HasSubstr("big")));
+  }
+}
+
+TEST(FileSystemStorageTest, GarbageMetadataIsDataLoss) {
+  const std::string dir = NewTestDir("garbage");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  std::ofstream(JoinPath(dir, kMetadataFileName), std::ios::trunc)
+      << "garbage that is not a checkpoint";
+  absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
+  EXPECT_EQ(metadata.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(metadata.status().message(),
+              HasSubstr(JoinPath(dir, kMetadataFileName)));
+}
+
+TEST(FileSystemStorageTest, AbortLeavesExactlyTheFilesThatWereThere) {
+  const std::string dir = NewTestDir("abort");
+  const Sample old_sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, old_sample).ok());
+  std::ofstream(JoinPath(dir, "user_notes.txt")) << "keep me";
+  const std::vector<std::string> before = List(dir);
+
+  FileSystemWriterOptions options;
+  options.single_file_per_rank = false;
+  FileSystemWriter writer(dir, options);
+  FakeSavePlanner planner = Sample::Make(2).SavePlanner();
+  ASSERT_TRUE(writer.Reset("").ok());
+  ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
+  std::vector<SavePlan> plans =
+      *writer.PrepareGlobalPlan({*planner.CreateLocalPlan()});
+  ASSERT_TRUE(writer.WriteData(plans[0], planner).Wait().ok());
+  EXPECT_GT(List(dir).size(), before.size());
+  writer.Abort();
+  writer.Abort();  // Idempotent.
+  EXPECT_EQ(List(dir), before);
+  ExpectLoads(dir, old_sample);
+}
+
+TEST(FileSystemStorageTest, DeviceTensorIsRejectedNamingIt) {
+  const std::string dir = NewTestDir("device");
+  float value = 1;
+  FakeSavePlanner planner;
+  planner.AddTensor("gpu.w", Tensor::Wrap(TensorView(&value, DType::kF32, {1},
+                                                     {1}, Device::Cuda(0))));
+  FileSystemWriter writer(dir);
+  absl::Status status = SaveOneRank(writer, planner);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("gpu.w"));
+  EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+TEST(FileSystemStorageTest, DirectIoWritesUnalignedMemoryThroughBoundedBounce) {
+  // 36 MiB + 100 bytes at an address that is not 4 KiB aligned: more bounce
+  // chunks than the in-flight budget holds, and a partial last block.
+  const std::string dir = NewTestDir("unaligned_direct");
+  const size_t bytes = (size_t{36} << 20) + 100;
+  std::vector<uint8_t> storage(bytes + 64);
+  uint8_t* data = storage.data() + 8;
+  for (size_t i = 0; i < bytes; ++i)
+    data[i] = static_cast<uint8_t>(i * 131 + 7);
+  Sample sample;
+  sample.tensors["unaligned"] =
+      Tensor::Wrap(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}));
+  sample.bytes["note"] = "after the big tensor";
+  FileSystemWriterOptions options;
+  options.direct_io = true;
+  ASSERT_TRUE(Save(dir, sample, options).ok());
+  FileSystemReaderOptions reader_options;
+  reader_options.direct_io = true;
+  absl::Status loaded =
+      ::dcp::testing::LoadAndCompare(dir, sample, reader_options);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+}
+
+}  // namespace
+}  // namespace dcp

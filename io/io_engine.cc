@@ -1,0 +1,270 @@
+#include "io/io_engine.h"
+
+#include <atomic>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/executor.h"
+#include "core/status.h"
+#include "io/internal/io_engine_base.h"
+
+namespace dcp {
+namespace internal_io {
+namespace {
+
+std::atomic<bool> fallback_notice_printed{false};
+
+const char* OpName(IoRequest::Op op) {
+  switch (op) {
+    case IoRequest::Op::kWrite:
+      return "pwrite";
+    case IoRequest::Op::kRead:
+      return "pread";
+    case IoRequest::Op::kFsync:
+      return "fsync";
+  }
+  return "io";
+}
+
+}  // namespace
+
+bool FallbackNoticePrinted() { return fallback_notice_printed.load(); }
+
+std::string PartContext(const Part& part) {
+  if (part.op == IoRequest::Op::kFsync) {
+    return absl::StrCat("fsync ", part.file->path());
+  }
+  return absl::StrCat(OpName(part.op), " ", part.file->path(),
+                      " offset=", part.offset + part.done,
+                      " length=", part.length - part.done);
+}
+
+absl::StatusOr<size_t> RunPartWithFile(const Part& part) {
+  File& file = *part.file;
+  switch (part.op) {
+    case IoRequest::Op::kWrite:
+      DCP_RETURN_IF_ERROR(
+          file.PWrite(part.offset + part.done,
+                      {part.data + part.done, part.length - part.done}));
+      return part.length;
+    case IoRequest::Op::kRead: {
+      DCP_ASSIGN_OR_RETURN(size_t n, file.PRead(part.offset + part.done,
+                                                {part.data + part.done,
+                                                 part.length - part.done}));
+      return part.done + n;
+    }
+    case IoRequest::Op::kFsync:
+      DCP_RETURN_IF_ERROR(file.Sync());
+      return 0;
+  }
+  return absl::InternalError("unknown I/O op");
+}
+
+std::vector<Future<size_t>> IoEngineBase::Submit(
+    absl::Span<const IoRequest> batch) {
+  std::vector<Future<size_t>> futures;
+  futures.reserve(batch.size());
+  std::vector<std::unique_ptr<Part>> parts;
+  for (const IoRequest& request : batch) {
+    auto state = std::make_shared<RequestState>();
+    state->engine = this;
+    futures.push_back(state->promise.future());
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+    }
+    auto make_part = [&](int64_t offset, std::byte* data, size_t length) {
+      auto part = std::make_unique<Part>();
+      part->op = request.op;
+      part->file = request.file;
+      part->offset = offset;
+      part->data = data;
+      part->length = length;
+      part->request = state;
+      return part;
+    };
+    if (request.op == IoRequest::Op::kFsync) {
+      state->parts_left = 1;
+      std::vector<Future<size_t>> before;
+      {
+        absl::MutexLock lock(&mu_);
+        std::vector<Future<size_t>>& pending = pending_writes_[request.file];
+        for (Future<size_t>& f : pending) {
+          if (!f.ready()) before.push_back(std::move(f));
+        }
+        // Later fsyncs wait for this one, which waits for these writes.
+        pending.clear();
+        pending.push_back(futures.back());
+      }
+      if (before.empty()) {
+        parts.push_back(make_part(0, nullptr, 0));
+      } else {
+        std::shared_ptr<Part> held(make_part(0, nullptr, 0).release());
+        WhenAll(before).OnReady([this, held](const absl::Status&) {
+          std::vector<std::unique_ptr<Part>> one;
+          one.push_back(std::make_unique<Part>(std::move(*held)));
+          StartParts(std::move(one));
+        });
+      }
+      continue;
+    }
+    const size_t count =
+        request.length == 0
+            ? 1
+            : (request.length + max_transfer_ - 1) / max_transfer_;
+    state->parts_left = count;
+    for (size_t i = 0; i < count; ++i) {
+      const size_t start = i * max_transfer_;
+      parts.push_back(make_part(
+          request.offset + static_cast<int64_t>(start), request.data + start,
+          std::min(max_transfer_, request.length - start)));
+    }
+    if (request.op == IoRequest::Op::kWrite) {
+      absl::MutexLock lock(&mu_);
+      std::vector<Future<size_t>>& pending = pending_writes_[request.file];
+      if (pending.size() >= 64) {
+        std::erase_if(pending,
+                      [](const Future<size_t>& f) { return f.ready(); });
+      }
+      pending.push_back(futures.back());
+    }
+  }
+  if (!parts.empty()) StartParts(std::move(parts));
+  return futures;
+}
+
+void CompletePart(std::unique_ptr<Part> part, absl::StatusOr<size_t> result) {
+  RequestState& state = *part->request;
+  if (result.ok()) {
+    state.transferred += *result;
+  } else {
+    absl::MutexLock lock(&state.mu);
+    if (state.error.ok()) state.error = result.status();
+  }
+  if (state.parts_left.fetch_sub(1) != 1) return;
+  std::shared_ptr<RequestState> keep = std::move(part->request);
+  part.reset();
+  absl::Status error;
+  {
+    absl::MutexLock lock(&keep->mu);
+    error = keep->error;
+  }
+  IoEngineBase* engine = keep->engine;
+  if (error.ok()) {
+    keep->promise.Set(keep->transferred.load());
+  } else {
+    keep->promise.Set(std::move(error));
+  }
+  engine->RequestDone();
+}
+
+void IoEngineBase::RequestDone() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void IoEngineBase::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &in_flight_));
+  pending_writes_.clear();
+}
+
+namespace {
+
+class PosixIoEngine final : public IoEngineBase {
+ public:
+  explicit PosixIoEngine(const IoEngineOptions& options)
+      : IoEngineBase(options.max_transfer),
+        pool_(std::max(1, options.threads)) {}
+  ~PosixIoEngine() override { WaitIdle(); }
+
+  absl::string_view name() const override { return "posix"; }
+
+ protected:
+  void StartParts(std::vector<std::unique_ptr<Part>> parts) override {
+    for (std::unique_ptr<Part>& part : parts) {
+      pool_.Schedule([part = std::move(part)]() mutable {
+        absl::StatusOr<size_t> result = RunPartWithFile(*part);
+        CompletePart(std::move(part), std::move(result));
+      });
+    }
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+void NoteFallback(const absl::Status& why) {
+  if (!fallback_notice_printed.exchange(true)) {
+    std::fprintf(stderr,
+                 "dcp: io_uring is unavailable (%s); using the POSIX I/O "
+                 "engine\n",
+                 std::string(why.message()).c_str());
+  }
+}
+
+}  // namespace internal_io
+
+absl::Status SubmitAndWait(IoEngine& engine, absl::Span<const IoRequest> batch,
+                           std::vector<size_t>* transferred) {
+  std::vector<Future<size_t>> futures = engine.Submit(batch);
+  absl::Status first;
+  if (transferred != nullptr) transferred->assign(futures.size(), 0);
+  for (size_t i = 0; i < futures.size(); ++i) {
+    const absl::StatusOr<size_t>& result = futures[i].Wait();
+    if (!result.ok()) {
+      if (first.ok()) first = result.status();
+    } else if (transferred != nullptr) {
+      (*transferred)[i] = *result;
+    }
+  }
+  return first;
+}
+
+absl::StatusOr<IoMode> ParseIoMode(absl::string_view text) {
+  if (text == "auto") return IoMode::kAuto;
+  if (text == "uring" || text == "io_uring") return IoMode::kUring;
+  if (text == "posix") return IoMode::kPosix;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown I/O mode '", text, "' (auto, uring or posix)"));
+}
+
+absl::string_view IoModeName(IoMode mode) {
+  switch (mode) {
+    case IoMode::kAuto:
+      return "auto";
+    case IoMode::kUring:
+      return "uring";
+    case IoMode::kPosix:
+      return "posix";
+  }
+  return "?";
+}
+
+std::unique_ptr<IoEngine> NewPosixIoEngine(const IoEngineOptions& options) {
+  return std::make_unique<internal_io::PosixIoEngine>(options);
+}
+
+absl::StatusOr<std::unique_ptr<IoEngine>> NewIoEngine(
+    const IoEngineOptions& options) {
+  switch (options.mode) {
+    case IoMode::kPosix:
+      return NewPosixIoEngine(options);
+    case IoMode::kUring:
+      return NewUringIoEngine(options);
+    case IoMode::kAuto: {
+      absl::StatusOr<std::unique_ptr<IoEngine>> uring =
+          NewUringIoEngine(options);
+      if (uring.ok()) return uring;
+      internal_io::NoteFallback(uring.status());
+      return NewPosixIoEngine(options);
+    }
+  }
+  return absl::InvalidArgumentError("unknown I/O mode");
+}
+
+}  // namespace dcp

@@ -1,0 +1,138 @@
+// IoEngine: batches of positional writes, reads and fsyncs on open Files,
+// each completing through a Future. Two implementations: io_uring (liburing,
+// many I/Os in flight, io/uring_engine.cc) and POSIX (pwrite/pread on a small
+// thread pool, io/posix_engine.cc); NewIoEngine picks one by IoMode.
+//
+// Ownership: the engine owns neither files nor buffers. Each request's File
+// must stay open, and its buffer valid (and, for writes, unchanged), until
+// the request's future is ready.
+//
+// Thread safety: Submit may be called from any number of threads at once.
+// Futures complete on engine threads; keep callbacks short.
+//
+// Transfers: the engine resubmits short writes and reads for the remainder
+// and retries EINTR/EAGAIN. A write completes with its full length or an
+// error. A read completes with the bytes read, fewer than asked only at end
+// of file (the caller decides whether that means a truncated file).
+//
+// Ordering: requests run concurrently and complete in any order, except that
+// an fsync starts only after every write to the same File submitted before
+// it (in the same or an earlier batch) has completed. If one of those writes
+// failed, the fsync fails too (kAborted) without being issued.
+//
+// Errors: errno converted at the system call with operation, path, offset
+// and length in the message (core/status.h ErrnoError: ENOSPC ->
+// kResourceExhausted, EIO -> kDataLoss, ...).
+#ifndef DCP_IO_IO_ENGINE_H_
+#define DCP_IO_IO_ENGINE_H_
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "core/future.h"
+#include "io/file_system.h"
+
+namespace dcp {
+
+struct IoRequest {
+  enum class Op { kWrite, kRead, kFsync };
+
+  static IoRequest Write(File* file, int64_t offset, const void* data,
+                         size_t length) {
+    return {Op::kWrite, file, offset,
+            static_cast<std::byte*>(const_cast<void*>(data)), length};
+  }
+  static IoRequest Read(File* file, int64_t offset, void* data, size_t length) {
+    return {Op::kRead, file, offset, static_cast<std::byte*>(data), length};
+  }
+  static IoRequest Fsync(File* file) {
+    return {Op::kFsync, file, 0, nullptr, 0};
+  }
+
+  Op op = Op::kWrite;
+  File* file = nullptr;       // Not owned.
+  int64_t offset = 0;         // Byte offset in the file.
+  std::byte* data = nullptr;  // Not owned; written from or read into.
+  size_t length = 0;
+};
+
+class IoEngine {
+ public:
+  virtual ~IoEngine() = default;
+
+  // "io_uring" or "posix" (for messages and benchmarks).
+  virtual absl::string_view name() const = 0;
+
+  // Starts every request of `batch`; returns one future per request, in
+  // order, resolving to the bytes transferred (0 for fsync).
+  virtual std::vector<Future<size_t>> Submit(
+      absl::Span<const IoRequest> batch) = 0;
+
+  // Registers long-lived buffers (the staging pool's) so the engine can use
+  // them without per-I/O mapping (io_uring fixed buffers). Requests whose
+  // data lies inside a registered buffer use it automatically. Replaces any
+  // earlier registration; an empty span unregisters. Engines without such a
+  // facility accept and ignore it.
+  virtual absl::Status RegisterBuffers(absl::Span<const iovec> buffers) {
+    return absl::OkStatus();
+  }
+};
+
+// Submits `batch` and waits for all of it: OK, or the first error in batch
+// order. `transferred`, when set, receives each request's byte count.
+absl::Status SubmitAndWait(IoEngine& engine, absl::Span<const IoRequest> batch,
+                           std::vector<size_t>* transferred = nullptr);
+
+enum class IoMode {
+  kAuto,   // io_uring if it can be set up, else POSIX (logged once).
+  kUring,  // io_uring or an error.
+  kPosix,
+};
+
+// "auto", "uring", "posix".
+absl::StatusOr<IoMode> ParseIoMode(absl::string_view text);
+absl::string_view IoModeName(IoMode mode);
+
+struct IoEngineOptions {
+  IoMode mode = IoMode::kAuto;
+  // io_uring: entries per ring (I/Os in flight per ring).
+  int queue_depth = 64;
+  // io_uring: rings (each with its own submitting/reaping thread);
+  // POSIX: worker threads.
+  int threads = 2;
+  // Largest single transfer: bigger requests are split (keeps many I/Os in
+  // flight and bounds each syscall).
+  size_t max_transfer = size_t{1} << 20;
+};
+
+// Creates the engine `options.mode` asks for. kAuto falls back to POSIX when
+// io_uring cannot be set up, writing one line to stderr the first time in
+// the process. kUring fails with the set-up error (kUnavailable or the errno
+// status).
+absl::StatusOr<std::unique_ptr<IoEngine>> NewIoEngine(
+    const IoEngineOptions& options = {});
+
+// The two implementations, for tests and benchmarks that want one directly.
+std::unique_ptr<IoEngine> NewPosixIoEngine(const IoEngineOptions& options);
+absl::StatusOr<std::unique_ptr<IoEngine>> NewUringIoEngine(
+    const IoEngineOptions& options);
+
+namespace internal_io {
+// Test hook: when set, io_uring set-up fails with this errno (simulates a
+// container that blocks io_uring). 0 restores normal behaviour.
+void SetUringSetupFailureForTest(int error_number);
+// Whether NewIoEngine has printed its fallback notice in this process.
+bool FallbackNoticePrinted();
+}  // namespace internal_io
+
+}  // namespace dcp
+
+#endif  // DCP_IO_IO_ENGINE_H_

@@ -1,0 +1,513 @@
+#include "io/metadata_format.h"
+
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/checksum.h"
+#include "core/status.h"
+#include "google/protobuf/arena.h"
+#include "io/format.pb.h"
+
+namespace dcp {
+namespace {
+
+void PutU32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+void PutU64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i)
+    v |= uint32_t{static_cast<uint8_t>(p[i])} << (8 * i);
+  return v;
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i)
+    v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
+  return v;
+}
+
+// Builds a StringTable and hands out ids.
+class StringTableBuilder {
+ public:
+  // Adds `s` without indexing it for Id() (the caller guarantees no
+  // duplicates among appended strings and later Id() queries).
+  uint32_t Append(absl::string_view s) {
+    blob_.append(s.data(), s.size());
+    lengths_.push_back(static_cast<uint32_t>(s.size()));
+    return static_cast<uint32_t>(lengths_.size() - 1);
+  }
+
+  uint32_t Id(absl::string_view s) {
+    auto [it, inserted] =
+        ids_.try_emplace(s, static_cast<uint32_t>(lengths_.size()));
+    if (inserted) {
+      blob_.append(s.data(), s.size());
+      lengths_.push_back(static_cast<uint32_t>(s.size()));
+    }
+    return it->second;
+  }
+  void Emit(format::StringTable* table) {
+    table->set_blob(std::move(blob_));
+    table->mutable_lengths()->Add(lengths_.begin(), lengths_.end());
+  }
+
+ private:
+  // Keys view strings owned by the Metadata being encoded.
+  absl::flat_hash_map<absl::string_view, uint32_t> ids_;
+  std::string blob_;
+  std::vector<uint32_t> lengths_;
+};
+
+// Name ids for the sorted streams of names in Metadata's maps. The value
+// names get ids 0..n-1 in order; a query stream that is itself sorted (the
+// flatten mapping, the storage data) finds them by a forward merge, without
+// hashing; names that are not value names go through the string table.
+class NameIds {
+ public:
+  NameIds(const Metadata& metadata, StringTableBuilder& table) : table_(table) {
+    sorted_.reserve(metadata.state_dict_metadata.size());
+    for (const auto& [fqn, value] : metadata.state_dict_metadata) {
+      sorted_.push_back(fqn);
+      table_.Append(fqn);
+    }
+  }
+
+  // Restarts the forward merge for a new sorted stream.
+  void Rewind() { pos_ = 0; }
+
+  uint32_t Id(absl::string_view fqn) {
+    while (pos_ < sorted_.size() && sorted_[pos_] < fqn) ++pos_;
+    if (pos_ < sorted_.size() && sorted_[pos_] == fqn) {
+      return static_cast<uint32_t>(pos_);
+    }
+    return table_.Id(fqn);
+  }
+
+ private:
+  StringTableBuilder& table_;
+  std::vector<absl::string_view> sorted_;
+  size_t pos_ = 0;
+};
+
+absl::StatusOr<std::vector<absl::string_view>> ReadStringTable(
+    const format::StringTable& table, absl::string_view what) {
+  std::vector<absl::string_view> out;
+  out.reserve(table.lengths_size());
+  size_t pos = 0;
+  for (uint32_t length : table.lengths()) {
+    if (length > table.blob().size() - pos) {
+      return absl::DataLossError(
+          absl::StrCat("the ", what, " table overruns its blob"));
+    }
+    out.emplace_back(table.blob().data() + pos, length);
+    pos += length;
+  }
+  return out;
+}
+
+// Reads consecutive values of a packed array with bounds checks.
+template <typename T>
+class Cursor {
+ public:
+  Cursor(const google::protobuf::RepeatedField<T>& field, const char* name)
+      : field_(field), name_(name) {}
+
+  absl::StatusOr<T> Next() {
+    if (pos_ >= field_.size()) return Overrun();
+    return field_.Get(pos_++);
+  }
+  // The next `count` values as a Shape.
+  absl::StatusOr<Shape> NextShape(uint64_t count) {
+    if (count > static_cast<uint64_t>(field_.size() - pos_)) return Overrun();
+    Shape out(field_.begin() + pos_, field_.begin() + pos_ + count);
+    pos_ += static_cast<int>(count);
+    return out;
+  }
+  absl::Status ExpectEnd() const {
+    if (pos_ == field_.size()) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat("array ", name_, " has ", field_.size() - pos_,
+                     " values more than its entries use"));
+  }
+
+ private:
+  absl::Status Overrun() const {
+    return absl::DataLossError(
+        absl::StrCat("array ", name_, " ends before its entries do"));
+  }
+  const google::protobuf::RepeatedField<T>& field_;
+  const char* name_;
+  int pos_ = 0;
+};
+
+#define DCP_CURSOR(field) Cursor cursor_##field(proto.field(), #field)
+
+absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
+  metadata.version = proto.version();
+  metadata.checksum_block_size = proto.checksum_block_size();
+  if (metadata.checksum_block_size <= 0) {
+    return absl::DataLossError(absl::StrCat("checksum_block_size ",
+                                            metadata.checksum_block_size,
+                                            " is not positive"));
+  }
+  DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> names,
+                       ReadStringTable(proto.names(), "names"));
+  auto name = [&](uint32_t id) -> absl::StatusOr<absl::string_view> {
+    if (id >= names.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "name id ", id, " is outside the table of ", names.size()));
+    }
+    return names[id];
+  };
+
+  // Values and flatten mapping on this thread, storage data on another
+  // when large: they fill independent maps from the same read-only tables.
+  auto decode_values = [&]() -> absl::Status {
+    // Values.
+    if (proto.value_kind_size() != proto.value_name_size()) {
+      return absl::DataLossError("value_kind and value_name differ in length");
+    }
+    DCP_CURSOR(tensor_dtype);
+    DCP_CURSOR(tensor_flags);
+    DCP_CURSOR(tensor_rank);
+    DCP_CURSOR(tensor_size);
+    DCP_CURSOR(tensor_chunk_count);
+    DCP_CURSOR(chunk_offsets);
+    DCP_CURSOR(chunk_sizes);
+    for (int i = 0; i < proto.value_name_size(); ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.value_name(i)));
+      StorageMetadata decoded;
+      if (proto.value_kind(i) == 0) {
+        decoded = BytesStorageMetadata{};
+      } else if (proto.value_kind(i) == 1) {
+        TensorStorageMetadata tensor;
+        DCP_ASSIGN_OR_RETURN(uint32_t code, cursor_tensor_dtype.Next());
+        absl::StatusOr<DType> dtype = DTypeFromCode(code);
+        if (!dtype.ok()) {
+          return Annotate(dtype.status(), absl::StrCat("tensor ", fqn));
+        }
+        tensor.properties.dtype = *dtype;
+        DCP_ASSIGN_OR_RETURN(uint32_t flags, cursor_tensor_flags.Next());
+        tensor.properties.requires_grad = (flags & 1) != 0;
+        tensor.properties.pin_memory = (flags & 2) != 0;
+        DCP_ASSIGN_OR_RETURN(uint32_t rank, cursor_tensor_rank.Next());
+        DCP_ASSIGN_OR_RETURN(tensor.size, cursor_tensor_size.NextShape(rank));
+        DCP_ASSIGN_OR_RETURN(uint32_t chunks, cursor_tensor_chunk_count.Next());
+        tensor.chunks.reserve(std::min<uint32_t>(chunks, 1 << 20));
+        for (uint32_t c = 0; c < chunks; ++c) {
+          ChunkStorageMetadata chunk;
+          DCP_ASSIGN_OR_RETURN(chunk.offsets,
+                               cursor_chunk_offsets.NextShape(rank));
+          DCP_ASSIGN_OR_RETURN(chunk.sizes, cursor_chunk_sizes.NextShape(rank));
+          tensor.chunks.push_back(std::move(chunk));
+        }
+        decoded = std::move(tensor);
+      } else {
+        return absl::DataLossError(absl::StrCat(
+            "value ", fqn, " has unknown kind ", proto.value_kind(i)));
+      }
+      metadata.state_dict_metadata.emplace_hint(
+          metadata.state_dict_metadata.end(), std::string(fqn),
+          std::move(decoded));
+    }
+    for (const absl::Status& end :
+         {cursor_tensor_dtype.ExpectEnd(), cursor_tensor_flags.ExpectEnd(),
+          cursor_tensor_rank.ExpectEnd(), cursor_tensor_size.ExpectEnd(),
+          cursor_tensor_chunk_count.ExpectEnd(),
+          cursor_chunk_offsets.ExpectEnd(), cursor_chunk_sizes.ExpectEnd()}) {
+      DCP_RETURN_IF_ERROR(end);
+    }
+
+    // Flatten mapping.
+    DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> keys,
+                         ReadStringTable(proto.path_keys(), "path key"));
+    if (proto.flatten_path_length_size() != proto.flatten_name_size()) {
+      return absl::DataLossError(
+          "flatten_path_length and flatten_name differ in length");
+    }
+    DCP_CURSOR(flatten_path);
+    for (int i = 0; i < proto.flatten_name_size(); ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.flatten_name(i)));
+      ObjectPath path;
+      path.reserve(std::min<uint32_t>(proto.flatten_path_length(i), 64));
+      for (uint32_t e = 0; e < proto.flatten_path_length(i); ++e) {
+        DCP_ASSIGN_OR_RETURN(uint64_t element, cursor_flatten_path.Next());
+        if ((element & 1) != 0) {
+          path.emplace_back(static_cast<int64_t>(element >> 1));
+        } else if ((element >> 1) < keys.size()) {
+          path.emplace_back(std::string(keys[element >> 1]));
+        } else {
+          return absl::DataLossError(absl::StrCat(
+              "flatten path of ", fqn, " uses unknown key id ", element >> 1));
+        }
+      }
+      metadata.flatten_mapping.emplace_hint(metadata.flatten_mapping.end(),
+                                            std::string(fqn), std::move(path));
+    }
+    DCP_RETURN_IF_ERROR(cursor_flatten_path.ExpectEnd());
+
+    return absl::OkStatus();
+  };
+  auto decode_storage = [&]() -> absl::Status {
+    // Storage.
+    const int items = proto.storage_name_size();
+    if (proto.storage_offset_rank_size() != items ||
+        proto.storage_file_size() != items ||
+        proto.storage_offset_size() != items ||
+        proto.storage_length_size() != items ||
+        proto.storage_checksum_count_size() != items) {
+      return absl::DataLossError("the storage arrays differ in length");
+    }
+    DCP_CURSOR(storage_chunk_offset);
+    DCP_CURSOR(storage_checksums);
+    for (int i = 0; i < items; ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.storage_name(i)));
+      MetadataIndex index{std::string(fqn)};
+      if (const uint32_t rank = proto.storage_offset_rank(i); rank > 0) {
+        DCP_ASSIGN_OR_RETURN(index.offset,
+                             cursor_storage_chunk_offset.NextShape(rank - 1));
+      }
+      if (proto.storage_file(i) >= static_cast<uint32_t>(proto.files_size())) {
+        return absl::DataLossError(
+            absl::StrCat("item ", index.ToString(), " refers to data file #",
+                         proto.storage_file(i), " of ", proto.files_size()));
+      }
+      StorageInfo info;
+      info.relative_path = proto.files(static_cast<int>(proto.storage_file(i)));
+      info.offset = proto.storage_offset(i);
+      info.length = proto.storage_length(i);
+      if (info.offset < 0 || info.length < 0) {
+        return absl::DataLossError(absl::StrCat(
+            "item ", index.ToString(), " has a negative offset or length"));
+      }
+      const uint32_t sums = proto.storage_checksum_count(i);
+      if (sums > static_cast<uint64_t>(proto.storage_checksums_size())) {
+        return absl::DataLossError("storage_checksums ends early");
+      }
+      info.block_checksums.reserve(sums);
+      for (uint32_t c = 0; c < sums; ++c) {
+        DCP_ASSIGN_OR_RETURN(uint64_t sum, cursor_storage_checksums.Next());
+        info.block_checksums.push_back(sum);
+      }
+      metadata.storage_data.emplace_hint(metadata.storage_data.end(),
+                                         std::move(index), std::move(info));
+    }
+    DCP_RETURN_IF_ERROR(cursor_storage_chunk_offset.ExpectEnd());
+    DCP_RETURN_IF_ERROR(cursor_storage_checksums.ExpectEnd());
+
+    return absl::OkStatus();
+  };
+  absl::Status storage_status;
+  absl::Status values_status;
+  if (proto.storage_name_size() > 100000) {
+    std::thread storage_thread([&] { storage_status = decode_storage(); });
+    values_status = decode_values();
+    storage_thread.join();
+  } else {
+    values_status = decode_values();
+    storage_status = decode_storage();
+  }
+  DCP_RETURN_IF_ERROR(values_status);
+  DCP_RETURN_IF_ERROR(storage_status);
+
+  if (proto.has_storage_meta()) {
+    const format::StorageMeta& m = proto.storage_meta();
+    StorageMeta meta;
+    meta.checkpoint_id = m.checkpoint_id();
+    meta.save_id = m.save_id();
+    meta.load_id = m.load_id();
+    meta.modules.assign(m.modules().begin(), m.modules().end());
+    metadata.storage_meta = std::move(meta);
+  }
+  return absl::OkStatus();
+}
+
+#undef DCP_CURSOR
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+  google::protobuf::Arena arena;
+  auto* proto =
+      google::protobuf::Arena::CreateMessage<format::Metadata>(&arena);
+  proto->set_version(metadata.version.empty() ? kFormatVersion
+                                              : metadata.version);
+  proto->set_checksum_block_size(metadata.checksum_block_size);
+  StringTableBuilder table;
+  NameIds names(metadata, table);
+
+  const int values = static_cast<int>(metadata.state_dict_metadata.size());
+  proto->mutable_value_name()->Reserve(values);
+  proto->mutable_value_kind()->Reserve(values);
+  for (const auto& [fqn, value] : metadata.state_dict_metadata) {
+    proto->add_value_name(names.Id(fqn));  // The merge finds each at once.
+    const auto* tensor = std::get_if<TensorStorageMetadata>(&value);
+    if (tensor == nullptr) {
+      proto->add_value_kind(0);
+      continue;
+    }
+    proto->add_value_kind(1);
+    const size_t rank = tensor->size.size();
+    proto->add_tensor_dtype(static_cast<uint32_t>(tensor->properties.dtype));
+    proto->add_tensor_flags((tensor->properties.requires_grad ? 1u : 0u) |
+                            (tensor->properties.pin_memory ? 2u : 0u));
+    proto->add_tensor_rank(static_cast<uint32_t>(rank));
+    proto->mutable_tensor_size()->Add(tensor->size.begin(), tensor->size.end());
+    proto->add_tensor_chunk_count(static_cast<uint32_t>(tensor->chunks.size()));
+    for (const ChunkStorageMetadata& chunk : tensor->chunks) {
+      if (chunk.offsets.size() != rank || chunk.sizes.size() != rank) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", fqn, " has a chunk whose rank differs from its shape ",
+            ShapeToString(tensor->size)));
+      }
+      proto->mutable_chunk_offsets()->Add(chunk.offsets.begin(),
+                                          chunk.offsets.end());
+      proto->mutable_chunk_sizes()->Add(chunk.sizes.begin(), chunk.sizes.end());
+    }
+  }
+
+  StringTableBuilder keys;
+  names.Rewind();
+  for (const auto& [fqn, path] : metadata.flatten_mapping) {
+    proto->add_flatten_name(names.Id(fqn));
+    proto->add_flatten_path_length(static_cast<uint32_t>(path.size()));
+    for (const PathElement& element : path) {
+      if (const auto* key = std::get_if<std::string>(&element)) {
+        proto->add_flatten_path(uint64_t{keys.Id(*key)} << 1);
+      } else {
+        const int64_t index = std::get<int64_t>(element);
+        if (index < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "flatten path of ", fqn, " has negative list index ", index));
+        }
+        proto->add_flatten_path((static_cast<uint64_t>(index) << 1) | 1);
+      }
+    }
+  }
+  keys.Emit(proto->mutable_path_keys());
+
+  absl::flat_hash_map<absl::string_view, uint32_t> file_ids;
+  const int items = static_cast<int>(metadata.storage_data.size());
+  proto->mutable_storage_name()->Reserve(items);
+  proto->mutable_storage_offset_rank()->Reserve(items);
+  proto->mutable_storage_file()->Reserve(items);
+  proto->mutable_storage_offset()->Reserve(items);
+  proto->mutable_storage_length()->Reserve(items);
+  proto->mutable_storage_checksum_count()->Reserve(items);
+  names.Rewind();
+  for (const auto& [index, info] : metadata.storage_data) {
+    proto->add_storage_name(names.Id(index.fqn));
+    if (index.offset.has_value()) {
+      proto->add_storage_offset_rank(
+          static_cast<uint32_t>(index.offset->size() + 1));
+      proto->mutable_storage_chunk_offset()->Add(index.offset->begin(),
+                                                 index.offset->end());
+    } else {
+      proto->add_storage_offset_rank(0);
+    }
+    auto [it, inserted] = file_ids.try_emplace(
+        info.relative_path, static_cast<uint32_t>(file_ids.size()));
+    if (inserted) proto->add_files(info.relative_path);
+    proto->add_storage_file(it->second);
+    proto->add_storage_offset(info.offset);
+    proto->add_storage_length(info.length);
+    proto->add_storage_checksum_count(
+        static_cast<uint32_t>(info.block_checksums.size()));
+    proto->mutable_storage_checksums()->Add(info.block_checksums.begin(),
+                                            info.block_checksums.end());
+  }
+  table.Emit(proto->mutable_names());
+
+  if (metadata.storage_meta.has_value()) {
+    format::StorageMeta* m = proto->mutable_storage_meta();
+    m->set_checkpoint_id(metadata.storage_meta->checkpoint_id);
+    m->set_save_id(metadata.storage_meta->save_id);
+    m->set_load_id(metadata.storage_meta->load_id);
+    for (const std::string& module : metadata.storage_meta->modules) {
+      m->add_modules(module);
+    }
+  }
+
+  const size_t payload_size = proto->ByteSizeLong();
+  std::string out(kMetadataHeaderSize + payload_size, '\0');
+  char* payload = out.data() + kMetadataHeaderSize;
+  if (!proto->SerializeWithCachedSizesToArray(
+          reinterpret_cast<uint8_t*>(payload))) {
+    return absl::InternalError("protobuf serialization of the metadata failed");
+  }
+  std::memcpy(out.data(), kMetadataMagic, 8);
+  PutU32(out.data() + 8, kMetadataHeaderVersion);
+  PutU32(out.data() + 12, 0);
+  PutU64(out.data() + 16, payload_size);
+  PutU64(out.data() + 24, Checksum(payload, payload_size));
+  return out;
+}
+
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
+                                        absl::string_view source) {
+  if (bytes.size() < 8 || std::memcmp(bytes.data(), kMetadataMagic, 8) != 0) {
+    return absl::DataLossError(absl::StrCat(
+        source, " is not a dcp metadata file (", bytes.size(),
+        " bytes, bad magic); the directory holds no readable dcp checkpoint"));
+  }
+  if (bytes.size() < kMetadataHeaderSize) {
+    return absl::DataLossError(absl::StrCat(
+        source, " is torn: ", bytes.size(), " bytes, shorter than the ",
+        kMetadataHeaderSize, "-byte header"));
+  }
+  const uint32_t header_version = GetU32(bytes.data() + 8);
+  if (header_version != kMetadataHeaderVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, " has metadata header version ", header_version,
+                     "; this dcp reads version ", kMetadataHeaderVersion,
+                     " (use a newer dcp)"));
+  }
+  const uint64_t length = GetU64(bytes.data() + 16);
+  const uint64_t expected = GetU64(bytes.data() + 24);
+  const uint64_t actual_length = bytes.size() - kMetadataHeaderSize;
+  if (length != actual_length) {
+    return absl::DataLossError(
+        absl::StrCat(source, " is torn: the header says ", length,
+                     " payload bytes, the file holds ", actual_length));
+  }
+  const char* payload = bytes.data() + kMetadataHeaderSize;
+  const uint64_t actual = Checksum(payload, length);
+  if (actual != expected) {
+    return absl::DataLossError(
+        absl::StrFormat("%s is corrupt: payload checksum %016x, expected %016x",
+                        source, actual, expected));
+  }
+  google::protobuf::Arena arena;
+  auto* proto =
+      google::protobuf::Arena::CreateMessage<format::Metadata>(&arena);
+  if (length > static_cast<uint64_t>(INT32_MAX) ||
+      !proto->ParseFromArray(payload, static_cast<int>(length))) {
+    return absl::DataLossError(absl::StrCat(source,
+                                            " does not parse as dcp metadata (",
+                                            length, " payload bytes)"));
+  }
+  if (proto->version().rfind("dcp-", 0) != 0) {
+    return absl::DataLossError(absl::StrCat(source, " has format version '",
+                                            proto->version(), "', not dcp-N"));
+  }
+  if (proto->version() != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source, " has format version ", proto->version(), "; this dcp reads ",
+        kFormatVersion, " (use a newer dcp)"));
+  }
+  Metadata metadata;
+  absl::Status status = DecodePayload(*proto, metadata);
+  if (!status.ok()) return Annotate(status, source);
+  return metadata;
+}
+
+}  // namespace dcp

@@ -1,0 +1,50 @@
+// The metadata file of a committed checkpoint: Metadata encoded as a small
+// fixed header (magic, container version, payload length, XXH3-64 of the
+// payload) followed by a protobuf payload (io/format.proto). The layout is
+// specified in docs/FORMAT.md; this is its only encoder and decoder.
+//
+// Thread safety: the functions are pure and thread-safe.
+#ifndef DCP_IO_METADATA_FORMAT_H_
+#define DCP_IO_METADATA_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "planner/metadata.h"
+
+namespace dcp {
+
+// The name of the metadata file inside a checkpoint directory. Its presence
+// (after an atomic rename) is what makes a checkpoint committed.
+inline constexpr char kMetadataFileName[] = ".metadata";
+
+// The 8 bytes every dcp metadata file starts with (PNG-style: a high byte,
+// the name, and line-ending bytes that reveal text-mode mangling).
+inline constexpr char kMetadataMagic[9] =
+    "\x89"
+    "DCP\r\n\x1a\n";
+
+// The version of the container header (not of the payload schema, which is
+// Metadata::version, kFormatVersion).
+inline constexpr uint32_t kMetadataHeaderVersion = 1;
+
+// Header size in bytes: magic(8) version(4) flags(4) length(8) xxh3(8).
+inline constexpr size_t kMetadataHeaderSize = 32;
+
+// Encodes `metadata` as the complete bytes of a metadata file. The encoding
+// is deterministic (std::map order). kInvalidArgument for values the format
+// cannot hold (a tensor chunk whose rank differs from its tensor's).
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
+
+// Decodes the bytes of a metadata file; `source` (a path) names the file in
+// messages. kDataLoss for a file that is not a dcp metadata file (bad magic),
+// is torn (length mismatch), fails its checksum or does not parse;
+// kFailedPrecondition for a file written by a newer, incompatible dcp.
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
+                                        absl::string_view source);
+
+}  // namespace dcp
+
+#endif  // DCP_IO_METADATA_FORMAT_H_

@@ -1,0 +1,247 @@
+#include "staging/pinned_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+
+namespace dcp {
+namespace {
+
+constexpr size_t kPage = 4096;
+
+size_t RoundUpToPage(size_t n) {
+  if (n == 0) n = 1;
+  return (n + kPage - 1) / kPage * kPage;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
+    size_t bytes, DeviceRuntime* runtime, HostBufferOptions options) {
+  if (options.pinned && runtime == nullptr) {
+    return absl::InvalidArgumentError(
+        "HostBuffer: pinned memory needs a DeviceRuntime to register with");
+  }
+  std::shared_ptr<HostBuffer> buffer(new HostBuffer());
+  buffer->size_ = RoundUpToPage(bytes);
+  int flags = MAP_POPULATE;
+  if (options.shared) {
+    buffer->fd_ = memfd_create(options.name.c_str(), MFD_CLOEXEC);
+    if (buffer->fd_ < 0) {
+      return ErrnoError(errno,
+                        absl::StrFormat("memfd_create %s", options.name));
+    }
+    if (ftruncate(buffer->fd_, static_cast<off_t>(buffer->size_)) != 0) {
+      return ErrnoError(errno, absl::StrFormat("ftruncate memfd %s to %d bytes",
+                                               options.name, buffer->size_));
+    }
+    flags |= MAP_SHARED;
+  } else {
+    flags |= MAP_PRIVATE | MAP_ANONYMOUS;
+  }
+  void* p = mmap(nullptr, buffer->size_, PROT_READ | PROT_WRITE, flags,
+                 buffer->fd_, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    const std::string what =
+        absl::StrFormat("mmap %d bytes of staging memory%s", buffer->size_,
+                        options.shared ? " (memfd)" : "");
+    if (err == ENOMEM) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%s: out of memory; lower the pool size", what));
+    }
+    return ErrnoError(err, what);
+  }
+  buffer->data_ = static_cast<std::byte*>(p);
+  if (options.pinned) {
+    DCP_RETURN_IF_ERROR(Annotate(
+        runtime->RegisterHost(buffer->data_, buffer->size_),
+        absl::StrFormat("pinning %d bytes of staging memory", buffer->size_)));
+    buffer->registered_with_ = runtime;
+  }
+  return buffer;
+}
+
+HostBuffer::~HostBuffer() {
+  if (registered_with_ != nullptr) {
+    registered_with_->UnregisterHost(data_).IgnoreError();
+  }
+  if (data_ != nullptr) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+namespace internal_pool {
+
+struct PoolState {
+  std::shared_ptr<HostBuffer> buffer;
+  size_t chunk_bytes = 0;
+  int num_chunks = 0;
+
+  absl::Mutex mu;
+  std::vector<int> free_list ABSL_GUARDED_BY(mu);  // Stack of chunk indices.
+  int in_use ABSL_GUARDED_BY(mu) = 0;
+  int peak ABSL_GUARDED_BY(mu) = 0;
+  bool shutdown ABSL_GUARDED_BY(mu) = false;
+
+  void Return(int index) {
+    absl::MutexLock lock(&mu);
+    free_list.push_back(index);
+    --in_use;
+  }
+};
+
+}  // namespace internal_pool
+
+PinnedChunk::PinnedChunk(PinnedChunk&& other) noexcept {
+  *this = std::move(other);
+}
+
+PinnedChunk& PinnedChunk::operator=(PinnedChunk&& other) noexcept {
+  if (this != &other) {
+    Release();
+    state_ = std::move(other.state_);
+    index_ = std::exchange(other.index_, -1);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void PinnedChunk::Release() {
+  if (state_ == nullptr) return;
+  state_->Return(index_);
+  state_.reset();
+  index_ = -1;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+absl::StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(
+    DeviceRuntime* runtime, PinnedPoolOptions options) {
+  if (options.chunk_bytes == 0 || options.total_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("PinnedPool: total_bytes=%d and chunk_bytes=%d must "
+                        "both be positive",
+                        options.total_bytes, options.chunk_bytes));
+  }
+  const size_t chunk = RoundUpToPage(options.chunk_bytes);
+  if (chunk > options.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "PinnedPool: chunk_bytes=%d (rounded to 4 KiB: %d) exceeds "
+        "total_bytes=%d; the pool must hold at least one chunk",
+        options.chunk_bytes, chunk, options.total_bytes));
+  }
+  auto state = std::make_shared<internal_pool::PoolState>();
+  state->chunk_bytes = chunk;
+  state->num_chunks = static_cast<int>(options.total_bytes / chunk);
+  HostBufferOptions buffer_options;
+  buffer_options.pinned = options.use_pinned_memory;
+  buffer_options.shared = options.use_shared_memory;
+  buffer_options.name = "dcp-staging-pool";
+  DCP_ASSIGN_OR_RETURN(
+      state->buffer,
+      HostBuffer::Create(chunk * state->num_chunks, runtime, buffer_options));
+  {
+    absl::MutexLock lock(&state->mu);
+    // Highest index at the bottom: chunks are handed out in index order.
+    for (int i = state->num_chunks - 1; i >= 0; --i) {
+      state->free_list.push_back(i);
+    }
+  }
+  return std::unique_ptr<PinnedPool>(new PinnedPool(std::move(state)));
+}
+
+PinnedPool::PinnedPool(std::shared_ptr<internal_pool::PoolState> state)
+    : state_(std::move(state)) {
+  regions_.reserve(state_->num_chunks);
+  for (int i = 0; i < state_->num_chunks; ++i) {
+    regions_.push_back(iovec{state_->buffer->data() + i * state_->chunk_bytes,
+                             state_->chunk_bytes});
+  }
+}
+
+PinnedPool::~PinnedPool() { Shutdown(); }
+
+void PinnedPool::Shutdown() {
+  absl::MutexLock lock(&state_->mu);
+  state_->shutdown = true;
+}
+
+absl::StatusOr<PinnedChunk> PinnedPool::Acquire() {
+  return AcquireImpl(std::nullopt);
+}
+
+absl::StatusOr<PinnedChunk> PinnedPool::AcquireWithTimeout(
+    absl::Duration timeout) {
+  return AcquireImpl(timeout);
+}
+
+absl::StatusOr<PinnedChunk> PinnedPool::AcquireImpl(
+    std::optional<absl::Duration> timeout) {
+  internal_pool::PoolState& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  auto can_proceed = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    return !s.free_list.empty() || s.shutdown;
+  };
+  if (timeout.has_value()) {
+    if (!s.mu.AwaitWithTimeout(absl::Condition(&can_proceed), *timeout)) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "PinnedPool: no chunk was returned within %s (%d of %d leased)",
+          absl::FormatDuration(*timeout), s.in_use, s.num_chunks));
+    }
+  } else {
+    s.mu.Await(absl::Condition(&can_proceed));
+  }
+  if (s.shutdown) {
+    return absl::CancelledError("PinnedPool: shut down while acquiring");
+  }
+  return TakeLocked();
+}
+
+PinnedChunk PinnedPool::TakeLocked() {
+  internal_pool::PoolState& s = *state_;
+  s.mu.AssertHeld();
+  const int index = s.free_list.back();
+  s.free_list.pop_back();
+  ++s.in_use;
+  if (s.in_use > s.peak) s.peak = s.in_use;
+  return PinnedChunk(state_, index, s.buffer->data() + index * s.chunk_bytes,
+                     s.chunk_bytes);
+}
+
+std::optional<PinnedChunk> PinnedPool::TryAcquire() {
+  internal_pool::PoolState& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  if (s.free_list.empty() || s.shutdown) return std::nullopt;
+  return TakeLocked();
+}
+
+size_t PinnedPool::chunk_bytes() const { return state_->chunk_bytes; }
+int PinnedPool::num_chunks() const { return state_->num_chunks; }
+bool PinnedPool::pinned() const { return state_->buffer->pinned(); }
+int PinnedPool::shared_memory_fd() const { return state_->buffer->fd(); }
+
+int PinnedPool::in_use() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->in_use;
+}
+
+int PinnedPool::peak_in_use() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->peak;
+}
+
+void PinnedPool::ResetPeak() {
+  absl::MutexLock lock(&state_->mu);
+  state_->peak = state_->in_use;
+}
+
+}  // namespace dcp

@@ -1,0 +1,176 @@
+// Host staging memory: HostBuffer (one mapping, optionally pinned and
+// optionally in shared memory) and PinnedPool (a bounded set of equal chunks
+// carved from one HostBuffer, leased and returned, reused across saves).
+//
+// How the memory is obtained, and why: mmap (anonymous, or a memfd when
+// shared memory is asked for) with MAP_POPULATE, then page-locked with
+// DeviceRuntime::RegisterHost (cudaHostRegister). Not cudaHostAlloc, because:
+//   * the same path gives shared memory (a memfd another process can map,
+//     e.g. a background writer process), which cudaHostAlloc cannot;
+//   * MAP_POPULATE faults every page in once, at creation, not during the
+//     first save;
+//   * the mapping is ordinary memory that io_uring can register as fixed
+//     buffers (Regions()) and that works without any GPU (the host runtime's
+//     RegisterHost is bookkeeping only).
+//
+// Thread safety: all methods are thread-safe. A PinnedChunk keeps the pool's
+// memory alive, so a lease may outlive the PinnedPool object.
+#ifndef DCP_STAGING_PINNED_POOL_H_
+#define DCP_STAGING_PINNED_POOL_H_
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cuda/device_runtime.h"
+
+namespace dcp {
+
+struct HostBufferOptions {
+  // Page-lock the mapping with the DeviceRuntime (required for truly
+  // asynchronous device-to-host copies on CUDA).
+  bool pinned = true;
+  // Back the mapping with a memfd so another process can map it (fd()).
+  bool shared = false;
+  // The memfd's name (shows in /proc/<pid>/fd and /proc/<pid>/maps).
+  std::string name = "dcp-staging";
+};
+
+// One mapping of host memory. Move-only through shared_ptr: staged tensors
+// hold it as their owner, so it lives as long as any staged tensor does.
+class HostBuffer {
+ public:
+  // Maps `bytes` (rounded up to 4 KiB; at least one page). `runtime` may be
+  // null only when options.pinned is false. kInvalidArgument for a null
+  // runtime with pinned, kResourceExhausted when memory cannot be had, the
+  // runtime's error when registration fails.
+  static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(
+      size_t bytes, DeviceRuntime* runtime, HostBufferOptions options = {});
+
+  // Unregisters from the runtime (which must still be alive), unmaps, closes
+  // the memfd.
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool pinned() const { return registered_with_ != nullptr; }
+  // The memfd (owned by this object) or -1 when not shared. Another process
+  // maps it with mmap(MAP_SHARED) after receiving it (SCM_RIGHTS, or
+  // /proc/<pid>/fd/<fd>).
+  int fd() const { return fd_; }
+
+ private:
+  HostBuffer() = default;
+
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  int fd_ = -1;
+  DeviceRuntime* registered_with_ = nullptr;
+};
+
+struct PinnedPoolOptions {
+  // Upper bound on the pool's memory. The pool holds
+  // total_bytes / chunk_bytes chunks (at least one).
+  size_t total_bytes = size_t{256} << 20;
+  // Bytes per chunk, rounded up to 4 KiB. 8 MiB keeps a PCIe Gen5 copy
+  // engine near its peak per cudaMemcpyAsync while leaving 32 chunks in a
+  // 256 MiB pool for copy-ahead.
+  size_t chunk_bytes = size_t{8} << 20;
+  bool use_pinned_memory = true;
+  bool use_shared_memory = false;
+};
+
+namespace internal_pool {
+struct PoolState;
+}  // namespace internal_pool
+
+// A lease on one pool chunk; returns it to the pool when destroyed or
+// Release()d. Move-only.
+class PinnedChunk {
+ public:
+  PinnedChunk() = default;
+  PinnedChunk(PinnedChunk&& other) noexcept;
+  PinnedChunk& operator=(PinnedChunk&& other) noexcept;
+  ~PinnedChunk() { Release(); }
+
+  bool valid() const { return state_ != nullptr; }
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }  // The pool's chunk_bytes.
+  absl::Span<std::byte> span() const { return {data_, size_}; }
+  // Position in PinnedPool::Regions(): the io_uring fixed-buffer index.
+  int index() const { return index_; }
+
+  // Returns the chunk to the pool now (idempotent).
+  void Release();
+
+ private:
+  friend class PinnedPool;
+  PinnedChunk(std::shared_ptr<internal_pool::PoolState> state, int index,
+              std::byte* data, size_t size)
+      : state_(std::move(state)), index_(index), data_(data), size_(size) {}
+
+  std::shared_ptr<internal_pool::PoolState> state_;
+  int index_ = -1;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class PinnedPool {
+ public:
+  // Allocates the whole pool once. kInvalidArgument for chunk_bytes == 0 or
+  // chunk_bytes > total_bytes, or pinned memory without a runtime.
+  static absl::StatusOr<std::unique_ptr<PinnedPool>> Create(
+      DeviceRuntime* runtime, PinnedPoolOptions options = {});
+
+  // Wakes blocked Acquire calls with kCancelled. Outstanding leases stay
+  // valid (they keep the memory alive).
+  ~PinnedPool();
+
+  // Blocks until a chunk is free. kCancelled once Shutdown() was called.
+  absl::StatusOr<PinnedChunk> Acquire();
+  // As Acquire, but kDeadlineExceeded after `timeout`.
+  absl::StatusOr<PinnedChunk> AcquireWithTimeout(absl::Duration timeout);
+  // A free chunk, or nullopt when all are leased.
+  std::optional<PinnedChunk> TryAcquire();
+  // Makes current and future Acquire calls return kCancelled.
+  void Shutdown();
+
+  size_t chunk_bytes() const;
+  int num_chunks() const;
+  size_t total_bytes() const { return chunk_bytes() * num_chunks(); }
+  bool pinned() const;
+  // The memfd of the pool when use_shared_memory, else -1.
+  int shared_memory_fd() const;
+
+  // Chunks leased now, and the most ever leased at once since creation or
+  // ResetPeak(). Never more than num_chunks(): that is the memory bound.
+  int in_use() const;
+  int peak_in_use() const;
+  void ResetPeak();
+
+  // One iovec per chunk, in index order (PinnedChunk::index()), for
+  // io_uring_register_buffers. Valid as long as the pool lives.
+  absl::Span<const iovec> Regions() const { return regions_; }
+
+ private:
+  explicit PinnedPool(std::shared_ptr<internal_pool::PoolState> state);
+  absl::StatusOr<PinnedChunk> AcquireImpl(std::optional<absl::Duration>);
+  // Takes the top of the free list; the pool's mutex is held.
+  PinnedChunk TakeLocked();
+
+  std::shared_ptr<internal_pool::PoolState> state_;
+  std::vector<iovec> regions_;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_STAGING_PINNED_POOL_H_

@@ -1,0 +1,489 @@
+#include "staging/stager.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "core/status.h"
+#include "cuda/host_copy.h"
+
+namespace dcp {
+namespace {
+
+// Identity of a tensor for "staged once": the same memory seen the same way.
+using TensorKey =
+    std::tuple<const void*, DType, Shape, Shape, Device::Kind, int>;
+
+TensorKey KeyOf(const TensorView& v) {
+  return {v.data(),    v.dtype(),       v.sizes(),
+          v.strides(), v.device().kind, v.device().index};
+}
+
+size_t AlignFor(size_t bytes) { return bytes >= 4096 ? 4096 : 64; }
+
+size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+std::string Child(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : absl::StrCat(parent, ".", key);
+}
+
+// Keeps the staging memory (and the runtime it is registered with, when the
+// stager owns it) alive while any staged tensor lives. Members are destroyed
+// buffer first, runtime last.
+struct StagedMemory {
+  std::shared_ptr<DeviceRuntime> runtime;
+  std::shared_ptr<HostBuffer> buffer;
+};
+
+}  // namespace
+
+StagingOptions StagingOptions::AsyncSaveDefault() {
+  StagingOptions o;
+  o.use_pinned_memory = false;
+  o.use_shared_memory = false;
+  o.use_async_staging = false;
+  o.use_non_blocking_copy = false;
+  return o;
+}
+
+struct DefaultStager::Plan {
+  struct Slot {
+    TensorView source;
+    std::string name;  // First key that reached the tensor.
+    size_t offset = 0;
+  };
+  std::vector<Slot> slots;
+  std::map<TensorKey, size_t> index;
+  size_t total = 0;
+  bool has_device = false;
+
+  absl::Status AddTensor(const Tensor& t, const std::string& name) {
+    const TensorView& v = t.view();
+    if (v.nbytes() > 0 && v.data() == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("staging tensor '%s': %s %s has no data", name,
+                          DTypeName(v.dtype()), ShapeToString(v.sizes())));
+    }
+    for (int64_t stride : v.strides()) {
+      if (stride < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "staging tensor '%s': negative strides are not supported", name));
+      }
+    }
+    auto [it, inserted] = index.emplace(KeyOf(v), slots.size());
+    if (!inserted) return absl::OkStatus();
+    total = AlignUp(total, AlignFor(v.nbytes()));
+    slots.push_back({v, name, total});
+    total += v.nbytes();
+    has_device = has_device || v.device().is_cuda();
+    return absl::OkStatus();
+  }
+
+  absl::Status AddValue(const StateValue& value, const std::string& name) {
+    switch (value.kind()) {
+      case StateValue::Kind::kTensor:
+        return AddTensor(value.tensor(), name);
+      case StateValue::Kind::kShardedTensor: {
+        const auto& shards = value.sharded_tensor().local_shards();
+        for (size_t i = 0; i < shards.size(); ++i) {
+          DCP_RETURN_IF_ERROR(AddTensor(shards[i].tensor,
+                                        absl::StrCat(name, "[shard ", i, "]")));
+        }
+        return absl::OkStatus();
+      }
+      case StateValue::Kind::kDict:
+        for (const auto& [key, child] : value.dict()) {
+          DCP_RETURN_IF_ERROR(AddValue(child, Child(name, key)));
+        }
+        return absl::OkStatus();
+      case StateValue::Kind::kList:
+        for (size_t i = 0; i < value.list().size(); ++i) {
+          DCP_RETURN_IF_ERROR(
+              AddValue(value.list()[i], Child(name, absl::StrCat(i))));
+        }
+        return absl::OkStatus();
+      default:
+        return absl::OkStatus();
+    }
+  }
+
+  // The staged twin of `t`.
+  Tensor Staged(const Tensor& t, std::byte* base,
+                const std::shared_ptr<void>& owner) const {
+    const Slot& slot = slots[index.at(KeyOf(t.view()))];
+    TensorView view(t.nbytes() == 0 ? nullptr : base + slot.offset, t.dtype(),
+                    t.sizes(), Device::Cpu());
+    return Tensor::WithOwner(std::move(view), owner);
+  }
+
+  StateValue Build(const StateValue& value, std::byte* base,
+                   const std::shared_ptr<void>& owner) const {
+    switch (value.kind()) {
+      case StateValue::Kind::kTensor:
+        return Staged(value.tensor(), base, owner);
+      case StateValue::Kind::kShardedTensor: {
+        const ShardedTensor& st = value.sharded_tensor();
+        std::vector<Shard> shards;
+        for (const Shard& s : st.local_shards()) {
+          shards.push_back({s.offsets, Staged(s.tensor, base, owner)});
+        }
+        return ShardedTensor(st.dtype(), st.global_sizes(), std::move(shards));
+      }
+      case StateValue::Kind::kDict: {
+        StateDict out;
+        for (const auto& [key, child] : value.dict()) {
+          out.emplace(key, Build(child, base, owner));
+        }
+        return out;
+      }
+      case StateValue::Kind::kList: {
+        StateList out;
+        out.reserve(value.list().size());
+        for (const StateValue& child : value.list()) {
+          out.push_back(Build(child, base, owner));
+        }
+        return out;
+      }
+      default:
+        return value;  // Plain values are copied.
+    }
+  }
+};
+
+DefaultStager::DefaultStager(StagingOptions options, DeviceRuntime* runtime)
+    : options_(std::move(options)), external_runtime_(runtime) {
+  int threads = options_.cpu_copy_threads;
+  if (threads <= 0) {
+    threads =
+        std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+  }
+  cpu_pool_ = std::make_unique<ThreadPool>(threads);
+  if (options_.use_async_staging) background_ = std::make_unique<ThreadPool>(1);
+}
+
+DefaultStager::~DefaultStager() {
+  Close();
+  background_.reset();  // Joins after any task still queued.
+  cpu_pool_.reset();
+}
+
+absl::StatusOr<DeviceRuntime*> DefaultStager::Runtime() {
+  if (external_runtime_ != nullptr) return external_runtime_;
+  if (owned_runtime_ == nullptr) {
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<DeviceRuntime> runtime,
+                         CreateDeviceRuntime(DeviceRuntimeMode::kAuto));
+    owned_runtime_ = std::move(runtime);
+  }
+  return owned_runtime_.get();
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
+    size_t bytes) {
+  if (options_.cache_staged_state_dict && cached_ != nullptr &&
+      cached_->size() >= bytes && cached_.use_count() == 1) {
+    return cached_;  // No staged dict from before still uses it.
+  }
+  DeviceRuntime* runtime = nullptr;
+  if (options_.use_pinned_memory) {
+    DCP_ASSIGN_OR_RETURN(runtime, Runtime());
+  }
+  HostBufferOptions buffer_options;
+  buffer_options.pinned = options_.use_pinned_memory;
+  buffer_options.shared = options_.use_shared_memory;
+  buffer_options.name = "dcp-staged-state-dict";
+  DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
+                       HostBuffer::Create(bytes, runtime, buffer_options));
+  if (options_.cache_staged_state_dict) cached_ = buffer;
+  return buffer;
+}
+
+absl::StatusOr<std::vector<DeviceStream*>> DefaultStager::StreamsFor(
+    int device) {
+  DCP_ASSIGN_OR_RETURN(DeviceRuntime * runtime, Runtime());
+  std::vector<OwnedStream>& streams = streams_[device];
+  if (streams.empty()) {
+    for (int i = 0; i < std::max(1, options_.num_streams); ++i) {
+      DCP_ASSIGN_OR_RETURN(OwnedStream s, MakeOwnedStream(*runtime, device));
+      streams.push_back(std::move(s));
+    }
+  }
+  std::vector<DeviceStream*> out;
+  for (const OwnedStream& s : streams) out.push_back(s.get());
+  return out;
+}
+
+Executor& DefaultStager::CpuPool() { return *cpu_pool_; }
+
+absl::Status DefaultStager::WaitPendingCopies() {
+  absl::Status first;
+  DeviceRuntime* runtime =
+      external_runtime_ != nullptr ? external_runtime_ : owned_runtime_.get();
+  for (OwnedEvent& event : pending_events_) {
+    absl::Status s = runtime->SynchronizeEvent(event.get());
+    if (first.ok() && !s.ok()) {
+      first = Annotate(s, "non-blocking staging copy");
+    }
+  }
+  pending_events_.clear();
+  pending_memory_.clear();
+  return first;
+}
+
+absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
+                                    bool wait) {
+  // 1. Device tensors: enqueue pieces round robin over the device's streams.
+  std::map<DeviceStream*, int> used;  // Stream -> device.
+  absl::Status error;
+  DeviceRuntime* runtime = nullptr;
+  if (plan.has_device) {
+    DCP_ASSIGN_OR_RETURN(runtime, Runtime());
+  }
+  size_t turn = 0;
+  for (const Plan::Slot& slot : plan.slots) {
+    const TensorView& v = slot.source;
+    if (!v.device().is_cuda() || v.nbytes() == 0) continue;
+    const int device = v.device().index;
+    if (device < 0 || device >= runtime->DeviceCount()) {
+      error = absl::InvalidArgumentError(absl::StrFormat(
+          "staging tensor '%s': on %s but the %s runtime has %d device(s)",
+          slot.name, v.device().ToString(), runtime->name(),
+          runtime->DeviceCount()));
+      break;
+    }
+    if (!v.is_contiguous()) {
+      // Rare: copy the covering range, then gather on the host.
+      size_t span = 1;
+      for (int64_t d = 0; d < v.dim(); ++d) {
+        span += static_cast<size_t>(v.sizes()[d] - 1) * v.strides()[d];
+      }
+      const size_t elem = ElementSize(v.dtype());
+      std::vector<std::byte> covering(span * elem);
+      error = runtime->Copy(covering.data(), v.data(), covering.size(),
+                            CopyKind::kDeviceToHost);
+      if (!error.ok()) {
+        error = Annotate(error, absl::StrCat("staging tensor '", slot.name,
+                                             "' (non-contiguous)"));
+        break;
+      }
+      absl::StatusOr<Tensor> gathered =
+          Tensor::Wrap(TensorView(covering.data(), v.dtype(), v.sizes(),
+                                  v.strides(), Device::Cpu()))
+              .ContiguousHostCopy();
+      if (!gathered.ok()) {
+        error = gathered.status();
+        break;
+      }
+      std::memcpy(base + slot.offset, gathered->data(), v.nbytes());
+      continue;
+    }
+    absl::StatusOr<std::vector<DeviceStream*>> streams = StreamsFor(device);
+    if (!streams.ok()) {
+      error = streams.status();
+      break;
+    }
+    const size_t piece = std::max<size_t>(options_.copy_chunk_bytes, 4096);
+    for (size_t off = 0; off < v.nbytes() && error.ok(); off += piece) {
+      DeviceStream* stream = (*streams)[turn++ % streams->size()];
+      used[stream] = device;
+      error = runtime->CopyAsync(base + slot.offset + off,
+                                 static_cast<const std::byte*>(v.data()) + off,
+                                 std::min(piece, v.nbytes() - off),
+                                 CopyKind::kDeviceToHost, stream);
+    }
+    if (!error.ok()) {
+      error = Annotate(error, absl::StrCat("staging tensor '", slot.name, "'"));
+      break;
+    }
+  }
+
+  // 2. CPU tensors: memcpy pieces on the copy threads, while the device
+  // copies run.
+  if (error.ok()) {
+    struct Task {
+      std::byte* dst;
+      const Plan::Slot* slot;
+      size_t offset;
+      size_t length;
+    };
+    std::vector<Task> tasks;
+    const size_t piece = std::max<size_t>(options_.copy_chunk_bytes, 4096);
+    for (const Plan::Slot& slot : plan.slots) {
+      const TensorView& v = slot.source;
+      if (!v.device().is_cpu() || v.nbytes() == 0) continue;
+      if (!v.is_contiguous()) {
+        tasks.push_back({base + slot.offset, &slot, 0, v.nbytes()});
+        continue;
+      }
+      for (size_t off = 0; off < v.nbytes(); off += piece) {
+        tasks.push_back({base + slot.offset + off, &slot, off,
+                         std::min(piece, v.nbytes() - off)});
+      }
+    }
+    absl::BlockingCounter done(static_cast<int>(tasks.size()));
+    absl::Mutex task_mu;
+    absl::Status task_error;
+    for (const Task& task : tasks) {
+      CpuPool().Schedule([&, task] {
+        const TensorView& v = task.slot->source;
+        if (v.is_contiguous()) {
+          BulkHostCopy(task.dst,
+                       static_cast<const std::byte*>(v.data()) + task.offset,
+                       task.length);
+        } else {
+          absl::StatusOr<Tensor> gathered =
+              Tensor::Wrap(v).ContiguousHostCopy();
+          if (gathered.ok()) {
+            std::memcpy(task.dst, gathered->data(), task.length);
+          } else {
+            absl::MutexLock lock(&task_mu);
+            if (task_error.ok()) task_error = gathered.status();
+          }
+        }
+        done.DecrementCount();
+      });
+    }
+    done.Wait();
+    error = task_error;
+  }
+
+  // 3. One event per stream used; wait for them now or leave them pending.
+  std::vector<OwnedEvent> events;
+  for (const auto& [stream, device] : used) {
+    if (!error.ok()) {
+      // Copies may still target the buffer: let them land before it goes.
+      runtime->SynchronizeStream(stream).IgnoreError();
+      continue;
+    }
+    absl::StatusOr<OwnedEvent> event =
+        MakeOwnedEvent(*runtime, device, /*enable_timing=*/false);
+    if (event.ok()) {
+      absl::Status recorded = runtime->RecordEvent(event->get(), stream);
+      if (recorded.ok()) {
+        events.push_back(*std::move(event));
+        continue;
+      }
+      event = recorded;
+    }
+    error = event.status();
+    runtime->SynchronizeStream(stream).IgnoreError();
+  }
+  if (!error.ok()) {
+    for (OwnedEvent& e : events)
+      runtime->SynchronizeEvent(e.get()).IgnoreError();
+    return error;
+  }
+  if (!wait) {
+    for (OwnedEvent& e : events) pending_events_.push_back(std::move(e));
+    return absl::OkStatus();
+  }
+  for (OwnedEvent& e : events) {
+    absl::Status s = runtime->SynchronizeEvent(e.get());
+    if (error.ok() && !s.ok()) error = Annotate(s, "staging device copy");
+  }
+  return error;
+}
+
+absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
+                                                  bool wait_for_copies) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        "DefaultStager: Stage called after Close");
+  }
+  // Copies still landing from the previous non-blocking Stage first.
+  DCP_RETURN_IF_ERROR(WaitPendingCopies());
+  Plan plan;
+  for (const auto& [key, value] : state_dict) {
+    DCP_RETURN_IF_ERROR(plan.AddValue(value, key));
+  }
+  std::shared_ptr<StagedMemory> memory = std::make_shared<StagedMemory>();
+  std::byte* base = nullptr;
+  if (plan.total > 0) {
+    DCP_ASSIGN_OR_RETURN(memory->buffer, BufferFor(plan.total));
+    base = memory->buffer->data();
+  }
+  if (plan.has_device || options_.use_pinned_memory) {
+    DCP_RETURN_IF_ERROR(Runtime().status());
+  }
+  memory->runtime = owned_runtime_;
+  DCP_RETURN_IF_ERROR(CopyAll(plan, base, wait_for_copies));
+  if (!pending_events_.empty()) pending_memory_.push_back(memory);
+  StateDict staged;
+  for (const auto& [key, value] : state_dict) {
+    staged.emplace(key, plan.Build(value, base, memory));
+  }
+  return staged;
+}
+
+Future<StateDict> DefaultStager::Stage(const StateDict& state_dict) {
+  if (!options_.use_async_staging) {
+    return Future<StateDict>::Ready(
+        StageNow(state_dict, !options_.use_non_blocking_copy));
+  }
+  Promise<StateDict> promise;
+  Promise<void> done;
+  {
+    absl::MutexLock lock(&future_mu_);
+    last_async_ = done.future();
+  }
+  background_->Schedule([this, state_dict, promise, done] {
+    absl::StatusOr<StateDict> staged =
+        StageNow(state_dict, /*wait_for_copies=*/true);
+    const absl::Status status = staged.status();
+    promise.Set(std::move(staged));
+    done.Set(status);
+  });
+  return promise.future();
+}
+
+bool DefaultStager::should_synchronize_after_execute() const {
+  return !options_.use_async_staging && options_.use_non_blocking_copy;
+}
+
+absl::Status DefaultStager::SynchronizeStaging() {
+  absl::Status status;
+  Future<void> last;
+  {
+    absl::MutexLock lock(&future_mu_);
+    last = last_async_;
+  }
+  if (last.valid()) status = last.Wait();
+  absl::MutexLock lock(&mu_);
+  absl::Status pending = WaitPendingCopies();
+  return status.ok() ? pending : status;
+}
+
+void DefaultStager::Close() {
+  SynchronizeStaging().IgnoreError();
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  streams_.clear();  // Before the runtime they belong to.
+  cached_.reset();
+  owned_runtime_.reset();  // Staged dicts keep it alive while they need it.
+}
+
+size_t DefaultStager::cached_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return cached_ == nullptr ? 0 : cached_->size();
+}
+
+BlockingStager::BlockingStager(StagingOptions options, DeviceRuntime* runtime)
+    : stager_(
+          [&] {
+            options.use_async_staging = false;
+            options.use_non_blocking_copy = false;
+            return options;
+          }(),
+          runtime) {}
+
+Future<StateDict> BlockingStager::Stage(const StateDict& state_dict) {
+  return stager_.Stage(state_dict);
+}
+
+}  // namespace dcp

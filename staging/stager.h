@@ -1,0 +1,178 @@
+// Staging a state dict into host memory before it is written: the seed's
+// AsyncStager interface, StagingOptions, DefaultStager and a BlockingStager.
+//
+// A staged state dict is a snapshot: same nesting and keys, every tensor
+// (plain or ShardedTensor shard) replaced by a contiguous CPU tensor in
+// staging memory owned by the staged dict, every other value copied. Once
+// staging is complete the caller may change its tensors freely; the staged
+// copy keeps the old bytes. Seed copy semantics:
+//   * a tensor reachable under several keys (same memory, dtype, shape and
+//     strides) is staged once and every key shares the staged copy;
+//   * non-contiguous tensors come out contiguous;
+//   * device tensors are copied device-to-host on streams into (optionally
+//     pinned, optionally shared) host memory; CPU tensors are memcpy'd by a
+//     few threads.
+//
+// Staging memory: one HostBuffer (staging/pinned_pool.h) per staged dict,
+// sized to the dict. With cache_staged_state_dict the stager keeps it and
+// reuses it for the next Stage when it is large enough and no staged dict
+// from before still uses it (so two saves in flight never share memory).
+#ifndef DCP_STAGING_STAGER_H_
+#define DCP_STAGING_STAGER_H_
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/executor.h"
+#include "core/future.h"
+#include "core/state_dict.h"
+#include "cuda/device_runtime.h"
+#include "staging/pinned_pool.h"
+
+namespace dcp {
+
+struct StagingOptions {
+  // The seed's four switches. Defaults are the seed's DefaultStager defaults
+  // (all on); async_save without a stager uses AsyncSaveDefault() (all off).
+  bool use_pinned_memory = true;      // Page-lock staging memory.
+  bool use_shared_memory = true;      // Staging memory in a memfd.
+  bool use_async_staging = true;      // Stage on a background thread.
+  bool use_non_blocking_copy = true;  // Return before device copies finish.
+
+  // dcp's knobs.
+  // Copy streams per device. Two keep one copy queued behind the running one.
+  int num_streams = 2;
+  // Device tensors are copied in pieces of this size, round robin over the
+  // streams: at ~50 GB/s an 8 MiB copy takes ~160 us, so the few us of
+  // per-copy overhead stay near 1%, while a large tensor still spreads over
+  // several streams. Not yet tuned on a GPU (bench/staging_bench sweeps it).
+  size_t copy_chunk_bytes = size_t{8} << 20;
+  // Threads that memcpy CPU tensors (0: min(4, hardware threads)).
+  int cpu_copy_threads = 0;
+  // Keep the staging memory between Stage calls (the seed's
+  // cache_staged_state_dict of FileSystemWriter).
+  bool cache_staged_state_dict = true;
+
+  // What async_save uses when the caller passes no stager: pageable memory,
+  // synchronous staging, blocking copies.
+  static StagingOptions AsyncSaveDefault();
+};
+
+class AsyncStager {
+ public:
+  virtual ~AsyncStager() = default;
+
+  // Stages `state_dict` (see the file comment). The caller keeps every tensor
+  // of `state_dict` valid and unchanged until the returned future is ready
+  // (and, when should_synchronize_after_execute(), until SynchronizeStaging
+  // returned). The future is ready on return when staging is synchronous.
+  // Errors: kInvalidArgument for a tensor without data or on a device the
+  // runtime lacks (naming the key), the runtime's error for a failed copy,
+  // kFailedPrecondition after Close().
+  virtual Future<StateDict> Stage(const StateDict& state_dict) = 0;
+
+  // True when the staged dict may still be filling after Stage's future is
+  // ready (non-blocking device copies): the caller then calls
+  // SynchronizeStaging() before reading it (the seed calls it right after
+  // handing the dict to the writer).
+  virtual bool should_synchronize_after_execute() const = 0;
+
+  // Blocks until every copy started by Stage has finished; returns the first
+  // staging error not yet reported.
+  virtual absl::Status SynchronizeStaging() = 0;
+
+  // Finishes pending staging and releases streams and cached memory. Staged
+  // dicts already returned stay valid. Idempotent.
+  virtual void Close() = 0;
+};
+
+class DefaultStager final : public AsyncStager {
+ public:
+  // `runtime` is not owned and may be null: the stager then creates one with
+  // CreateDeviceRuntime(kAuto) when it first needs one (device tensors or
+  // pinned memory) and keeps it alive as long as any staged dict. A runtime
+  // passed in must outlive the stager and every staged dict.
+  explicit DefaultStager(StagingOptions options = {},
+                         DeviceRuntime* runtime = nullptr);
+  ~DefaultStager() override;
+
+  Future<StateDict> Stage(const StateDict& state_dict) override;
+  bool should_synchronize_after_execute() const override;
+  absl::Status SynchronizeStaging() override;
+  void Close() override;
+
+  const StagingOptions& options() const { return options_; }
+  // Bytes of staging memory the stager holds for reuse (0 after Close or
+  // without cache_staged_state_dict).
+  size_t cached_bytes() const;
+
+  // Stages on the calling thread; `wait_for_copies` false leaves device
+  // copies running (tracked for SynchronizeStaging). Internal to staging/
+  // (BlockingStager and the async path use it).
+  absl::StatusOr<StateDict> StageNow(const StateDict& state_dict,
+                                     bool wait_for_copies);
+
+ private:
+  struct Plan;
+  absl::StatusOr<DeviceRuntime*> Runtime() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<DeviceStream*>> StreamsFor(int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Executor& CpuPool();
+
+  const StagingOptions options_;
+  DeviceRuntime* const external_runtime_;
+
+  // Serializes staging (one StageNow at a time) and guards its state.
+  mutable absl::Mutex mu_;
+  std::shared_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<HostBuffer> cached_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::vector<OwnedStream>> streams_ ABSL_GUARDED_BY(mu_);
+  // Events after non-blocking copies, waited for by SynchronizeStaging.
+  std::vector<OwnedEvent> pending_events_ ABSL_GUARDED_BY(mu_);
+  // The staging memory those copies land in, kept until they have landed
+  // even if the caller drops the staged dict.
+  std::vector<std::shared_ptr<void>> pending_memory_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Completion of the last async Stage, for SynchronizeStaging/Close. A
+  // Future<void>: holding the staged dict here would keep its memory busy
+  // and defeat the cache.
+  absl::Mutex future_mu_;
+  Future<void> last_async_ ABSL_GUARDED_BY(future_mu_);
+
+  std::unique_ptr<ThreadPool> cpu_pool_;    // memcpy of CPU tensors.
+  std::unique_ptr<ThreadPool> background_;  // use_async_staging.
+};
+
+// Stages synchronously on the calling thread with blocking copies: the
+// future returned by Stage is ready and the dict complete. Staging memory
+// follows options.use_pinned_memory / use_shared_memory; the async and
+// non-blocking switches are ignored.
+class BlockingStager final : public AsyncStager {
+ public:
+  explicit BlockingStager(StagingOptions options = StagingOptions(),
+                          DeviceRuntime* runtime = nullptr);
+
+  Future<StateDict> Stage(const StateDict& state_dict) override;
+  bool should_synchronize_after_execute() const override { return false; }
+  absl::Status SynchronizeStaging() override { return absl::OkStatus(); }
+  void Close() override { stager_.Close(); }
+
+ private:
+  DefaultStager stager_;
+};
+
+}  // namespace dcp
+
+#endif  // DCP_STAGING_STAGER_H_

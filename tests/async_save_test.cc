@@ -1,0 +1,141 @@
+// AsyncSave: staging_completion means the bytes are in host memory (the
+// caller may then change its tensors), upload_completion means committed;
+// errors reach the right future; saves queue; destruction waits.
+#include "engine/async_save.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::MakeTempDir;
+using ::dcp::testing::SeededTensor;
+
+StateDict MakeState(uint64_t seed) {
+  StateDict sd;
+  sd["w"] = SeededTensor(DType::kF32, {256, 256}, seed);
+  sd["b"] = SeededTensor(DType::kBF16, {1000}, seed + 1);
+  sd["step"] = int64_t(seed);
+  return sd;
+}
+
+StateDict LoadState(const std::string& dir) {
+  StateDict sd;
+  sd["w"] = Tensor::Empty(DType::kF32, {256, 256});
+  sd["b"] = Tensor::Empty(DType::kBF16, {1000});
+  sd["step"] = int64_t{0};
+  LoadOptions options;
+  options.checkpoint_id = dir;
+  EXPECT_TRUE(Load(sd, options).ok());
+  return sd;
+}
+
+void ExpectSameState(const StateDict& a, const StateDict& b) {
+  EXPECT_TRUE(a.at("w").tensor().BytesEqual(b.at("w").tensor()));
+  EXPECT_TRUE(a.at("b").tensor().BytesEqual(b.at("b").tensor()));
+  EXPECT_EQ(a.at("step").int_value(), b.at("step").int_value());
+}
+
+// Every source tensor is overwritten right after staging_completion; the
+// checkpoint must hold the values from before.
+TEST(AsyncSave, MutatingAfterStagingKeepsOldValues) {
+  for (bool pinned_async : {false, true}) {
+    const std::string dir = MakeTempDir("async-mutate");
+    StateDict live = MakeState(1);
+    const StateDict expected = MakeState(1);
+    StagingOptions staging = pinned_async ? StagingOptions{}
+                                          : StagingOptions::AsyncSaveDefault();
+    DefaultStager stager(staging);
+    AsyncCheckpointer checkpointer;
+    AsyncSaveOptions options;
+    options.save.checkpoint_id = dir;
+    options.async_stager = &stager;
+    AsyncSaveResponse response = checkpointer.AsyncSave(live, options);
+    ASSERT_TRUE(response.staging_completion.Wait().ok());
+    std::memset(live["w"].tensor().data(), 0xAB, live["w"].tensor().nbytes());
+    std::memset(live["b"].tensor().data(), 0xCD, live["b"].tensor().nbytes());
+    live["step"] = int64_t{999};
+    absl::StatusOr<Metadata> committed = response.upload_completion.Wait();
+    ASSERT_TRUE(committed.ok()) << committed.status();
+    ExpectSameState(LoadState(dir), expected);
+    stager.Close();
+  }
+}
+
+TEST(AsyncSave, SecondSaveQueuesBehindFirstAndBothCommit) {
+  const std::string dir1 = MakeTempDir("async-q1");
+  const std::string dir2 = MakeTempDir("async-q2");
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions o1, o2;
+  o1.save.checkpoint_id = dir1;
+  o2.save.checkpoint_id = dir2;
+  StateDict s1 = MakeState(10), s2 = MakeState(20);
+  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  AsyncSaveResponse r2 = checkpointer.AsyncSave(s2, o2);
+  ASSERT_TRUE(r2.upload_completion.Wait().ok());
+  // Uploads run in call order: the first is done when the second is.
+  EXPECT_TRUE(r1.upload_completion.ready());
+  ASSERT_TRUE(r1.upload_completion.Wait().ok());
+  ExpectSameState(LoadState(dir1), MakeState(10));
+  ExpectSameState(LoadState(dir2), MakeState(20));
+}
+
+TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
+  const std::string dir = MakeTempDir("async-destroy");
+  Future<Metadata> upload;
+  {
+    AsyncCheckpointer checkpointer;
+    AsyncSaveOptions options;
+    options.save.checkpoint_id = dir;
+    upload = checkpointer.AsyncSave(MakeState(3), options).upload_completion;
+  }
+  ASSERT_TRUE(upload.ready());
+  EXPECT_TRUE(upload.Wait().ok());
+  ExpectSameState(LoadState(dir), MakeState(3));
+}
+
+TEST(AsyncSave, WriteErrorReachesUploadFutureOnly) {
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions options;
+  options.save.checkpoint_id = "/proc/dcp-cannot-write-here";
+  AsyncSaveResponse response = checkpointer.AsyncSave(MakeState(4), options);
+  EXPECT_TRUE(response.staging_completion.Wait().ok());
+  absl::Status upload = response.upload_completion.Wait().status();
+  EXPECT_FALSE(upload.ok());
+  EXPECT_NE(upload.message().find("/proc/dcp-cannot-write-here"),
+            absl::string_view::npos)
+      << upload;
+}
+
+TEST(AsyncSave, StagingErrorReachesBothFutures) {
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions options;
+  options.save.checkpoint_id = MakeTempDir("async-bad");
+  StateDict bad;
+  // A tensor on a device the host runtime does not have.
+  bad["w"] = Tensor::Wrap(TensorView(reinterpret_cast<void*>(0x1000),
+                                     DType::kF32, {4}, Device::Cuda(7)));
+  AsyncSaveResponse response = checkpointer.AsyncSave(bad, options);
+  absl::Status staging = response.staging_completion.Wait();
+  EXPECT_EQ(staging.code(), absl::StatusCode::kInvalidArgument) << staging;
+  EXPECT_EQ(response.upload_completion.Wait().status(), staging);
+  EXPECT_TRUE(testing::ListFiles(options.save.checkpoint_id).empty());
+}
+
+TEST(AsyncSave, ProcessExecutorIsUnimplemented) {
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions options;
+  options.save.checkpoint_id = MakeTempDir("async-process");
+  options.async_checkpointer_type = AsyncCheckpointerType::kProcess;
+  AsyncSaveResponse response = checkpointer.AsyncSave(MakeState(5), options);
+  EXPECT_EQ(response.upload_completion.Wait().status().code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+}  // namespace
+}  // namespace dcp

@@ -1,0 +1,464 @@
+// Multi-process tests of GlooProcessGroup: real Gloo over tcp on 127.0.0.1,
+// meeting in a FileStore under $TEST_TMPDIR, one forked process per rank.
+#include "comm/gloo_process_group.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
+
+namespace dcp::comm {
+namespace {
+
+using ::dcp::testing::Check;
+using ::dcp::testing::FreshTestDir;
+using ::dcp::testing::RankExit;
+using ::dcp::testing::RunRanks;
+
+// Bytes that differ by rank, call and position, including zeros.
+std::string Payload(int rank, int call, size_t size) {
+  std::string out(size, '\0');
+  for (size_t i = 0; i < size; ++i) {
+    out[i] = static_cast<char>((rank * 131 + call * 17 + i * 7) & 0xff);
+  }
+  return out;
+}
+
+// Payload sizes per rank: empty, one byte, odd, 1 MiB.
+size_t SizeOf(int rank) {
+  static constexpr size_t kSizes[] = {0, 1, 100003, size_t{1} << 20};
+  return kSizes[rank % 4];
+}
+
+// `store` is a directory or a redis:// address.
+GlooOptions Options(const std::string& store, int rank, int size,
+                    absl::Duration timeout) {
+  GlooOptions options;
+  options.rank = rank;
+  options.world_size = size;
+  options.store = *ParseStoreAddress(store);
+  options.timeout = timeout;
+  options.connect_timeout = absl::Seconds(10);
+  return options;
+}
+
+// Expects every rank but `except` (-1: none) to have exited with 0.
+void ExpectAllExitedZero(const std::vector<RankExit>& exits, int except = -1) {
+  for (size_t r = 0; r < exits.size(); ++r) {
+    if (static_cast<int>(r) == except) continue;
+    EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0)
+        << "rank " << r << ": exited=" << exits[r].exited
+        << " code=" << exits[r].exit_code << " signal=" << exits[r].signal
+        << " timed_out=" << exits[r].timed_out;
+  }
+}
+
+// Forks `n` ranks that each join a group meeting in a fresh directory
+// named `name` (default timeout `timeout`) and run `body`; expects every
+// rank to exit 0.
+void RunGlooRanks(const std::string& name, int n, absl::Duration timeout,
+                  const std::function<int(ProcessGroup&, int)>& body) {
+  const std::string dir = FreshTestDir(name);
+  ExpectAllExitedZero(RunRanks(
+      n,
+      [&](int rank) -> int {
+        auto group = GlooProcessGroup::Create(Options(dir, rank, n, timeout));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        return body(**group, rank);
+      },
+      absl::Seconds(30)));
+}
+
+int RunCollectives(const std::string& dir, int rank, int n) {
+  auto group =
+      GlooProcessGroup::Create(Options(dir, rank, n, absl::Seconds(10)));
+  if (!group.ok()) return Check(false, rank, group.status().ToString());
+  ProcessGroup& pg = **group;
+  if (int rc = Check(pg.rank() == rank && pg.size() == n, rank, "rank/size"))
+    return rc;
+  for (int round = 0; round < 2; ++round) {
+    const int call = round * 10;
+    // Gather to root 2.
+    auto gathered = pg.Gather(Payload(rank, call, SizeOf(rank)), /*root=*/2);
+    if (!gathered.ok()) return Check(false, rank, gathered.status().ToString());
+    if (rank == 2) {
+      if (int rc = Check(gathered->size() == static_cast<size_t>(n), rank,
+                         "gather count"))
+        return rc;
+      for (int r = 0; r < n; ++r) {
+        if (int rc = Check((*gathered)[r] == Payload(r, call, SizeOf(r)), rank,
+                           absl::StrCat("gather payload of rank ", r)))
+          return rc;
+      }
+    } else if (int rc = Check(gathered->empty(), rank, "gather non-root")) {
+      return rc;
+    }
+    // Scatter from root 1: rank r gets a payload of SizeOf(r + 1).
+    std::vector<std::string> parts;
+    if (rank == 1) {
+      for (int r = 0; r < n; ++r)
+        parts.push_back(Payload(r, call + 1, SizeOf(r + 1)));
+    }
+    auto scattered = pg.Scatter(parts, /*root=*/1);
+    if (!scattered.ok())
+      return Check(false, rank, scattered.status().ToString());
+    if (int rc = Check(*scattered == Payload(rank, call + 1, SizeOf(rank + 1)),
+                       rank, "scatter payload"))
+      return rc;
+    // Broadcast from root 3 (1 MiB).
+    auto broadcast = pg.Broadcast(
+        rank == 3 ? Payload(3, call + 2, SizeOf(3)) : std::string("ignored"),
+        /*root=*/3);
+    if (!broadcast.ok())
+      return Check(false, rank, broadcast.status().ToString());
+    if (int rc = Check(*broadcast == Payload(3, call + 2, SizeOf(3)), rank,
+                       "broadcast payload"))
+      return rc;
+    // All-gather.
+    auto all = pg.AllGather(Payload(rank, call + 3, SizeOf(rank + 2)));
+    if (!all.ok()) return Check(false, rank, all.status().ToString());
+    for (int r = 0; r < n; ++r) {
+      if (int rc = Check((*all)[r] == Payload(r, call + 3, SizeOf(r + 2)), rank,
+                         absl::StrCat("allgather payload of rank ", r)))
+        return rc;
+    }
+    if (absl::Status s = pg.Barrier(); !s.ok())
+      return Check(false, rank, s.ToString());
+    // Statuses: odd ranks report an error.
+    auto statuses = AllGatherStatuses(
+        pg, rank % 2 ? absl::ResourceExhaustedError(
+                           absl::StrCat("rank ", rank, " disk full"))
+                     : absl::OkStatus());
+    if (!statuses.ok()) return Check(false, rank, statuses.status().ToString());
+    for (int r = 0; r < n; ++r) {
+      const absl::Status want = r % 2
+                                    ? absl::ResourceExhaustedError(absl::StrCat(
+                                          "rank ", r, " disk full"))
+                                    : absl::OkStatus();
+      if (int rc = Check((*statuses)[r] == want, rank,
+                         absl::StrCat("status of rank ", r)))
+        return rc;
+    }
+  }
+  return 0;
+}
+
+TEST(GlooProcessGroupTest, FourRanksMoveExactBytes) {
+  const std::string dir = FreshTestDir("four_ranks");
+  ExpectAllExitedZero(RunRanks(
+      4, [&](int rank) { return RunCollectives(dir, rank, 4); },
+      absl::Seconds(60)));
+}
+
+// A lost-rank scenario: `n` ranks join and meet in a barrier; then rank 1
+// calls `lose` while the others run `step`, which must fail with one of
+// `codes`, naming `op` and rank 1, within `within`; a later call on the
+// group then fails at once as broken.
+struct LossCase {
+  std::string name;
+  int n = 3;
+  absl::Duration timeout;
+  std::function<void()> lose;
+  std::function<absl::Status(ProcessGroup&)> step;
+  std::vector<absl::StatusCode> codes;
+  std::string op;
+  absl::Duration within;
+  std::string store;  // Empty: a fresh directory named after the case.
+};
+
+int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
+  auto group = GlooProcessGroup::Create(Options(dir, rank, c.n, c.timeout));
+  if (!group.ok()) return Check(false, rank, group.status().ToString());
+  // Everyone is connected before rank 1 goes.
+  if (absl::Status s = (*group)->Barrier(); !s.ok()) {
+    return Check(false, rank, s.ToString());
+  }
+  if (rank == 1) {
+    c.lose();
+    return 0;
+  }
+  const absl::Time start = absl::Now();
+  const absl::Status s = c.step(**group);
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+               absl::FormatDuration(took).c_str(), s.ToString().c_str());
+  const bool code_ok =
+      std::find(c.codes.begin(), c.codes.end(), s.code()) != c.codes.end();
+  if (int rc = Check(code_ok, rank, absl::StrCat("code: ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(
+          absl::StrContains(s.message(), "rank 1 ") &&
+              absl::StrContains(s.message(), c.op),
+          rank, absl::StrCat("names rank 1, ", c.op, ": ", s.ToString()))) {
+    return rc;
+  }
+  if (int rc = Check(took < c.within, rank,
+                     absl::StrCat("took ", absl::FormatDuration(took)))) {
+    return rc;
+  }
+  const absl::Time again = absl::Now();
+  auto later = (*group)->AllGather("x");
+  return Check(later.status().code() == s.code() &&
+                   absl::StrContains(later.status().message(), "broken") &&
+                   absl::Now() - again < absl::Milliseconds(500),
+               rank, absl::StrCat("later call: ", later.status().ToString()));
+}
+
+void RunLossCase(const LossCase& c) {
+  const std::string dir = c.store.empty() ? FreshTestDir(c.name) : c.store;
+  ExpectAllExitedZero(
+      RunRanks(
+          c.n, [&](int rank) { return SurviveLoss(c, dir, rank); },
+          absl::Seconds(30)),
+      /*except=*/1);
+}
+
+absl::Status BarrierStep(ProcessGroup& group) { return group.Barrier(); }
+
+LossCase BarrierLoss(const std::string& name, std::function<void()> lose) {
+  LossCase c;
+  c.name = name;
+  c.timeout = absl::Seconds(3);
+  c.lose = std::move(lose);
+  c.step = BarrierStep;
+  c.codes = {absl::StatusCode::kUnavailable,
+             absl::StatusCode::kDeadlineExceeded};
+  c.op = "barrier";
+  c.within = absl::Seconds(2);
+  return c;
+}
+
+TEST(GlooProcessGroupTest, ExitedPeerIsNamed) {
+  RunLossCase(BarrierLoss("exited_peer", [] { _exit(0); }));
+}
+
+TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
+  RunLossCase(BarrierLoss("killed_peer", [] { kill(getpid(), SIGKILL); }));
+}
+
+TEST(GlooProcessGroupTest, HungPeerGivesDeadlineExceeded) {
+  RunGlooRanks(
+      "hung_peer", 2, absl::Seconds(30),
+      [&](ProcessGroup& group, int rank) -> int {
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(2500));  // Alive but silent.
+          return 0;
+        }
+        const absl::Time start = absl::Now();
+        auto gathered = group.Gather("plan", /*root=*/0, absl::Seconds(2));
+        const absl::Duration took = absl::Now() - start;
+        const absl::Status& s = gathered.status();
+        std::fprintf(stderr, "[rank %d] after %s: %s\n", rank,
+                     absl::FormatDuration(took).c_str(), s.ToString().c_str());
+        if (int rc = Check(s.code() == absl::StatusCode::kDeadlineExceeded,
+                           rank, s.ToString()))
+          return rc;
+        if (int rc = Check(absl::StrContains(s.message(), "gather") &&
+                               absl::StrContains(s.message(), "rank 1"),
+                           rank, s.ToString()))
+          return rc;
+        return Check(
+            took >= absl::Milliseconds(1900) && took < absl::Seconds(3), rank,
+            absl::StrCat("took ", absl::FormatDuration(took)));
+      });
+}
+
+// The seed's save pattern: plans are gathered to rank 0, final plans
+// scattered back. Rank 1 is lost before sending its plan. Rank 0 sees it
+// directly; ranks 2 and 3, blocked on rank 0, learn rank 0's reason through
+// its abort record, so every rank names rank 1 and none waits for its full
+// timeout.
+absl::Status SaveStep(ProcessGroup& group) {
+  absl::Status s = group.Gather("local plan", 0).status();
+  if (!s.ok()) return s;
+  return group.Scatter({}, 0).status();
+}
+
+LossCase KilledDuringSave() {
+  LossCase c;
+  c.name = "killed_during_save";
+  c.n = 4;
+  c.timeout = absl::Seconds(5);
+  c.lose = [] { kill(getpid(), SIGKILL); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kUnavailable};
+  c.op = "gather";
+  c.within = absl::Seconds(2);
+  return c;
+}
+
+TEST(GlooProcessGroupTest, KilledDuringSaveIsNamedOnEveryRank) {
+  RunLossCase(KilledDuringSave());
+}
+
+TEST(GlooProcessGroupTest, HungDuringSaveIsNamedOnEveryRank) {
+  LossCase c;
+  c.name = "hung_during_save";
+  c.n = 4;
+  c.timeout = absl::Milliseconds(1500);
+  c.lose = [] { absl::SleepFor(absl::Seconds(3)); };
+  c.step = SaveStep;
+  c.codes = {absl::StatusCode::kDeadlineExceeded};
+  c.op = "gather";
+  c.within = absl::Milliseconds(2500);
+  RunLossCase(c);
+}
+
+TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
+  const std::string dir = FreshTestDir("missing_rank");
+  GlooOptions options = Options(dir, 0, 2, absl::Seconds(5));
+  options.connect_timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  auto group = GlooProcessGroup::Create(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << group.status();
+  EXPECT_TRUE(absl::StrContains(group.status().message(), "rank(s) 1"))
+      << group.status();
+  std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
+}
+
+// A checkpoint group and a "training" group live side by side in the same
+// processes; a background thread drives one while the main thread drives
+// the other, and neither waits on or corrupts the other.
+TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
+  const std::string dir = FreshTestDir("two_groups");
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        GlooOptions train = Options(dir, rank, 2, absl::Seconds(10));
+        train.group_name = "training-loop";
+        GlooOptions ckpt = Options(dir, rank, 2, absl::Seconds(10));
+        auto train_group = GlooProcessGroup::Create(train);
+        if (!train_group.ok())
+          return Check(false, rank, train_group.status().ToString());
+        auto ckpt_group = GlooProcessGroup::Create(ckpt);
+        if (!ckpt_group.ok())
+          return Check(false, rank, ckpt_group.status().ToString());
+        absl::Status background;
+        std::thread saver([&] {
+          for (int i = 0; i < 50 && background.ok(); ++i) {
+            auto all = (*ckpt_group)->AllGather(Payload(rank, i, 1000 + i));
+            if (!all.ok()) {
+              background = all.status();
+            } else if ((*all)[1 - rank] != Payload(1 - rank, i, 1000 + i)) {
+              background = absl::DataLossError("checkpoint payload mismatch");
+            }
+          }
+        });
+        absl::Status foreground;
+        for (int i = 0; i < 50 && foreground.ok(); ++i) {
+          auto b = (*train_group)->Broadcast(Payload(0, 100 + i, 77), 0);
+          if (!b.ok()) {
+            foreground = b.status();
+          } else if (*b != Payload(0, 100 + i, 77)) {
+            foreground = absl::DataLossError("training payload mismatch");
+          }
+        }
+        saver.join();
+        if (int rc = Check(background.ok(), rank, background.ToString()))
+          return rc;
+        return Check(foreground.ok(), rank, foreground.ToString());
+      },
+      absl::Seconds(60)));
+}
+
+// A second call while one is in flight on the same group is refused at
+// once and does not disturb the first.
+TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
+  RunGlooRanks(
+      "overlap", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(500));
+          if (absl::Status s = group.Barrier(); !s.ok())
+            return Check(false, rank, s.ToString());
+        } else {
+          absl::Status first;
+          std::thread in_flight([&] { first = group.Barrier(); });
+          absl::SleepFor(absl::Milliseconds(200));
+          absl::Status second = group.AllGather("x").status();
+          in_flight.join();
+          if (int rc =
+                  Check(second.code() == absl::StatusCode::kFailedPrecondition,
+                        rank, second.ToString()))
+            return rc;
+          if (int rc = Check(first.ok(), rank, first.ToString())) return rc;
+        }
+        auto all = group.AllGather(Payload(rank, 1, 10));
+        return Check(all.ok() && (*all)[1 - rank] == Payload(1 - rank, 1, 10),
+                     rank, all.status().ToString());
+      });
+}
+
+// Ranks that call different collectives are told so (kDataLoss on both),
+// instead of exchanging bytes meant for another call or timing out.
+TEST(GlooProcessGroupTest, MismatchedCollectivesAreDataLoss) {
+  RunGlooRanks(
+      "mismatch", 2, absl::Seconds(10),
+      [&](ProcessGroup& group, int rank) -> int {
+        const absl::Status s = rank == 0 ? group.Gather("plan", 0).status()
+                                         : group.Broadcast("meta", 1).status();
+        std::fprintf(stderr, "[rank %d] %s\n", rank, s.ToString().c_str());
+        return Check(
+            s.code() == absl::StatusCode::kDataLoss &&
+                absl::StrContains(s.message(), "rank 1 is in broadcast"),
+            rank, s.ToString());
+      });
+}
+
+TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
+  const std::string dir = FreshTestDir("stale");
+  auto job = [&](int rank) -> int {
+    auto group =
+        GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(5)));
+    if (!group.ok()) return 10 + static_cast<int>(group.status().code());
+    return (*group)->Barrier().ok() ? 0 : 3;
+  };
+  ExpectAllExitedZero(RunRanks(2, job, absl::Seconds(30)));
+  // A second job in the same directory finds the first job's keys.
+  std::vector<RankExit> second = RunRanks(2, job, absl::Seconds(30));
+  for (const RankExit& e : second) {
+    EXPECT_EQ(e.exit_code,
+              10 + static_cast<int>(absl::StatusCode::kAlreadyExists));
+  }
+}
+
+// The same over Gloo's RedisStore, with a private redis-server.
+class GlooRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    redis_ = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+    if (redis_ == nullptr) GTEST_SKIP() << why_not;
+  }
+  std::unique_ptr<dcp::testing::RedisServer> redis_;
+};
+
+TEST_F(GlooRedisTest, FourRanksMoveExactBytes) {
+  const std::string store = redis_->address();
+  ExpectAllExitedZero(RunRanks(
+      4, [&](int rank) { return RunCollectives(store, rank, 4); },
+      absl::Seconds(60)));
+}
+
+TEST_F(GlooRedisTest, KilledDuringSaveIsNamedOnEveryRank) {
+  LossCase c = KilledDuringSave();
+  c.store = redis_->address();
+  RunLossCase(c);
+}
+
+}  // namespace
+}  // namespace dcp::comm

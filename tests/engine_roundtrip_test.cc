@@ -1,0 +1,313 @@
+// Save and load through the public API with the default planners and the
+// FileSystem storage: every dtype, nesting, resharding, strict and partial
+// loads, and every load error the foundation promises.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/state_dict.h"
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+#include "io/file_system_storage.h"
+#include "planner/default_planner.h"
+#include "tests/test_util.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::ListFiles;
+using ::dcp::testing::MakeTempDir;
+using ::dcp::testing::SeededTensor;
+
+absl::StatusOr<Metadata> SaveTo(const std::string& dir, const StateDict& sd) {
+  SaveOptions options;
+  options.checkpoint_id = dir;
+  return Save(sd, options);
+}
+
+absl::Status LoadFrom(const std::string& dir, StateDict& sd) {
+  LoadOptions options;
+  options.checkpoint_id = dir;
+  return Load(sd, options);
+}
+
+Tensor ZerosLike(const Tensor& t) { return Tensor::Empty(t.dtype(), t.sizes()); }
+
+TEST(EngineRoundTrip, EveryDTypeAndShapeKind) {
+  const std::string dir = MakeTempDir("dtypes");
+  StateDict saved, loaded;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const DType dtype = static_cast<DType>(i);
+    const std::string name(DTypeName(dtype));
+    saved[name] = SeededTensor(dtype, {3, 5}, i);
+    loaded[name] = ZerosLike(saved[name].tensor());
+  }
+  saved["scalar"] = SeededTensor(DType::kF64, {}, 99);
+  loaded["scalar"] = Tensor::Empty(DType::kF64, {});
+  saved["empty"] = SeededTensor(DType::kF32, {4, 0, 2}, 5);
+  loaded["empty"] = Tensor::Empty(DType::kF32, {4, 0, 2});
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+  for (const auto& [name, value] : saved) {
+    EXPECT_TRUE(value.tensor().BytesEqual(loaded.at(name).tensor())) << name;
+  }
+}
+
+TEST(EngineRoundTrip, NestingAndPlainValues) {
+  const std::string dir = MakeTempDir("nesting");
+  StateDict saved;
+  saved["model"] = StateDict{{"w", SeededTensor(DType::kBF16, {8, 8}, 1)}};
+  saved["optim"] = StateDict{
+      {"state", StateDict{{"0", StateDict{{"exp_avg", SeededTensor(
+                                                          DType::kF32, {8}, 2)},
+                                          {"step", int64_t{42}}}}}},
+      {"param_groups",
+       StateList{StateDict{{"lr", 0.125}, {"amsgrad", false},
+                           {"name", std::string("decay")}}}}};
+  saved["blob"] = Bytes{std::string("\0\xff\x10", 3)};
+  saved["dotted.key"] = int64_t{-5};
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+
+  StateDict loaded;
+  loaded["model"] = StateDict{{"w", Tensor::Empty(DType::kBF16, {8, 8})}};
+  loaded["optim"] = StateDict{
+      {"state", StateDict{{"0", StateDict{{"exp_avg", Tensor::Empty(
+                                                          DType::kF32, {8})},
+                                          {"step", int64_t{0}}}}}},
+      {"param_groups",
+       StateList{StateDict{{"lr", 0.0}, {"amsgrad", true},
+                           {"name", std::string()}}}}};
+  loaded["blob"] = Bytes{};
+  loaded["dotted.key"] = int64_t{0};
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+
+  EXPECT_TRUE(loaded["model"].dict()["w"].tensor().BytesEqual(
+      saved["model"].dict()["w"].tensor()));
+  const StateDict& state0 =
+      loaded["optim"].dict()["state"].dict()["0"].dict();
+  EXPECT_EQ(state0.at("step").int_value(), 42);
+  const StateDict& group =
+      loaded["optim"].dict()["param_groups"].list()[0].dict();
+  EXPECT_DOUBLE_EQ(group.at("lr").double_value(), 0.125);
+  EXPECT_FALSE(group.at("amsgrad").bool_value());
+  EXPECT_EQ(group.at("name").string_value(), "decay");
+  EXPECT_EQ(loaded["blob"].bytes_value().data, std::string("\0\xff\x10", 3));
+  EXPECT_EQ(loaded["dotted.key"].int_value(), -5);
+}
+
+// Saved as 3 uneven row shards of a 2-d tensor; loaded as 2 column blocks.
+TEST(EngineRoundTrip, ShardedTensorReshardsOnLoad) {
+  const std::string dir = MakeTempDir("reshard");
+  const Tensor full = SeededTensor(DType::kF32, {7, 6}, 11);
+  auto rows = [&](int64_t begin, int64_t end) {
+    Tensor t = Tensor::Empty(DType::kF32, {end - begin, 6});
+    std::memcpy(t.data(), static_cast<float*>(full.data()) + begin * 6,
+                t.nbytes());
+    return Shard{{begin, 0}, t};
+  };
+  StateDict saved;
+  saved["w"] = ShardedTensor(DType::kF32, {7, 6},
+                             {rows(0, 3), rows(3, 4), rows(4, 7)});
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+
+  StateDict loaded;
+  loaded["w"] = ShardedTensor(
+      DType::kF32, {7, 6},
+      {Shard{{0, 0}, Tensor::Empty(DType::kF32, {7, 2})},
+       Shard{{0, 2}, Tensor::Empty(DType::kF32, {7, 4})}});
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+  const auto& shards = loaded["w"].sharded_tensor().local_shards();
+  for (const Shard& shard : shards) {
+    const int64_t c0 = shard.offsets[1], nc = shard.tensor.sizes()[1];
+    const float* got = static_cast<const float*>(shard.tensor.data());
+    for (int64_t r = 0; r < 7; ++r) {
+      for (int64_t c = 0; c < nc; ++c) {
+        ASSERT_EQ(std::memcmp(&got[r * nc + c],
+                              static_cast<const float*>(full.data()) +
+                                  r * 6 + c0 + c,
+                              4),
+                  0)
+            << "row " << r << " col " << c0 + c;
+      }
+    }
+  }
+  // A plain tensor destination receives the whole sharded tensor.
+  StateDict whole;
+  whole["w"] = Tensor::Empty(DType::kF32, {7, 6});
+  ASSERT_TRUE(LoadFrom(dir, whole).ok());
+  EXPECT_TRUE(whole["w"].tensor().BytesEqual(full));
+}
+
+class EngineLoadErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("errors");
+    saved_["a"] = SeededTensor(DType::kF32, {4, 4}, 1);
+    saved_["b"] = SeededTensor(DType::kI64, {3}, 2);
+    ASSERT_TRUE(SaveTo(dir_, saved_).ok());
+  }
+  std::string dir_;
+  StateDict saved_;
+};
+
+TEST_F(EngineLoadErrors, NoCommittedMetadata) {
+  const std::string empty = MakeTempDir("empty");
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {4, 4})}};
+  absl::Status s = LoadFrom(empty, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find(empty), absl::string_view::npos) << s;
+}
+
+TEST_F(EngineLoadErrors, MissingKeyStrictAndPartial) {
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {4, 4})},
+               {"missing", Tensor::Empty(DType::kF32, {2})}};
+  absl::Status s = LoadFrom(dir_, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("missing"), absl::string_view::npos) << s;
+
+  DefaultLoadPlanner partial(DefaultLoadPlannerOptions{.allow_partial_load = true});
+  LoadOptions options;
+  options.checkpoint_id = dir_;
+  options.planner = &partial;
+  ASSERT_TRUE(Load(sd, options).ok());
+  EXPECT_TRUE(sd["a"].tensor().BytesEqual(saved_["a"].tensor()));
+}
+
+TEST_F(EngineLoadErrors, DTypeAndShapeMismatch) {
+  StateDict wrong_dtype{{"a", Tensor::Empty(DType::kF16, {4, 4})}};
+  absl::Status s = LoadFrom(dir_, wrong_dtype);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("\"a\""), absl::string_view::npos) << s;
+  StateDict wrong_shape{{"a", Tensor::Empty(DType::kF32, {4, 5})}};
+  s = LoadFrom(dir_, wrong_shape);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+// Returns the only data file (not the metadata) in `dir`.
+std::string OnlyDataFile(const std::string& dir) {
+  std::string found;
+  for (const std::string& name : ListFiles(dir)) {
+    if (name.find(".distcp") != std::string::npos) found = name;
+  }
+  return dir + "/" + found;
+}
+
+TEST_F(EngineLoadErrors, ChecksumMismatchIsDataLoss) {
+  const std::string data = OnlyDataFile(dir_);
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(5);
+    f.write(&c, 1);
+  }
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {4, 4})},
+               {"b", Tensor::Empty(DType::kI64, {3})}};
+  absl::Status s = LoadFrom(dir_, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("checksum"), absl::string_view::npos) << s;
+}
+
+TEST_F(EngineLoadErrors, TruncatedDataFileIsDataLoss) {
+  const std::string data = OnlyDataFile(dir_);
+  ASSERT_EQ(::truncate(data.c_str(), 10), 0);
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {4, 4})},
+               {"b", Tensor::Empty(DType::kI64, {3})}};
+  absl::Status s = LoadFrom(dir_, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST_F(EngineLoadErrors, GarbageMetadataIsDataLoss) {
+  for (const std::string& name : ListFiles(dir_)) {
+    if (name.find(".distcp") == std::string::npos) {
+      std::ofstream(dir_ + "/" + name, std::ios::trunc) << "not a checkpoint";
+    }
+  }
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {4, 4})}};
+  absl::Status s = LoadFrom(dir_, sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST(EngineSave, OverwriteFalseRefusesExistingCheckpoint) {
+  const std::string dir = MakeTempDir("no-overwrite");
+  StateDict sd{{"a", SeededTensor(DType::kF32, {4}, 1)}};
+  ASSERT_TRUE(SaveTo(dir, sd).ok());
+  const auto before = ListFiles(dir);
+  FileSystemWriter writer(dir, FileSystemWriterOptions{.overwrite = false});
+  ASSERT_TRUE(writer.Reset(dir).ok());
+  absl::Status s = SaveStateDict(sd, writer).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_EQ(ListFiles(dir), before);
+}
+
+TEST(EngineSave, OverwriteReplacesAndRemovesOldFiles) {
+  const std::string dir = MakeTempDir("overwrite");
+  StateDict first{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  StateDict second{{"a", SeededTensor(DType::kF32, {64}, 2)}};
+  ASSERT_TRUE(SaveTo(dir, first).ok());
+  const auto first_files = ListFiles(dir);
+  ASSERT_TRUE(SaveTo(dir, second).ok());
+  const auto second_files = ListFiles(dir);
+  EXPECT_EQ(second_files.size(), first_files.size());
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+  EXPECT_TRUE(loaded["a"].tensor().BytesEqual(second["a"].tensor()));
+}
+
+// Runs `save` in a child process that drops root privileges (root ignores
+// directory permissions), returning the child's Status code and message.
+absl::Status SaveAsUnprivileged(const std::string& dir, const StateDict& sd) {
+  int fds[2];
+  if (::pipe(fds) != 0) return absl::InternalError("pipe");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+      ::_exit(2);
+    }
+    absl::Status s = SaveTo(dir, sd).status();
+    const std::string out =
+        std::to_string(static_cast<int>(s.code())) + " " + std::string(s.message());
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, n);
+  ::close(fds[0]);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  const size_t space = out.find(' ');
+  if (space == std::string::npos) {
+    return absl::InternalError("child could not drop privileges");
+  }
+  return absl::Status(static_cast<absl::StatusCode>(std::stoi(out)),
+                      out.substr(space + 1));
+}
+
+TEST(EngineSave, ReadOnlyDirectoryFailsCleanly) {
+  // Under /tmp, not $TEST_TMPDIR: the unprivileged child must be able to
+  // reach the directory, and Bazel's output base sits under /root (0700).
+  char pattern[] = "/tmp/dcp-readonly-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  StateDict sd{{"a", SeededTensor(DType::kF32, {4}, 1)}};
+  absl::Status s = SaveAsUnprivileged(dir, sd);
+  ::chmod(dir.c_str(), 0755);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find(dir), absl::string_view::npos) << s;
+  EXPECT_TRUE(ListFiles(dir).empty());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dcp

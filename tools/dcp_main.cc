@@ -1,0 +1,60 @@
+// dcp: the command line. Subcommands: demo, inspect, verify (and bench,
+// launch as they land). Run `dcp --help` or `dcp SUBCOMMAND --help`.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dcp: a GPU-aware distributed checkpoint engine"};
+  app.require_subcommand(1);
+
+  dcp::DemoFlags demo;
+  CLI::App* demo_cmd = app.add_subcommand(
+      "demo", "Save and load a synthetic model state, verify every byte, "
+              "print throughput");
+  demo_cmd->add_option("--size", demo.size,
+                       "Approximate state size (e.g. 1GiB, 256MiB, 4G)");
+  demo_cmd->add_option("--dir", demo.dir,
+                       "Checkpoint directory (default: a temporary one, "
+                       "removed afterwards)");
+  demo_cmd->add_option("--seed", demo.seed, "Seed of the synthetic values");
+  demo_cmd->add_option("--mode", demo.mode, "roundtrip | save | load")
+      ->check(CLI::IsMember({"roundtrip", "save", "load"}));
+  demo_cmd->add_flag("--json", demo.json, "Print one JSON object");
+  demo_cmd->add_flag("!--warm-load", demo.cold_load,
+                     "Load from the page cache instead of dropping the "
+                     "checkpoint's pages first");
+
+  std::string inspect_dir;
+  CLI::App* inspect_cmd = app.add_subcommand(
+      "inspect", "List the keys, dtypes, shapes, chunks and files of a "
+                 "checkpoint");
+  inspect_cmd->add_option("dir", inspect_dir, "Checkpoint directory")
+      ->required();
+
+  std::string verify_dir;
+  CLI::App* verify_cmd = app.add_subcommand(
+      "verify", "Check every checksum of a checkpoint; exits non-zero "
+                "naming what is wrong");
+  verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")
+      ->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  absl::Status status;
+  if (*demo_cmd) {
+    status = dcp::RunDemo(demo);
+  } else if (*inspect_cmd) {
+    status = dcp::RunInspect(inspect_dir);
+  } else if (*verify_cmd) {
+    status = dcp::RunVerify(verify_dir);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "dcp: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,376 @@
+#include "tools/launch.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace dcp::tools {
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+
+void OnSignal(int sig) { g_signal = sig; }
+
+// Installs SIGINT/SIGTERM handlers for the launcher's lifetime.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    g_signal = 0;
+    struct sigaction action = {};
+    action.sa_handler = OnSignal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~SignalForwarding() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ = {};
+  struct sigaction old_term_ = {};
+};
+
+void WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // Nowhere to report a broken output; drop it.
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// One output stream of one rank: the pipe and the unfinished line.
+struct Stream {
+  int fd = -1;
+  int out_fd = -1;
+  std::string pending;
+
+  // Writes every complete line in `pending`, prefixed; with `flush`, also
+  // the unfinished rest (a newline is added).
+  void Emit(const std::string& prefix, bool flush) {
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
+         start = nl + 1) {
+      WriteAll(out_fd, absl::StrCat(prefix, absl::string_view(pending).substr(
+                                                start, nl + 1 - start)));
+    }
+    pending.erase(0, start);
+    if (flush && !pending.empty()) {
+      WriteAll(out_fd, absl::StrCat(prefix, pending, "\n"));
+      pending.clear();
+    }
+  }
+
+  // Reads what is available; closes the pipe at EOF or error.
+  void Drain(const std::string& prefix) {
+    char buf[65536];
+    while (fd >= 0) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        pending.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      close(fd);
+      fd = -1;
+    }
+    Emit(prefix, /*flush=*/fd < 0);
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  Stream out;
+  Stream err;
+  std::string prefix;
+};
+
+// The environment of rank `rank`: the launcher's, with the rendezvous
+// variables replaced.
+std::vector<std::string> RankEnvironment(int rank, int size,
+                                         const std::string& rendezvous) {
+  const std::string ours[] = {
+      absl::StrCat("DCP_RANK=", rank),
+      absl::StrCat("DCP_WORLD_SIZE=", size),
+      absl::StrCat("DCP_RENDEZVOUS=", rendezvous),
+      absl::StrCat("LOCAL_RANK=", rank),
+  };
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view entry(*e);
+    bool replaced = false;
+    for (const std::string& var : ours) {
+      if (absl::StartsWith(entry, var.substr(0, var.find('=') + 1))) {
+        replaced = true;
+      }
+    }
+    if (!replaced) env.emplace_back(entry);
+  }
+  env.insert(env.end(), std::begin(ours), std::end(ours));
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+void SignalRank(const Rank& rank, int sig) {
+  if (!rank.running) return;
+  // Each rank leads its own process group, so its children stop too.
+  if (kill(-rank.pid, sig) != 0) kill(rank.pid, sig);
+}
+
+}  // namespace
+
+void AddLaunchOptions(CLI::App& app, LaunchOptions* options) {
+  app.add_option("-n,--nproc", options->num_ranks, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--rendezvous", options->rendezvous,
+                 "shared rendezvous directory, fresh for each job (default: "
+                 "a temporary directory, removed afterwards)");
+  app.add_option_function<double>(
+      "--grace-seconds",
+      [options](double seconds) { options->grace = absl::Seconds(seconds); },
+      "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)");
+  app.add_option("command", options->command, "-- PROGRAM ARGS...")->required();
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
+                                              const char* const* argv) {
+  LaunchOptions options;
+  CLI::App app(kLaunchDescription, "dcp_launch");
+  AddLaunchOptions(app, &options);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return absl::CancelledError("help printed");
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp_launch: ", e.what(), "\n", app.help()));
+  }
+  return options;
+}
+
+absl::StatusOr<int> Launch(const LaunchOptions& options) {
+  if (options.num_ranks < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dcp_launch: -n %d: need at least one rank", options.num_ranks));
+  }
+  if (options.command.empty()) {
+    return absl::InvalidArgumentError(
+        "dcp_launch: no program given (dcp_launch -n N -- PROGRAM ARGS)");
+  }
+
+  // The rendezvous directory.
+  std::string rendezvous = options.rendezvous;
+  bool remove_rendezvous = false;
+  if (rendezvous.empty()) {
+    const char* tmp = getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
+                                       "/dcp-rendezvous-XXXXXX");
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("dcp_launch: mkdtemp ", pattern, ": ", strerror(errno)));
+    }
+    rendezvous = pattern;
+    remove_rendezvous = true;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(rendezvous, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_launch: rendezvous directory ", rendezvous, ": ", ec.message()));
+    }
+  }
+
+  SignalForwarding forwarding;
+  std::vector<Rank> ranks(options.num_ranks);
+  absl::Status start_error;
+  for (int r = 0; r < options.num_ranks && start_error.ok(); ++r) {
+    Rank& rank = ranks[r];
+    rank.prefix = absl::StrCat("[rank ", r, "] ");
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+      start_error =
+          absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      break;
+    }
+    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+      close(out_pipe[0]);
+      close(out_pipe[1]);
+      start_error =
+          absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      break;
+    }
+    std::vector<std::string> env =
+        RankEnvironment(r, options.num_ranks, rendezvous);
+    std::vector<std::string> args = options.command;
+    std::vector<char*> envp = CStrings(env);
+    std::vector<char*> argp = CStrings(args);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      start_error =
+          absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]})
+        close(fd);
+      break;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      struct sigaction dfl = {};
+      dfl.sa_handler = SIG_DFL;
+      sigaction(SIGINT, &dfl, nullptr);
+      sigaction(SIGTERM, &dfl, nullptr);
+      dup2(out_pipe[1], STDOUT_FILENO);
+      dup2(err_pipe[1], STDERR_FILENO);
+      execvpe(argp[0], argp.data(), envp.data());
+      const std::string msg = absl::StrCat("dcp_launch: cannot run ", args[0],
+                                           ": ", strerror(errno), "\n");
+      WriteAll(STDERR_FILENO, msg);
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+    rank.pid = pid;
+    rank.running = true;
+    rank.out = {out_pipe[0], options.stdout_fd, ""};
+    rank.err = {err_pipe[0], options.stderr_fd, ""};
+  }
+
+  std::optional<int> first_failure;
+  if (!start_error.ok()) first_failure = 1;
+  std::optional<absl::Time> stop_started;
+  bool killed = false;
+  auto stop_all = [&](int sig) {
+    for (const Rank& rank : ranks) SignalRank(rank, sig);
+  };
+  if (!start_error.ok()) {
+    stop_started = absl::Now();
+    stop_all(SIGTERM);
+  }
+
+  std::optional<absl::Time> all_exited_at;
+  for (;;) {
+    // Output.
+    std::vector<pollfd> fds;
+    for (Rank& rank : ranks) {
+      for (Stream* s : {&rank.out, &rank.err}) {
+        if (s->fd >= 0) fds.push_back({s->fd, POLLIN, 0});
+      }
+    }
+    if (!fds.empty()) poll(fds.data(), fds.size(), 50);
+    for (Rank& rank : ranks) {
+      rank.out.Drain(rank.prefix);
+      rank.err.Drain(rank.prefix);
+    }
+    // Exits.
+    bool any_running = false;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      Rank& rank = ranks[r];
+      if (!rank.running) continue;
+      int status = 0;
+      const pid_t got = waitpid(rank.pid, &status, WNOHANG);
+      if (got == 0) {
+        any_running = true;
+        continue;
+      }
+      rank.running = false;
+      const int code = got < 0             ? 1
+                       : WIFEXITED(status) ? WEXITSTATUS(status)
+                                           : 128 + WTERMSIG(status);
+      if (code != 0 && !first_failure.has_value()) {
+        first_failure = code;
+        WriteAll(options.stderr_fd,
+                 absl::StrFormat("[dcp_launch] rank %d exited with code %d; "
+                                 "stopping the other ranks\n",
+                                 r, code));
+        stop_started = absl::Now();
+        stop_all(SIGTERM);
+      }
+    }
+    if (g_signal != 0 && !stop_started.has_value()) {
+      if (!first_failure.has_value()) first_failure = 128 + g_signal;
+      stop_started = absl::Now();
+      stop_all(SIGTERM);
+    }
+    if (stop_started.has_value() && !killed &&
+        absl::Now() - *stop_started > options.grace) {
+      stop_all(SIGKILL);
+      killed = true;
+    }
+    if (!any_running) {
+      if (!all_exited_at.has_value()) all_exited_at = absl::Now();
+      bool open = false;
+      for (const Rank& rank : ranks)
+        open |= rank.out.fd >= 0 || rank.err.fd >= 0;
+      // Leftover children of a rank may hold its pipes; stop waiting soon.
+      if (!open || absl::Now() - *all_exited_at > absl::Seconds(1)) break;
+    }
+  }
+  for (Rank& rank : ranks) {
+    for (Stream* s : {&rank.out, &rank.err}) {
+      if (s->fd >= 0) close(s->fd);
+      s->fd = -1;
+      s->Emit(rank.prefix, /*flush=*/true);
+    }
+  }
+  if (remove_rendezvous) {
+    std::error_code ec;
+    std::filesystem::remove_all(rendezvous, ec);
+  }
+  if (!start_error.ok()) return start_error;
+  return first_failure.value_or(0);
+}
+
+int LaunchMain(int argc, const char* const* argv) {
+  absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(argc, argv);
+  if (!options.ok()) {
+    if (absl::IsCancelled(options.status())) return 0;
+    std::fprintf(stderr, "%s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<int> code = Launch(*options);
+  if (!code.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(code.status().message()).c_str());
+    return 1;
+  }
+  return *code;
+}
+
+}  // namespace dcp::tools

@@ -1,0 +1,40 @@
+// A synthetic model state for the demo and the benchmarks: mixed dtypes
+// (F32, BF16, I64), a nested optimizer-like state, row-sharded tensors and a
+// few plain values, filled deterministically from a seed so that a later
+// process can regenerate the expected bytes and check a load against them.
+#ifndef DCP_TOOLS_SYNTHETIC_STATE_H_
+#define DCP_TOOLS_SYNTHETIC_STATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/state_dict.h"
+
+namespace dcp {
+
+struct SyntheticStateOptions {
+  int64_t total_bytes = int64_t{1} << 30;  // Approximate, across all ranks.
+  uint64_t seed = 1;
+  int rank = 0;
+  int world_size = 1;
+  // true: tensors hold the seeded bytes; false: zero-filled tensors of the
+  // same layout (a load destination).
+  bool fill = true;
+};
+
+// Builds this rank's part of the synthetic state. Large weights are
+// ShardedTensors split by rows across ranks; small tensors and plain values
+// are replicated on every rank.
+StateDict MakeSyntheticState(const SyntheticStateOptions& options);
+
+// Total bytes of tensor data in `state` on this rank.
+int64_t StateTensorBytes(const StateDict& state);
+
+// Compares every tensor byte and plain value of `actual` against `expected`
+// (same layout). OK, or kDataLoss naming the first differing key and offset.
+absl::Status CompareStates(const StateDict& expected, const StateDict& actual);
+
+}  // namespace dcp
+
+#endif  // DCP_TOOLS_SYNTHETIC_STATE_H_
