@@ -158,18 +158,13 @@ struct DefaultStager::Plan {
 
 DefaultStager::DefaultStager(StagingOptions options, DeviceRuntime* runtime)
     : options_(std::move(options)), external_runtime_(runtime) {
-  int threads = options_.cpu_copy_threads;
-  if (threads <= 0) {
-    threads =
-        std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
-  }
-  cpu_pool_ = std::make_unique<ThreadPool>(threads);
   if (options_.use_async_staging) background_ = std::make_unique<ThreadPool>(1);
 }
 
 DefaultStager::~DefaultStager() {
   Close();
   background_.reset();  // Joins after any task still queued.
+  absl::MutexLock lock(&mu_);
   cpu_pool_.reset();
 }
 
@@ -218,7 +213,17 @@ absl::StatusOr<std::vector<DeviceStream*>> DefaultStager::StreamsFor(
   return out;
 }
 
-Executor& DefaultStager::CpuPool() { return *cpu_pool_; }
+Executor& DefaultStager::CpuPool() {
+  if (cpu_pool_ == nullptr) {  // Only states with CPU tensors need threads.
+    int threads = options_.cpu_copy_threads;
+    if (threads <= 0) {
+      threads = std::clamp(
+          static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+    }
+    cpu_pool_ = std::make_unique<ThreadPool>(threads);
+  }
+  return *cpu_pool_;
+}
 
 absl::Status DefaultStager::WaitPendingCopies() {
   absl::Status first;

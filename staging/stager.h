@@ -128,7 +128,7 @@ class DefaultStager final : public AsyncStager {
   absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Executor& CpuPool();
+  Executor& CpuPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingOptions options_;
   DeviceRuntime* const external_runtime_;
@@ -151,7 +151,8 @@ class DefaultStager final : public AsyncStager {
   absl::Mutex future_mu_;
   Future<void> last_async_ ABSL_GUARDED_BY(future_mu_);
 
-  std::unique_ptr<ThreadPool> cpu_pool_;    // memcpy of CPU tensors.
+  // memcpy of CPU tensors; created on first use.
+  std::unique_ptr<ThreadPool> cpu_pool_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ThreadPool> background_;  // use_async_staging.
 };
 
