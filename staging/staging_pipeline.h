@@ -27,7 +27,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -41,6 +40,10 @@
 #include "staging/pinned_pool.h"
 
 namespace dcp {
+
+namespace internal_staging {
+class CopyStreams;
+}  // namespace internal_staging
 
 struct StagingPipelineOptions {
   // Copy streams per device. Two keep one copy queued behind the running one
@@ -113,22 +116,13 @@ class StagingPipeline {
     OwnedEvent event;  // Empty for a zero-length piece.
   };
 
-  absl::StatusOr<DeviceStream*> NextStream(int device);
-  absl::StatusOr<OwnedEvent> TakeEvent(int device);
-  void ReturnEvent(int device, OwnedEvent event);
   void Produce(absl::Span<const PipelineItem> items);
 
   DeviceRuntime* const runtime_;
   PinnedPool* const pool_;
   const StagingPipelineOptions options_;
 
-  // Touched by the producer thread only (one Run at a time).
-  std::map<int, std::vector<OwnedStream>> streams_;
-  std::map<int, size_t> next_stream_;
-
-  absl::Mutex events_mu_;
-  std::map<int, std::vector<OwnedEvent>> free_events_
-      ABSL_GUARDED_BY(events_mu_);
+  std::unique_ptr<internal_staging::CopyStreams> streams_;
 
   // The hand-off between producer and consumer.
   absl::Mutex mu_;
