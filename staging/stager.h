@@ -37,6 +37,10 @@
 
 namespace dcp {
 
+namespace internal_staging {
+class CopyStreams;
+}  // namespace internal_staging
+
 struct StagingOptions {
   // The seed's four switches. Defaults are the seed's DefaultStager defaults
   // (all on); async_save without a stager uses AsyncSaveDefault() (all off).
@@ -123,7 +127,8 @@ class DefaultStager final : public AsyncStager {
   absl::StatusOr<DeviceRuntime*> Runtime() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<DeviceStream*>> StreamsFor(int device)
+  // The next copy stream of `device` (round robin over num_streams).
+  absl::StatusOr<DeviceStream*> NextStream(int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,7 +142,8 @@ class DefaultStager final : public AsyncStager {
   mutable absl::Mutex mu_;
   std::shared_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<HostBuffer> cached_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::vector<OwnedStream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<internal_staging::CopyStreams> copy_streams_
+      ABSL_GUARDED_BY(mu_);
   // Events after non-blocking copies, waited for by SynchronizeStaging.
   std::vector<OwnedEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   // The staging memory those copies land in, kept until they have landed
