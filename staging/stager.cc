@@ -193,6 +193,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   buffer_options.pinned = options_.use_pinned_memory;
   buffer_options.shared = options_.use_shared_memory;
   buffer_options.name = "dcp-staged-state-dict";
+  buffer_options.recycle = options_.recycle_staging_memory;
   DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
                        HostBuffer::Create(bytes, runtime, buffer_options));
   if (options_.cache_staged_state_dict) cached_ = buffer;

@@ -62,6 +62,12 @@ struct StagingOptions {
   // Keep the staging memory between Stage calls (the seed's
   // cache_staged_state_dict of FileSystemWriter).
   bool cache_staged_state_dict = true;
+  // Unpinned staging memory outlives the stager as the process's spare
+  // buffer (HostBufferOptions::recycle), so a stager made per save (as
+  // async_save does without a stager) does not map and fault in fresh memory
+  // each time. Keeps at most one state-sized buffer per process mapped;
+  // ReleaseSpareHostBuffers() unmaps it.
+  bool recycle_staging_memory = true;
 
   // What async_save uses when the caller passes no stager: pageable memory,
   // synchronous staging, blocking copies.

@@ -284,6 +284,25 @@ TEST_F(StagerTest, CachedMemoryIsReusedOnlyWhenFree) {
   EXPECT_TRUE(s3->at("a").tensor().BytesEqual(a));  // Still valid.
 }
 
+TEST_F(StagerTest, StagerPerSaveReusesTheLastStagersMemory) {
+  ReleaseSpareHostBuffers();
+  Tensor a = Iota(100000);
+  const void* first = nullptr;
+  {
+    DefaultStager stager(StagingOptions::AsyncSaveDefault(), runtime_.get());
+    absl::StatusOr<StateDict> staged = StageAndWait(stager, {{"a", a}});
+    ASSERT_TRUE(staged.ok());
+    first = staged->at("a").tensor().data();
+  }
+  static_cast<float*>(a.data())[5] = -3;
+  DefaultStager next(StagingOptions::AsyncSaveDefault(), runtime_.get());
+  absl::StatusOr<StateDict> staged = StageAndWait(next, {{"a", a}});
+  ASSERT_TRUE(staged.ok());
+  EXPECT_EQ(staged->at("a").tensor().data(), first);
+  EXPECT_TRUE(staged->at("a").tensor().BytesEqual(a));
+  ReleaseSpareHostBuffers();
+}
+
 TEST_F(StagerTest, PinnedStagingMemoryIsRegistered) {
   Tensor a = Iota(5000);
   StagingOptions o = Sync();
