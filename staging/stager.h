@@ -50,7 +50,7 @@ struct StagingOptions {
   bool use_non_blocking_copy = true;  // Return before device copies finish.
 
   // dcp's knobs.
-  // Copy streams per device. Two keep one copy queued behind the running one.
+  // Copy streams per device (see StagingPipelineOptions::num_streams).
   int num_streams = 2;
   // Device tensors are copied in pieces of this size, round robin over the
   // streams: at ~50 GB/s an 8 MiB copy takes ~160 us, so the few us of

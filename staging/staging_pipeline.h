@@ -46,9 +46,10 @@ class CopyStreams;
 }  // namespace internal_staging
 
 struct StagingPipelineOptions {
-  // Copy streams per device. Two keep one copy queued behind the running one
-  // so the copy engine never idles between pieces; more help only when
-  // pieces are small (the benchmark sweeps 1-4).
+  // Copy streams per device; pieces go round robin. Copies are queued ahead
+  // on each stream, so one stream already keeps a copy engine busy with
+  // large pieces; a second hides the per-copy latency of small pieces. 2
+  // until measured on a GPU (bench/staging_bench sweeps 1-4).
   int num_streams = 2;
 };
 
