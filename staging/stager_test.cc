@@ -124,6 +124,22 @@ TEST_F(StagerTest, PlainValuesAreCopied) {
   EXPECT_EQ(staged->at("none").kind(), StateValue::Kind::kNone);
 }
 
+TEST_F(StagerTest, EmptyAndScalarTensors) {
+  Tensor empty = Tensor::Empty(DType::kF32, {0, 4});
+  Tensor scalar = Tensor::Empty(DType::kI64, {});
+  *static_cast<int64_t*>(scalar.data()) = -42;
+  DefaultStager stager(Sync(), runtime_.get());
+  absl::StatusOr<StateDict> staged =
+      StageAndWait(stager, {{"empty", empty}, {"step", scalar}});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->at("empty").tensor().sizes(), Shape({0, 4}));
+  EXPECT_EQ(staged->at("empty").tensor().nbytes(), 0u);
+  EXPECT_TRUE(staged->at("empty").tensor().defined());
+  const Tensor& s = staged->at("step").tensor();
+  EXPECT_EQ(s.sizes(), Shape({}));
+  EXPECT_EQ(*static_cast<const int64_t*>(s.data()), -42);
+}
+
 TEST_F(StagerTest, NonContiguousTensorsComeOutContiguous) {
   Tensor m = Iota(6);  // [[0,1,2],[3,4,5]]
   Tensor transposed = Tensor::Wrap(
