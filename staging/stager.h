@@ -93,8 +93,8 @@ class AsyncStager {
   // handing the dict to the writer).
   virtual bool should_synchronize_after_execute() const = 0;
 
-  // Blocks until every copy started by Stage has finished; returns the first
-  // staging error not yet reported.
+  // Blocks until every copy started by Stage has finished; returns the error
+  // of the last asynchronous Stage or of a non-blocking copy, if any.
   virtual absl::Status SynchronizeStaging() = 0;
 
   // Finishes pending staging and releases streams and cached memory. Staged
