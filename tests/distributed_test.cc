@@ -95,7 +95,8 @@ using Layout = std::map<std::string, std::vector<std::pair<Shape, Shape>>>;
 // 4 ranks: rows split unevenly, 2x2 blocks, uneven column split, replicas.
 Layout SaveLayout(int rank) {
   const int64_t row_starts[] = {0, 1, 3, 6, 10};
-  const int64_t col_starts[] = {0, 2, 3, 5, 5};  // Rank 3 holds 0 columns.
+  // Rank 2 holds 0 columns, at the offset where rank 3 starts.
+  const int64_t col_starts[] = {0, 2, 3, 3, 5};
   Layout layout;
   layout["model.row"] = {{{row_starts[rank], 0},
                           {row_starts[rank + 1] - row_starts[rank], 6}}};
