@@ -10,8 +10,8 @@ namespace dcp {
 AsyncCheckpointer::AsyncCheckpointer() = default;
 AsyncCheckpointer::~AsyncCheckpointer() = default;  // Pools drain, then join.
 
-AsyncSaveResponse AsyncCheckpointer::AsyncSave(const StateDict& state_dict,
-                                               const AsyncSaveOptions& options) {
+AsyncSaveResponse AsyncCheckpointer::AsyncSave(
+    const StateDict& state_dict, const AsyncSaveOptions& options) {
   Promise<void> staged_promise;
   Promise<Metadata> upload_promise;
   AsyncSaveResponse response{staged_promise.future(), upload_promise.future()};
@@ -27,8 +27,8 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(const StateDict& state_dict,
   std::shared_ptr<AsyncStager> owned_stager;
   AsyncStager* stager = options.async_stager;
   if (stager == nullptr) {
-    owned_stager = std::make_shared<DefaultStager>(
-        StagingOptions::AsyncSaveDefault());
+    owned_stager =
+        std::make_shared<DefaultStager>(StagingOptions::AsyncSaveDefault());
     stager = owned_stager.get();
   }
   Future<StateDict> staged = stager->Stage(state_dict);

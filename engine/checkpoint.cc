@@ -27,7 +27,8 @@ comm::ProcessGroup* GroupFor(comm::ProcessGroup* requested, bool no_dist) {
 
 template <typename T, typename Decode>
 absl::StatusOr<std::vector<T>> DecodeAll(const std::vector<std::string>& in,
-                                         Decode decode, absl::string_view what) {
+                                         Decode decode,
+                                         absl::string_view what) {
   std::vector<T> out;
   out.reserve(in.size());
   for (size_t r = 0; r < in.size(); ++r) {
@@ -38,6 +39,37 @@ absl::StatusOr<std::vector<T>> DecodeAll(const std::vector<std::string>& in,
     out.push_back(*std::move(value));
   }
   return out;
+}
+
+// Runs the seed's plan exchange: local plans travel to the coordinator,
+// which runs `global_step` on all of them; each rank gets its final plan.
+template <typename Plan>
+absl::StatusOr<Plan> ExchangePlans(
+    internal::DistWrapper& dist, absl::string_view step,
+    absl::FunctionRef<absl::StatusOr<Plan>()> local_step,
+    absl::FunctionRef<absl::StatusOr<std::vector<Plan>>(std::vector<Plan>)>
+        global_step,
+    std::string (*encode)(const Plan&),
+    absl::StatusOr<Plan> (*decode)(absl::string_view)) {
+  DCP_ASSIGN_OR_RETURN(
+      std::string encoded,
+      dist.ReduceScatter(
+          step,
+          [&]() -> absl::StatusOr<std::string> {
+            DCP_ASSIGN_OR_RETURN(Plan plan, local_step());
+            return encode(plan);
+          },
+          [&](std::vector<std::string> encoded_plans)
+              -> absl::StatusOr<std::vector<std::string>> {
+            DCP_ASSIGN_OR_RETURN(std::vector<Plan> plans,
+                                 DecodeAll<Plan>(encoded_plans, decode, step));
+            DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
+            std::vector<std::string> out;
+            out.reserve(plans.size());
+            for (const Plan& plan : plans) out.push_back(encode(plan));
+            return out;
+          }));
+  return decode(encoded);
 }
 
 // The seed's _save_state_dict: plans travel to the coordinator and back
@@ -60,8 +92,8 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
     DCP_ASSIGN_OR_RETURN(SavePlan plan, planner.CreateLocalPlan());
     return writer.PrepareLocalPlan(std::move(plan));
   };
-  auto global_step =
-      [&](std::vector<SavePlan> plans) -> absl::StatusOr<std::vector<SavePlan>> {
+  auto global_step = [&](std::vector<SavePlan> plans)
+      -> absl::StatusOr<std::vector<SavePlan>> {
     DCP_ASSIGN_OR_RETURN(auto global,
                          planner.CreateGlobalPlan(std::move(plans)));
     global_metadata = std::move(global.second);
@@ -72,28 +104,9 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
     SavePlan central_plan;
     if (use_collectives && dist.size() > 1) {
       DCP_ASSIGN_OR_RETURN(
-          std::string encoded,
-          dist.ReduceScatter(
-              "plan",
-              [&]() -> absl::StatusOr<std::string> {
-                DCP_ASSIGN_OR_RETURN(SavePlan plan, local_step());
-                return EncodeSavePlan(plan);
-              },
-              [&](std::vector<std::string> encoded_plans)
-                  -> absl::StatusOr<std::vector<std::string>> {
-                DCP_ASSIGN_OR_RETURN(
-                    std::vector<SavePlan> plans,
-                    DecodeAll<SavePlan>(encoded_plans, DecodeSavePlan,
-                                        "save plan"));
-                DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
-                std::vector<std::string> out;
-                out.reserve(plans.size());
-                for (const SavePlan& plan : plans) {
-                  out.push_back(EncodeSavePlan(plan));
-                }
-                return out;
-              }));
-      DCP_ASSIGN_OR_RETURN(central_plan, DecodeSavePlan(encoded));
+          central_plan,
+          ExchangePlans<SavePlan>(dist, "save plan", local_step, global_step,
+                                  EncodeSavePlan, DecodeSavePlan));
     } else {
       if (dist.size() > 1) {
         return absl::UnimplementedError(
@@ -165,8 +178,8 @@ absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
     DCP_ASSIGN_OR_RETURN(LoadPlan plan, planner.CreateLocalPlan());
     return reader.PrepareLocalPlan(std::move(plan));
   };
-  auto global_step =
-      [&](std::vector<LoadPlan> plans) -> absl::StatusOr<std::vector<LoadPlan>> {
+  auto global_step = [&](std::vector<LoadPlan> plans)
+      -> absl::StatusOr<std::vector<LoadPlan>> {
     DCP_ASSIGN_OR_RETURN(plans, planner.CreateGlobalPlan(std::move(plans)));
     return reader.PrepareGlobalPlan(std::move(plans));
   };
@@ -184,26 +197,9 @@ absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
     return read_step(std::move(plans.at(0)));
   }
   DCP_ASSIGN_OR_RETURN(
-      std::string encoded,
-      dist.ReduceScatter(
-          "load plan",
-          [&]() -> absl::StatusOr<std::string> {
-            DCP_ASSIGN_OR_RETURN(LoadPlan plan, local_step());
-            return EncodeLoadPlan(plan);
-          },
-          [&](std::vector<std::string> encoded_plans)
-              -> absl::StatusOr<std::vector<std::string>> {
-            DCP_ASSIGN_OR_RETURN(
-                std::vector<LoadPlan> plans,
-                DecodeAll<LoadPlan>(encoded_plans, DecodeLoadPlan,
-                                    "load plan"));
-            DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
-            std::vector<std::string> out;
-            out.reserve(plans.size());
-            for (const LoadPlan& plan : plans) out.push_back(EncodeLoadPlan(plan));
-            return out;
-          }));
-  DCP_ASSIGN_OR_RETURN(LoadPlan central_plan, DecodeLoadPlan(encoded));
+      LoadPlan central_plan,
+      ExchangePlans<LoadPlan>(dist, "load plan", local_step, global_step,
+                              EncodeLoadPlan, DecodeLoadPlan));
   // Every rank learns whether every other rank's reads succeeded.
   return dist
       .AllReduce(
@@ -238,9 +234,9 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
   if (options.coordinator_rank < 0 || options.coordinator_rank >= dist.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinator_rank ", options.coordinator_rank, " is outside the ",
-        dist.size(), "-rank group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator_rank ", options.coordinator_rank,
+                     " is outside the ", dist.size(), "-rank group"));
   }
   return SaveWithCoordination(state_dict, storage_writer, *planner, dist,
                               options.use_collectives);
@@ -260,8 +256,7 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
   return SaveStateDict(state_dict, writer, options);
 }
 
-absl::Status LoadStateDict(StateDict& state_dict,
-                           StorageReader& storage_reader,
+absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
@@ -272,9 +267,9 @@ absl::Status LoadStateDict(StateDict& state_dict,
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
   if (options.coordinator_rank < 0 || options.coordinator_rank >= dist.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinator_rank ", options.coordinator_rank, " is outside the ",
-        dist.size(), "-rank group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinator_rank ", options.coordinator_rank,
+                     " is outside the ", dist.size(), "-rank group"));
   }
   return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
 }

@@ -51,8 +51,8 @@ struct SaveOptions {
 
 struct LoadOptions {
   std::string checkpoint_id;
-  StorageReader* storage_reader = nullptr;  // Not owned.
-  LoadPlanner* planner = nullptr;           // Not owned.
+  StorageReader* storage_reader = nullptr;      // Not owned.
+  LoadPlanner* planner = nullptr;               // Not owned.
   comm::ProcessGroup* process_group = nullptr;  // Not owned.
   int coordinator_rank = 0;
   bool no_dist = false;
@@ -73,8 +73,7 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options = {});
-absl::Status LoadStateDict(StateDict& state_dict,
-                           StorageReader& storage_reader,
+absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options = {});
 
 }  // namespace dcp

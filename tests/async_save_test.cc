@@ -48,8 +48,8 @@ TEST(AsyncSave, MutatingAfterStagingKeepsOldValues) {
     const std::string dir = MakeTempDir("async-mutate");
     StateDict live = MakeState(1);
     const StateDict expected = MakeState(1);
-    StagingOptions staging = pinned_async ? StagingOptions{}
-                                          : StagingOptions::AsyncSaveDefault();
+    StagingOptions staging =
+        pinned_async ? StagingOptions{} : StagingOptions::AsyncSaveDefault();
     DefaultStager stager(staging);
     AsyncCheckpointer checkpointer;
     AsyncSaveOptions options;

@@ -87,11 +87,10 @@ TEST(CrashDuringOverwrite, AlwaysLeavesOneCompleteCheckpoint) {
   uint64_t next = 2;
   for (int delay : delays_us) {
     const uint64_t seed = next++;
-    const bool done =
-        SaveAndKill(dir, seed, std::chrono::microseconds(delay));
+    const bool done = SaveAndKill(dir, seed, std::chrono::microseconds(delay));
     absl::StatusOr<uint64_t> loaded = LoadedSeed(dir, {current, seed});
-    ASSERT_TRUE(loaded.ok()) << "after a kill " << delay
-                             << "us into the save: " << loaded.status();
+    ASSERT_TRUE(loaded.ok())
+        << "after a kill " << delay << "us into the save: " << loaded.status();
     if (done) EXPECT_EQ(*loaded, seed) << "the save reported success";
     (*loaded == seed ? finished : interrupted)++;
     current = *loaded;

@@ -98,11 +98,11 @@ Layout SaveLayout(int rank) {
   // Rank 2 holds 0 columns, at the offset where rank 3 starts.
   const int64_t col_starts[] = {0, 2, 3, 3, 5};
   Layout layout;
-  layout["model.row"] = {{{row_starts[rank], 0},
-                          {row_starts[rank + 1] - row_starts[rank], 6}}};
+  layout["model.row"] = {
+      {{row_starts[rank], 0}, {row_starts[rank + 1] - row_starts[rank], 6}}};
   layout["model.block"] = {{{(rank / 2) * 4, (rank % 2) * 4}, {4, 4}}};
-  layout["model.uneven"] = {{{0, col_starts[rank]},
-                             {7, col_starts[rank + 1] - col_starts[rank]}}};
+  layout["model.uneven"] = {
+      {{0, col_starts[rank]}, {7, col_starts[rank + 1] - col_starts[rank]}}};
   layout["model.replicated"] = {};
   return layout;
 }
@@ -165,8 +165,8 @@ std::string CheckState(StateDict& state, const Layout& layout,
     }
     for (Shard& shard : v.sharded_tensor().mutable_local_shards()) {
       if (!VisitChunk(g, shard.offsets, shard.tensor, false)) {
-        return absl::StrCat(g.name, " shard at ",
-                            ShapeToString(shard.offsets), " differs");
+        return absl::StrCat(g.name, " shard at ", ShapeToString(shard.offsets),
+                            " differs");
       }
     }
   }
@@ -297,15 +297,15 @@ TEST(Distributed, FailedWriteOnRankTwoFailsEveryRankAndCommitsNothing) {
         auto group = JoinGroup(rank, 4, rdv2, absl::Seconds(30));
         if (int rc = Check(group != nullptr, rank, "join")) return rc;
         FaultInjectionFileSystem faulty(LocalFileSystem());
-        if (rank == 2) faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
-        absl::Status s = SaveOnRank(group.get(), dir,
-                                    BuildState(SaveLayout(rank), true, 2),
-                                    &faulty);
+        if (rank == 2)
+          faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
+        absl::Status s = SaveOnRank(
+            group.get(), dir, BuildState(SaveLayout(rank), true, 2), &faulty);
         if (int rc = Check(!s.ok(), rank, "save succeeded")) return rc;
         auto failures = CheckpointFailures(s);
-        if (int rc = Check(failures.has_value() && failures->count(2) == 1,
-                           rank, "no failure listed for rank 2: " +
-                                     s.ToString())) {
+        if (int rc =
+                Check(failures.has_value() && failures->count(2) == 1, rank,
+                      "no failure listed for rank 2: " + s.ToString())) {
           return rc;
         }
         if (int rc = Check(s.code() == absl::StatusCode::kDataLoss, rank,
@@ -365,18 +365,18 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
         options.process_group = group.get();
         if (rank == 1) options.planner = &dying;
         const absl::Time start = absl::Now();
-        absl::Status s =
-            SaveStateDict(BuildState(SaveLayout(rank), true, 3), writer,
-                          options)
-                .status();
+        absl::Status s = SaveStateDict(BuildState(SaveLayout(rank), true, 3),
+                                       writer, options)
+                             .status();
         const absl::Duration took = absl::Now() - start;
         if (int rc = Check(s.code() == absl::StatusCode::kDeadlineExceeded ||
                                s.code() == absl::StatusCode::kUnavailable,
                            rank, "code: " + s.ToString())) {
           return rc;
         }
-        if (int rc = Check(s.message().find("rank 1") != absl::string_view::npos,
-                           rank, "lost rank not named: " + s.ToString())) {
+        if (int rc =
+                Check(s.message().find("rank 1") != absl::string_view::npos,
+                      rank, "lost rank not named: " + s.ToString())) {
           return rc;
         }
         return Check(took < timeout + absl::Seconds(5), rank,

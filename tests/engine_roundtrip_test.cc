@@ -35,7 +35,9 @@ absl::Status LoadFrom(const std::string& dir, StateDict& sd) {
   return Load(sd, options);
 }
 
-Tensor ZerosLike(const Tensor& t) { return Tensor::Empty(t.dtype(), t.sizes()); }
+Tensor ZerosLike(const Tensor& t) {
+  return Tensor::Empty(t.dtype(), t.sizes());
+}
 
 TEST(EngineRoundTrip, EveryDTypeAndShapeKind) {
   const std::string dir = MakeTempDir("dtypes");
@@ -62,12 +64,12 @@ TEST(EngineRoundTrip, NestingAndPlainValues) {
   StateDict saved;
   saved["model"] = StateDict{{"w", SeededTensor(DType::kBF16, {8, 8}, 1)}};
   saved["optim"] = StateDict{
-      {"state", StateDict{{"0", StateDict{{"exp_avg", SeededTensor(
-                                                          DType::kF32, {8}, 2)},
-                                          {"step", int64_t{42}}}}}},
-      {"param_groups",
-       StateList{StateDict{{"lr", 0.125}, {"amsgrad", false},
-                           {"name", std::string("decay")}}}}};
+      {"state",
+       StateDict{{"0", StateDict{{"exp_avg", SeededTensor(DType::kF32, {8}, 2)},
+                                 {"step", int64_t{42}}}}}},
+      {"param_groups", StateList{StateDict{{"lr", 0.125},
+                                           {"amsgrad", false},
+                                           {"name", std::string("decay")}}}}};
   saved["blob"] = Bytes{std::string("\0\xff\x10", 3)};
   saved["dotted.key"] = int64_t{-5};
   ASSERT_TRUE(SaveTo(dir, saved).ok());
@@ -75,20 +77,19 @@ TEST(EngineRoundTrip, NestingAndPlainValues) {
   StateDict loaded;
   loaded["model"] = StateDict{{"w", Tensor::Empty(DType::kBF16, {8, 8})}};
   loaded["optim"] = StateDict{
-      {"state", StateDict{{"0", StateDict{{"exp_avg", Tensor::Empty(
-                                                          DType::kF32, {8})},
-                                          {"step", int64_t{0}}}}}},
+      {"state",
+       StateDict{{"0", StateDict{{"exp_avg", Tensor::Empty(DType::kF32, {8})},
+                                 {"step", int64_t{0}}}}}},
       {"param_groups",
-       StateList{StateDict{{"lr", 0.0}, {"amsgrad", true},
-                           {"name", std::string()}}}}};
+       StateList{StateDict{
+           {"lr", 0.0}, {"amsgrad", true}, {"name", std::string()}}}}};
   loaded["blob"] = Bytes{};
   loaded["dotted.key"] = int64_t{0};
   ASSERT_TRUE(LoadFrom(dir, loaded).ok());
 
   EXPECT_TRUE(loaded["model"].dict()["w"].tensor().BytesEqual(
       saved["model"].dict()["w"].tensor()));
-  const StateDict& state0 =
-      loaded["optim"].dict()["state"].dict()["0"].dict();
+  const StateDict& state0 = loaded["optim"].dict()["state"].dict()["0"].dict();
   EXPECT_EQ(state0.at("step").int_value(), 42);
   const StateDict& group =
       loaded["optim"].dict()["param_groups"].list()[0].dict();
@@ -110,15 +111,15 @@ TEST(EngineRoundTrip, ShardedTensorReshardsOnLoad) {
     return Shard{{begin, 0}, t};
   };
   StateDict saved;
-  saved["w"] = ShardedTensor(DType::kF32, {7, 6},
-                             {rows(0, 3), rows(3, 4), rows(4, 7)});
+  saved["w"] =
+      ShardedTensor(DType::kF32, {7, 6}, {rows(0, 3), rows(3, 4), rows(4, 7)});
   ASSERT_TRUE(SaveTo(dir, saved).ok());
 
   StateDict loaded;
-  loaded["w"] = ShardedTensor(
-      DType::kF32, {7, 6},
-      {Shard{{0, 0}, Tensor::Empty(DType::kF32, {7, 2})},
-       Shard{{0, 2}, Tensor::Empty(DType::kF32, {7, 4})}});
+  loaded["w"] =
+      ShardedTensor(DType::kF32, {7, 6},
+                    {Shard{{0, 0}, Tensor::Empty(DType::kF32, {7, 2})},
+                     Shard{{0, 2}, Tensor::Empty(DType::kF32, {7, 4})}});
   ASSERT_TRUE(LoadFrom(dir, loaded).ok());
   const auto& shards = loaded["w"].sharded_tensor().local_shards();
   for (const Shard& shard : shards) {
@@ -126,11 +127,11 @@ TEST(EngineRoundTrip, ShardedTensorReshardsOnLoad) {
     const float* got = static_cast<const float*>(shard.tensor.data());
     for (int64_t r = 0; r < 7; ++r) {
       for (int64_t c = 0; c < nc; ++c) {
-        ASSERT_EQ(std::memcmp(&got[r * nc + c],
-                              static_cast<const float*>(full.data()) +
-                                  r * 6 + c0 + c,
-                              4),
-                  0)
+        ASSERT_EQ(
+            std::memcmp(&got[r * nc + c],
+                        static_cast<const float*>(full.data()) + r * 6 + c0 + c,
+                        4),
+            0)
             << "row " << r << " col " << c0 + c;
       }
     }
@@ -169,7 +170,8 @@ TEST_F(EngineLoadErrors, MissingKeyStrictAndPartial) {
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_NE(s.message().find("missing"), absl::string_view::npos) << s;
 
-  DefaultLoadPlanner partial(DefaultLoadPlannerOptions{.allow_partial_load = true});
+  DefaultLoadPlanner partial(
+      DefaultLoadPlannerOptions{.allow_partial_load = true});
   LoadOptions options;
   options.checkpoint_id = dir_;
   options.planner = &partial;
@@ -272,8 +274,8 @@ absl::Status SaveAsUnprivileged(const std::string& dir, const StateDict& sd) {
       ::_exit(2);
     }
     absl::Status s = SaveTo(dir, sd).status();
-    const std::string out =
-        std::to_string(static_cast<int>(s.code())) + " " + std::string(s.message());
+    const std::string out = std::to_string(static_cast<int>(s.code())) + " " +
+                            std::string(s.message());
     (void)!::write(fds[1], out.data(), out.size());
     ::_exit(0);
   }

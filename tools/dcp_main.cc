@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
 
   dcp::DemoFlags demo;
   CLI::App* demo_cmd = app.add_subcommand(
-      "demo", "Save and load a synthetic model state, verify every byte, "
-              "print throughput");
+      "demo",
+      "Save and load a synthetic model state, verify every byte, "
+      "print throughput");
   demo_cmd->add_option("--size", demo.size,
                        "Approximate state size (e.g. 1GiB, 256MiB, 4G)");
   demo_cmd->add_option("--dir", demo.dir,
@@ -31,24 +32,25 @@ int main(int argc, char** argv) {
                      "checkpoint's pages first");
 
   std::string inspect_dir;
-  CLI::App* inspect_cmd = app.add_subcommand(
-      "inspect", "List the keys, dtypes, shapes, chunks and files of a "
-                 "checkpoint");
+  CLI::App* inspect_cmd =
+      app.add_subcommand("inspect",
+                         "List the keys, dtypes, shapes, chunks and files of a "
+                         "checkpoint");
   inspect_cmd->add_option("dir", inspect_dir, "Checkpoint directory")
       ->required();
 
   std::string verify_dir;
-  CLI::App* verify_cmd = app.add_subcommand(
-      "verify", "Check every checksum of a checkpoint; exits non-zero "
-                "naming what is wrong");
-  verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")
-      ->required();
+  CLI::App* verify_cmd =
+      app.add_subcommand("verify",
+                         "Check every checksum of a checkpoint; exits non-zero "
+                         "naming what is wrong");
+  verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")->required();
 
   std::string bench_kind;
   std::vector<std::string> bench_args;
-  CLI::App* bench_cmd = app.add_subcommand(
-      "bench", "Run a benchmark program: " +
-                   absl::StrJoin(dcp::BenchKinds(), ", "));
+  CLI::App* bench_cmd =
+      app.add_subcommand("bench", "Run a benchmark program: " +
+                                      absl::StrJoin(dcp::BenchKinds(), ", "));
   bench_cmd->add_option("kind", bench_kind, "Which benchmark")->required();
   bench_cmd->add_option("args", bench_args, "Its arguments (after --)");
   bench_cmd->prefix_command();

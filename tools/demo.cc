@@ -4,12 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 
 double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                       start)
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
@@ -70,8 +69,9 @@ DirStats StatDir(const std::string& dir) {
 absl::StatusOr<int64_t> ParseSize(const std::string& text) {
   std::string digits;
   size_t i = 0;
-  while (i < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+  while (
+      i < text.size() &&
+      (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
     digits.push_back(text[i++]);
   }
   const std::string unit = absl::AsciiStrToLower(text.substr(i));
@@ -112,8 +112,7 @@ absl::StatusOr<DemoResult> Combine(comm::ProcessGroup* group,
   const std::string payload =
       absl::StrFormat("%d %.9f %.9f %d", mine.bytes, mine.save_seconds,
                       mine.load_seconds, mine.verified ? 1 : 0);
-  DCP_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                       group->AllGather(payload));
+  DCP_ASSIGN_OR_RETURN(std::vector<std::string> all, group->AllGather(payload));
   DemoResult total;
   for (const std::string& entry : all) {
     long long bytes = 0;
@@ -223,10 +222,8 @@ absl::Status RunDemo(const DemoFlags& flags) {
   if (rank != 0) return absl::OkStatus();
 
   const double gb = static_cast<double>(total.bytes) / 1e9;
-  const double save_gbps =
-      total.save_seconds > 0 ? gb / total.save_seconds : 0;
-  const double load_gbps =
-      total.load_seconds > 0 ? gb / total.load_seconds : 0;
+  const double save_gbps = total.save_seconds > 0 ? gb / total.save_seconds : 0;
+  const double load_gbps = total.load_seconds > 0 ? gb / total.load_seconds : 0;
   if (flags.json) {
     std::printf(
         "{\"bytes\": %lld, \"ranks\": %d, \"files\": %lld, "
@@ -237,9 +234,8 @@ absl::Status RunDemo(const DemoFlags& flags) {
         static_cast<long long>(total.bytes), world_size,
         static_cast<long long>(stats.files),
         static_cast<long long>(stats.bytes), total.save_seconds,
-        total.load_seconds, save_gbps, load_gbps,
-        do_load ? "true" : "null", flags.mode.c_str(),
-        flags.cold_load ? "true" : "false");
+        total.load_seconds, save_gbps, load_gbps, do_load ? "true" : "null",
+        flags.mode.c_str(), flags.cold_load ? "true" : "false");
     return absl::OkStatus();
   }
   std::printf("dcp demo (%s, %d rank%s, dir %s%s)\n", flags.mode.c_str(),

@@ -38,8 +38,8 @@ absl::Status ReadFully(int fd, const std::string& path, int64_t offset,
                         offset + static_cast<int64_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return ErrnoError(errno, absl::StrCat("pread ", path, " offset=",
-                                            offset + done));
+      return ErrnoError(
+          errno, absl::StrCat("pread ", path, " offset=", offset + done));
     }
     if (n == 0) {
       return absl::DataLossError(absl::StrCat(
@@ -98,8 +98,8 @@ absl::Status RunVerify(const std::string& dir) {
     const std::string path = absl::StrCat(dir, "/", info.relative_path);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      problems.push_back(ErrnoError(errno, absl::StrCat("open ", path))
-                             .ToString());
+      problems.push_back(
+          ErrnoError(errno, absl::StrCat("open ", path)).ToString());
       continue;
     }
     const int64_t expected_blocks =
@@ -122,10 +122,10 @@ absl::Status RunVerify(const std::string& dir) {
       }
       bytes += static_cast<int64_t>(buffer.size());
       if (Checksum(buffer.data(), buffer.size()) != info.block_checksums[b]) {
-        problems.push_back(absl::StrCat(
-            index.ToString(), ": checksum mismatch in ", info.relative_path,
-            " at offset ", info.offset + start, " (block ", b, ", ",
-            buffer.size(), " bytes)"));
+        problems.push_back(
+            absl::StrCat(index.ToString(), ": checksum mismatch in ",
+                         info.relative_path, " at offset ", info.offset + start,
+                         " (block ", b, ", ", buffer.size(), " bytes)"));
       }
     }
     ::close(fd);
@@ -138,9 +138,9 @@ absl::Status RunVerify(const std::string& dir) {
   if (!problems.empty()) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", dir, " failed verification: ", problems.front(),
-        problems.size() > 1 ? absl::StrCat(" (and ", problems.size() - 1,
-                                           " more)")
-                            : ""));
+        problems.size() > 1
+            ? absl::StrCat(" (and ", problems.size() - 1, " more)")
+            : ""));
   }
   return absl::OkStatus();
 }

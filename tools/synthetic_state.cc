@@ -27,8 +27,8 @@ void FillChunk(Tensor& t, uint64_t seed, const std::string& name,
   // Word-aligned in global coordinates so chunks agree.
   while (i < n && (global_byte_offset + i) % 8 != 0) {
     const int64_t g = global_byte_offset + i;
-    out[i++] = static_cast<unsigned char>(SplitMix64(key + g / 8) >>
-                                          (8 * (g % 8)));
+    out[i++] =
+        static_cast<unsigned char>(SplitMix64(key + g / 8) >> (8 * (g % 8)));
   }
   for (; i + 8 <= n; i += 8) {
     const uint64_t word = SplitMix64(key + (global_byte_offset + i) / 8);
@@ -36,8 +36,8 @@ void FillChunk(Tensor& t, uint64_t seed, const std::string& name,
   }
   for (; i < n; ++i) {
     const int64_t g = global_byte_offset + i;
-    out[i] = static_cast<unsigned char>(SplitMix64(key + g / 8) >>
-                                        (8 * (g % 8)));
+    out[i] =
+        static_cast<unsigned char>(SplitMix64(key + g / 8) >> (8 * (g % 8)));
   }
 }
 
@@ -61,9 +61,9 @@ ShardedTensor MakeRowSharded(DType dtype, int64_t rows, int64_t cols,
   auto [begin, end] = RowRange(rows, o.rank, o.world_size);
   const int64_t row_bytes = cols * static_cast<int64_t>(ElementSize(dtype));
   std::vector<Shard> shards;
-  shards.push_back(Shard{{begin, 0},
-                         MakeTensor(dtype, {end - begin, cols}, o, name,
-                                    begin * row_bytes)});
+  shards.push_back(Shard{
+      {begin, 0},
+      MakeTensor(dtype, {end - begin, cols}, o, name, begin * row_bytes)});
   return ShardedTensor(dtype, {rows, cols}, std::move(shards));
 }
 
@@ -193,9 +193,9 @@ absl::Status CompareStates(const StateDict& expected, const StateDict& actual) {
     }
     const StateValue& av = it->second;
     if (ev.kind() != av.kind()) {
-      return absl::DataLossError(absl::StrCat(
-          name, ": expected a ", StateKindName(ev.kind()), ", got a ",
-          StateKindName(av.kind())));
+      return absl::DataLossError(
+          absl::StrCat(name, ": expected a ", StateKindName(ev.kind()),
+                       ", got a ", StateKindName(av.kind())));
     }
     if (ev.is_tensor()) {
       absl::Status s = CompareTensor(name, ev.tensor(), av.tensor());

@@ -11,38 +11,20 @@ namespace dcp::internal {
 namespace {
 
 // Envelope: one tag byte, then the payload (kOk), an encoded Status
-// (kError), or a failure list (kFailures: repeated u32 rank, u32 length,
-// encoded Status).
+// (kError), or a failure list (kFailures: the CheckpointException payload).
 enum Tag : char { kOk = 'O', kError = 'E', kFailures = 'F' };
-
-void AppendU32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-bool ReadU32(absl::string_view& in, uint32_t& v) {
-  if (in.size() < 4) return false;
-  v = 0;
-  for (int i = 0; i < 4; ++i) {
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << (8 * i);
-  }
-  in.remove_prefix(4);
-  return true;
-}
 
 std::string Wrap(const absl::StatusOr<std::string>& result) {
   if (result.ok()) return std::string(1, kOk) + *result;
   return std::string(1, kError) + comm::EncodeStatus(result.status());
 }
 
+// The failure list travels as the CheckpointException payload itself.
 std::string WrapFailures(const std::map<int, absl::Status>& failures) {
-  std::string out(1, kFailures);
-  for (const auto& [rank, status] : failures) {
-    const std::string encoded = comm::EncodeStatus(status);
-    AppendU32(out, static_cast<uint32_t>(rank));
-    AppendU32(out, static_cast<uint32_t>(encoded.size()));
-    out += encoded;
-  }
-  return out;
+  auto payload = MakeCheckpointException("", failures)
+                     .GetPayload(kCheckpointFailuresPayload);
+  return std::string(1, kFailures) +
+         (payload.has_value() ? std::string(*payload) : std::string());
 }
 
 // Unwraps an envelope received in `step`; a failure becomes the
@@ -50,9 +32,9 @@ std::string WrapFailures(const std::map<int, absl::Status>& failures) {
 absl::StatusOr<std::string> Unwrap(absl::string_view step,
                                    absl::string_view envelope, int sender) {
   auto corrupt = [&] {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint ", step, ": malformed coordination message from rank ",
-        sender));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", step,
+                     ": malformed coordination message from rank ", sender));
   };
   if (envelope.empty()) return corrupt();
   const char tag = envelope[0];
@@ -64,19 +46,11 @@ absl::StatusOr<std::string> Unwrap(absl::string_view step,
     if (!comm::DecodeStatus(envelope, &decoded).ok()) return corrupt();
     failures[sender] = decoded;
   } else if (tag == kFailures) {
-    while (!envelope.empty()) {
-      uint32_t rank = 0, length = 0;
-      if (!ReadU32(envelope, rank) || !ReadU32(envelope, length) ||
-          envelope.size() < length) {
-        return corrupt();
-      }
-      absl::Status decoded;
-      if (!comm::DecodeStatus(envelope.substr(0, length), &decoded).ok()) {
-        return corrupt();
-      }
-      failures[static_cast<int>(rank)] = decoded;
-      envelope.remove_prefix(length);
-    }
+    absl::Status carrier = absl::UnknownError("");
+    carrier.SetPayload(kCheckpointFailuresPayload, absl::Cord(envelope));
+    auto decoded = CheckpointFailures(carrier);
+    if (!decoded.has_value()) return corrupt();
+    failures = *std::move(decoded);
   } else {
     return corrupt();
   }
@@ -131,15 +105,15 @@ absl::StatusOr<std::string> DistWrapper::Distribute(
     std::string failure;
     if (!outcome.ok()) {
       auto failures = CheckpointFailures(outcome.status());
-      failure = WrapFailures(failures.has_value()
-                                 ? *failures
-                                 : std::map<int, absl::Status>{
-                                       {rank(), outcome.status()}});
+      failure = WrapFailures(
+          failures.has_value()
+              ? *failures
+              : std::map<int, absl::Status>{{rank(), outcome.status()}});
     }
     if (scatter) {
       for (int r = 0; r < size(); ++r) {
-        envelopes.push_back(
-            outcome.ok() ? std::string(1, kOk) + outcome->at(r) : failure);
+        envelopes.push_back(outcome.ok() ? std::string(1, kOk) + outcome->at(r)
+                                         : failure);
       }
     } else {
       single = outcome.ok() ? std::string(1, kOk) + outcome->at(0) : failure;
@@ -168,9 +142,9 @@ absl::StatusOr<std::string> DistWrapper::ReduceScatter(absl::string_view step,
   if (is_coordinator() && outcome.ok()) {
     outcome = global_step(*std::move(outcome));
     if (outcome.ok() && static_cast<int>(outcome->size()) != size()) {
-      outcome = absl::InternalError(absl::StrCat(
-          "checkpoint ", step, ": global step returned ", outcome->size(),
-          " plans for ", size(), " ranks"));
+      outcome = absl::InternalError(
+          absl::StrCat("checkpoint ", step, ": global step returned ",
+                       outcome->size(), " plans for ", size(), " ranks"));
     }
     if (group_ != nullptr && !outcome.ok() &&
         !CheckpointFailures(outcome.status()).has_value()) {
@@ -206,8 +180,7 @@ absl::StatusOr<std::string> DistWrapper::AllReduce(absl::string_view step,
 
 absl::StatusOr<std::string> DistWrapper::Broadcast(absl::string_view step,
                                                    LocalStep coordinator_step) {
-  absl::StatusOr<std::vector<std::string>> outcome =
-      std::vector<std::string>{};
+  absl::StatusOr<std::vector<std::string>> outcome = std::vector<std::string>{};
   if (is_coordinator()) {
     absl::StatusOr<std::string> result = coordinator_step();
     if (result.ok()) {

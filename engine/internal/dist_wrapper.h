@@ -63,9 +63,8 @@ class DistWrapper {
   // Delivers the coordinator's outcome: one payload per rank (scatter) or
   // one for all (broadcast), or the failure.
   absl::StatusOr<std::string> Distribute(
-      absl::string_view step, const absl::StatusOr<std::vector<std::string>>&
-                                  outcome,
-      bool scatter);
+      absl::string_view step,
+      const absl::StatusOr<std::vector<std::string>>& outcome, bool scatter);
 
   comm::ProcessGroup* const group_;
   const int coordinator_rank_;

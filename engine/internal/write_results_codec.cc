@@ -38,12 +38,12 @@ absl::StatusOr<std::vector<WriteResult>> DecodeWriteResults(
     absl::string_view bytes) {
   engine_wire::WriteResults message;
   if (!message.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-    return absl::DataLossError(absl::StrCat(
-        "write results of ", bytes.size(), " bytes do not parse"));
+    return absl::DataLossError(
+        absl::StrCat("write results of ", bytes.size(), " bytes do not parse"));
   }
   if (message.version() == 0 || message.version() > kVersion) {
-    return absl::DataLossError(absl::StrCat(
-        "write results have unknown version ", message.version()));
+    return absl::DataLossError(
+        absl::StrCat("write results have unknown version ", message.version()));
   }
   std::vector<WriteResult> results;
   results.reserve(message.results_size());
