@@ -1,6 +1,8 @@
 #include "engine/checkpoint.h"
 
 #include <atomic>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -8,10 +10,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
+#include "core/checkpoint_exception.h"
 #include "core/status.h"
 #include "engine/internal/dist_wrapper.h"
 #include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
+#include "io/metadata_format.h"
 #include "planner/default_planner.h"
 #include "planner/plan_codec.h"
 
@@ -23,6 +27,29 @@ std::atomic<comm::ProcessGroup*> default_group{nullptr};
 comm::ProcessGroup* GroupFor(comm::ProcessGroup* requested, bool no_dist) {
   if (no_dist) return nullptr;
   return requested != nullptr ? requested : DefaultProcessGroup();
+}
+
+// Where rank `rank` keeps its part of a rank-local (use_collectives=false)
+// checkpoint: an independent one-rank checkpoint under `dir`.
+std::string RankLocalDir(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank-", rank);
+}
+
+// After a step every rank ran on its own: every rank learns every rank's
+// outcome, so a failure anywhere fails everywhere with the same Status.
+absl::Status ShareOutcome(comm::ProcessGroup& group, absl::string_view what,
+                          const absl::Status& local) {
+  absl::StatusOr<std::vector<absl::Status>> all =
+      comm::AllGatherStatuses(group, local);
+  if (!all.ok()) {
+    return Annotate(all.status(), absl::StrCat("checkpoint ", what, " on rank ",
+                                               group.rank()));
+  }
+  std::map<int, absl::Status> failures;
+  for (size_t r = 0; r < all->size(); ++r) {
+    if (!(*all)[r].ok()) failures[static_cast<int>(r)] = (*all)[r];
+  }
+  return MakeCheckpointException(what, failures);
 }
 
 template <typename T, typename Decode>
@@ -225,18 +252,38 @@ comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options) {
+  internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
+                             options.coordinator_rank);
   std::unique_ptr<DefaultSavePlanner> default_planner;
   SavePlanner* planner = options.planner;
   if (planner == nullptr) {
-    default_planner = std::make_unique<DefaultSavePlanner>();
+    DefaultSavePlannerOptions planner_options;
+    planner_options.require_full_coverage =
+        options.use_collectives || dist.size() == 1;
+    default_planner = std::make_unique<DefaultSavePlanner>(planner_options);
     planner = default_planner.get();
   }
-  internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
-                             options.coordinator_rank);
   if (options.coordinator_rank < 0 || options.coordinator_rank >= dist.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("coordinator_rank ", options.coordinator_rank,
                      " is outside the ", dist.size(), "-rank group"));
+  }
+  if (!options.use_collectives && dist.size() > 1) {
+    // Rank-local: each rank saves an independent checkpoint under
+    // DIR/rank-R without exchanging plans; only the outcome is shared.
+    comm::ProcessGroup& group = *GroupFor(options.process_group, false);
+    const std::string dir = storage_writer.GetStorageMeta().checkpoint_id;
+    internal::DistWrapper alone(nullptr, 0);
+    const absl::Status reset =
+        storage_writer.Reset(RankLocalDir(dir, group.rank()));
+    absl::StatusOr<Metadata> metadata =
+        reset.ok()
+            ? SaveWithCoordination(state_dict, storage_writer, *planner, alone,
+                                   /*use_collectives=*/false)
+            : absl::StatusOr<Metadata>(reset);
+    DCP_RETURN_IF_ERROR(
+        ShareOutcome(group, "rank-local save", metadata.status()));
+    return metadata;
   }
   return SaveWithCoordination(state_dict, storage_writer, *planner, dist,
                               options.use_collectives);
@@ -281,6 +328,24 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
   if (options.checkpoint_id.empty()) {
     return absl::InvalidArgumentError(
         "Load needs a checkpoint_id (a directory) or a storage_reader");
+  }
+  comm::ProcessGroup* group = GroupFor(options.process_group, options.no_dist);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (group != nullptr && group->size() > 1 &&
+      !fs::exists(fs::path(options.checkpoint_id) / kMetadataFileName, ec) &&
+      fs::exists(
+          fs::path(RankLocalDir(options.checkpoint_id, 0)) / kMetadataFileName,
+          ec)) {
+    // A rank-local checkpoint (saved with use_collectives=false): each rank
+    // loads its own part, which needs the rank count of the save.
+    const std::string dir = RankLocalDir(options.checkpoint_id, group->rank());
+    FileSystemReader reader(dir);
+    LoadOptions alone = options;
+    alone.no_dist = true;
+    absl::Status status = reader.Reset(dir);
+    if (status.ok()) status = LoadStateDict(state_dict, reader, alone);
+    return ShareOutcome(*group, "rank-local load", status);
   }
   FileSystemReader reader(options.checkpoint_id);
   DCP_RETURN_IF_ERROR(reader.Reset(options.checkpoint_id));

@@ -44,8 +44,10 @@ struct SaveOptions {
   int coordinator_rank = 0;
   // Save without any collective (every rank writes its own checkpoint).
   bool no_dist = false;
-  // false: each rank plans on its own, without exchanging plans; only a
-  // world of one rank supports it for now (kUnimplemented otherwise).
+  // false: no plan exchange; each rank saves an independent checkpoint
+  // under checkpoint_id/rank-R (rank-local metadata) and the ranks only
+  // share the outcome. Load finds such a checkpoint by itself; it loads on
+  // the same rank count only (each rank reads its own rank-R).
   bool use_collectives = true;
 };
 

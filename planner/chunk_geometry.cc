@@ -279,10 +279,11 @@ void ForEachOverlap(
   }
 }
 
-absl::Status ValidateTiling(
-    absl::string_view tensor_name, const Shape& global_size,
-    absl::Span<const ChunkStorageMetadata> chunks,
-    const std::function<std::string(size_t)>& describe) {
+absl::Status ValidateTiling(absl::string_view tensor_name,
+                            const Shape& global_size,
+                            absl::Span<const ChunkStorageMetadata> chunks,
+                            const std::function<std::string(size_t)>& describe,
+                            bool require_full_coverage) {
   const size_t rank = global_size.size();
   std::vector<size_t> nonempty;
   nonempty.reserve(chunks.size());
@@ -311,6 +312,12 @@ absl::Status ValidateTiling(
         "tensor \"", tensor_name, "\": chunks ", describe(a), " and ",
         describe(b), " overlap; each element must be saved by one chunk"));
   };
+  if (!require_full_coverage) {
+    if (auto pair = FindSelfOverlap(chunks, rank)) {
+      return overlap_error(pair->first, pair->second);
+    }
+    return absl::OkStatus();
+  }
   // Dimensions along which some chunk does not span the whole tensor.
   std::vector<size_t> split_dims;
   for (size_t d = 0; d < rank; ++d) {

@@ -47,11 +47,13 @@ void ForEachOverlap(
 // share an element, and every element is covered. Zero-size chunks are
 // allowed anywhere within bounds. kInvalidArgument naming `tensor_name` and
 // the offending chunks (described by `describe(i)`, e.g. with the rank that
-// saved chunk i).
+// saved chunk i). With `require_full_coverage` false, only bounds and
+// overlaps are checked (a rank-local checkpoint holds some chunks).
 absl::Status ValidateTiling(absl::string_view tensor_name,
                             const Shape& global_size,
                             absl::Span<const ChunkStorageMetadata> chunks,
-                            const std::function<std::string(size_t)>& describe);
+                            const std::function<std::string(size_t)>& describe,
+                            bool require_full_coverage = true);
 
 }  // namespace dcp
 

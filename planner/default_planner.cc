@@ -187,7 +187,8 @@ DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
   }
   DCP_ASSIGN_OR_RETURN(
       GlobalSavePlan global,
-      BuildGlobalSavePlan(std::move(local_plans), data, policy()));
+      BuildGlobalSavePlan(std::move(local_plans), data, policy(),
+                          options_.require_full_coverage));
   global.metadata.storage_meta = storage_meta_;
   return std::make_pair(std::move(global.plans), std::move(global.metadata));
 }
@@ -238,7 +239,8 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
     }
     DCP_ASSIGN_OR_RETURN(
         GlobalSavePlan built,
-        BuildGlobalSavePlan(std::move(plans), cached_data, policy()));
+        BuildGlobalSavePlan(std::move(plans), cached_data, policy(),
+                            options_.require_full_coverage));
     SavePlanCache::GlobalEntry entry;
     entry.final_digests.resize(n);
     for (size_t r = 0; r < n; ++r) {
@@ -390,7 +392,14 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
   for (const auto& [name, value] : flat.leaves) {
     auto it = metadata_->state_dict_metadata.find(name);
     if (it == metadata_->state_dict_metadata.end()) {
-      missing.push_back(name);
+      // Shards that hold no elements need nothing from storage (a rank-local
+      // checkpoint of a rank with an empty shard does not list the tensor).
+      const bool holds_nothing =
+          value.is_sharded_tensor() &&
+          std::all_of(value.sharded_tensor().local_shards().begin(),
+                      value.sharded_tensor().local_shards().end(),
+                      [](const Shard& s) { return s.tensor.numel() == 0; });
+      if (!holds_nothing) missing.push_back(name);
       continue;
     }
     const auto* saved = std::get_if<TensorStorageMetadata>(&it->second);

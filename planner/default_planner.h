@@ -53,6 +53,10 @@ struct DefaultSavePlannerOptions {
   // rank sends only a marker, and the coordinator reuses its cached global
   // plan and metadata (planner/plan_cache.h).
   bool enable_plan_caching = false;
+  // Require the saved chunks of each tensor to cover it. The engine turns
+  // this off for rank-local saves (use_collectives=false), where each rank's
+  // checkpoint holds only its own shards.
+  bool require_full_coverage = true;
   // The cache used when enable_plan_caching is on, one per rank (tests
   // simulating many ranks in one process give each its own). When null, a
   // process-wide cache is used.

@@ -253,7 +253,7 @@ void AssignWriters(std::vector<Group>& groups,
 
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     std::vector<SavePlan> local_plans, const std::vector<SavePlannerData>& data,
-    DedupPolicy policy) {
+    DedupPolicy policy, bool require_full_coverage) {
   const size_t num_ranks = local_plans.size();
   size_t total_items = 0;
   for (const SavePlan& plan : local_plans) total_items += plan.items.size();
@@ -387,12 +387,14 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
       chunks.push_back(g.first->tensor_data->chunk);
     }
     const TensorWriteData& tensor = *info.first->tensor_data;
-    absl::Status status =
-        ValidateTiling(info.name, tensor.size, chunks, [&](size_t k) {
+    absl::Status status = ValidateTiling(
+        info.name, tensor.size, chunks,
+        [&](size_t k) {
           const Group& g = groups[info.groups[k]];
           return absl::StrCat("[", ChunkToString(chunks[k]), "] from rank ",
                               g.first_rank);
-        });
+        },
+        require_full_coverage);
     if (!status.ok()) return status;
     TensorStorageMetadata tensor_metadata;
     tensor_metadata.properties = tensor.properties;

@@ -42,9 +42,11 @@ struct GlobalSavePlan {
 // - a chunk lies outside its tensor, two chunks overlap, or the chunks do
 //   not cover the tensor;
 // - two ranks map the same flattened name to different paths.
+// `require_full_coverage` false accepts tensors whose chunks cover only part
+// of them (rank-local checkpoints, use_collectives=false).
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     std::vector<SavePlan> local_plans, const std::vector<SavePlannerData>& data,
-    DedupPolicy policy);
+    DedupPolicy policy, bool require_full_coverage = true);
 
 }  // namespace dcp
 

@@ -390,5 +390,37 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
   EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
 }
 
+// use_collectives=false: every rank saves its own part under DIR/rank-R
+// with rank-local metadata; a load on the same rank count finds it.
+TEST(Distributed, RankLocalSaveAndLoadWithoutCollectives) {
+  const std::string dir = FreshTestDir("dist-local");
+  const std::string rdv = FreshTestDir("rdv-local");
+  ExpectAllExitedCleanly(RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv, absl::Seconds(30));
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        const Layout layout = SaveLayout(rank);
+        SaveOptions save;
+        save.checkpoint_id = dir;
+        save.process_group = group.get();
+        save.use_collectives = false;
+        absl::Status s = Save(BuildState(layout, true, 7), save).status();
+        if (int rc = Check(s.ok(), rank, "save: " + s.ToString())) return rc;
+        StateDict state = BuildState(layout, false, 0);
+        s = LoadOnRank(group.get(), dir, state);
+        if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
+        const std::string problem = CheckState(state, layout, 7);
+        return Check(problem.empty(), rank, problem);
+      },
+      absl::Seconds(60)));
+  EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(
+        testing::ListFiles(absl::StrCat(dir, "/rank-", r)).count(".metadata"))
+        << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace dcp
