@@ -1,69 +1,230 @@
 #include "engine/checkpoint.h"
 
+#include <atomic>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
 #include "core/status.h"
+#include "engine/internal/dist_wrapper.h"
+#include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
 #include "planner/default_planner.h"
+#include "planner/plan_codec.h"
 
 namespace dcp {
 namespace {
 
-// The seed's _save_state_dict for one process: plan, write, commit; abort
-// the writer on any failure so nothing half-written stays behind.
-absl::StatusOr<Metadata> SaveSingleProcess(const StateDict& state_dict,
-                                           StorageWriter& writer,
-                                           SavePlanner& planner) {
-  auto run = [&]() -> absl::StatusOr<Metadata> {
+std::atomic<comm::ProcessGroup*> default_group{nullptr};
+
+comm::ProcessGroup* GroupFor(comm::ProcessGroup* requested, bool no_dist) {
+  if (no_dist) return nullptr;
+  return requested != nullptr ? requested : DefaultProcessGroup();
+}
+
+template <typename T, typename Decode>
+absl::StatusOr<std::vector<T>> DecodeAll(const std::vector<std::string>& in,
+                                         Decode decode, absl::string_view what) {
+  std::vector<T> out;
+  out.reserve(in.size());
+  for (size_t r = 0; r < in.size(); ++r) {
+    absl::StatusOr<T> value = decode(in[r]);
+    if (!value.ok()) {
+      return Annotate(value.status(), absl::StrCat(what, " from rank ", r));
+    }
+    out.push_back(*std::move(value));
+  }
+  return out;
+}
+
+// The seed's _save_state_dict: plans travel to the coordinator and back
+// (ReduceScatter), every rank writes, the write results travel to the
+// coordinator, which commits (AllReduce); on any failure every rank aborts
+// its writer, so nothing half-written stays behind.
+absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
+                                              StorageWriter& writer,
+                                              SavePlanner& planner,
+                                              internal::DistWrapper& dist,
+                                              bool use_collectives) {
+  const bool is_coordinator = dist.is_coordinator();
+  Metadata global_metadata;
+
+  auto local_step = [&]() -> absl::StatusOr<SavePlan> {
     DCP_RETURN_IF_ERROR(
-        planner.SetUp(state_dict, writer.GetStorageMeta(), true));
-    DCP_RETURN_IF_ERROR(writer.SetUp(true, 0, true));
-    DCP_ASSIGN_OR_RETURN(SavePlan local_plan, planner.CreateLocalPlan());
-    DCP_ASSIGN_OR_RETURN(local_plan,
-                         writer.PrepareLocalPlan(std::move(local_plan)));
-    std::vector<SavePlan> plans;
-    plans.push_back(std::move(local_plan));
-    DCP_ASSIGN_OR_RETURN(auto global, planner.CreateGlobalPlan(std::move(plans)));
-    Metadata metadata = std::move(global.second);
-    DCP_ASSIGN_OR_RETURN(plans, writer.PrepareGlobalPlan(std::move(global.first)));
-    DCP_ASSIGN_OR_RETURN(SavePlan final_plan,
-                         planner.FinishPlan(std::move(plans.at(0))));
-    absl::StatusOr<std::vector<WriteResult>> results =
-        writer.WriteData(final_plan, planner).Wait();
-    if (!results.ok()) return results.status();
-    std::vector<std::vector<WriteResult>> all_results;
-    all_results.push_back(*std::move(results));
-    DCP_RETURN_IF_ERROR(writer.Finish(metadata, all_results));
-    DCP_RETURN_IF_ERROR(writer.MarkCommitted());
-    return metadata;
+        planner.SetUp(state_dict, writer.GetStorageMeta(), is_coordinator));
+    DCP_RETURN_IF_ERROR(
+        writer.SetUp(is_coordinator, dist.rank(), use_collectives));
+    DCP_ASSIGN_OR_RETURN(SavePlan plan, planner.CreateLocalPlan());
+    return writer.PrepareLocalPlan(std::move(plan));
   };
+  auto global_step =
+      [&](std::vector<SavePlan> plans) -> absl::StatusOr<std::vector<SavePlan>> {
+    DCP_ASSIGN_OR_RETURN(auto global,
+                         planner.CreateGlobalPlan(std::move(plans)));
+    global_metadata = std::move(global.second);
+    return writer.PrepareGlobalPlan(std::move(global.first));
+  };
+
+  auto run = [&]() -> absl::StatusOr<Metadata> {
+    SavePlan central_plan;
+    if (use_collectives && dist.size() > 1) {
+      DCP_ASSIGN_OR_RETURN(
+          std::string encoded,
+          dist.ReduceScatter(
+              "plan",
+              [&]() -> absl::StatusOr<std::string> {
+                DCP_ASSIGN_OR_RETURN(SavePlan plan, local_step());
+                return EncodeSavePlan(plan);
+              },
+              [&](std::vector<std::string> encoded_plans)
+                  -> absl::StatusOr<std::vector<std::string>> {
+                DCP_ASSIGN_OR_RETURN(
+                    std::vector<SavePlan> plans,
+                    DecodeAll<SavePlan>(encoded_plans, DecodeSavePlan,
+                                        "save plan"));
+                DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
+                std::vector<std::string> out;
+                out.reserve(plans.size());
+                for (const SavePlan& plan : plans) {
+                  out.push_back(EncodeSavePlan(plan));
+                }
+                return out;
+              }));
+      DCP_ASSIGN_OR_RETURN(central_plan, DecodeSavePlan(encoded));
+    } else {
+      if (dist.size() > 1) {
+        return absl::UnimplementedError(
+            "use_collectives=false with more than one rank is not supported "
+            "yet; save with use_collectives=true or no_dist=true");
+      }
+      DCP_ASSIGN_OR_RETURN(SavePlan plan, local_step());
+      std::vector<SavePlan> plans;
+      plans.push_back(std::move(plan));
+      DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
+      central_plan = std::move(plans.at(0));
+    }
+
+    auto write_step = [&]() -> absl::StatusOr<std::vector<WriteResult>> {
+      DCP_ASSIGN_OR_RETURN(SavePlan final_plan,
+                           planner.FinishPlan(std::move(central_plan)));
+      return writer.WriteData(final_plan, planner).Wait();
+    };
+    if (dist.size() == 1) {
+      DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results, write_step());
+      std::vector<std::vector<WriteResult>> all;
+      all.push_back(std::move(results));
+      DCP_RETURN_IF_ERROR(writer.Finish(global_metadata, all));
+      DCP_RETURN_IF_ERROR(writer.MarkCommitted());
+      return global_metadata;
+    }
+    DCP_ASSIGN_OR_RETURN(
+        std::string committed,
+        dist.AllReduce(
+            "write",
+            [&]() -> absl::StatusOr<std::string> {
+              DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results,
+                                   write_step());
+              return internal::EncodeWriteResults(results);
+            },
+            [&](std::vector<std::string> encoded_results)
+                -> absl::StatusOr<std::string> {
+              DCP_ASSIGN_OR_RETURN(
+                  std::vector<std::vector<WriteResult>> all,
+                  DecodeAll<std::vector<WriteResult>>(
+                      encoded_results, internal::DecodeWriteResults,
+                      "write results"));
+              DCP_RETURN_IF_ERROR(writer.Finish(global_metadata, all));
+              return EncodeMetadata(global_metadata);
+            }));
+    DCP_RETURN_IF_ERROR(writer.MarkCommitted());
+    if (is_coordinator) return global_metadata;
+    return DecodeMetadata(committed);
+  };
+
   absl::StatusOr<Metadata> metadata = run();
   if (!metadata.ok()) writer.Abort();
   return metadata;
 }
 
-absl::Status LoadSingleProcess(StateDict& state_dict, StorageReader& reader,
-                               LoadPlanner& planner) {
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
-  DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, metadata, true));
-  DCP_RETURN_IF_ERROR(reader.SetUp(metadata, true));
-  DCP_ASSIGN_OR_RETURN(LoadPlan local_plan, planner.CreateLocalPlan());
-  DCP_ASSIGN_OR_RETURN(local_plan,
-                       reader.PrepareLocalPlan(std::move(local_plan)));
-  std::vector<LoadPlan> plans;
-  plans.push_back(std::move(local_plan));
-  DCP_ASSIGN_OR_RETURN(plans, planner.CreateGlobalPlan(std::move(plans)));
-  DCP_ASSIGN_OR_RETURN(plans, reader.PrepareGlobalPlan(std::move(plans)));
-  DCP_ASSIGN_OR_RETURN(LoadPlan final_plan,
-                       planner.FinishPlan(std::move(plans.at(0))));
-  return reader.ReadData(final_plan, planner).Wait();
+// The seed's _load_state_dict: every rank reads the metadata and plans its
+// reads; the coordinator may rewrite the plans (read dedup); every rank
+// reads; the outcome is exchanged so every rank reports every failure.
+absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
+                                  LoadPlanner& planner,
+                                  internal::DistWrapper& dist) {
+  const bool is_coordinator = dist.is_coordinator();
+  // Planner and reader keep references to the metadata until the load ends.
+  Metadata metadata;
+  auto local_step = [&]() -> absl::StatusOr<LoadPlan> {
+    DCP_ASSIGN_OR_RETURN(metadata, reader.ReadMetadata());
+    DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, metadata, is_coordinator));
+    DCP_RETURN_IF_ERROR(reader.SetUp(metadata, is_coordinator));
+    DCP_ASSIGN_OR_RETURN(LoadPlan plan, planner.CreateLocalPlan());
+    return reader.PrepareLocalPlan(std::move(plan));
+  };
+  auto global_step =
+      [&](std::vector<LoadPlan> plans) -> absl::StatusOr<std::vector<LoadPlan>> {
+    DCP_ASSIGN_OR_RETURN(plans, planner.CreateGlobalPlan(std::move(plans)));
+    return reader.PrepareGlobalPlan(std::move(plans));
+  };
+  auto read_step = [&](LoadPlan central_plan) -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(LoadPlan final_plan,
+                         planner.FinishPlan(std::move(central_plan)));
+    return reader.ReadData(final_plan, planner).Wait();
+  };
+
+  if (dist.size() == 1) {
+    DCP_ASSIGN_OR_RETURN(LoadPlan plan, local_step());
+    std::vector<LoadPlan> plans;
+    plans.push_back(std::move(plan));
+    DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
+    return read_step(std::move(plans.at(0)));
+  }
+  DCP_ASSIGN_OR_RETURN(
+      std::string encoded,
+      dist.ReduceScatter(
+          "load plan",
+          [&]() -> absl::StatusOr<std::string> {
+            DCP_ASSIGN_OR_RETURN(LoadPlan plan, local_step());
+            return EncodeLoadPlan(plan);
+          },
+          [&](std::vector<std::string> encoded_plans)
+              -> absl::StatusOr<std::vector<std::string>> {
+            DCP_ASSIGN_OR_RETURN(
+                std::vector<LoadPlan> plans,
+                DecodeAll<LoadPlan>(encoded_plans, DecodeLoadPlan,
+                                    "load plan"));
+            DCP_ASSIGN_OR_RETURN(plans, global_step(std::move(plans)));
+            std::vector<std::string> out;
+            out.reserve(plans.size());
+            for (const LoadPlan& plan : plans) out.push_back(EncodeLoadPlan(plan));
+            return out;
+          }));
+  DCP_ASSIGN_OR_RETURN(LoadPlan central_plan, DecodeLoadPlan(encoded));
+  // Every rank learns whether every other rank's reads succeeded.
+  return dist
+      .AllReduce(
+          "read",
+          [&]() -> absl::StatusOr<std::string> {
+            DCP_RETURN_IF_ERROR(read_step(std::move(central_plan)));
+            return std::string();
+          },
+          [](std::vector<std::string>) -> absl::StatusOr<std::string> {
+            return std::string();
+          })
+      .status();
 }
 
 }  // namespace
+
+void SetDefaultProcessGroup(comm::ProcessGroup* group) {
+  default_group.store(group);
+}
+
+comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
@@ -74,7 +235,15 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
     default_planner = std::make_unique<DefaultSavePlanner>();
     planner = default_planner.get();
   }
-  return SaveSingleProcess(state_dict, storage_writer, *planner);
+  internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
+                             options.coordinator_rank);
+  if (options.coordinator_rank < 0 || options.coordinator_rank >= dist.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator_rank ", options.coordinator_rank, " is outside the ",
+        dist.size(), "-rank group"));
+  }
+  return SaveWithCoordination(state_dict, storage_writer, *planner, dist,
+                              options.use_collectives);
 }
 
 absl::StatusOr<Metadata> Save(const StateDict& state_dict,
@@ -100,7 +269,14 @@ absl::Status LoadStateDict(StateDict& state_dict,
     default_planner = std::make_unique<DefaultLoadPlanner>();
     planner = default_planner.get();
   }
-  return LoadSingleProcess(state_dict, storage_reader, *planner);
+  internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
+                             options.coordinator_rank);
+  if (options.coordinator_rank < 0 || options.coordinator_rank >= dist.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator_rank ", options.coordinator_rank, " is outside the ",
+        dist.size(), "-rank group"));
+  }
+  return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
 }
 
 absl::Status Load(StateDict& state_dict, const LoadOptions& options) {

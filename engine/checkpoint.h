@@ -19,7 +19,17 @@
 
 namespace dcp {
 
+namespace comm {
 class ProcessGroup;
+}  // namespace comm
+
+// The group Save/Load use when the options name none (the seed's
+// default process group: "dist.is_initialized()"). Not owned; must outlive
+// every Save/Load that uses it. nullptr (the initial value) means
+// single-process. Use a group of its own for checkpointing, never the
+// training loop's (see comm/process_group.h).
+void SetDefaultProcessGroup(comm::ProcessGroup* group);
+comm::ProcessGroup* DefaultProcessGroup();
 
 struct SaveOptions {
   // Where to save: a directory for the default FileSystemWriter. Ignored
@@ -29,14 +39,13 @@ struct SaveOptions {
   StorageWriter* storage_writer = nullptr;
   // Not owned; default: a DefaultSavePlanner.
   SavePlanner* planner = nullptr;
-  // Not owned; default: the global checkpoint group when one is initialised,
-  // else single-process.
-  ProcessGroup* process_group = nullptr;
+  // Not owned; default: DefaultProcessGroup(), else single-process.
+  comm::ProcessGroup* process_group = nullptr;
   int coordinator_rank = 0;
   // Save without any collective (every rank writes its own checkpoint).
   bool no_dist = false;
-  // false: each rank plans and commits rank-local metadata (loadable by the
-  // same rank count) without exchanging plans.
+  // false: each rank plans on its own, without exchanging plans; only a
+  // world of one rank supports it for now (kUnimplemented otherwise).
   bool use_collectives = true;
 };
 
@@ -44,7 +53,7 @@ struct LoadOptions {
   std::string checkpoint_id;
   StorageReader* storage_reader = nullptr;  // Not owned.
   LoadPlanner* planner = nullptr;           // Not owned.
-  ProcessGroup* process_group = nullptr;    // Not owned.
+  comm::ProcessGroup* process_group = nullptr;  // Not owned.
   int coordinator_rank = 0;
   bool no_dist = false;
 };

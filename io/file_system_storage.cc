@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,10 @@ namespace dcp {
 namespace {
 
 constexpr int64_t kPayloadAlignment = 4096;
+// O_DIRECT writes of unaligned memory: bounce chunk size and the most bounce
+// bytes in flight per file.
+constexpr int64_t kBounceChunk = int64_t{4} << 20;
+constexpr int64_t kBounceBudget = int64_t{32} << 20;
 constexpr char kDataFileSuffix[] = ".distcp";
 constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
 
@@ -84,12 +89,14 @@ std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
 
 // A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
 struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size)
-      : data(static_cast<std::byte*>(::operator new[](
+  explicit AlignedBuffer(size_t size_in)
+      : size(static_cast<int64_t>(size_in)),
+        data(static_cast<std::byte*>(::operator new[](
             std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
   ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  int64_t size;
   std::byte* data;
 };
 
@@ -234,14 +241,23 @@ absl::Status FileSystemWriter::WriteFile(
   const std::string path = JoinPath(path_, relative_path);
   OpenOptions open_options;
   open_options.direct = options_.direct_io;
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs_->OpenForWrite(path, open_options));
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_->OpenForWrite(path, open_options);
+  if (!opened.ok()) {
+    return Annotate(opened.status(), absl::StrCat("rank ", rank_));
+  }
+  std::unique_ptr<File> file = *std::move(opened);
   RecordCreated(path);
 
   // Everything a submitted write reads from stays alive until all complete.
   std::vector<dcp::WriteData> held;
   held.reserve(items.size());
-  std::vector<std::unique_ptr<AlignedBuffer>> bounce;
+  struct Bounce {
+    std::unique_ptr<AlignedBuffer> buffer;
+    Future<size_t> done;
+  };
+  std::deque<Bounce> bounce;
+  int64_t bounce_bytes = 0;
   std::vector<Future<size_t>> futures;
   std::vector<size_t> future_item;  // Which item each future writes.
   auto failed = std::make_shared<std::atomic<bool>>(false);
@@ -313,13 +329,23 @@ absl::Status FileSystemWriter::WriteFile(
         body = length / kPayloadAlignment * kPayloadAlignment;
         if (body > 0) submit(i, offset, bytes, body);
       }
-      const int64_t rest = length - body;
-      if (rest > 0) {
-        const int64_t padded = AlignUp(rest, kPayloadAlignment);
-        bounce.push_back(std::make_unique<AlignedBuffer>(padded));
-        std::memcpy(bounce.back()->data, bytes + body, rest);
-        std::memset(bounce.back()->data + rest, 0, padded - rest);
-        submit(i, offset + body, bounce.back()->data, padded);
+      // Unaligned memory or the tail: copied in chunks through aligned,
+      // zero-padded bounce buffers, at most kBounceBudget bytes of them in
+      // flight (older ones are waited for and reused).
+      for (int64_t pos = body; pos < length; pos += kBounceChunk) {
+        const int64_t n = std::min(kBounceChunk, length - pos);
+        const int64_t padded = AlignUp(n, kPayloadAlignment);
+        while (!bounce.empty() && bounce_bytes + padded > kBounceBudget) {
+          bounce.front().done.Wait();  // Its error is seen with the others.
+          bounce_bytes -= bounce.front().buffer->size;
+          bounce.pop_front();
+        }
+        auto buffer = std::make_unique<AlignedBuffer>(padded);
+        std::memcpy(buffer->data, bytes + pos, n);
+        std::memset(buffer->data + n, 0, padded - n);
+        submit(i, offset + pos, buffer->data, padded);
+        bounce_bytes += padded;
+        bounce.push_back({std::move(buffer), futures.back()});
       }
     }
     offset += length;
@@ -531,15 +557,16 @@ bool AllZero(const Shape& shape) {
 // Opens each data file once per ReadData and shares it between threads.
 class OpenFiles {
  public:
-  OpenFiles(FileSystemBase& fs, std::string dir)
-      : fs_(fs), dir_(std::move(dir)) {}
+  OpenFiles(FileSystemBase& fs, std::string dir, bool direct)
+      : fs_(fs), dir_(std::move(dir)), direct_(direct) {}
 
   absl::StatusOr<File*> Get(const std::string& relative_path) {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(relative_path);
     if (it != files_.end()) return it->second.get();
     absl::StatusOr<std::unique_ptr<File>> file =
-        fs_.OpenForRead(JoinPath(dir_, relative_path));
+        fs_.OpenForRead(JoinPath(dir_, relative_path),
+                        OpenOptions{/*exclusive=*/false, direct_});
     if (!file.ok()) return file.status();
     File* raw = file->get();
     files_.emplace(relative_path, *std::move(file));
@@ -549,6 +576,7 @@ class OpenFiles {
  private:
   FileSystemBase& fs_;
   std::string dir_;
+  bool direct_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<File>> files_
       ABSL_GUARDED_BY(mu_);
@@ -601,43 +629,105 @@ absl::Status DeliverTensor(const StoredItem& stored, const ReadItem& item,
 struct ReadSlot {
   const StoredItem* stored = nullptr;
   File* file = nullptr;
-  std::byte* target = nullptr;  // The destination (zero copy) or `buffer`.
+  // Where the item's bytes are once read: the destination (zero copy) or
+  // inside `buffer`.
+  std::byte* target = nullptr;
   std::unique_ptr<AlignedBuffer> buffer;
+  // O_DIRECT reads: bytes of `buffer` before the item (aligned start); for a
+  // zero-copy read, the aligned body goes to the destination and the last
+  // partial block through `tail`.
+  int64_t lead = 0;
+  int64_t body = 0;
+  std::unique_ptr<AlignedBuffer> tail;
   std::optional<TensorView> zero_copy_dest;
-  Future<size_t> read;
+  std::vector<IoRequest> requests;
+  std::vector<Future<size_t>> reads;
 };
+
+int64_t AlignDown(int64_t value, int64_t alignment) {
+  return value / alignment * alignment;
+}
 
 // Decides where `slot` is read to: straight into the destination when the
 // only use is a whole stored chunk into a whole contiguous host tensor of
-// the same size, otherwise a bounce buffer.
-absl::Status PrepareSlot(OpenFiles& files, LoadPlanner& planner,
+// the same size (and, for O_DIRECT, 4 KiB aligned memory), otherwise a
+// bounce buffer; and builds the read requests.
+absl::Status PrepareSlot(OpenFiles& files, LoadPlanner& planner, bool direct,
                          ReadSlot& slot) {
   const StoredItem& stored = *slot.stored;
+  const int64_t offset = stored.info->offset;
+  const int64_t length = stored.info->length;
   DCP_ASSIGN_OR_RETURN(slot.file, files.Get(stored.info->relative_path));
   const ReadItem& first = *stored.uses.front();
   if (stored.uses.size() == 1 && first.type == LoadItemType::kTensor &&
       AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
       first.lengths == stored.chunk_sizes) {
     DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(first));
+    auto* data = static_cast<std::byte*>(dest.data());
     if (dest.device().is_cpu() && dest.is_contiguous() &&
         dest.sizes() == first.lengths &&
         ElementSize(dest.dtype()) == stored.element_size &&
-        static_cast<int64_t>(dest.nbytes()) == stored.info->length) {
+        static_cast<int64_t>(dest.nbytes()) == length &&
+        (!direct ||
+         (reinterpret_cast<uintptr_t>(data) % kPayloadAlignment == 0 &&
+          offset % kPayloadAlignment == 0))) {
       slot.zero_copy_dest = dest;
-      slot.target = static_cast<std::byte*>(dest.data());
+      slot.target = data;
+      if (!direct) {
+        slot.requests.push_back(
+            IoRequest::Read(slot.file, offset, data, length));
+        return absl::OkStatus();
+      }
+      slot.body = AlignDown(length, kPayloadAlignment);
+      if (slot.body > 0) {
+        slot.requests.push_back(
+            IoRequest::Read(slot.file, offset, data, slot.body));
+      }
+      if (slot.body < length) {
+        slot.tail = std::make_unique<AlignedBuffer>(kPayloadAlignment);
+        slot.requests.push_back(IoRequest::Read(
+            slot.file, offset + slot.body, slot.tail->data, kPayloadAlignment));
+      }
       return absl::OkStatus();
     }
   }
-  slot.buffer = std::make_unique<AlignedBuffer>(stored.info->length);
-  slot.target = slot.buffer->data;
+  const int64_t start = direct ? AlignDown(offset, kPayloadAlignment) : offset;
+  const int64_t end =
+      direct ? AlignUp(offset + length, kPayloadAlignment) : offset + length;
+  slot.buffer = std::make_unique<AlignedBuffer>(end - start);
+  slot.lead = offset - start;
+  slot.target = slot.buffer->data + slot.lead;
+  slot.requests.push_back(
+      IoRequest::Read(slot.file, start, slot.buffer->data, end - start));
   return absl::OkStatus();
+}
+
+// Waits for the reads of `slot`; returns how many of the item's bytes
+// arrived (fewer than its length: the file is truncated).
+absl::StatusOr<size_t> AwaitSlot(ReadSlot& slot) {
+  std::vector<size_t> got;
+  for (Future<size_t>& read : slot.reads) {
+    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
+    got.push_back(n);
+  }
+  const int64_t length = slot.stored->info->length;
+  if (slot.tail != nullptr) {
+    const int64_t body_got = slot.body > 0 ? got.front() : 0;
+    if (body_got < slot.body) return body_got;
+    const int64_t tail_got = std::min<int64_t>(got.back(), length - slot.body);
+    std::memcpy(slot.target + slot.body, slot.tail->data, tail_got);
+    return slot.body + tail_got;
+  }
+  if (got.empty()) return 0;
+  return static_cast<size_t>(std::clamp<int64_t>(
+      static_cast<int64_t>(got.front()) - slot.lead, 0, length));
 }
 
 // Verifies what was read into `slot` and hands it to the planner.
 absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
                         LoadPlanner& planner) {
   const StoredItem& stored = *slot.stored;
-  DCP_ASSIGN_OR_RETURN(size_t got, slot.read.Wait());
+  DCP_ASSIGN_OR_RETURN(size_t got, AwaitSlot(slot));
   DCP_RETURN_IF_ERROR(
       Verify(stored, slot.file->path(), got, block_size, slot.target));
   if (slot.zero_copy_dest.has_value()) {
@@ -782,7 +872,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   // Reads go out in windows of bounce-buffer bytes (zero-copy reads cost no
   // memory); window w+1 is in flight while window w is verified and
   // delivered on thread_count threads.
-  OpenFiles files(*fs_, path_);
+  OpenFiles files(*fs_, path_, options_.direct_io);
   FirstError error;
   std::vector<ReadSlot> slots(stored.size());
   size_t next_to_submit = 0;
@@ -796,20 +886,22 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
       ReadSlot& slot = slots[next_to_submit];
       slot.stored = &stored[next_to_submit];
       ++next_to_submit;
-      absl::Status prepared = PrepareSlot(files, planner, slot);
+      absl::Status prepared =
+          PrepareSlot(files, planner, options_.direct_io, slot);
       if (!prepared.ok()) {
-        slot.read = Future<size_t>::Ready(prepared);
+        slot.reads.push_back(Future<size_t>::Ready(prepared));
         error.Update(prepared);
         break;
       }
       if (slot.buffer != nullptr) bounce_bytes += slot.stored->info->length;
-      batch.push_back(IoRequest::Read(slot.file, slot.stored->info->offset,
-                                      slot.target, slot.stored->info->length));
-      batch_slots.push_back(next_to_submit - 1);
+      for (const IoRequest& request : slot.requests) {
+        batch.push_back(request);
+        batch_slots.push_back(next_to_submit - 1);
+      }
     }
     std::vector<Future<size_t>> futures = engine_->Submit(batch);
     for (size_t i = 0; i < futures.size(); ++i) {
-      slots[batch_slots[i]].read = std::move(futures[i]);
+      slots[batch_slots[i]].reads.push_back(std::move(futures[i]));
     }
     return {begin, next_to_submit};
   };
@@ -820,13 +912,14 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     RunOnThreads(threads, [&](int) {
       for (size_t i = next++; i < window.second; i = next++) {
         ReadSlot& slot = slots[i];
-        if (!slot.read.valid()) continue;
         if (error.failed()) {
-          slot.read.Wait();  // Keep the buffer until its read is done.
+          // Keep the buffers until their reads are done.
+          for (Future<size_t>& read : slot.reads) read.Wait();
         } else {
           error.Update(FinishSlot(slot, metadata.checksum_block_size, planner));
         }
         slot.buffer.reset();
+        slot.tail.reset();
       }
     });
   };

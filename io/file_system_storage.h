@@ -52,10 +52,12 @@ struct FileSystemWriterOptions {
   // The file system to use; nullptr means LocalFileSystem(). Not owned; must
   // outlive the writer.
   FileSystemBase* file_system = nullptr;
-  // Open data files with O_DIRECT (where the file system supports it): every
-  // write is then 4 KiB aligned, unaligned tails and unaligned memory go
-  // through small aligned bounce blocks.
-  bool direct_io = false;
+  // Open data files with O_DIRECT (where the file system supports it; tmpfs
+  // and others that refuse it get buffered I/O): every write is then 4 KiB
+  // aligned; unaligned tails and unaligned memory go through aligned bounce
+  // chunks (at most 32 MiB in flight per file). On by default: measured
+  // faster than buffered writes plus fsync (bench/fio_compare.sh).
+  bool direct_io = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
   IoEngine* io_engine = nullptr;
@@ -137,6 +139,10 @@ struct FileSystemReaderOptions {
   // Bytes of bounce buffers (items that cannot be read straight into their
   // destination) per window of reads; two windows are in memory at once.
   int64_t read_window_bytes = int64_t{128} << 20;
+  // Read with O_DIRECT (where supported): aligned reads straight into 4 KiB
+  // aligned destinations, the rest through aligned bounce buffers. On by
+  // default: measured faster than cold buffered reads (bench/).
+  bool direct_io = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the reader. Not
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;

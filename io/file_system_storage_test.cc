@@ -18,6 +18,7 @@
 #include "io/file_system.h"
 #include "io/metadata_format.h"
 #include "io/testing/fake_planners.h"
+#include "io/testing/sample_state.h"
 
 namespace dcp {
 namespace {
@@ -34,16 +35,11 @@ using ::testing::IsSupersetOf;
 using ::testing::SizeIs;
 using ::testing::UnorderedElementsAreArray;
 
-std::string NewTestDir(const std::string& name) {
-  static int counter = 0;
-  std::string dir =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name, "_", counter++);
-  EXPECT_TRUE(LocalFileSystem().CreateDir(dir).ok());
-  return dir;
-}
+using Sample = ::dcp::testing::SampleState;
+using ::dcp::testing::NewTestDir;
 
 std::vector<std::string> List(const std::string& dir) {
-  return *LocalFileSystem().ListDir(dir);
+  return ::dcp::testing::ListNames(dir);
 }
 
 std::vector<std::string> DataFiles(const std::string& dir) {
@@ -54,49 +50,9 @@ std::vector<std::string> DataFiles(const std::string& dir) {
   return out;
 }
 
-// A state to save: tensors of several dtypes and shapes, and byte values.
-struct Sample {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> bytes;
-
-  static Sample Make(uint32_t seed) {
-    Sample s;
-    s.tensors["model.f32"] = PatternTensor(DType::kF32, {3, 5}, seed + 1);
-    s.tensors["model.bf16"] = PatternTensor(DType::kBF16, {7}, seed + 2);
-    s.tensors["model.i64"] = PatternTensor(DType::kI64, {2, 3, 4}, seed + 3);
-    s.tensors["model.u8_scalar"] = PatternTensor(DType::kU8, {}, seed + 4);
-    s.tensors["model.empty"] = PatternTensor(DType::kF64, {0, 4}, seed + 5);
-    s.tensors["model.bool"] = PatternTensor(DType::kBool, {5}, seed + 6);
-    s.tensors["big"] = PatternTensor(DType::kF16, {3000}, seed + 7);
-    s.bytes["step"] = absl::StrCat("step-", seed);
-    s.bytes["empty_value"] = "";
-    return s;
-  }
-
-  FakeSavePlanner SavePlanner() const {
-    FakeSavePlanner planner;
-    for (const auto& [fqn, t] : tensors) planner.AddTensor(fqn, t);
-    for (const auto& [fqn, b] : bytes) planner.AddBytes(fqn, b);
-    return planner;
-  }
-
-  // Fresh zeroed destinations for every tensor.
-  std::map<std::string, Tensor> Destinations(FakeLoadPlanner& planner) const {
-    std::map<std::string, Tensor> out;
-    for (const auto& [fqn, t] : tensors) {
-      out[fqn] = Tensor::Empty(t.dtype(), t.sizes());
-      planner.SetDestination(MetadataIndex(fqn, Shape(t.sizes().size(), 0)),
-                             out[fqn]);
-    }
-    return out;
-  }
-};
-
 absl::Status Save(const std::string& dir, const Sample& sample,
                   FileSystemWriterOptions options = {}) {
-  FileSystemWriter writer(dir, options);
-  FakeSavePlanner planner = sample.SavePlanner();
-  return SaveOneRank(writer, planner);
+  return ::dcp::testing::SaveSample(dir, sample, options);
 }
 
 // Loads `dir` into fresh destinations for `sample`'s tensors.
@@ -109,15 +65,8 @@ absl::Status LoadSample(const std::string& dir, const Sample& sample) {
 
 // Loads `dir` and checks that it holds exactly `sample`'s bytes.
 void ExpectLoads(const std::string& dir, const Sample& sample) {
-  FileSystemReader reader(dir);
-  FakeLoadPlanner planner;
-  std::map<std::string, Tensor> loaded = sample.Destinations(planner);
-  absl::Status status = LoadOneRank(reader, planner);
-  ASSERT_TRUE(status.ok()) << status;
-  for (const auto& [fqn, t] : sample.tensors) {
-    EXPECT_TRUE(loaded[fqn].BytesEqual(t)) << fqn;
-  }
-  EXPECT_EQ(planner.bytes(), sample.bytes);
+  absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample);
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 absl::StatusOr<Metadata> ReadMetadataOf(const std::string& dir) {
@@ -143,7 +92,15 @@ TEST_P(RoundTripTest, EveryByteComesBackAndTensorsAre4KiBAligned) {
   options.checksum_block_size = 1000;  // Several blocks for "big".
   const Sample sample = Sample::Make(7);
   ASSERT_TRUE(Save(dir, sample, options).ok());
-  ExpectLoads(dir, sample);
+  for (bool direct_load : {false, true}) {
+    FileSystemReaderOptions reader_options;
+    reader_options.io_mode = GetParam().mode;
+    reader_options.direct_io = direct_load;
+    reader_options.thread_count = GetParam().thread_count;
+    absl::Status loaded =
+        ::dcp::testing::LoadAndCompare(dir, sample, reader_options);
+    EXPECT_TRUE(loaded.ok()) << "direct_load=" << direct_load << ": " << loaded;
+  }
 
   absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
   ASSERT_TRUE(metadata.ok()) << metadata.status();
@@ -384,10 +341,14 @@ TEST(FileSystemStorageTest, TruncatedDataFileIsDataLoss) {
   const std::string file = JoinPath(dir, info.relative_path);
   ASSERT_EQ(::truncate(file.c_str(), info.offset + 10), 0);
 
-  absl::Status status = LoadSample(dir, sample);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("truncated"), HasSubstr(file), HasSubstr("big")));
+  for (bool direct : {false, true}) {
+    FileSystemReaderOptions options;
+    options.direct_io = direct;
+    absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << direct;
+    EXPECT_THAT(status.message(), AllOf(HasSubstr("truncated"), HasSubstr(file),
+                                        HasSubstr("big")));
+  }
 }
 
 TEST(FileSystemStorageTest, GarbageMetadataIsDataLoss) {
@@ -435,6 +396,35 @@ TEST(FileSystemStorageTest, DeviceTensorIsRejectedNamingIt) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("gpu.w"));
   EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+TEST(FileSystemStorageTest, DirectIoWritesUnalignedMemoryThroughBoundedBounce) {
+  // 36 MiB + 100 bytes at an address that is not 4 KiB aligned: more bounce
+  // chunks than the in-flight budget holds, and a partial last block.
+  const std::string dir = NewTestDir("unaligned_direct");
+  const size_t bytes = (size_t{36} << 20) + 100;
+  std::vector<uint8_t> storage(bytes + 64);
+  uint8_t* data = storage.data() + 8;
+  for (size_t i = 0; i < bytes; ++i)
+    data[i] = static_cast<uint8_t>(i * 131 + 7);
+  Sample sample;
+  sample.tensors["unaligned"] =
+      Tensor::Wrap(TensorView(data, DType::kU8, {static_cast<int64_t>(bytes)}));
+  sample.bytes["note"] = "after the big tensor";
+  FileSystemWriterOptions options;
+  options.direct_io = true;
+  ASSERT_TRUE(Save(dir, sample, options).ok());
+  FileSystemReaderOptions reader_options;
+  reader_options.direct_io = true;
+  absl::Status loaded =
+      ::dcp::testing::LoadAndCompare(dir, sample, reader_options);
+  EXPECT_TRUE(loaded.ok()) << loaded;
 }
 
 }  // namespace

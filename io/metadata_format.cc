@@ -1,6 +1,7 @@
 #include "io/metadata_format.h"
 
 #include <cstring>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -168,134 +169,155 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
     return names[id];
   };
 
-  // Values.
-  if (proto.value_kind_size() != proto.value_name_size()) {
-    return absl::DataLossError("value_kind and value_name differ in length");
-  }
-  DCP_CURSOR(tensor_dtype);
-  DCP_CURSOR(tensor_flags);
-  DCP_CURSOR(tensor_rank);
-  DCP_CURSOR(tensor_size);
-  DCP_CURSOR(tensor_chunk_count);
-  DCP_CURSOR(chunk_offsets);
-  DCP_CURSOR(chunk_sizes);
-  for (int i = 0; i < proto.value_name_size(); ++i) {
-    DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.value_name(i)));
-    StorageMetadata decoded;
-    if (proto.value_kind(i) == 0) {
-      decoded = BytesStorageMetadata{};
-    } else if (proto.value_kind(i) == 1) {
-      TensorStorageMetadata tensor;
-      DCP_ASSIGN_OR_RETURN(uint32_t code, cursor_tensor_dtype.Next());
-      absl::StatusOr<DType> dtype = DTypeFromCode(code);
-      if (!dtype.ok()) {
-        return Annotate(dtype.status(), absl::StrCat("tensor ", fqn));
-      }
-      tensor.properties.dtype = *dtype;
-      DCP_ASSIGN_OR_RETURN(uint32_t flags, cursor_tensor_flags.Next());
-      tensor.properties.requires_grad = (flags & 1) != 0;
-      tensor.properties.pin_memory = (flags & 2) != 0;
-      DCP_ASSIGN_OR_RETURN(uint32_t rank, cursor_tensor_rank.Next());
-      DCP_ASSIGN_OR_RETURN(tensor.size, cursor_tensor_size.NextShape(rank));
-      DCP_ASSIGN_OR_RETURN(uint32_t chunks, cursor_tensor_chunk_count.Next());
-      tensor.chunks.reserve(std::min<uint32_t>(chunks, 1 << 20));
-      for (uint32_t c = 0; c < chunks; ++c) {
-        ChunkStorageMetadata chunk;
-        DCP_ASSIGN_OR_RETURN(chunk.offsets,
-                             cursor_chunk_offsets.NextShape(rank));
-        DCP_ASSIGN_OR_RETURN(chunk.sizes, cursor_chunk_sizes.NextShape(rank));
-        tensor.chunks.push_back(std::move(chunk));
-      }
-      decoded = std::move(tensor);
-    } else {
-      return absl::DataLossError(absl::StrCat(
-          "value ", fqn, " has unknown kind ", proto.value_kind(i)));
+  // Values and flatten mapping on this thread, storage data on another
+  // when large: they fill independent maps from the same read-only tables.
+  auto decode_values = [&]() -> absl::Status {
+    // Values.
+    if (proto.value_kind_size() != proto.value_name_size()) {
+      return absl::DataLossError("value_kind and value_name differ in length");
     }
-    metadata.state_dict_metadata.emplace_hint(
-        metadata.state_dict_metadata.end(), std::string(fqn),
-        std::move(decoded));
-  }
-  for (const absl::Status& end :
-       {cursor_tensor_dtype.ExpectEnd(), cursor_tensor_flags.ExpectEnd(),
-        cursor_tensor_rank.ExpectEnd(), cursor_tensor_size.ExpectEnd(),
-        cursor_tensor_chunk_count.ExpectEnd(), cursor_chunk_offsets.ExpectEnd(),
-        cursor_chunk_sizes.ExpectEnd()}) {
-    DCP_RETURN_IF_ERROR(end);
-  }
-
-  // Flatten mapping.
-  DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> keys,
-                       ReadStringTable(proto.path_keys(), "path key"));
-  if (proto.flatten_path_length_size() != proto.flatten_name_size()) {
-    return absl::DataLossError(
-        "flatten_path_length and flatten_name differ in length");
-  }
-  DCP_CURSOR(flatten_path);
-  for (int i = 0; i < proto.flatten_name_size(); ++i) {
-    DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.flatten_name(i)));
-    ObjectPath path;
-    path.reserve(std::min<uint32_t>(proto.flatten_path_length(i), 64));
-    for (uint32_t e = 0; e < proto.flatten_path_length(i); ++e) {
-      DCP_ASSIGN_OR_RETURN(uint64_t element, cursor_flatten_path.Next());
-      if ((element & 1) != 0) {
-        path.emplace_back(static_cast<int64_t>(element >> 1));
-      } else if ((element >> 1) < keys.size()) {
-        path.emplace_back(std::string(keys[element >> 1]));
+    DCP_CURSOR(tensor_dtype);
+    DCP_CURSOR(tensor_flags);
+    DCP_CURSOR(tensor_rank);
+    DCP_CURSOR(tensor_size);
+    DCP_CURSOR(tensor_chunk_count);
+    DCP_CURSOR(chunk_offsets);
+    DCP_CURSOR(chunk_sizes);
+    for (int i = 0; i < proto.value_name_size(); ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.value_name(i)));
+      StorageMetadata decoded;
+      if (proto.value_kind(i) == 0) {
+        decoded = BytesStorageMetadata{};
+      } else if (proto.value_kind(i) == 1) {
+        TensorStorageMetadata tensor;
+        DCP_ASSIGN_OR_RETURN(uint32_t code, cursor_tensor_dtype.Next());
+        absl::StatusOr<DType> dtype = DTypeFromCode(code);
+        if (!dtype.ok()) {
+          return Annotate(dtype.status(), absl::StrCat("tensor ", fqn));
+        }
+        tensor.properties.dtype = *dtype;
+        DCP_ASSIGN_OR_RETURN(uint32_t flags, cursor_tensor_flags.Next());
+        tensor.properties.requires_grad = (flags & 1) != 0;
+        tensor.properties.pin_memory = (flags & 2) != 0;
+        DCP_ASSIGN_OR_RETURN(uint32_t rank, cursor_tensor_rank.Next());
+        DCP_ASSIGN_OR_RETURN(tensor.size, cursor_tensor_size.NextShape(rank));
+        DCP_ASSIGN_OR_RETURN(uint32_t chunks, cursor_tensor_chunk_count.Next());
+        tensor.chunks.reserve(std::min<uint32_t>(chunks, 1 << 20));
+        for (uint32_t c = 0; c < chunks; ++c) {
+          ChunkStorageMetadata chunk;
+          DCP_ASSIGN_OR_RETURN(chunk.offsets,
+                               cursor_chunk_offsets.NextShape(rank));
+          DCP_ASSIGN_OR_RETURN(chunk.sizes, cursor_chunk_sizes.NextShape(rank));
+          tensor.chunks.push_back(std::move(chunk));
+        }
+        decoded = std::move(tensor);
       } else {
         return absl::DataLossError(absl::StrCat(
-            "flatten path of ", fqn, " uses unknown key id ", element >> 1));
+            "value ", fqn, " has unknown kind ", proto.value_kind(i)));
       }
+      metadata.state_dict_metadata.emplace_hint(
+          metadata.state_dict_metadata.end(), std::string(fqn),
+          std::move(decoded));
     }
-    metadata.flatten_mapping.emplace_hint(metadata.flatten_mapping.end(),
-                                          std::string(fqn), std::move(path));
-  }
-  DCP_RETURN_IF_ERROR(cursor_flatten_path.ExpectEnd());
+    for (const absl::Status& end :
+         {cursor_tensor_dtype.ExpectEnd(), cursor_tensor_flags.ExpectEnd(),
+          cursor_tensor_rank.ExpectEnd(), cursor_tensor_size.ExpectEnd(),
+          cursor_tensor_chunk_count.ExpectEnd(),
+          cursor_chunk_offsets.ExpectEnd(), cursor_chunk_sizes.ExpectEnd()}) {
+      DCP_RETURN_IF_ERROR(end);
+    }
 
-  // Storage.
-  const int items = proto.storage_name_size();
-  if (proto.storage_offset_rank_size() != items ||
-      proto.storage_file_size() != items ||
-      proto.storage_offset_size() != items ||
-      proto.storage_length_size() != items ||
-      proto.storage_checksum_count_size() != items) {
-    return absl::DataLossError("the storage arrays differ in length");
-  }
-  DCP_CURSOR(storage_chunk_offset);
-  DCP_CURSOR(storage_checksums);
-  for (int i = 0; i < items; ++i) {
-    DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.storage_name(i)));
-    MetadataIndex index{std::string(fqn)};
-    if (const uint32_t rank = proto.storage_offset_rank(i); rank > 0) {
-      DCP_ASSIGN_OR_RETURN(index.offset,
-                           cursor_storage_chunk_offset.NextShape(rank - 1));
-    }
-    if (proto.storage_file(i) >= static_cast<uint32_t>(proto.files_size())) {
+    // Flatten mapping.
+    DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> keys,
+                         ReadStringTable(proto.path_keys(), "path key"));
+    if (proto.flatten_path_length_size() != proto.flatten_name_size()) {
       return absl::DataLossError(
-          absl::StrCat("item ", index.ToString(), " refers to data file #",
-                       proto.storage_file(i), " of ", proto.files_size()));
+          "flatten_path_length and flatten_name differ in length");
     }
-    StorageInfo info;
-    info.relative_path = proto.files(static_cast<int>(proto.storage_file(i)));
-    info.offset = proto.storage_offset(i);
-    info.length = proto.storage_length(i);
-    if (info.offset < 0 || info.length < 0) {
-      return absl::DataLossError(absl::StrCat(
-          "item ", index.ToString(), " has a negative offset or length"));
+    DCP_CURSOR(flatten_path);
+    for (int i = 0; i < proto.flatten_name_size(); ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.flatten_name(i)));
+      ObjectPath path;
+      path.reserve(std::min<uint32_t>(proto.flatten_path_length(i), 64));
+      for (uint32_t e = 0; e < proto.flatten_path_length(i); ++e) {
+        DCP_ASSIGN_OR_RETURN(uint64_t element, cursor_flatten_path.Next());
+        if ((element & 1) != 0) {
+          path.emplace_back(static_cast<int64_t>(element >> 1));
+        } else if ((element >> 1) < keys.size()) {
+          path.emplace_back(std::string(keys[element >> 1]));
+        } else {
+          return absl::DataLossError(absl::StrCat(
+              "flatten path of ", fqn, " uses unknown key id ", element >> 1));
+        }
+      }
+      metadata.flatten_mapping.emplace_hint(metadata.flatten_mapping.end(),
+                                            std::string(fqn), std::move(path));
     }
-    const uint32_t sums = proto.storage_checksum_count(i);
-    if (sums > static_cast<uint64_t>(proto.storage_checksums_size())) {
-      return absl::DataLossError("storage_checksums ends early");
+    DCP_RETURN_IF_ERROR(cursor_flatten_path.ExpectEnd());
+
+    return absl::OkStatus();
+  };
+  auto decode_storage = [&]() -> absl::Status {
+    // Storage.
+    const int items = proto.storage_name_size();
+    if (proto.storage_offset_rank_size() != items ||
+        proto.storage_file_size() != items ||
+        proto.storage_offset_size() != items ||
+        proto.storage_length_size() != items ||
+        proto.storage_checksum_count_size() != items) {
+      return absl::DataLossError("the storage arrays differ in length");
     }
-    info.block_checksums.reserve(sums);
-    for (uint32_t c = 0; c < sums; ++c) {
-      DCP_ASSIGN_OR_RETURN(uint64_t sum, cursor_storage_checksums.Next());
-      info.block_checksums.push_back(sum);
+    DCP_CURSOR(storage_chunk_offset);
+    DCP_CURSOR(storage_checksums);
+    for (int i = 0; i < items; ++i) {
+      DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.storage_name(i)));
+      MetadataIndex index{std::string(fqn)};
+      if (const uint32_t rank = proto.storage_offset_rank(i); rank > 0) {
+        DCP_ASSIGN_OR_RETURN(index.offset,
+                             cursor_storage_chunk_offset.NextShape(rank - 1));
+      }
+      if (proto.storage_file(i) >= static_cast<uint32_t>(proto.files_size())) {
+        return absl::DataLossError(
+            absl::StrCat("item ", index.ToString(), " refers to data file #",
+                         proto.storage_file(i), " of ", proto.files_size()));
+      }
+      StorageInfo info;
+      info.relative_path = proto.files(static_cast<int>(proto.storage_file(i)));
+      info.offset = proto.storage_offset(i);
+      info.length = proto.storage_length(i);
+      if (info.offset < 0 || info.length < 0) {
+        return absl::DataLossError(absl::StrCat(
+            "item ", index.ToString(), " has a negative offset or length"));
+      }
+      const uint32_t sums = proto.storage_checksum_count(i);
+      if (sums > static_cast<uint64_t>(proto.storage_checksums_size())) {
+        return absl::DataLossError("storage_checksums ends early");
+      }
+      info.block_checksums.reserve(sums);
+      for (uint32_t c = 0; c < sums; ++c) {
+        DCP_ASSIGN_OR_RETURN(uint64_t sum, cursor_storage_checksums.Next());
+        info.block_checksums.push_back(sum);
+      }
+      metadata.storage_data.emplace_hint(metadata.storage_data.end(),
+                                         std::move(index), std::move(info));
     }
-    metadata.storage_data.emplace_hint(metadata.storage_data.end(),
-                                       std::move(index), std::move(info));
+    DCP_RETURN_IF_ERROR(cursor_storage_chunk_offset.ExpectEnd());
+    DCP_RETURN_IF_ERROR(cursor_storage_checksums.ExpectEnd());
+
+    return absl::OkStatus();
+  };
+  absl::Status storage_status;
+  absl::Status values_status;
+  if (proto.storage_name_size() > 100000) {
+    std::thread storage_thread([&] { storage_status = decode_storage(); });
+    values_status = decode_values();
+    storage_thread.join();
+  } else {
+    values_status = decode_values();
+    storage_status = decode_storage();
   }
-  DCP_RETURN_IF_ERROR(cursor_storage_chunk_offset.ExpectEnd());
-  DCP_RETURN_IF_ERROR(cursor_storage_checksums.ExpectEnd());
+  DCP_RETURN_IF_ERROR(values_status);
+  DCP_RETURN_IF_ERROR(storage_status);
 
   if (proto.has_storage_meta()) {
     const format::StorageMeta& m = proto.storage_meta();

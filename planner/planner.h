@@ -64,8 +64,8 @@ class LoadPlanner {
   virtual ~LoadPlanner() = default;
 
   // Takes the state dict to fill in place (tensors are written into their
-  // memory; non-tensor values are replaced). The planner keeps `state_dict`
-  // until the load ends.
+  // memory; non-tensor values are replaced). The planner keeps references
+  // to `state_dict` and `metadata`: both must outlive the load.
   virtual absl::Status SetUp(StateDict* state_dict, const Metadata& metadata,
                              bool is_coordinator) = 0;
 

@@ -124,7 +124,8 @@ LoadPlan WholeItemLoadPlan(const Metadata& metadata) {
   return plan;
 }
 
-absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner) {
+absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner,
+                         bool abort_on_failure) {
   auto run = [&]() -> absl::Status {
     DCP_RETURN_IF_ERROR(writer.Reset(""));
     DCP_RETURN_IF_ERROR(writer.SetUp(/*is_coordinator=*/true, /*rank=*/0,
@@ -145,7 +146,7 @@ absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner) {
     return writer.MarkCommitted();
   };
   absl::Status status = run();
-  if (!status.ok()) writer.Abort();
+  if (!status.ok() && abort_on_failure) writer.Abort();
   return status;
 }
 

@@ -93,9 +93,11 @@ class FakeLoadPlanner final : public LoadPlanner {
 LoadPlan WholeItemLoadPlan(const Metadata& metadata);
 
 // Drives `writer` through Reset (keeping its path), SetUp (coordinator, rank
-// 0), the plan steps, WriteData, Finish and MarkCommitted; calls Abort and
-// returns the error on any failure.
-absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner);
+// 0), the plan steps, WriteData, Finish and MarkCommitted; on any failure
+// calls Abort (unless `abort_on_failure` is false: a simulated crash) and
+// returns the error.
+absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner,
+                         bool abort_on_failure = true);
 
 // ReadMetadata, SetUp and ReadData of `plan` (the whole-item plan when null).
 absl::Status LoadOneRank(StorageReader& reader, LoadPlanner& planner,

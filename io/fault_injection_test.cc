@@ -1,0 +1,303 @@
+// Saves and loads under injected faults: every fault site in a save returns
+// the right code and a message naming operation and file, commits no
+// metadata, leaves the previous checkpoint loadable bit for bit and the
+// directory as it was, and leaks no descriptor or thread; simulated crashes
+// at every step leave the old or the new checkpoint complete; load faults
+// are clear errors.
+#include "io/fault_injection.h"
+
+#include <dirent.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/file_system_storage.h"
+#include "io/metadata_format.h"
+#include "io/testing/fake_planners.h"
+#include "io/testing/sample_state.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::ListNames;
+using ::dcp::testing::LoadAndCompare;
+using ::dcp::testing::NewTestDir;
+using ::dcp::testing::SampleState;
+using ::dcp::testing::SaveSample;
+using ::testing::HasSubstr;
+
+int CountEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+struct SaveFaultCase {
+  std::string name;
+  Fault fault;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+  int64_t fail_writes_after = -1;  // FailWritesAfter instead of `fault`.
+};
+
+class SaveFaultTest : public ::testing::TestWithParam<SaveFaultCase> {};
+
+TEST_P(SaveFaultTest, FailsCleanlyAndKeepsThePreviousCheckpoint) {
+  const SaveFaultCase& c = GetParam();
+  const std::string dir = NewTestDir(c.name);
+  const SampleState old_state = SampleState::Make(1);
+  ASSERT_TRUE(SaveSample(dir, old_state).ok());
+  const std::vector<std::string> before = ListNames(dir);
+  const int fds_before = CountEntries("/proc/self/fd");
+  const int threads_before = CountEntries("/proc/self/task");
+
+  for (IoMode mode : {IoMode::kPosix, IoMode::kAuto}) {
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    if (c.fail_writes_after >= 0) {
+      faulty.FailWritesAfter(c.fail_writes_after);
+    } else {
+      faulty.Inject(c.fault);
+    }
+    FileSystemWriterOptions options;
+    options.file_system = &faulty;
+    options.io_mode = mode;
+    options.thread_count = 2;
+    absl::Status status = SaveSample(dir, SampleState::Make(2), options);
+    EXPECT_EQ(status.code(), c.code) << IoModeName(mode) << ": " << status;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(status.message(), HasSubstr(part)) << IoModeName(mode);
+    }
+    EXPECT_EQ(faulty.open_files(), 0) << IoModeName(mode);
+  }
+  EXPECT_EQ(ListNames(dir), before);
+  absl::Status loaded = LoadAndCompare(dir, old_state);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds_before);
+  EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
+}
+
+Fault F(FaultOp op, int error, std::string path, int64_t nth = 1,
+        bool short_write = false) {
+  return Fault{op, error, std::move(path), nth, short_write};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sites, SaveFaultTest,
+    ::testing::Values(SaveFaultCase{"mkdir",
+                                    F(FaultOp::kMkdir, EACCES, ""),
+                                    absl::StatusCode::kPermissionDenied,
+                                    {"mkdir"}},
+                      SaveFaultCase{"list",
+                                    F(FaultOp::kList, EIO, ""),
+                                    absl::StatusCode::kDataLoss,
+                                    {"opendir"}},
+                      SaveFaultCase{"open_probe",
+                                    F(FaultOp::kOpen, EROFS, ".dcp-probe"),
+                                    absl::StatusCode::kPermissionDenied,
+                                    {"not writable", ".dcp-probe"}},
+                      SaveFaultCase{"open_data",
+                                    F(FaultOp::kOpen, EACCES, ".distcp"),
+                                    absl::StatusCode::kPermissionDenied,
+                                    {"open for write", ".distcp", "rank 0"}},
+                      SaveFaultCase{"write_eio",
+                                    F(FaultOp::kWrite, EIO, ".distcp"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"pwrite", ".distcp", "offset=", "rank 0"}},
+                      SaveFaultCase{"write_enospc",
+                                    F(FaultOp::kWrite, ENOSPC, ".distcp", 2),
+                                    absl::StatusCode::kResourceExhausted,
+                                    {"pwrite", ".distcp", "offset="}},
+                      SaveFaultCase{
+                          "short_write",
+                          F(FaultOp::kWrite, ENOSPC, ".distcp", 1, true),
+                          absl::StatusCode::kResourceExhausted,
+                          {"pwrite", ".distcp"}},
+                      SaveFaultCase{"enospc_after_bytes",
+                                    Fault{},
+                                    absl::StatusCode::kResourceExhausted,
+                                    {"pwrite", "offset="},
+                                    5000},
+                      SaveFaultCase{"fsync_data",
+                                    F(FaultOp::kSync, EIO, ".distcp"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"fsync", ".distcp"}},
+                      SaveFaultCase{"close_data",
+                                    F(FaultOp::kClose, EIO, ".distcp"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"close", ".distcp"}},
+                      SaveFaultCase{"syncdir_data",
+                                    F(FaultOp::kSyncDir, EIO, ""),
+                                    absl::StatusCode::kDataLoss,
+                                    {"fsync directory"}},
+                      SaveFaultCase{"open_metadata",
+                                    F(FaultOp::kOpen, ENOSPC, ".metadata"),
+                                    absl::StatusCode::kResourceExhausted,
+                                    {"open for write", ".metadata.tmp"}},
+                      SaveFaultCase{"write_metadata",
+                                    F(FaultOp::kWrite, EIO, ".metadata"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"pwrite", ".metadata.tmp"}},
+                      SaveFaultCase{"fsync_metadata",
+                                    F(FaultOp::kSync, EIO, ".metadata"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"fsync", ".metadata.tmp"}},
+                      SaveFaultCase{"close_metadata",
+                                    F(FaultOp::kClose, EIO, ".metadata"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"close", ".metadata.tmp"}},
+                      SaveFaultCase{"rename_metadata",
+                                    F(FaultOp::kRename, EIO, ""),
+                                    absl::StatusCode::kDataLoss,
+                                    {"rename", ".metadata.tmp"}}),
+    [](const ::testing::TestParamInfo<SaveFaultCase>& info) {
+      return info.param.name;
+    });
+
+TEST(FaultInjectionTest, FailuresAfterTheRenameLeaveTheNewCheckpoint) {
+  // The directory fsync after the rename, and the removal of replaced files,
+  // fail after the commit point: the save reports it, the new checkpoint is
+  // the one that loads, and nothing of it is removed.
+  for (FaultOp op : {FaultOp::kSyncDir, FaultOp::kUnlink}) {
+    const std::string dir = NewTestDir("after_commit");
+    ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    // The second directory fsync is the commit's; unlinks of data files only
+    // happen in MarkCommitted.
+    faulty.Inject(op == FaultOp::kSyncDir ? F(op, EIO, "", 2)
+                                          : F(op, EIO, ".distcp"));
+    FileSystemWriterOptions options;
+    options.file_system = &faulty;
+    const SampleState new_state = SampleState::Make(2);
+    absl::Status status = SaveSample(dir, new_state, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    absl::Status loaded = LoadAndCompare(dir, new_state);
+    EXPECT_TRUE(loaded.ok()) << FaultOpName(op) << ": " << loaded;
+  }
+}
+
+TEST(FaultInjectionTest, CrashAtEveryStepLeavesOldOrNewCheckpoint) {
+  // Count the file-system calls of a clean save, then crash at each one.
+  int64_t total = 0;
+  {
+    const std::string dir = NewTestDir("crash_count");
+    ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+    FaultInjectionFileSystem counting(LocalFileSystem());
+    FileSystemWriterOptions options;
+    options.file_system = &counting;
+    ASSERT_TRUE(SaveSample(dir, SampleState::Make(2), options).ok());
+    total = counting.calls(FaultOp::kAny);
+  }
+  ASSERT_GT(total, 10);
+  const SampleState old_state = SampleState::Make(1);
+  const SampleState new_state = SampleState::Make(2);
+  int old_seen = 0, new_seen = 0;
+  for (int64_t k = 1; k <= total + 1; ++k) {
+    const std::string dir = NewTestDir("crash");
+    ASSERT_TRUE(SaveSample(dir, old_state).ok());
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    faulty.Inject(F(FaultOp::kAny, EIO, "", k));
+    FileSystemWriterOptions options;
+    options.file_system = &faulty;
+    options.io_mode = IoMode::kPosix;
+    // kill -9: no Abort, no cleanup; then the power goes.
+    SaveSample(dir, new_state, options, /*abort_on_failure=*/false)
+        .IgnoreError();
+    faulty.SimulateCrash();
+    if (LoadAndCompare(dir, old_state).ok()) {
+      ++old_seen;
+    } else {
+      absl::Status loaded = LoadAndCompare(dir, new_state);
+      ASSERT_TRUE(loaded.ok()) << "crash at call " << k << " of " << total
+                               << " left neither checkpoint: " << loaded;
+      ++new_seen;
+    }
+  }
+  EXPECT_GT(old_seen, 0);
+  EXPECT_GT(new_seen, 0);  // Crashes after the commit keep the new one.
+}
+
+TEST(FaultInjectionTest, SeededRandomFailuresNeverLeaveAMixedState) {
+  const SampleState old_state = SampleState::Make(1);
+  const SampleState new_state = SampleState::Make(2);
+  int failed = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const std::string dir = NewTestDir("one_in_n");
+    ASSERT_TRUE(SaveSample(dir, old_state).ok());
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    faulty.FailOneIn(12, seed);
+    FileSystemWriterOptions options;
+    options.file_system = &faulty;
+    absl::Status saved = SaveSample(dir, new_state, options);
+    faulty.ClearFaults();
+    if (saved.ok() || LoadAndCompare(dir, new_state).ok()) {
+      // A failure after the commit point still leaves the new checkpoint.
+      EXPECT_TRUE(LoadAndCompare(dir, new_state).ok()) << seed;
+    } else {
+      ++failed;
+      absl::Status loaded = LoadAndCompare(dir, old_state);
+      EXPECT_TRUE(loaded.ok()) << "seed " << seed << ": " << loaded;
+    }
+  }
+  EXPECT_GT(failed, 0);
+}
+
+struct LoadFaultCase {
+  std::string name;
+  Fault fault;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+class LoadFaultTest : public ::testing::TestWithParam<LoadFaultCase> {};
+
+TEST_P(LoadFaultTest, IsAClearError) {
+  const LoadFaultCase& c = GetParam();
+  const std::string dir = NewTestDir(c.name);
+  const SampleState state = SampleState::Make(3);
+  ASSERT_TRUE(SaveSample(dir, state).ok());
+  for (IoMode mode : {IoMode::kPosix, IoMode::kAuto}) {
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    faulty.Inject(c.fault);
+    FileSystemReaderOptions options;
+    options.file_system = &faulty;
+    options.io_mode = mode;
+    options.thread_count = 2;
+    absl::Status status = LoadAndCompare(dir, state, options);
+    EXPECT_EQ(status.code(), c.code) << IoModeName(mode) << ": " << status;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(status.message(), HasSubstr(part)) << IoModeName(mode);
+    }
+    EXPECT_EQ(faulty.open_files(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sites, LoadFaultTest,
+    ::testing::Values(LoadFaultCase{"open_metadata",
+                                    F(FaultOp::kOpen, EACCES, ".metadata"),
+                                    absl::StatusCode::kPermissionDenied,
+                                    {".metadata"}},
+                      LoadFaultCase{"read_metadata",
+                                    F(FaultOp::kRead, EIO, ".metadata"),
+                                    absl::StatusCode::kDataLoss,
+                                    {"pread", ".metadata"}},
+                      LoadFaultCase{"open_data",
+                                    F(FaultOp::kOpen, ENOENT, ".distcp"),
+                                    absl::StatusCode::kNotFound,
+                                    {"open for read", ".distcp"}},
+                      LoadFaultCase{"read_data",
+                                    F(FaultOp::kRead, EIO, ".distcp", 3),
+                                    absl::StatusCode::kDataLoss,
+                                    {"pread", ".distcp", "offset="}}),
+    [](const ::testing::TestParamInfo<LoadFaultCase>& info) {
+      return info.param.name;
+    });
+
+}  // namespace
+}  // namespace dcp
