@@ -139,6 +139,8 @@ s = {
 }
 s["dcp_save_vs_fio_buffered"] = s["dcp_save_gbps"] / s["fio_write_buffered_fsync_gbps"]
 s["dcp_load_vs_fio_cold"] = s["dcp_load_gbps"] / s["fio_read_cold_gbps"]
+s["dcp_save_vs_fio_direct"] = s["dcp_save_gbps"] / s["fio_write_direct_gbps"]
+s["dcp_load_vs_fio_direct"] = s["dcp_load_gbps"] / s["fio_read_direct_gbps"]
 s["dcp_save_vs_torch"] = s["dcp_save_gbps"] / s["torch_save_gbps"]
 s["dcp_load_vs_torch"] = s["dcp_load_gbps"] / s["torch_load_gbps"]
 # Per-repetition values, to show the spread.
@@ -167,8 +169,10 @@ print(f"  {'save GB/s':28} {s['fio_write_buffered_fsync_gbps']:>9.3f} (buf+fsync
 print(f"  {'load GB/s (cold)':28} {s['fio_read_cold_gbps']:>9.3f} (cold)      "
       f"{s['dcp_load_gbps']:>9.3f} {s['torch_load_gbps']:>9.3f} "
       f"{s['dcp_load_vs_fio_cold']:>8.2f} {s['dcp_load_vs_torch']:>9.2f}")
-print(f"  {'fio O_DIRECT write / read':28} {s['fio_write_direct_gbps']:>9.3f} / "
-      f"{s['fio_read_direct_gbps']:.3f}")
+print(f"  {'save GB/s vs fio O_DIRECT':28} {s['fio_write_direct_gbps']:>9.3f} (direct)    "
+      f"{s['dcp_save_gbps']:>9.3f} {'':>9} {s['dcp_save_vs_fio_direct']:>8.2f}")
+print(f"  {'load GB/s vs fio O_DIRECT':28} {s['fio_read_direct_gbps']:>9.3f} (direct)    "
+      f"{s['dcp_load_gbps']:>9.3f} {'':>9} {s['dcp_load_vs_fio_direct']:>8.2f}")
 print(f"  {'save peak RSS':28} {'':>22} {mib(s['dcp_save_peak_rss_bytes']):>9} "
       f"{mib(s['torch_save_peak_rss_bytes']):>9}   (state {mib(state)})")
 print(f"  {'load peak RSS':28} {'':>22} {mib(s['dcp_load_peak_rss_bytes']):>9} "
