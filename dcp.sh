@@ -34,9 +34,24 @@ install_missing_packages() {
 
 # Every command builds in one configuration (-c opt, from .bazelrc), so the
 # demo after the tests reuses the same build outputs.
+# bazel-bin/tools goes on PATH so `./dcp.sh launch -n 4 -- dcp demo ...`
+# finds the dcp binary for its ranks.
 run_dcp() {
-  bazel build //tools:dcp >&2
+  bazel build //tools:dcp //tools:dcp_launch >&2
+  export PATH="$PWD/bazel-bin/tools:$PATH"
   exec ./bazel-bin/tools/dcp "$@"
+}
+
+# Benchmarks are separate programs; build the one asked for, then run it
+# through `dcp bench KIND`.
+run_bench() {
+  local kind="${1:-}"
+  case "$kind" in
+    planner | io | staging) bazel build "//bench:${kind}_bench" >&2 ;;
+    coord) bazel build //bench/coord:coord_bench >&2 ;;
+    *) ;;  # dcp bench reports unknown kinds.
+  esac
+  run_dcp bench "$@"
 }
 
 install_missing_packages
@@ -47,7 +62,10 @@ case "$cmd" in
     if [[ $# -eq 0 ]]; then set -- //...; fi
     exec bazel test "$@"
     ;;
-  demo | bench | inspect | verify | launch)
+  bench)
+    run_bench "$@"
+    ;;
+  demo | inspect | verify | launch)
     run_dcp "$cmd" "$@"
     ;;
   help | -h | --help)

@@ -7,8 +7,11 @@
 //       --cold=1
 //
 // Prints one JSON object: bytes, save_seconds, load_seconds, save_gbps,
-// load_gbps (GB = 1e9 bytes), engine, direct, verified.
+// load_gbps (GB = 1e9 bytes), engine, direct, peak RSS (MiB) once the source
+// and destination tensors exist, after the save and after the load, and
+// verified.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -52,6 +55,13 @@ void DropCache(const std::string& dir) {
   }
 }
 
+// Peak resident set size so far, in MiB.
+double PeakRssMib() {
+  struct rusage usage;
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "io_bench: %s\n", status.ToString().c_str());
   return 1;
@@ -63,7 +73,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/dcp_io_bench";
   int64_t size_mb = 1024, tensor_mb = 16;
   std::string mode_name = "auto";
-  bool direct = false, cold = true;
+  bool direct = true, cold = true;  // The writer and reader defaults.
   int threads = 1;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -106,6 +116,7 @@ int main(int argc, char** argv) {
     sources.push_back(std::move(tensor));
   }
   const int64_t bytes = count * elements * 4;
+  const double rss_state = PeakRssMib();  // Sources + destinations.
 
   FileSystemWriterOptions writer_options;
   writer_options.io_engine = engine->get();
@@ -116,6 +127,7 @@ int main(int argc, char** argv) {
   absl::Status saved = testing::SaveOneRank(writer, save_planner);
   const double save_seconds = Since(start);
   if (!saved.ok()) return Fail(saved);
+  const double rss_save = PeakRssMib();
 
   if (cold) DropCache(dir);
   FileSystemReaderOptions reader_options;
@@ -127,6 +139,7 @@ int main(int argc, char** argv) {
   absl::Status loaded = testing::LoadOneRank(reader, load_planner);
   const double load_seconds = Since(start);
   if (!loaded.ok()) return Fail(loaded);
+  const double rss_load = PeakRssMib();
 
   bool verified = true;
   for (size_t t = 0; t < sources.size(); ++t) {
@@ -136,11 +149,12 @@ int main(int argc, char** argv) {
       "{\"bytes\": %lld, \"tensors\": %lld, \"engine\": \"%s\", \"direct\": "
       "%s, \"threads\": %d, \"cold_load\": %s, \"save_seconds\": %.3f, "
       "\"load_seconds\": %.3f, \"save_gbps\": %.3f, \"load_gbps\": %.3f, "
-      "\"verified\": %s}\n",
+      "\"peak_rss_mib_state\": %.0f, \"peak_rss_mib_after_save\": %.0f, "
+      "\"peak_rss_mib_after_load\": %.0f, \"verified\": %s}\n",
       static_cast<long long>(bytes), static_cast<long long>(count),
       std::string((*engine)->name()).c_str(), direct ? "true" : "false",
       threads, cold ? "true" : "false", save_seconds, load_seconds,
-      bytes / save_seconds / 1e9, bytes / load_seconds / 1e9,
-      verified ? "true" : "false");
+      bytes / save_seconds / 1e9, bytes / load_seconds / 1e9, rss_state,
+      rss_save, rss_load, verified ? "true" : "false");
   return verified ? 0 : 2;
 }

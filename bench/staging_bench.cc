@@ -1,8 +1,11 @@
-// staging_bench: device-to-host staging throughput of DefaultStager against
+// staging_bench: device-to-host staging throughput of DefaultStager (and of
+// StagingPipeline through a bounded pinned pool, the writer's path) against
 // the raw peak measured in the same run (one large CopyAsync into pinned
 // memory, and into pageable memory for contrast), over sizes and 1-4
 // streams; plus, for CPU tensors, the time until staging completes against a
-// plain memcpy of the same bytes (stall_vs_memcpy).
+// plain memcpy of the same bytes (stall_vs_memcpy, with a stager reused across
+// saves; stall_vs_memcpy_fresh, with a new stager of async_save's default
+// options each time, which maps and faults in its staging memory anew).
 //
 // Without a GPU it runs against the host-memory runtime and says so: the
 // numbers then measure host memcpy, not PCIe.
@@ -22,7 +25,9 @@
 #include "core/state_dict.h"
 #include "cuda/device_runtime.h"
 #include "nlohmann/json.hpp"
+#include "staging/pinned_pool.h"
 #include "staging/stager.h"
+#include "staging/staging_pipeline.h"
 
 namespace dcp {
 namespace {
@@ -57,14 +62,23 @@ struct Row {
   double peak_pinned_gbps = 0;
   double peak_pageable_gbps = 0;
   double ratio_to_peak = 0;
+  double pipeline_gbps = 0;  // StagingPipeline through a bounded pool.
 };
 
 absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
-                 int max_streams, int tensors, int reps, bool json) {
+                 int max_streams, int tensors, int reps, size_t pool_mib,
+                 bool json) {
   absl::StatusOr<DeviceProperties> props = runtime.GetDeviceProperties(0);
   if (!props.ok()) return props.status();
+  PinnedPoolOptions pool_options;
+  pool_options.total_bytes = pool_mib << 20;
+  absl::StatusOr<std::unique_ptr<PinnedPool>> pool_or =
+      PinnedPool::Create(&runtime, pool_options);
+  if (!pool_or.ok()) return pool_or.status();
+  PinnedPool& pool = **pool_or;
   std::vector<Row> rows;
   double stall_vs_memcpy = 0;
+  double stall_vs_memcpy_fresh = 0;
   size_t stall_bytes = 0;
   for (size_t mib : sizes_mib) {
     const size_t bytes = mib << 20;
@@ -123,7 +137,20 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
         return stager.Stage(state).Wait().status();
       });
       if (!t.ok()) return t.status();
+      // The writer's bounded path: the same tensors through the pool, with a
+      // consumer that only drops each piece.
+      std::vector<PipelineItem> items;
+      for (const auto& [name, value] : state) {
+        items.push_back({value.tensor().view(), items.size()});
+      }
+      StagingPipeline pipeline(&runtime, &pool, {.num_streams = streams});
+      absl::StatusOr<double> t_pipe = MedianSeconds(reps, [&]() {
+        return pipeline.Run(items,
+                            [](StagedPiece) { return absl::OkStatus(); });
+      });
+      if (!t_pipe.ok()) return t_pipe.status();
       Row row;
+      row.pipeline_gbps = Gbps(per * tensors, *t_pipe);
       row.bytes = per * tensors;
       row.streams = streams;
       row.stager_gbps = Gbps(row.bytes, *t);
@@ -149,8 +176,14 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
         std::memcpy(*pinned, pageable.get(), per * tensors);
         return absl::OkStatus();
       });
+      absl::StatusOr<double> t_fresh = MedianSeconds(reps, [&]() {
+        DefaultStager fresh(StagingOptions::AsyncSaveDefault(), &runtime);
+        return fresh.Stage(cpu_state).Wait().status();
+      });
       if (!t_stage.ok()) return t_stage.status();
+      if (!t_fresh.ok()) return t_fresh.status();
       stall_vs_memcpy = *t_stage / *t_memcpy;
+      stall_vs_memcpy_fresh = *t_fresh / *t_memcpy;
       stall_bytes = per * tensors;
     }
     absl::Status freed = runtime.FreeDevice(*dev);
@@ -178,7 +211,10 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
     out["peak_pageable_gbps"] = best.peak_pageable_gbps;
     out["ratio_to_peak"] = best.ratio_to_peak;
     out["best_streams"] = best.streams;
+    out["pipeline_gbps"] = best.pipeline_gbps;
+    out["pipeline_pool_bytes"] = pool.total_bytes();
     out["stall_vs_memcpy"] = stall_vs_memcpy;
+    out["stall_vs_memcpy_fresh"] = stall_vs_memcpy_fresh;
     out["stall_bytes"] = stall_bytes;
     out["stall_vs_sync_save"] = nullptr;  // Needs engine AsyncSave.
     out["tensors"] = tensors;
@@ -189,7 +225,8 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
                        {"stager_gbps", r.stager_gbps},
                        {"peak_pinned_gbps", r.peak_pinned_gbps},
                        {"peak_pageable_gbps", r.peak_pageable_gbps},
-                       {"ratio_to_peak", r.ratio_to_peak}});
+                       {"ratio_to_peak", r.ratio_to_peak},
+                       {"pipeline_gbps", r.pipeline_gbps}});
     }
     out["rows"] = table;
     std::printf("%s\n", out.dump().c_str());
@@ -201,17 +238,20 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
         "NOTE: no GPU; this runs against the host-memory runtime, so the "
         "numbers measure host memcpy, not PCIe.\n");
   }
-  std::printf("%10s %8s %12s %12s %14s %8s\n", "MiB", "streams", "stager GB/s",
-              "pinned GB/s", "pageable GB/s", "ratio");
+  std::printf("%10s %8s %12s %12s %14s %8s %14s\n", "MiB", "streams",
+              "stager GB/s", "pinned GB/s", "pageable GB/s", "ratio",
+              "pipeline GB/s");
   for (const Row& r : rows) {
-    std::printf("%10zu %8d %12.2f %12.2f %14.2f %8.3f\n", r.bytes >> 20,
+    std::printf("%10zu %8d %12.2f %12.2f %14.2f %8.3f %14.2f\n", r.bytes >> 20,
                 r.streams, r.stager_gbps, r.peak_pinned_gbps,
-                r.peak_pageable_gbps, r.ratio_to_peak);
+                r.peak_pageable_gbps, r.ratio_to_peak, r.pipeline_gbps);
   }
+  std::printf("pipeline: StagingPipeline through a %zu MiB pinned pool\n",
+              pool.total_bytes() >> 20);
   std::printf(
       "CPU tensors, %zu MiB: time to staging completion / plain memcpy = "
-      "%.3f\n",
-      stall_bytes >> 20, stall_vs_memcpy);
+      "%.3f (stager reused), %.3f (new stager per save)\n",
+      stall_bytes >> 20, stall_vs_memcpy, stall_vs_memcpy_fresh);
   return absl::OkStatus();
 }
 
@@ -224,6 +264,7 @@ int main(int argc, char** argv) {
   int max_streams = 4;
   int tensors = 8;
   int reps = 3;
+  size_t pool_mib = 256;
   bool json = false;
   std::string mode_name = "auto";
   app.add_option("--sizes_mib", sizes_mib, "state sizes in MiB")
@@ -234,6 +275,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--reps", reps, "timed repetitions (median)")
       ->check(CLI::Range(1, 100));
+  app.add_option("--pool_mib", pool_mib, "pinned pool of the pipeline rows")
+      ->check(CLI::Range(8, 1 << 20));
   app.add_option("--device", mode_name, "device runtime: auto, cuda, host");
   app.add_flag("--json", json, "print one JSON object");
   CLI11_PARSE(app, argc, argv);
@@ -252,8 +295,8 @@ int main(int argc, char** argv) {
                  runtime.status().ToString().c_str());
     return 1;
   }
-  absl::Status s =
-      dcp::Run(**runtime, sizes_mib, max_streams, tensors, reps, json);
+  absl::Status s = dcp::Run(**runtime, sizes_mib, max_streams, tensors, reps,
+                            pool_mib, json);
   if (!s.ok()) {
     std::fprintf(stderr, "staging_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -19,7 +19,9 @@
 // different streams are unordered unless joined by StreamWaitEvent.
 //
 // Errors: every failure is an absl::Status whose message names the operation
-// ("cudaMemcpyAsync D2H 1048576 bytes on stream 0x...: invalid argument").
+// ("cudaMemcpyAsync D2H 1048576 bytes dst=0x... src=0x...: invalid argument
+// (cudaErrorInvalidValue)"). Failures of work already enqueued surface at
+// the next SynchronizeStream / SynchronizeEvent / QueryEvent, as on CUDA.
 // kInvalidArgument for bad arguments, kResourceExhausted when memory runs
 // out, kFailedPrecondition when no usable device exists, kAlreadyExists /
 // kNotFound for double (un)registration, kInternal for a device fault (a

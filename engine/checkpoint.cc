@@ -137,11 +137,11 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                       encoded_results, internal::DecodeWriteResults,
                       "write results"));
               DCP_RETURN_IF_ERROR(writer.Finish(global_metadata, all));
-              return EncodeMetadata(global_metadata);
+              return EncodeMetadataMessage(global_metadata);
             }));
     DCP_RETURN_IF_ERROR(writer.MarkCommitted());
     if (is_coordinator) return global_metadata;
-    return DecodeMetadata(committed);
+    return DecodeMetadataMessage(committed);
   };
 
   absl::StatusOr<Metadata> metadata = run();

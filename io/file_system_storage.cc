@@ -490,6 +490,13 @@ absl::Status FileSystemWriter::Finish(
 }
 
 absl::Status FileSystemWriter::MarkCommitted() {
+  // The files this rank wrote now belong to the committed checkpoint: a
+  // later Abort must not remove them.
+  committed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    created_.clear();
+  }
   if (!is_coordinator_) return absl::OkStatus();
   absl::Status first;
   bool removed_any = false;

@@ -429,3 +429,51 @@ TEST(FileSystemStorageTest, DirectIoWritesUnalignedMemoryThroughBoundedBounce) {
 
 }  // namespace
 }  // namespace dcp
+
+namespace dcp {
+namespace {
+
+TEST(FileSystemStorageTest, TwoRanksShareADirectoryAndAbortAfterCommitKeepsIt) {
+  // Rank 1 is not the coordinator: it writes its own files, the coordinator
+  // commits both ranks' results; an Abort on rank 1 after MarkCommitted
+  // removes nothing.
+  const std::string dir = NewTestDir("two_ranks");
+  FakeSavePlanner planner0, planner1;
+  Tensor a = PatternTensor(DType::kF32, {100}, 1);
+  Tensor b = PatternTensor(DType::kI16, {3, 7}, 2);
+  planner0.AddTensor("a", a);
+  planner1.AddTensor("b", b);
+  FileSystemWriter rank0(dir), rank1(dir);
+  ASSERT_TRUE(rank0.SetUp(true, 0, true).ok());
+  ASSERT_TRUE(rank1.SetUp(false, 1, true).ok());
+  std::vector<SavePlan> plans = *rank0.PrepareGlobalPlan(
+      {*planner0.CreateLocalPlan(), *planner1.CreateLocalPlan()});
+  absl::StatusOr<std::vector<WriteResult>> r0 =
+      rank0.WriteData(plans[0], planner0).Wait();
+  absl::StatusOr<std::vector<WriteResult>> r1 =
+      rank1.WriteData(plans[1], planner1).Wait();
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_THAT(r1->front().storage_data.relative_path, HasSubstr("__1_"));
+  Metadata metadata = planner0.GlobalMetadata();
+  Metadata m1 = planner1.GlobalMetadata();
+  metadata.state_dict_metadata.merge(m1.state_dict_metadata);
+  ASSERT_TRUE(rank0.Finish(metadata, {*r0, *r1}).ok());
+  ASSERT_TRUE(rank0.MarkCommitted().ok());
+  ASSERT_TRUE(rank1.MarkCommitted().ok());
+  rank1.Abort();
+  rank0.Abort();
+
+  FileSystemReader reader(dir);
+  FakeLoadPlanner load;
+  Tensor a2 = Tensor::Empty(DType::kF32, {100});
+  Tensor b2 = Tensor::Empty(DType::kI16, {3, 7});
+  load.SetDestination(MetadataIndex("a", Shape{0}), a2);
+  load.SetDestination(MetadataIndex("b", Shape{0, 0}), b2);
+  absl::Status status = LoadOneRank(reader, load);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(a2.BytesEqual(a));
+  EXPECT_TRUE(b2.BytesEqual(b));
+}
+
+}  // namespace
+}  // namespace dcp

@@ -1,5 +1,6 @@
 #include "io/io_engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <utility>
@@ -122,6 +123,14 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
     }
     if (request.op == IoRequest::Op::kWrite) {
       absl::MutexLock lock(&mu_);
+      if (pending_writes_.size() >= 256) {
+        // Forget files whose every tracked write has completed (closed
+        // files' entries would otherwise accumulate).
+        absl::erase_if(pending_writes_, [](const auto& entry) {
+          return std::all_of(entry.second.begin(), entry.second.end(),
+                             [](const Future<size_t>& f) { return f.ready(); });
+        });
+      }
       std::vector<Future<size_t>>& pending = pending_writes_[request.file];
       if (pending.size() >= 64) {
         std::erase_if(pending,

@@ -1,5 +1,6 @@
 #include "io/metadata_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -495,7 +496,10 @@ absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                                             " does not parse as dcp metadata (",
                                             length, " payload bytes)"));
   }
-  if (proto->version().rfind("dcp-", 0) != 0) {
+  const std::string& version = proto->version();
+  if (version.size() <= 4 || version.rfind("dcp-", 0) != 0 ||
+      !std::all_of(version.begin() + 4, version.end(),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
     return absl::DataLossError(absl::StrCat(source, " has format version '",
                                             proto->version(), "', not dcp-N"));
   }

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,7 +34,10 @@ Metadata SampleMetadata() {
   m.storage_data[MetadataIndex("step", Shape{})] = {
       "__1_a_0.distcp", 0, 8, {4}};
   m.storage_data[MetadataIndex("extra")] = {"__1_a_0.distcp", 8, 0, {}};
-  m.storage_meta = StorageMeta{"/ckpt", "save1", "", {"model", "optim"}};
+  // Paths and names are byte strings, not necessarily UTF-8.
+  m.storage_meta = StorageMeta{"/ckpt/\xfe", "save1", "", {"model", "optim"}};
+  m.state_dict_metadata["bad\xff.utf8"] = BytesStorageMetadata{};
+  m.storage_data[MetadataIndex("bad\xff.utf8")] = {"__1_a_0.distcp", 8, 0, {}};
   m.version = kFormatVersion;
   m.checksum_block_size = 1 << 20;
   return m;
@@ -136,6 +141,60 @@ TEST(MetadataFormatTest, RejectsChunkOfWrongRank) {
       .chunks.push_back({{0}, {1}});
   EXPECT_EQ(EncodeMetadata(m).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// Re-seals `bytes` after its payload was changed: a payload that passes the
+// checksum must still never crash the decoder or yield inconsistent
+// metadata.
+std::string Reseal(std::string bytes) {
+  const uint64_t sum = Checksum(bytes.data() + kMetadataHeaderSize,
+                                bytes.size() - kMetadataHeaderSize);
+  for (int i = 0; i < 8; ++i) bytes[24 + i] = static_cast<char>(sum >> (8 * i));
+  return bytes;
+}
+
+TEST(MetadataFormatTest, CorruptPayloadsWithValidChecksumsFailCleanly) {
+  const std::string good = *EncodeMetadata(SampleMetadata());
+  uint32_t state = 12345;
+  int rejected = 0;
+  for (int round = 0; round < 2000; ++round) {
+    std::string bad = good;
+    const int flips = 1 + round % 4;
+    for (int f = 0; f < flips; ++f) {
+      state = state * 1664525u + 1013904223u;
+      const size_t pos = kMetadataHeaderSize +
+                         (state >> 8) % (bad.size() - kMetadataHeaderSize);
+      bad[pos] = static_cast<char>(state >> 3);
+    }
+    absl::StatusOr<Metadata> decoded = DecodeMetadata(Reseal(bad), ".metadata");
+    if (!decoded.ok()) {
+      // kFailedPrecondition only for a well-formed but other version.
+      ASSERT_TRUE(
+          decoded.status().code() == absl::StatusCode::kDataLoss ||
+          (decoded.status().code() == absl::StatusCode::kFailedPrecondition &&
+           absl::StrContains(decoded.status().message(),
+                             "format version dcp-")))
+          << decoded.status();
+      ++rejected;
+      continue;
+    }
+    // Whatever decoded is self-consistent: every chunk has its tensor's rank.
+    for (const auto& [fqn, value] : decoded->state_dict_metadata) {
+      if (const auto* t = std::get_if<TensorStorageMetadata>(&value)) {
+        for (const ChunkStorageMetadata& c : t->chunks) {
+          ASSERT_EQ(c.offsets.size(), t->size.size()) << fqn;
+          ASSERT_EQ(c.sizes.size(), t->size.size()) << fqn;
+        }
+      }
+    }
+  }
+  EXPECT_GT(rejected, 0);
 }
 
 }  // namespace

@@ -25,6 +25,19 @@ bool IsEmpty(const ChunkStorageMetadata& c) {
 size_t SweepDimension(absl::Span<const ChunkStorageMetadata> chunks,
                       size_t rank) {
   if (chunks.size() <= 1 || rank <= 1) return 0;
+  // Cheap first: when offsets vary along one dimension only, sweep along it.
+  size_t varying = 0;
+  size_t last_varying = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    for (const ChunkStorageMetadata& c : chunks) {
+      if (c.offsets[d] != chunks[0].offsets[d]) {
+        ++varying;
+        last_varying = d;
+        break;
+      }
+    }
+  }
+  if (varying <= 1) return last_varying;
   size_t best = 0;
   size_t best_count = 0;
   std::vector<int64_t> starts(chunks.size());
@@ -43,6 +56,21 @@ size_t SweepDimension(absl::Span<const ChunkStorageMetadata> chunks,
   return best;
 }
 
+// True when no chunk is empty and, in the given order, each chunk starts
+// along `dim` where the previous one ends or later: then starts and ends are
+// both sorted and a binary search finds the chunks meeting any interval.
+bool SortedDisjointAlong(absl::Span<const ChunkStorageMetadata> chunks,
+                         size_t dim) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (IsEmpty(chunks[i])) return false;
+    if (i > 0 && chunks[i].offsets[dim] <
+                     chunks[i - 1].offsets[dim] + chunks[i - 1].sizes[dim]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Non-empty chunks, sorted by their start along `dim`.
 std::vector<size_t> SortedNonEmpty(
     absl::Span<const ChunkStorageMetadata> chunks, size_t dim) {
@@ -51,11 +79,15 @@ std::vector<size_t> SortedNonEmpty(
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (!IsEmpty(chunks[i])) order.push_back(i);
   }
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+  auto less = [&](size_t a, size_t b) {
     const int64_t sa = chunks[a].offsets[dim];
     const int64_t sb = chunks[b].offsets[dim];
     return sa != sb ? sa < sb : a < b;
-  });
+  };
+  // Metadata keeps chunks sorted: skip the sort then.
+  if (!std::is_sorted(order.begin(), order.end(), less)) {
+    std::sort(order.begin(), order.end(), less);
+  }
   return order;
 }
 
@@ -183,7 +215,34 @@ void ForEachOverlap(
     }
     return;
   }
-  const size_t dim = SweepDimension(saved, rank);
+  // Metadata lists chunks sorted by offset: a split along the first
+  // dimension passes the first test without computing a sweep dimension.
+  size_t dim = 0;
+  bool disjoint = SortedDisjointAlong(saved, 0);
+  if (!disjoint) {
+    dim = SweepDimension(saved, rank);
+    disjoint = dim != 0 && SortedDisjointAlong(saved, dim);
+  }
+  if (disjoint) {
+    // The common layout (saved chunks split along one dimension): binary
+    // search, O(log m + answer) per requested chunk.
+    for (size_t r = 0; r < requested.size(); ++r) {
+      const ChunkStorageMetadata& want = requested[r];
+      if (IsEmpty(want)) continue;
+      const int64_t begin = want.offsets[dim];
+      const int64_t end = begin + want.sizes[dim];
+      size_t s =
+          std::partition_point(saved.begin(), saved.end(),
+                               [&](const ChunkStorageMetadata& c) {
+                                 return c.offsets[dim] + c.sizes[dim] <= begin;
+                               }) -
+          saved.begin();
+      for (; s < saved.size() && saved[s].offsets[dim] < end; ++s) {
+        if (auto box = IntersectChunks(want, saved[s])) on_overlap(r, s, *box);
+      }
+    }
+    return;
+  }
   const std::vector<size_t> req_order = SortedNonEmpty(requested, dim);
   const std::vector<size_t> saved_order = SortedNonEmpty(saved, dim);
   // Merge the two sorted lists. A chunk entering the sweep is paired with

@@ -93,6 +93,13 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
     } else if (value.is_sharded_tensor()) {
       const ShardedTensor& st = value.sharded_tensor();
       for (const Shard& shard : st.local_shards()) {
+        // An empty shard of a non-empty tensor holds no bytes, and its
+        // offset may equal a neighbour's (rank r holds columns [3, 3), rank
+        // r+1 holds [3, 5)): planning it would look like a replica that
+        // disagrees in size.
+        if (shard.tensor.numel() == 0 && NumElements(st.global_sizes()) > 0) {
+          continue;
+        }
         WriteItem item =
             TensorItem(name, WriteItemType::kShard, shard.offsets,
                        shard.tensor.sizes(), st.dtype(), st.global_sizes());
@@ -125,7 +132,8 @@ DedupPolicy DefaultSavePlanner::policy() const {
 absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
   DCP_ASSIGN_OR_RETURN(SavePlan plan, BuildLocalPlan());
   SavePlannerData data;
-  data.mapping = mapping_;
+  if (options_.flatten_state_dict)
+    SetCompactMapping(plan.items, mapping_, &data);
   local_digest_.reset();
   if (options_.enable_plan_caching) {
     if (cache_ == nullptr) {
@@ -169,7 +177,6 @@ DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
   if (cacheable) {
     return CreateCachedGlobalPlan(std::move(local_plans), std::move(data));
   }
-  std::vector<FlattenMapping> mappings(local_plans.size());
   for (size_t r = 0; r < local_plans.size(); ++r) {
     if (data[r].unchanged) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -177,11 +184,10 @@ DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
           " sent an unchanged-plan marker, but not every rank caches plans; "
           "enable plan caching on all ranks or none"));
     }
-    mappings[r] = std::move(data[r].mapping);
   }
   DCP_ASSIGN_OR_RETURN(
       GlobalSavePlan global,
-      BuildGlobalSavePlan(std::move(local_plans), mappings, policy()));
+      BuildGlobalSavePlan(std::move(local_plans), data, policy()));
   global.metadata.storage_meta = storage_meta_;
   return std::make_pair(std::move(global.plans), std::move(global.metadata));
 }
@@ -214,7 +220,7 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
     } else {
       SavePlanCache::CoordinatorRankEntry entry;
       entry.local_plan.items = std::move(local_plans[r].items);
-      entry.mapping = std::move(data[r].mapping);
+      entry.planner_data = std::move(data[r]);
       rank_cache.Put(d, std::move(entry));
     }
   }
@@ -224,15 +230,15 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
   SavePlanCache::GlobalEntry* global = cache_->coordinator_globals().Find(key);
   if (global == nullptr) {
     std::vector<SavePlan> plans(n);
-    std::vector<FlattenMapping> mappings(n);
+    std::vector<SavePlannerData> cached_data(n);
     for (size_t r = 0; r < n; ++r) {
       const auto* entry = cache_->coordinator_rank(r).Find(*data[r].digest);
       plans[r].items = entry->local_plan.items;
-      mappings[r] = entry->mapping;
+      cached_data[r] = entry->planner_data;
     }
     DCP_ASSIGN_OR_RETURN(
         GlobalSavePlan built,
-        BuildGlobalSavePlan(std::move(plans), mappings, policy()));
+        BuildGlobalSavePlan(std::move(plans), cached_data, policy()));
     SavePlanCache::GlobalEntry entry;
     entry.final_digests.resize(n);
     for (size_t r = 0; r < n; ++r) {

@@ -21,26 +21,43 @@ struct IndexRef {
   }
 };
 
-int64_t StoredBytes(const MetadataIndex& index, const Metadata& metadata) {
-  auto stored = metadata.storage_data.find(index);
-  if (stored != metadata.storage_data.end()) return stored->second.length;
-  auto it = metadata.state_dict_metadata.find(index.fqn);
-  if (it == metadata.state_dict_metadata.end()) return 0;
-  const auto* tensor = std::get_if<TensorStorageMetadata>(&it->second);
-  if (tensor == nullptr || !index.offset.has_value()) return 1;
-  const int64_t elem =
-      static_cast<int64_t>(ElementSize(tensor->properties.dtype));
-  const auto& chunks = tensor->chunks;
-  if (index.index.has_value() && *index.index >= 0 &&
-      static_cast<size_t>(*index.index) < chunks.size() &&
-      chunks[*index.index].offsets == *index.offset) {
-    return NumElements(chunks[*index.index].sizes) * elem;
+// Bytes of stored items, by name then chunk: tensors from their chunk sizes
+// (the hint makes it O(1)), values from their storage location.
+class StoredSizes {
+ public:
+  explicit StoredSizes(const Metadata& metadata) : metadata_(metadata) {}
+
+  int64_t Of(const MetadataIndex& index) {
+    auto [it, inserted] = tensors_.try_emplace(index.fqn, nullptr);
+    if (inserted) {
+      auto entry = metadata_.state_dict_metadata.find(index.fqn);
+      if (entry != metadata_.state_dict_metadata.end()) {
+        it->second = std::get_if<TensorStorageMetadata>(&entry->second);
+      }
+    }
+    const TensorStorageMetadata* tensor = it->second;
+    if (tensor == nullptr || !index.offset.has_value()) {
+      auto stored = metadata_.storage_data.find(index);
+      return stored != metadata_.storage_data.end() ? stored->second.length : 1;
+    }
+    const int64_t elem =
+        static_cast<int64_t>(ElementSize(tensor->properties.dtype));
+    const auto& chunks = tensor->chunks;
+    if (index.index.has_value() && *index.index >= 0 &&
+        static_cast<size_t>(*index.index) < chunks.size() &&
+        chunks[*index.index].offsets == *index.offset) {
+      return NumElements(chunks[*index.index].sizes) * elem;
+    }
+    for (const ChunkStorageMetadata& c : chunks) {
+      if (c.offsets == *index.offset) return NumElements(c.sizes) * elem;
+    }
+    return 0;
   }
-  for (const ChunkStorageMetadata& c : chunks) {
-    if (c.offsets == *index.offset) return NumElements(c.sizes) * elem;
-  }
-  return 0;
-}
+
+ private:
+  const Metadata& metadata_;
+  absl::flat_hash_map<std::string, const TensorStorageMetadata*> tensors_;
+};
 
 struct StoredItem {
   const MetadataIndex* index;
@@ -53,14 +70,14 @@ std::vector<StoredItem> GroupStoredItems(const std::vector<LoadPlan>& plans,
                                          const Metadata& metadata) {
   absl::flat_hash_map<IndexRef, uint32_t> ids;
   std::vector<StoredItem> items;
+  StoredSizes sizes(metadata);
   for (int32_t r = 0; r < static_cast<int32_t>(plans.size()); ++r) {
     for (const ReadItem& read : plans[r].items) {
       auto [it, inserted] =
           ids.try_emplace(IndexRef{&read.storage_index}, items.size());
       if (inserted) {
-        items.push_back({&read.storage_index,
-                         StoredBytes(read.storage_index, metadata),
-                         {}});
+        items.push_back(
+            {&read.storage_index, sizes.Of(read.storage_index), {}});
       }
       std::vector<int32_t>& ranks = items[it->second].ranks;
       if (ranks.empty() || ranks.back() != r) ranks.push_back(r);
@@ -126,6 +143,7 @@ std::vector<LoadPlan> BuildGlobalLoadPlan(std::vector<LoadPlan> plans,
 std::vector<int64_t> ReadBytesPerRank(const std::vector<LoadPlan>& plans,
                                       const Metadata& metadata) {
   std::vector<int64_t> bytes(plans.size(), 0);
+  StoredSizes sizes(metadata);
   for (size_t r = 0; r < plans.size(); ++r) {
     absl::flat_hash_set<IndexRef> skip;
     for (const SharedRead& s : plans[r].received_from) {
@@ -135,7 +153,7 @@ std::vector<int64_t> ReadBytesPerRank(const std::vector<LoadPlan>& plans,
     for (const ReadItem& read : plans[r].items) {
       const IndexRef ref{&read.storage_index};
       if (skip.contains(ref) || !seen.insert(ref).second) continue;
-      bytes[r] += StoredBytes(read.storage_index, metadata);
+      bytes[r] += sizes.Of(read.storage_index);
     }
   }
   return bytes;

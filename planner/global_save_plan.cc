@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/status.h"
 #include "planner/chunk_geometry.h"
 
 namespace dcp {
@@ -34,7 +35,68 @@ struct NameInfo {
   const WriteItem* first = nullptr;  // Defines kind, dtype and shape.
   uint32_t first_rank = 0;
   std::vector<uint32_t> groups;
+  // The flatten path: a derived mask, or an explicit path (kExplicitPath).
+  bool has_path = false;
+  uint64_t mask = 0;
+  const ObjectPath* path = nullptr;
+  uint32_t path_rank = 0;
 };
+
+// ["a", 0, "b.c"]: keys quoted, list indices bare.
+std::string PathRepr(const ObjectPath& path) {
+  std::string out = "[";
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (i > 0) out += ", ";
+    if (const auto* key = std::get_if<std::string>(&path[i])) {
+      absl::StrAppend(&out, "\"", *key, "\"");
+    } else {
+      absl::StrAppend(&out, std::get<int64_t>(path[i]));
+    }
+  }
+  return out + "]";
+}
+
+std::string PathText(absl::string_view name, uint64_t mask,
+                     const ObjectPath* path) {
+  if (mask != kExplicitPath) {
+    absl::StatusOr<ObjectPath> derived = PathFromListMask(name, mask);
+    return derived.ok() ? PathRepr(*derived) : "(bad mask)";
+  }
+  return path != nullptr ? PathRepr(*path) : "(none)";
+}
+
+// Records rank `rank`'s path for `info` (mask, or explicit `path`), checking
+// it against what an earlier rank said.
+absl::Status NotePath(NameInfo& info, uint32_t rank, uint64_t mask,
+                      const ObjectPath* path) {
+  if (mask == kExplicitPath && path == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", info.name, "\": rank ", rank, " sends no flatten path for it"));
+  }
+  if (!info.has_path) {
+    info.has_path = true;
+    info.mask = mask;
+    info.path = path;
+    info.path_rank = rank;
+    return absl::OkStatus();
+  }
+  if (mask != kExplicitPath && info.mask != kExplicitPath) {
+    if (mask == info.mask) return absl::OkStatus();
+  } else {
+    // At least one explicit path: compare the paths themselves.
+    auto materialize = [&](uint64_t m, const ObjectPath* p) {
+      if (m == kExplicitPath) return absl::StatusOr<ObjectPath>(*p);
+      return PathFromListMask(info.name, m);
+    };
+    absl::StatusOr<ObjectPath> a = materialize(info.mask, info.path);
+    absl::StatusOr<ObjectPath> b = materialize(mask, path);
+    if (a.ok() && b.ok() && *a == *b) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", info.name, "\": rank ", info.path_rank, " flattens it from path ",
+      PathText(info.name, info.mask, info.path), " but rank ", rank,
+      " from a different path ", PathText(info.name, mask, path)));
+}
 
 // The items of all ranks that share one MetadataIndex.
 struct Group {
@@ -106,29 +168,48 @@ absl::Status CheckItem(const WriteItem& item, uint32_t rank) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::map<std::string, ObjectPath>> MergeMappings(
-    const std::vector<FlattenMapping>& mappings) {
+// The flatten mapping of the metadata: every name's path, plus the explicit
+// entries of names no rank planned items for.
+absl::StatusOr<std::map<std::string, ObjectPath>> BuildMapping(
+    std::vector<NameInfo>& names, const std::vector<uint32_t>& name_order,
+    const absl::flat_hash_map<absl::string_view, uint32_t>& name_ids,
+    const std::vector<SavePlannerData>& data) {
+  std::map<std::string, ObjectPath> merged;
   absl::flat_hash_map<absl::string_view, std::pair<const ObjectPath*, size_t>>
-      seen;
-  for (size_t r = 0; r < mappings.size(); ++r) {
-    for (const auto& [name, path] : mappings[r]) {
-      auto [it, inserted] = seen.try_emplace(name, &path, r);
+      itemless;
+  for (size_t r = 0; r < data.size(); ++r) {
+    for (const auto& [name, path] : data[r].mapping) {
+      auto id = name_ids.find(name);
+      if (id != name_ids.end()) {
+        // With masks, a planned name's path came from them; without, here.
+        if (data[r].list_masks.empty()) {
+          DCP_RETURN_IF_ERROR(
+              NotePath(names[id->second], r, kExplicitPath, &path));
+        }
+        continue;
+      }
+      auto [it, inserted] = itemless.try_emplace(name, &path, r);
       if (!inserted && *it->second.first != path) {
         return absl::InvalidArgumentError(absl::StrCat(
             "\"", name, "\": rank ", it->second.second,
-            " flattens it from path ", PathToString(*it->second.first),
-            " but rank ", r, " from a different path ", PathToString(path)));
+            " flattens it from path ", PathRepr(*it->second.first),
+            " but rank ", r, " from a different path ", PathRepr(path)));
       }
     }
   }
-  std::vector<std::pair<absl::string_view, const ObjectPath*>> sorted;
-  sorted.reserve(seen.size());
-  for (const auto& [name, entry] : seen) sorted.emplace_back(name, entry.first);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::map<std::string, ObjectPath> merged;
-  for (const auto& [name, path] : sorted) {
-    merged.emplace_hint(merged.end(), std::string(name), *path);
+  for (uint32_t n : name_order) {
+    const NameInfo& info = names[n];
+    if (!info.has_path) continue;
+    ObjectPath path;
+    if (info.mask == kExplicitPath) {
+      path = *info.path;
+    } else {
+      DCP_ASSIGN_OR_RETURN(path, PathFromListMask(info.name, info.mask));
+    }
+    merged.emplace_hint(merged.end(), std::string(info.name), std::move(path));
+  }
+  for (const auto& [name, entry] : itemless) {
+    merged.emplace(std::string(name), *entry.first);
   }
   return merged;
 }
@@ -171,8 +252,8 @@ void AssignWriters(std::vector<Group>& groups,
 }  // namespace
 
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
-    std::vector<SavePlan> local_plans,
-    const std::vector<FlattenMapping>& mappings, DedupPolicy policy) {
+    std::vector<SavePlan> local_plans, const std::vector<SavePlannerData>& data,
+    DedupPolicy policy) {
   const size_t num_ranks = local_plans.size();
   size_t total_items = 0;
   for (const SavePlan& plan : local_plans) total_items += plan.items.size();
@@ -186,18 +267,45 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
   group_of_item.reserve(total_items);
 
   for (uint32_t r = 0; r < num_ranks; ++r) {
+    const SavePlannerData* rank_data = r < data.size() ? &data[r] : nullptr;
+    const std::vector<uint64_t>* masks =
+        rank_data != nullptr && !rank_data->list_masks.empty()
+            ? &rank_data->list_masks
+            : nullptr;
+    size_t run = 0;  // Runs of equal names, for `masks`.
+    const std::string* previous = nullptr;
     for (const WriteItem& item : local_plans[r].items) {
       absl::Status status = CheckItem(item, r);
       if (!status.ok()) return status;
       auto [name_it, new_name] =
           name_ids.try_emplace(item.index.fqn, names.size());
       if (new_name) {
-        names.push_back(NameInfo{item.index.fqn, &item, r, {}});
+        NameInfo info;
+        info.name = item.index.fqn;
+        info.first = &item;
+        info.first_rank = r;
+        names.push_back(std::move(info));
       } else {
         status = CheckAgainstName(names[name_it->second], item, r);
         if (!status.ok()) return status;
       }
       const uint32_t name = name_it->second;
+      if (masks != nullptr &&
+          (previous == nullptr || *previous != item.index.fqn)) {
+        if (run >= masks->size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("rank ", r, " sends ", masks->size(),
+                           " flatten paths for more item names"));
+        }
+        const uint64_t mask = (*masks)[run++];
+        const ObjectPath* path = nullptr;
+        if (mask == kExplicitPath) {
+          auto it = rank_data->mapping.find(item.index.fqn);
+          if (it != rank_data->mapping.end()) path = &it->second;
+        }
+        DCP_RETURN_IF_ERROR(NotePath(names[name], r, mask, path));
+      }
+      previous = &item.index.fqn;
       auto [group_it, new_group] =
           group_ids.try_emplace(IndexKey{name, &item.index.offset},
                                 static_cast<uint32_t>(groups.size()));
@@ -264,11 +372,14 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
           BytesStorageMetadata{});
       continue;
     }
-    std::sort(info.groups.begin(), info.groups.end(),
-              [&](uint32_t a, uint32_t b) {
-                return groups[a].first->tensor_data->chunk.offsets <
-                       groups[b].first->tensor_data->chunk.offsets;
-              });
+    auto by_offset = [&](uint32_t a, uint32_t b) {
+      return groups[a].first->tensor_data->chunk.offsets <
+             groups[b].first->tensor_data->chunk.offsets;
+    };
+    // Ranks usually hold consecutive chunks: often sorted already.
+    if (!std::is_sorted(info.groups.begin(), info.groups.end(), by_offset)) {
+      std::sort(info.groups.begin(), info.groups.end(), by_offset);
+    }
     chunks.clear();
     for (size_t k = 0; k < info.groups.size(); ++k) {
       Group& g = groups[info.groups[k]];
@@ -291,10 +402,8 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
         metadata.state_dict_metadata.end(), std::string(info.name),
         std::move(tensor_metadata));
   }
-  absl::StatusOr<std::map<std::string, ObjectPath>> mapping =
-      MergeMappings(mappings);
-  if (!mapping.ok()) return mapping.status();
-  metadata.flatten_mapping = std::move(*mapping);
+  DCP_ASSIGN_OR_RETURN(metadata.flatten_mapping,
+                       BuildMapping(names, name_order, name_ids, data));
 
   AssignWriters(groups, holder_ranks, num_ranks, policy);
 
@@ -306,14 +415,19 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     SavePlan& local = local_plans[r];
     SavePlan& final_plan = out.plans[r];
     final_plan.storage_data = std::move(local.storage_data);
-    final_plan.planner_data = std::move(local.planner_data);
     final_plan.usable = local.usable;
-    for (WriteItem& item : local.items) {
+    // Keep the items this rank writes, compacting in place.
+    std::vector<WriteItem>& items = local.items;
+    size_t kept = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
       const Group& g = groups[group_of_item[k++]];
       if (g.writer != r) continue;
-      if (g.hint >= 0) item.index.index = g.hint;
-      final_plan.items.push_back(std::move(item));
+      if (g.hint >= 0) items[i].index.index = g.hint;
+      if (kept != i) items[kept] = std::move(items[i]);
+      ++kept;
     }
+    items.erase(items.begin() + kept, items.end());
+    final_plan.items = std::move(items);
   }
   return out;
 }

@@ -29,11 +29,12 @@ struct GlobalSavePlan {
   Metadata metadata;            // storage_data and storage_meta left empty.
 };
 
-// `local_plans[r]` is rank r's plan, `mappings[r]` its flatten mapping
-// (empty when it did not flatten). Each final plan keeps the rank's items
-// that it writes, in their original order, with `index.index` set to the
-// chunk's position in the metadata (chunks of a tensor are sorted by
-// offset); storage_data and planner_data are carried over.
+// `local_plans[r]` is rank r's plan, `data[r]` its decoded planner data
+// (the flatten mapping; `data` may be empty when no rank flattened). Each
+// final plan keeps the rank's items that it writes, in their original order,
+// with `index.index` set to the chunk's position in the metadata (chunks of
+// a tensor are sorted by offset); storage_data is carried over, planner_data
+// is left empty (the mapping it held is in the metadata).
 //
 // Errors (kInvalidArgument, naming tensor, chunks and ranks):
 // - ranks disagree on a name's kind (tensor or value), dtype, global shape,
@@ -42,8 +43,8 @@ struct GlobalSavePlan {
 //   not cover the tensor;
 // - two ranks map the same flattened name to different paths.
 absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
-    std::vector<SavePlan> local_plans,
-    const std::vector<FlattenMapping>& mappings, DedupPolicy policy);
+    std::vector<SavePlan> local_plans, const std::vector<SavePlannerData>& data,
+    DedupPolicy policy);
 
 }  // namespace dcp
 

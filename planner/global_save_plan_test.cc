@@ -245,19 +245,41 @@ TEST(GlobalSavePlanTest, RanksDisagree) {
 
 TEST(GlobalSavePlanTest, FlattenMappingsMergeAndConflict) {
   std::vector<SavePlan> plans(2);
-  plans[0].items = {Value("a.b", 1)};
-  plans[1].items = {Value("a.b", 1)};
-  std::vector<FlattenMapping> mappings = {{{"a.b", {"a", "b"}}},
-                                          {{"a.b", {"a", "b"}}}};
+  plans[0].items = {Value("a.b", 1), Value("l.0", 1)};
+  plans[1].items = {Value("a.b", 1), Value("l.0", 1)};
+  const FlattenMapping full = {{"a.b", {"a", "b"}},
+                               {"l.0", {"l", int64_t{0}}},
+                               {"k.v", {"k.v"}}};  // A leaf without items.
+  std::vector<SavePlannerData> data(2);
+  SetCompactMapping(plans[0].items, full, &data[0]);
+  EXPECT_EQ(data[0].list_masks, (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(data[0].mapping.size(), 1u);
+  SetCompactMapping(plans[1].items, full, &data[1]);
   absl::StatusOr<GlobalSavePlan> plan =
-      BuildGlobalSavePlan(plans, mappings, DedupPolicy::kBalanceBytes);
-  ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->metadata.flatten_mapping.size(), 1u);
-  mappings[1] = {{"a.b", {"a.b"}}};
-  EXPECT_THAT(BuildGlobalSavePlan(plans, mappings, DedupPolicy::kBalanceBytes)
+      BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->metadata.flatten_mapping, full);
+  // Rank 1 sends a full (uncompacted) mapping: same result.
+  data[1] = SavePlannerData{};
+  data[1].mapping = full;
+  plan = BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->metadata.flatten_mapping, full);
+  // Rank 1 disagrees on a path.
+  data[1].mapping["a.b"] = {"a.b"};
+  EXPECT_THAT(
+      BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes)
+          .status()
+          .message(),
+      HasSubstr("\"a.b\": rank 0 flattens it from path [\"a\", \"b\"] but "
+                "rank 1 from a different path [\"a.b\"]"));
+  SetCompactMapping(plans[1].items, {{"a.b", {"a", "b"}}, {"l.0", {"l", "0"}}},
+                    &data[1]);
+  EXPECT_THAT(BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes)
                   .status()
                   .message(),
-              HasSubstr("rank 1 from a different path"));
+              HasSubstr("\"l.0\": rank 0 flattens it from path [\"l\", 0] but "
+                        "rank 1 from a different path [\"l\", \"0\"]"));
 }
 
 }  // namespace

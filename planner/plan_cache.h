@@ -100,7 +100,7 @@ class SavePlanCache {
   };
   struct CoordinatorRankEntry {
     SavePlan local_plan;
-    FlattenMapping mapping;
+    SavePlannerData planner_data;  // Its flatten mapping.
     std::optional<PlanDigest> final_sent;
   };
   struct GlobalEntry {

@@ -22,32 +22,6 @@ absl::Status VersionError(absl::string_view what, uint32_t version) {
       kPlanEncodingVersion, "; upgrade the reader"));
 }
 
-// Bit i set: segment i of `name` split on '.' is the list index path[i].
-// nullopt when the path is not the split name.
-std::optional<uint64_t> DerivedListMask(const std::string& name,
-                                        const ObjectPath& path) {
-  if (path.empty() || path.size() > 64) return std::nullopt;
-  uint64_t mask = 0;
-  size_t pos = 0;
-  for (size_t i = 0; i < path.size(); ++i) {
-    size_t end = name.find('.', pos);
-    if (end == std::string::npos) end = name.size();
-    // Each segment must end where the path's next element starts.
-    if ((end == name.size()) != (i + 1 == path.size())) return std::nullopt;
-    const absl::string_view segment(name.data() + pos, end - pos);
-    if (const auto* key = std::get_if<std::string>(&path[i])) {
-      if (segment != *key) return std::nullopt;
-    } else {
-      if (segment != absl::StrCat(std::get<int64_t>(path[i]))) {
-        return std::nullopt;
-      }
-      mask |= uint64_t{1} << i;
-    }
-    pos = end + 1;
-  }
-  return mask;
-}
-
 void MappingToProto(const FlattenMapping& mapping, pb::FlattenMapping& proto) {
   proto.set_version(kPlanEncodingVersion);
   for (const auto& [name, path] : mapping) {
@@ -77,27 +51,8 @@ absl::StatusOr<FlattenMapping> MappingFromProto(
   for (const pb::FlattenEntry& entry : proto.entries()) {
     ObjectPath path;
     if (entry.derived()) {
-      std::vector<absl::string_view> segments =
-          absl::StrSplit(entry.name(), '.');
-      if (segments.size() > 64 ||
-          (segments.size() < 64 &&
-           (entry.list_mask() >> segments.size()) != 0)) {
-        return absl::DataLossError(absl::StrCat(
-            "flatten mapping entry \"", entry.name(), "\" has a bad mask"));
-      }
-      for (size_t i = 0; i < segments.size(); ++i) {
-        if ((entry.list_mask() >> i) & 1) {
-          int64_t index;
-          if (!absl::SimpleAtoi(segments[i], &index) || index < 0) {
-            return absl::DataLossError(
-                absl::StrCat("flatten mapping entry \"", entry.name(),
-                             "\": segment ", i, " is not a list index"));
-          }
-          path.emplace_back(index);
-        } else {
-          path.emplace_back(std::string(segments[i]));
-        }
-      }
+      DCP_ASSIGN_OR_RETURN(path,
+                           PathFromListMask(entry.name(), entry.list_mask()));
     } else {
       for (const pb::PathElement& element : entry.path()) {
         if (element.kind_case() == pb::PathElement::kKey) {
@@ -125,6 +80,80 @@ absl::Status Parse(absl::string_view bytes, absl::string_view what,
 
 }  // namespace
 
+std::optional<uint64_t> DerivedListMask(absl::string_view name,
+                                        const ObjectPath& path) {
+  if (path.empty() || path.size() > 64) return std::nullopt;
+  uint64_t mask = 0;
+  size_t pos = 0;
+  for (size_t i = 0; i < path.size(); ++i) {
+    size_t end = name.find('.', pos);
+    if (end == absl::string_view::npos) end = name.size();
+    // Each segment must end where the path's next element starts.
+    if ((end == name.size()) != (i + 1 == path.size())) return std::nullopt;
+    const absl::string_view segment = name.substr(pos, end - pos);
+    if (const auto* key = std::get_if<std::string>(&path[i])) {
+      if (segment != *key) return std::nullopt;
+    } else {
+      if (i == 0 || segment != absl::StrCat(std::get<int64_t>(path[i]))) {
+        return std::nullopt;
+      }
+      mask |= uint64_t{1} << i;
+    }
+    pos = end + 1;
+  }
+  return mask;
+}
+
+absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
+                                            uint64_t mask) {
+  std::vector<absl::string_view> segments = absl::StrSplit(name, '.');
+  if (segments.size() > 64 || (mask & 1) != 0 ||
+      (segments.size() < 64 && (mask >> segments.size()) != 0)) {
+    return absl::DataLossError(absl::StrCat("flatten path mask ", mask,
+                                            " does not fit \"", name, "\""));
+  }
+  ObjectPath path;
+  path.reserve(segments.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if ((mask >> i) & 1) {
+      int64_t index;
+      if (!absl::SimpleAtoi(segments[i], &index) || index < 0) {
+        return absl::DataLossError(absl::StrCat("flatten path of \"", name,
+                                                "\": segment ", i,
+                                                " is not a list index"));
+      }
+      path.emplace_back(index);
+    } else {
+      path.emplace_back(std::string(segments[i]));
+    }
+  }
+  return path;
+}
+
+void SetCompactMapping(const std::vector<WriteItem>& items,
+                       const FlattenMapping& mapping, SavePlannerData* data) {
+  data->list_masks.clear();
+  data->mapping.clear();
+  absl::string_view previous;
+  absl::flat_hash_map<absl::string_view, bool> covered;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string& name = items[i].index.fqn;
+    if (i > 0 && name == previous) continue;
+    previous = name;
+    auto it = mapping.find(name);
+    std::optional<uint64_t> mask;
+    if (it != mapping.end()) mask = DerivedListMask(name, it->second);
+    data->list_masks.push_back(mask.value_or(kExplicitPath));
+    if (!mask.has_value() && it != mapping.end()) {
+      data->mapping.insert(*it);
+    }
+    covered[name] = true;
+  }
+  for (const auto& entry : mapping) {
+    if (!covered.contains(entry.first)) data->mapping.insert(entry);
+  }
+}
+
 std::string EncodeFlattenMapping(const FlattenMapping& mapping) {
   pb::FlattenMapping proto;
   MappingToProto(mapping, proto);
@@ -146,6 +175,8 @@ std::string EncodeSavePlannerData(const SavePlannerData& data) {
     proto.set_digest_low(data.digest->low);
   }
   proto.set_unchanged(data.unchanged);
+  proto.mutable_list_masks()->Add(data.list_masks.begin(),
+                                  data.list_masks.end());
   if (!data.mapping.empty())
     MappingToProto(data.mapping, *proto.mutable_mapping());
   return proto.SerializeAsString();
@@ -162,6 +193,7 @@ absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
     data.digest = PlanDigest{proto.digest_high(), proto.digest_low()};
   }
   data.unchanged = proto.unchanged();
+  data.list_masks.assign(proto.list_masks().begin(), proto.list_masks().end());
   if (proto.has_mapping()) {
     DCP_ASSIGN_OR_RETURN(data.mapping, MappingFromProto(proto.mapping()));
   }
@@ -467,7 +499,7 @@ absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes) {
   return plan;
 }
 
-std::string EncodeMetadata(const Metadata& metadata) {
+std::string EncodeMetadataMessage(const Metadata& metadata) {
   pb::Metadata proto;
   proto.set_version(kPlanEncodingVersion);
   NameTable names(proto.mutable_names());
@@ -511,7 +543,7 @@ std::string EncodeMetadata(const Metadata& metadata) {
   return proto.SerializeAsString();
 }
 
-absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes) {
+absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes) {
   pb::Metadata proto;
   DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "metadata", proto));
   NameReader names(proto.names(), bytes.size());

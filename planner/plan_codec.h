@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -49,11 +50,36 @@ struct PlanDigest {
 // What DefaultSavePlanner keeps in SavePlan::planner_data: the flatten
 // mapping, and with plan caching the plan's digest and whether the plan is an
 // "unchanged" marker standing for a cached plan.
+//
+// The mapping travels compactly: `list_masks` holds, for each run of equal
+// consecutive item names in the plan, the DerivedListMask of that name's
+// path, or kExplicitPath when the path is in `mapping`; `mapping` holds only
+// those paths and the leaves that have no items. (With `list_masks` empty,
+// `mapping` is the whole mapping.)
 struct SavePlannerData {
   std::optional<PlanDigest> digest;
   bool unchanged = false;
   FlattenMapping mapping;
+  std::vector<uint64_t> list_masks;
 };
+
+// Never a derived mask: the root of a path is always a key (bit 0 clear).
+inline constexpr uint64_t kExplicitPath = ~uint64_t{0};
+
+// When `path` is `name` split on '.', the mask with bit i set where segment
+// i is a list index; nullopt otherwise.
+std::optional<uint64_t> DerivedListMask(absl::string_view name,
+                                        const ObjectPath& path);
+
+// The inverse: `name` split on '.', list indices where `mask` says.
+// kDataLoss when the mask does not fit the name.
+absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
+                                            uint64_t mask);
+
+// Fills data->list_masks and data->mapping from the full `mapping` of a
+// plan's leaves, as described above.
+void SetCompactMapping(const std::vector<WriteItem>& items,
+                       const FlattenMapping& mapping, SavePlannerData* data);
 
 std::string EncodeSavePlannerData(const SavePlannerData& data);
 absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes);
@@ -71,8 +97,11 @@ absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes);
 std::string EncodeLoadPlan(const LoadPlan& plan);
 absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes);
 
-std::string EncodeMetadata(const Metadata& metadata);
-absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
+// Metadata for exchange between ranks (not the on-disk metadata file, which
+// io/metadata_format.h encodes). Named apart from io's EncodeMetadata: both
+// live in namespace dcp and a shared name would clash at link time.
+std::string EncodeMetadataMessage(const Metadata& metadata);
+absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes);
 
 }  // namespace dcp
 

@@ -168,7 +168,7 @@ TEST(PlanCodecTest, LoadPlanRoundTrips) {
 
 TEST(PlanCodecTest, MetadataRoundTrips) {
   const Metadata md = SampleMetadata();
-  absl::StatusOr<Metadata> back = DecodeMetadata(EncodeMetadata(md));
+  absl::StatusOr<Metadata> back = DecodeMetadataMessage(EncodeMetadataMessage(md));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSameMetadata(md, *back);
 }
@@ -260,8 +260,8 @@ TEST(PlanCodecFuzzTest, LoadPlan) {
 
 TEST(PlanCodecFuzzTest, Metadata) {
   FuzzDecoder(
-      EncodeMetadata(SampleMetadata()),
-      [](absl::string_view b) { return DecodeMetadata(b); }, 3);
+      EncodeMetadataMessage(SampleMetadata()),
+      [](absl::string_view b) { return DecodeMetadataMessage(b); }, 3);
 }
 
 TEST(PlanCodecFuzzTest, SavePlannerData) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -22,7 +23,36 @@ size_t RoundUpToPage(size_t n) {
   return (n + kPage - 1) / kPage * kPage;
 }
 
+// The spare buffers of HostBufferOptions::recycle, indexed by `shared`.
+// Leaked on purpose: buffers may be released during static destruction.
+struct SpareBuffers {
+  absl::Mutex mu;
+  std::unique_ptr<HostBuffer> spare[2] ABSL_GUARDED_BY(mu);
+};
+
+SpareBuffers& Spares() {
+  static SpareBuffers* spares = new SpareBuffers();
+  return *spares;
+}
+
 }  // namespace
+
+void ReleaseSpareHostBuffers() {
+  std::unique_ptr<HostBuffer> dropped[2];
+  absl::MutexLock lock(&Spares().mu);
+  for (int i = 0; i < 2; ++i) dropped[i] = std::move(Spares().spare[i]);
+}
+
+std::shared_ptr<HostBuffer> HostBuffer::Share(HostBuffer* buffer,
+                                              bool recycle) {
+  if (!recycle) return std::shared_ptr<HostBuffer>(buffer);
+  return std::shared_ptr<HostBuffer>(buffer, [](HostBuffer* b) {
+    std::unique_ptr<HostBuffer> older(b);
+    if (b->data_ == nullptr) return;  // Creation failed: nothing to keep.
+    absl::MutexLock lock(&Spares().mu);
+    Spares().spare[b->fd_ >= 0].swap(older);  // Older goes (unmaps) here.
+  });
+}
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     size_t bytes, DeviceRuntime* runtime, HostBufferOptions options) {
@@ -30,7 +60,17 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     return absl::InvalidArgumentError(
         "HostBuffer: pinned memory needs a DeviceRuntime to register with");
   }
-  std::shared_ptr<HostBuffer> buffer(new HostBuffer());
+  const bool recycle = options.recycle && !options.pinned;
+  if (recycle) {
+    const size_t wanted = RoundUpToPage(bytes);
+    absl::MutexLock lock(&Spares().mu);
+    std::unique_ptr<HostBuffer>& spare = Spares().spare[options.shared];
+    if (spare != nullptr && spare->size_ >= wanted &&
+        spare->size_ <= 2 * wanted) {
+      return Share(spare.release(), /*recycle=*/true);
+    }
+  }
+  std::shared_ptr<HostBuffer> buffer = Share(new HostBuffer(), recycle);
   buffer->size_ = RoundUpToPage(bytes);
   int flags = MAP_POPULATE;
   if (options.shared) {

@@ -41,7 +41,18 @@ struct HostBufferOptions {
   bool shared = false;
   // The memfd's name (shows in /proc/<pid>/fd and /proc/<pid>/maps).
   std::string name = "dcp-staging";
+  // Unpinned buffers only: when the last reference goes, keep the mapping
+  // as the process's spare (one per `shared` kind, the most recent) instead
+  // of unmapping it, and let the next Create with recycle take it when it is
+  // large enough and at most twice the size asked for. Mapping and faulting
+  // in fresh memory costs about 3x a memcpy of it, so a stager created per
+  // save (async_save's default) would otherwise pay that on every save.
+  // The spare's old contents are not cleared.
+  bool recycle = false;
 };
+
+// Unmaps the spare buffers kept by HostBufferOptions::recycle.
+void ReleaseSpareHostBuffers();
 
 // One mapping of host memory. Move-only through shared_ptr: staged tensors
 // hold it as their owner, so it lives as long as any staged tensor does.
@@ -70,6 +81,8 @@ class HostBuffer {
 
  private:
   HostBuffer() = default;
+  // Owns `buffer`; with `recycle` the last reference parks it as the spare.
+  static std::shared_ptr<HostBuffer> Share(HostBuffer* buffer, bool recycle);
 
   std::byte* data_ = nullptr;
   size_t size_ = 0;

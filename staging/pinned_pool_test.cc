@@ -164,6 +164,38 @@ TEST(PinnedPoolTest, SharedMemoryIsVisibleThroughTheFd) {
   close(other_fd);
 }
 
+TEST(HostBufferTest, RecycledBufferIsReusedWhenTheSizeFits) {
+  ReleaseSpareHostBuffers();
+  HostBufferOptions o;
+  o.pinned = false;
+  o.recycle = true;
+  auto first = HostBuffer::Create(1 << 20, nullptr, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::byte* data = (*first)->data();
+  first->reset();  // Parked as the spare, not unmapped.
+  auto again = HostBuffer::Create((1 << 20) - 4096, nullptr, o);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->data(), data);
+  again->reset();
+  // Far smaller: a new mapping (the spare would waste more than half).
+  auto small = HostBuffer::Create(100 << 10, nullptr, o);
+  ASSERT_TRUE(small.ok());
+  EXPECT_NE((*small)->data(), data);
+  // Another kind (shared) never takes an anonymous spare.
+  o.shared = true;
+  auto shared = HostBuffer::Create(1 << 20, nullptr, o);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_NE((*shared)->data(), data);
+  EXPECT_GE((*shared)->fd(), 0);
+  // Without recycle nothing is reused.
+  HostBufferOptions plain;
+  plain.pinned = false;
+  auto fresh = HostBuffer::Create(1 << 20, nullptr, plain);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE((*fresh)->data(), data);
+  ReleaseSpareHostBuffers();
+}
+
 TEST(PinnedPoolTest, RejectsBadOptions) {
   auto runtime = CreateHostRuntime();
   absl::StatusOr<std::unique_ptr<PinnedPool>> too_big =

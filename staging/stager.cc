@@ -12,6 +12,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "core/status.h"
 #include "cuda/host_copy.h"
+#include "staging/internal/copy_streams.h"
 
 namespace dcp {
 namespace {
@@ -158,18 +159,13 @@ struct DefaultStager::Plan {
 
 DefaultStager::DefaultStager(StagingOptions options, DeviceRuntime* runtime)
     : options_(std::move(options)), external_runtime_(runtime) {
-  int threads = options_.cpu_copy_threads;
-  if (threads <= 0) {
-    threads =
-        std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
-  }
-  cpu_pool_ = std::make_unique<ThreadPool>(threads);
   if (options_.use_async_staging) background_ = std::make_unique<ThreadPool>(1);
 }
 
 DefaultStager::~DefaultStager() {
   Close();
   background_.reset();  // Joins after any task still queued.
+  absl::MutexLock lock(&mu_);
   cpu_pool_.reset();
 }
 
@@ -197,28 +193,33 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   buffer_options.pinned = options_.use_pinned_memory;
   buffer_options.shared = options_.use_shared_memory;
   buffer_options.name = "dcp-staged-state-dict";
+  buffer_options.recycle = options_.recycle_staging_memory;
   DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
                        HostBuffer::Create(bytes, runtime, buffer_options));
   if (options_.cache_staged_state_dict) cached_ = buffer;
   return buffer;
 }
 
-absl::StatusOr<std::vector<DeviceStream*>> DefaultStager::StreamsFor(
-    int device) {
+absl::StatusOr<DeviceStream*> DefaultStager::NextStream(int device) {
   DCP_ASSIGN_OR_RETURN(DeviceRuntime * runtime, Runtime());
-  std::vector<OwnedStream>& streams = streams_[device];
-  if (streams.empty()) {
-    for (int i = 0; i < std::max(1, options_.num_streams); ++i) {
-      DCP_ASSIGN_OR_RETURN(OwnedStream s, MakeOwnedStream(*runtime, device));
-      streams.push_back(std::move(s));
-    }
+  if (copy_streams_ == nullptr) {
+    copy_streams_ = std::make_unique<internal_staging::CopyStreams>(
+        runtime, options_.num_streams);
   }
-  std::vector<DeviceStream*> out;
-  for (const OwnedStream& s : streams) out.push_back(s.get());
-  return out;
+  return copy_streams_->Next(device);
 }
 
-Executor& DefaultStager::CpuPool() { return *cpu_pool_; }
+Executor& DefaultStager::CpuPool() {
+  if (cpu_pool_ == nullptr) {  // Only states with CPU tensors need threads.
+    int threads = options_.cpu_copy_threads;
+    if (threads <= 0) {
+      threads = std::clamp(
+          static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+    }
+    cpu_pool_ = std::make_unique<ThreadPool>(threads);
+  }
+  return *cpu_pool_;
+}
 
 absl::Status DefaultStager::WaitPendingCopies() {
   absl::Status first;
@@ -244,7 +245,6 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
   if (plan.has_device) {
     DCP_ASSIGN_OR_RETURN(runtime, Runtime());
   }
-  size_t turn = 0;
   for (const Plan::Slot& slot : plan.slots) {
     const TensorView& v = slot.source;
     if (!v.device().is_cuda() || v.nbytes() == 0) continue;
@@ -282,19 +282,18 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
       std::memcpy(base + slot.offset, gathered->data(), v.nbytes());
       continue;
     }
-    absl::StatusOr<std::vector<DeviceStream*>> streams = StreamsFor(device);
-    if (!streams.ok()) {
-      error = streams.status();
-      break;
-    }
     const size_t piece = std::max<size_t>(options_.copy_chunk_bytes, 4096);
     for (size_t off = 0; off < v.nbytes() && error.ok(); off += piece) {
-      DeviceStream* stream = (*streams)[turn++ % streams->size()];
-      used[stream] = device;
+      absl::StatusOr<DeviceStream*> stream = NextStream(device);
+      if (!stream.ok()) {
+        error = stream.status();
+        break;
+      }
+      used[*stream] = device;
       error = runtime->CopyAsync(base + slot.offset + off,
                                  static_cast<const std::byte*>(v.data()) + off,
                                  std::min(piece, v.nbytes() - off),
-                                 CopyKind::kDeviceToHost, stream);
+                                 CopyKind::kDeviceToHost, *stream);
     }
     if (!error.ok()) {
       error = Annotate(error, absl::StrCat("staging tensor '", slot.name, "'"));
@@ -463,7 +462,7 @@ void DefaultStager::Close() {
   SynchronizeStaging().IgnoreError();
   absl::MutexLock lock(&mu_);
   closed_ = true;
-  streams_.clear();  // Before the runtime they belong to.
+  copy_streams_.reset();  // Before the runtime they belong to.
   cached_.reset();
   owned_runtime_.reset();  // Staged dicts keep it alive while they need it.
 }

@@ -37,6 +37,10 @@
 
 namespace dcp {
 
+namespace internal_staging {
+class CopyStreams;
+}  // namespace internal_staging
+
 struct StagingOptions {
   // The seed's four switches. Defaults are the seed's DefaultStager defaults
   // (all on); async_save without a stager uses AsyncSaveDefault() (all off).
@@ -46,7 +50,7 @@ struct StagingOptions {
   bool use_non_blocking_copy = true;  // Return before device copies finish.
 
   // dcp's knobs.
-  // Copy streams per device. Two keep one copy queued behind the running one.
+  // Copy streams per device (see StagingPipelineOptions::num_streams).
   int num_streams = 2;
   // Device tensors are copied in pieces of this size, round robin over the
   // streams: at ~50 GB/s an 8 MiB copy takes ~160 us, so the few us of
@@ -58,6 +62,12 @@ struct StagingOptions {
   // Keep the staging memory between Stage calls (the seed's
   // cache_staged_state_dict of FileSystemWriter).
   bool cache_staged_state_dict = true;
+  // Unpinned staging memory outlives the stager as the process's spare
+  // buffer (HostBufferOptions::recycle), so a stager made per save (as
+  // async_save does without a stager) does not map and fault in fresh memory
+  // each time. Keeps at most one state-sized buffer per process mapped;
+  // ReleaseSpareHostBuffers() unmaps it.
+  bool recycle_staging_memory = true;
 
   // What async_save uses when the caller passes no stager: pageable memory,
   // synchronous staging, blocking copies.
@@ -83,8 +93,8 @@ class AsyncStager {
   // handing the dict to the writer).
   virtual bool should_synchronize_after_execute() const = 0;
 
-  // Blocks until every copy started by Stage has finished; returns the first
-  // staging error not yet reported.
+  // Blocks until every copy started by Stage has finished; returns the error
+  // of the last asynchronous Stage or of a non-blocking copy, if any.
   virtual absl::Status SynchronizeStaging() = 0;
 
   // Finishes pending staging and releases streams and cached memory. Staged
@@ -123,12 +133,13 @@ class DefaultStager final : public AsyncStager {
   absl::StatusOr<DeviceRuntime*> Runtime() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::vector<DeviceStream*>> StreamsFor(int device)
+  // The next copy stream of `device` (round robin over num_streams).
+  absl::StatusOr<DeviceStream*> NextStream(int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Executor& CpuPool();
+  Executor& CpuPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingOptions options_;
   DeviceRuntime* const external_runtime_;
@@ -137,7 +148,8 @@ class DefaultStager final : public AsyncStager {
   mutable absl::Mutex mu_;
   std::shared_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<HostBuffer> cached_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::vector<OwnedStream>> streams_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<internal_staging::CopyStreams> copy_streams_
+      ABSL_GUARDED_BY(mu_);
   // Events after non-blocking copies, waited for by SynchronizeStaging.
   std::vector<OwnedEvent> pending_events_ ABSL_GUARDED_BY(mu_);
   // The staging memory those copies land in, kept until they have landed
@@ -151,7 +163,8 @@ class DefaultStager final : public AsyncStager {
   absl::Mutex future_mu_;
   Future<void> last_async_ ABSL_GUARDED_BY(future_mu_);
 
-  std::unique_ptr<ThreadPool> cpu_pool_;    // memcpy of CPU tensors.
+  // memcpy of CPU tensors; created on first use.
+  std::unique_ptr<ThreadPool> cpu_pool_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ThreadPool> background_;  // use_async_staging.
 };
 

@@ -124,6 +124,22 @@ TEST_F(StagerTest, PlainValuesAreCopied) {
   EXPECT_EQ(staged->at("none").kind(), StateValue::Kind::kNone);
 }
 
+TEST_F(StagerTest, EmptyAndScalarTensors) {
+  Tensor empty = Tensor::Empty(DType::kF32, {0, 4});
+  Tensor scalar = Tensor::Empty(DType::kI64, {});
+  *static_cast<int64_t*>(scalar.data()) = -42;
+  DefaultStager stager(Sync(), runtime_.get());
+  absl::StatusOr<StateDict> staged =
+      StageAndWait(stager, {{"empty", empty}, {"step", scalar}});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->at("empty").tensor().sizes(), Shape({0, 4}));
+  EXPECT_EQ(staged->at("empty").tensor().nbytes(), 0u);
+  EXPECT_TRUE(staged->at("empty").tensor().defined());
+  const Tensor& s = staged->at("step").tensor();
+  EXPECT_EQ(s.sizes(), Shape({}));
+  EXPECT_EQ(*static_cast<const int64_t*>(s.data()), -42);
+}
+
 TEST_F(StagerTest, NonContiguousTensorsComeOutContiguous) {
   Tensor m = Iota(6);  // [[0,1,2],[3,4,5]]
   Tensor transposed = Tensor::Wrap(
@@ -282,6 +298,25 @@ TEST_F(StagerTest, CachedMemoryIsReusedOnlyWhenFree) {
   stager.Close();
   EXPECT_EQ(stager.cached_bytes(), 0u);
   EXPECT_TRUE(s3->at("a").tensor().BytesEqual(a));  // Still valid.
+}
+
+TEST_F(StagerTest, StagerPerSaveReusesTheLastStagersMemory) {
+  ReleaseSpareHostBuffers();
+  Tensor a = Iota(100000);
+  const void* first = nullptr;
+  {
+    DefaultStager stager(StagingOptions::AsyncSaveDefault(), runtime_.get());
+    absl::StatusOr<StateDict> staged = StageAndWait(stager, {{"a", a}});
+    ASSERT_TRUE(staged.ok());
+    first = staged->at("a").tensor().data();
+  }
+  static_cast<float*>(a.data())[5] = -3;
+  DefaultStager next(StagingOptions::AsyncSaveDefault(), runtime_.get());
+  absl::StatusOr<StateDict> staged = StageAndWait(next, {{"a", a}});
+  ASSERT_TRUE(staged.ok());
+  EXPECT_EQ(staged->at("a").tensor().data(), first);
+  EXPECT_TRUE(staged->at("a").tensor().BytesEqual(a));
+  ReleaseSpareHostBuffers();
 }
 
 TEST_F(StagerTest, PinnedStagingMemoryIsRegistered) {

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "staging/internal/copy_streams.h"
 
 namespace dcp {
 namespace {
@@ -22,44 +23,13 @@ std::string DescribeItem(const PipelineItem& item, size_t index) {
 
 StagingPipeline::StagingPipeline(DeviceRuntime* runtime, PinnedPool* pool,
                                  StagingPipelineOptions options)
-    : runtime_(runtime), pool_(pool), options_(options) {}
+    : runtime_(runtime),
+      pool_(pool),
+      options_(options),
+      streams_(std::make_unique<internal_staging::CopyStreams>(
+          runtime, options.num_streams)) {}
 
 StagingPipeline::~StagingPipeline() = default;
-
-absl::StatusOr<DeviceStream*> StagingPipeline::NextStream(int device) {
-  std::vector<OwnedStream>& streams = streams_[device];
-  if (streams.empty()) {
-    const int n = std::max(1, options_.num_streams);
-    for (int i = 0; i < n; ++i) {
-      DCP_ASSIGN_OR_RETURN(OwnedStream stream,
-                           MakeOwnedStream(*runtime_, device));
-      streams.push_back(std::move(stream));
-    }
-  }
-  size_t& next = next_stream_[device];
-  DeviceStream* stream = streams[next % streams.size()].get();
-  ++next;
-  return stream;
-}
-
-absl::StatusOr<OwnedEvent> StagingPipeline::TakeEvent(int device) {
-  {
-    absl::MutexLock lock(&events_mu_);
-    std::vector<OwnedEvent>& free = free_events_[device];
-    if (!free.empty()) {
-      OwnedEvent event = std::move(free.back());
-      free.pop_back();
-      return event;
-    }
-  }
-  return MakeOwnedEvent(*runtime_, device, /*enable_timing=*/false);
-}
-
-void StagingPipeline::ReturnEvent(int device, OwnedEvent event) {
-  if (event.get() == nullptr) return;
-  absl::MutexLock lock(&events_mu_);
-  free_events_[device].push_back(std::move(event));
-}
 
 void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
   absl::Status error;
@@ -91,9 +61,9 @@ void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
           break;
         }
         piece.chunk = *std::move(chunk);
-        absl::StatusOr<DeviceStream*> stream = NextStream(device);
+        absl::StatusOr<DeviceStream*> stream = streams_->Next(device);
         absl::StatusOr<OwnedEvent> event =
-            stream.ok() ? TakeEvent(device) : stream.status();
+            stream.ok() ? streams_->TakeEvent(device) : stream.status();
         if (!event.ok()) {
           error = Annotate(event.status(), DescribeItem(items[i], i));
           break;
@@ -171,7 +141,7 @@ absl::Status StagingPipeline::Run(absl::Span<const PipelineItem> items,
     absl::Status copied = piece.event.get() == nullptr
                               ? absl::OkStatus()
                               : runtime_->SynchronizeEvent(piece.event.get());
-    ReturnEvent(piece.device, std::move(piece.event));
+    streams_->ReturnEvent(piece.device, std::move(piece.event));
     if (!first_error.ok()) continue;  // Draining after an error.
     absl::Status result;
     if (!copied.ok()) {

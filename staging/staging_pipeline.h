@@ -27,7 +27,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -42,10 +41,15 @@
 
 namespace dcp {
 
+namespace internal_staging {
+class CopyStreams;
+}  // namespace internal_staging
+
 struct StagingPipelineOptions {
-  // Copy streams per device. Two keep one copy queued behind the running one
-  // so the copy engine never idles between pieces; more help only when
-  // pieces are small (the benchmark sweeps 1-4).
+  // Copy streams per device; pieces go round robin. Copies are queued ahead
+  // on each stream, so one stream already keeps a copy engine busy with
+  // large pieces; a second hides the per-copy latency of small pieces. 2
+  // until measured on a GPU (bench/staging_bench sweeps 1-4).
   int num_streams = 2;
 };
 
@@ -113,22 +117,13 @@ class StagingPipeline {
     OwnedEvent event;  // Empty for a zero-length piece.
   };
 
-  absl::StatusOr<DeviceStream*> NextStream(int device);
-  absl::StatusOr<OwnedEvent> TakeEvent(int device);
-  void ReturnEvent(int device, OwnedEvent event);
   void Produce(absl::Span<const PipelineItem> items);
 
   DeviceRuntime* const runtime_;
   PinnedPool* const pool_;
   const StagingPipelineOptions options_;
 
-  // Touched by the producer thread only (one Run at a time).
-  std::map<int, std::vector<OwnedStream>> streams_;
-  std::map<int, size_t> next_stream_;
-
-  absl::Mutex events_mu_;
-  std::map<int, std::vector<OwnedEvent>> free_events_
-      ABSL_GUARDED_BY(events_mu_);
+  std::unique_ptr<internal_staging::CopyStreams> streams_;
 
   // The hand-off between producer and consumer.
   absl::Mutex mu_;

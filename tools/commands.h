@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,16 @@ absl::StatusOr<int64_t> ParseSize(const std::string& text);
 absl::Status RunDemo(const DemoFlags& flags);
 absl::Status RunInspect(const std::string& dir);
 absl::Status RunVerify(const std::string& dir);
+
+// The benchmark kinds `dcp bench` knows ("coord", "io", ...) and the Bazel
+// target that builds each ("" for an unknown kind).
+std::vector<std::string> BenchKinds();
+std::string BenchTarget(const std::string& kind);
+
+// Replaces this process with the benchmark program of `kind` (built next to
+// dcp under bazel-bin/bench/); returns only on failure.
+absl::Status RunBench(const std::string& kind,
+                      const std::vector<std::string>& args);
 
 }  // namespace dcp
 

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
 #include "tools/commands.h"
+#include "tools/launch.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dcp: a GPU-aware distributed checkpoint engine"};
@@ -42,7 +44,31 @@ int main(int argc, char** argv) {
   verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")
       ->required();
 
+  std::string bench_kind;
+  std::vector<std::string> bench_args;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Run a benchmark program: " +
+                   absl::StrJoin(dcp::BenchKinds(), ", "));
+  bench_cmd->add_option("kind", bench_kind, "Which benchmark")->required();
+  bench_cmd->add_option("args", bench_args, "Its arguments (after --)");
+  bench_cmd->prefix_command();
+
+  dcp::tools::LaunchOptions launch;
+  CLI::App* launch_cmd =
+      app.add_subcommand("launch", dcp::tools::kLaunchDescription);
+  dcp::tools::AddLaunchOptions(*launch_cmd, &launch);
+
   CLI11_PARSE(app, argc, argv);
+
+  if (*launch_cmd) {
+    absl::StatusOr<int> code = dcp::tools::Launch(launch);
+    if (!code.ok()) {
+      std::fprintf(stderr, "dcp launch: %s\n",
+                   code.status().ToString().c_str());
+      return 2;
+    }
+    return *code;
+  }
 
   absl::Status status;
   if (*demo_cmd) {
@@ -51,6 +77,11 @@ int main(int argc, char** argv) {
     status = dcp::RunInspect(inspect_dir);
   } else if (*verify_cmd) {
     status = dcp::RunVerify(verify_dir);
+  } else if (*bench_cmd) {
+    for (const std::string& extra : bench_cmd->remaining()) {
+      bench_args.push_back(extra);
+    }
+    status = dcp::RunBench(bench_kind, bench_args);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "dcp: %s\n", status.ToString().c_str());

@@ -1,0 +1,104 @@
+#include "staging/device_uploader.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "staging/internal/copy_streams.h"
+
+namespace dcp {
+
+DeviceUploader::DeviceUploader(DeviceRuntime* runtime,
+                               StagingPipelineOptions options)
+    : runtime_(runtime),
+      streams_(std::make_unique<internal_staging::CopyStreams>(
+          runtime, options.num_streams)),
+      completion_([this] { CompletionLoop(); }) {}
+
+DeviceUploader::~DeviceUploader() {
+  Flush().IgnoreError();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  completion_.join();
+}
+
+absl::Status DeviceUploader::Upload(PinnedChunk chunk, size_t length, void* dst,
+                                    Device device) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+  }
+  if (!chunk.valid() || length > chunk.size() || dst == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "DeviceUploader::Upload: %d bytes from a %s chunk of %d bytes to %p",
+        length, chunk.valid() ? "leased" : "missing", chunk.size(), dst));
+  }
+  const bool to_device = device.is_cuda();
+  const int ordinal = to_device ? device.index : 0;
+  if (to_device && (ordinal < 0 || ordinal >= runtime_->DeviceCount())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "DeviceUploader::Upload to %s: the %s runtime has %d device(s)",
+        device.ToString(), runtime_->name(), runtime_->DeviceCount()));
+  }
+  Pending pending;
+  pending.device = ordinal;
+  DCP_ASSIGN_OR_RETURN(DeviceStream * stream, streams_->Next(ordinal));
+  DCP_ASSIGN_OR_RETURN(pending.event, streams_->TakeEvent(ordinal));
+  const std::string where = absl::StrFormat("upload of %d bytes to %s %p",
+                                            length, device.ToString(), dst);
+  DCP_RETURN_IF_ERROR(Annotate(
+      runtime_->CopyAsync(
+          dst, chunk.data(), length,
+          to_device ? CopyKind::kHostToDevice : CopyKind::kHostToHost, stream),
+      where));
+  // From here the copy may be reading the chunk: it must stay leased until
+  // the event has completed, even if recording fails.
+  absl::Status recorded = runtime_->RecordEvent(pending.event.get(), stream);
+  if (!recorded.ok()) {
+    runtime_->SynchronizeStream(stream).IgnoreError();
+    return Annotate(recorded, where);
+  }
+  pending.chunk = std::move(chunk);
+  absl::MutexLock lock(&mu_);
+  pending_.push_back(std::move(pending));
+  ++enqueued_;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceUploader::Flush() {
+  absl::MutexLock lock(&mu_);
+  const size_t target = enqueued_;
+  auto landed = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return landed_ >= target;
+  };
+  mu_.Await(absl::Condition(&landed));
+  return error_;
+}
+
+void DeviceUploader::CompletionLoop() {
+  while (true) {
+    Pending pending;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !pending_.empty() || stopping_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (pending_.empty()) return;
+      pending = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    absl::Status landed = runtime_->SynchronizeEvent(pending.event.get());
+    streams_->ReturnEvent(pending.device, std::move(pending.event));
+    pending.chunk.Release();  // Back to the pool: the copy has read it.
+    absl::MutexLock lock(&mu_);
+    if (!landed.ok() && error_.ok()) {
+      error_ = Annotate(landed, "DeviceUploader: host-to-device copy");
+    }
+    ++landed_;
+  }
+}
+
+}  // namespace dcp

@@ -1,0 +1,394 @@
+// Distributed save and load across real processes: one forked process per
+// rank, Gloo over tcp on 127.0.0.1, rendezvous in a FileStore. Checks
+// resharding across rank counts byte by byte, that replicated tensors are
+// stored once, and that a failing or killed rank reaches every other rank as
+// an error naming it, with no checkpoint committed.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/process_group_factory.h"
+#include "core/checkpoint_exception.h"
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+#include "io/fault_injection.h"
+#include "io/file_system_storage.h"
+#include "planner/default_planner.h"
+#include "tests/comm/multiprocess.h"
+#include "tests/test_util.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::Check;
+using ::dcp::testing::FreshTestDir;
+using ::dcp::testing::RankExit;
+using ::dcp::testing::RunRanks;
+
+// The global tensors. Every element's bytes are a function of (name, global
+// flat index), so any rank can fill or check any chunk.
+struct GlobalTensor {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+const std::vector<GlobalTensor>& Globals() {
+  static const auto* globals = new std::vector<GlobalTensor>{
+      {"model.row", DType::kF32, {10, 6}},
+      {"model.block", DType::kBF16, {8, 8}},
+      {"model.uneven", DType::kI64, {7, 5}},
+      {"model.replicated", DType::kF32, {33}},
+  };
+  return *globals;
+}
+
+uint8_t ByteAt(const std::string& name, int64_t flat_index, size_t byte) {
+  uint64_t h = 1469598103934665603ULL;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ULL;
+  h ^= static_cast<uint64_t>(flat_index) * 0x9E3779B97F4A7C15ULL + byte;
+  h *= 0xBF58476D1CE4E5B9ULL;
+  return static_cast<uint8_t>(h >> 29);
+}
+
+// Fills (fill=true) or checks (fill=false) the chunk of `g` at `offsets`.
+bool VisitChunk(const GlobalTensor& g, const Shape& offsets, Tensor& chunk,
+                bool fill) {
+  const size_t elem = ElementSize(g.dtype);
+  const Shape& sizes = chunk.sizes();
+  const int64_t n = chunk.numel();
+  auto* data = static_cast<uint8_t*>(chunk.data());
+  for (int64_t i = 0; i < n; ++i) {
+    // Local multi-index -> global flat index.
+    int64_t rem = i, global = 0, stride = 1;
+    std::vector<int64_t> local(sizes.size());
+    for (size_t d = sizes.size(); d-- > 0;) {
+      local[d] = rem % sizes[d];
+      rem /= sizes[d];
+    }
+    for (size_t d = sizes.size(); d-- > 0;) {
+      global += (local[d] + offsets[d]) * stride;
+      stride *= g.shape[d];
+    }
+    for (size_t b = 0; b < elem; ++b) {
+      const uint8_t want = ByteAt(g.name, global, b);
+      if (fill) {
+        data[i * elem + b] = want;
+      } else if (data[i * elem + b] != want) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// How a layout splits each tensor among ranks: rank -> list of
+// (offsets, sizes). An empty list means the rank holds a plain replica.
+using Layout = std::map<std::string, std::vector<std::pair<Shape, Shape>>>;
+
+// 4 ranks: rows split unevenly, 2x2 blocks, uneven column split, replicas.
+Layout SaveLayout(int rank) {
+  const int64_t row_starts[] = {0, 1, 3, 6, 10};
+  // Rank 2 holds 0 columns, at the offset where rank 3 starts.
+  const int64_t col_starts[] = {0, 2, 3, 3, 5};
+  Layout layout;
+  layout["model.row"] = {{{row_starts[rank], 0},
+                          {row_starts[rank + 1] - row_starts[rank], 6}}};
+  layout["model.block"] = {{{(rank / 2) * 4, (rank % 2) * 4}, {4, 4}}};
+  layout["model.uneven"] = {{{0, col_starts[rank]},
+                             {7, col_starts[rank + 1] - col_starts[rank]}}};
+  layout["model.replicated"] = {};
+  return layout;
+}
+
+// Loading into `world` ranks (2 or 3) with a different sharding: columns
+// for "row", rows for "block", a whole replica of "uneven" on every rank.
+Layout LoadLayout(int rank, int world) {
+  auto split = [&](int64_t n) {
+    const int64_t base = n / world, extra = n % world;
+    const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+    return std::make_pair(begin, base + (rank < extra ? 1 : 0));
+  };
+  Layout layout;
+  auto [c0, nc] = split(6);
+  layout["model.row"] = {{{0, c0}, {10, nc}}};
+  auto [r0, nr] = split(8);
+  layout["model.block"] = {{{r0, 0}, {nr, 8}}};
+  layout["model.uneven"] = {};
+  layout["model.replicated"] = {};
+  return layout;
+}
+
+StateDict BuildState(const Layout& layout, bool fill, int64_t step) {
+  StateDict model;
+  for (const GlobalTensor& g : Globals()) {
+    const auto& chunks = layout.at(g.name);
+    const std::string key = g.name.substr(std::string("model.").size());
+    if (chunks.empty()) {
+      Tensor t = Tensor::Empty(g.dtype, g.shape);
+      if (fill) VisitChunk(g, Shape(g.shape.size(), 0), t, true);
+      model[key] = t;
+      continue;
+    }
+    std::vector<Shard> shards;
+    for (const auto& [offsets, sizes] : chunks) {
+      Tensor t = Tensor::Empty(g.dtype, sizes);
+      if (fill) VisitChunk(g, offsets, t, true);
+      shards.push_back(Shard{offsets, t});
+    }
+    model[key] = ShardedTensor(g.dtype, g.shape, std::move(shards));
+  }
+  StateDict state;
+  state["model"] = std::move(model);
+  state["step"] = step;
+  return state;
+}
+
+// Checks every byte of every tensor in `state` (laid out by `layout`).
+std::string CheckState(StateDict& state, const Layout& layout,
+                       int64_t want_step) {
+  StateDict& model = state["model"].dict();
+  for (const GlobalTensor& g : Globals()) {
+    const std::string key = g.name.substr(std::string("model.").size());
+    StateValue& v = model[key];
+    if (layout.at(g.name).empty()) {
+      if (!VisitChunk(g, Shape(g.shape.size(), 0), v.tensor(), false)) {
+        return g.name + " differs";
+      }
+      continue;
+    }
+    for (Shard& shard : v.sharded_tensor().mutable_local_shards()) {
+      if (!VisitChunk(g, shard.offsets, shard.tensor, false)) {
+        return absl::StrCat(g.name, " shard at ",
+                            ShapeToString(shard.offsets), " differs");
+      }
+    }
+  }
+  if (state["step"].int_value() != want_step) return "step differs";
+  return "";
+}
+
+std::unique_ptr<comm::ProcessGroup> JoinGroup(int rank, int world,
+                                              const std::string& store,
+                                              absl::Duration timeout) {
+  comm::RendezvousInfo info;
+  info.rank = rank;
+  info.world_size = world;
+  info.store = comm::StoreAddress{comm::StoreAddress::Kind::kFile, store};
+  comm::ProcessGroupOptions options;
+  options.backend = comm::Backend::kGloo;
+  options.timeout = timeout;
+  options.connect_timeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<comm::ProcessGroup>> group =
+      comm::CreateProcessGroup(info, options);
+  if (!group.ok()) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank,
+                 group.status().ToString().c_str());
+    return nullptr;
+  }
+  return *std::move(group);
+}
+
+absl::Status SaveOnRank(comm::ProcessGroup* group, const std::string& dir,
+                        const StateDict& state,
+                        FileSystemBase* file_system = nullptr) {
+  FileSystemWriterOptions writer_options;
+  writer_options.file_system = file_system;
+  FileSystemWriter writer(dir, writer_options);
+  SaveOptions options;
+  options.process_group = group;
+  absl::Status reset = writer.Reset(dir);
+  if (!reset.ok()) return reset;
+  return SaveStateDict(state, writer, options).status();
+}
+
+absl::Status LoadOnRank(comm::ProcessGroup* group, const std::string& dir,
+                        StateDict& state) {
+  LoadOptions options;
+  options.checkpoint_id = dir;
+  options.process_group = group;
+  return Load(state, options);
+}
+
+void ExpectAllExitedCleanly(const std::vector<RankExit>& exits) {
+  for (size_t r = 0; r < exits.size(); ++r) {
+    EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0)
+        << "rank " << r << " exit " << exits[r].exit_code << " signal "
+        << exits[r].signal << " timed out " << exits[r].timed_out;
+  }
+}
+
+TEST(Distributed, SaveOnFourRanksLoadOnTwoAndThree) {
+  const std::string dir = FreshTestDir("dist-ckpt");
+  const std::string rdv_save = FreshTestDir("rdv-save");
+  ExpectAllExitedCleanly(RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv_save, absl::Seconds(30));
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        absl::Status s = SaveOnRank(group.get(), dir,
+                                    BuildState(SaveLayout(rank), true, 42));
+        return Check(s.ok(), rank, s.ToString());
+      },
+      absl::Seconds(60)));
+
+  // Replicated items are stored once: one location each, and the stored
+  // lengths add up to exactly the unique bytes.
+  FileSystemReader reader(dir);
+  ASSERT_TRUE(reader.Reset(dir).ok());
+  absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  int64_t stored = 0, replicated_items = 0;
+  for (const auto& [index, info] : metadata->storage_data) {
+    stored += info.length;
+    if (index.fqn == "model.replicated") ++replicated_items;
+  }
+  int64_t unique = 0;
+  for (const GlobalTensor& g : Globals()) {
+    unique += NumElements(g.shape) * ElementSize(g.dtype);
+  }
+  EXPECT_EQ(replicated_items, 1);
+  EXPECT_EQ(stored - 9 /* the encoded int "step" */, unique);
+
+  for (int world : {2, 3}) {
+    const std::string rdv = FreshTestDir(absl::StrCat("rdv-load", world));
+    ExpectAllExitedCleanly(RunRanks(
+        world,
+        [&](int rank) {
+          auto group = JoinGroup(rank, world, rdv, absl::Seconds(30));
+          if (int rc = Check(group != nullptr, rank, "join")) return rc;
+          const Layout layout = LoadLayout(rank, world);
+          StateDict state = BuildState(layout, false, 0);
+          absl::Status s = LoadOnRank(group.get(), dir, state);
+          if (int rc = Check(s.ok(), rank, s.ToString())) return rc;
+          const std::string problem = CheckState(state, layout, 42);
+          return Check(problem.empty(), rank, problem);
+        },
+        absl::Seconds(60)));
+  }
+}
+
+TEST(Distributed, FailedWriteOnRankTwoFailsEveryRankAndCommitsNothing) {
+  const std::string dir = FreshTestDir("dist-fail");
+  // A committed checkpoint that the failed save must leave intact.
+  const std::string rdv1 = FreshTestDir("rdv-f1");
+  ExpectAllExitedCleanly(RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv1, absl::Seconds(30));
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        absl::Status s =
+            SaveOnRank(group.get(), dir, BuildState(SaveLayout(rank), true, 1));
+        return Check(s.ok(), rank, s.ToString());
+      },
+      absl::Seconds(60)));
+  const std::set<std::string> before = testing::ListFiles(dir);
+
+  const std::string rdv2 = FreshTestDir("rdv-f2");
+  ExpectAllExitedCleanly(RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv2, absl::Seconds(30));
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        FaultInjectionFileSystem faulty(LocalFileSystem());
+        if (rank == 2) faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
+        absl::Status s = SaveOnRank(group.get(), dir,
+                                    BuildState(SaveLayout(rank), true, 2),
+                                    &faulty);
+        if (int rc = Check(!s.ok(), rank, "save succeeded")) return rc;
+        auto failures = CheckpointFailures(s);
+        if (int rc = Check(failures.has_value() && failures->count(2) == 1,
+                           rank, "no failure listed for rank 2: " +
+                                     s.ToString())) {
+          return rc;
+        }
+        if (int rc = Check(s.code() == absl::StatusCode::kDataLoss, rank,
+                           "code " + s.ToString())) {
+          return rc;
+        }
+        return Check(s.message().find("rank 2") != absl::string_view::npos,
+                     rank, "message does not name rank 2: " + s.ToString());
+      },
+      absl::Seconds(60)));
+  EXPECT_EQ(testing::ListFiles(dir), before);
+  // The old checkpoint still loads bit-exactly (single process, whole).
+  StateDict state = BuildState(LoadLayout(0, 1), false, 0);
+  ASSERT_TRUE(LoadOnRank(nullptr, dir, state).ok());
+  EXPECT_EQ(CheckState(state, LoadLayout(0, 1), 1), "");
+}
+
+// Kills its process the first time it is asked for data: a rank that dies
+// in the middle of writing.
+class DyingPlanner final : public SavePlanner {
+ public:
+  absl::Status SetUp(const StateDict& sd, const StorageMeta& meta,
+                     bool coord) override {
+    return inner_.SetUp(sd, meta, coord);
+  }
+  absl::StatusOr<SavePlan> CreateLocalPlan() override {
+    return inner_.CreateLocalPlan();
+  }
+  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> CreateGlobalPlan(
+      std::vector<SavePlan> plans) override {
+    return inner_.CreateGlobalPlan(std::move(plans));
+  }
+  absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override {
+    return inner_.FinishPlan(std::move(plan));
+  }
+  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
+    ::kill(::getpid(), SIGKILL);
+    return inner_.ResolveData(item);
+  }
+
+ private:
+  DefaultSavePlanner inner_;
+};
+
+TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
+  const std::string dir = FreshTestDir("dist-kill");
+  const absl::Duration timeout = absl::Seconds(5);
+  const std::string rdv = FreshTestDir("rdv-kill");
+  std::vector<RankExit> exits = RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv, timeout);
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        DyingPlanner dying;
+        FileSystemWriter writer(dir);
+        SaveOptions options;
+        options.process_group = group.get();
+        if (rank == 1) options.planner = &dying;
+        const absl::Time start = absl::Now();
+        absl::Status s =
+            SaveStateDict(BuildState(SaveLayout(rank), true, 3), writer,
+                          options)
+                .status();
+        const absl::Duration took = absl::Now() - start;
+        if (int rc = Check(s.code() == absl::StatusCode::kDeadlineExceeded ||
+                               s.code() == absl::StatusCode::kUnavailable,
+                           rank, "code: " + s.ToString())) {
+          return rc;
+        }
+        if (int rc = Check(s.message().find("rank 1") != absl::string_view::npos,
+                           rank, "lost rank not named: " + s.ToString())) {
+          return rc;
+        }
+        return Check(took < timeout + absl::Seconds(5), rank,
+                     absl::StrCat("took ", absl::FormatDuration(took)));
+      },
+      absl::Seconds(60));
+  EXPECT_EQ(exits[1].signal, SIGKILL);
+  for (int r : {0, 2, 3}) {
+    EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0) << "rank " << r;
+  }
+  EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
+}
+
+}  // namespace
+}  // namespace dcp
