@@ -30,6 +30,8 @@
 // messages are not counted (their codec is internal to engine/).
 //
 //   bazel run //bench/coord:coord_bench -- --ranks 2,4,8,16 --json
+#include "bench/coord/coord_bench.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,7 +50,6 @@
 #include <thread>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -150,12 +151,7 @@ class TimedWriter final : public StorageWriter {
   size_t metadata_bytes_ = 0;
 };
 
-struct Config {
-  int items = 64;
-  int item_bytes = 1024;
-  int saves = 5;
-  absl::Duration timeout = absl::Seconds(60);
-};
+using Config = CoordBenchFlags;
 
 // Rank r's state: `items` distinct 1-d byte tensors (names shared by all
 // ranks are sharded tensors with one shard per rank, so the coordinator has
@@ -404,8 +400,18 @@ absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> Collect(
   return out;
 }
 
-int Main(const std::vector<int>& ranks, const Config& config,
-         std::string root_dir, bool json) {
+}  // namespace
+
+absl::Status RunCoordBench(const CoordBenchFlags& config) {
+  const std::vector<int>& ranks = config.ranks;
+  const bool json = config.json;
+  for (int world : ranks) {
+    if (world < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("coord bench: rank count ", world, " is below 1"));
+    }
+  }
+  std::string root_dir = config.dir;
   if (root_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     root_dir = tmp != nullptr ? tmp : "/tmp";
@@ -427,16 +433,15 @@ int Main(const std::vector<int>& ranks, const Config& config,
     const std::string dir = absl::StrCat(root, "/n", world);
     fs::create_directories(dir + "/rendezvous");
     if (!RunRanks(world, dir, config, absl::Minutes(5))) {
-      std::fprintf(stderr, "coord_bench: a rank failed with %d ranks\n", world);
-      return 1;
+      std::error_code ec;
+      fs::remove_all(root, ec);
+      return absl::InternalError(
+          absl::StrCat("coord bench: a rank failed or hung with ", world,
+                       " ranks (its message is on stderr)"));
     }
     absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> saves =
         Collect(world, dir, config);
-    if (!saves.ok()) {
-      std::fprintf(stderr, "coord_bench: %s\n",
-                   saves.status().ToString().c_str());
-      return 1;
-    }
+    if (!saves.ok()) return saves.status();
     std::error_code ec;
     fs::remove_all(dir, ec);
     for (bool cached : {false, true}) {
@@ -483,31 +488,7 @@ int Main(const std::vector<int>& ranks, const Config& config,
     out["rows"] = rows;
     std::printf("%s\n", out.dump().c_str());
   }
-  return 0;
+  return absl::OkStatus();
 }
 
-}  // namespace
 }  // namespace dcp
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "dcp coordination benchmark: plan exchange + commit per save over "
-      "N local Gloo ranks"};
-  std::vector<int> ranks = {2, 4, 8, 16};
-  dcp::Config config;
-  std::string dir;
-  bool json = false;
-  app.add_option("--ranks", ranks, "rank counts")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 256));
-  app.add_option("--items", config.items, "tensors per rank")
-      ->check(CLI::Range(1, 1000000));
-  app.add_option("--item_bytes", config.item_bytes, "bytes per tensor")
-      ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--saves", config.saves, "saves per mode (median)")
-      ->check(CLI::Range(2, 1000));
-  app.add_option("--dir", dir, "scratch root (default: $TMPDIR or /tmp)");
-  app.add_flag("--json", json, "print one JSON object");
-  CLI11_PARSE(app, argc, argv);
-  return dcp::Main(ranks, config, dir, json);
-}
