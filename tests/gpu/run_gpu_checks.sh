@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Runs dcp's GPU checks from a bundle made by tests/gpu/build_gpu_bundle.sh:
+# the real-GPU tests (cuda, staging, NCCL) and the staging benchmark, in one
+# command, on a machine with CUDA but no Bazel. Writes one log per binary,
+# the benchmark's JSON and a JSON summary into $OUT (or ./gpu_checks_out).
+#
+#   tests/gpu/run_gpu_checks.sh [BUNDLE_DIR]     # default: .gpu_bundle
+#
+# Environment:
+#   OUT                  where results go (default: ./gpu_checks_out)
+#   STAGING_BENCH_ARGS   default: --sizes_mib=64,256,1024,8192 --json
+#   TEST_TIMEOUT_S       per test binary (default 300)
+#   BENCH_TIMEOUT_S      for staging_bench (default 300)
+#   CUDA_HOME            where NCCL is looked for (default /usr/local/cuda)
+#   DCP_REQUIRE_GPU=1    fail (exit 3) when no GPU is visible, instead of
+#                        letting the GPU tests skip
+# Exit code: 0 when every test binary and the benchmark succeeded (tests that
+# skip count as success), 1 otherwise, 2 for a missing bundle.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+bundle="$(cd "${1:-.gpu_bundle}" 2>/dev/null && pwd)" || {
+  echo "run_gpu_checks: no bundle at ${1:-.gpu_bundle}; build it with" \
+    "tests/gpu/build_gpu_bundle.sh on the Bazel machine" >&2
+  exit 2
+}
+out="${OUT:-$PWD/gpu_checks_out}"
+mkdir -p "$out/logs"
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+test_timeout="${TEST_TIMEOUT_S:-300}"
+bench_timeout="${BENCH_TIMEOUT_S:-300}"
+bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
+
+# Bundled libraries first; NCCL from the CUDA install (dlopened by name).
+export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for nccl in "${DCP_NCCL_LIBRARY:-}" "$cuda_home/lib64/libnccl.so.2" \
+    "$cuda_home/lib/libnccl.so.2" /usr/lib/x86_64-linux-gnu/libnccl.so.2; do
+  if [[ -n "$nccl" && -e "$nccl" ]]; then
+    export DCP_NCCL_LIBRARY="$nccl"
+    break
+  fi
+done
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/dcp-gpu-checks.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+
+json_escape() {
+  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/ /g' | tr '\n' ' ' |
+    sed 's/ *$//'
+}
+
+gpu_info="none"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_info="$(nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader 2>&1 | head -4)"
+  nvidia-smi >"$out/logs/nvidia-smi.log" 2>&1
+fi
+echo "run_gpu_checks: bundle $bundle" >&2
+echo "run_gpu_checks: GPU: $gpu_info" >&2
+echo "run_gpu_checks: NCCL: ${DCP_NCCL_LIBRARY:-not found (NCCL tests skip)}" >&2
+cp "$bundle/MANIFEST.json" "$out/bundle_manifest.json" 2>/dev/null
+if [[ "${DCP_REQUIRE_GPU:-0}" == 1 && "$gpu_info" == none ]]; then
+  echo "run_gpu_checks: DCP_REQUIRE_GPU=1 and no nvidia-smi" >&2
+  exit 3
+fi
+
+# Libraries that still do not resolve (a GPU machine older than the bundle).
+missing="$(for b in "$bundle"/bin/*; do ldd "$b" 2>&1 | grep 'not found'; done |
+  sort -u)"
+if [[ -n "$missing" ]]; then
+  echo "run_gpu_checks: unresolved libraries:" >&2
+  echo "$missing" >&2
+fi
+
+overall=0
+results=()
+count() {  # count PATTERN LOG: the N of gtest's "[  TAG  ] N test" lines.
+  grep -E "^\[ *$1 *\] [0-9]+ test" "$2" | head -1 | grep -oE '[0-9]+' |
+    head -1
+}
+for exe in "$bundle"/bin/*_test; do
+  [[ -x "$exe" ]] || continue
+  name="$(basename "$exe")"
+  log="$out/logs/$name.log"
+  mkdir -p "$scratch/$name"
+  start_ns=$(date +%s%N)
+  TEST_TMPDIR="$scratch/$name" timeout --kill-after=10 "$test_timeout" \
+    "$exe" --gtest_color=no --gtest_output="json:$out/logs/$name.gtest.json" \
+    >"$log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$start_ns" -v b="$(date +%s%N)" 'BEGIN {printf "%.2f", (b - a) / 1e9}')
+  passed="$(count PASSED "$log")"
+  skipped="$(count SKIPPED "$log")"
+  failed="$(count FAILED "$log")"
+  status=ok
+  if ((rc != 0)); then status=failed; overall=1; fi
+  ((rc == 124 || rc == 137)) && status=timed_out
+  printf 'run_gpu_checks: %-28s %-9s passed=%s skipped=%s failed=%s (%.1fs)\n' \
+    "$name" "$status" "${passed:-0}" "${skipped:-0}" "${failed:-0}" \
+    "${secs:-0}" >&2
+  # gtest prints "file:line: Skipped" and then the reason.
+  skip_reasons="$(grep -A1 ': Skipped$' "$log" | grep -v -e ': Skipped$' -e '^--$' |
+    sort -u | head -3 | json_escape)"
+  results+=("{\"name\": \"$name\", \"status\": \"$status\", \"exit_code\": $rc, \"passed\": ${passed:-0}, \"skipped\": ${skipped:-0}, \"failed\": ${failed:-0}, \"seconds\": ${secs:-0}, \"skip_reasons\": \"$skip_reasons\"}")
+done
+
+bench_json="null"
+bench_status="missing"
+[[ -x "$bundle/bin/staging_bench" ]] || overall=1
+if [[ -x "$bundle/bin/staging_bench" ]]; then
+  # shellcheck disable=SC2086  # word splitting of the flags is intended
+  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/staging_bench" \
+    $bench_args >"$out/staging_bench.json" 2>"$out/logs/staging_bench.log"
+  rc=$?
+  if ((rc == 0)) && [[ -s "$out/staging_bench.json" ]]; then
+    bench_status=ok
+    bench_json="$(tail -1 "$out/staging_bench.json")"
+  else
+    bench_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: staging_bench $bench_status" >&2
+fi
+
+{
+  echo "{"
+  echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
+  echo "  \"host\": \"$(uname -n | json_escape)\","
+  echo "  \"gpu\": \"$(echo "$gpu_info" | json_escape)\","
+  echo "  \"nccl\": \"${DCP_NCCL_LIBRARY:-}\","
+  echo "  \"unresolved_libraries\": \"$(echo "$missing" | json_escape)\","
+  echo "  \"tests\": ["
+  for i in "${!results[@]}"; do
+    sep=","; ((i == ${#results[@]} - 1)) && sep=""
+    echo "    ${results[$i]}$sep"
+  done
+  echo "  ],"
+  echo "  \"staging_bench_status\": \"$bench_status\","
+  echo "  \"staging_bench_args\": \"$bench_args\","
+  echo "  \"staging_bench\": $bench_json"
+  echo "}"
+} >"$out/summary.json"
+echo "run_gpu_checks: summary in $out/summary.json" >&2
+exit "$overall"

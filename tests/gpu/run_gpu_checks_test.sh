@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Tests run_gpu_checks.sh's bookkeeping against fake bundles (no GPU, no real
+# binaries): passing, skipping and failing tests, a missing benchmark, a
+# missing bundle, and the exit codes and summary.json fields it promises.
+set -uo pipefail
+script="$(dirname "$0")/run_gpu_checks.sh"
+[[ -x "$script" ]] || script="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-}/tests/gpu/run_gpu_checks.sh"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+failures=0
+expect() {  # expect DESCRIPTION COMMAND...
+  if ! "${@:2}"; then
+    echo "FAIL: $1" >&2
+    failures=$((failures + 1))
+  fi
+}
+
+make_bundle() {  # make_bundle DIR [fail]
+  mkdir -p "$1/bin" "$1/lib"
+  echo '{"commit": "fake"}' >"$1/MANIFEST.json"
+  printf '#!/bin/sh\necho "[  PASSED  ] 3 tests."\n' >"$1/bin/a_test"
+  printf '#!/bin/sh\necho "x.cc:1: Skipped"\necho "no CUDA device"\n%s\n' \
+    'echo "[  PASSED  ] 0 tests."; echo "[  SKIPPED ] 2 tests, listed below:"' \
+    >"$1/bin/b_test"
+  printf '#!/bin/sh\necho "{\\"stager_gbps\\": 1.5, \\"args\\": \\"$*\\"}"\n' \
+    >"$1/bin/staging_bench"
+  if [[ "${2:-}" == fail ]]; then
+    printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' \
+      >"$1/bin/c_test"
+  fi
+  chmod +x "$1"/bin/*
+}
+
+# All pass or skip: exit 0, counts and the benchmark's JSON in the summary.
+make_bundle "$tmp/ok"
+OUT="$tmp/out_ok" STAGING_BENCH_ARGS="--sizes_mib=64 --json" \
+  "$script" "$tmp/ok" 2>"$tmp/ok.err"
+expect "all-pass exit code" test $? -eq 0
+s="$tmp/out_ok/summary.json"
+expect "ok true" grep -q '"ok": true' "$s"
+expect "a_test passed=3" grep -q '"name": "a_test", "status": "ok", "exit_code": 0, "passed": 3' "$s"
+expect "b_test skipped=2 with reason" grep -q '"skipped": 2, .*"skip_reasons": "no CUDA device"' "$s"
+expect "bench JSON embedded" grep -q '"staging_bench": {"stager_gbps": 1.5, "args": "--sizes_mib=64 --json"}' "$s"
+expect "per-test log" test -s "$tmp/out_ok/logs/a_test.log"
+expect "manifest copied" test -s "$tmp/out_ok/bundle_manifest.json"
+
+# A failing test: exit 1, ok false, the failure counted.
+make_bundle "$tmp/bad" fail
+OUT="$tmp/out_bad" "$script" "$tmp/bad" 2>/dev/null
+expect "failing exit code" test $? -eq 1
+expect "ok false" grep -q '"ok": false' "$tmp/out_bad/summary.json"
+expect "c_test failed=1" grep -q '"name": "c_test", "status": "failed", "exit_code": 1, "passed": 0, "skipped": 0, "failed": 1' "$tmp/out_bad/summary.json"
+
+# No benchmark in the bundle: a failure, not a silent pass.
+make_bundle "$tmp/nobench"
+rm "$tmp/nobench/bin/staging_bench"
+OUT="$tmp/out_nobench" "$script" "$tmp/nobench" 2>/dev/null
+expect "missing bench exit code" test $? -eq 1
+expect "bench missing" grep -q '"staging_bench_status": "missing"' "$tmp/out_nobench/summary.json"
+
+# No bundle at all: exit 2 with advice.
+OUT="$tmp/out_none" "$script" "$tmp/does-not-exist" 2>"$tmp/none.err"
+expect "missing bundle exit code" test $? -eq 2
+expect "advice names the builder" grep -q build_gpu_bundle.sh "$tmp/none.err"
+
+if ((failures > 0)); then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all checks passed"
