@@ -4,6 +4,7 @@
 #   ./dcp.sh demo [flags]      checkpoint and restore a synthetic model
 #   ./dcp.sh test [targets]    run the test suite (default: everything)
 #   ./dcp.sh bench KIND [..]   run a benchmark (dcp bench KIND)
+#   ./dcp.sh gpu-bundle        build the GPU checks for a GPU machine
 #   ./dcp.sh <subcommand> ...  run the dcp command line (inspect, verify, ...)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -68,8 +69,13 @@ case "$cmd" in
   demo | inspect | verify | launch)
     run_dcp "$cmd" "$@"
     ;;
+  gpu-bundle)
+    # Builds the GPU tests and the staging benchmark into .gpu_bundle/ for
+    # tests/gpu/run_gpu_checks.sh on a GPU machine (see tests/gpu/README.md).
+    exec tests/gpu/build_gpu_bundle.sh "$@"
+    ;;
   help | -h | --help)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     ;;
   *)
     run_dcp "$cmd" "$@"

@@ -91,7 +91,9 @@ TEST(CrashDuringOverwrite, AlwaysLeavesOneCompleteCheckpoint) {
     absl::StatusOr<uint64_t> loaded = LoadedSeed(dir, {current, seed});
     ASSERT_TRUE(loaded.ok())
         << "after a kill " << delay << "us into the save: " << loaded.status();
-    if (done) EXPECT_EQ(*loaded, seed) << "the save reported success";
+    if (done) {
+      EXPECT_EQ(*loaded, seed) << "the save reported success";
+    }
     (*loaded == seed ? finished : interrupted)++;
     current = *loaded;
   }
