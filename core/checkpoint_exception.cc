@@ -59,8 +59,7 @@ absl::Status MakeCheckpointException(
 
 std::optional<std::map<int, absl::Status>> CheckpointFailures(
     const absl::Status& status) {
-  auto payload =
-      status.GetPayload(kCheckpointFailuresPayload);
+  auto payload = status.GetPayload(kCheckpointFailuresPayload);
   if (!payload.has_value()) return std::nullopt;
   const std::string flat(*payload);
   absl::string_view in(flat);

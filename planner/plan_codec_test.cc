@@ -168,7 +168,8 @@ TEST(PlanCodecTest, LoadPlanRoundTrips) {
 
 TEST(PlanCodecTest, MetadataRoundTrips) {
   const Metadata md = SampleMetadata();
-  absl::StatusOr<Metadata> back = DecodeMetadataMessage(EncodeMetadataMessage(md));
+  absl::StatusOr<Metadata> back =
+      DecodeMetadataMessage(EncodeMetadataMessage(md));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSameMetadata(md, *back);
 }
