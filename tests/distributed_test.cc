@@ -20,6 +20,7 @@
 #include "io/fault_injection.h"
 #include "io/file_system_storage.h"
 #include "planner/default_planner.h"
+#include "planner/plan_cache.h"
 #include "tests/comm/multiprocess.h"
 #include "tests/test_util.h"
 
@@ -388,6 +389,96 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
     EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0) << "rank " << r;
   }
   EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
+}
+
+// Counts the local plans that travel as "unchanged" markers.
+class MarkerCountingPlanner final : public SavePlanner {
+ public:
+  explicit MarkerCountingPlanner(DefaultSavePlannerOptions options)
+      : inner_(std::move(options)) {}
+  absl::Status SetUp(const StateDict& sd, const StorageMeta& meta,
+                     bool coord) override {
+    return inner_.SetUp(sd, meta, coord);
+  }
+  absl::StatusOr<SavePlan> CreateLocalPlan() override {
+    absl::StatusOr<SavePlan> plan = inner_.CreateLocalPlan();
+    if (plan.ok() && IsUnchangedSavePlan(*plan)) ++markers;
+    return plan;
+  }
+  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> CreateGlobalPlan(
+      std::vector<SavePlan> plans) override {
+    return inner_.CreateGlobalPlan(std::move(plans));
+  }
+  absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override {
+    return inner_.FinishPlan(std::move(plan));
+  }
+  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
+    return inner_.ResolveData(item);
+  }
+  int markers = 0;
+
+ private:
+  DefaultSavePlanner inner_;
+};
+
+// Plan caching across real processes: the second save of an unchanged
+// layout sends markers, and a dtype change invalidates the cache; every
+// checkpoint still loads bit-exactly.
+TEST(Distributed, PlanCachingAcrossProcesses) {
+  const std::string dir = FreshTestDir("dist-cache");
+  const std::string rdv = FreshTestDir("rdv-cache");
+  ExpectAllExitedCleanly(RunRanks(
+      4,
+      [&](int rank) {
+        auto group = JoinGroup(rank, 4, rdv, absl::Seconds(30));
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        DefaultSavePlannerOptions options;
+        options.enable_plan_caching = true;
+        options.plan_cache = std::make_shared<SavePlanCache>();
+        MarkerCountingPlanner planner(options);
+        const Layout layout = SaveLayout(rank);
+        for (int64_t step : {1, 2}) {
+          FileSystemWriter writer(dir);
+          SaveOptions save;
+          save.process_group = group.get();
+          save.planner = &planner;
+          absl::Status s =
+              SaveStateDict(BuildState(layout, true, step), writer, save)
+                  .status();
+          if (int rc = Check(s.ok(), rank, "save: " + s.ToString())) return rc;
+        }
+        if (int rc = Check(planner.markers == 1, rank,
+                           absl::StrCat("markers sent: ", planner.markers))) {
+          return rc;
+        }
+        StateDict state = BuildState(layout, false, 0);
+        absl::Status s = LoadOnRank(group.get(), dir, state);
+        if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
+        const std::string problem = CheckState(state, layout, 2);
+        if (int rc = Check(problem.empty(), rank, problem)) return rc;
+        // Same names, shapes and byte sizes, another dtype (F32 -> I32): a
+        // cache that ignored dtype would reuse a plan with the wrong dtype.
+        StateDict changed = BuildState(layout, true, 3);
+        changed["model"].dict()["replicated"] =
+            Tensor::Empty(DType::kI32, {33});
+        FileSystemWriter writer(dir);
+        SaveOptions save;
+        save.process_group = group.get();
+        save.planner = &planner;
+        s = SaveStateDict(changed, writer, save).status();
+        if (int rc = Check(s.ok(), rank, "save 3: " + s.ToString())) return rc;
+        return Check(planner.markers == 1, rank,
+                     absl::StrCat("a changed plan travelled as a marker: ",
+                                  planner.markers));
+      },
+      absl::Seconds(60)));
+  FileSystemReader reader(dir);
+  ASSERT_TRUE(reader.Reset(dir).ok());
+  absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  const auto& replicated = std::get<TensorStorageMetadata>(
+      metadata->state_dict_metadata.at("model.replicated"));
+  EXPECT_EQ(replicated.properties.dtype, DType::kI32);
 }
 
 // use_collectives=false: every rank saves its own part under DIR/rank-R
