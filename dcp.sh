@@ -13,6 +13,7 @@ PACKAGES=(
   bazel-bootstrap g++ libabsl-dev liburing-dev libxxhash-dev libzstd-dev
   libprotobuf-dev protobuf-compiler libcli11-dev libgloo-dev libdlpack-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev fio
+  redis-server
 )
 
 install_missing_packages() {
