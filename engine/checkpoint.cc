@@ -254,6 +254,10 @@ comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options) {
+  // As the seed's save_state_dict: a fresh save id per save, so a writer
+  // reused for the next save never writes over the files of the checkpoint
+  // it committed before.
+  DCP_RETURN_IF_ERROR(storage_writer.Reset(""));
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
   std::unique_ptr<DefaultSavePlanner> default_planner;
@@ -301,7 +305,6 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
         "Save needs a checkpoint_id (a directory) or a storage_writer");
   }
   FileSystemWriter writer(options.checkpoint_id);
-  DCP_RETURN_IF_ERROR(writer.Reset(options.checkpoint_id));
   return SaveStateDict(state_dict, writer, options);
 }
 

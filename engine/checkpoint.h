@@ -72,6 +72,8 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 
 // The seed's save_state_dict / load_state_dict: explicit storage.
+// SaveStateDict resets the writer first (a fresh save id, same location), so
+// one writer can serve consecutive saves.
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options = {});

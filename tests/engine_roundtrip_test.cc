@@ -248,6 +248,26 @@ TEST(EngineSave, OverwriteFalseRefusesExistingCheckpoint) {
   EXPECT_EQ(ListFiles(dir), before);
 }
 
+// One writer serving two saves: the second writes new files (a fresh save
+// id) instead of writing over the committed checkpoint's, then removes them.
+TEST(EngineSave, ReusedWriterNeverWritesOverTheCommittedFiles) {
+  const std::string dir = MakeTempDir("reused-writer");
+  FileSystemWriter writer(dir);
+  StateDict first{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  StateDict second{{"a", SeededTensor(DType::kF32, {64}, 2)}};
+  ASSERT_TRUE(SaveStateDict(first, writer).ok());
+  const auto first_files = ListFiles(dir);
+  ASSERT_TRUE(SaveStateDict(second, writer).ok());
+  for (const std::string& name : ListFiles(dir)) {
+    if (name.find(".distcp") != std::string::npos) {
+      EXPECT_FALSE(first_files.count(name)) << name << " was reused";
+    }
+  }
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+  EXPECT_TRUE(loaded["a"].tensor().BytesEqual(second["a"].tensor()));
+}
+
 TEST(EngineSave, OverwriteReplacesAndRemovesOldFiles) {
   const std::string dir = MakeTempDir("overwrite");
   StateDict first{{"a", SeededTensor(DType::kF32, {64}, 1)}};
