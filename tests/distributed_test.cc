@@ -217,6 +217,21 @@ absl::Status LoadOnRank(comm::ProcessGroup* group, const std::string& dir,
   return Load(state, options);
 }
 
+// Forks `n` ranks that join a fresh Gloo group and run `body` with it.
+std::vector<RankExit> RunGroupRanks(
+    int n, const std::function<int(int, comm::ProcessGroup&)>& body,
+    absl::Duration timeout = absl::Seconds(30)) {
+  const std::string rdv = FreshTestDir("rdv");
+  return RunRanks(
+      n,
+      [&](int rank) {
+        auto group = JoinGroup(rank, n, rdv, timeout);
+        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+        return body(rank, *group);
+      },
+      absl::Seconds(60));
+}
+
 void ExpectAllExitedCleanly(const std::vector<RankExit>& exits) {
   for (size_t r = 0; r < exits.size(); ++r) {
     EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0)
@@ -227,17 +242,12 @@ void ExpectAllExitedCleanly(const std::vector<RankExit>& exits) {
 
 TEST(Distributed, SaveOnFourRanksLoadOnTwoAndThree) {
   const std::string dir = FreshTestDir("dist-ckpt");
-  const std::string rdv_save = FreshTestDir("rdv-save");
-  ExpectAllExitedCleanly(RunRanks(
-      4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv_save, absl::Seconds(30));
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
-        absl::Status s = SaveOnRank(group.get(), dir,
-                                    BuildState(SaveLayout(rank), true, 42));
+  ExpectAllExitedCleanly(
+      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
+        absl::Status s =
+            SaveOnRank(&group, dir, BuildState(SaveLayout(rank), true, 42));
         return Check(s.ok(), rank, s.ToString());
-      },
-      absl::Seconds(60)));
+      }));
 
   // Replicated items are stored once: one location each, and the stored
   // lengths add up to exactly the unique bytes.
@@ -258,65 +268,48 @@ TEST(Distributed, SaveOnFourRanksLoadOnTwoAndThree) {
   EXPECT_EQ(stored - 9 /* the encoded int "step" */, unique);
 
   for (int world : {2, 3}) {
-    const std::string rdv = FreshTestDir(absl::StrCat("rdv-load", world));
-    ExpectAllExitedCleanly(RunRanks(
-        world,
-        [&](int rank) {
-          auto group = JoinGroup(rank, world, rdv, absl::Seconds(30));
-          if (int rc = Check(group != nullptr, rank, "join")) return rc;
+    ExpectAllExitedCleanly(
+        RunGroupRanks(world, [&](int rank, comm::ProcessGroup& group) {
           const Layout layout = LoadLayout(rank, world);
           StateDict state = BuildState(layout, false, 0);
-          absl::Status s = LoadOnRank(group.get(), dir, state);
+          absl::Status s = LoadOnRank(&group, dir, state);
           if (int rc = Check(s.ok(), rank, s.ToString())) return rc;
           const std::string problem = CheckState(state, layout, 42);
           return Check(problem.empty(), rank, problem);
-        },
-        absl::Seconds(60)));
+        }));
   }
 }
 
 TEST(Distributed, FailedWriteOnRankTwoFailsEveryRankAndCommitsNothing) {
   const std::string dir = FreshTestDir("dist-fail");
   // A committed checkpoint that the failed save must leave intact.
-  const std::string rdv1 = FreshTestDir("rdv-f1");
-  ExpectAllExitedCleanly(RunRanks(
-      4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv1, absl::Seconds(30));
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+  ExpectAllExitedCleanly(
+      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
         absl::Status s =
-            SaveOnRank(group.get(), dir, BuildState(SaveLayout(rank), true, 1));
+            SaveOnRank(&group, dir, BuildState(SaveLayout(rank), true, 1));
         return Check(s.ok(), rank, s.ToString());
-      },
-      absl::Seconds(60)));
+      }));
   const std::set<std::string> before = testing::ListFiles(dir);
 
-  const std::string rdv2 = FreshTestDir("rdv-f2");
-  ExpectAllExitedCleanly(RunRanks(
-      4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv2, absl::Seconds(30));
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
-        FaultInjectionFileSystem faulty(LocalFileSystem());
-        if (rank == 2)
-          faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
-        absl::Status s = SaveOnRank(
-            group.get(), dir, BuildState(SaveLayout(rank), true, 2), &faulty);
-        if (int rc = Check(!s.ok(), rank, "save succeeded")) return rc;
-        auto failures = CheckpointFailures(s);
-        if (int rc =
-                Check(failures.has_value() && failures->count(2) == 1, rank,
-                      "no failure listed for rank 2: " + s.ToString())) {
-          return rc;
-        }
-        if (int rc = Check(s.code() == absl::StatusCode::kDataLoss, rank,
-                           "code " + s.ToString())) {
-          return rc;
-        }
-        return Check(s.message().find("rank 2") != absl::string_view::npos,
-                     rank, "message does not name rank 2: " + s.ToString());
-      },
-      absl::Seconds(60)));
+  ExpectAllExitedCleanly(RunGroupRanks(4, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    if (rank == 2) faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
+    absl::Status s =
+        SaveOnRank(&group, dir, BuildState(SaveLayout(rank), true, 2), &faulty);
+    if (int rc = Check(!s.ok(), rank, "save succeeded")) return rc;
+    auto failures = CheckpointFailures(s);
+    if (int rc = Check(failures.has_value() && failures->count(2) == 1, rank,
+                       "no failure listed for rank 2: " + s.ToString())) {
+      return rc;
+    }
+    if (int rc = Check(s.code() == absl::StatusCode::kDataLoss, rank,
+                       "code " + s.ToString())) {
+      return rc;
+    }
+    return Check(s.message().find("rank 2") != absl::string_view::npos, rank,
+                 "message does not name rank 2: " + s.ToString());
+  }));
   EXPECT_EQ(testing::ListFiles(dir), before);
   // The old checkpoint still loads bit-exactly (single process, whole).
   StateDict state = BuildState(LoadLayout(0, 1), false, 0);
@@ -324,10 +317,12 @@ TEST(Distributed, FailedWriteOnRankTwoFailsEveryRankAndCommitsNothing) {
   EXPECT_EQ(CheckState(state, LoadLayout(0, 1), 1), "");
 }
 
-// Kills its process the first time it is asked for data: a rank that dies
-// in the middle of writing.
-class DyingPlanner final : public SavePlanner {
+// Forwards every SavePlanner call to a DefaultSavePlanner; tests override
+// the one they watch.
+class ForwardingSavePlanner : public SavePlanner {
  public:
+  explicit ForwardingSavePlanner(DefaultSavePlannerOptions options = {})
+      : inner_(std::move(options)) {}
   absl::Status SetUp(const StateDict& sd, const StorageMeta& meta,
                      bool coord) override {
     return inner_.SetUp(sd, meta, coord);
@@ -343,7 +338,6 @@ class DyingPlanner final : public SavePlanner {
     return inner_.FinishPlan(std::move(plan));
   }
   absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
-    ::kill(::getpid(), SIGKILL);
     return inner_.ResolveData(item);
   }
 
@@ -351,19 +345,26 @@ class DyingPlanner final : public SavePlanner {
   DefaultSavePlanner inner_;
 };
 
+// Kills its process the first time it is asked for data: a rank that dies
+// in the middle of writing.
+class DyingPlanner final : public ForwardingSavePlanner {
+ public:
+  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
+    ::kill(::getpid(), SIGKILL);
+    return ForwardingSavePlanner::ResolveData(item);
+  }
+};
+
 TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
   const std::string dir = FreshTestDir("dist-kill");
   const absl::Duration timeout = absl::Seconds(5);
-  const std::string rdv = FreshTestDir("rdv-kill");
-  std::vector<RankExit> exits = RunRanks(
+  std::vector<RankExit> exits = RunGroupRanks(
       4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv, timeout);
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+      [&](int rank, comm::ProcessGroup& group) {
         DyingPlanner dying;
         FileSystemWriter writer(dir);
         SaveOptions options;
-        options.process_group = group.get();
+        options.process_group = &group;
         if (rank == 1) options.planner = &dying;
         const absl::Time start = absl::Now();
         absl::Status s = SaveStateDict(BuildState(SaveLayout(rank), true, 3),
@@ -383,7 +384,7 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
         return Check(took < timeout + absl::Seconds(5), rank,
                      absl::StrCat("took ", absl::FormatDuration(took)));
       },
-      absl::Seconds(60));
+      timeout);
   EXPECT_EQ(exits[1].signal, SIGKILL);
   for (int r : {0, 2, 3}) {
     EXPECT_TRUE(exits[r].exited && exits[r].exit_code == 0) << "rank " << r;
@@ -392,33 +393,15 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
 }
 
 // Counts the local plans that travel as "unchanged" markers.
-class MarkerCountingPlanner final : public SavePlanner {
+class MarkerCountingPlanner final : public ForwardingSavePlanner {
  public:
-  explicit MarkerCountingPlanner(DefaultSavePlannerOptions options)
-      : inner_(std::move(options)) {}
-  absl::Status SetUp(const StateDict& sd, const StorageMeta& meta,
-                     bool coord) override {
-    return inner_.SetUp(sd, meta, coord);
-  }
+  using ForwardingSavePlanner::ForwardingSavePlanner;
   absl::StatusOr<SavePlan> CreateLocalPlan() override {
-    absl::StatusOr<SavePlan> plan = inner_.CreateLocalPlan();
+    absl::StatusOr<SavePlan> plan = ForwardingSavePlanner::CreateLocalPlan();
     if (plan.ok() && IsUnchangedSavePlan(*plan)) ++markers;
     return plan;
   }
-  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> CreateGlobalPlan(
-      std::vector<SavePlan> plans) override {
-    return inner_.CreateGlobalPlan(std::move(plans));
-  }
-  absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override {
-    return inner_.FinishPlan(std::move(plan));
-  }
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
-    return inner_.ResolveData(item);
-  }
   int markers = 0;
-
- private:
-  DefaultSavePlanner inner_;
 };
 
 // Plan caching across real processes: the second save of an unchanged
@@ -426,52 +409,45 @@ class MarkerCountingPlanner final : public SavePlanner {
 // checkpoint still loads bit-exactly.
 TEST(Distributed, PlanCachingAcrossProcesses) {
   const std::string dir = FreshTestDir("dist-cache");
-  const std::string rdv = FreshTestDir("rdv-cache");
-  ExpectAllExitedCleanly(RunRanks(
-      4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv, absl::Seconds(30));
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
-        DefaultSavePlannerOptions options;
-        options.enable_plan_caching = true;
-        options.plan_cache = std::make_shared<SavePlanCache>();
-        MarkerCountingPlanner planner(options);
-        const Layout layout = SaveLayout(rank);
-        for (int64_t step : {1, 2}) {
-          FileSystemWriter writer(dir);
-          SaveOptions save;
-          save.process_group = group.get();
-          save.planner = &planner;
-          absl::Status s =
-              SaveStateDict(BuildState(layout, true, step), writer, save)
-                  .status();
-          if (int rc = Check(s.ok(), rank, "save: " + s.ToString())) return rc;
-        }
-        if (int rc = Check(planner.markers == 1, rank,
-                           absl::StrCat("markers sent: ", planner.markers))) {
-          return rc;
-        }
-        StateDict state = BuildState(layout, false, 0);
-        absl::Status s = LoadOnRank(group.get(), dir, state);
-        if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
-        const std::string problem = CheckState(state, layout, 2);
-        if (int rc = Check(problem.empty(), rank, problem)) return rc;
-        // Same names, shapes and byte sizes, another dtype (F32 -> I32): a
-        // cache that ignored dtype would reuse a plan with the wrong dtype.
-        StateDict changed = BuildState(layout, true, 3);
-        changed["model"].dict()["replicated"] =
-            Tensor::Empty(DType::kI32, {33});
-        FileSystemWriter writer(dir);
-        SaveOptions save;
-        save.process_group = group.get();
-        save.planner = &planner;
-        s = SaveStateDict(changed, writer, save).status();
-        if (int rc = Check(s.ok(), rank, "save 3: " + s.ToString())) return rc;
-        return Check(planner.markers == 1, rank,
-                     absl::StrCat("a changed plan travelled as a marker: ",
-                                  planner.markers));
-      },
-      absl::Seconds(60)));
+  ExpectAllExitedCleanly(RunGroupRanks(4, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    DefaultSavePlannerOptions options;
+    options.enable_plan_caching = true;
+    options.plan_cache = std::make_shared<SavePlanCache>();
+    MarkerCountingPlanner planner(options);
+    const Layout layout = SaveLayout(rank);
+    for (int64_t step : {1, 2}) {
+      FileSystemWriter writer(dir);
+      SaveOptions save;
+      save.process_group = &group;
+      save.planner = &planner;
+      absl::Status s =
+          SaveStateDict(BuildState(layout, true, step), writer, save).status();
+      if (int rc = Check(s.ok(), rank, "save: " + s.ToString())) return rc;
+    }
+    if (int rc = Check(planner.markers == 1, rank,
+                       absl::StrCat("markers sent: ", planner.markers))) {
+      return rc;
+    }
+    StateDict state = BuildState(layout, false, 0);
+    absl::Status s = LoadOnRank(&group, dir, state);
+    if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
+    const std::string problem = CheckState(state, layout, 2);
+    if (int rc = Check(problem.empty(), rank, problem)) return rc;
+    // Same names, shapes and byte sizes, another dtype (F32 -> I32): a
+    // cache that ignored dtype would reuse a plan with the wrong dtype.
+    StateDict changed = BuildState(layout, true, 3);
+    changed["model"].dict()["replicated"] = Tensor::Empty(DType::kI32, {33});
+    FileSystemWriter writer(dir);
+    SaveOptions save;
+    save.process_group = &group;
+    save.planner = &planner;
+    s = SaveStateDict(changed, writer, save).status();
+    if (int rc = Check(s.ok(), rank, "save 3: " + s.ToString())) return rc;
+    return Check(planner.markers == 1, rank,
+                 absl::StrCat("a changed plan travelled as a marker: ",
+                              planner.markers));
+  }));
   FileSystemReader reader(dir);
   ASSERT_TRUE(reader.Reset(dir).ok());
   absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
@@ -485,26 +461,21 @@ TEST(Distributed, PlanCachingAcrossProcesses) {
 // with rank-local metadata; a load on the same rank count finds it.
 TEST(Distributed, RankLocalSaveAndLoadWithoutCollectives) {
   const std::string dir = FreshTestDir("dist-local");
-  const std::string rdv = FreshTestDir("rdv-local");
-  ExpectAllExitedCleanly(RunRanks(
-      4,
-      [&](int rank) {
-        auto group = JoinGroup(rank, 4, rdv, absl::Seconds(30));
-        if (int rc = Check(group != nullptr, rank, "join")) return rc;
+  ExpectAllExitedCleanly(
+      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
         const Layout layout = SaveLayout(rank);
         SaveOptions save;
         save.checkpoint_id = dir;
-        save.process_group = group.get();
+        save.process_group = &group;
         save.use_collectives = false;
         absl::Status s = Save(BuildState(layout, true, 7), save).status();
         if (int rc = Check(s.ok(), rank, "save: " + s.ToString())) return rc;
         StateDict state = BuildState(layout, false, 0);
-        s = LoadOnRank(group.get(), dir, state);
+        s = LoadOnRank(&group, dir, state);
         if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
         const std::string problem = CheckState(state, layout, 7);
         return Check(problem.empty(), rank, problem);
-      },
-      absl::Seconds(60)));
+      }));
   EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(
