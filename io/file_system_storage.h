@@ -56,7 +56,7 @@ struct FileSystemWriterOptions {
   // and others that refuse it get buffered I/O): every write is then 4 KiB
   // aligned; unaligned tails and unaligned memory go through aligned bounce
   // chunks (at most 32 MiB in flight per file). On by default: measured
-  // faster than buffered writes plus fsync (bench/fio_compare.sh).
+  // faster than buffered writes plus fsync (`dcp bench io`).
   bool direct_io = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
