@@ -227,8 +227,9 @@ struct ChildFlags {
   int64_t size = 0;
   uint64_t seed = 1;
   std::string config;
-  int queue_depth = 0;    // 0: IoEngineOptions' default.
-  int posix_threads = 0;  // 0: IoEngineOptions' default.
+  int queue_depth = 0;       // 0: IoEngineOptions' default.
+  int posix_threads = 0;     // 0: IoEngineOptions' default.
+  int64_t max_transfer = 0;  // 0: IoEngineOptions' default.
 };
 
 int64_t PeakRssSelf() {
@@ -250,6 +251,7 @@ absl::Status RunChild(const ChildFlags& flags) {
   engine_options.mode = config.mode;
   if (flags.queue_depth > 0) engine_options.queue_depth = flags.queue_depth;
   if (flags.posix_threads > 0) engine_options.threads = flags.posix_threads;
+  if (flags.max_transfer > 0) engine_options.max_transfer = flags.max_transfer;
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine,
                        NewIoEngine(engine_options));
   if (!save) DropPageCache(flags.dir);
@@ -307,6 +309,7 @@ struct BenchFlags {
   uint64_t seed = 1;
   int queue_depth = 0;
   int posix_threads = 0;
+  std::string max_transfer = "0";
   std::string fio = "fio";
 };
 
@@ -428,7 +431,9 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
                                      "--queue-depth",
                                      absl::StrCat(flags_.queue_depth),
                                      "--posix-threads",
-                                     absl::StrCat(flags_.posix_threads)};
+                                     absl::StrCat(flags_.posix_threads),
+                                     "--max-transfer",
+                                     flags_.max_transfer};
     int64_t max_rss = 0;
     DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
     row["measurement"] = "dcp";
@@ -755,7 +760,9 @@ absl::Status Bench::Run() {
                                                : IoEngineOptions{}.queue_depth},
         {"posix_threads", flags_.posix_threads > 0 ? flags_.posix_threads
                                                    : IoEngineOptions{}.threads},
-        {"max_transfer", IoEngineOptions{}.max_transfer}}},
+        {"max_transfer", flags_.max_transfer != "0"
+                             ? flags_.max_transfer
+                             : absl::StrCat(IoEngineOptions{}.max_transfer)}}},
       {"sizes", json::array()}};
   Log(absl::StrCat("started ", NowUtc(), " in ", work_, ", load average ",
                    LoadAverage()));
@@ -810,6 +817,8 @@ int main(int argc, char** argv) {
                  "io_uring queue depth (0: the engine default)");
   app.add_option("--posix-threads", flags.posix_threads,
                  "POSIX engine threads (0: the engine default)");
+  app.add_option("--max-transfer", flags.max_transfer,
+                 "Largest single I/O, e.g. 4MiB (0: the engine default)");
   app.add_option("--fio", flags.fio, "The fio program");
   dcp::ChildFlags child;
   CLI::Option* child_opt =
@@ -826,9 +835,11 @@ int main(int argc, char** argv) {
     child.queue_depth = flags.queue_depth;
     child.posix_threads = flags.posix_threads;
     absl::StatusOr<int64_t> size = dcp::ParseSize(flags.sizes.at(0));
-    status = size.status();
+    absl::StatusOr<int64_t> max_transfer = dcp::ParseSize(flags.max_transfer);
+    status = size.ok() ? max_transfer.status() : size.status();
     if (status.ok()) {
       child.size = *size;
+      child.max_transfer = *max_transfer;
       status = dcp::RunChild(child);
     }
   } else {

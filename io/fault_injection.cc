@@ -124,6 +124,12 @@ class FaultInjectionFileSystem::FaultyFile final : public File {
 
   absl::StatusOr<int64_t> Size() override { return base_->Size(); }
 
+  // Space management passes through (no fault site of its own).
+  absl::Status Preallocate(int64_t size) override {
+    return base_->Preallocate(size);
+  }
+  absl::Status Truncate(int64_t size) override { return base_->Truncate(size); }
+
   absl::Status Close() override {
     if (closed_) return base_->Close();  // Reports the closed state.
     closed_ = true;

@@ -12,7 +12,8 @@
 //
 // Files it returns have no native descriptor (File::native_fd() is -1), so
 // I/O engines route their I/O through the wrapper's methods and every fault
-// reaches them too.
+// reaches them too. File::Preallocate and File::Truncate are forwarded
+// without a fault site.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef DCP_IO_FAULT_INJECTION_H_

@@ -85,6 +85,29 @@ class PosixFile final : public File {
     return static_cast<int64_t>(st.st_size);
   }
 
+  absl::Status Preallocate(int64_t size) override {
+    DCP_RETURN_IF_ERROR(CheckOpen("fallocate"));
+    if (size <= 0) return absl::OkStatus();
+    while (::fallocate(fd_, 0, 0, static_cast<off_t>(size)) != 0) {
+      if (errno == EINTR) continue;
+      if (errno == EOPNOTSUPP || errno == ENOSYS) return absl::OkStatus();
+      return ErrnoError(errno,
+                        absl::StrCat("fallocate ", path_, " length=", size));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Truncate(int64_t size) override {
+    DCP_RETURN_IF_ERROR(CheckOpen("ftruncate"));
+    while (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      if (errno != EINTR) {
+        return ErrnoError(errno,
+                          absl::StrCat("ftruncate ", path_, " length=", size));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Close() override {
     DCP_RETURN_IF_ERROR(CheckOpen("close"));
     int fd = std::exchange(fd_, -1);

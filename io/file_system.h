@@ -52,6 +52,17 @@ class File {
   // The current size in bytes.
   virtual absl::StatusOr<int64_t> Size() = 0;
 
+  // Reserves the file's first `size` bytes on disk and makes the file at
+  // least that long (fallocate), so that later writes below `size` neither
+  // allocate blocks nor extend the file: ext4 runs O_DIRECT writes that do
+  // one at a time, under the inode lock. A hint: OK without effect where the
+  // file system cannot (EOPNOTSUPP); kResourceExhausted when the space is not
+  // there. The default does nothing.
+  virtual absl::Status Preallocate(int64_t size) { return absl::OkStatus(); }
+
+  // Sets the file's size to `size` bytes (ftruncate).
+  virtual absl::Status Truncate(int64_t size) = 0;
+
   // Closes the file; later calls fail with kFailedPrecondition.
   virtual absl::Status Close() = 0;
 

@@ -699,3 +699,48 @@ TEST(FileSystemStorageTest, WholeChunkLoadsReadInPlaceWithoutBounce) {
 
 }  // namespace
 }  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// Data files are preallocated to their planned size; a value that resolves
+// to fewer bytes than planned must not leave reserved space behind.
+TEST(FileSystemStorageTest, DataFilesEndWhereTheirLastItemEnds) {
+  for (bool direct : {false, true}) {
+    for (int64_t overplanned : {int64_t{0}, int64_t{100000}}) {
+      const std::string dir = NewTestDir("file_end");
+      FakeSavePlanner planner;
+      planner.AddTensor("t", PatternTensor(DType::kF32, {1000}, 1));
+      planner.AddBytes("z_note", std::string(777, 'n'));  // Last in the file.
+      FileSystemWriterOptions options;
+      options.direct_io = direct;
+      FileSystemWriter writer(dir, options);
+      ASSERT_TRUE(writer.Reset("").ok());
+      ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
+      SavePlan plan = *planner.CreateLocalPlan();
+      for (WriteItem& item : plan.items) {
+        if (item.bytes_io_data.has_value()) {
+          item.bytes_io_data->nbytes += overplanned;
+        }
+      }
+      std::vector<SavePlan> plans = *writer.PrepareGlobalPlan({plan});
+      absl::StatusOr<std::vector<WriteResult>> results =
+          writer.WriteData(plans[0], planner).Wait();
+      ASSERT_TRUE(results.ok()) << results.status();
+      int64_t end = 0;
+      std::string file;
+      for (const WriteResult& r : *results) {
+        end = std::max(end, r.storage_data.offset + r.storage_data.length);
+        file = JoinPath(dir, r.storage_data.relative_path);
+      }
+      if (direct) end = (end + 4095) / 4096 * 4096;
+      struct stat st;
+      ASSERT_EQ(::stat(file.c_str(), &st), 0);
+      EXPECT_EQ(st.st_size, end)
+          << "direct=" << direct << " overplanned=" << overplanned;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dcp
