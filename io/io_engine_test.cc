@@ -1,4 +1,6 @@
-// The IoEngine conformance suite: every implementation runs the same tests.
+// The IoEngine conformance suite: every implementation runs the same tests,
+// on local files and on files of the fault-injecting wrapper (no descriptor:
+// the engines go through File methods).
 #include "io/io_engine.h"
 
 #include <signal.h>
@@ -288,7 +290,16 @@ INSTANTIATE_TEST_SUITE_P(
               return NewPosixIoEngine(o);
             }},
         EngineCase{"uring",
-                   [](IoEngineOptions o) { return NewUringIoEngine(o); }}),
+                   [](IoEngineOptions o) { return NewUringIoEngine(o); }},
+        EngineCase{
+            "posix_through_fault_wrapper",
+            [](IoEngineOptions o) -> absl::StatusOr<std::unique_ptr<IoEngine>> {
+              return NewPosixIoEngine(o);
+            },
+            /*through_fault_wrapper=*/true},
+        EngineCase{"uring_through_fault_wrapper",
+                   [](IoEngineOptions o) { return NewUringIoEngine(o); },
+                   /*through_fault_wrapper=*/true}),
     [](const ::testing::TestParamInfo<EngineCase>& info) {
       return info.param.name;
     });
