@@ -28,9 +28,9 @@
 // matching mode in the same repetition, then the median; speeds are GB/s
 // (1e9 bytes/s) over the tensor bytes.
 //
-// Prints a table, or one JSON object with --json; --out FILE keeps every raw
-// measurement as JSON lines. The exit status is non-zero when a run fails or
-// a load does not verify.
+// Prints a table (to stderr with --json, which prints one JSON object to
+// stdout); --out FILE keeps every raw measurement as JSON lines. The exit
+// status is non-zero when a run fails or a load does not verify.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -53,6 +53,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -664,64 +665,65 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
   return s;
 }
 
-void PrintTable(const json& s) {
+void PrintTable(std::FILE* out, const json& s) {
   const double state = s.value("state_bytes", 0.0);
-  std::printf(
+  std::fprintf(
+      out,
       "\n%s: %.0f bytes of tensors, median of %d repetitions (load "
       "average at their start: %s)\n",
       s.at("size").get<std::string>().c_str(), state,
       s.at("repetitions").get<int>(),
       absl::StrJoin(s.at("load_averages").get<std::vector<std::string>>(), "; ")
           .c_str());
-  std::printf("  %-34s %9s   %s\n", "fio (bs 1M)", "GB/s", "all");
+  std::fprintf(out, "  %-34s %9s   %s\n", "fio (bs 1M)", "GB/s", "all");
   for (const auto& [job, v] : s.at("fio").items()) {
     std::vector<std::string> all;
     for (double x : v.at("all_gbps")) all.push_back(absl::StrFormat("%.3f", x));
-    std::printf("  %-34s %9.3f   %s\n", job.c_str(),
-                v.at("median_gbps").get<double>(),
-                absl::StrJoin(all, " ").c_str());
+    std::fprintf(out, "  %-34s %9.3f   %s\n", job.c_str(),
+                 v.at("median_gbps").get<double>(),
+                 absl::StrJoin(all, " ").c_str());
   }
-  std::printf("  %-22s %9s %8s %9s %8s %12s %12s\n", "dcp", "save GB/s",
-              "x fio", "load GB/s", "x fio", "save RSS+", "load RSS+");
+  std::fprintf(out, "  %-22s %9s %8s %9s %8s %12s %12s\n", "dcp", "save GB/s",
+               "x fio", "load GB/s", "x fio", "save RSS+", "load RSS+");
   for (const json& c : s.at("dcp")) {
     auto field = [&](const char* phase, const char* key) {
       return c.contains(phase) ? c.at(phase).at(key).get<double>() : 0.0;
     };
-    std::printf("  %-22s %9.3f %8.2f %9.3f %8.2f %8.0f MiB %8.0f MiB\n",
-                (c.at("config").get<std::string>() +
-                 (c.at("default").get<bool>() ? " (default)" : ""))
-                    .c_str(),
-                field("save", "median_gbps"), field("save", "vs_fio_median"),
-                field("load", "median_gbps"), field("load", "vs_fio_median"),
-                field("save", "rss_over_state_bytes_max") / kMiB,
-                field("load", "rss_over_state_bytes_max") / kMiB);
+    std::fprintf(out, "  %-22s %9.3f %8.2f %9.3f %8.2f %8.0f MiB %8.0f MiB\n",
+                 (c.at("config").get<std::string>() +
+                  (c.at("default").get<bool>() ? " (default)" : ""))
+                     .c_str(),
+                 field("save", "median_gbps"), field("save", "vs_fio_median"),
+                 field("load", "median_gbps"), field("load", "vs_fio_median"),
+                 field("save", "rss_over_state_bytes_max") / kMiB,
+                 field("load", "rss_over_state_bytes_max") / kMiB);
   }
-  std::printf(
-      "  (x fio: per-repetition ratio to fio's job of the same mode, "
-      "median; RSS+: the most peak RSS above the state's size)\n");
+  std::fprintf(out,
+               "  (x fio: per-repetition ratio to fio's job of the same mode, "
+               "median; RSS+: the most peak RSS above the state's size)\n");
   if (s.contains("torch")) {
     const json& t = s.at("torch");
-    std::printf(
-        "  torch %s: save %.3f GB/s (dcp default %.2fx), load %.3f "
-        "GB/s (dcp default %.2fx); peak RSS save %.0f MiB, load %.0f "
-        "MiB\n",
-        t.at("version").get<std::string>().c_str(),
-        t.at("save").at("median_gbps").get<double>(),
-        t.at("save").at("dcp_default_vs_torch_median").get<double>(),
-        t.at("load").at("median_gbps").get<double>(),
-        t.at("load").at("dcp_default_vs_torch_median").get<double>(),
-        t.at("save").at("peak_rss_bytes_median").get<double>() / kMiB,
-        t.at("load").at("peak_rss_bytes_median").get<double>() / kMiB);
+    std::fprintf(out,
+                 "  torch %s: save %.3f GB/s (dcp default %.2fx), load %.3f "
+                 "GB/s (dcp default %.2fx); peak RSS save %.0f MiB, load %.0f "
+                 "MiB\n",
+                 t.at("version").get<std::string>().c_str(),
+                 t.at("save").at("median_gbps").get<double>(),
+                 t.at("save").at("dcp_default_vs_torch_median").get<double>(),
+                 t.at("load").at("median_gbps").get<double>(),
+                 t.at("load").at("dcp_default_vs_torch_median").get<double>(),
+                 t.at("save").at("peak_rss_bytes_median").get<double>() / kMiB,
+                 t.at("load").at("peak_rss_bytes_median").get<double>() / kMiB);
   }
   for (const json& c : s.at("checks")) {
     const std::string what = c.at("check");
     const bool rss = what.find("RSS") != std::string::npos;
     const double scale = rss ? kMiB : 1;
-    std::printf("  %s %s: %.2f%s (bar %s %.2f%s)\n",
-                c.at("pass").get<bool>() ? "PASS" : "FAIL", what.c_str(),
-                c.at("value").get<double>() / scale, rss ? " MiB" : "x",
-                rss ? "<=" : ">=", c.at("bar").get<double>() / scale,
-                rss ? " MiB" : "x");
+    std::fprintf(out, "  %s %s: %.2f%s (bar %s %.2f%s)\n",
+                 c.at("pass").get<bool>() ? "PASS" : "FAIL", what.c_str(),
+                 c.at("value").get<double>() / scale, rss ? " MiB" : "x",
+                 rss ? "<=" : ">=", c.at("bar").get<double>() / scale,
+                 rss ? " MiB" : "x");
   }
 }
 
@@ -764,8 +766,20 @@ absl::Status Bench::Run() {
                              ? flags_.max_transfer
                              : absl::StrCat(IoEngineOptions{}.max_transfer)}}},
       {"sizes", json::array()}};
+  // Which source tree this binary came from (through its runfiles).
+  const std::string root =
+      fs::path(BenchFile("torch_env.sh")).parent_path().parent_path().string();
+  absl::StatusOr<ChildRun> commit =
+      dcp::Run({"git", "-C", root, "rev-parse", "--short", "HEAD"});
+  absl::StatusOr<ChildRun> dirty = dcp::Run(
+      {"git", "-C", root, "status", "--porcelain", "--untracked-files=no"});
+  if (commit.ok() && commit->exit_code == 0) {
+    report["commit"] = std::string(absl::StripAsciiWhitespace(commit->out));
+    report["tree_modified"] = dirty.ok() && !dirty->out.empty();
+  }
+  report["load_average_start"] = LoadAverage();
   Log(absl::StrCat("started ", NowUtc(), " in ", work_, ", load average ",
-                   LoadAverage()));
+                   LoadAverage(), ", commit ", report.value("commit", "?")));
   absl::Status status;
   for (const auto& [text, size] : sizes) {
     status = RunSize(text, size, report);
@@ -775,15 +789,14 @@ absl::Status Bench::Run() {
   DCP_RETURN_IF_ERROR(status);
   report["finished"] = NowUtc();
   report["load_average_end"] = LoadAverage();
-  if (flags_.json) {
-    std::printf("%s\n", report.dump().c_str());
-  } else {
-    std::printf("dcp bench io, %s - %s, dir %s\n",
-                report.at("started").get<std::string>().c_str(),
-                report.at("finished").get<std::string>().c_str(),
-                flags_.dir.c_str());
-    for (const json& s : report.at("sizes")) PrintTable(s);
-  }
+  // The table goes to stdout, or to stderr when stdout takes the JSON.
+  std::FILE* table = flags_.json ? stderr : stdout;
+  std::fprintf(table, "dcp bench io, %s - %s, dir %s\n",
+               report.at("started").get<std::string>().c_str(),
+               report.at("finished").get<std::string>().c_str(),
+               flags_.dir.c_str());
+  for (const json& s : report.at("sizes")) PrintTable(table, s);
+  if (flags_.json) std::printf("%s\n", report.dump().c_str());
   return absl::OkStatus();
 }
 
