@@ -228,9 +228,10 @@ struct ChildFlags {
   int64_t size = 0;
   uint64_t seed = 1;
   std::string config;
-  int queue_depth = 0;       // 0: IoEngineOptions' default.
-  int posix_threads = 0;     // 0: IoEngineOptions' default.
-  int64_t max_transfer = 0;  // 0: IoEngineOptions' default.
+  int queue_depth = 0;            // 0: IoEngineOptions' default.
+  int posix_threads = 0;          // 0: IoEngineOptions' default.
+  int64_t max_transfer = 0;       // 0: IoEngineOptions' default.
+  int64_t max_buffered_read = 0;  // 0: IoEngineOptions' default.
 };
 
 int64_t PeakRssSelf() {
@@ -253,6 +254,9 @@ absl::Status RunChild(const ChildFlags& flags) {
   if (flags.queue_depth > 0) engine_options.queue_depth = flags.queue_depth;
   if (flags.posix_threads > 0) engine_options.threads = flags.posix_threads;
   if (flags.max_transfer > 0) engine_options.max_transfer = flags.max_transfer;
+  if (flags.max_buffered_read > 0) {
+    engine_options.max_buffered_read = flags.max_buffered_read;
+  }
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine,
                        NewIoEngine(engine_options));
   if (!save) DropPageCache(flags.dir);
@@ -311,6 +315,7 @@ struct BenchFlags {
   int queue_depth = 0;
   int posix_threads = 0;
   std::string max_transfer = "0";
+  std::string max_buffered_read = "0";
   std::string fio = "fio";
 };
 
@@ -434,7 +439,9 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
                                      "--posix-threads",
                                      absl::StrCat(flags_.posix_threads),
                                      "--max-transfer",
-                                     flags_.max_transfer};
+                                     flags_.max_transfer,
+                                     "--max-buffered-read",
+                                     flags_.max_buffered_read};
     int64_t max_rss = 0;
     DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
     row["measurement"] = "dcp";
@@ -764,7 +771,11 @@ absl::Status Bench::Run() {
                                                    : IoEngineOptions{}.threads},
         {"max_transfer", flags_.max_transfer != "0"
                              ? flags_.max_transfer
-                             : absl::StrCat(IoEngineOptions{}.max_transfer)}}},
+                             : absl::StrCat(IoEngineOptions{}.max_transfer)},
+        {"max_buffered_read",
+         flags_.max_buffered_read != "0"
+             ? flags_.max_buffered_read
+             : absl::StrCat(IoEngineOptions{}.max_buffered_read)}}},
       {"sizes", json::array()}};
   // Which source tree this binary came from (through its runfiles).
   const std::string root =
@@ -830,6 +841,9 @@ int main(int argc, char** argv) {
                  "io_uring queue depth (0: the engine default)");
   app.add_option("--posix-threads", flags.posix_threads,
                  "POSIX engine threads (0: the engine default)");
+  app.add_option("--max-buffered-read", flags.max_buffered_read,
+                 "Largest single read of a buffered file, e.g. 1MiB (0: the "
+                 "engine default)");
   app.add_option("--max-transfer", flags.max_transfer,
                  "Largest single I/O, e.g. 4MiB (0: the engine default)");
   app.add_option("--fio", flags.fio, "The fio program");
@@ -849,10 +863,15 @@ int main(int argc, char** argv) {
     child.posix_threads = flags.posix_threads;
     absl::StatusOr<int64_t> size = dcp::ParseSize(flags.sizes.at(0));
     absl::StatusOr<int64_t> max_transfer = dcp::ParseSize(flags.max_transfer);
-    status = size.ok() ? max_transfer.status() : size.status();
+    absl::StatusOr<int64_t> max_buffered_read =
+        dcp::ParseSize(flags.max_buffered_read);
+    status = !size.ok()           ? size.status()
+             : !max_transfer.ok() ? max_transfer.status()
+                                  : max_buffered_read.status();
     if (status.ok()) {
       child.size = *size;
       child.max_transfer = *max_transfer;
+      child.max_buffered_read = *max_buffered_read;
       status = dcp::RunChild(child);
     }
   } else {

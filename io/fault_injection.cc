@@ -129,6 +129,7 @@ class FaultInjectionFileSystem::FaultyFile final : public File {
     return base_->Preallocate(size);
   }
   absl::Status Truncate(int64_t size) override { return base_->Truncate(size); }
+  bool direct() const override { return base_->direct(); }
 
   absl::Status Close() override {
     if (closed_) return base_->Close();  // Reports the closed state.

@@ -18,13 +18,17 @@ namespace {
 
 class PosixFile final : public File {
  public:
-  PosixFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  PosixFile(int fd, std::string path)
+      : fd_(fd),
+        path_(std::move(path)),
+        direct_((::fcntl(fd, F_GETFL) & O_DIRECT) != 0) {}
   ~PosixFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
 
   const std::string& path() const override { return path_; }
   int native_fd() const override { return fd_; }
+  bool direct() const override { return direct_; }
 
   absl::Status PWrite(int64_t offset,
                       absl::Span<const std::byte> data) override {
@@ -127,6 +131,7 @@ class PosixFile final : public File {
 
   int fd_;
   std::string path_;
+  bool direct_;
 };
 
 // open(2) with O_DIRECT where asked and supported (tmpfs refuses it with

@@ -69,6 +69,10 @@ class File {
   // The operating-system descriptor I/O engines may use directly, or -1 when
   // I/O must go through the virtual methods (a wrapper that injects faults).
   virtual int native_fd() const { return -1; }
+
+  // Whether I/O bypasses the page cache (opened with O_DIRECT and the file
+  // system took it): engines size reads by it.
+  virtual bool direct() const { return false; }
 };
 
 struct OpenOptions {

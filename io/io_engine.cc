@@ -102,24 +102,37 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
         parts.push_back(make_part(0, nullptr, 0));
       } else {
         std::shared_ptr<Part> held(make_part(0, nullptr, 0).release());
-        WhenAll(before).OnReady([this, held](const absl::Status&) {
+        WhenAll(before).OnReady([this, held](const absl::Status& writes) {
+          auto fsync = std::make_unique<Part>(std::move(*held));
+          if (!writes.ok()) {
+            // Not issued: it would make a file with a hole durable.
+            absl::Status aborted = absl::AbortedError(absl::StrCat(
+                PartContext(*fsync),
+                " not issued: an earlier write to the file failed: ",
+                writes.message()));
+            CompletePart(std::move(fsync), std::move(aborted));
+            return;
+          }
           std::vector<std::unique_ptr<Part>> one;
-          one.push_back(std::make_unique<Part>(std::move(*held)));
+          one.push_back(std::move(fsync));
           StartParts(std::move(one));
         });
       }
       continue;
     }
+    // Buffered reads in large parts (read-ahead), the rest in max_transfer.
+    const size_t max =
+        request.op == IoRequest::Op::kRead && !request.file->direct()
+            ? max_buffered_read_
+            : max_transfer_;
     const size_t count =
-        request.length == 0
-            ? 1
-            : (request.length + max_transfer_ - 1) / max_transfer_;
+        request.length == 0 ? 1 : (request.length + max - 1) / max;
     state->parts_left = count;
     for (size_t i = 0; i < count; ++i) {
-      const size_t start = i * max_transfer_;
-      parts.push_back(make_part(
-          request.offset + static_cast<int64_t>(start), request.data + start,
-          std::min(max_transfer_, request.length - start)));
+      const size_t start = i * max;
+      parts.push_back(make_part(request.offset + static_cast<int64_t>(start),
+                                request.data + start,
+                                std::min(max, request.length - start)));
     }
     if (request.op == IoRequest::Op::kWrite) {
       absl::MutexLock lock(&mu_);
@@ -185,8 +198,7 @@ namespace {
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options.max_transfer),
-        pool_(std::max(1, options.threads)) {}
+      : IoEngineBase(options), pool_(std::max(1, options.threads)) {}
   ~PosixIoEngine() override { WaitIdle(); }
 
   absl::string_view name() const override { return "posix"; }

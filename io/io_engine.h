@@ -129,6 +129,11 @@ struct IoEngineOptions {
   // Largest single transfer: bigger requests are split (keeps many I/Os in
   // flight and bounds each syscall).
   size_t max_transfer = size_t{1} << 20;
+  // Largest single read of a file without O_DIRECT (File::direct() false):
+  // a cold buffered read of 8 MiB lets the kernel read ahead in large I/Os,
+  // where parallel 1 MiB reads defeat its read-ahead (measured 2-3x faster
+  // at 4 GiB). O_DIRECT reads keep `max_transfer`.
+  size_t max_buffered_read = size_t{8} << 20;
 };
 
 // Creates the engine `options.mode` asks for. kAuto falls back to POSIX when

@@ -57,6 +57,23 @@ std::vector<std::byte> ReadWhole(const std::string& path) {
   return out;
 }
 
+// Sets RLIMIT_FSIZE for its lifetime: the kernel then writes files only up
+// to `bytes` (a short write) and fails writes past it with EFBIG.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    EXPECT_EQ(::getrlimit(RLIMIT_FSIZE, &old_), 0);
+    struct rlimit limit = old_;
+    limit.rlim_cur = bytes;
+    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  }
+  ~FileSizeLimit() { EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &old_), 0); }
+
+ private:
+  struct rlimit old_;
+};
+
 class IoEngineConformanceTest : public ::testing::TestWithParam<EngineCase> {
  protected:
   void SetUp() override {
@@ -133,6 +150,37 @@ TEST_P(IoEngineConformanceTest, WritesSplitReadsAndFsyncsAcrossFiles) {
   }
 }
 
+TEST_P(IoEngineConformanceTest, BufferedReadsInTheirOwnPartSizeAreExact) {
+  IoEngineOptions options;
+  options.max_transfer = 4096;
+  options.max_buffered_read = 12288 + 512;  // Parts not block multiples.
+  std::unique_ptr<IoEngine> engine = Make(options);
+  ASSERT_NE(engine, nullptr);
+  const std::string path = TestPath("buffered_read");
+  std::vector<std::byte> data = Pattern(50001, 4);
+  {
+    std::unique_ptr<File> file = *fs().OpenForWrite(path);
+    ASSERT_TRUE(SubmitAndWait(
+                    *engine,
+                    {IoRequest::Write(file.get(), 0, data.data(), data.size())})
+                    .ok());
+    ASSERT_TRUE(file->Close().ok());
+  }
+  std::unique_ptr<File> reader = *fs().OpenForRead(path);
+  ASSERT_FALSE(reader->direct());
+  for (int64_t offset : {int64_t{0}, int64_t{777}}) {
+    std::vector<std::byte> back(data.size() + 9000, std::byte{0x5a});
+    std::vector<size_t> transferred;
+    ASSERT_TRUE(SubmitAndWait(*engine,
+                              {IoRequest::Read(reader.get(), offset,
+                                               back.data(), back.size())},
+                              &transferred)
+                    .ok());
+    ASSERT_EQ(transferred[0], data.size() - offset);
+    EXPECT_TRUE(std::equal(data.begin() + offset, data.end(), back.begin()));
+  }
+}
+
 TEST_P(IoEngineConformanceTest, FsyncCompletesAfterEarlierWritesToItsFile) {
   IoEngineOptions options;
   options.max_transfer = 1 << 12;
@@ -203,22 +251,42 @@ TEST_P(IoEngineConformanceTest, ShortWriteIsResubmittedForTheRemainder) {
   const std::string path = TestPath("short");
   std::unique_ptr<File> file = *fs().OpenForWrite(path);
   std::vector<std::byte> data = Pattern(20000, 9);
-  struct rlimit old_limit;
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
-  ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit limit = old_limit;
-  limit.rlim_cur = 12288;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
-  std::vector<Future<size_t>> futures = engine->Submit(
-      {IoRequest::Write(file.get(), 0, data.data(), data.size())});
-  absl::StatusOr<size_t> result = futures[0].Wait();
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  absl::StatusOr<size_t> result = [&] {
+    FileSizeLimit limit(12288);
+    return engine
+        ->Submit({IoRequest::Write(file.get(), 0, data.data(), data.size())})
+        .at(0)
+        .Wait();
+  }();
   ASSERT_FALSE(result.ok());
   EXPECT_THAT(result.status().message(), HasSubstr("offset=12288"));
   ASSERT_TRUE(file->Close().ok());
   std::vector<std::byte> written = ReadWhole(path);
   ASSERT_EQ(written.size(), 12288u);
   EXPECT_TRUE(std::equal(written.begin(), written.end(), data.begin()));
+}
+
+TEST_P(IoEngineConformanceTest, FsyncAfterAFailedWriteIsAbortedNotIssued) {
+  std::unique_ptr<IoEngine> engine = Make();
+  ASSERT_NE(engine, nullptr);
+  const std::string path = TestPath("aborted_fsync");
+  std::unique_ptr<File> file = *fs().OpenForWrite(path);
+  std::vector<std::byte> data = Pattern(20000, 6);
+  std::vector<Future<size_t>> futures;
+  {
+    FileSizeLimit limit(8192);  // The write past it fails with EFBIG.
+    futures = engine->Submit(
+        {IoRequest::Write(file.get(), 0, data.data(), data.size()),
+         IoRequest::Fsync(file.get())});
+    for (const Future<size_t>& f : futures) f.Wait();
+  }
+  const absl::StatusOr<size_t>& write = futures[0].Wait();
+  const absl::StatusOr<size_t>& fsync = futures[1].Wait();
+  ASSERT_FALSE(write.ok());
+  EXPECT_EQ(fsync.status().code(), absl::StatusCode::kAborted)
+      << fsync.status();
+  EXPECT_THAT(fsync.status().message(),
+              testing::AllOf(HasSubstr("fsync"), HasSubstr(path)));
 }
 
 TEST_P(IoEngineConformanceTest,

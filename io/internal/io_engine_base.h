@@ -57,8 +57,12 @@ absl::StatusOr<size_t> RunPartWithFile(const Part& part);
 
 class IoEngineBase : public IoEngine {
  public:
-  explicit IoEngineBase(size_t max_transfer)
-      : max_transfer_(max_transfer == 0 ? size_t{1} << 20 : max_transfer) {}
+  explicit IoEngineBase(const IoEngineOptions& options)
+      : max_transfer_(options.max_transfer == 0 ? size_t{1} << 20
+                                                : options.max_transfer),
+        max_buffered_read_(options.max_buffered_read == 0
+                               ? max_transfer_
+                               : options.max_buffered_read) {}
 
   std::vector<Future<size_t>> Submit(absl::Span<const IoRequest> batch) final;
 
@@ -76,6 +80,7 @@ class IoEngineBase : public IoEngine {
 
  private:
   const size_t max_transfer_;
+  const size_t max_buffered_read_;
   absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Writes not yet known complete, per file (pruned as they complete).
