@@ -18,6 +18,7 @@
 #include "io/box_copy.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
+#include "staging/device_staging.h"
 
 namespace dcp {
 namespace {
@@ -76,6 +77,39 @@ bool IsReplaceableName(absl::string_view name) {
           absl::EndsWith(name, kDataFileSuffix)) ||
          absl::StartsWith(name, kTempMetadataPrefix);
 }
+
+// Block checksums of bytes that arrive in pieces (staged device tensors):
+// the same values as BlockChecksums of the whole.
+class BlockChecksummer {
+ public:
+  explicit BlockChecksummer(int64_t block_size) : block_size_(block_size) {}
+
+  void Update(const std::byte* data, int64_t length) {
+    while (length > 0) {
+      const int64_t take = std::min(length, block_size_ - filled_);
+      block_.Update(data, take);
+      filled_ += take;
+      data += take;
+      length -= take;
+      if (filled_ == block_size_) {
+        sums_.push_back(block_.Digest());
+        block_ = StreamingChecksum();
+        filled_ = 0;
+      }
+    }
+  }
+  std::vector<uint64_t> Finish() {
+    if (filled_ > 0) sums_.push_back(block_.Digest());
+    filled_ = 0;
+    return std::move(sums_);
+  }
+
+ private:
+  const int64_t block_size_;
+  StreamingChecksum block_;
+  int64_t filled_ = 0;
+  std::vector<uint64_t> sums_;
+};
 
 std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
                                      int64_t block_size) {
@@ -153,7 +187,48 @@ FileSystemWriter::FileSystemWriter(std::string path,
   }
 }
 
-FileSystemWriter::~FileSystemWriter() = default;
+FileSystemWriter::~FileSystemWriter() {
+  absl::MutexLock lock(&mu_);
+  // The engine must not keep the pool's pages registered once it is gone.
+  if (staging_registered_) engine_->RegisterBuffers({}).IgnoreError();
+}
+
+absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
+  absl::MutexLock lock(&mu_);
+  DeviceStaging* staging = options_.device_staging;
+  if (staging == nullptr) {
+    if (owned_staging_ == nullptr) {
+      DeviceStagingOptions staging_options;
+      const size_t per_thread =
+          AlignUp(std::max<int64_t>(
+                      options_.per_thread_copy_ahead,
+                      2 * static_cast<int64_t>(staging_options.chunk_bytes)),
+                  staging_options.chunk_bytes);
+      staging_options.pool_bytes = per_thread * options_.thread_count;
+      owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+    }
+    staging = owned_staging_.get();
+  }
+  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging->Pool());
+  if (owned_engine_ != nullptr && !staging_registered_) {
+    // Fixed buffers spare the kernel mapping each chunk per I/O. An engine
+    // that cannot register them still writes from the chunks.
+    staging_registered_ = true;
+    absl::Status registered = engine_->RegisterBuffers(pool->Regions());
+    if (!registered.ok()) {
+      staging_registered_ = false;
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        std::fprintf(stderr,
+                     "dcp: staging pool not registered with %s (%s); "
+                     "writing without fixed buffers\n",
+                     std::string(engine_->name()).c_str(),
+                     registered.ToString().c_str());
+      }
+    }
+  }
+  return staging;
+}
 
 absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
@@ -272,6 +347,9 @@ absl::Status FileSystemWriter::WriteFile(
     future_item.push_back(item);
   };
 
+  // Device tensors: (view, item position), their layout fixed in the loop.
+  std::vector<PipelineItem> device_items;
+
   absl::Status status;
   int64_t offset = 0;
   for (size_t i = 0; i < items.size() && !failed->load(); ++i) {
@@ -286,12 +364,12 @@ absl::Status FileSystemWriter::WriteFile(
     held.push_back(*std::move(resolved));
     const std::byte* bytes;
     int64_t length;
+    bool on_device = false;
     if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
-      if (!tensor->device().is_cpu() || !tensor->view().is_contiguous()) {
+      if (!tensor->view().is_contiguous()) {
         status = absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": tensor ", item.index.ToString(), " is ",
-            tensor->device().is_cpu() ? "not contiguous" : "in device memory",
-            "; the file writer takes contiguous host tensors (stage first)"));
+            "rank ", rank_, ": tensor ", item.index.ToString(),
+            " is not contiguous; the file writer takes contiguous tensors"));
         break;
       }
       bytes = static_cast<const std::byte*>(tensor->data());
@@ -303,6 +381,7 @@ absl::Status FileSystemWriter::WriteFile(
         break;
       }
       offset = AlignUp(offset, kPayloadAlignment);
+      on_device = !tensor->device().is_cpu();
     } else {
       const std::string& value = std::get<std::string>(held.back());
       bytes = reinterpret_cast<const std::byte*>(value.data());
@@ -316,6 +395,13 @@ absl::Status FileSystemWriter::WriteFile(
     result.storage_data.relative_path = relative_path;
     result.storage_data.offset = offset;
     result.storage_data.length = length;
+    if (on_device) {
+      // Staged once the host items are in flight (below).
+      device_items.push_back(
+          {std::get<Tensor>(held.back()).view(), i, item.index.ToString()});
+      offset += length;
+      continue;
+    }
     result.storage_data.block_checksums =
         BlockChecksums(bytes, length, options_.checksum_block_size);
     if (!options_.direct_io) {
@@ -349,6 +435,56 @@ absl::Status FileSystemWriter::WriteFile(
       }
     }
     offset += length;
+  }
+  if (status.ok() && !device_items.empty() && !failed->load()) {
+    // Each device tensor is copied piece by piece into pinned pool chunks;
+    // a piece is written straight from its chunk (4 KiB aligned: O_DIRECT
+    // needs no bounce; the last piece is zero-padded to a whole block) while
+    // the next is copied, and the chunk returns to the pool when its write
+    // completes. The pool bounds the memory, whatever the tensors' size.
+    absl::StatusOr<DeviceStaging*> staging = Staging();
+    if (!staging.ok()) {
+      status = Annotate(staging.status(), absl::StrCat("rank ", rank_));
+    } else {
+      std::optional<BlockChecksummer> checksums;
+      status = (*staging)->Stage(
+          device_items, [&](StagedPiece piece) -> absl::Status {
+            if (failed->load()) {
+              return absl::AbortedError("an earlier write of this file failed");
+            }
+            const size_t i = piece.destination;
+            if (piece.offset == 0)
+              checksums.emplace(options_.checksum_block_size);
+            checksums->Update(piece.chunk.data(),
+                              static_cast<int64_t>(piece.length));
+            if (piece.length > 0) {
+              size_t length = piece.length;
+              if (options_.direct_io) {
+                length = AlignUp(length, kPayloadAlignment);
+                std::memset(piece.chunk.data() + piece.length, 0,
+                            length - piece.length);
+              }
+              auto lease =
+                  std::make_shared<PinnedChunk>(std::move(piece.chunk));
+              submit(i, results[i]->storage_data.offset + piece.offset,
+                     lease->data(), length);
+              futures.back().OnReady(
+                  [lease](const absl::StatusOr<size_t>&) { lease->Release(); });
+            }
+            if (piece.last) {
+              results[i]->storage_data.block_checksums = checksums->Finish();
+            }
+            return absl::OkStatus();
+          });
+      // A failed write stopped the pipeline: its own error (ENOSPC, EIO)
+      // is reported below with the others.
+      if (!status.ok() && failed->load()) status = absl::OkStatus();
+      if (!status.ok()) {
+        status = Annotate(status, absl::StrCat("rank ", rank_, ": staging ",
+                                               device_items.size(),
+                                               " device tensor(s) of ", path));
+      }
+    }
   }
   if (status.ok() && options_.sync_files && !failed->load()) {
     futures.push_back(engine_->Submit({IoRequest::Fsync(file.get())})[0]);

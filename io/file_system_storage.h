@@ -30,6 +30,8 @@
 
 namespace dcp {
 
+class DeviceStaging;  // staging/device_staging.h
+
 // The seed's FileSystemWriter keyword arguments.
 struct FileSystemWriterOptions {
   // One data file per rank and writer thread (true) or one per item.
@@ -39,8 +41,12 @@ struct FileSystemWriterOptions {
   bool sync_files = true;
   // Data files written in parallel per rank (items are balanced by bytes).
   int thread_count = 1;
-  // Bytes of device data staged ahead of the writer per thread (used by the
-  // staging layer; the CPU write path writes straight from tensor memory).
+  // Bytes of device data copied ahead of the writer per thread: device
+  // tensors are copied into pinned chunks of a bounded pool (see
+  // device_staging) and each chunk is written while the next is copied. The
+  // pool the writer creates holds thread_count x this, rounded up to whole
+  // 8 MiB chunks and at least two per thread. CPU tensors are written
+  // straight from their memory.
   int64_t per_thread_copy_ahead = 10000000;
   // Keep staged host copies between saves (staging layer).
   bool cache_staged_state_dict = false;
@@ -62,6 +68,13 @@ struct FileSystemWriterOptions {
   // owned; must outlive the writer.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
+  // Copies device tensors to host (runtime and pinned pool). nullptr: the
+  // writer creates one on its first device tensor, with the auto device
+  // runtime and the pool size above, and registers the pool with its own
+  // I/O engine as fixed buffers. Pass one to use a runtime of your own (the
+  // device tensors must belong to it) or to share a pool between writers.
+  // Not owned; must outlive the writer.
+  DeviceStaging* device_staging = nullptr;
 };
 
 class FileSystemWriter final : public StorageWriter {
@@ -110,6 +123,10 @@ class FileSystemWriter final : public StorageWriter {
                          SavePlanner& planner,
                          std::vector<WriteResult*>& results);
   void RecordCreated(const std::string& path);
+  // The staging for device tensors (options_.device_staging or one of the
+  // writer's own, created on first use; its pool registered with an owned
+  // engine).
+  absl::StatusOr<DeviceStaging*> Staging();
 
   std::string path_;
   FileSystemWriterOptions options_;
@@ -128,6 +145,8 @@ class FileSystemWriter final : public StorageWriter {
 
   absl::Mutex mu_;
   std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
+  bool staging_registered_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 struct FileSystemReaderOptions {
