@@ -64,8 +64,10 @@ absl::StatusOr<double> MedianSeconds(int reps, Fn fn) {
 }
 
 // Median time to staging_completion of AsyncSaves each issued right after
-// the previous one's staging completed, while its upload still runs. The
-// first two saves warm up (the second is the first to overlap).
+// the previous one's staging completed, while its upload still runs (the
+// one before that has finished: at most one upload in flight, as in a loop
+// that saves every few steps). The first two saves warm up (the second is
+// the first to overlap).
 absl::StatusOr<double> OverlappingStall(AsyncCheckpointer& checkpointer,
                                         const StateDict& state,
                                         const AsyncSaveOptions& options,
@@ -73,6 +75,9 @@ absl::StatusOr<double> OverlappingStall(AsyncCheckpointer& checkpointer,
   std::vector<double> stalls;
   std::vector<Future<Metadata>> uploads;
   for (int r = 0; r < reps + 2; ++r) {
+    if (r >= 2 && !uploads[r - 2].Wait().ok()) {
+      return uploads[r - 2].Wait().status();
+    }
     const Clock::time_point start = Clock::now();
     AsyncSaveResponse response = checkpointer.AsyncSave(state, options);
     absl::Status staged = response.staging_completion.Wait();

@@ -1,8 +1,10 @@
 // Saving device tensors through the FileSystemWriter: every device tensor is
 // copied piece by piece into a bounded pinned pool (staging/device_staging.h)
-// and written from there. Runs on the host-memory runtime, so "device"
-// memory is host memory allocated by that runtime, and the copies run on its
-// stream workers like CUDA copies would.
+// and written from there. The device_save_test target runs on the
+// host-memory runtime ("device" memory is host memory allocated by that
+// runtime; copies run on its stream workers like CUDA copies would); the
+// device_save_gpu_test target (DCP_DEVICE_SAVE_ON_CUDA) runs the same tests
+// on a real GPU and skips without one.
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -100,7 +102,18 @@ class DeviceSaveTest : public ::testing::TestWithParam<Case> {
   }
 
   void SetUpStaging(HostRuntimeOptions runtime_options = {}) {
+#ifdef DCP_DEVICE_SAVE_ON_CUDA
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    if (runtime_options.copy_fault) {
+      GTEST_SKIP() << "copy faults are injected by the host runtime only";
+    }
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> cuda =
+        CreateDeviceRuntime(DeviceRuntimeMode::kCuda);
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    runtime_ = *std::move(cuda);
+#else
     runtime_ = CreateHostRuntime(std::move(runtime_options));
+#endif
     DeviceStagingOptions options;
     options.chunk_bytes = kChunk;
     options.pool_bytes = 2 * kChunk;  // Far smaller than the state.
@@ -115,6 +128,7 @@ class DeviceSaveTest : public ::testing::TestWithParam<Case> {
 
 TEST_P(DeviceSaveTest, DeviceTensorsRoundTripThroughABoundedPool) {
   SetUpStaging();
+  if (IsSkipped()) return;
   MakeState();
   const std::string dir = MakeTempDir("device_save");
   FileSystemWriter writer(dir, WriterOptions());
@@ -138,6 +152,7 @@ TEST_P(DeviceSaveTest, DeviceTensorsRoundTripThroughABoundedPool) {
 
 TEST_P(DeviceSaveTest, ASecondSaveReusesThePoolAndReplacesTheFirst) {
   SetUpStaging();
+  if (IsSkipped()) return;
   MakeState();
   const std::string dir = MakeTempDir("device_resave");
   FileSystemWriter writer(dir, WriterOptions());
@@ -167,6 +182,7 @@ TEST_P(DeviceSaveTest, AFailedCopyFailsTheSaveNamingTheTensorAndLeavesNoFiles) {
     return absl::OkStatus();
   };
   SetUpStaging(std::move(faults));
+  if (IsSkipped()) return;
   MakeState();
   faulty = static_cast<const std::byte*>(
                device_.at("model").dict().at("big").tensor().data()) +

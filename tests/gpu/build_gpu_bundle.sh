@@ -20,6 +20,7 @@ bundle="${1:-.gpu_bundle}"
 targets=(
   //cuda:cuda_runtime_gpu_test
   //staging:staging_gpu_test
+  //tests:device_save_gpu_test
   //comm:nccl_process_group_test
   //tests/comm:nccl_rendezvous_test
   //bench:staging_bench
