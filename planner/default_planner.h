@@ -179,8 +179,9 @@ class DefaultLoadPlanner : public LoadPlanner {
   StateDict* state_dict_ = nullptr;
   const Metadata* metadata_ = nullptr;
   bool is_coordinator_ = false;
-  // Filled by CreateLocalPlan, read-only afterwards.
-  absl::flat_hash_map<MetadataIndex, TensorView> destinations_;
+  // Filled by CreateLocalPlan, read-only afterwards. Both point into
+  // *state_dict_ (LoadBytes assigns values, which moves no other leaf).
+  absl::flat_hash_map<MetadataIndex, const TensorView*> destinations_;
   absl::flat_hash_map<std::string, StateValue*> value_destinations_;
 };
 
