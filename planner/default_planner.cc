@@ -1,6 +1,8 @@
 #include "planner/default_planner.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -175,6 +177,24 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
 
 absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
 DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
+  DCP_ASSIGN_OR_RETURN(GlobalResult global,
+                       BuildGlobal(std::move(local_plans)));
+  // Metadata the cache holds is copied; a new one is handed over.
+  Metadata metadata =
+      global.cached ? *global.metadata : std::move(*global.metadata);
+  return std::make_pair(std::move(global.plans), std::move(metadata));
+}
+
+absl::StatusOr<SharedGlobalSavePlan> DefaultSavePlanner::CreateSharedGlobalPlan(
+    std::vector<SavePlan> local_plans) {
+  DCP_ASSIGN_OR_RETURN(GlobalResult global,
+                       BuildGlobal(std::move(local_plans)));
+  return SharedGlobalSavePlan{std::move(global.plans),
+                              std::move(global.metadata)};
+}
+
+absl::StatusOr<DefaultSavePlanner::GlobalResult>
+DefaultSavePlanner::BuildGlobal(std::vector<SavePlan> local_plans) {
   std::vector<SavePlannerData> data(local_plans.size());
   bool cacheable = options_.enable_plan_caching;
   for (size_t r = 0; r < local_plans.size(); ++r) {
@@ -206,10 +226,12 @@ DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
       BuildGlobalSavePlan(std::move(local_plans), data, policy(),
                           options_.require_full_coverage));
   global.metadata.storage_meta = storage_meta_;
-  return std::make_pair(std::move(global.plans), std::move(global.metadata));
+  return GlobalResult{std::move(global.plans),
+                      std::make_shared<Metadata>(std::move(global.metadata)),
+                      /*cached=*/false};
 }
 
-absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+absl::StatusOr<DefaultSavePlanner::GlobalResult>
 DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
                                            std::vector<SavePlannerData> data) {
   if (cache_ == nullptr) {
@@ -264,7 +286,7 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
       entry.final_digests[r] = DigestBytes(absl::StrCat(key_bytes, "#", r));
     }
     entry.final_plans = std::move(built.plans);
-    entry.metadata = std::move(built.metadata);
+    entry.metadata = std::make_shared<Metadata>(std::move(built.metadata));
     global = &cache_->coordinator_globals().Put(key, std::move(entry));
   }
 
@@ -283,9 +305,18 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
     out[r].planner_data = EncodeSavePlannerData(out_data);
     out[r].storage_data = std::move(local_plans[r].storage_data);
   }
-  Metadata metadata = global->metadata;
-  metadata.storage_meta = storage_meta_;
-  return std::make_pair(std::move(out), std::move(metadata));
+  // The cached metadata, with this save's storage_meta. When the cache is
+  // its only owner it is updated in place (the fence orders this after the
+  // last release by an earlier holder, on any thread); when an earlier
+  // caller still holds it, that caller's copy stays as it was.
+  std::shared_ptr<Metadata>& metadata = global->metadata;
+  if (metadata.use_count() == 1) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+  } else {
+    metadata = std::make_shared<Metadata>(*metadata);
+  }
+  metadata->storage_meta = storage_meta_;
+  return GlobalResult{std::move(out), metadata, /*cached=*/true};
 }
 
 absl::StatusOr<SavePlan> DefaultSavePlanner::FinishPlan(SavePlan central_plan) {
