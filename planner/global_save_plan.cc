@@ -5,6 +5,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -91,10 +92,10 @@ absl::Status NotePath(NameInfo& info, uint32_t rank, uint64_t mask,
       " from a different path ", PathText(info.name, mask, path)));
 }
 
-// The chunks of all groups in one flat array: for each, the number of
-// offsets and of sizes, then the offsets and the sizes. Read back in name
-// order it is one compact array, where the items it came from are spread
-// over all ranks' plans.
+// The chunks of all groups in one flat array: for each, a header (the
+// number of offsets, and of sizes << 32), then the offsets and the sizes.
+// Read back in name order it is one compact array, where the items it came
+// from are spread over all ranks' plans.
 class ChunkCoords {
  public:
   static constexpr size_t kNone = ~size_t{0};
@@ -104,17 +105,21 @@ class ChunkCoords {
   // Appends `chunk`; returns its position.
   size_t Add(const ChunkStorageMetadata& chunk) {
     const size_t at = values_.size();
-    values_.push_back(static_cast<int64_t>(chunk.offsets.size()));
-    values_.push_back(static_cast<int64_t>(chunk.sizes.size()));
-    values_.insert(values_.end(), chunk.offsets.begin(), chunk.offsets.end());
-    values_.insert(values_.end(), chunk.sizes.begin(), chunk.sizes.end());
+    const size_t n = chunk.offsets.size();
+    const size_t m = chunk.sizes.size();
+    values_.resize(at + 1 + n + m);
+    int64_t* out = &values_[at];
+    out[0] = static_cast<int64_t>(n | (m << 32));
+    std::copy(chunk.offsets.begin(), chunk.offsets.end(), out + 1);
+    std::copy(chunk.sizes.begin(), chunk.sizes.end(), out + 1 + n);
     return at;
   }
   absl::Span<const int64_t> Offsets(size_t at) const {
-    return absl::MakeConstSpan(&values_[at + 2], values_[at]);
+    return absl::MakeConstSpan(&values_[at + 1], NumOffsets(at));
   }
   absl::Span<const int64_t> Sizes(size_t at) const {
-    return absl::MakeConstSpan(&values_[at + 2 + values_[at]], values_[at + 1]);
+    return absl::MakeConstSpan(&values_[at + 1 + NumOffsets(at)],
+                               static_cast<uint64_t>(values_[at]) >> 32);
   }
   ChunkStorageMetadata Get(size_t at) const {
     const absl::Span<const int64_t> offsets = Offsets(at);
@@ -124,6 +129,10 @@ class ChunkCoords {
   }
 
  private:
+  size_t NumOffsets(size_t at) const {
+    return static_cast<uint64_t>(values_[at]) & 0xffffffffu;
+  }
+
   std::vector<int64_t> values_;
 };
 
@@ -145,6 +154,16 @@ struct Group {
   uint32_t holders_begin = 0;  // Into the holder ranks array.
   uint32_t writer = 0;
 };
+
+// Whether `g` (of a name with the same kind as `offset`'s item: all values
+// or all tensors) is the chunk at `offset`: values have no offset and one
+// group per name.
+bool HasOffset(const Group& g, const ChunkCoords& coords,
+               const std::optional<Shape>& offset) {
+  if (!offset.has_value()) return g.chunk == ChunkCoords::kNone;
+  return g.chunk != ChunkCoords::kNone &&
+         Equal(coords.Offsets(g.chunk), *offset);
+}
 
 // A MetadataIndex to look up: interned name and chunk offset.
 struct GroupKey {
@@ -190,8 +209,7 @@ class GroupTable {
     size_t operator()(uint32_t id) const { return (*groups)[id].hash; }
     size_t operator()(const GroupKey& key) const { return key.hash; }
   };
-  // A name's items are all tensors or all values (checked before lookup):
-  // values have no offset and one group per name.
+  // A name's items are all tensors or all values (checked before lookup).
   struct Eq {
     using is_transparent = void;
     const std::vector<Group>* groups;
@@ -199,10 +217,8 @@ class GroupTable {
     bool operator()(uint32_t a, uint32_t b) const { return a == b; }
     bool operator()(uint32_t id, const GroupKey& key) const {
       const Group& g = (*groups)[id];
-      if (g.hash != key.hash || g.name != key.name) return false;
-      if (!key.offset->has_value()) return g.chunk == ChunkCoords::kNone;
-      return g.chunk != ChunkCoords::kNone &&
-             Equal(coords->Offsets(g.chunk), **key.offset);
+      return g.hash == key.hash && g.name == key.name &&
+             HasOffset(g, *coords, *key.offset);
     }
     bool operator()(const GroupKey& key, uint32_t id) const {
       return (*this)(id, key);
@@ -360,13 +376,17 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
   for (const SavePlan& plan : local_plans) total_items += plan.items.size();
 
   absl::flat_hash_map<absl::string_view, uint32_t> name_ids;
+  // At most one name and one group per item: reserved so that they never
+  // move (only the pages used are touched).
   std::vector<NameInfo> names;
+  names.reserve(total_items);
   std::vector<Group> groups;
   groups.reserve(total_items);
-  ChunkCoords coords(total_items * 4);
+  ChunkCoords coords(total_items * 5);  // Room for a 2-d chunk per item.
   GroupTable group_ids(&groups, &coords, total_items);
   std::vector<uint32_t> group_of_item;  // By rank, then item.
   group_of_item.reserve(total_items);
+  size_t rank_begin = 0;  // Of the rank being scanned, in group_of_item.
 
   for (uint32_t r = 0; r < num_ranks; ++r) {
     const SavePlannerData* rank_data = r < data.size() ? &data[r] : nullptr;
@@ -376,22 +396,41 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
             : nullptr;
     size_t run = 0;  // Runs of equal names, for `masks`.
     const std::string* previous = nullptr;
-    for (const WriteItem& item : local_plans[r].items) {
+    // Ranks mostly plan the same names in the same order, and replicas the
+    // same chunks: the previous rank's item at the same position is tried
+    // (and checked exactly) before the hash tables.
+    const size_t previous_rank_begin = rank_begin;
+    const size_t previous_rank_items = group_of_item.size() - rank_begin;
+    rank_begin = group_of_item.size();
+    const std::vector<WriteItem>& items = local_plans[r].items;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const WriteItem& item = items[i];
       absl::Status status = CheckItem(item, r);
       if (!status.ok()) return status;
-      auto [name_it, new_name] =
-          name_ids.try_emplace(item.index.fqn, names.size());
-      if (new_name) {
-        NameInfo info;
-        info.name = item.index.fqn;
-        info.first = &item;
-        info.first_rank = r;
-        names.push_back(std::move(info));
+      const Group* predicted =
+          i < previous_rank_items
+              ? &groups[group_of_item[previous_rank_begin + i]]
+              : nullptr;
+      uint32_t name;
+      if (predicted != nullptr &&
+          names[predicted->name].name == item.index.fqn) {
+        name = predicted->name;
       } else {
-        status = CheckAgainstName(names[name_it->second], item, r);
+        auto [name_it, new_name] =
+            name_ids.try_emplace(item.index.fqn, names.size());
+        name = name_it->second;
+        if (new_name) {
+          NameInfo info;
+          info.name = item.index.fqn;
+          info.first = &item;
+          info.first_rank = r;
+          names.push_back(std::move(info));
+        }
+      }
+      if (names[name].first != &item) {
+        status = CheckAgainstName(names[name], item, r);
         if (!status.ok()) return status;
       }
-      const uint32_t name = name_it->second;
       if (masks != nullptr &&
           (previous == nullptr || *previous != item.index.fqn)) {
         if (run >= masks->size()) {
@@ -408,20 +447,27 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
         DCP_RETURN_IF_ERROR(NotePath(names[name], r, mask, path));
       }
       previous = &item.index.fqn;
-      const GroupKey key(name, item.index.offset);
-      auto [group, new_group] = group_ids.FindOrAdd(key, [&] {
-        Group g;
-        g.name = name;
-        g.first_rank = r;
-        g.hash = key.hash;
-        if (item.tensor_data.has_value()) {
-          g.chunk = coords.Add(item.tensor_data->chunk);
-        }
-        g.bytes = item.StorageBytes();
-        groups.push_back(g);
-        ++names[name].num_groups;
-        return static_cast<uint32_t>(groups.size() - 1);
-      });
+      uint32_t group;
+      bool new_group = false;
+      if (predicted != nullptr && predicted->name == name &&
+          HasOffset(*predicted, coords, item.index.offset)) {
+        group = static_cast<uint32_t>(predicted - groups.data());
+      } else {
+        const GroupKey key(name, item.index.offset);
+        std::tie(group, new_group) = group_ids.FindOrAdd(key, [&] {
+          Group g;
+          g.name = name;
+          g.first_rank = r;
+          g.hash = key.hash;
+          if (item.tensor_data.has_value()) {
+            g.chunk = coords.Add(item.tensor_data->chunk);
+          }
+          g.bytes = item.StorageBytes();
+          groups.push_back(g);
+          ++names[name].num_groups;
+          return static_cast<uint32_t>(groups.size() - 1);
+        });
+      }
       if (!new_group) {
         const Group& g = groups[group];
         if (item.tensor_data.has_value() &&
