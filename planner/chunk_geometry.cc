@@ -268,7 +268,7 @@ bool FindCoveringChunks(const ChunkStorageMetadata& requested,
 void ForEachOverlap(
     absl::Span<const ChunkStorageMetadata> requested,
     absl::Span<const ChunkStorageMetadata> saved,
-    const std::function<void(size_t, size_t, const ChunkStorageMetadata&)>&
+    absl::FunctionRef<void(size_t, size_t, const ChunkStorageMetadata&)>
         on_overlap) {
   if (requested.empty() || saved.empty()) return;
   const size_t rank = saved[0].offsets.size();
@@ -346,7 +346,7 @@ void ForEachOverlap(
 absl::Status ValidateTiling(absl::string_view tensor_name,
                             const Shape& global_size,
                             absl::Span<const ChunkStorageMetadata> chunks,
-                            const std::function<std::string(size_t)>& describe,
+                            absl::FunctionRef<std::string(size_t)> describe,
                             bool require_full_coverage) {
   const size_t rank = global_size.size();
   std::vector<size_t> nonempty;

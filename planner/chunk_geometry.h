@@ -7,11 +7,11 @@
 #define DCP_PLANNER_CHUNK_GEOMETRY_H_
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -39,7 +39,7 @@ std::optional<ChunkStorageMetadata> IntersectChunks(
 void ForEachOverlap(
     absl::Span<const ChunkStorageMetadata> requested,
     absl::Span<const ChunkStorageMetadata> saved,
-    const std::function<void(size_t, size_t, const ChunkStorageMetadata&)>&
+    absl::FunctionRef<void(size_t, size_t, const ChunkStorageMetadata&)>
         on_overlap);
 
 // One saved chunk's part of a requested chunk: `saved` is its position in
@@ -77,7 +77,7 @@ bool FindCoveringChunks(const ChunkStorageMetadata& requested,
 absl::Status ValidateTiling(absl::string_view tensor_name,
                             const Shape& global_size,
                             absl::Span<const ChunkStorageMetadata> chunks,
-                            const std::function<std::string(size_t)>& describe,
+                            absl::FunctionRef<std::string(size_t)> describe,
                             bool require_full_coverage = true);
 
 }  // namespace dcp

@@ -149,11 +149,20 @@ struct Group {
   // for a value.
   size_t chunk = ChunkCoords::kNone;
   int64_t bytes = 0;
-  int64_t hint = -1;  // Position of the chunk in the metadata.
+  int32_t hint = -1;  // Position of the chunk in the metadata.
   uint32_t holders = 0;
   uint32_t holders_begin = 0;  // Into the holder ranks array.
   uint32_t writer = 0;
 };
+
+// Whether `chunk` is all of a tensor of shape `size` (a valid shape).
+bool IsWholeTensor(const ChunkStorageMetadata& chunk, const Shape& size) {
+  return chunk.sizes == size && chunk.offsets.size() == size.size() &&
+         std::all_of(chunk.offsets.begin(), chunk.offsets.end(),
+                     [](int64_t o) { return o == 0; }) &&
+         std::all_of(size.begin(), size.end(),
+                     [](int64_t d) { return d >= 0; });
+}
 
 // Whether `g` (of a name with the same kind as `offset`'s item: all values
 // or all tensors) is the chunk at `offset`: values have no offset and one
@@ -571,15 +580,22 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
       std::copy(sorted_ids.begin(), sorted_ids.end(), ids);
     }
     for (size_t k = 0; k < num_chunks; ++k) {
-      groups[ids[k]].hint = static_cast<int64_t>(k);
+      groups[ids[k]].hint = static_cast<int32_t>(k);
     }
-    absl::Status status = ValidateTiling(
-        info.name, tensor_metadata.size, chunks,
-        [&](size_t k) {
-          return absl::StrCat("[", ChunkToString(chunks[k]), "] from rank ",
-                              groups[ids[k]].first_rank);
-        },
-        require_full_coverage);
+    // One chunk holding the whole tensor (a replicated or unsharded tensor)
+    // tiles it: the common case needs no further check.
+    const bool whole =
+        num_chunks == 1 && IsWholeTensor(chunks[0], tensor_metadata.size);
+    absl::Status status =
+        whole ? absl::OkStatus()
+              : ValidateTiling(
+                    info.name, tensor_metadata.size, chunks,
+                    [&](size_t k) {
+                      return absl::StrCat("[", ChunkToString(chunks[k]),
+                                          "] from rank ",
+                                          groups[ids[k]].first_rank);
+                    },
+                    require_full_coverage);
     if (!status.ok()) return status;
     metadata.state_dict_metadata.emplace_hint(
         metadata.state_dict_metadata.end(), std::string(info.name),
