@@ -10,12 +10,14 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
 #include "core/status.h"
 #include "io/box_copy.h"
+#include "io/device_box_upload.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
 #include "staging/device_staging.h"
@@ -32,6 +34,8 @@ constexpr int64_t kBounceBudget = int64_t{32} << 20;
 // takes (whole checksum blocks; FileSystemReaderOptions::read_window_bytes
 // caps it further).
 constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
+// The pinned pool a reader creates for device destinations.
+constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
 constexpr char kDataFileSuffix[] = ".distcp";
 constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
 
@@ -688,6 +692,9 @@ struct StoredItem {
   // delivered (the last one commits every use).
   std::vector<TensorView> dests;
   std::unique_ptr<std::atomic<int64_t>> pieces_left;
+  // Some destination is device memory: filled through `staging`, committed
+  // after the staging's copies have landed.
+  DeviceStaging* staging = nullptr;
 };
 
 // Hashes MetadataIndex by fqn and offset (the system abseil cannot hash
@@ -806,9 +813,11 @@ struct ReadSlot {
 // otherwise pieces of at most about `piece_bytes` (whole checksum blocks,
 // at least one element) covering only the elements its uses need. Resolves
 // each tensor use's destination once and checks its box.
-absl::Status PlanItem(StoredItem& stored, LoadPlanner& planner, bool direct,
-                      int64_t block_size, int64_t piece_bytes,
-                      std::deque<ReadSlot>& out) {
+absl::Status PlanItem(
+    StoredItem& stored, LoadPlanner& planner, bool direct, int64_t block_size,
+    int64_t piece_bytes,
+    absl::FunctionRef<absl::StatusOr<DeviceStaging*>()> device_staging,
+    std::deque<ReadSlot>& out) {
   const int64_t length = stored.info->length;
   const int64_t blocks = (length + block_size - 1) / block_size;
   stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
@@ -831,20 +840,28 @@ absl::Status PlanItem(StoredItem& stored, LoadPlanner& planner, bool direct,
   }
   for (const ReadItem* item : stored.uses) {
     DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(*item));
+    const std::string what =
+        absl::StrCat("loading ", item->storage_index.ToString(), " into ",
+                     item->dest_index.ToString());
+    if (dest.device().is_cuda() && stored.staging == nullptr) {
+      absl::StatusOr<DeviceStaging*> staging = device_staging();
+      if (!staging.ok()) return Annotate(staging.status(), what);
+      stored.staging = *staging;
+    }
     // Checks the box against the chunk and the destination.
-    DCP_RETURN_IF_ERROR(
-        Annotate(CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes,
-                             item->storage_offsets, stored.element_size, dest,
-                             item->dest_offsets, item->lengths),
-                 absl::StrCat("loading ", item->storage_index.ToString(),
-                              " into ", item->dest_index.ToString())));
+    DCP_RETURN_IF_ERROR(Annotate(
+        CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes, item->storage_offsets,
+                    stored.element_size, AsHostView(dest), item->dest_offsets,
+                    item->lengths),
+        what));
     stored.dests.push_back(std::move(dest));
   }
   const ReadItem& first = *stored.uses.front();
   const TensorView& dest = stored.dests.front();
   if (stored.uses.size() == 1 && AllZero(first.storage_offsets) &&
       AllZero(first.dest_offsets) && first.lengths == stored.chunk_sizes &&
-      dest.is_contiguous() && dest.sizes() == first.lengths &&
+      dest.device().is_cpu() && dest.is_contiguous() &&
+      dest.sizes() == first.lengths &&
       static_cast<int64_t>(dest.nbytes()) == length &&
       (!direct ||
        (reinterpret_cast<uintptr_t>(dest.data()) % kPayloadAlignment == 0 &&
@@ -1007,16 +1024,24 @@ absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
         slot.target + (slot.first_element * es - slot.begin);
     for (size_t u = 0; u < stored.uses.size(); ++u) {
       const ReadItem& item = *stored.uses[u];
-      DCP_RETURN_IF_ERROR(
-          Annotate(CopyBoxPart(window, slot.first_element, slot.end_element,
-                               stored.chunk_sizes, item.storage_offsets,
-                               stored.element_size, stored.dests[u],
-                               item.dest_offsets, item.lengths),
-                   absl::StrCat("loading ", item.storage_index.ToString(),
-                                " into ", item.dest_index.ToString())));
+      const TensorView& dest = stored.dests[u];
+      DCP_RETURN_IF_ERROR(Annotate(
+          dest.device().is_cpu()
+              ? CopyBoxPart(window, slot.first_element, slot.end_element,
+                            stored.chunk_sizes, item.storage_offsets,
+                            stored.element_size, dest, item.dest_offsets,
+                            item.lengths)
+              : UploadBoxPart(*stored.staging, window, slot.first_element,
+                              slot.end_element, stored.chunk_sizes,
+                              item.storage_offsets, stored.element_size, dest,
+                              item.dest_offsets, item.lengths),
+          absl::StrCat("loading ", item.storage_index.ToString(), " into ",
+                       item.dest_index.ToString())));
     }
   }
   if (stored.pieces_left->fetch_sub(1) != 1) return absl::OkStatus();
+  // Device destinations are committed once their copies have landed.
+  if (stored.staging != nullptr) return absl::OkStatus();
   for (size_t u = 0; u < stored.uses.size(); ++u) {
     DCP_RETURN_IF_ERROR(planner.CommitTensor(*stored.uses[u], stored.dests[u]));
   }
@@ -1155,6 +1180,21 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   OpenFiles files(*fs_, path_, direct);
   FirstError error;
   BounceMeter meter;
+  DeviceStaging* staging_used = nullptr;
+  auto device_staging = [&]() -> absl::StatusOr<DeviceStaging*> {
+    DeviceStaging* staging = options_.device_staging;
+    if (staging == nullptr) {
+      if (owned_staging_ == nullptr) {
+        DeviceStagingOptions staging_options;
+        staging_options.pool_bytes = kReadStagingPoolBytes;
+        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+      }
+      staging = owned_staging_.get();
+    }
+    DCP_RETURN_IF_ERROR(staging->Pool().status());
+    staging_used = staging;
+    return staging;
+  };
   std::deque<ReadSlot> slots;  // Slots [done, done + slots.size()).
   size_t done = 0;
   size_t next_item = 0;
@@ -1168,7 +1208,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
       if (next_slot == done + slots.size()) {
         if (next_item == stored.size()) break;
         error.Update(PlanItem(stored[next_item++], planner, direct, block_size,
-                              piece_bytes, slots));
+                              piece_bytes, device_staging, slots));
         continue;
       }
       ReadSlot& slot = slots[next_slot - done];
@@ -1222,6 +1262,22 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   // A failed PrepareSlot leaves a window that was never finished.
   for (ReadSlot& slot : slots) {
     for (Future<size_t>& read : slot.reads) read.Wait();
+  }
+  if (staging_used != nullptr) {
+    // Every copy to a device destination lands before any is committed.
+    error.Update(
+        Annotate(staging_used->Flush(),
+                 absl::StrCat("copying into device tensors from ", path_)));
+    for (StoredItem& item : stored) {
+      if (error.failed()) break;
+      if (item.staging == nullptr || item.pieces_left == nullptr ||
+          *item.pieces_left != 0) {
+        continue;
+      }
+      for (size_t u = 0; u < item.uses.size() && !error.failed(); ++u) {
+        error.Update(planner.CommitTensor(*item.uses[u], item.dests[u]));
+      }
+    }
   }
   peak_bounce_bytes_ = meter.peak();
   return Future<void>::Ready(error.status());

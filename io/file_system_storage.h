@@ -172,6 +172,13 @@ struct FileSystemReaderOptions {
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
+  // Copies into device tensors: verified bytes are gathered into pinned
+  // chunks and copied to the device as contiguous runs (io/
+  // device_box_upload.h), overlapping the next reads. nullptr: the reader
+  // creates one on its first device destination (auto device runtime, a
+  // 64 MiB pool). Pass one to use a runtime of your own (the destinations
+  // must belong to it). Not owned; must outlive the reader.
+  DeviceStaging* device_staging = nullptr;
 };
 
 class FileSystemReader final : public StorageReader {
@@ -196,8 +203,9 @@ class FileSystemReader final : public StorageReader {
   // need (see read_window_bytes). Each destination is resolved once and
   // committed after its last piece. Reads are issued together through the
   // I/O engine, in windows of `read_window_bytes` of bounce buffers, and
-  // verification overlaps the next window's reads. The call blocks; the
-  // returned future is ready.
+  // verification overlaps the next window's reads. Device destinations are
+  // filled through device_staging and committed once every copy to them has
+  // landed. The call blocks; the returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   const std::string& path() const { return path_; }
@@ -213,6 +221,7 @@ class FileSystemReader final : public StorageReader {
   absl::Status engine_error_;  // Reported by SetUp.
   std::optional<Metadata> metadata_;
   int64_t peak_bounce_bytes_ = 0;
+  std::unique_ptr<DeviceStaging> owned_staging_;
 };
 
 }  // namespace dcp
