@@ -15,7 +15,7 @@
 #                        --pool_mib=256 --json; empty skips it)
 #   TRAINING_LOOP_ARGS   examples/training_loop on the GPU (AsyncSave of
 #                        device tensors, restore into device tensors;
-#                        default: --device=cuda --steps=20 --every=5
+#                        default: --device=auto --steps=20 --every=5
 #                        --size=1024)
 #   TEST_TIMEOUT_S       per test binary (default 300)
 #   BENCH_TIMEOUT_S      for staging_bench (default 300)
@@ -38,7 +38,7 @@ test_timeout="${TEST_TIMEOUT_S:-300}"
 bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
 device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
-loop_args="${TRAINING_LOOP_ARGS:---device=cuda --steps=20 --every=5 --size=1024}"
+loop_args="${TRAINING_LOOP_ARGS:---device=auto --steps=20 --every=5 --size=1024}"
 
 # Bundled libraries first; NCCL from the CUDA install (dlopened by name).
 export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -163,7 +163,7 @@ if [[ -x "$bundle/bin/training_loop" ]]; then
   fi
   echo "run_gpu_checks: training_loop $loop_status" >&2
 fi
-loop_summary="$(grep -E '^(staging|restored)' "$out/logs/training_loop.log" \
+loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
   2>/dev/null | json_escape)"
 
 {
