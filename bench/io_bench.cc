@@ -1,160 +1,842 @@
-// Saves and loads N bytes of CPU tensors through FileSystemWriter/Reader and
-// reports throughput, for side-by-side comparison with fio on the same
-// directory (bench/fio_compare.sh).
+// `dcp bench io`: dcp's save and load against the disk (fio) and against
+// PyTorch's torch.distributed.checkpoint, in one run, on one directory, with
+// the same sizes:
 //
-//   bazel run -c opt //bench:io_bench -- --dir=/path --size_mb=1024 \
-//       --tensor_mb=16 --mode=uring|posix|auto --direct=0|1 --threads=1 \
-//       --cold=1
+//   dcp bench io --size 1GiB,4GiB --dir /tmp/bench [--repeat 3] [--torch]
+//                [--json] [--out FILE] [--configs LIST] [--seed N]
+//                [--queue-depth N] [--posix-threads N] [--fio PATH]
 //
-// Prints one JSON object: bytes, save_seconds, load_seconds, save_gbps,
-// load_gbps (GB = 1e9 bytes), engine, direct, peak RSS (MiB) once the source
-// and destination tensors exist, after the save and after the load, and
-// verified.
+// Each repetition, per size, runs in this order:
+//   1. buffered: fio sequential write (psync, bs 1M, end fsync) and cold read
+//      (invalidate=1), then dcp save (sync_files, direct_io off) and cold load
+//      (page cache dropped) on io_uring and on POSIX;
+//   2. O_DIRECT: fio write (io_uring, qd 32, end fsync) and read, then dcp
+//      save and load with direct_io on io_uring and on POSIX;
+//   3. with --torch: bench/torch_compare.py saves and loads the same tensors
+//      with torch.distributed.checkpoint (first repetition: it also checks
+//      that dcp's checkpoint holds exactly those bytes).
+// The two groups alternate which goes first, and the engines within a group
+// alternate too, so drift of the disk does not favour one configuration.
+//
+// Every dcp save and load runs in a child process (this binary with
+// --child): the save child generates the synthetic state (tools/
+// synthetic_state.h) and saves it; the load child allocates the destination
+// state, loads into it and checks every byte against the generator without a
+// second copy. Peak RSS is the child's ru_maxrss (wait4), reported against
+// the state's size: the input for a save, the preallocated destination for a
+// load. Ratios dcp/fio are taken per repetition against the fio job of the
+// matching mode in the same repetition, then the median; speeds are GB/s
+// (1e9 bytes/s) over the tensor bytes.
+//
+// Prints a table, or one JSON object with --json; --out FILE keeps every raw
+// measurement as JSON lines. The exit status is non-zero when a run fails or
+// a load does not verify.
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "io/file_system.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/status.h"
+#include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
 #include "io/io_engine.h"
-#include "io/testing/fake_planners.h"
+#include "nlohmann/json.hpp"
+#include "tools/commands.h"
+#include "tools/page_cache.h"
+#include "tools/synthetic_state.h"
 
+namespace dcp {
 namespace {
 
-using namespace dcp;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
-double Since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
+constexpr double kMiB = 1024.0 * 1024.0;
+// Issue 4's bars.
+constexpr double kFioBar = 0.9;
+constexpr double kTorchBar = 2.0;
+constexpr int64_t kRssAllowance = int64_t{256} << 20;
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "dcp bench io: %s\n", line.c_str());
 }
 
-// Evicts the directory's files from the page cache (clean pages only: the
-// save fsynced them), so the load reads from the device like fio's
-// invalidate=1.
-void DropCache(const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> names =
-      LocalFileSystem().ListDir(dir);
-  if (!names.ok()) return;
-  for (const std::string& name : *names) {
-    const std::string path = JoinPath(dir, name);
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
+std::string NowUtc() {
+  std::time_t now = std::time(nullptr);
+  char text[64];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  return text;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// ---------------------------------------------------------------------------
+// Child processes.
+
+struct ChildRun {
+  int exit_code = 0;
+  std::string out;      // Its stdout (stderr passes through).
+  int64_t max_rss = 0;  // Bytes (ru_maxrss of the child).
+};
+
+// Runs argv[0] (searched on PATH) with stdout captured.
+absl::StatusOr<ChildRun> Run(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoError(errno, "pipe2");
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoError(errno, "fork");
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "dcp bench io: exec %s: %s\n", args[0],
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ChildRun run;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
+    if (n > 0) {
+      run.out.append(buffer, n);
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  struct rusage usage {};
+  while (::wait4(pid, &status, 0, &usage) < 0) {
+    if (errno != EINTR) return ErrnoError(errno, "wait4");
+  }
+  run.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.max_rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  return run;
+}
+
+// Runs a program that prints one JSON object (all of its stdout, or its
+// last line).
+absl::StatusOr<json> RunJson(const std::vector<std::string>& argv,
+                             int64_t* max_rss = nullptr) {
+  DCP_ASSIGN_OR_RETURN(ChildRun run, Run(argv));
+  if (run.exit_code != 0) {
+    return absl::InternalError(
+        absl::StrCat("`", absl::StrJoin(argv, " "), "` failed with exit code ",
+                     run.exit_code, " (its stderr is above)"));
+  }
+  if (max_rss != nullptr) *max_rss = run.max_rss;
+  // The whole output (fio), else its last line (the others).
+  json parsed = json::parse(run.out, nullptr, false);
+  if (parsed.is_discarded()) {
+    const size_t end = run.out.find_last_not_of("\n");
+    const size_t start =
+        end == std::string::npos || end == 0 ? 0 : run.out.rfind('\n', end) + 1;
+    parsed = json::parse(run.out.substr(start), nullptr, false);
+  }
+  if (parsed.is_discarded()) {
+    return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "),
+                                            "` printed no JSON: ", run.out));
+  }
+  return parsed;
+}
+
+// ---------------------------------------------------------------------------
+// The dcp configurations and the child that measures one save or load.
+
+struct DcpConfig {
+  std::string name;  // "uring-direct", ...
+  IoMode mode;
+  bool direct;
+};
+
+const std::vector<DcpConfig>& AllConfigs() {
+  static const auto* configs = new std::vector<DcpConfig>{
+      {"uring-buffered", IoMode::kUring, false},
+      {"posix-buffered", IoMode::kPosix, false},
+      {"uring-direct", IoMode::kUring, true},
+      {"posix-direct", IoMode::kPosix, true},
+  };
+  return *configs;
+}
+
+absl::StatusOr<DcpConfig> FindConfig(const std::string& name) {
+  for (const DcpConfig& c : AllConfigs()) {
+    if (c.name == name) return c;
+  }
+  std::vector<std::string> names;
+  for (const DcpConfig& c : AllConfigs()) names.push_back(c.name);
+  return absl::InvalidArgumentError(absl::StrCat("unknown configuration \"",
+                                                 name, "\"; choose from ",
+                                                 absl::StrJoin(names, ", ")));
+}
+
+// Whether `config` is what Save/Load use without options (the demo's).
+bool IsDefault(const DcpConfig& config) {
+  static const std::string* const default_engine = [] {
+    absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine({});
+    return new std::string(engine.ok() ? (*engine)->name() : "");
+  }();
+  return config.direct == FileSystemWriterOptions{}.direct_io &&
+         config.direct == FileSystemReaderOptions{}.direct_io &&
+         *default_engine ==
+             (config.mode == IoMode::kUring ? "io_uring" : "posix");
+}
+
+struct ChildFlags {
+  std::string phase;  // "save" or "load".
+  std::string dir;
+  int64_t size = 0;
+  uint64_t seed = 1;
+  std::string config;
+  int queue_depth = 0;    // 0: IoEngineOptions' default.
+  int posix_threads = 0;  // 0: IoEngineOptions' default.
+};
+
+int64_t PeakRssSelf() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+absl::Status RunChild(const ChildFlags& flags) {
+  DCP_ASSIGN_OR_RETURN(DcpConfig config, FindConfig(flags.config));
+  const bool save = flags.phase == "save";
+  SyntheticStateOptions options;
+  options.total_bytes = flags.size;
+  options.seed = flags.seed;
+  options.fill = save;  // A load fills a zeroed, preallocated state.
+  StateDict state = MakeSyntheticState(options);
+  const int64_t bytes = StateTensorBytes(state);
+  IoEngineOptions engine_options;
+  engine_options.mode = config.mode;
+  if (flags.queue_depth > 0) engine_options.queue_depth = flags.queue_depth;
+  if (flags.posix_threads > 0) engine_options.threads = flags.posix_threads;
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<IoEngine> engine,
+                       NewIoEngine(engine_options));
+  if (!save) DropPageCache(flags.dir);
+  const int64_t rss_before = PeakRssSelf();
+  double seconds = 0;
+  absl::Status verified;
+  if (save) {
+    FileSystemWriterOptions writer_options;
+    writer_options.direct_io = config.direct;
+    writer_options.io_engine = engine.get();
+    FileSystemWriter writer(flags.dir, writer_options);
+    SaveOptions save_options;
+    save_options.storage_writer = &writer;
+    const Clock::time_point start = Clock::now();
+    DCP_RETURN_IF_ERROR(Save(state, save_options).status());
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  } else {
+    FileSystemReaderOptions reader_options;
+    reader_options.direct_io = config.direct;
+    reader_options.io_engine = engine.get();
+    FileSystemReader reader(flags.dir, reader_options);
+    LoadOptions load_options;
+    load_options.storage_reader = &reader;
+    const Clock::time_point start = Clock::now();
+    DCP_RETURN_IF_ERROR(Load(state, load_options));
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    options.fill = true;
+    verified = VerifySyntheticState(state, options);
+  }
+  json out = {{"phase", flags.phase},
+              {"config", config.name},
+              {"engine", std::string(engine->name())},
+              {"direct", config.direct},
+              {"bytes", bytes},
+              {"seconds", seconds},
+              {"gbps", bytes / seconds / 1e9},
+              {"rss_before_io_bytes", rss_before},
+              {"verified", verified.ok()}};
+  if (!verified.ok()) out["problem"] = std::string(verified.message());
+  std::printf("%s\n", out.dump().c_str());
+  return verified;
+}
+
+// ---------------------------------------------------------------------------
+// The parent: fio, dcp children, torch.
+
+struct BenchFlags {
+  std::vector<std::string> sizes = {"1GiB"};
+  std::string dir = "/tmp";
+  int repeat = 3;
+  bool torch = false;
+  bool json = false;
+  std::string out;
+  std::vector<std::string> configs;  // Empty: all.
+  uint64_t seed = 1;
+  int queue_depth = 0;
+  int posix_threads = 0;
+  std::string fio = "fio";
+};
+
+// A file shipped next to this binary (Bazel runfiles), else under ./bench.
+std::string BenchFile(const std::string& name) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) candidates.push_back(self.string() + ".runfiles/dcp/bench/" + name);
+  if (const char* dir = std::getenv("RUNFILES_DIR")) {
+    candidates.push_back(fs::path(dir) / "dcp/bench" / name);
+  }
+  candidates.push_back(fs::path("bench") / name);
+  for (const fs::path& p : candidates) {
+    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
+  }
+  return (fs::path("bench") / name).string();
+}
+
+struct FioJob {
+  std::string name;
+  std::string mode;  // "buffered" or "direct": the dcp configs it matches.
+  bool write;
+  std::vector<std::string> args;
+};
+
+// The disk's reference, per mode: what dcp's save and load are held to.
+const std::vector<FioJob>& FioJobs() {
+  static const auto* jobs = new std::vector<FioJob>{
+      {"write_buffered_fsync",
+       "buffered",
+       true,
+       {"--rw=write", "--ioengine=psync", "--end_fsync=1"}},
+      {"read_cold",
+       "buffered",
+       false,
+       {"--rw=read", "--ioengine=psync", "--invalidate=1"}},
+      {"write_direct",
+       "direct",
+       true,
+       {"--rw=write", "--ioengine=io_uring", "--iodepth=32", "--direct=1",
+        "--end_fsync=1"}},
+      {"read_direct",
+       "direct",
+       false,
+       {"--rw=read", "--ioengine=io_uring", "--iodepth=32", "--direct=1"}},
+  };
+  return *jobs;
+}
+
+class Bench {
+ public:
+  explicit Bench(BenchFlags flags) : flags_(std::move(flags)) {}
+
+  absl::Status Run();
+
+ private:
+  absl::Status RunSize(const std::string& size_text, int64_t size,
+                       json& report);
+  absl::StatusOr<double> Fio(const FioJob& job, int64_t size, int rep);
+  absl::Status Dcp(const DcpConfig& config, int64_t size, int rep,
+                   bool keep_checkpoint);
+  absl::Status Torch(int64_t size, int rep);
+  absl::Status Identity(int64_t size);
+  void Record(json row);
+  json Summarize(const std::string& size_text, int64_t size);
+
+  BenchFlags flags_;
+  std::vector<DcpConfig> configs_;
+  std::string work_;  // A fresh directory under --dir, removed at the end.
+  std::vector<json> rows_;  // This size's raw measurements.
+  std::ofstream out_;
+  std::string torch_version_;
+};
+
+void Bench::Record(json row) {
+  if (out_.is_open()) out_ << row.dump() << "\n" << std::flush;
+  rows_.push_back(std::move(row));
+}
+
+absl::StatusOr<double> Bench::Fio(const FioJob& job, int64_t size, int rep) {
+  std::vector<std::string> argv = {flags_.fio,
+                                   absl::StrCat("--name=", job.name),
+                                   absl::StrCat("--directory=", work_),
+                                   "--filename=fio.dat",
+                                   absl::StrCat("--size=", size),
+                                   "--bs=1M",
+                                   "--output-format=json"};
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
+  DCP_ASSIGN_OR_RETURN(json out, RunJson(argv));
+  const json& j = out.at("jobs").at(0);
+  const double bw = std::max(j.at("write").at("bw_bytes").get<double>(),
+                             j.at("read").at("bw_bytes").get<double>());
+  Record({{"measurement", "fio"},
+          {"job", job.name},
+          {"mode", job.mode},
+          {"rep", rep},
+          {"bytes", size},
+          {"gbps", bw / 1e9},
+          {"fio_version", out.value("fio version", "")}});
+  return bw / 1e9;
+}
+
+absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
+                        bool keep_checkpoint) {
+  const std::string dir = absl::StrCat(work_, "/dcp-", config.name);
+  for (const char* phase : {"save", "load"}) {
+    std::vector<std::string> argv = {"/proc/self/exe",
+                                     "--child",
+                                     phase,
+                                     "--dir",
+                                     dir,
+                                     "--size",
+                                     absl::StrCat(size),
+                                     "--seed",
+                                     absl::StrCat(flags_.seed),
+                                     "--config",
+                                     config.name,
+                                     "--queue-depth",
+                                     absl::StrCat(flags_.queue_depth),
+                                     "--posix-threads",
+                                     absl::StrCat(flags_.posix_threads)};
+    int64_t max_rss = 0;
+    DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
+    row["measurement"] = "dcp";
+    row["rep"] = rep;
+    row["peak_rss_bytes"] = max_rss;
+    // Over the state the process had to hold: the input of a save, the
+    // preallocated destination of a load.
+    row["rss_over_state_bytes"] = max_rss - row.at("bytes").get<int64_t>();
+    row["default"] = IsDefault(config);
+    const bool verified = row.value("verified", true);
+    Log(absl::StrFormat(
+        "  %s %-14s %6.3f GB/s  peak RSS %.0f MiB (%+.0f MiB over the state)%s",
+        phase, config.name, row.at("gbps").get<double>(), max_rss / kMiB,
+        row.at("rss_over_state_bytes").get<double>() / kMiB,
+        verified ? "" : "  NOT VERIFIED"));
+    Record(row);
+    if (!verified) {
+      return absl::DataLossError(
+          absl::StrCat("dcp load (", config.name,
+                       ") did not verify: ", row.value("problem", "")));
+    }
+  }
+  if (!keep_checkpoint) fs::remove_all(dir);
+  return absl::OkStatus();
+}
+
+absl::Status Bench::Torch(int64_t size, int rep) {
+  DCP_ASSIGN_OR_RETURN(
+      json row,
+      RunJson({BenchFile("torch_env.sh"), BenchFile("torch_compare.py"), "run",
+               "--dir", work_, "--seed", absl::StrCat(flags_.seed), "--size",
+               absl::StrCat(size), "--json"}));
+  row["measurement"] = "torch";
+  row["rep"] = rep;
+  torch_version_ = row.value("torch_version", "");
+  Log(absl::StrFormat("  torch %s: save %.3f GB/s, load %.3f GB/s%s",
+                      torch_version_, row.at("save_gbps").get<double>(),
+                      row.at("load_gbps").get<double>(),
+                      row.value("verified", false) ? "" : "  NOT VERIFIED"));
+  const bool verified = row.value("verified", false);
+  Record(row);
+  if (!verified) return absl::DataLossError("the torch load did not verify");
+  return absl::OkStatus();
+}
+
+// Proves that torch gets dcp's tensors: torch_compare.py decodes the
+// checkpoint of the default configuration and compares every stored byte
+// with its own generation.
+absl::Status Bench::Identity(int64_t size) {
+  std::string dir;
+  for (const DcpConfig& c : configs_) {
+    if (IsDefault(c)) dir = absl::StrCat(work_, "/dcp-", c.name);
+  }
+  if (dir.empty()) return absl::OkStatus();
+  DCP_ASSIGN_OR_RETURN(
+      json row,
+      RunJson({BenchFile("torch_env.sh"), BenchFile("torch_compare.py"),
+               "check-dcp", "--dir", dir, "--seed", absl::StrCat(flags_.seed),
+               "--size", absl::StrCat(size), "--json"}));
+  row["measurement"] = "identity";
+  const bool identical = row.value("identical", false);
+  Log(absl::StrCat("  dcp's checkpoint ",
+                   identical ? "==" : "!=", " the tensors torch gets (",
+                   row.value("bytes_compared", int64_t{0}),
+                   " bytes compared)"));
+  Record(row);
+  fs::remove_all(dir);
+  if (!identical) {
+    return absl::DataLossError("torch_compare.py check-dcp: the data differ: " +
+                               row.dump());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Bench::RunSize(const std::string& size_text, int64_t size,
+                            json& report) {
+  rows_.clear();
+  for (int rep = 1; rep <= flags_.repeat; ++rep) {
+    const std::string load = LoadAverage();
+    Log(absl::StrCat(size_text, " repetition ", rep, "/", flags_.repeat,
+                     " (load average ", load, ", ", NowUtc(), ")"));
+    Record({{"measurement", "load_average"}, {"rep", rep}, {"value", load}});
+    // Alternate which mode goes first and the engine order within a mode.
+    std::vector<std::string> modes = {"buffered", "direct"};
+    if (rep % 2 == 0) std::reverse(modes.begin(), modes.end());
+    for (const std::string& mode : modes) {
+      std::vector<DcpConfig> group;
+      for (const DcpConfig& c : configs_) {
+        if ((mode == "direct") == c.direct) group.push_back(c);
+      }
+      if (group.empty()) continue;
+      if (rep % 2 == 0) std::reverse(group.begin(), group.end());
+      for (const FioJob& job : FioJobs()) {
+        if (job.mode != mode) continue;
+        DCP_ASSIGN_OR_RETURN(double gbps, Fio(job, size, rep));
+        Log(absl::StrFormat("  fio %-22s %6.3f GB/s", job.name, gbps));
+      }
+      fs::remove(fs::path(work_) / "fio.dat");
+      for (const DcpConfig& c : group) {
+        const bool keep = flags_.torch && rep == 1 && IsDefault(c);
+        DCP_RETURN_IF_ERROR(Dcp(c, size, rep, keep));
+      }
+    }
+    if (flags_.torch) {
+      if (rep == 1) DCP_RETURN_IF_ERROR(Identity(size));
+      DCP_RETURN_IF_ERROR(Torch(size, rep));
+    }
+  }
+  report["sizes"].push_back(Summarize(size_text, size));
+  return absl::OkStatus();
+}
+
+json Bench::Summarize(const std::string& size_text, int64_t size) {
+  auto rows = [&](const std::string& measurement) {
+    std::vector<const json*> out;
+    for (const json& r : rows_) {
+      if (r.at("measurement") == measurement) out.push_back(&r);
+    }
+    return out;
+  };
+  // fio: GB/s per job and repetition.
+  std::map<std::string, std::map<int, double>> fio;
+  for (const json* r : rows("fio")) {
+    fio[r->at("job").get<std::string>()][r->at("rep").get<int>()] =
+        r->at("gbps").get<double>();
+  }
+  json s = {{"size", size_text},
+            {"fio_bytes", size},
+            {"repetitions", flags_.repeat},
+            {"load_averages", json::array()}};
+  for (const json* r : rows("load_average")) {
+    s["load_averages"].push_back(r->at("value"));
+  }
+  for (const auto& [job, by_rep] : fio) {
+    std::vector<double> all;
+    for (const auto& [rep, v] : by_rep) all.push_back(v);
+    s["fio"][job] = {{"median_gbps", Median(all)}, {"all_gbps", all}};
+  }
+  bool all_pass = true;
+  json checks = json::array();
+  auto check = [&](const std::string& what, double value, double bar,
+                   bool at_most = false) {
+    const bool pass = at_most ? value <= bar : value >= bar;
+    all_pass = all_pass && pass;
+    checks.push_back(
+        {{"check", what}, {"value", value}, {"bar", bar}, {"pass", pass}});
+  };
+  // dcp: per configuration and phase.
+  std::map<std::string, std::map<int, double>> dcp_default;  // phase -> rep.
+  for (const DcpConfig& c : configs_) {
+    json config = {{"config", c.name}, {"default", IsDefault(c)}};
+    for (const std::string phase : {"save", "load"}) {
+      const FioJob* ref = nullptr;
+      for (const FioJob& job : FioJobs()) {
+        if (job.write == (phase == "save") &&
+            job.mode == (c.direct ? "direct" : "buffered")) {
+          ref = &job;
+        }
+      }
+      std::vector<double> gbps, ratios, rss, over;
+      std::string engine;
+      for (const json* r : rows("dcp")) {
+        if (r->at("config") != c.name || r->at("phase") != phase) continue;
+        const int rep = r->at("rep").get<int>();
+        const double v = r->at("gbps").get<double>();
+        gbps.push_back(v);
+        ratios.push_back(v / fio[ref->name][rep]);
+        rss.push_back(r->at("peak_rss_bytes").get<double>());
+        over.push_back(r->at("rss_over_state_bytes").get<double>());
+        engine = r->at("engine").get<std::string>();
+        if (IsDefault(c)) dcp_default[phase][rep] = v;
+      }
+      if (gbps.empty()) continue;
+      const double max_over = *std::max_element(over.begin(), over.end());
+      config["engine"] = engine;
+      config[phase] = {{"median_gbps", Median(gbps)},
+                       {"all_gbps", gbps},
+                       {"fio_reference", ref->name},
+                       {"vs_fio_median", Median(ratios)},
+                       {"vs_fio_all", ratios},
+                       {"peak_rss_bytes_median", Median(rss)},
+                       {"rss_over_state_bytes_max", max_over}};
+      check(absl::StrCat(c.name, " ", phase, " / fio ", ref->name),
+            Median(ratios), kFioBar);
+      check(absl::StrCat(c.name, " ", phase, " peak RSS over the state"),
+            max_over, static_cast<double>(kRssAllowance), /*at_most=*/true);
+    }
+    s["dcp"].push_back(config);
+  }
+  std::vector<const json*> torch = rows("torch");
+  if (!torch.empty()) {
+    json t = {{"version", torch_version_}};
+    for (const std::string phase : {"save", "load"}) {
+      std::vector<double> gbps, ratios, rss;
+      for (const json* r : torch) {
+        const double v = r->at(phase + "_gbps").get<double>();
+        gbps.push_back(v);
+        rss.push_back(r->at(phase + "_peak_rss_bytes").get<double>());
+        auto d = dcp_default[phase].find(r->at("rep").get<int>());
+        if (d != dcp_default[phase].end()) ratios.push_back(d->second / v);
+      }
+      t[phase] = {{"median_gbps", Median(gbps)},
+                  {"all_gbps", gbps},
+                  {"peak_rss_bytes_median", Median(rss)},
+                  {"dcp_default_vs_torch_median", Median(ratios)},
+                  {"dcp_default_vs_torch_all", ratios}};
+      if (!ratios.empty()) {
+        check(absl::StrCat("default ", phase, " / torch"), Median(ratios),
+              kTorchBar);
+      }
+    }
+    t["save_rss_before_bytes_median"] = Median([&] {
+      std::vector<double> v;
+      for (const json* r : torch) {
+        v.push_back(r->at("save_rss_before_bytes").get<double>());
+      }
+      return v;
+    }());
+    s["torch"] = t;
+    for (const json* r : rows("identity")) s["identity"] = *r;
+  }
+  for (const json* r : rows("dcp")) {
+    s["state_bytes"] = r->at("bytes");
+    break;
+  }
+  s["checks"] = checks;
+  s["all_checks_pass"] = all_pass;
+  return s;
+}
+
+void PrintTable(const json& s) {
+  const double state = s.value("state_bytes", 0.0);
+  std::printf(
+      "\n%s: %.0f bytes of tensors, median of %d repetitions (load "
+      "average at their start: %s)\n",
+      s.at("size").get<std::string>().c_str(), state,
+      s.at("repetitions").get<int>(),
+      absl::StrJoin(s.at("load_averages").get<std::vector<std::string>>(), "; ")
+          .c_str());
+  std::printf("  %-34s %9s   %s\n", "fio (bs 1M)", "GB/s", "all");
+  for (const auto& [job, v] : s.at("fio").items()) {
+    std::vector<std::string> all;
+    for (double x : v.at("all_gbps")) all.push_back(absl::StrFormat("%.3f", x));
+    std::printf("  %-34s %9.3f   %s\n", job.c_str(),
+                v.at("median_gbps").get<double>(),
+                absl::StrJoin(all, " ").c_str());
+  }
+  std::printf("  %-22s %9s %8s %9s %8s %12s %12s\n", "dcp", "save GB/s",
+              "x fio", "load GB/s", "x fio", "save RSS+", "load RSS+");
+  for (const json& c : s.at("dcp")) {
+    auto field = [&](const char* phase, const char* key) {
+      return c.contains(phase) ? c.at(phase).at(key).get<double>() : 0.0;
+    };
+    std::printf("  %-22s %9.3f %8.2f %9.3f %8.2f %8.0f MiB %8.0f MiB\n",
+                (c.at("config").get<std::string>() +
+                 (c.at("default").get<bool>() ? " (default)" : ""))
+                    .c_str(),
+                field("save", "median_gbps"), field("save", "vs_fio_median"),
+                field("load", "median_gbps"), field("load", "vs_fio_median"),
+                field("save", "rss_over_state_bytes_max") / kMiB,
+                field("load", "rss_over_state_bytes_max") / kMiB);
+  }
+  std::printf(
+      "  (x fio: per-repetition ratio to fio's job of the same mode, "
+      "median; RSS+: the most peak RSS above the state's size)\n");
+  if (s.contains("torch")) {
+    const json& t = s.at("torch");
+    std::printf(
+        "  torch %s: save %.3f GB/s (dcp default %.2fx), load %.3f "
+        "GB/s (dcp default %.2fx); peak RSS save %.0f MiB, load %.0f "
+        "MiB\n",
+        t.at("version").get<std::string>().c_str(),
+        t.at("save").at("median_gbps").get<double>(),
+        t.at("save").at("dcp_default_vs_torch_median").get<double>(),
+        t.at("load").at("median_gbps").get<double>(),
+        t.at("load").at("dcp_default_vs_torch_median").get<double>(),
+        t.at("save").at("peak_rss_bytes_median").get<double>() / kMiB,
+        t.at("load").at("peak_rss_bytes_median").get<double>() / kMiB);
+  }
+  for (const json& c : s.at("checks")) {
+    const std::string what = c.at("check");
+    const bool rss = what.find("RSS") != std::string::npos;
+    const double scale = rss ? kMiB : 1;
+    std::printf("  %s %s: %.2f%s (bar %s %.2f%s)\n",
+                c.at("pass").get<bool>() ? "PASS" : "FAIL", what.c_str(),
+                c.at("value").get<double>() / scale, rss ? " MiB" : "x",
+                rss ? "<=" : ">=", c.at("bar").get<double>() / scale,
+                rss ? " MiB" : "x");
   }
 }
 
-// Peak resident set size so far, in MiB.
-double PeakRssMib() {
-  struct rusage usage;
-  ::getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_maxrss / 1024.0;
-}
-
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "io_bench: %s\n", status.ToString().c_str());
-  return 1;
+absl::Status Bench::Run() {
+  if (flags_.configs.empty()) {
+    configs_ = AllConfigs();
+  } else {
+    for (const std::string& name : flags_.configs) {
+      DCP_ASSIGN_OR_RETURN(DcpConfig c, FindConfig(name));
+      configs_.push_back(c);
+    }
+  }
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const std::string& text : flags_.sizes) {
+    DCP_ASSIGN_OR_RETURN(int64_t size, ParseSize(text));
+    sizes.push_back({text, size});
+  }
+  std::error_code ec;
+  fs::create_directories(flags_.dir, ec);
+  std::string pattern = absl::StrCat(flags_.dir, "/dcp-bench-io.XXXXXX");
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return ErrnoError(errno, absl::StrCat("mkdtemp ", pattern));
+  }
+  work_ = pattern;
+  if (!flags_.out.empty()) {
+    out_.open(flags_.out);
+    if (!out_) return absl::PermissionDeniedError("cannot write " + flags_.out);
+  }
+  json report = {
+      {"started", NowUtc()},
+      {"dir", work_},
+      {"repeat", flags_.repeat},
+      {"seed", flags_.seed},
+      {"engine_options",
+       {{"queue_depth", flags_.queue_depth > 0 ? flags_.queue_depth
+                                               : IoEngineOptions{}.queue_depth},
+        {"posix_threads", flags_.posix_threads > 0 ? flags_.posix_threads
+                                                   : IoEngineOptions{}.threads},
+        {"max_transfer", IoEngineOptions{}.max_transfer}}},
+      {"sizes", json::array()}};
+  Log(absl::StrCat("started ", NowUtc(), " in ", work_, ", load average ",
+                   LoadAverage()));
+  absl::Status status;
+  for (const auto& [text, size] : sizes) {
+    status = RunSize(text, size, report);
+    if (!status.ok()) break;
+  }
+  fs::remove_all(work_, ec);
+  DCP_RETURN_IF_ERROR(status);
+  report["finished"] = NowUtc();
+  report["load_average_end"] = LoadAverage();
+  if (flags_.json) {
+    std::printf("%s\n", report.dump().c_str());
+  } else {
+    std::printf("dcp bench io, %s - %s, dir %s\n",
+                report.at("started").get<std::string>().c_str(),
+                report.at("finished").get<std::string>().c_str(),
+                flags_.dir.c_str());
+    for (const json& s : report.at("sizes")) PrintTable(s);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
+}  // namespace dcp
 
 int main(int argc, char** argv) {
-  std::string dir = "/tmp/dcp_io_bench";
-  int64_t size_mb = 1024, tensor_mb = 16;
-  std::string mode_name = "auto";
-  bool direct = true, cold = true;  // The writer and reader defaults.
-  int threads = 1;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    auto value = [&](absl::string_view flag) -> const char* {
-      return absl::StartsWith(arg, flag) ? argv[i] + flag.size() : nullptr;
-    };
-    if (const char* v = value("--dir=")) dir = v;
-    if (const char* v = value("--size_mb=")) size_mb = std::atoll(v);
-    if (const char* v = value("--tensor_mb=")) tensor_mb = std::atoll(v);
-    if (const char* v = value("--mode=")) mode_name = v;
-    if (const char* v = value("--direct=")) direct = std::atoi(v) != 0;
-    if (const char* v = value("--threads=")) threads = std::atoi(v);
-    if (const char* v = value("--cold=")) cold = std::atoi(v) != 0;
-  }
-  absl::StatusOr<IoMode> mode = ParseIoMode(mode_name);
-  if (!mode.ok()) return Fail(mode.status());
-  IoEngineOptions engine_options;
-  engine_options.mode = *mode;
-  absl::StatusOr<std::unique_ptr<IoEngine>> engine =
-      NewIoEngine(engine_options);
-  if (!engine.ok()) return Fail(engine.status());
+  CLI::App app{
+      "dcp bench io: dcp save/load vs fio (buffered and O_DIRECT) and "
+      "torch.distributed.checkpoint, on the same directory and sizes"};
+  dcp::BenchFlags flags;
+  app.add_option("--size", flags.sizes,
+                 "State sizes, comma-separated (e.g. 1GiB,4GiB)")
+      ->delimiter(',');
+  app.add_option("--dir", flags.dir,
+                 "Directory on the disk to measure (a fresh subdirectory is "
+                 "used and removed)");
+  app.add_option("--repeat", flags.repeat, "Repetitions per size")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--torch", flags.torch,
+               "Also run torch.distributed.checkpoint on the same tensors "
+               "(creates bench/.venv from PyPI the first time)");
+  app.add_flag("--json", flags.json, "Print one JSON object");
+  app.add_option("--out", flags.out, "Write every measurement as JSON lines");
+  app.add_option("--configs", flags.configs,
+                 "dcp configurations (default: all of uring-buffered, "
+                 "posix-buffered, uring-direct, posix-direct)")
+      ->delimiter(',');
+  app.add_option("--seed", flags.seed, "Seed of the synthetic state");
+  app.add_option("--queue-depth", flags.queue_depth,
+                 "io_uring queue depth (0: the engine default)");
+  app.add_option("--posix-threads", flags.posix_threads,
+                 "POSIX engine threads (0: the engine default)");
+  app.add_option("--fio", flags.fio, "The fio program");
+  dcp::ChildFlags child;
+  CLI::Option* child_opt =
+      app.add_option("--child", child.phase, "Internal: measure one phase")
+          ->check(CLI::IsMember({"save", "load"}))
+          ->group("");
+  app.add_option("--config", child.config)->group("");
+  CLI11_PARSE(app, argc, argv);
 
-  // The state: size_mb / tensor_mb float32 tensors with a fixed pattern.
-  const int64_t count = std::max<int64_t>(1, size_mb / tensor_mb);
-  const int64_t elements = tensor_mb * (1 << 20) / 4;
-  testing::FakeSavePlanner save_planner;
-  testing::FakeLoadPlanner load_planner;
-  std::vector<Tensor> sources, destinations;
-  for (int64_t t = 0; t < count; ++t) {
-    Tensor tensor = Tensor::Empty(DType::kF32, {elements});
-    auto* words = static_cast<uint32_t*>(tensor.data());
-    for (int64_t e = 0; e < elements; ++e) {
-      words[e] = static_cast<uint32_t>(e * 2654435761u + t);
+  absl::Status status;
+  if (*child_opt) {
+    child.dir = flags.dir;
+    child.seed = flags.seed;
+    child.queue_depth = flags.queue_depth;
+    child.posix_threads = flags.posix_threads;
+    absl::StatusOr<int64_t> size = dcp::ParseSize(flags.sizes.at(0));
+    status = size.status();
+    if (status.ok()) {
+      child.size = *size;
+      status = dcp::RunChild(child);
     }
-    const std::string name = absl::StrCat("layer.", t, ".weight");
-    save_planner.AddTensor(name, tensor);
-    destinations.push_back(Tensor::Empty(DType::kF32, {elements}));
-    load_planner.SetDestination(MetadataIndex(name, Shape{0}),
-                                destinations.back());
-    sources.push_back(std::move(tensor));
+  } else {
+    status = dcp::Bench(flags).Run();
   }
-  const int64_t bytes = count * elements * 4;
-  const double rss_state = PeakRssMib();  // Sources + destinations.
-
-  FileSystemWriterOptions writer_options;
-  writer_options.io_engine = engine->get();
-  writer_options.direct_io = direct;
-  writer_options.thread_count = threads;
-  FileSystemWriter writer(dir, writer_options);
-  auto start = std::chrono::steady_clock::now();
-  absl::Status saved = testing::SaveOneRank(writer, save_planner);
-  const double save_seconds = Since(start);
-  if (!saved.ok()) return Fail(saved);
-  const double rss_save = PeakRssMib();
-
-  if (cold) DropCache(dir);
-  FileSystemReaderOptions reader_options;
-  reader_options.io_engine = engine->get();
-  reader_options.thread_count = threads;
-  reader_options.direct_io = direct;
-  FileSystemReader reader(dir, reader_options);
-  start = std::chrono::steady_clock::now();
-  absl::Status loaded = testing::LoadOneRank(reader, load_planner);
-  const double load_seconds = Since(start);
-  if (!loaded.ok()) return Fail(loaded);
-  const double rss_load = PeakRssMib();
-
-  bool verified = true;
-  for (size_t t = 0; t < sources.size(); ++t) {
-    verified = verified && destinations[t].BytesEqual(sources[t]);
+  if (!status.ok()) {
+    std::fprintf(stderr, "dcp bench io: %s\n", status.ToString().c_str());
+    return 1;
   }
-  std::printf(
-      "{\"bytes\": %lld, \"tensors\": %lld, \"engine\": \"%s\", \"direct\": "
-      "%s, \"threads\": %d, \"cold_load\": %s, \"save_seconds\": %.3f, "
-      "\"load_seconds\": %.3f, \"save_gbps\": %.3f, \"load_gbps\": %.3f, "
-      "\"peak_rss_mib_state\": %.0f, \"peak_rss_mib_after_save\": %.0f, "
-      "\"peak_rss_mib_after_load\": %.0f, \"verified\": %s}\n",
-      static_cast<long long>(bytes), static_cast<long long>(count),
-      std::string((*engine)->name()).c_str(), direct ? "true" : "false",
-      threads, cold ? "true" : "false", save_seconds, load_seconds,
-      bytes / save_seconds / 1e9, bytes / load_seconds / 1e9, rss_state,
-      rss_save, rss_load, verified ? "true" : "false");
-  return verified ? 0 : 2;
+  return 0;
 }

@@ -1,6 +1,11 @@
 // Copying an N-d box between a stored chunk (contiguous, row-major) and a
 // destination view (any strides), the core of load-time resharding: a
 // ReadItem names the box by its offsets in both chunks and its lengths.
+//
+// CopyBox copies a whole box from a chunk held in memory; CopyBoxPart copies
+// the part of a box that lies in one window of the chunk (a contiguous range
+// of its elements), so a reader can stream a large stored chunk through a
+// small bounce buffer and still deliver every box byte for byte.
 #ifndef DCP_IO_BOX_COPY_H_
 #define DCP_IO_BOX_COPY_H_
 
@@ -23,6 +28,26 @@ absl::Status CopyBox(const std::byte* src, absl::Span<const int64_t> src_sizes,
                      const TensorView& dst,
                      absl::Span<const int64_t> dst_offsets,
                      absl::Span<const int64_t> lengths);
+
+// As CopyBox, but `window` holds only the chunk's elements [begin, end) (in
+// row-major order; window[0] is element `begin`), and only the box elements
+// among them are copied. Calls for windows that cover the chunk copy the
+// whole box, each destination element exactly once. Touches no byte outside
+// the window. Errors as CopyBox, and kInvalidArgument for a range outside the
+// chunk.
+absl::Status CopyBoxPart(const std::byte* window, int64_t begin, int64_t end,
+                         absl::Span<const int64_t> src_sizes,
+                         absl::Span<const int64_t> src_offsets,
+                         size_t element_size, const TensorView& dst,
+                         absl::Span<const int64_t> dst_offsets,
+                         absl::Span<const int64_t> lengths);
+
+// The row-major element range [first, last + 1) of the chunk (shape
+// `src_sizes`) that the box spans: every box element lies in it. {0, 0} for
+// an empty box.
+std::pair<int64_t, int64_t> BoxSpan(absl::Span<const int64_t> src_sizes,
+                                    absl::Span<const int64_t> src_offsets,
+                                    absl::Span<const int64_t> lengths);
 
 }  // namespace dcp
 

@@ -1,7 +1,9 @@
 #include "io/box_copy.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -68,6 +70,98 @@ TEST(CopyBoxTest, RejectsBoxOutsideEitherArrayAndElementMismatch) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CopyBox(s, {2, 3}, {0, 0}, 8, view, {0, 0}, {1, 1}).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Random N-d boxes, destinations (contiguous and transposed) and windows:
+// copying window by window gives exactly what one CopyBox gives, and each
+// window is read only inside its bounds (bytes around it are poison).
+TEST(CopyBoxPartTest, WindowByWindowEqualsWholeCopyForRandomBoxes) {
+  std::mt19937_64 rng(42);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 400; ++trial) {
+    const int rank = static_cast<int>(uniform(1, 4));
+    Shape sizes, offsets, lengths, dst_sizes, dst_offsets;
+    for (int d = 0; d < rank; ++d) {
+      sizes.push_back(uniform(1, 7));
+      offsets.push_back(uniform(0, sizes[d] - 1));
+      lengths.push_back(uniform(0, sizes[d] - offsets[d]));
+      dst_offsets.push_back(uniform(0, 2));
+      dst_sizes.push_back(dst_offsets[d] + lengths[d] + uniform(0, 2));
+    }
+    const int64_t n = NumElements(sizes);
+    std::vector<int32_t> src(n);
+    std::iota(src.begin(), src.end(), 1000);
+    const bool transposed = rank >= 2 && uniform(0, 1) == 1;
+    // Destination memory: a contiguous array, or one whose last two
+    // dimensions are swapped in memory (a transposed view).
+    Shape memory_sizes = dst_sizes;
+    if (transposed) std::swap(memory_sizes[rank - 1], memory_sizes[rank - 2]);
+    Shape strides = ContiguousStrides(memory_sizes);
+    if (transposed) std::swap(strides[rank - 1], strides[rank - 2]);
+    const int64_t dst_n = NumElements(dst_sizes);
+    std::vector<int32_t> want(dst_n, -1), got(dst_n, -1);
+    TensorView want_view(want.data(), DType::kI32, dst_sizes, strides,
+                         Device::Cpu());
+    TensorView got_view(got.data(), DType::kI32, dst_sizes, strides,
+                        Device::Cpu());
+    ASSERT_TRUE(CopyBox(reinterpret_cast<const std::byte*>(src.data()), sizes,
+                        offsets, 4, want_view, dst_offsets, lengths)
+                    .ok());
+    // Random cut points split [0, n) into windows.
+    std::vector<int64_t> cuts = {0, n};
+    for (int c = static_cast<int>(uniform(0, 5)); c > 0; --c) {
+      cuts.push_back(uniform(0, n));
+    }
+    std::sort(cuts.begin(), cuts.end());
+    for (size_t w = 0; w + 1 < cuts.size(); ++w) {
+      const int64_t begin = cuts[w], end = cuts[w + 1];
+      std::vector<int32_t> window(end - begin + 8, -7);  // Poison around.
+      std::copy(src.begin() + begin, src.begin() + end, window.begin() + 4);
+      ASSERT_TRUE(
+          CopyBoxPart(reinterpret_cast<const std::byte*>(window.data() + 4),
+                      begin, end, sizes, offsets, 4, got_view, dst_offsets,
+                      lengths)
+              .ok());
+    }
+    ASSERT_EQ(got, want) << "trial " << trial << " sizes "
+                         << ShapeToString(sizes) << " box at "
+                         << ShapeToString(offsets) << " of "
+                         << ShapeToString(lengths);
+    // The span holds every box element.
+    auto [first, last] = BoxSpan(sizes, offsets, lengths);
+    if (NumElements(lengths) > 0) {
+      std::vector<int32_t> inside(dst_n, -1);
+      TensorView inside_view(inside.data(), DType::kI32, dst_sizes, strides,
+                             Device::Cpu());
+      ASSERT_TRUE(
+          CopyBoxPart(reinterpret_cast<const std::byte*>(src.data() + first),
+                      first, last, sizes, offsets, 4, inside_view, dst_offsets,
+                      lengths)
+              .ok());
+      ASSERT_EQ(inside, want) << "trial " << trial;
+    }
+  }
+}
+
+TEST(CopyBoxPartTest, ScalarAndRejectedWindows) {
+  double src = 2.5, dst = 0;
+  TensorView view(&dst, DType::kF64, {});
+  const auto* s = reinterpret_cast<const std::byte*>(&src);
+  ASSERT_TRUE(CopyBoxPart(s, 0, 0, {}, {}, 8, view, {}, {}).ok());
+  EXPECT_EQ(dst, 0);
+  ASSERT_TRUE(CopyBoxPart(s, 0, 1, {}, {}, 8, view, {}, {}).ok());
+  EXPECT_EQ(dst, 2.5);
+  std::vector<float> chunk(6), out(6);
+  TensorView out_view(out.data(), DType::kF32, {2, 3});
+  const auto* c = reinterpret_cast<const std::byte*>(chunk.data());
+  EXPECT_EQ(
+      CopyBoxPart(c, 4, 7, {2, 3}, {0, 0}, 4, out_view, {0, 0}, {2, 3}).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      CopyBoxPart(c, 3, 2, {2, 3}, {0, 0}, 4, out_view, {0, 0}, {2, 3}).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

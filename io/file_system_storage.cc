@@ -10,12 +10,14 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
 #include "core/status.h"
 #include "io/box_copy.h"
+#include "io/device_box_upload.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
 #include "staging/device_staging.h"
@@ -28,6 +30,12 @@ constexpr int64_t kPayloadAlignment = 4096;
 // bytes in flight per file.
 constexpr int64_t kBounceChunk = int64_t{4} << 20;
 constexpr int64_t kBounceBudget = int64_t{32} << 20;
+// Loads through bounce buffers: the most bytes one read of a stored item
+// takes (whole checksum blocks; FileSystemReaderOptions::read_window_bytes
+// caps it further).
+constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
+// The pinned pool a reader creates for device destinations.
+constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
 constexpr char kDataFileSuffix[] = ".distcp";
 constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
 
@@ -677,7 +685,16 @@ struct StoredItem {
   const StorageInfo* info = nullptr;
   Shape chunk_sizes;  // Tensor chunks only.
   size_t element_size = 1;
+  bool is_tensor = false;
   std::vector<const ReadItem*> uses;
+  // Set when the reader reaches the item, on the submitting thread: each
+  // tensor use's destination (resolved once), and the pieces still to be
+  // delivered (the last one commits every use).
+  std::vector<TensorView> dests;
+  std::unique_ptr<std::atomic<int64_t>> pieces_left;
+  // Some destination is device memory: filled through `staging`, committed
+  // after the staging's copies have landed.
+  DeviceStaging* staging = nullptr;
 };
 
 // Hashes MetadataIndex by fqn and offset (the system abseil cannot hash
@@ -695,6 +712,10 @@ struct IndexHash {
 bool AllZero(const Shape& shape) {
   return std::all_of(shape.begin(), shape.end(),
                      [](int64_t v) { return v == 0; });
+}
+
+int64_t AlignDown(int64_t value, int64_t alignment) {
+  return value / alignment * alignment;
 }
 
 // Opens each data file once per ReadData and shares it between threads.
@@ -725,17 +746,239 @@ class OpenFiles {
       ABSL_GUARDED_BY(mu_);
 };
 
-// Checks that `got` bytes were read for `stored` and that `data` matches its
-// block checksums.
-absl::Status Verify(const StoredItem& stored, const std::string& file_path,
-                    size_t got, int64_t block_size, const std::byte* data) {
+// Bounce-buffer bytes held now and at most (FileSystemReader's
+// peak_bounce_bytes).
+class BounceMeter {
+ public:
+  void Add(int64_t bytes) {
+    const int64_t now = held_.fetch_add(bytes) + bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+  }
+  void Remove(int64_t bytes) { held_.fetch_sub(bytes); }
+  int64_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<int64_t> held_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// An AlignedBuffer counted by a BounceMeter while it lives.
+class BounceBuffer {
+ public:
+  BounceBuffer(int64_t size, BounceMeter& meter)
+      : buffer_(static_cast<size_t>(size)), meter_(meter) {
+    meter_.Add(size);
+  }
+  ~BounceBuffer() { meter_.Remove(buffer_.size); }
+  std::byte* data() const { return buffer_.data; }
+
+ private:
+  AlignedBuffer buffer_;
+  BounceMeter& meter_;
+};
+
+// One read on its way from a data file to the planner: a whole stored item
+// read straight into its destination (zero copy), or a piece of one (a run
+// of its checksum blocks) read into a bounce buffer, verified, and copied
+// out box by box.
+struct ReadSlot {
+  StoredItem* stored = nullptr;
+  File* file = nullptr;
+  // The item's checksum blocks [first_block, end_block) (bytes
+  // [begin, end) of the item), and for tensors the chunk elements
+  // [first_element, end_element) this slot delivers.
+  int64_t first_block = 0, end_block = 0;
+  int64_t begin = 0, end = 0;
+  int64_t first_element = 0, end_element = 0;
+  bool zero_copy = false;
+  // Where byte `begin` lands: the destination (zero copy) or `lead` bytes
+  // into `buffer` (O_DIRECT reads start at a 4 KiB boundary).
+  std::byte* target = nullptr;
+  std::unique_ptr<BounceBuffer> buffer;
+  int64_t lead = 0;
+  // Zero copy with O_DIRECT: the aligned body is read in place, the last
+  // partial block through `tail`.
+  int64_t body = 0;
+  std::unique_ptr<BounceBuffer> tail;
+  int64_t buffer_bytes = 0;  // What `buffer` will take (window accounting).
+  std::vector<IoRequest> requests;
+  std::vector<Future<size_t>> reads;
+};
+
+// Plans `stored`'s reads, appending slots to `out`: one zero-copy slot when
+// its only use is the whole chunk into a whole contiguous host tensor of the
+// same size (and, for O_DIRECT, 4 KiB aligned memory and file offset);
+// otherwise pieces of at most about `piece_bytes` (whole checksum blocks,
+// at least one element) covering only the elements its uses need. Resolves
+// each tensor use's destination once and checks its box.
+absl::Status PlanItem(
+    StoredItem& stored, LoadPlanner& planner, bool direct, int64_t block_size,
+    int64_t piece_bytes,
+    absl::FunctionRef<absl::StatusOr<DeviceStaging*>()> device_staging,
+    std::deque<ReadSlot>& out) {
+  const int64_t length = stored.info->length;
+  const int64_t blocks = (length + block_size - 1) / block_size;
+  stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
+  auto add = [&](int64_t first_block, int64_t end_block, int64_t first_element,
+                 int64_t end_element) -> ReadSlot& {
+    ReadSlot& slot = out.emplace_back();
+    slot.stored = &stored;
+    slot.first_block = first_block;
+    slot.end_block = end_block;
+    slot.begin = first_block * block_size;
+    slot.end = std::min(end_block * block_size, length);
+    slot.first_element = first_element;
+    slot.end_element = end_element;
+    stored.pieces_left->fetch_add(1);
+    return slot;
+  };
+  if (!stored.is_tensor) {  // Bytes: delivered whole.
+    add(0, blocks, 0, 0).buffer_bytes = length;
+    return absl::OkStatus();
+  }
+  for (const ReadItem* item : stored.uses) {
+    DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(*item));
+    const std::string what =
+        absl::StrCat("loading ", item->storage_index.ToString(), " into ",
+                     item->dest_index.ToString());
+    if (dest.device().is_cuda() && stored.staging == nullptr) {
+      absl::StatusOr<DeviceStaging*> staging = device_staging();
+      if (!staging.ok()) return Annotate(staging.status(), what);
+      stored.staging = *staging;
+    }
+    // Checks the box against the chunk and the destination.
+    DCP_RETURN_IF_ERROR(Annotate(
+        CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes, item->storage_offsets,
+                    stored.element_size, AsHostView(dest), item->dest_offsets,
+                    item->lengths),
+        what));
+    stored.dests.push_back(std::move(dest));
+  }
+  const ReadItem& first = *stored.uses.front();
+  const TensorView& dest = stored.dests.front();
+  if (stored.uses.size() == 1 && AllZero(first.storage_offsets) &&
+      AllZero(first.dest_offsets) && first.lengths == stored.chunk_sizes &&
+      dest.device().is_cpu() && dest.is_contiguous() &&
+      dest.sizes() == first.lengths &&
+      static_cast<int64_t>(dest.nbytes()) == length &&
+      (!direct ||
+       (reinterpret_cast<uintptr_t>(dest.data()) % kPayloadAlignment == 0 &&
+        stored.info->offset % kPayloadAlignment == 0))) {
+    ReadSlot& slot = add(0, blocks, 0, NumElements(stored.chunk_sizes));
+    slot.zero_copy = true;
+    slot.target = static_cast<std::byte*>(dest.data());
+    return absl::OkStatus();
+  }
+  // The element ranges the boxes span, merged where they share a block.
+  const int64_t es = static_cast<int64_t>(stored.element_size);
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const ReadItem* item : stored.uses) {
+    auto span =
+        BoxSpan(stored.chunk_sizes, item->storage_offsets, item->lengths);
+    if (span.first < span.second) spans.push_back(span);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& span : spans) {
+    if (!merged.empty() && span.first * es / block_size <=
+                               (merged.back().second * es - 1) / block_size) {
+      merged.back().second = std::max(merged.back().second, span.second);
+    } else {
+      merged.push_back(span);
+    }
+  }
+  const int64_t blocks_per_piece =
+      std::max<int64_t>(1, piece_bytes / block_size);
+  for (const auto& [span_begin, span_end] : merged) {
+    for (int64_t e = span_begin; e < span_end;) {
+      const int64_t first_block = e * es / block_size;
+      const int64_t end_byte =
+          std::min((first_block + blocks_per_piece) * block_size, length);
+      const int64_t next = std::max(e + 1, std::min(span_end, end_byte / es));
+      const int64_t end_block = (next * es + block_size - 1) / block_size;
+      ReadSlot& slot = add(first_block, end_block, e, next);
+      slot.buffer_bytes = slot.end - slot.begin;
+      e = next;
+    }
+  }
+  if (*stored.pieces_left == 0) {  // Only empty boxes: nothing to read.
+    for (size_t u = 0; u < stored.uses.size(); ++u) {
+      DCP_RETURN_IF_ERROR(
+          planner.CommitTensor(*stored.uses[u], stored.dests[u]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Builds `slot`'s read requests, allocating its bounce buffers.
+absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
+                         ReadSlot& slot) {
+  DCP_ASSIGN_OR_RETURN(slot.file, files.Get(slot.stored->info->relative_path));
+  const int64_t offset = slot.stored->info->offset + slot.begin;
+  const int64_t length = slot.end - slot.begin;
+  if (length == 0) return absl::OkStatus();
+  if (slot.zero_copy) {
+    if (!direct) {
+      slot.requests.push_back(
+          IoRequest::Read(slot.file, offset, slot.target, length));
+      return absl::OkStatus();
+    }
+    slot.body = AlignDown(length, kPayloadAlignment);
+    if (slot.body > 0) {
+      slot.requests.push_back(
+          IoRequest::Read(slot.file, offset, slot.target, slot.body));
+    }
+    if (slot.body < length) {
+      slot.tail = std::make_unique<BounceBuffer>(kPayloadAlignment, meter);
+      slot.requests.push_back(IoRequest::Read(
+          slot.file, offset + slot.body, slot.tail->data(), kPayloadAlignment));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t start = direct ? AlignDown(offset, kPayloadAlignment) : offset;
+  const int64_t end =
+      direct ? AlignUp(offset + length, kPayloadAlignment) : offset + length;
+  slot.buffer = std::make_unique<BounceBuffer>(end - start, meter);
+  slot.lead = offset - start;
+  slot.target = slot.buffer->data() + slot.lead;
+  slot.requests.push_back(
+      IoRequest::Read(slot.file, start, slot.buffer->data(), end - start));
+  return absl::OkStatus();
+}
+
+// Waits for the reads of `slot`; returns how many of its bytes arrived
+// (fewer than asked: the file is truncated).
+absl::StatusOr<int64_t> AwaitSlot(ReadSlot& slot) {
+  std::vector<int64_t> got;
+  for (Future<size_t>& read : slot.reads) {
+    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
+    got.push_back(static_cast<int64_t>(n));
+  }
+  const int64_t length = slot.end - slot.begin;
+  if (slot.tail != nullptr) {
+    const int64_t body_got = slot.body > 0 ? got.front() : 0;
+    if (body_got < slot.body) return body_got;
+    const int64_t tail_got = std::min(got.back(), length - slot.body);
+    std::memcpy(slot.target + slot.body, slot.tail->data(), tail_got);
+    return slot.body + tail_got;
+  }
+  if (got.empty()) return 0;
+  return std::clamp<int64_t>(got.front() - slot.lead, 0, length);
+}
+
+// Checks that all of `slot`'s bytes arrived and match their block
+// checksums.
+absl::Status Verify(const ReadSlot& slot, int64_t got, int64_t block_size) {
+  const StoredItem& stored = *slot.stored;
   const StorageInfo& info = *stored.info;
-  if (static_cast<int64_t>(got) != info.length) {
+  const std::string& file_path = slot.file->path();
+  if (got != slot.end - slot.begin) {
     return absl::DataLossError(absl::StrCat(
         "data file ", file_path, " is truncated: ", stored.index->ToString(),
         " needs bytes [", info.offset, ", ", info.offset + info.length,
-        ") but the file ends at offset ",
-        info.offset + static_cast<int64_t>(got)));
+        ") but the file ends at offset ", info.offset + slot.begin + got));
   }
   const size_t blocks = (info.length + block_size - 1) / block_size;
   if (info.block_checksums.size() != blocks) {
@@ -744,10 +987,10 @@ absl::Status Verify(const StoredItem& stored, const std::string& file_path,
                      " checksums for ", stored.index->ToString(), " (",
                      info.length, " bytes in ", blocks, " blocks)"));
   }
-  for (size_t b = 0; b < blocks; ++b) {
-    const int64_t start = static_cast<int64_t>(b) * block_size;
+  for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
+    const int64_t start = b * block_size;
     const int64_t size = std::min(block_size, info.length - start);
-    const uint64_t actual = Checksum(data + start, size);
+    const uint64_t actual = Checksum(slot.target + (start - slot.begin), size);
     if (actual != info.block_checksums[b]) {
       return absl::DataLossError(absl::StrFormat(
           "checksum mismatch in %s: file %s offset %d length %d (xxh3 %016x, "
@@ -759,135 +1002,48 @@ absl::Status Verify(const StoredItem& stored, const std::string& file_path,
   return absl::OkStatus();
 }
 
-absl::Status DeliverTensor(const StoredItem& stored, const ReadItem& item,
-                           const std::byte* data, LoadPlanner& planner) {
-  DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(item));
-  DCP_RETURN_IF_ERROR(CopyBox(data, stored.chunk_sizes, item.storage_offsets,
-                              stored.element_size, dest, item.dest_offsets,
-                              item.lengths));
-  return planner.CommitTensor(item, dest);
-}
-
-// One stored item on its way from the file to the planner.
-struct ReadSlot {
-  const StoredItem* stored = nullptr;
-  File* file = nullptr;
-  // Where the item's bytes are once read: the destination (zero copy) or
-  // inside `buffer`.
-  std::byte* target = nullptr;
-  std::unique_ptr<AlignedBuffer> buffer;
-  // O_DIRECT reads: bytes of `buffer` before the item (aligned start); for a
-  // zero-copy read, the aligned body goes to the destination and the last
-  // partial block through `tail`.
-  int64_t lead = 0;
-  int64_t body = 0;
-  std::unique_ptr<AlignedBuffer> tail;
-  std::optional<TensorView> zero_copy_dest;
-  std::vector<IoRequest> requests;
-  std::vector<Future<size_t>> reads;
-};
-
-int64_t AlignDown(int64_t value, int64_t alignment) {
-  return value / alignment * alignment;
-}
-
-// Decides where `slot` is read to: straight into the destination when the
-// only use is a whole stored chunk into a whole contiguous host tensor of
-// the same size (and, for O_DIRECT, 4 KiB aligned memory), otherwise a
-// bounce buffer; and builds the read requests.
-absl::Status PrepareSlot(OpenFiles& files, LoadPlanner& planner, bool direct,
-                         ReadSlot& slot) {
-  const StoredItem& stored = *slot.stored;
-  const int64_t offset = stored.info->offset;
-  const int64_t length = stored.info->length;
-  DCP_ASSIGN_OR_RETURN(slot.file, files.Get(stored.info->relative_path));
-  const ReadItem& first = *stored.uses.front();
-  if (stored.uses.size() == 1 && first.type == LoadItemType::kTensor &&
-      AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
-      first.lengths == stored.chunk_sizes) {
-    DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(first));
-    auto* data = static_cast<std::byte*>(dest.data());
-    if (dest.device().is_cpu() && dest.is_contiguous() &&
-        dest.sizes() == first.lengths &&
-        ElementSize(dest.dtype()) == stored.element_size &&
-        static_cast<int64_t>(dest.nbytes()) == length &&
-        (!direct ||
-         (reinterpret_cast<uintptr_t>(data) % kPayloadAlignment == 0 &&
-          offset % kPayloadAlignment == 0))) {
-      slot.zero_copy_dest = dest;
-      slot.target = data;
-      if (!direct) {
-        slot.requests.push_back(
-            IoRequest::Read(slot.file, offset, data, length));
-        return absl::OkStatus();
-      }
-      slot.body = AlignDown(length, kPayloadAlignment);
-      if (slot.body > 0) {
-        slot.requests.push_back(
-            IoRequest::Read(slot.file, offset, data, slot.body));
-      }
-      if (slot.body < length) {
-        slot.tail = std::make_unique<AlignedBuffer>(kPayloadAlignment);
-        slot.requests.push_back(IoRequest::Read(
-            slot.file, offset + slot.body, slot.tail->data, kPayloadAlignment));
-      }
-      return absl::OkStatus();
-    }
-  }
-  const int64_t start = direct ? AlignDown(offset, kPayloadAlignment) : offset;
-  const int64_t end =
-      direct ? AlignUp(offset + length, kPayloadAlignment) : offset + length;
-  slot.buffer = std::make_unique<AlignedBuffer>(end - start);
-  slot.lead = offset - start;
-  slot.target = slot.buffer->data + slot.lead;
-  slot.requests.push_back(
-      IoRequest::Read(slot.file, start, slot.buffer->data, end - start));
-  return absl::OkStatus();
-}
-
-// Waits for the reads of `slot`; returns how many of the item's bytes
-// arrived (fewer than its length: the file is truncated).
-absl::StatusOr<size_t> AwaitSlot(ReadSlot& slot) {
-  std::vector<size_t> got;
-  for (Future<size_t>& read : slot.reads) {
-    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
-    got.push_back(n);
-  }
-  const int64_t length = slot.stored->info->length;
-  if (slot.tail != nullptr) {
-    const int64_t body_got = slot.body > 0 ? got.front() : 0;
-    if (body_got < slot.body) return body_got;
-    const int64_t tail_got = std::min<int64_t>(got.back(), length - slot.body);
-    std::memcpy(slot.target + slot.body, slot.tail->data, tail_got);
-    return slot.body + tail_got;
-  }
-  if (got.empty()) return 0;
-  return static_cast<size_t>(std::clamp<int64_t>(
-      static_cast<int64_t>(got.front()) - slot.lead, 0, length));
-}
-
-// Verifies what was read into `slot` and hands it to the planner.
+// Verifies what was read into `slot` and hands it to the planner: bytes
+// whole, tensor boxes piece by piece; the item's last piece commits each
+// tensor use.
 absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
                         LoadPlanner& planner) {
-  const StoredItem& stored = *slot.stored;
-  DCP_ASSIGN_OR_RETURN(size_t got, AwaitSlot(slot));
-  DCP_RETURN_IF_ERROR(
-      Verify(stored, slot.file->path(), got, block_size, slot.target));
-  if (slot.zero_copy_dest.has_value()) {
-    return planner.CommitTensor(*stored.uses.front(), *slot.zero_copy_dest);
-  }
-  const int64_t length = stored.info->length;
-  for (const ReadItem* item : stored.uses) {
-    if (item->type == LoadItemType::kBytesIO) {
+  StoredItem& stored = *slot.stored;
+  DCP_ASSIGN_OR_RETURN(int64_t got, AwaitSlot(slot));
+  DCP_RETURN_IF_ERROR(Verify(slot, got, block_size));
+  if (!stored.is_tensor) {
+    for (const ReadItem* item : stored.uses) {
       DCP_RETURN_IF_ERROR(planner.LoadBytes(
           *item, absl::string_view(reinterpret_cast<const char*>(slot.target),
-                                   static_cast<size_t>(length))));
-    } else {
-      DCP_RETURN_IF_ERROR(
-          Annotate(DeliverTensor(stored, *item, slot.target, planner),
-                   absl::StrCat("loading ", item->storage_index.ToString(),
-                                " into ", item->dest_index.ToString())));
+                                   static_cast<size_t>(slot.end))));
     }
+    return absl::OkStatus();
+  }
+  if (!slot.zero_copy) {
+    const int64_t es = static_cast<int64_t>(stored.element_size);
+    const std::byte* window =
+        slot.target + (slot.first_element * es - slot.begin);
+    for (size_t u = 0; u < stored.uses.size(); ++u) {
+      const ReadItem& item = *stored.uses[u];
+      const TensorView& dest = stored.dests[u];
+      DCP_RETURN_IF_ERROR(Annotate(
+          dest.device().is_cpu()
+              ? CopyBoxPart(window, slot.first_element, slot.end_element,
+                            stored.chunk_sizes, item.storage_offsets,
+                            stored.element_size, dest, item.dest_offsets,
+                            item.lengths)
+              : UploadBoxPart(*stored.staging, window, slot.first_element,
+                              slot.end_element, stored.chunk_sizes,
+                              item.storage_offsets, stored.element_size, dest,
+                              item.dest_offsets, item.lengths),
+          absl::StrCat("loading ", item.storage_index.ToString(), " into ",
+                       item.dest_index.ToString())));
+    }
+  }
+  if (stored.pieces_left->fetch_sub(1) != 1) return absl::OkStatus();
+  // Device destinations are committed once their copies have landed.
+  if (stored.staging != nullptr) return absl::OkStatus();
+  for (size_t u = 0; u < stored.uses.size(); ++u) {
+    DCP_RETURN_IF_ERROR(planner.CommitTensor(*stored.uses[u], stored.dests[u]));
   }
   return absl::OkStatus();
 }
@@ -972,7 +1128,8 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
       StoredItem s;
       s.index = &info->first;
       s.info = &info->second;
-      if (item.type == LoadItemType::kTensor) {
+      s.is_tensor = item.type == LoadItemType::kTensor;
+      if (s.is_tensor) {
         auto value = metadata.state_dict_metadata.find(item.storage_index.fqn);
         const auto* tensor =
             value == metadata.state_dict_metadata.end()
@@ -1012,41 +1169,70 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     stored[it->second].uses.push_back(&item);
   }
 
-  // Reads go out in windows of bounce-buffer bytes (zero-copy reads cost no
-  // memory); window w+1 is in flight while window w is verified and
-  // delivered on thread_count threads.
-  OpenFiles files(*fs_, path_, options_.direct_io);
+  // Reads go out in windows of at most read_window_bytes of bounce buffers
+  // (zero-copy reads cost none); window w+1 is in flight while window w is
+  // verified and delivered on thread_count threads. Stored items are planned
+  // (destinations resolved, pieces cut) as the windows reach them.
+  const bool direct = options_.direct_io;
+  const int64_t block_size = metadata.checksum_block_size;
+  const int64_t window_bytes = std::max<int64_t>(1, options_.read_window_bytes);
+  const int64_t piece_bytes = std::min(kReadPieceBytes, window_bytes);
+  OpenFiles files(*fs_, path_, direct);
   FirstError error;
-  std::vector<ReadSlot> slots(stored.size());
-  size_t next_to_submit = 0;
+  BounceMeter meter;
+  DeviceStaging* staging_used = nullptr;
+  auto device_staging = [&]() -> absl::StatusOr<DeviceStaging*> {
+    DeviceStaging* staging = options_.device_staging;
+    if (staging == nullptr) {
+      if (owned_staging_ == nullptr) {
+        DeviceStagingOptions staging_options;
+        staging_options.pool_bytes = kReadStagingPoolBytes;
+        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+      }
+      staging = owned_staging_.get();
+    }
+    DCP_RETURN_IF_ERROR(staging->Pool().status());
+    staging_used = staging;
+    return staging;
+  };
+  std::deque<ReadSlot> slots;  // Slots [done, done + slots.size()).
+  size_t done = 0;
+  size_t next_item = 0;
+  size_t next_slot = 0;
   auto submit_window = [&]() -> std::pair<size_t, size_t> {
-    const size_t begin = next_to_submit;
+    const size_t begin = next_slot;
     int64_t bounce_bytes = 0;
     std::vector<IoRequest> batch;
-    std::vector<size_t> batch_slots;
-    while (next_to_submit < slots.size() && !error.failed() &&
-           bounce_bytes < options_.read_window_bytes) {
-      ReadSlot& slot = slots[next_to_submit];
-      slot.stored = &stored[next_to_submit];
-      ++next_to_submit;
-      absl::Status prepared =
-          PrepareSlot(files, planner, options_.direct_io, slot);
+    std::vector<ReadSlot*> batch_slots;
+    while (!error.failed()) {
+      if (next_slot == done + slots.size()) {
+        if (next_item == stored.size()) break;
+        error.Update(PlanItem(stored[next_item++], planner, direct, block_size,
+                              piece_bytes, device_staging, slots));
+        continue;
+      }
+      ReadSlot& slot = slots[next_slot - done];
+      if (bounce_bytes > 0 && bounce_bytes + slot.buffer_bytes > window_bytes) {
+        break;
+      }
+      ++next_slot;
+      absl::Status prepared = PrepareSlot(files, direct, meter, slot);
       if (!prepared.ok()) {
         slot.reads.push_back(Future<size_t>::Ready(prepared));
         error.Update(prepared);
         break;
       }
-      if (slot.buffer != nullptr) bounce_bytes += slot.stored->info->length;
+      bounce_bytes += slot.buffer_bytes;
       for (const IoRequest& request : slot.requests) {
         batch.push_back(request);
-        batch_slots.push_back(next_to_submit - 1);
+        batch_slots.push_back(&slot);
       }
     }
     std::vector<Future<size_t>> futures = engine_->Submit(batch);
     for (size_t i = 0; i < futures.size(); ++i) {
-      slots[batch_slots[i]].reads.push_back(std::move(futures[i]));
+      batch_slots[i]->reads.push_back(std::move(futures[i]));
     }
-    return {begin, next_to_submit};
+    return {begin, next_slot};
   };
   auto finish_window = [&](std::pair<size_t, size_t> window) {
     std::atomic<size_t> next{window.first};
@@ -1054,17 +1240,18 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
         std::min<size_t>(options_.thread_count, window.second - window.first));
     RunOnThreads(threads, [&](int) {
       for (size_t i = next++; i < window.second; i = next++) {
-        ReadSlot& slot = slots[i];
+        ReadSlot& slot = slots[i - done];
         if (error.failed()) {
           // Keep the buffers until their reads are done.
           for (Future<size_t>& read : slot.reads) read.Wait();
         } else {
-          error.Update(FinishSlot(slot, metadata.checksum_block_size, planner));
+          error.Update(FinishSlot(slot, block_size, planner));
         }
-        slot.buffer.reset();
-        slot.tail.reset();
       }
     });
+    // Windows finish in order: this one's slots are the oldest.
+    for (size_t i = window.first; i < window.second; ++i) slots.pop_front();
+    done = window.second;
   };
   std::pair<size_t, size_t> window = submit_window();
   while (window.first < window.second) {
@@ -1072,6 +1259,27 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     finish_window(window);
     window = following;
   }
+  // A failed PrepareSlot leaves a window that was never finished.
+  for (ReadSlot& slot : slots) {
+    for (Future<size_t>& read : slot.reads) read.Wait();
+  }
+  if (staging_used != nullptr) {
+    // Every copy to a device destination lands before any is committed.
+    error.Update(
+        Annotate(staging_used->Flush(),
+                 absl::StrCat("copying into device tensors from ", path_)));
+    for (StoredItem& item : stored) {
+      if (error.failed()) break;
+      if (item.staging == nullptr || item.pieces_left == nullptr ||
+          *item.pieces_left != 0) {
+        continue;
+      }
+      for (size_t u = 0; u < item.uses.size() && !error.failed(); ++u) {
+        error.Update(planner.CommitTensor(*item.uses[u], item.dests[u]));
+      }
+    }
+  }
+  peak_bounce_bytes_ = meter.peak();
   return Future<void>::Ready(error.status());
 }
 

@@ -62,7 +62,7 @@ struct FileSystemWriterOptions {
   // and others that refuse it get buffered I/O): every write is then 4 KiB
   // aligned; unaligned tails and unaligned memory go through aligned bounce
   // chunks (at most 32 MiB in flight per file). On by default: measured
-  // faster than buffered writes plus fsync (bench/fio_compare.sh).
+  // faster than buffered writes plus fsync (`dcp bench io`).
   bool direct_io = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
@@ -155,9 +155,15 @@ struct FileSystemReaderOptions {
   int thread_count = 1;
   // nullptr means LocalFileSystem(). Not owned; must outlive the reader.
   FileSystemBase* file_system = nullptr;
-  // Bytes of bounce buffers (items that cannot be read straight into their
-  // destination) per window of reads; two windows are in memory at once.
-  int64_t read_window_bytes = int64_t{128} << 20;
+  // Bytes of bounce buffers per window of reads; two windows are in memory
+  // at once. Stored items that cannot be read straight into their
+  // destination (resharded boxes, strided or unaligned destinations) are
+  // read in pieces of at most min(16 MiB, read_window_bytes) (whole checksum
+  // blocks, and at least one element), and their boxes copied out piece by
+  // piece, so a load's bounce memory stays under about
+  // 2 * max(read_window_bytes, 2 checksum blocks + 8 KiB) however large the
+  // stored items. Only non-tensor (bytes) values are read whole.
+  int64_t read_window_bytes = int64_t{64} << 20;
   // Read with O_DIRECT (where supported): aligned reads straight into 4 KiB
   // aligned destinations, the rest through aligned bounce buffers. On by
   // default: measured faster than cold buffered reads (bench/).
@@ -166,6 +172,13 @@ struct FileSystemReaderOptions {
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
+  // Copies into device tensors: verified bytes are gathered into pinned
+  // chunks and copied to the device as contiguous runs (io/
+  // device_box_upload.h), overlapping the next reads. nullptr: the reader
+  // creates one on its first device destination (auto device runtime, a
+  // 64 MiB pool). Pass one to use a runtime of your own (the destinations
+  // must belong to it). Not owned; must outlive the reader.
+  DeviceStaging* device_staging = nullptr;
 };
 
 class FileSystemReader final : public StorageReader {
@@ -182,16 +195,22 @@ class FileSystemReader final : public StorageReader {
   absl::StatusOr<LoadPlan> PrepareLocalPlan(LoadPlan plan) override;
   absl::StatusOr<std::vector<LoadPlan>> PrepareGlobalPlan(
       std::vector<LoadPlan> plans) override;
-  // Reads each stored item the plan uses once, verifies its checksums, then
-  // delivers every ReadItem that uses it. A tensor item that covers a whole
-  // stored chunk and a whole contiguous host destination is read straight
-  // into the destination (no bounce copy). Reads are issued together through
-  // the I/O engine, in windows of `read_window_bytes` of bounce buffers, and
-  // verification overlaps the next window's reads. The call blocks; the
-  // returned future is ready.
+  // Reads the bytes of each stored item the plan uses once, verifies their
+  // checksums, then delivers every ReadItem that uses them. A tensor item
+  // that covers a whole stored chunk and a whole contiguous host destination
+  // is read straight into the destination (no bounce copy); other tensor
+  // items are read in bounded pieces covering only the elements their boxes
+  // need (see read_window_bytes). Each destination is resolved once and
+  // committed after its last piece. Reads are issued together through the
+  // I/O engine, in windows of `read_window_bytes` of bounce buffers, and
+  // verification overlaps the next window's reads. Device destinations are
+  // filled through device_staging and committed once every copy to them has
+  // landed. The call blocks; the returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   const std::string& path() const { return path_; }
+  // The most bounce-buffer bytes the last ReadData held at once.
+  int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
  private:
   std::string path_;
@@ -201,6 +220,8 @@ class FileSystemReader final : public StorageReader {
   IoEngine* engine_ = nullptr;
   absl::Status engine_error_;  // Reported by SetUp.
   std::optional<Metadata> metadata_;
+  int64_t peak_bounce_bytes_ = 0;
+  std::unique_ptr<DeviceStaging> owned_staging_;
 };
 
 }  // namespace dcp

@@ -7,9 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -473,6 +477,224 @@ TEST(FileSystemStorageTest, TwoRanksShareADirectoryAndAbortAfterCommitKeepsIt) {
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_TRUE(a2.BytesEqual(a));
   EXPECT_TRUE(b2.BytesEqual(b));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// Calls fn(index) for every index of a box of `lengths` (row-major order).
+template <typename Fn>
+void ForEachIndex(const Shape& lengths, Fn fn) {
+  if (NumElements(lengths) == 0) return;
+  Shape index(lengths.size(), 0);
+  for (;;) {
+    fn(index);
+    size_t d = lengths.size();
+    while (d > 0 && ++index[d - 1] == lengths[d - 1]) index[--d] = 0;
+    if (d == 0) return;
+  }
+}
+
+int64_t Offset(const Shape& index, const Shape& strides) {
+  int64_t offset = 0;
+  for (size_t d = 0; d < index.size(); ++d) offset += index[d] * strides[d];
+  return offset;
+}
+
+struct Box {
+  Shape offsets;
+  Shape sizes;
+};
+
+// The box of `a` and `b` in common, or nullopt.
+std::optional<Box> Intersect(const Box& a, const Box& b) {
+  Box out;
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    const int64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t hi =
+        std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]);
+    if (hi <= lo) return std::nullopt;
+    out.offsets.push_back(lo);
+    out.sizes.push_back(hi - lo);
+  }
+  return out;
+}
+
+// A tensor saved as the chunks `stored` of `full` and loaded as the boxes
+// `wanted` (each into a destination of its own, contiguous or with its last
+// two dimensions swapped in memory).
+struct ReshardCase {
+  std::string fqn;
+  Tensor full;
+  std::vector<Box> stored;
+  std::vector<Box> wanted;
+  std::vector<bool> transposed;  // Per wanted box.
+};
+
+// Builds the chunk's bytes by plain indexing (not through CopyBox).
+Tensor Extract(const Tensor& full, const Box& box) {
+  Tensor out = Tensor::Empty(full.dtype(), box.sizes);
+  const size_t es = ElementSize(full.dtype());
+  const Shape full_strides = ContiguousStrides(full.sizes());
+  const Shape out_strides = ContiguousStrides(box.sizes);
+  const auto* src = static_cast<const std::byte*>(full.data());
+  auto* dst = static_cast<std::byte*>(out.data());
+  ForEachIndex(box.sizes, [&](const Shape& i) {
+    Shape global = i;
+    for (size_t d = 0; d < i.size(); ++d) global[d] += box.offsets[d];
+    std::memcpy(dst + Offset(i, out_strides) * es,
+                src + Offset(global, full_strides) * es, es);
+  });
+  return out;
+}
+
+class ReshardedLoadTest
+    : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+TEST_P(ReshardedLoadTest, NdBoxesAreByteExactWithTinyBounceBudget) {
+  const auto [direct, threads] = GetParam();
+  const std::string dir = NewTestDir("reshard_nd");
+  std::vector<ReshardCase> cases;
+  // F64 [8, 16, 100] in a 2x2 grid of chunks; loaded as a 2x2 grid across
+  // the last two dimensions, one of them transposed in memory, and whole
+  // (transposed: never read in place).
+  cases.push_back({"f64",
+                   PatternTensor(DType::kF64, {8, 16, 100}, 1),
+                   {{{0, 0, 0}, {4, 8, 100}},
+                    {{0, 8, 0}, {4, 8, 100}},
+                    {{4, 0, 0}, {4, 8, 100}},
+                    {{4, 8, 0}, {4, 8, 100}}},
+                   {{{0, 0, 0}, {8, 7, 33}},
+                    {{0, 7, 0}, {8, 9, 33}},
+                    {{0, 0, 33}, {8, 7, 67}},
+                    {{0, 7, 33}, {8, 9, 67}},
+                    {{1, 0, 0}, {7, 16, 100}}},
+                   {false, true, false, false, true}});
+  // BF16 [3, 4, 5, 64] stored whole, loaded as an inner box.
+  cases.push_back({"bf16",
+                   PatternTensor(DType::kBF16, {3, 4, 5, 64}, 2),
+                   {{{0, 0, 0, 0}, {3, 4, 5, 64}}},
+                   {{{1, 1, 2, 10}, {2, 3, 3, 40}}},
+                   {false}});
+  FakeSavePlanner save;
+  int64_t largest_chunk = 0;
+  for (const ReshardCase& c : cases) {
+    for (const Box& box : c.stored) {
+      Tensor chunk = Extract(c.full, box);
+      largest_chunk = std::max<int64_t>(largest_chunk, chunk.nbytes());
+      save.AddShard(c.fqn, c.full.sizes(), box.offsets, chunk);
+    }
+  }
+  FileSystemWriterOptions writer_options;
+  writer_options.direct_io = direct;
+  // Not a multiple of 8: F64 elements straddle checksum blocks.
+  writer_options.checksum_block_size = 1004;
+  FileSystemWriter writer(dir, writer_options);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+
+  FakeLoadPlanner load;
+  LoadPlan plan;
+  std::vector<Tensor> buffers;  // Keeps the transposed views' memory.
+  std::vector<std::pair<const ReshardCase*, size_t>> destinations;
+  std::vector<Tensor> views;
+  for (const ReshardCase& c : cases) {
+    for (size_t w = 0; w < c.wanted.size(); ++w) {
+      const Box& want = c.wanted[w];
+      Tensor dest;
+      if (c.transposed[w]) {
+        const size_t r = want.sizes.size();
+        Shape memory = want.sizes;
+        std::swap(memory[r - 1], memory[r - 2]);
+        buffers.push_back(Tensor::Empty(c.full.dtype(), memory));
+        Shape strides = ContiguousStrides(memory);
+        std::swap(strides[r - 1], strides[r - 2]);
+        dest = Tensor::Wrap(TensorView(buffers.back().data(), c.full.dtype(),
+                                       want.sizes, strides, Device::Cpu()));
+      } else {
+        dest = Tensor::Empty(c.full.dtype(), want.sizes);
+      }
+      Shape dest_key = want.offsets;
+      dest_key.push_back(static_cast<int64_t>(w));  // Unique per wanted box.
+      load.SetDestination(MetadataIndex(c.fqn, dest_key), dest);
+      views.push_back(dest);
+      destinations.push_back({&c, w});
+      for (const Box& stored : c.stored) {
+        std::optional<Box> common = Intersect(want, stored);
+        if (!common.has_value()) continue;
+        ReadItem item;
+        item.storage_index = MetadataIndex(c.fqn, stored.offsets);
+        item.dest_index = MetadataIndex(c.fqn, dest_key);
+        for (size_t d = 0; d < want.sizes.size(); ++d) {
+          item.storage_offsets.push_back(common->offsets[d] -
+                                         stored.offsets[d]);
+          item.dest_offsets.push_back(common->offsets[d] - want.offsets[d]);
+        }
+        item.lengths = common->sizes;
+        plan.items.push_back(item);
+      }
+    }
+  }
+  FileSystemReaderOptions reader_options;
+  reader_options.direct_io = direct;
+  reader_options.thread_count = threads;
+  reader_options.read_window_bytes = 1;  // The smallest pieces there are.
+  FileSystemReader reader(dir, reader_options);
+  absl::Status status = LoadOneRank(reader, load, &plan);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(load.commits(), static_cast<int>(plan.items.size()));
+
+  for (size_t v = 0; v < views.size(); ++v) {
+    const ReshardCase& c = *destinations[v].first;
+    const Box& want = c.wanted[destinations[v].second];
+    const TensorView& view = views[v].view();
+    const size_t es = ElementSize(c.full.dtype());
+    const Shape full_strides = ContiguousStrides(c.full.sizes());
+    const auto* full = static_cast<const std::byte*>(c.full.data());
+    const auto* got = static_cast<const std::byte*>(view.data());
+    int64_t mismatches = 0;
+    ForEachIndex(want.sizes, [&](const Shape& i) {
+      Shape global = i;
+      for (size_t d = 0; d < i.size(); ++d) global[d] += want.offsets[d];
+      if (std::memcmp(got + Offset(i, view.strides()) * es,
+                      full + Offset(global, full_strides) * es, es) != 0) {
+        ++mismatches;
+      }
+    });
+    EXPECT_EQ(mismatches, 0) << c.fqn << " box " << v;
+  }
+  // Two windows of the smallest piece: two checksum blocks (an element may
+  // straddle), plus up to 4 KiB on each side for O_DIRECT alignment.
+  const int64_t bound = 2 * (2 * 1004 + (direct ? 2 * 4096 : 0));
+  EXPECT_GT(reader.peak_bounce_bytes(), 0);
+  EXPECT_LE(reader.peak_bounce_bytes(), bound);
+  EXPECT_LT(bound, largest_chunk);  // So the bound means something.
+}
+
+INSTANTIATE_TEST_SUITE_P(DirectAndThreads, ReshardedLoadTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(1, 3)));
+
+TEST(FileSystemStorageTest, WholeChunkLoadsReadInPlaceWithoutBounce) {
+  const std::string dir = NewTestDir("zero_copy");
+  FakeSavePlanner save;
+  Tensor t = PatternTensor(DType::kF32, {256, 64}, 9);  // 64 KiB, aligned.
+  save.AddTensor("t", t);
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+  FakeLoadPlanner planner;
+  Tensor dest = Tensor::Empty(DType::kF32, {256, 64});
+  planner.SetDestination(MetadataIndex("t", Shape{0, 0}), dest);
+  for (bool direct : {false, true}) {
+    FileSystemReaderOptions options;
+    options.direct_io = direct;
+    FileSystemReader reader(dir, options);
+    ASSERT_TRUE(LoadOneRank(reader, planner).ok());
+    EXPECT_TRUE(dest.BytesEqual(t));
+    EXPECT_EQ(reader.peak_bounce_bytes(), 0) << direct;
+  }
 }
 
 }  // namespace

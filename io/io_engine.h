@@ -1,14 +1,25 @@
 // IoEngine: batches of positional writes, reads and fsyncs on open Files,
-// each completing through a Future. Two implementations: io_uring (liburing,
-// many I/Os in flight, io/uring_engine.cc) and POSIX (pwrite/pread on a small
-// thread pool, io/posix_engine.cc); NewIoEngine picks one by IoMode.
+// each completing through a Future. Two implementations, picked by IoMode in
+// NewIoEngine:
+//
+// - io_uring (liburing, io/uring_engine.cc): one ring per submitting thread.
+//   A thread's first Submit binds it to a ring of its own (reused from a
+//   thread that has exited, or created, up to `max_rings`; beyond that
+//   threads share rings); the thread fills its ring and enters the kernel
+//   itself, with up to `queue_depth` I/Os in flight per ring (more wait in
+//   the ring's queue). Each ring's reaper thread collects completions,
+//   resubmits short transfers and fulfils the futures.
+// - POSIX (io/io_engine.cc): pwrite/pread (File::PWrite/PRead, which loop
+//   over EINTR and partial transfers) on `threads` worker threads.
 //
 // Ownership: the engine owns neither files nor buffers. Each request's File
 // must stay open, and its buffer valid (and, for writes, unchanged), until
 // the request's future is ready.
 //
 // Thread safety: Submit may be called from any number of threads at once.
-// Futures complete on engine threads; keep callbacks short.
+// Futures complete on engine threads (a ring's reaper, a POSIX worker); keep
+// callbacks short. Work submitted from a callback goes to the calling
+// reaper's own ring.
 //
 // Transfers: the engine resubmits short writes and reads for the remainder
 // and retries EINTR/EAGAIN. A write completes with its full length or an
@@ -78,9 +89,12 @@ class IoEngine {
 
   // Registers long-lived buffers (the staging pool's) so the engine can use
   // them without per-I/O mapping (io_uring fixed buffers). Requests whose
-  // data lies inside a registered buffer use it automatically. Replaces any
-  // earlier registration; an empty span unregisters. Engines without such a
-  // facility accept and ignore it.
+  // data lies inside a registered buffer use it automatically, on every ring
+  // (rings created later register it too). Replaces any earlier
+  // registration; an empty span unregisters. Waits until each ring has no
+  // I/O in flight (submissions meanwhile wait). Returns the kernel's refusal
+  // (e.g. kResourceExhausted for RLIMIT_MEMLOCK); I/O stays correct without
+  // fixed buffers. Engines without such a facility accept and ignore it.
   virtual absl::Status RegisterBuffers(absl::Span<const iovec> buffers) {
     return absl::OkStatus();
   }
@@ -101,13 +115,17 @@ enum class IoMode {
 absl::StatusOr<IoMode> ParseIoMode(absl::string_view text);
 absl::string_view IoModeName(IoMode mode);
 
+// The defaults were chosen by measurement (docs/BENCHMARKS.md section 1,
+// "engine parameters"): the smallest values that reach fio's bandwidth.
 struct IoEngineOptions {
   IoMode mode = IoMode::kAuto;
-  // io_uring: entries per ring (I/Os in flight per ring).
-  int queue_depth = 64;
-  // io_uring: rings (each with its own submitting/reaping thread);
-  // POSIX: worker threads.
-  int threads = 2;
+  // io_uring: entries per ring, the I/Os in flight per submitting thread.
+  int queue_depth = 32;
+  // io_uring: the most rings (one per concurrently submitting thread).
+  int max_rings = 16;
+  // POSIX: worker threads, the I/Os in flight. io_uring: threads serving
+  // files without a native descriptor.
+  int threads = 8;
   // Largest single transfer: bigger requests are split (keeps many I/Os in
   // flight and bounds each syscall).
   size_t max_transfer = size_t{1} << 20;
@@ -131,6 +149,13 @@ namespace internal_io {
 void SetUringSetupFailureForTest(int error_number);
 // Whether NewIoEngine has printed its fallback notice in this process.
 bool FallbackNoticePrinted();
+// What an io_uring engine has done so far: rings created and I/Os issued on
+// registered (fixed) buffers. kInvalidArgument for another engine.
+struct UringStats {
+  int rings = 0;
+  int64_t fixed_ios = 0;
+};
+absl::StatusOr<UringStats> UringStatsForTest(IoEngine& engine);
 }  // namespace internal_io
 
 }  // namespace dcp

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/fault_injection.h"
@@ -291,6 +292,105 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<EngineCase>& info) {
       return info.param.name;
     });
+
+// io_uring only: one ring per submitting thread, reused after threads exit,
+// and requests inside registered buffers use fixed-buffer operations.
+TEST(UringEngineTest, OneRingPerSubmittingThreadReusedAfterThreadsExit) {
+  IoEngineOptions options;
+  options.queue_depth = 4;
+  absl::StatusOr<std::unique_ptr<IoEngine>> made = NewUringIoEngine(options);
+  if (!made.ok())
+    GTEST_SKIP() << "the kernel refuses io_uring: " << made.status();
+  IoEngine& engine = **made;
+  static constexpr int kThreads = 4;
+  constexpr size_t kBlock = 4096, kBlocks = 16;
+  std::vector<std::byte> data = Pattern(kBlock * kBlocks * kThreads, 11);
+  const std::string path = TestPath("rings");
+  std::unique_ptr<File> file = *LocalFileSystem().OpenForWrite(path);
+  auto write_from_threads = [&](int round) {
+    absl::Mutex mu;
+    int submitted = 0;
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<IoRequest> batch;
+        for (size_t b = 0; b < kBlocks; ++b) {
+          const size_t off = (t * kBlocks + b) * kBlock;
+          batch.push_back(
+              IoRequest::Write(file.get(), off, data.data() + off, kBlock));
+        }
+        if (!SubmitAndWait(engine, batch).ok()) ++failures;
+        // Stay alive until every thread has submitted: all are bound at once.
+        absl::MutexLock lock(&mu);
+        ++submitted;
+        mu.Await(absl::Condition(
+            +[](int* n) { return *n == kThreads; }, &submitted));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0) << "round " << round;
+  };
+  write_from_threads(0);
+  EXPECT_EQ(internal_io::UringStatsForTest(engine)->rings, kThreads);
+  write_from_threads(1);  // New threads take the rings the old ones left.
+  EXPECT_EQ(internal_io::UringStatsForTest(engine)->rings, kThreads);
+  EXPECT_EQ(internal_io::UringStatsForTest(engine)->fixed_ios, 0);
+  ASSERT_TRUE(file->Close().ok());
+  EXPECT_EQ(ReadWhole(path), data);
+
+  // Reads into a registered buffer use fixed-buffer reads, on a new
+  // thread's ring too.
+  auto* buffer =
+      static_cast<std::byte*>(std::aligned_alloc(kBlock, data.size()));
+  iovec region{buffer, data.size()};
+  ASSERT_TRUE(engine.RegisterBuffers({&region, 1}).ok());
+  std::unique_ptr<File> reader = *LocalFileSystem().OpenForRead(path);
+  std::thread([&] {
+    ASSERT_TRUE(SubmitAndWait(engine, {IoRequest::Read(reader.get(), 0, buffer,
+                                                       data.size())})
+                    .ok());
+  }).join();
+  EXPECT_EQ(std::memcmp(buffer, data.data(), data.size()), 0);
+  EXPECT_GT(internal_io::UringStatsForTest(engine)->fixed_ios, 0);
+  ASSERT_TRUE(engine.RegisterBuffers({}).ok());
+  made->reset();
+  std::free(buffer);
+}
+
+TEST(UringEngineTest, RingsAreCappedAndSharedBeyondMaxRings) {
+  IoEngineOptions options;
+  options.max_rings = 2;
+  absl::StatusOr<std::unique_ptr<IoEngine>> made = NewUringIoEngine(options);
+  if (!made.ok())
+    GTEST_SKIP() << "the kernel refuses io_uring: " << made.status();
+  const std::string path = TestPath("capped");
+  std::unique_ptr<File> file = *LocalFileSystem().OpenForWrite(path);
+  std::vector<std::byte> data = Pattern(8 * 65536, 4);
+  absl::Mutex mu;
+  int submitted = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t off = t * 65536;
+      EXPECT_TRUE(
+          SubmitAndWait(**made, {IoRequest::Write(file.get(), off,
+                                                  data.data() + off, 65536)})
+              .ok());
+      absl::MutexLock lock(&mu);
+      ++submitted;
+      mu.Await(absl::Condition(
+          +[](int* n) { return *n == 8; }, &submitted));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(internal_io::UringStatsForTest(**made)->rings, 2);
+  ASSERT_TRUE(file->Close().ok());
+  EXPECT_EQ(ReadWhole(path), data);
+  EXPECT_EQ(
+      internal_io::UringStatsForTest(*NewPosixIoEngine({})).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
 
 TEST(IoModeTest, ParsesModes) {
   EXPECT_EQ(*ParseIoMode("auto"), IoMode::kAuto);

@@ -1,17 +1,36 @@
-// The io_uring IoEngine (liburing). Each ring has one thread that both
-// submits and reaps (so a ring is only ever touched by its own thread, and
-// short transfers are resubmitted without locks). Other threads hand parts
-// to a ring through a queue and wake its thread through an eventfd whose
-// read is always pending on the ring.
+// The io_uring IoEngine (liburing): one ring per submitting thread.
+//
+// A thread's first Submit binds it to a ring of its own (a free one, or a
+// new one up to IoEngineOptions::max_rings; beyond that threads share the
+// least-bound ring); the binding lives in a thread_local and returns the ring
+// to the free list when the thread exits, so short-lived writer threads reuse
+// rings instead of creating one per save. The submitting thread fills the
+// ring's submission queue and enters the kernel itself: no hand-off to
+// another thread on the way out.
+//
+// Each ring has one reaper thread that waits on its completion queue, records
+// results, resubmits short transfers and EINTR/EAGAIN for the remainder, and
+// fulfils futures (so callbacks run there). The two sides of a ring are
+// independent in io_uring (one thread may submit while another reaps); the
+// submission side is guarded by the ring's mutex because the reaper also
+// submits (resubmissions, and parts that waited for a free slot: a ring
+// never has more than queue_depth I/Os in flight, the rest wait in its
+// queue). Work started from a completion callback (an fsync released by its
+// file's last write) goes to the reaper's own ring.
+//
+// Parts whose File has no descriptor (FaultInjectionFileSystem) run on a
+// small helper pool through the File's methods.
 #include <liburing.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/executor.h"
@@ -24,17 +43,21 @@ namespace internal_io {
 namespace {
 
 std::atomic<int> forced_setup_error{0};
+std::atomic<uint64_t> next_engine_id{1};
 
-// user_data of the eventfd read; parts use their address.
-constexpr uint64_t kWakeTag = 1;
+// user_data of the NOP that wakes a reaper to stop; parts use their address.
+constexpr uint64_t kStopTag = 1;
 
 class Ring {
  public:
-  static absl::StatusOr<std::unique_ptr<Ring>> Create(int depth) {
-    auto ring = std::unique_ptr<Ring>(new Ring());
+  // A ring of `depth` entries with `registration` as its fixed buffers (a
+  // refusal leaves it without them), and its reaper thread.
+  static absl::StatusOr<std::unique_ptr<Ring>> Create(
+      int depth, uint64_t engine_id, absl::Span<const iovec> registration) {
     if (int forced = forced_setup_error.load(); forced != 0) {
       return ErrnoError(forced, "io_uring_queue_init (forced by test)");
     }
+    auto ring = std::unique_ptr<Ring>(new Ring(depth, engine_id));
     int ret =
         io_uring_queue_init(static_cast<unsigned>(depth), &ring->ring_, 0);
     if (ret < 0) {
@@ -42,60 +65,81 @@ class Ring {
                         absl::StrCat("io_uring_queue_init depth=", depth));
     }
     ring->initialized_ = true;
-    ring->depth_ = depth;
-    ring->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-    if (ring->wake_fd_ < 0) return ErrnoError(errno, "eventfd");
-    ring->thread_ = std::thread([r = ring.get()] { r->Loop(); });
+    if (!registration.empty()) {
+      absl::MutexLock lock(&ring->mu_);
+      ring->ApplyRegistrationLocked(registration).IgnoreError();
+    }
+    ring->reaper_ = std::thread([r = ring.get()] { r->ReapLoop(); });
     return ring;
   }
 
   ~Ring() {
-    if (thread_.joinable()) {
+    if (reaper_.joinable()) {
       {
         absl::MutexLock lock(&mu_);
         stopping_ = true;
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, kStopTag);
+        ++in_flight_;
+        io_uring_submit(&ring_);
       }
-      Wake();
-      thread_.join();
+      reaper_.join();
     }
-    if (wake_fd_ >= 0) ::close(wake_fd_);
     if (initialized_) io_uring_queue_exit(&ring_);
   }
 
-  void Enqueue(std::vector<std::unique_ptr<Part>>& parts, size_t begin,
-               size_t step) {
-    {
-      absl::MutexLock lock(&mu_);
-      for (size_t i = begin; i < parts.size(); i += step) {
-        queue_.push_back(std::move(parts[i]));
-      }
-    }
-    Wake();
+  // Issues `parts` (any thread): as many as fit in the ring now, the rest
+  // when earlier ones complete.
+  void Submit(std::vector<std::unique_ptr<Part>> parts) {
+    absl::MutexLock lock(&mu_);
+    for (std::unique_ptr<Part>& part : parts)
+      waiting_.push_back(std::move(part));
+    IssueLocked();
   }
 
+  // Replaces the fixed buffers once nothing is in flight on this ring.
   absl::Status RegisterBuffers(absl::Span<const iovec> buffers) {
     absl::MutexLock lock(&mu_);
-    pending_registration_.assign(buffers.begin(), buffers.end());
-    registration_changed_ = true;
+    registering_ = true;
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &in_flight_));
+    absl::Status status = ApplyRegistrationLocked(buffers);
+    registering_ = false;
+    IssueLocked();
+    return status;
+  }
+
+  // Whether the calling thread is this ring's reaper of engine `engine_id`.
+  static Ring* ReaperRingOfThisThread(uint64_t engine_id) {
+    return reaper_ring_engine_ == engine_id ? reaper_ring_ : nullptr;
+  }
+
+  int64_t fixed_ios() const { return fixed_ios_.load(); }
+
+ private:
+  Ring(int depth, uint64_t engine_id) : depth_(depth), engine_id_(engine_id) {}
+
+  absl::Status ApplyRegistrationLocked(absl::Span<const iovec> buffers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!registered_.empty()) io_uring_unregister_buffers(&ring_);
+    registered_.clear();
+    if (buffers.empty()) return absl::OkStatus();
+    const int ret = io_uring_register_buffers(
+        &ring_, buffers.data(), static_cast<unsigned>(buffers.size()));
+    if (ret < 0) {
+      return ErrnoError(
+          -ret, absl::StrCat("io_uring_register_buffers (", buffers.size(),
+                             " buffers); I/O continues without fixed "
+                             "buffers"));
+    }
+    registered_.assign(buffers.begin(), buffers.end());
     return absl::OkStatus();
   }
 
- private:
-  Ring() = default;
-
-  void Wake() {
-    uint64_t one = 1;
-    (void)!::write(wake_fd_, &one, sizeof(one));
-  }
-
-  void ArmWake() {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    io_uring_prep_read(sqe, wake_fd_, &wake_value_, sizeof(wake_value_), 0);
-    io_uring_sqe_set_data64(sqe, kWakeTag);
-  }
-
   // Index of the registered buffer holding [data, data+length), or -1.
-  int FixedIndex(const std::byte* data, size_t length) const {
+  int FixedIndex(const std::byte* data, size_t length) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (size_t i = 0; i < registered_.size(); ++i) {
       const auto* base = static_cast<const std::byte*>(registered_[i].iov_base);
       if (data >= base && data + length <= base + registered_[i].iov_len) {
@@ -105,22 +149,25 @@ class Ring {
     return -1;
   }
 
-  void Prep(Part* part) {
+  void PrepLocked(Part* part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     const int fd = part->file->native_fd();
     std::byte* data = part->data + part->done;
     const unsigned length = static_cast<unsigned>(part->length - part->done);
     const uint64_t offset = static_cast<uint64_t>(part->offset + part->done);
+    int fixed = -1;
     switch (part->op) {
       case IoRequest::Op::kWrite:
-        if (int fixed = FixedIndex(data, length); fixed >= 0) {
+        fixed = FixedIndex(data, length);
+        if (fixed >= 0) {
           io_uring_prep_write_fixed(sqe, fd, data, length, offset, fixed);
         } else {
           io_uring_prep_write(sqe, fd, data, length, offset);
         }
         break;
       case IoRequest::Op::kRead:
-        if (int fixed = FixedIndex(data, length); fixed >= 0) {
+        fixed = FixedIndex(data, length);
+        if (fixed >= 0) {
           io_uring_prep_read_fixed(sqe, fd, data, length, offset, fixed);
         } else {
           io_uring_prep_read(sqe, fd, data, length, offset);
@@ -130,15 +177,34 @@ class Ring {
         io_uring_prep_fsync(sqe, fd, 0);
         break;
     }
+    if (fixed >= 0) fixed_ios_.fetch_add(1, std::memory_order_relaxed);
     io_uring_sqe_set_data(sqe, part);
   }
 
-  // Handles one completion of `part` with result `res`.
-  void Complete(Part* raw, int res) {
+  // Moves waiting parts into the submission queue while the ring has room,
+  // then enters the kernel. The submission queue is empty after each
+  // io_uring_submit (the kernel consumes it synchronously), so a ring of
+  // `depth_` entries always has an SQE for each of up to depth_ parts.
+  void IssueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (registering_) return;
+    while (!waiting_.empty() && in_flight_ < depth_) {
+      PrepLocked(waiting_.front().release());
+      waiting_.pop_front();
+      ++in_flight_;
+    }
+    if (io_uring_sq_ready(&ring_) > 0) {
+      // -EBUSY/-EAGAIN leave the entries queued; the reaper submits them
+      // again after its next completions.
+      io_uring_submit(&ring_);
+    }
+  }
+
+  // The result of one completion: resubmit (short transfer, EINTR/EAGAIN)
+  // or hand to CompletePart. Runs on the reaper without the mutex.
+  void Complete(Part* raw, int res, std::vector<std::unique_ptr<Part>>& again) {
     std::unique_ptr<Part> part(raw);
-    --in_flight_;
     if (res == -EINTR || res == -EAGAIN) {
-      retry_.push_back(std::move(part));
+      again.push_back(std::move(part));
       return;
     }
     if (res < 0) {
@@ -163,147 +229,258 @@ class Ring {
     }
     part->done += static_cast<size_t>(res);
     if (part->done < part->length) {
-      retry_.push_back(std::move(part));  // Short transfer: the remainder.
+      again.push_back(std::move(part));  // Short transfer: the remainder.
       return;
     }
     const size_t done = part->done;
     CompletePart(std::move(part), done);
   }
 
-  void ApplyRegistration() {
-    // Only with nothing in flight but the wake read (the kernel quiesces the
-    // ring for registration anyway).
-    if (!registered_.empty()) io_uring_unregister_buffers(&ring_);
-    registered_.clear();
-    if (!next_registration_.empty() &&
-        io_uring_register_buffers(&ring_, next_registration_.data(),
-                                  next_registration_.size()) == 0) {
-      registered_ = next_registration_;
-    }
-  }
-
-  void Loop() {
-    ArmWake();
-    io_uring_submit(&ring_);
-    bool stopping = false;
+  void ReapLoop() {
+    reaper_ring_ = this;
+    reaper_ring_engine_ = engine_id_;
+    std::vector<std::pair<uint64_t, int>> done;
+    std::vector<std::unique_ptr<Part>> again;
     for (;;) {
-      {
-        absl::MutexLock lock(&mu_);
-        stopping = stopping_;
-        while (!queue_.empty()) {
-          retry_.push_back(std::move(queue_.front()));
-          queue_.pop_front();
-        }
-        if (registration_changed_) {
-          next_registration_ = std::move(pending_registration_);
-          pending_registration_.clear();
-          registration_changed_ = false;
-          apply_registration_ = true;
-        }
+      io_uring_cqe* cqe = nullptr;
+      const int ret = io_uring_wait_cqe(&ring_, &cqe);
+      if (ret == -EINTR) continue;
+      if (ret < 0) {  // Transient (-EAGAIN, -ETIME): wait again.
+        std::this_thread::yield();
+        continue;
       }
-      if (apply_registration_ && in_flight_ == 0) {
-        ApplyRegistration();
-        apply_registration_ = false;
-      }
-      // Parts whose files have no descriptor run on a helper thread.
-      while (!retry_.empty() && in_flight_ < depth_ - 1 &&
-             !apply_registration_) {
-        std::unique_ptr<Part> part = std::move(retry_.front());
-        retry_.pop_front();
-        if (part->file->native_fd() < 0) {
-          RunWithoutDescriptor(std::move(part));
-          continue;
-        }
-        Prep(part.release());
-        ++in_flight_;
-      }
-      if (stopping && in_flight_ == 0 && retry_.empty()) return;
-      io_uring_submit_and_wait(&ring_, 1);
-      io_uring_cqe* cqe;
+      done.clear();
       unsigned head;
       unsigned seen = 0;
       io_uring_for_each_cqe(&ring_, head, cqe) {
         ++seen;
-        if (io_uring_cqe_get_data64(cqe) == kWakeTag) {
-          ArmWake();
-          continue;
-        }
-        Complete(static_cast<Part*>(io_uring_cqe_get_data(cqe)), cqe->res);
+        done.emplace_back(io_uring_cqe_get_data64(cqe), cqe->res);
       }
       io_uring_cq_advance(&ring_, seen);
+      bool stop_seen = false;
+      again.clear();
+      for (const auto& [tag, res] : done) {
+        if (tag == kStopTag) {
+          stop_seen = true;
+          continue;
+        }
+        Complete(reinterpret_cast<Part*>(tag), res, again);
+      }
+      absl::MutexLock lock(&mu_);
+      in_flight_ -= static_cast<int>(done.size());
+      for (auto it = again.rbegin(); it != again.rend(); ++it) {
+        waiting_.push_front(std::move(*it));  // Before newer work.
+      }
+      IssueLocked();
+      if (stop_seen && stopping_ && in_flight_ == 0 && waiting_.empty()) {
+        return;
+      }
     }
   }
 
+  io_uring ring_;
+  bool initialized_ = false;
+  const int depth_;
+  const uint64_t engine_id_;
+  std::thread reaper_;
+  std::atomic<int64_t> fixed_ios_{0};
+
+  absl::Mutex mu_;  // The submission side.
+  std::deque<std::unique_ptr<Part>> waiting_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<iovec> registered_ ABSL_GUARDED_BY(mu_);
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  static thread_local Ring* reaper_ring_;
+  static thread_local uint64_t reaper_ring_engine_;
+};
+
+thread_local Ring* Ring::reaper_ring_ = nullptr;
+thread_local uint64_t Ring::reaper_ring_engine_ = 0;
+
+// The rings of one engine and which are bound to a thread. Shared with the
+// thread_local bindings (weakly), which return their ring when the thread
+// exits.
+class RingSet {
+ public:
+  RingSet(uint64_t engine_id, int depth, int max_rings)
+      : engine_id_(engine_id), depth_(depth), max_rings_(max_rings) {}
+
+  uint64_t engine_id() const { return engine_id_; }
+
+  absl::Status AddFirstRing() {
+    absl::MutexLock lock(&mu_);
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<Ring> ring,
+                         Ring::Create(depth_, engine_id_, registration_));
+    rings_.push_back(std::move(ring));
+    bound_.push_back(0);
+    return absl::OkStatus();
+  }
+
+  // A ring for a thread that has none: an unbound one, a new one (up to
+  // max_rings), or the least-bound one. Returns its index and the ring
+  // (valid until Shutdown).
+  std::pair<size_t, Ring*> Acquire() {
+    absl::MutexLock lock(&mu_);
+    size_t best = 0;
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      if (bound_[i] < bound_[best]) best = i;
+    }
+    if (bound_[best] > 0 && static_cast<int>(rings_.size()) < max_rings_) {
+      absl::StatusOr<std::unique_ptr<Ring>> ring =
+          Ring::Create(depth_, engine_id_, registration_);
+      if (ring.ok()) {  // Else share: the first ring proved io_uring works.
+        rings_.push_back(*std::move(ring));
+        bound_.push_back(0);
+        best = rings_.size() - 1;
+      }
+    }
+    ++bound_[best];
+    return {best, rings_[best].get()};
+  }
+
+  void Release(size_t index) {
+    absl::MutexLock lock(&mu_);
+    if (index < bound_.size() && bound_[index] > 0) --bound_[index];
+  }
+
+  absl::Status RegisterBuffers(absl::Span<const iovec> buffers) {
+    absl::MutexLock lock(&mu_);
+    registration_.assign(buffers.begin(), buffers.end());
+    absl::Status first;
+    for (auto& ring : rings_) {
+      absl::Status status = ring->RegisterBuffers(buffers);
+      if (first.ok()) first = status;
+    }
+    return first;
+  }
+
+  // Stops every ring's reaper (nothing may be in flight).
+  void Shutdown() {
+    std::vector<std::unique_ptr<Ring>> rings;
+    {
+      absl::MutexLock lock(&mu_);
+      rings.swap(rings_);
+      bound_.clear();
+    }
+    rings.clear();
+  }
+
+  int ring_count() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(rings_.size());
+  }
+
+  int64_t fixed_ios() {
+    absl::MutexLock lock(&mu_);
+    int64_t total = 0;
+    for (auto& ring : rings_) total += ring->fixed_ios();
+    return total;
+  }
+
+ private:
+  const uint64_t engine_id_;
+  const int depth_;
+  const int max_rings_;
+  absl::Mutex mu_;
+  // Rings are only added until Shutdown, so a Ring& stays valid meanwhile.
+  std::vector<std::unique_ptr<Ring>> rings_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> bound_ ABSL_GUARDED_BY(mu_);  // Threads bound per ring.
+  std::vector<iovec> registration_ ABSL_GUARDED_BY(mu_);
+};
+
+// This thread's ring in each engine it has submitted to.
+class ThreadRingBindings {
+ public:
+  ~ThreadRingBindings() {
+    for (Binding& b : bindings_) {
+      if (std::shared_ptr<RingSet> set = b.set.lock()) set->Release(b.index);
+    }
+  }
+
+  Ring& RingFor(const std::shared_ptr<RingSet>& set) {
+    for (Binding& b : bindings_) {
+      if (b.engine_id == set->engine_id()) return *b.ring;
+    }
+    // Forget engines that are gone before adding one.
+    std::erase_if(bindings_, [](const Binding& b) { return b.set.expired(); });
+    auto [index, ring] = set->Acquire();
+    bindings_.push_back({set->engine_id(), set, index, ring});
+    return *ring;
+  }
+
+ private:
+  struct Binding {
+    uint64_t engine_id;
+    std::weak_ptr<RingSet> set;
+    size_t index;
+    Ring* ring;  // Owned by `set`; used only while the engine lives.
+  };
+  std::vector<Binding> bindings_;
+};
+
+thread_local ThreadRingBindings thread_rings;
+
+class UringIoEngine final : public IoEngineBase {
+ public:
+  explicit UringIoEngine(const IoEngineOptions& options)
+      : IoEngineBase(options.max_transfer),
+        rings_(std::make_shared<RingSet>(next_engine_id.fetch_add(1),
+                                         std::max(4, options.queue_depth),
+                                         std::max(1, options.max_rings))),
+        helper_threads_(std::max(1, options.threads)) {}
+
+  ~UringIoEngine() override {
+    WaitIdle();
+    rings_->Shutdown();
+    helper_.reset();
+  }
+
+  // Creates the first ring: proves that io_uring works here.
+  absl::Status Init() { return rings_->AddFirstRing(); }
+
+  absl::string_view name() const override { return "io_uring"; }
+
+  absl::Status RegisterBuffers(absl::Span<const iovec> buffers) override {
+    return rings_->RegisterBuffers(buffers);
+  }
+
+  int ring_count() { return rings_->ring_count(); }
+  int64_t fixed_ios() { return rings_->fixed_ios(); }
+
+ protected:
+  void StartParts(std::vector<std::unique_ptr<Part>> parts) override {
+    std::vector<std::unique_ptr<Part>> native;
+    native.reserve(parts.size());
+    for (std::unique_ptr<Part>& part : parts) {
+      if (part->file->native_fd() < 0) {
+        RunWithoutDescriptor(std::move(part));
+      } else {
+        native.push_back(std::move(part));
+      }
+    }
+    if (native.empty()) return;
+    Ring* ring = Ring::ReaperRingOfThisThread(rings_->engine_id());
+    if (ring == nullptr) ring = &thread_rings.RingFor(rings_);
+    ring->Submit(std::move(native));
+  }
+
+ private:
   void RunWithoutDescriptor(std::unique_ptr<Part> part) {
-    if (helper_ == nullptr) helper_ = std::make_unique<ThreadPool>(1);
+    std::call_once(helper_once_, [this] {
+      helper_ = std::make_unique<ThreadPool>(helper_threads_);
+    });
     helper_->Schedule([part = std::move(part)]() mutable {
       absl::StatusOr<size_t> result = RunPartWithFile(*part);
       CompletePart(std::move(part), std::move(result));
     });
   }
 
-  io_uring ring_;
-  bool initialized_ = false;
-  int depth_ = 0;
-  int wake_fd_ = -1;
-  uint64_t wake_value_ = 0;
-  std::thread thread_;
-  // Ring-thread state.
-  int in_flight_ = 0;
-  std::deque<std::unique_ptr<Part>> retry_;
-  std::vector<iovec> registered_;
-  std::vector<iovec> next_registration_;
-  bool apply_registration_ = false;
+  std::shared_ptr<RingSet> rings_;
+  const int helper_threads_;
+  std::once_flag helper_once_;
   std::unique_ptr<ThreadPool> helper_;
-  // Shared with submitters.
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<Part>> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<iovec> pending_registration_ ABSL_GUARDED_BY(mu_);
-  bool registration_changed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-class UringIoEngine final : public IoEngineBase {
- public:
-  explicit UringIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options.max_transfer) {}
-  ~UringIoEngine() override {
-    WaitIdle();
-    rings_.clear();
-  }
-
-  absl::Status Init(const IoEngineOptions& options) {
-    const int rings = std::max(1, options.threads);
-    const int depth = std::max(4, options.queue_depth);
-    for (int i = 0; i < rings; ++i) {
-      DCP_ASSIGN_OR_RETURN(std::unique_ptr<Ring> ring, Ring::Create(depth));
-      rings_.push_back(std::move(ring));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::string_view name() const override { return "io_uring"; }
-
-  absl::Status RegisterBuffers(absl::Span<const iovec> buffers) override {
-    for (auto& ring : rings_)
-      DCP_RETURN_IF_ERROR(ring->RegisterBuffers(buffers));
-    return absl::OkStatus();
-  }
-
- protected:
-  void StartParts(std::vector<std::unique_ptr<Part>> parts) override {
-    // Spread the batch over the rings, starting where the last batch ended.
-    const size_t n = rings_.size();
-    const size_t start = next_ring_.fetch_add(1) % n;
-    const size_t used = std::min(n, parts.size());
-    for (size_t k = 0; k < used; ++k) {
-      rings_[(start + k) % n]->Enqueue(parts, k, used);
-    }
-  }
-
- private:
-  std::vector<std::unique_ptr<Ring>> rings_;
-  std::atomic<size_t> next_ring_{0};
 };
 
 }  // namespace
@@ -312,12 +489,20 @@ void SetUringSetupFailureForTest(int error_number) {
   forced_setup_error.store(error_number);
 }
 
+absl::StatusOr<UringStats> UringStatsForTest(IoEngine& engine) {
+  auto* uring = dynamic_cast<UringIoEngine*>(&engine);
+  if (uring == nullptr) {
+    return absl::InvalidArgumentError("not an io_uring engine");
+  }
+  return UringStats{uring->ring_count(), uring->fixed_ios()};
+}
+
 }  // namespace internal_io
 
 absl::StatusOr<std::unique_ptr<IoEngine>> NewUringIoEngine(
     const IoEngineOptions& options) {
   auto engine = std::make_unique<internal_io::UringIoEngine>(options);
-  absl::Status status = engine->Init(options);
+  absl::Status status = engine->Init();
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat("io_uring set-up failed: ",
                                                     status.message()));

@@ -102,6 +102,13 @@ absl::StatusOr<PinnedChunk> DeviceStaging::AcquireChunk() {
 
 absl::Status DeviceStaging::Upload(PinnedChunk chunk, size_t length, void* dst,
                                    Device device) {
+  const UploadRun run{0, length, dst};
+  return UploadRuns(std::move(chunk), {&run, 1}, device);
+}
+
+absl::Status DeviceStaging::UploadRuns(PinnedChunk chunk,
+                                       absl::Span<const UploadRun> runs,
+                                       Device device) {
   DeviceUploader* uploader;
   {
     absl::MutexLock lock(&mu_);
@@ -113,7 +120,7 @@ absl::Status DeviceStaging::Upload(PinnedChunk chunk, size_t length, void* dst,
     }
     uploader = uploader_.get();
   }
-  return uploader->Upload(std::move(chunk), length, dst, device);
+  return uploader->UploadRuns(std::move(chunk), runs, device);
 }
 
 absl::Status DeviceStaging::Flush() {

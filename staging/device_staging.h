@@ -78,6 +78,9 @@ class DeviceStaging {
   // chunk once the copy has landed (DeviceUploader::Upload).
   absl::Status Upload(PinnedChunk chunk, size_t length, void* dst,
                       Device device);
+  // Several runs out of one chunk (DeviceUploader::UploadRuns).
+  absl::Status UploadRuns(PinnedChunk chunk, absl::Span<const UploadRun> runs,
+                          Device device);
   // Waits for every Upload so far; the first error of any of them. After an
   // error the next Upload starts clean. Call it when no Upload is running.
   absl::Status Flush();

@@ -144,8 +144,13 @@ TEST_P(DeviceSaveTest, DeviceTensorsRoundTripThroughABoundedPool) {
   EXPECT_LE(pool->peak_in_use(), 2);
   EXPECT_EQ(pool->in_use(), 0);  // Every chunk back after the save.
   // Payloads stay 4 KiB aligned, as for host tensors.
-  for (const auto& [index, info] : saved->storage_data) {
-    if (index.offset.has_value()) EXPECT_EQ(info.offset % 4096, 0);
+  absl::StatusOr<Metadata> stored = FileSystemReader(dir).ReadMetadata();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->storage_data.size(), 6u);
+  for (const auto& [index, info] : stored->storage_data) {
+    if (index.offset.has_value()) {
+      EXPECT_EQ(info.offset % 4096, 0) << index.ToString();
+    }
   }
   ExpectHostOriginals(dir);
 }
@@ -216,6 +221,134 @@ TEST_P(DeviceSaveTest, AFailedCopyFailsTheSaveNamingTheTensorAndLeavesNoFiles) {
   ASSERT_TRUE(Load(loaded, load).ok());
   EXPECT_TRUE(previous.at("model").dict().at("big").tensor().BytesEqual(
       loaded.at("model").dict().at("big").tensor()));
+}
+
+// Host bytes of a device tensor.
+Tensor ToHost(DeviceRuntime& runtime, const Tensor& device) {
+  Tensor host = Tensor::Empty(device.dtype(), device.sizes());
+  EXPECT_TRUE(runtime
+                  .Copy(host.data(), device.data(), device.nbytes(),
+                        CopyKind::kDeviceToHost)
+                  .ok());
+  return host;
+}
+
+// A device tensor of `dtype`/`sizes` full of 0xEE bytes (so a missed byte
+// shows).
+Tensor DeviceFilled(DeviceRuntime& runtime, DType dtype, Shape sizes) {
+  Tensor host = Tensor::Empty(dtype, std::move(sizes));
+  std::memset(host.data(), 0xEE, host.nbytes());
+  return ToDevice(runtime, host);
+}
+
+TEST_P(DeviceSaveTest, LoadsIntoDeviceTensorsWholeAndResharded) {
+  SetUpStaging();
+  if (IsSkipped()) return;
+  MakeState();
+  const std::string dir = MakeTempDir("device_load");
+  FileSystemWriter writer(dir, WriterOptions());
+  SaveOptions save;
+  save.storage_writer = &writer;
+  // A row-sharded tensor saved from the host, loaded as column blocks.
+  const Tensor full = SeededTensor(DType::kF32, {300, 70}, 21);
+  auto rows = [&](int64_t begin, int64_t end) {
+    Tensor t = Tensor::Empty(DType::kF32, {end - begin, 70});
+    std::memcpy(t.data(), static_cast<float*>(full.data()) + begin * 70,
+                t.nbytes());
+    return Shard{{begin, 0}, t};
+  };
+  device_["sharded"] = ShardedTensor(
+      DType::kF32, {300, 70}, {rows(0, 120), rows(120, 121), rows(121, 300)});
+  ASSERT_TRUE(Save(device_, save).ok());
+
+  StateDict loaded;
+  StateDict model;
+  for (const auto& [name, value] : host_.at("model").dict()) {
+    model[name] =
+        DeviceFilled(*runtime_, value.tensor().dtype(), value.tensor().sizes());
+  }
+  loaded["model"] = std::move(model);
+  loaded["cpu"] = Tensor::Empty(DType::kI64, {1000});
+  loaded["step"] = int64_t{0};
+  loaded["sharded"] = ShardedTensor(
+      DType::kF32, {300, 70},
+      {Shard{{0, 0}, DeviceFilled(*runtime_, DType::kF32, {300, 33})},
+       Shard{{0, 33}, DeviceFilled(*runtime_, DType::kF32, {300, 37})}});
+  FileSystemReaderOptions reader_options;
+  reader_options.direct_io = GetParam().direct_io;
+  reader_options.thread_count = GetParam().thread_count;
+  reader_options.read_window_bytes = 40000;  // Several windows and pieces.
+  reader_options.device_staging = staging_.get();
+  FileSystemReader reader(dir, reader_options);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  absl::Status status = Load(loaded, load);
+  ASSERT_TRUE(status.ok()) << status;
+
+  for (const auto& [name, value] : host_.at("model").dict()) {
+    EXPECT_TRUE(value.tensor().BytesEqual(
+        ToHost(*runtime_, loaded.at("model").dict().at(name).tensor())))
+        << name;
+  }
+  EXPECT_TRUE(host_.at("cpu").tensor().BytesEqual(loaded.at("cpu").tensor()));
+  EXPECT_EQ(loaded.at("step").int_value(), 77);
+  for (const Shard& shard :
+       loaded.at("sharded").sharded_tensor().local_shards()) {
+    const Tensor got = ToHost(*runtime_, shard.tensor);
+    const int64_t c0 = shard.offsets[1], nc = shard.tensor.sizes()[1];
+    for (int64_t r = 0; r < 300; ++r) {
+      ASSERT_EQ(
+          std::memcmp(static_cast<const float*>(got.data()) + r * nc,
+                      static_cast<const float*>(full.data()) + r * 70 + c0,
+                      nc * 4),
+          0)
+          << "row " << r << " of the block at column " << c0;
+    }
+  }
+  EXPECT_EQ((*staging_->Pool())->in_use(), 0);
+}
+
+TEST_P(DeviceSaveTest, ACorruptBlockFailsADeviceLoadNamingFileAndTensor) {
+  SetUpStaging();
+  if (IsSkipped()) return;
+  MakeState();
+  const std::string dir = MakeTempDir("device_corrupt");
+  FileSystemWriter writer(dir, WriterOptions());
+  SaveOptions save;
+  save.storage_writer = &writer;
+  ASSERT_TRUE(Save(device_, save).ok());
+  absl::StatusOr<Metadata> saved = FileSystemReader(dir).ReadMetadata();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const StorageInfo& big =
+      saved->storage_data.at(MetadataIndex("model.big", Shape{0}));
+  {
+    const std::string path = dir + "/" + big.relative_path;
+    FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, big.offset + 5000, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, big.offset + 5000, SEEK_SET);
+    std::fputc(c ^ 0x40, f);
+    std::fclose(f);
+  }
+  StateDict loaded;
+  loaded["model"] =
+      StateDict{{"big", DeviceFilled(*runtime_, DType::kF32, {5 * 16384 + 3})}};
+  FileSystemReaderOptions reader_options;
+  reader_options.device_staging = staging_.get();
+  FileSystemReader reader(dir, reader_options);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  DefaultLoadPlannerOptions partial;
+  partial.allow_partial_load = true;
+  DefaultLoadPlanner planner(partial);
+  load.planner = &planner;
+  absl::Status status = Load(loaded, load);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("checksum mismatch"), HasSubstr("model.big"),
+                    HasSubstr(big.relative_path)));
+  EXPECT_EQ((*staging_->Pool())->in_use(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DeviceSaveTest,

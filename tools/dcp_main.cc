@@ -60,6 +60,17 @@ int main(int argc, char** argv) {
       app.add_subcommand("launch", dcp::tools::kLaunchDescription);
   dcp::tools::AddLaunchOptions(*launch_cmd, &launch);
 
+  // `dcp bench KIND ARGS...`: ARGS go to the benchmark untouched and in
+  // order (CLI11 would take the values among them for "args"); a `--` before
+  // them is optional.
+  if (argc >= 3 && std::string(argv[1]) == "bench" && argv[2][0] != '-') {
+    std::vector<std::string> args(argv + 3, argv + argc);
+    if (!args.empty() && args.front() == "--") args.erase(args.begin());
+    absl::Status status = dcp::RunBench(argv[2], args);
+    std::fprintf(stderr, "dcp: %s\n", status.ToString().c_str());
+    return 1;
+  }
+
   CLI11_PARSE(app, argc, argv);
 
   if (*launch_cmd) {

@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "engine/checkpoint.h"
 #include "tools/commands.h"
+#include "tools/page_cache.h"
 #include "tools/synthetic_state.h"
 
 namespace dcp {
@@ -32,20 +33,6 @@ namespace fs = std::filesystem;
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-// Drops the page-cache pages of every file under `dir`, so the load that
-// follows reads from the disk rather than from memory.
-void DropPageCache(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::recursive_directory_iterator(dir, ec)) {
-    if (!entry.is_regular_file()) continue;
-    int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
 }
 
 struct DirStats {

@@ -35,6 +35,13 @@ int64_t StateTensorBytes(const StateDict& state);
 // (same layout). OK, or kDataLoss naming the first differing key and offset.
 absl::Status CompareStates(const StateDict& expected, const StateDict& actual);
 
+// Checks `actual` (a loaded state of `options`' layout) against the values
+// MakeSyntheticState(options) generates, without building them: tensors are
+// regenerated 8 MiB at a time, so a check costs no second copy of the state.
+// OK, or kDataLoss naming the first differing key and offset.
+absl::Status VerifySyntheticState(const StateDict& actual,
+                                  const SyntheticStateOptions& options);
+
 }  // namespace dcp
 
 #endif  // DCP_TOOLS_SYNTHETIC_STATE_H_

@@ -13,6 +13,10 @@
 #                        tensors through a bounded pool vs a CPU save, with
 #                        peak RSS (default: --device_save_mib=4096
 #                        --pool_mib=256 --json; empty skips it)
+#   TRAINING_LOOP_ARGS   examples/training_loop on the GPU (AsyncSave of
+#                        device tensors, restore into device tensors;
+#                        default: --device=auto --steps=20 --every=5
+#                        --size=1024)
 #   TEST_TIMEOUT_S       per test binary (default 300)
 #   BENCH_TIMEOUT_S      for staging_bench (default 300)
 #   CUDA_HOME            where NCCL is looked for (default /usr/local/cuda)
@@ -34,6 +38,7 @@ test_timeout="${TEST_TIMEOUT_S:-300}"
 bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
 device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
+loop_args="${TRAINING_LOOP_ARGS:---device=auto --steps=20 --every=5 --size=1024}"
 
 # Bundled libraries first; NCCL from the CUDA install (dlopened by name).
 export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -143,6 +148,24 @@ if [[ -x "$bundle/bin/staging_bench" && -n "$device_save_args" ]]; then
   echo "run_gpu_checks: device save $device_save_status" >&2
 fi
 
+loop_status="missing"
+if [[ -x "$bundle/bin/training_loop" ]]; then
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/training_loop" \
+    $loop_args --dir "$scratch/training_loop" \
+    >"$out/logs/training_loop.log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    loop_status=ok
+  else
+    loop_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: training_loop $loop_status" >&2
+fi
+loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
+  2>/dev/null | json_escape)"
+
 {
   echo "{"
   echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
@@ -161,7 +184,9 @@ fi
   echo "  \"staging_bench\": $bench_json,"
   echo "  \"device_save_status\": \"$device_save_status\","
   echo "  \"device_save_args\": \"$device_save_args\","
-  echo "  \"device_save\": $device_save_json"
+  echo "  \"device_save\": $device_save_json,"
+  echo "  \"training_loop_status\": \"$loop_status\","
+  echo "  \"training_loop\": \"$loop_summary\""
   echo "}"
 } >"$out/summary.json"
 echo "run_gpu_checks: summary in $out/summary.json" >&2

@@ -23,6 +23,8 @@ make_bundle() {  # make_bundle DIR [fail]
     >"$1/bin/b_test"
   printf '#!/bin/sh\necho "{\\"stager_gbps\\": 1.5, \\"args\\": \\"$*\\"}"\n' \
     >"$1/bin/staging_bench"
+  printf '#!/bin/sh\necho "restored step-20: args $*"\n' \
+    >"$1/bin/training_loop"
   if [[ "${2:-}" == fail ]]; then
     printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' \
       >"$1/bin/c_test"
@@ -42,6 +44,8 @@ expect "b_test skipped=2 with reason" grep -q '"skipped": 2, .*"skip_reasons": "
 expect "bench JSON embedded" grep -q '"staging_bench": {"stager_gbps": 1.5, "args": "--sizes_mib=64 --json"}' "$s"
 expect "device save run with its default flags" grep -q '"device_save": {"stager_gbps": 1.5, "args": "--device_save_mib=4096 --pool_mib=256 --json"}' "$s"
 expect "device save ok" grep -q '"device_save_status": "ok"' "$s"
+expect "training loop on the GPU" grep -q '"training_loop": "restored step-20: args --device=auto --steps=20 --every=5 --size=1024 --dir ' "$s"
+expect "training loop ok" grep -q '"training_loop_status": "ok"' "$s"
 expect "summary is JSON" /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$s"
 expect "per-test log" test -s "$tmp/out_ok/logs/a_test.log"
 expect "manifest copied" test -s "$tmp/out_ok/bundle_manifest.json"
