@@ -26,10 +26,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/state_dict.h"
+#include "core/status.h"
 #include "cuda/device_runtime.h"
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
+#include "io/file_system_storage.h"
 #include "nlohmann/json.hpp"
+#include "staging/device_staging.h"
 #include "staging/pinned_pool.h"
 #include "staging/stager.h"
 #include "staging/staging_pipeline.h"
@@ -60,6 +63,35 @@ absl::StatusOr<double> MedianSeconds(int reps, Fn fn) {
   return times[times.size() / 2];
 }
 
+// Median time to staging_completion of AsyncSaves each issued right after
+// the previous one's staging completed, while its upload still runs (the
+// one before that has finished: at most one upload in flight, as in a loop
+// that saves every few steps). The first two saves warm up (the second is
+// the first to overlap).
+absl::StatusOr<double> OverlappingStall(AsyncCheckpointer& checkpointer,
+                                        const StateDict& state,
+                                        const AsyncSaveOptions& options,
+                                        int reps) {
+  std::vector<double> stalls;
+  std::vector<Future<Metadata>> uploads;
+  for (int r = 0; r < reps + 2; ++r) {
+    if (r >= 2 && !uploads[r - 2].Wait().ok()) {
+      return uploads[r - 2].Wait().status();
+    }
+    const Clock::time_point start = Clock::now();
+    AsyncSaveResponse response = checkpointer.AsyncSave(state, options);
+    absl::Status staged = response.staging_completion.Wait();
+    if (!staged.ok()) return staged;
+    if (r >= 2) stalls.push_back(Seconds(start, Clock::now()));
+    uploads.push_back(response.upload_completion);
+  }
+  for (const Future<Metadata>& upload : uploads) {
+    if (!upload.Wait().ok()) return upload.Wait().status();
+  }
+  std::sort(stalls.begin(), stalls.end());
+  return stalls[stalls.size() / 2];
+}
+
 struct Row {
   size_t bytes = 0;
   int streams = 0;
@@ -85,6 +117,10 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
   double stall_vs_memcpy = 0;
   double stall_vs_memcpy_fresh = 0;
   double stall_vs_sync_save = 0;
+  // Time to staging_completion / memcpy for AsyncSaves issued while the
+  // previous upload runs, with two cached staging buffers and with one.
+  double stall_overlapping = 0;
+  double stall_overlapping_one_buffer = 0;
   size_t stall_bytes = 0;
   for (size_t mib : sizes_mib) {
     const size_t bytes = mib << 20;
@@ -218,6 +254,23 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
           async_status = response.upload_completion.Wait().status();
         }
       }
+      // Saves issued while the previous upload still runs (a save every
+      // step): each staging needs a buffer while the last one is busy.
+      for (int cached : {2, 1}) {
+        if (!async_status.ok()) break;
+        StagingOptions overlap_options;
+        overlap_options.max_cached_buffers = cached;
+        DefaultStager overlap_stager(overlap_options, &runtime);
+        async_options.async_stager = &overlap_stager;
+        absl::StatusOr<double> stall =
+            OverlappingStall(checkpointer, cpu_state, async_options, reps);
+        if (!stall.ok()) {
+          async_status = stall.status();
+          break;
+        }
+        (cached == 2 ? stall_overlapping : stall_overlapping_one_buffer) =
+            *stall;
+      }
       std::error_code ec;
       std::filesystem::remove_all(dir, ec);
       if (!t_sync.ok()) return t_sync.status();
@@ -226,6 +279,8 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
       stall_vs_sync_save = stalls[stalls.size() / 2] / *t_sync;
       stall_vs_memcpy = *t_stage / *t_memcpy;
       stall_vs_memcpy_fresh = *t_fresh / *t_memcpy;
+      stall_overlapping /= *t_memcpy;
+      stall_overlapping_one_buffer /= *t_memcpy;
       stall_bytes = per * tensors;
     }
     absl::Status freed = runtime.FreeDevice(*dev);
@@ -259,6 +314,9 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
     out["stall_vs_memcpy_fresh"] = stall_vs_memcpy_fresh;
     out["stall_bytes"] = stall_bytes;
     out["stall_vs_sync_save"] = stall_vs_sync_save;
+    out["stall_overlapping_vs_memcpy"] = stall_overlapping;
+    out["stall_overlapping_vs_memcpy_one_buffer"] =
+        stall_overlapping_one_buffer;
     out["tensors"] = tensors;
     nlohmann::json table = nlohmann::json::array();
     for (const Row& r : rows) {
@@ -296,6 +354,143 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
       "synchronous Save = %.3f\n",
       stall_bytes >> 20, stall_vs_memcpy, stall_vs_memcpy_fresh,
       stall_vs_sync_save);
+  std::printf(
+      "AsyncSave issued while the previous upload runs: time to staging "
+      "completion / memcpy = %.3f (2 cached buffers), %.3f (1)\n",
+      stall_overlapping, stall_overlapping_one_buffer);
+  return absl::OkStatus();
+}
+
+// Bytes of a "VmRSS:"/"VmHWM:" line of /proc/self/status.
+size_t ProcStatusBytes(const char* field) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  size_t kib = 0;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, field, n) == 0) kib = std::strtoull(line + n, 0, 10);
+  }
+  std::fclose(f);
+  return kib << 10;
+}
+
+// Resets the process's peak RSS (VmHWM) to its current RSS.
+void ResetPeakRss() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
+struct SaveRun {
+  double seconds = 0;
+  size_t rss_growth = 0;  // Peak RSS during the save minus RSS before it.
+};
+
+// One synchronous Save of `state` into a fresh directory under `base`, with
+// its peak RSS growth.
+absl::StatusOr<SaveRun> TimedSave(const StateDict& state,
+                                  const std::string& base,
+                                  FileSystemWriterOptions options) {
+  std::string dir = absl::StrCat(base, "/dcp-device-save-XXXXXX");
+  if (::mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", dir));
+  }
+  FileSystemWriter writer(dir, options);
+  SaveOptions save;
+  save.storage_writer = &writer;
+  ResetPeakRss();
+  const size_t before = ProcStatusBytes("VmRSS:");
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<Metadata> saved = Save(state, save);
+  SaveRun run;
+  run.seconds = Seconds(start, Clock::now());
+  run.rss_growth = ProcStatusBytes("VmHWM:") - before;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!saved.ok()) return saved.status();
+  return run;
+}
+
+// The writer's device path: a synchronous Save of `mib` MiB of device
+// tensors through a `pool_mib` pinned pool, against a Save of as many bytes
+// of CPU tensors into the same directory in the same run; throughput and
+// peak RSS above what the process held before each save.
+absl::Status DeviceSave(DeviceRuntime& runtime, size_t mib, size_t pool_mib,
+                        int tensors, const std::string& base, bool json) {
+  const size_t per = (mib << 20) / tensors;
+  const size_t bytes = per * tensors;
+  std::vector<std::byte> pattern(std::min<size_t>(per, 64 << 20));
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    pattern[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  }
+  SaveRun device_run, cpu_run;
+  DeviceStagingOptions staging_options;
+  staging_options.pool_bytes = pool_mib << 20;
+  DeviceStaging staging(staging_options, &runtime);
+  {
+    StateDict state;
+    std::vector<void*> blocks;
+    for (int i = 0; i < tensors; ++i) {
+      DCP_ASSIGN_OR_RETURN(void* block, runtime.AllocateDevice(0, per));
+      blocks.push_back(block);
+      for (size_t off = 0; off < per; off += pattern.size()) {
+        DCP_RETURN_IF_ERROR(runtime.Copy(
+            static_cast<std::byte*>(block) + off, pattern.data(),
+            std::min(pattern.size(), per - off), CopyKind::kHostToDevice));
+      }
+      state.emplace(absl::StrFormat("layer%03d.weight", i),
+                    Tensor::Wrap(TensorView(block, DType::kU8,
+                                            {static_cast<int64_t>(per)},
+                                            Device::Cuda(0))));
+    }
+    FileSystemWriterOptions options;
+    options.device_staging = &staging;
+    absl::StatusOr<SaveRun> run = TimedSave(state, base, options);
+    for (void* block : blocks) runtime.FreeDevice(block).IgnoreError();
+    if (!run.ok()) return run.status();
+    device_run = *run;
+  }
+  {
+    StateDict state;
+    for (int i = 0; i < tensors; ++i) {
+      Tensor t = Tensor::Empty(DType::kU8, {static_cast<int64_t>(per)});
+      for (size_t off = 0; off < per; off += pattern.size()) {
+        std::memcpy(static_cast<std::byte*>(t.data()) + off, pattern.data(),
+                    std::min(pattern.size(), per - off));
+      }
+      state.emplace(absl::StrFormat("layer%03d.weight", i), std::move(t));
+    }
+    DCP_ASSIGN_OR_RETURN(cpu_run, TimedSave(state, base, {}));
+  }
+  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging.Pool());
+  nlohmann::json out = {
+      {"device", std::string(runtime.name())},
+      {"host_emulation", runtime.is_host()},
+      {"bytes", bytes},
+      {"tensors", tensors},
+      {"pool_bytes", pool->total_bytes()},
+      {"pool_peak_chunks", pool->peak_in_use()},
+      {"pool_chunks", pool->num_chunks()},
+      {"device_save_gbps", Gbps(bytes, device_run.seconds)},
+      {"cpu_save_gbps", Gbps(bytes, cpu_run.seconds)},
+      {"device_vs_cpu_save", cpu_run.seconds / device_run.seconds},
+      {"device_save_rss_growth_bytes", device_run.rss_growth},
+      {"cpu_save_rss_growth_bytes", cpu_run.rss_growth},
+  };
+  if (json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf(
+        "device save (%s runtime): %zu MiB in %d tensors through a %zu MiB "
+        "pool (peak %d of %d chunks): %.3f GB/s, peak RSS +%zu MiB; CPU "
+        "save of the same bytes: %.3f GB/s, peak RSS +%zu MiB\n",
+        std::string(runtime.name()).c_str(), bytes >> 20, tensors,
+        pool->total_bytes() >> 20, pool->peak_in_use(), pool->num_chunks(),
+        Gbps(bytes, device_run.seconds), device_run.rss_growth >> 20,
+        Gbps(bytes, cpu_run.seconds), cpu_run.rss_growth >> 20);
+  }
   return absl::OkStatus();
 }
 
@@ -323,6 +518,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(8, 1 << 20));
   app.add_option("--device", mode_name, "device runtime: auto, cuda, host");
   app.add_flag("--json", json, "print one JSON object");
+  size_t device_save_mib = 0;
+  app.add_option("--device_save_mib", device_save_mib,
+                 "instead: save this many MiB of device tensors through a "
+                 "--pool_mib pool and of CPU tensors (throughput, peak RSS)");
+  std::string dir =
+      std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+  app.add_option("--dir", dir, "where --device_save_mib saves");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<dcp::DeviceRuntimeMode> mode =
@@ -339,8 +541,11 @@ int main(int argc, char** argv) {
                  runtime.status().ToString().c_str());
     return 1;
   }
-  absl::Status s = dcp::Run(**runtime, sizes_mib, max_streams, tensors, reps,
-                            pool_mib, json);
+  absl::Status s = device_save_mib > 0
+                       ? dcp::DeviceSave(**runtime, device_save_mib, pool_mib,
+                                         tensors, dir, json)
+                       : dcp::Run(**runtime, sizes_mib, max_streams, tensors,
+                                  reps, pool_mib, json);
   if (!s.ok()) {
     std::fprintf(stderr, "staging_bench: %s\n", s.ToString().c_str());
     return 1;

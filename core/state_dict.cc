@@ -1,5 +1,7 @@
 #include "core/state_dict.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -46,36 +48,47 @@ std::string PathToString(const ObjectPath& path) {
 
 namespace {
 
-absl::Status FlattenInto(const StateValue& value, ObjectPath& path,
-                         FlatStateDict& out) {
+// Calls `on_leaf(path, leaf)` for every leaf under `value` (a StateValue,
+// const or not) in depth-first order; stops at the first error.
+template <typename Value, typename OnLeaf>
+absl::Status ForEachLeaf(Value& value, ObjectPath& path, OnLeaf& on_leaf) {
   if (value.kind() == StateValue::Kind::kDict) {
-    for (const auto& [key, child] : value.dict()) {
+    for (auto& [key, child] : value.dict()) {
       path.emplace_back(key);
-      absl::Status status = FlattenInto(child, path, out);
+      absl::Status status = ForEachLeaf(child, path, on_leaf);
       path.pop_back();
       if (!status.ok()) return status;
     }
     return absl::OkStatus();
   }
   if (value.kind() == StateValue::Kind::kList) {
-    const StateList& list = value.list();
+    auto& list = value.list();
     for (size_t i = 0; i < list.size(); ++i) {
       path.emplace_back(static_cast<int64_t>(i));
-      absl::Status status = FlattenInto(list[i], path, out);
+      absl::Status status = ForEachLeaf(list[i], path, on_leaf);
       path.pop_back();
       if (!status.ok()) return status;
     }
     return absl::OkStatus();
   }
-  std::string name = PathToString(path);
-  auto [it, inserted] = out.mapping.emplace(name, path);
-  if (!inserted) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state dict keys collide after flattening: two values are named \"",
-        name, "\"; rename keys that contain dots"));
+  return on_leaf(path, value);
+}
+
+template <typename Dict, typename OnLeaf>
+absl::Status ForEachLeafOf(Dict& state_dict, OnLeaf on_leaf) {
+  ObjectPath path;
+  for (auto& [key, value] : state_dict) {
+    path.assign(1, key);
+    absl::Status status = ForEachLeaf(value, path, on_leaf);
+    if (!status.ok()) return status;
   }
-  out.leaves.emplace(std::move(name), value);
   return absl::OkStatus();
+}
+
+absl::Status CollisionError(absl::string_view name) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "state dict keys collide after flattening: two values are named \"", name,
+      "\"; rename keys that contain dots"));
 }
 
 // Returns the child of `node` at `element`, creating containers on the way.
@@ -113,13 +126,36 @@ absl::StatusOr<StateValue*> Descend(StateValue& node,
 
 absl::StatusOr<FlatStateDict> FlattenStateDict(const StateDict& state_dict) {
   FlatStateDict out;
-  ObjectPath path;
-  for (const auto& [key, value] : state_dict) {
-    path.assign(1, key);
-    absl::Status status = FlattenInto(value, path, out);
-    if (!status.ok()) return status;
-  }
+  absl::Status status = ForEachLeafOf(
+      state_dict, [&](const ObjectPath& path, const StateValue& value) {
+        std::string name = PathToString(path);
+        if (!out.mapping.emplace(name, path).second) {
+          return CollisionError(name);
+        }
+        out.leaves.emplace(std::move(name), value);
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
   return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, StateValue*>>>
+FlattenStateDictInPlace(StateDict& state_dict) {
+  std::vector<std::pair<std::string, StateValue*>> leaves;
+  absl::Status status =
+      ForEachLeafOf(state_dict, [&](const ObjectPath& path, StateValue& value) {
+        leaves.emplace_back(PathToString(path), &value);
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  std::sort(leaves.begin(), leaves.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 1; i < leaves.size(); ++i) {
+    if (leaves[i].first == leaves[i - 1].first) {
+      return CollisionError(leaves[i].first);
+    }
+  }
+  return leaves;
 }
 
 absl::StatusOr<StateDict> UnflattenStateDict(

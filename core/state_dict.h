@@ -115,6 +115,13 @@ struct FlatStateDict {
 // a dot that collides with a nested key).
 absl::StatusOr<FlatStateDict> FlattenStateDict(const StateDict& state_dict);
 
+// The same leaves without copying them: (flattened name, leaf) pairs sorted
+// by name, pointing into `state_dict` (valid while its containers are left
+// as they are; a leaf may be assigned through its pointer). No mapping is
+// built. Same errors as FlattenStateDict.
+absl::StatusOr<std::vector<std::pair<std::string, StateValue*>>>
+FlattenStateDictInPlace(StateDict& state_dict);
+
 // Rebuilds the nesting of `leaves` using `mapping` (names missing from the
 // mapping stay top-level keys). kInvalidArgument when two paths disagree on
 // the shape (a key used both as a dict and a list).

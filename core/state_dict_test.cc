@@ -19,6 +19,17 @@ StateDict Nested() {
   return sd;
 }
 
+int64_t StepOf(const StateDict& sd) {
+  return sd.at("optim")
+      .dict()
+      .at("state")
+      .dict()
+      .at("0")
+      .dict()
+      .at("step")
+      .int_value();
+}
+
 TEST(FlattenStateDict, DottedNamesAndPaths) {
   absl::StatusOr<FlatStateDict> flat = FlattenStateDict(Nested());
   ASSERT_TRUE(flat.ok()) << flat.status();
@@ -45,24 +56,18 @@ TEST(FlattenStateDict, RoundTripRestoresNesting) {
   ASSERT_EQ(groups.kind(), StateValue::Kind::kList);
   EXPECT_DOUBLE_EQ(groups.list()[0].dict().at("lr").double_value(), 0.1);
   EXPECT_EQ(back->at("blob").bytes_value().data, std::string("\0\1\2", 3));
-  EXPECT_EQ(back->at("optim")
-                .dict()
-                .at("state")
-                .dict()
-                .at("0")
-                .dict()
-                .at("step")
-                .int_value(),
-            7);
+  EXPECT_EQ(StepOf(*back), 7);
 }
 
 TEST(FlattenStateDict, DottedKeyCollisionIsAnError) {
   StateDict sd;
   sd["a.b"] = 1;
   sd["a"] = StateDict{{"b", 2}};
-  absl::Status s = FlattenStateDict(sd).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("\"a.b\""), absl::string_view::npos);
+  for (const absl::Status& s :
+       {FlattenStateDict(sd).status(), FlattenStateDictInPlace(sd).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("\"a.b\""), absl::string_view::npos);
+  }
 }
 
 TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
@@ -74,6 +79,32 @@ TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
       UnflattenStateDict(flat->leaves, flat->mapping);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->at("layer.0").dict().at("w").int_value(), 5);
+}
+
+TEST(FlattenStateDictInPlace, SameNamesAsFlattenPointingIntoTheDict) {
+  StateDict sd = Nested();
+  // List indices past 9 sort as strings, as in FlattenStateDict.
+  StateList many;
+  for (int i = 0; i < 12; ++i) many.push_back(i);
+  sd["many"] = many;
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(sd);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  absl::StatusOr<std::vector<std::pair<std::string, StateValue*>>> refs =
+      FlattenStateDictInPlace(sd);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  std::vector<std::string> want;
+  for (const auto& [name, value] : flat->leaves) want.push_back(name);
+  std::vector<std::string> got;
+  for (const auto& [name, value] : *refs) {
+    got.push_back(name);
+    EXPECT_EQ(value, FindByPath(sd, flat->mapping.at(name))) << name;
+  }
+  EXPECT_EQ(got, want);
+  // Assigning through a pointer changes the state dict itself.
+  for (auto& [name, value] : *refs) {
+    if (name == "optim.state.0.step") *value = int64_t{8};
+  }
+  EXPECT_EQ(StepOf(sd), 8);
 }
 
 TEST(FindByPath, FindsLeavesAndRejectsMissing) {

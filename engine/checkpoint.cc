@@ -99,6 +99,18 @@ absl::StatusOr<Plan> ExchangePlans(
   return decode(encoded);
 }
 
+// Records where each item was stored, as the seed's finish does on the
+// metadata it returns: Save's result and the metadata other ranks receive
+// name every item's file, offset, length and checksums.
+void AddStorageData(const std::vector<std::vector<WriteResult>>& results,
+                    Metadata& metadata) {
+  for (const std::vector<WriteResult>& rank_results : results) {
+    for (const WriteResult& result : rank_results) {
+      metadata.storage_data.insert_or_assign(result.index, result.storage_data);
+    }
+  }
+}
+
 // The seed's _save_state_dict: plans travel to the coordinator and back
 // (ReduceScatter), every rank writes, the write results travel to the
 // coordinator, which commits (AllReduce); on any failure every rank aborts
@@ -109,7 +121,13 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                                               internal::DistWrapper& dist,
                                               bool use_collectives) {
   const bool is_coordinator = dist.is_coordinator();
-  Metadata global_metadata;
+  // Shared, not copied: with plan caching it is the planner's cached
+  // metadata itself, so a cached re-plan costs O(ranks) on the critical
+  // path of the plan exchange.
+  std::shared_ptr<const Metadata> global_metadata;
+  // What the rank that planned globally returns: a copy, made while its own
+  // writes run.
+  Metadata returned_metadata;
 
   auto local_step = [&]() -> absl::StatusOr<SavePlan> {
     DCP_RETURN_IF_ERROR(
@@ -121,10 +139,10 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
   };
   auto global_step = [&](std::vector<SavePlan> plans)
       -> absl::StatusOr<std::vector<SavePlan>> {
-    DCP_ASSIGN_OR_RETURN(auto global,
-                         planner.CreateGlobalPlan(std::move(plans)));
-    global_metadata = std::move(global.second);
-    return writer.PrepareGlobalPlan(std::move(global.first));
+    DCP_ASSIGN_OR_RETURN(SharedGlobalSavePlan global,
+                         planner.CreateSharedGlobalPlan(std::move(plans)));
+    global_metadata = std::move(global.metadata);
+    return writer.PrepareGlobalPlan(std::move(global.plans));
   };
 
   auto run = [&]() -> absl::StatusOr<Metadata> {
@@ -150,15 +168,19 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
     auto write_step = [&]() -> absl::StatusOr<std::vector<WriteResult>> {
       DCP_ASSIGN_OR_RETURN(SavePlan final_plan,
                            planner.FinishPlan(std::move(central_plan)));
-      return writer.WriteData(final_plan, planner).Wait();
+      Future<std::vector<WriteResult>> written =
+          writer.WriteData(final_plan, planner);
+      if (global_metadata != nullptr) returned_metadata = *global_metadata;
+      return written.Wait();
     };
     if (dist.size() == 1) {
       DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results, write_step());
       std::vector<std::vector<WriteResult>> all;
       all.push_back(std::move(results));
-      DCP_RETURN_IF_ERROR(writer.Finish(global_metadata, all));
+      DCP_RETURN_IF_ERROR(writer.Finish(*global_metadata, all));
       DCP_RETURN_IF_ERROR(writer.MarkCommitted());
-      return global_metadata;
+      AddStorageData(all, returned_metadata);
+      return std::move(returned_metadata);
     }
     DCP_ASSIGN_OR_RETURN(
         std::string committed,
@@ -176,13 +198,14 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                   DecodeAll<std::vector<WriteResult>>(
                       encoded_results, internal::DecodeWriteResults,
                       "write results"));
-              DCP_RETURN_IF_ERROR(writer.Finish(global_metadata, all));
+              DCP_RETURN_IF_ERROR(writer.Finish(*global_metadata, all));
+              AddStorageData(all, returned_metadata);
               // The on-disk encoding: at 1M items it encodes and decodes
               // ~3x faster than the exchange message (BENCHMARKS.md §5).
-              return EncodeMetadata(global_metadata);
+              return EncodeMetadata(returned_metadata);
             }));
     DCP_RETURN_IF_ERROR(writer.MarkCommitted());
-    if (is_coordinator) return global_metadata;
+    if (is_coordinator) return std::move(returned_metadata);
     return DecodeMetadata(committed, "metadata broadcast by the coordinator");
   };
 

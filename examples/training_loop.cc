@@ -14,8 +14,15 @@
 // Per save it prints the time the loop was blocked in staging next to a
 // plain memcpy of the same bytes measured in the same run.
 //
+// With --device (auto, cuda or host) the tensors live in device memory, as
+// in a GPU job: each step computes on a host mirror and copies the result
+// to the device (standing in for the kernels), AsyncSave stages the device
+// tensors into pinned host memory on copy streams, and the restore loads
+// straight into fresh device tensors (FileSystemReader::device_staging).
+// "host" is the host-memory runtime: the same code path without a GPU.
+//
 //   bazel run //examples:training_loop --
-//       --steps 50 --every 10 --size 256 --dir /tmp/ckpt
+//       --steps 50 --every 10 --size 256 --dir /tmp/ckpt [--device auto]
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,8 +40,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/state_dict.h"
+#include "core/status.h"
+#include "cuda/device_runtime.h"
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
+#include "io/file_system_storage.h"
+#include "staging/device_staging.h"
 #include "staging/stager.h"
 
 namespace dcp {
@@ -96,6 +107,36 @@ Tensor& TensorAt(StateDict& state, const TensorSpec& spec) {
   return state[spec.group].dict()[spec.name].tensor();
 }
 
+// A copy of `host`'s nesting and values with every tensor in device memory
+// of `runtime` (zero-filled; SyncToDevice fills it).
+absl::StatusOr<StateDict> DeviceTwin(DeviceRuntime& runtime, StateDict host,
+                                     const std::vector<TensorSpec>& specs) {
+  for (const TensorSpec& spec : specs) {
+    Tensor& t = TensorAt(host, spec);
+    DCP_ASSIGN_OR_RETURN(void* data, runtime.AllocateDevice(0, t.nbytes()));
+    std::shared_ptr<void> owner(
+        data, [&runtime](void* p) { runtime.FreeDevice(p).IgnoreError(); });
+    t = Tensor::WithOwner(
+        TensorView(data, t.dtype(), t.sizes(), Device::Cuda(0)), owner);
+  }
+  return host;
+}
+
+// Copies every tensor of `host` into its twin in `device` (the step's
+// result landing in device memory) and the plain values along.
+absl::Status SyncToDevice(DeviceRuntime& runtime, StateDict& host,
+                          StateDict& device,
+                          const std::vector<TensorSpec>& specs) {
+  for (const TensorSpec& spec : specs) {
+    const Tensor& from = TensorAt(host, spec);
+    DCP_RETURN_IF_ERROR(runtime.Copy(TensorAt(device, spec).data(), from.data(),
+                                     from.nbytes(), CopyKind::kHostToDevice));
+  }
+  device["step"] = host["step"];
+  device["optim"].dict()["step"] = host["optim"].dict()["step"];
+  return absl::OkStatus();
+}
+
 // One training step: every element of every tensor changes, as a function
 // of (step, tensor, element) and its old value only, so replaying the steps
 // from the initial state gives the same bytes.
@@ -140,7 +181,8 @@ struct SaveRecord {
   Future<Metadata> upload;
 };
 
-int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
+int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir,
+        const std::string& device_mode) {
   if (dir.empty()) {
     const char* root = std::getenv("TEST_TMPDIR");
     dir = absl::StrCat(root != nullptr ? root : "/tmp", "/training_loop-",
@@ -151,6 +193,37 @@ int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
   const std::vector<TensorSpec> specs = Specs(size_mib << 20);
   StateDict state = MakeState(specs);
   const size_t bytes = StateBytes(state, specs);
+  // With a device: `state` stays the host mirror the steps compute on and
+  // `saved` holds the device tensors that are checkpointed.
+  std::unique_ptr<DeviceRuntime> runtime;
+  StateDict device_state;
+  if (device_mode != "none") {
+    absl::StatusOr<DeviceRuntimeMode> mode =
+        ParseDeviceRuntimeMode(device_mode);
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> created =
+        mode.ok()
+            ? CreateDeviceRuntime(*mode)
+            : absl::StatusOr<std::unique_ptr<DeviceRuntime>>(mode.status());
+    absl::StatusOr<StateDict> twin =
+        created.ok() ? DeviceTwin(**created, state, specs)
+                     : absl::StatusOr<StateDict>(created.status());
+    if (twin.ok()) {
+      runtime = *std::move(created);
+      device_state = *std::move(twin);
+    }
+    absl::Status synced =
+        twin.ok() ? SyncToDevice(*runtime, state, device_state, specs)
+                  : twin.status();
+    if (!synced.ok()) {
+      std::fprintf(stderr, "--device %s: %s\n", device_mode.c_str(),
+                   synced.ToString().c_str());
+      return 1;
+    }
+    std::printf("tensors in device memory: %s runtime%s\n",
+                std::string(runtime->name()).c_str(),
+                runtime->is_host() ? " (no GPU: host memory stands in)" : "");
+  }
+  StateDict& saved_state = runtime != nullptr ? device_state : state;
   const double memcpy_ms = MemcpyMillis(bytes);
   std::printf(
       "training_loop: %lld steps, AsyncSave every %lld, %zu tensors, %.1f "
@@ -159,7 +232,7 @@ int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
       specs.size(), bytes / 1048576.0, dir.c_str());
   std::printf("plain memcpy of the same bytes: %.2f ms\n", memcpy_ms);
 
-  DefaultStager stager;  // Default StagingOptions.
+  DefaultStager stager(StagingOptions(), runtime.get());  // Defaults.
   std::vector<SaveRecord> saves;
   {
     AsyncCheckpointer checkpointer;
@@ -167,6 +240,15 @@ int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
     for (int64_t step = 1; step <= steps; ++step) {
       const Clock::time_point t0 = Clock::now();
       TrainStep(state, specs, step);
+      if (runtime != nullptr) {
+        absl::Status synced =
+            SyncToDevice(*runtime, state, device_state, specs);
+        if (!synced.ok()) {
+          std::fprintf(stderr, "step %lld: %s\n", static_cast<long long>(step),
+                       synced.ToString().c_str());
+          return 1;
+        }
+      }
       train_ms += Millis(t0, Clock::now());
       if (step % every != 0) continue;
       SaveRecord record;
@@ -176,7 +258,7 @@ int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
       options.save.checkpoint_id = absl::StrCat(dir, "/step-", step);
       options.async_stager = &stager;
       const Clock::time_point s0 = Clock::now();
-      AsyncSaveResponse response = checkpointer.AsyncSave(state, options);
+      AsyncSaveResponse response = checkpointer.AsyncSave(saved_state, options);
       // The contract: no tensor changes before staging_completion.
       absl::Status staged = response.staging_completion.Wait();
       record.blocked_ms = Millis(s0, Clock::now());
@@ -230,11 +312,38 @@ int Run(int64_t steps, int64_t every, size_t size_mib, std::string dir) {
     Tensor& t = TensorAt(restored, spec);
     std::memset(t.data(), 0, t.nbytes());
   }
+  std::unique_ptr<DeviceStaging> load_staging;
+  StateDict device_restored;
+  FileSystemReaderOptions reader_options;
+  if (runtime != nullptr) {
+    // Restore into fresh device tensors, read back for the comparison.
+    absl::StatusOr<StateDict> twin = DeviceTwin(*runtime, restored, specs);
+    if (!twin.ok()) {
+      std::fprintf(stderr, "%s\n", twin.status().ToString().c_str());
+      return 1;
+    }
+    device_restored = *std::move(twin);
+    load_staging =
+        std::make_unique<DeviceStaging>(DeviceStagingOptions(), runtime.get());
+    reader_options.device_staging = load_staging.get();
+  }
+  FileSystemReader reader(absl::StrCat(dir, "/step-", last), reader_options);
   LoadOptions load;
-  load.checkpoint_id = absl::StrCat(dir, "/step-", last);
+  load.storage_reader = &reader;
   const Clock::time_point l0 = Clock::now();
-  absl::Status loaded = Load(restored, load);
+  absl::Status loaded =
+      Load(runtime != nullptr ? device_restored : restored, load);
   const double load_ms = Millis(l0, Clock::now());
+  if (loaded.ok() && runtime != nullptr) {
+    for (const TensorSpec& spec : specs) {
+      Tensor& to = TensorAt(restored, spec);
+      loaded = runtime->Copy(to.data(), TensorAt(device_restored, spec).data(),
+                             to.nbytes(), CopyKind::kDeviceToHost);
+      if (!loaded.ok()) break;
+    }
+    restored["step"] = device_restored["step"];
+    restored["optim"].dict()["step"] = device_restored["optim"].dict()["step"];
+  }
   if (!loaded.ok()) {
     std::fprintf(stderr, "restore from step-%lld failed: %s\n",
                  static_cast<long long>(last), loaded.ToString().c_str());
@@ -285,6 +394,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--dir", dir,
                  "checkpoint root (default: $TEST_TMPDIR or /tmp)");
+  std::string device = "none";
+  app.add_option("--device", device,
+                 "where the tensors live: none (CPU tensors), auto, cuda, "
+                 "host (the host-memory device)")
+      ->check(CLI::IsMember({"none", "auto", "cuda", "host"}));
   CLI11_PARSE(app, argc, argv);
-  return dcp::Run(steps, every, size_mib, dir);
+  return dcp::Run(steps, every, size_mib, dir, device);
 }

@@ -10,14 +10,17 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
 #include "core/status.h"
 #include "io/box_copy.h"
+#include "io/device_box_upload.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
+#include "staging/device_staging.h"
 
 namespace dcp {
 namespace {
@@ -31,6 +34,8 @@ constexpr int64_t kBounceBudget = int64_t{32} << 20;
 // takes (whole checksum blocks; FileSystemReaderOptions::read_window_bytes
 // caps it further).
 constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
+// The pinned pool a reader creates for device destinations.
+constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
 constexpr char kDataFileSuffix[] = ".distcp";
 constexpr char kTempMetadataPrefix[] = ".metadata.tmp-";
 
@@ -80,6 +85,39 @@ bool IsReplaceableName(absl::string_view name) {
           absl::EndsWith(name, kDataFileSuffix)) ||
          absl::StartsWith(name, kTempMetadataPrefix);
 }
+
+// Block checksums of bytes that arrive in pieces (staged device tensors):
+// the same values as BlockChecksums of the whole.
+class BlockChecksummer {
+ public:
+  explicit BlockChecksummer(int64_t block_size) : block_size_(block_size) {}
+
+  void Update(const std::byte* data, int64_t length) {
+    while (length > 0) {
+      const int64_t take = std::min(length, block_size_ - filled_);
+      block_.Update(data, take);
+      filled_ += take;
+      data += take;
+      length -= take;
+      if (filled_ == block_size_) {
+        sums_.push_back(block_.Digest());
+        block_ = StreamingChecksum();
+        filled_ = 0;
+      }
+    }
+  }
+  std::vector<uint64_t> Finish() {
+    if (filled_ > 0) sums_.push_back(block_.Digest());
+    filled_ = 0;
+    return std::move(sums_);
+  }
+
+ private:
+  const int64_t block_size_;
+  StreamingChecksum block_;
+  int64_t filled_ = 0;
+  std::vector<uint64_t> sums_;
+};
 
 std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
                                      int64_t block_size) {
@@ -157,7 +195,48 @@ FileSystemWriter::FileSystemWriter(std::string path,
   }
 }
 
-FileSystemWriter::~FileSystemWriter() = default;
+FileSystemWriter::~FileSystemWriter() {
+  absl::MutexLock lock(&mu_);
+  // The engine must not keep the pool's pages registered once it is gone.
+  if (staging_registered_) engine_->RegisterBuffers({}).IgnoreError();
+}
+
+absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
+  absl::MutexLock lock(&mu_);
+  DeviceStaging* staging = options_.device_staging;
+  if (staging == nullptr) {
+    if (owned_staging_ == nullptr) {
+      DeviceStagingOptions staging_options;
+      const size_t per_thread =
+          AlignUp(std::max<int64_t>(
+                      options_.per_thread_copy_ahead,
+                      2 * static_cast<int64_t>(staging_options.chunk_bytes)),
+                  staging_options.chunk_bytes);
+      staging_options.pool_bytes = per_thread * options_.thread_count;
+      owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+    }
+    staging = owned_staging_.get();
+  }
+  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging->Pool());
+  if (owned_engine_ != nullptr && !staging_registered_) {
+    // Fixed buffers spare the kernel mapping each chunk per I/O. An engine
+    // that cannot register them still writes from the chunks.
+    staging_registered_ = true;
+    absl::Status registered = engine_->RegisterBuffers(pool->Regions());
+    if (!registered.ok()) {
+      staging_registered_ = false;
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        std::fprintf(stderr,
+                     "dcp: staging pool not registered with %s (%s); "
+                     "writing without fixed buffers\n",
+                     std::string(engine_->name()).c_str(),
+                     registered.ToString().c_str());
+      }
+    }
+  }
+  return staging;
+}
 
 absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
@@ -292,6 +371,9 @@ absl::Status FileSystemWriter::WriteFile(
     future_item.push_back(item);
   };
 
+  // Device tensors: (view, item position), their layout fixed in the loop.
+  std::vector<PipelineItem> device_items;
+
   absl::Status status;
   int64_t offset = 0;
   for (size_t i = 0; i < items.size() && !failed->load(); ++i) {
@@ -306,12 +388,12 @@ absl::Status FileSystemWriter::WriteFile(
     held.push_back(*std::move(resolved));
     const std::byte* bytes;
     int64_t length;
+    bool on_device = false;
     if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
-      if (!tensor->device().is_cpu() || !tensor->view().is_contiguous()) {
+      if (!tensor->view().is_contiguous()) {
         status = absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": tensor ", item.index.ToString(), " is ",
-            tensor->device().is_cpu() ? "not contiguous" : "in device memory",
-            "; the file writer takes contiguous host tensors (stage first)"));
+            "rank ", rank_, ": tensor ", item.index.ToString(),
+            " is not contiguous; the file writer takes contiguous tensors"));
         break;
       }
       bytes = static_cast<const std::byte*>(tensor->data());
@@ -323,6 +405,7 @@ absl::Status FileSystemWriter::WriteFile(
         break;
       }
       offset = place(offset, /*tensor=*/true);
+      on_device = !tensor->device().is_cpu();
     } else {
       const std::string& value = std::get<std::string>(held.back());
       bytes = reinterpret_cast<const std::byte*>(value.data());
@@ -336,6 +419,13 @@ absl::Status FileSystemWriter::WriteFile(
     result.storage_data.relative_path = relative_path;
     result.storage_data.offset = offset;
     result.storage_data.length = length;
+    if (on_device) {
+      // Staged once the host items are in flight (below).
+      device_items.push_back(
+          {std::get<Tensor>(held.back()).view(), i, item.index.ToString()});
+      offset += length;
+      continue;
+    }
     if (!options_.direct_io) {
       if (length > 0) submit(i, offset, bytes, length);
     } else {
@@ -372,6 +462,56 @@ absl::Status FileSystemWriter::WriteFile(
     result.storage_data.block_checksums =
         BlockChecksums(bytes, length, options_.checksum_block_size);
     offset += length;
+  }
+  if (status.ok() && !device_items.empty() && !failed->load()) {
+    // Each device tensor is copied piece by piece into pinned pool chunks;
+    // a piece is written straight from its chunk (4 KiB aligned: O_DIRECT
+    // needs no bounce; the last piece is zero-padded to a whole block) while
+    // the next is copied, and the chunk returns to the pool when its write
+    // completes. The pool bounds the memory, whatever the tensors' size.
+    absl::StatusOr<DeviceStaging*> staging = Staging();
+    if (!staging.ok()) {
+      status = Annotate(staging.status(), absl::StrCat("rank ", rank_));
+    } else {
+      std::optional<BlockChecksummer> checksums;
+      status = (*staging)->Stage(
+          device_items, [&](StagedPiece piece) -> absl::Status {
+            if (failed->load()) {
+              return absl::AbortedError("an earlier write of this file failed");
+            }
+            const size_t i = piece.destination;
+            if (piece.offset == 0)
+              checksums.emplace(options_.checksum_block_size);
+            checksums->Update(piece.chunk.data(),
+                              static_cast<int64_t>(piece.length));
+            if (piece.length > 0) {
+              size_t length = piece.length;
+              if (options_.direct_io) {
+                length = AlignUp(length, kPayloadAlignment);
+                std::memset(piece.chunk.data() + piece.length, 0,
+                            length - piece.length);
+              }
+              auto lease =
+                  std::make_shared<PinnedChunk>(std::move(piece.chunk));
+              submit(i, results[i]->storage_data.offset + piece.offset,
+                     lease->data(), length);
+              futures.back().OnReady(
+                  [lease](const absl::StatusOr<size_t>&) { lease->Release(); });
+            }
+            if (piece.last) {
+              results[i]->storage_data.block_checksums = checksums->Finish();
+            }
+            return absl::OkStatus();
+          });
+      // A failed write stopped the pipeline: its own error (ENOSPC, EIO)
+      // is reported below with the others.
+      if (!status.ok() && failed->load()) status = absl::OkStatus();
+      if (!status.ok()) {
+        status = Annotate(status, absl::StrCat("rank ", rank_, ": staging ",
+                                               device_items.size(),
+                                               " device tensor(s) of ", path));
+      }
+    }
   }
   // A value that resolved to other bytes than planned leaves reserved space
   // past the end: cut it before the fsync.
@@ -579,6 +719,9 @@ struct StoredItem {
   // delivered (the last one commits every use).
   std::vector<TensorView> dests;
   std::unique_ptr<std::atomic<int64_t>> pieces_left;
+  // Some destination is device memory: filled through `staging`, committed
+  // after the staging's copies have landed.
+  DeviceStaging* staging = nullptr;
 };
 
 // Hashes MetadataIndex by fqn and offset (the system abseil cannot hash
@@ -697,9 +840,11 @@ struct ReadSlot {
 // otherwise pieces of at most about `piece_bytes` (whole checksum blocks,
 // at least one element) covering only the elements its uses need. Resolves
 // each tensor use's destination once and checks its box.
-absl::Status PlanItem(StoredItem& stored, LoadPlanner& planner, bool direct,
-                      int64_t block_size, int64_t piece_bytes,
-                      std::deque<ReadSlot>& out) {
+absl::Status PlanItem(
+    StoredItem& stored, LoadPlanner& planner, bool direct, int64_t block_size,
+    int64_t piece_bytes,
+    absl::FunctionRef<absl::StatusOr<DeviceStaging*>()> device_staging,
+    std::deque<ReadSlot>& out) {
   const int64_t length = stored.info->length;
   const int64_t blocks = (length + block_size - 1) / block_size;
   stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
@@ -722,20 +867,28 @@ absl::Status PlanItem(StoredItem& stored, LoadPlanner& planner, bool direct,
   }
   for (const ReadItem* item : stored.uses) {
     DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(*item));
+    const std::string what =
+        absl::StrCat("loading ", item->storage_index.ToString(), " into ",
+                     item->dest_index.ToString());
+    if (dest.device().is_cuda() && stored.staging == nullptr) {
+      absl::StatusOr<DeviceStaging*> staging = device_staging();
+      if (!staging.ok()) return Annotate(staging.status(), what);
+      stored.staging = *staging;
+    }
     // Checks the box against the chunk and the destination.
-    DCP_RETURN_IF_ERROR(
-        Annotate(CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes,
-                             item->storage_offsets, stored.element_size, dest,
-                             item->dest_offsets, item->lengths),
-                 absl::StrCat("loading ", item->storage_index.ToString(),
-                              " into ", item->dest_index.ToString())));
+    DCP_RETURN_IF_ERROR(Annotate(
+        CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes, item->storage_offsets,
+                    stored.element_size, AsHostView(dest), item->dest_offsets,
+                    item->lengths),
+        what));
     stored.dests.push_back(std::move(dest));
   }
   const ReadItem& first = *stored.uses.front();
   const TensorView& dest = stored.dests.front();
   if (stored.uses.size() == 1 && AllZero(first.storage_offsets) &&
       AllZero(first.dest_offsets) && first.lengths == stored.chunk_sizes &&
-      dest.is_contiguous() && dest.sizes() == first.lengths &&
+      dest.device().is_cpu() && dest.is_contiguous() &&
+      dest.sizes() == first.lengths &&
       static_cast<int64_t>(dest.nbytes()) == length &&
       (!direct ||
        (reinterpret_cast<uintptr_t>(dest.data()) % kPayloadAlignment == 0 &&
@@ -898,16 +1051,24 @@ absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
         slot.target + (slot.first_element * es - slot.begin);
     for (size_t u = 0; u < stored.uses.size(); ++u) {
       const ReadItem& item = *stored.uses[u];
-      DCP_RETURN_IF_ERROR(
-          Annotate(CopyBoxPart(window, slot.first_element, slot.end_element,
-                               stored.chunk_sizes, item.storage_offsets,
-                               stored.element_size, stored.dests[u],
-                               item.dest_offsets, item.lengths),
-                   absl::StrCat("loading ", item.storage_index.ToString(),
-                                " into ", item.dest_index.ToString())));
+      const TensorView& dest = stored.dests[u];
+      DCP_RETURN_IF_ERROR(Annotate(
+          dest.device().is_cpu()
+              ? CopyBoxPart(window, slot.first_element, slot.end_element,
+                            stored.chunk_sizes, item.storage_offsets,
+                            stored.element_size, dest, item.dest_offsets,
+                            item.lengths)
+              : UploadBoxPart(*stored.staging, window, slot.first_element,
+                              slot.end_element, stored.chunk_sizes,
+                              item.storage_offsets, stored.element_size, dest,
+                              item.dest_offsets, item.lengths),
+          absl::StrCat("loading ", item.storage_index.ToString(), " into ",
+                       item.dest_index.ToString())));
     }
   }
   if (stored.pieces_left->fetch_sub(1) != 1) return absl::OkStatus();
+  // Device destinations are committed once their copies have landed.
+  if (stored.staging != nullptr) return absl::OkStatus();
   for (size_t u = 0; u < stored.uses.size(); ++u) {
     DCP_RETURN_IF_ERROR(planner.CommitTensor(*stored.uses[u], stored.dests[u]));
   }
@@ -1046,6 +1207,21 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   OpenFiles files(*fs_, path_, direct);
   FirstError error;
   BounceMeter meter;
+  DeviceStaging* staging_used = nullptr;
+  auto device_staging = [&]() -> absl::StatusOr<DeviceStaging*> {
+    DeviceStaging* staging = options_.device_staging;
+    if (staging == nullptr) {
+      if (owned_staging_ == nullptr) {
+        DeviceStagingOptions staging_options;
+        staging_options.pool_bytes = kReadStagingPoolBytes;
+        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+      }
+      staging = owned_staging_.get();
+    }
+    DCP_RETURN_IF_ERROR(staging->Pool().status());
+    staging_used = staging;
+    return staging;
+  };
   std::deque<ReadSlot> slots;  // Slots [done, done + slots.size()).
   size_t done = 0;
   size_t next_item = 0;
@@ -1059,7 +1235,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
       if (next_slot == done + slots.size()) {
         if (next_item == stored.size()) break;
         error.Update(PlanItem(stored[next_item++], planner, direct, block_size,
-                              piece_bytes, slots));
+                              piece_bytes, device_staging, slots));
         continue;
       }
       ReadSlot& slot = slots[next_slot - done];
@@ -1113,6 +1289,22 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   // A failed PrepareSlot leaves a window that was never finished.
   for (ReadSlot& slot : slots) {
     for (Future<size_t>& read : slot.reads) read.Wait();
+  }
+  if (staging_used != nullptr) {
+    // Every copy to a device destination lands before any is committed.
+    error.Update(
+        Annotate(staging_used->Flush(),
+                 absl::StrCat("copying into device tensors from ", path_)));
+    for (StoredItem& item : stored) {
+      if (error.failed()) break;
+      if (item.staging == nullptr || item.pieces_left == nullptr ||
+          *item.pieces_left != 0) {
+        continue;
+      }
+      for (size_t u = 0; u < item.uses.size() && !error.failed(); ++u) {
+        error.Update(planner.CommitTensor(*item.uses[u], item.dests[u]));
+      }
+    }
   }
   peak_bounce_bytes_ = meter.peak();
   return Future<void>::Ready(error.status());

@@ -30,6 +30,8 @@
 
 namespace dcp {
 
+class DeviceStaging;  // staging/device_staging.h
+
 // The seed's FileSystemWriter keyword arguments.
 struct FileSystemWriterOptions {
   // One data file per rank and writer thread (true) or one per item.
@@ -39,8 +41,12 @@ struct FileSystemWriterOptions {
   bool sync_files = true;
   // Data files written in parallel per rank (items are balanced by bytes).
   int thread_count = 1;
-  // Bytes of device data staged ahead of the writer per thread (used by the
-  // staging layer; the CPU write path writes straight from tensor memory).
+  // Bytes of device data copied ahead of the writer per thread: device
+  // tensors are copied into pinned chunks of a bounded pool (see
+  // device_staging) and each chunk is written while the next is copied. The
+  // pool the writer creates holds thread_count x this, rounded up to whole
+  // 8 MiB chunks and at least two per thread. CPU tensors are written
+  // straight from their memory.
   int64_t per_thread_copy_ahead = 10000000;
   // Keep staged host copies between saves (staging layer).
   bool cache_staged_state_dict = false;
@@ -62,6 +68,13 @@ struct FileSystemWriterOptions {
   // owned; must outlive the writer.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
+  // Copies device tensors to host (runtime and pinned pool). nullptr: the
+  // writer creates one on its first device tensor, with the auto device
+  // runtime and the pool size above, and registers the pool with its own
+  // I/O engine as fixed buffers. Pass one to use a runtime of your own (the
+  // device tensors must belong to it) or to share a pool between writers.
+  // Not owned; must outlive the writer.
+  DeviceStaging* device_staging = nullptr;
 };
 
 class FileSystemWriter final : public StorageWriter {
@@ -110,6 +123,10 @@ class FileSystemWriter final : public StorageWriter {
                          SavePlanner& planner,
                          std::vector<WriteResult*>& results);
   void RecordCreated(const std::string& path);
+  // The staging for device tensors (options_.device_staging or one of the
+  // writer's own, created on first use; its pool registered with an owned
+  // engine).
+  absl::StatusOr<DeviceStaging*> Staging();
 
   std::string path_;
   FileSystemWriterOptions options_;
@@ -128,6 +145,8 @@ class FileSystemWriter final : public StorageWriter {
 
   absl::Mutex mu_;
   std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
+  bool staging_registered_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 struct FileSystemReaderOptions {
@@ -153,6 +172,13 @@ struct FileSystemReaderOptions {
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
+  // Copies into device tensors: verified bytes are gathered into pinned
+  // chunks and copied to the device as contiguous runs (io/
+  // device_box_upload.h), overlapping the next reads. nullptr: the reader
+  // creates one on its first device destination (auto device runtime, a
+  // 64 MiB pool). Pass one to use a runtime of your own (the destinations
+  // must belong to it). Not owned; must outlive the reader.
+  DeviceStaging* device_staging = nullptr;
 };
 
 class FileSystemReader final : public StorageReader {
@@ -177,8 +203,9 @@ class FileSystemReader final : public StorageReader {
   // need (see read_window_bytes). Each destination is resolved once and
   // committed after its last piece. Reads are issued together through the
   // I/O engine, in windows of `read_window_bytes` of bounce buffers, and
-  // verification overlaps the next window's reads. The call blocks; the
-  // returned future is ready.
+  // verification overlaps the next window's reads. Device destinations are
+  // filled through device_staging and committed once every copy to them has
+  // landed. The call blocks; the returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   const std::string& path() const { return path_; }
@@ -194,6 +221,7 @@ class FileSystemReader final : public StorageReader {
   absl::Status engine_error_;  // Reported by SetUp.
   std::optional<Metadata> metadata_;
   int64_t peak_bounce_bytes_ = 0;
+  std::unique_ptr<DeviceStaging> owned_staging_;
 };
 
 }  // namespace dcp

@@ -201,10 +201,74 @@ std::optional<ChunkStorageMetadata> IntersectChunks(
   return out;
 }
 
+bool FindCoveringChunks(const ChunkStorageMetadata& requested,
+                        absl::Span<const ChunkStorageMetadata> saved,
+                        std::vector<ChunkOverlap>* out) {
+  const int64_t volume = ChunkVolume(requested);
+  if (volume == 0) return true;
+  if (saved.empty()) return false;
+  const size_t rank = requested.offsets.size();
+  if (rank == 0) {
+    // A scalar: one saved chunk holds it.
+    if (saved.size() != 1 || !saved[0].offsets.empty()) return false;
+    out->push_back({0, ChunkStorageMetadata{}});
+    return true;
+  }
+  const ChunkStorageMetadata& first = saved.front();
+  const ChunkStorageMetadata& last = saved.back();
+  if (first.offsets.size() != rank || last.offsets.size() != rank) {
+    return false;
+  }
+  size_t dim = 0;
+  while (dim + 1 < rank && first.offsets[dim] == last.offsets[dim]) ++dim;
+  const int64_t begin = requested.offsets[dim];
+  const int64_t end = begin + requested.sizes[dim];
+  // The first saved chunk that ends after `begin` along `dim`, when the
+  // chunks are sorted and split along it; on another layout, some position
+  // (the checks below then fail).
+  size_t lo = 0;
+  size_t hi = saved.size();
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    const ChunkStorageMetadata& c = saved[mid];
+    if (c.offsets.size() != rank || c.sizes.size() != rank) return false;
+    if (c.offsets[dim] + c.sizes[dim] <= begin) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  const size_t mark = out->size();
+  int64_t covered = 0;
+  bool ok = true;
+  for (size_t s = lo; s < saved.size(); ++s) {
+    const ChunkStorageMetadata& c = saved[s];
+    if (c.offsets.size() != rank || c.sizes.size() != rank) {
+      ok = false;
+      break;
+    }
+    if (c.offsets[dim] >= end) break;
+    // Disjoint along `dim` from the previous candidate, hence from all.
+    if (s > lo &&
+        c.offsets[dim] < saved[s - 1].offsets[dim] + saved[s - 1].sizes[dim]) {
+      ok = false;
+      break;
+    }
+    if (std::optional<ChunkStorageMetadata> box =
+            IntersectChunks(requested, c)) {
+      covered += ChunkVolume(*box);
+      out->push_back({s, *std::move(box)});
+    }
+  }
+  if (ok && covered == volume) return true;
+  out->resize(mark);
+  return false;
+}
+
 void ForEachOverlap(
     absl::Span<const ChunkStorageMetadata> requested,
     absl::Span<const ChunkStorageMetadata> saved,
-    const std::function<void(size_t, size_t, const ChunkStorageMetadata&)>&
+    absl::FunctionRef<void(size_t, size_t, const ChunkStorageMetadata&)>
         on_overlap) {
   if (requested.empty() || saved.empty()) return;
   const size_t rank = saved[0].offsets.size();
@@ -282,7 +346,7 @@ void ForEachOverlap(
 absl::Status ValidateTiling(absl::string_view tensor_name,
                             const Shape& global_size,
                             absl::Span<const ChunkStorageMetadata> chunks,
-                            const std::function<std::string(size_t)>& describe,
+                            absl::FunctionRef<std::string(size_t)> describe,
                             bool require_full_coverage) {
   const size_t rank = global_size.size();
   std::vector<size_t> nonempty;

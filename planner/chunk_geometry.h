@@ -7,11 +7,11 @@
 #define DCP_PLANNER_CHUNK_GEOMETRY_H_
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -39,8 +39,33 @@ std::optional<ChunkStorageMetadata> IntersectChunks(
 void ForEachOverlap(
     absl::Span<const ChunkStorageMetadata> requested,
     absl::Span<const ChunkStorageMetadata> saved,
-    const std::function<void(size_t, size_t, const ChunkStorageMetadata&)>&
+    absl::FunctionRef<void(size_t, size_t, const ChunkStorageMetadata&)>
         on_overlap);
+
+// One saved chunk's part of a requested chunk: `saved` is its position in
+// the saved list, `box` the intersection in global coordinates.
+struct ChunkOverlap {
+  size_t saved = 0;
+  ChunkStorageMetadata box;
+};
+
+// The fast path of load planning, O(log m + answer) for m saved chunks when
+// `saved` is sorted and split along one dimension (what metadata holds for
+// the usual row or column split: chunks sorted by offset). The dimension is
+// the first along which the first and last saved chunks start apart; a
+// binary search finds the saved chunks whose extents along it meet
+// `requested`'s. Appends their intersections with `requested` to `out` and
+// returns true when those saved chunks are disjoint along that dimension
+// (so pairwise disjoint) and their intersections hold every element of
+// `requested`: the boxes then tile `requested` exactly once, and when the
+// saved chunks are pairwise disjoint (as validated metadata is) they are
+// the only saved chunks that share an element with it. Otherwise (another
+// layout, overlapping or missing saved chunks) returns false and leaves
+// `out` as it was: use ForEachOverlap, which handles any layout.
+// An empty `requested` needs nothing: true, nothing appended.
+bool FindCoveringChunks(const ChunkStorageMetadata& requested,
+                        absl::Span<const ChunkStorageMetadata> saved,
+                        std::vector<ChunkOverlap>* out);
 
 // Checks that `chunks` tile the tensor of shape `global_size` exactly once:
 // each chunk has the tensor's rank and lies within its bounds, no two chunks
@@ -52,7 +77,7 @@ void ForEachOverlap(
 absl::Status ValidateTiling(absl::string_view tensor_name,
                             const Shape& global_size,
                             absl::Span<const ChunkStorageMetadata> chunks,
-                            const std::function<std::string(size_t)>& describe,
+                            absl::FunctionRef<std::string(size_t)> describe,
                             bool require_full_coverage = true);
 
 }  // namespace dcp

@@ -1,5 +1,6 @@
 #include "planner/chunk_geometry.h"
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -40,6 +41,35 @@ std::vector<int64_t> Cells(const ChunkStorageMetadata& c, const Shape& global) {
   return out;
 }
 
+// A shape of rank < 4 with dimensions in [1, max_dim].
+Shape RandomShape(std::mt19937_64& rng, int64_t max_dim) {
+  Shape global(rng() % 4);
+  for (int64_t& d : global) d = 1 + rng() % max_dim;
+  return global;
+}
+
+// Splits the whole of `global` by up to `cuts` random guillotine cuts (a
+// valid tiling).
+std::vector<ChunkStorageMetadata> GuillotineTiling(std::mt19937_64& rng,
+                                                   const Shape& global,
+                                                   int cuts) {
+  const size_t rank = global.size();
+  std::vector<ChunkStorageMetadata> chunks = {{Shape(rank, 0), global}};
+  for (int cut = 0; cut < cuts && rank > 0; ++cut) {
+    const size_t pick = rng() % chunks.size();
+    const size_t d = rng() % rank;
+    ChunkStorageMetadata c = chunks[pick];
+    if (c.sizes[d] < 2) continue;
+    const int64_t at = 1 + rng() % (c.sizes[d] - 1);
+    ChunkStorageMetadata rest = c;
+    chunks[pick].sizes[d] = at;
+    rest.offsets[d] += at;
+    rest.sizes[d] -= at;
+    chunks.push_back(rest);
+  }
+  return chunks;
+}
+
 TEST(ChunkGeometryTest, ForEachOverlapMatchesAllPairs) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -65,31 +95,93 @@ TEST(ChunkGeometryTest, ForEachOverlapMatchesAllPairs) {
   }
 }
 
+// FindCoveringChunks: on tilings sorted by offset it finds exactly the
+// overlapping chunks, and always on splits along one dimension; whenever it
+// answers (any input), its boxes tile the requested chunk exactly once.
+TEST(ChunkGeometryTest, FindCoveringChunksIsExactWhenItAnswers) {
+  std::mt19937_64 rng(5);
+  int answered_tilings = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const Shape global = RandomShape(rng, 6);
+    const size_t rank = global.size();
+    std::vector<ChunkStorageMetadata> saved;
+    // 0: split along one dimension, 1: tiling, 2: random boxes.
+    const int kind = rank == 0 ? 2 : trial % 3;
+    if (kind == 0) {
+      // Split along one dimension, in order: the fast path must answer.
+      const size_t d = rng() % rank;
+      for (int64_t at = 0; at < global[d];) {
+        const int64_t len = 1 + rng() % (global[d] - at);
+        ChunkStorageMetadata c{Shape(rank, 0), global};
+        c.offsets[d] = at;
+        c.sizes[d] = len;
+        saved.push_back(c);
+        at += len;
+      }
+    } else if (kind == 1) {
+      // Guillotine tiling, sorted by offset as metadata keeps it.
+      saved = GuillotineTiling(rng, global, 5);
+      std::sort(
+          saved.begin(), saved.end(),
+          [](const ChunkStorageMetadata& a, const ChunkStorageMetadata& b) {
+            return a.offsets < b.offsets;
+          });
+    } else {
+      saved.resize(rng() % 5);
+      for (auto& c : saved) c = RandomBox(rng, global);
+    }
+    const ChunkStorageMetadata want = RandomBox(rng, global);
+    std::vector<ChunkOverlap> out = {{99, {}}};  // Kept as it is.
+    const bool answered = FindCoveringChunks(want, saved, &out);
+    ASSERT_GE(out.size(), 1u);
+    EXPECT_EQ(out[0].saved, 99u);
+    if (!answered) {
+      EXPECT_EQ(out.size(), 1u) << "trial " << trial;
+      EXPECT_NE(kind, 0) << "trial " << trial << " shape "
+                         << ShapeToString(global);
+      continue;
+    }
+    out.erase(out.begin());
+    std::vector<int> count(NumElements(global), 0);
+    for (const ChunkOverlap& o : out) {
+      ASSERT_LT(o.saved, saved.size());
+      EXPECT_EQ(o.box, *IntersectChunks(want, saved[o.saved]));
+      for (int64_t cell : Cells(o.box, global)) ++count[cell];
+    }
+    for (int64_t cell : Cells(want, global)) {
+      EXPECT_EQ(count[cell], 1) << "trial " << trial;
+      count[cell] = 0;
+    }
+    EXPECT_TRUE(
+        std::all_of(count.begin(), count.end(), [](int c) { return c == 0; }))
+        << "trial " << trial << ": a box outside the requested chunk";
+    if (kind != 2) {
+      // A tiling: exactly the overlapping chunks.
+      std::set<size_t> got;
+      for (const ChunkOverlap& o : out) got.insert(o.saved);
+      std::set<size_t> expected;
+      for (size_t j = 0; j < saved.size(); ++j) {
+        if (IntersectChunks(want, saved[j]).has_value()) expected.insert(j);
+      }
+      EXPECT_EQ(got, expected) << "trial " << trial;
+      ++answered_tilings;
+    }
+  }
+  EXPECT_GT(answered_tilings, 1000);
+}
+
 // ValidateTiling agrees with counting every element, on random (mostly
 // invalid) box sets and on random guillotine tilings (valid).
 TEST(ChunkGeometryTest, ValidateTilingMatchesCellCount) {
   std::mt19937_64 rng(7);
   int valid = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    const size_t rank = rng() % 4;
-    Shape global;
-    for (size_t d = 0; d < rank; ++d) global.push_back(1 + rng() % 4);
+    const Shape global = RandomShape(rng, 4);
+    const size_t rank = global.size();
     std::vector<ChunkStorageMetadata> chunks;
     if (trial % 2 == 0) {
       // Guillotine cuts, then maybe one perturbation.
-      chunks.push_back({Shape(rank, 0), global});
-      for (int cut = 0; cut < 4 && rank > 0; ++cut) {
-        const size_t pick = rng() % chunks.size();
-        const size_t d = rng() % rank;
-        ChunkStorageMetadata c = chunks[pick];
-        if (c.sizes[d] < 2) continue;
-        const int64_t at = 1 + rng() % (c.sizes[d] - 1);
-        ChunkStorageMetadata rest = c;
-        chunks[pick].sizes[d] = at;
-        rest.offsets[d] += at;
-        rest.sizes[d] -= at;
-        chunks.push_back(rest);
-      }
+      chunks = GuillotineTiling(rng, global, 4);
       if (rng() % 3 == 0 && rank > 0) {
         ChunkStorageMetadata& c = chunks[rng() % chunks.size()];
         const size_t d = rng() % rank;

@@ -1,6 +1,8 @@
 #include "planner/default_planner.h"
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -15,6 +17,12 @@
 namespace dcp {
 namespace {
 
+absl::Status NestingError(const std::string& key, const StateValue& value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", key, "\" is a ", StateKindName(value.kind()),
+                   "; nested state dicts need flatten_state_dict=true"));
+}
+
 // Flattens `state_dict`, or takes its top-level values as they are when
 // `flatten` is off (then containers are an error).
 absl::StatusOr<FlatStateDict> Leaves(const StateDict& state_dict,
@@ -22,13 +30,23 @@ absl::StatusOr<FlatStateDict> Leaves(const StateDict& state_dict,
   if (flatten) return FlattenStateDict(state_dict);
   FlatStateDict out;
   for (const auto& [key, value] : state_dict) {
-    if (value.is_container()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", key, "\" is a ", StateKindName(value.kind()),
-                       "; nested state dicts need flatten_state_dict=true"));
-    }
+    if (value.is_container()) return NestingError(key, value);
     out.leaves.emplace(key, value);
     out.mapping.emplace(key, ObjectPath{key});
+  }
+  return out;
+}
+
+// The leaves of `state_dict` as pointers into it, sorted by name, or its
+// top-level values when `flatten` is off (then containers are an error).
+absl::StatusOr<std::vector<std::pair<std::string, StateValue*>>> LeavesInPlace(
+    StateDict& state_dict, bool flatten) {
+  if (flatten) return FlattenStateDictInPlace(state_dict);
+  std::vector<std::pair<std::string, StateValue*>> out;
+  out.reserve(state_dict.size());
+  for (auto& [key, value] : state_dict) {
+    if (value.is_container()) return NestingError(key, value);
+    out.emplace_back(key, &value);
   }
   return out;
 }
@@ -159,6 +177,24 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
 
 absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
 DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
+  DCP_ASSIGN_OR_RETURN(GlobalResult global,
+                       BuildGlobal(std::move(local_plans)));
+  // Metadata the cache holds is copied; a new one is handed over.
+  Metadata metadata =
+      global.cached ? *global.metadata : std::move(*global.metadata);
+  return std::make_pair(std::move(global.plans), std::move(metadata));
+}
+
+absl::StatusOr<SharedGlobalSavePlan> DefaultSavePlanner::CreateSharedGlobalPlan(
+    std::vector<SavePlan> local_plans) {
+  DCP_ASSIGN_OR_RETURN(GlobalResult global,
+                       BuildGlobal(std::move(local_plans)));
+  return SharedGlobalSavePlan{std::move(global.plans),
+                              std::move(global.metadata)};
+}
+
+absl::StatusOr<DefaultSavePlanner::GlobalResult>
+DefaultSavePlanner::BuildGlobal(std::vector<SavePlan> local_plans) {
   std::vector<SavePlannerData> data(local_plans.size());
   bool cacheable = options_.enable_plan_caching;
   for (size_t r = 0; r < local_plans.size(); ++r) {
@@ -190,10 +226,12 @@ DefaultSavePlanner::CreateGlobalPlan(std::vector<SavePlan> local_plans) {
       BuildGlobalSavePlan(std::move(local_plans), data, policy(),
                           options_.require_full_coverage));
   global.metadata.storage_meta = storage_meta_;
-  return std::make_pair(std::move(global.plans), std::move(global.metadata));
+  return GlobalResult{std::move(global.plans),
+                      std::make_shared<Metadata>(std::move(global.metadata)),
+                      /*cached=*/false};
 }
 
-absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
+absl::StatusOr<DefaultSavePlanner::GlobalResult>
 DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
                                            std::vector<SavePlannerData> data) {
   if (cache_ == nullptr) {
@@ -248,7 +286,7 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
       entry.final_digests[r] = DigestBytes(absl::StrCat(key_bytes, "#", r));
     }
     entry.final_plans = std::move(built.plans);
-    entry.metadata = std::move(built.metadata);
+    entry.metadata = std::make_shared<Metadata>(std::move(built.metadata));
     global = &cache_->coordinator_globals().Put(key, std::move(entry));
   }
 
@@ -267,9 +305,18 @@ DefaultSavePlanner::CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
     out[r].planner_data = EncodeSavePlannerData(out_data);
     out[r].storage_data = std::move(local_plans[r].storage_data);
   }
-  Metadata metadata = global->metadata;
-  metadata.storage_meta = storage_meta_;
-  return std::make_pair(std::move(out), std::move(metadata));
+  // The cached metadata, with this save's storage_meta. When the cache is
+  // its only owner it is updated in place (the fence orders this after the
+  // last release by an earlier holder, on any thread); when an earlier
+  // caller still holds it, that caller's copy stays as it was.
+  std::shared_ptr<Metadata>& metadata = global->metadata;
+  if (metadata.use_count() == 1) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+  } else {
+    metadata = std::make_shared<Metadata>(*metadata);
+  }
+  metadata->storage_meta = storage_meta_;
+  return GlobalResult{std::move(out), metadata, /*cached=*/true};
 }
 
 absl::StatusOr<SavePlan> DefaultSavePlanner::FinishPlan(SavePlan central_plan) {
@@ -345,13 +392,6 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict* state_dict,
 
 namespace {
 
-// A chunk of the destination: where it sits in the global tensor and the
-// memory it is loaded into.
-struct Destination {
-  ChunkStorageMetadata chunk;
-  TensorView view;
-};
-
 absl::Status CheckTensorMatches(const std::string& name, DType dtype,
                                 const Shape& size,
                                 const TensorStorageMetadata& saved) {
@@ -382,14 +422,23 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
   if (state_dict_ == nullptr || metadata_ == nullptr) {
     return absl::FailedPreconditionError("CreateLocalPlan before SetUp");
   }
-  DCP_ASSIGN_OR_RETURN(FlatStateDict flat,
-                       Leaves(*state_dict_, options_.flatten_state_dict));
+  DCP_ASSIGN_OR_RETURN(
+      auto leaves, LeavesInPlace(*state_dict_, options_.flatten_state_dict));
   destinations_.clear();
   value_destinations_.clear();
+  destinations_.reserve(leaves.size());
   LoadPlan plan;
   std::vector<std::string> missing;
-  std::vector<Destination> wanted;
-  for (const auto& [name, value] : flat.leaves) {
+  // Per tensor, reused: the requested chunks and their memory, and the
+  // saved boxes they read (owners[k]: the requested chunk of overlaps[k]).
+  std::vector<ChunkStorageMetadata> requested;
+  std::vector<const TensorView*> views;
+  std::vector<ChunkOverlap> overlaps;
+  std::vector<size_t> owners;
+  std::vector<size_t> fallback;
+  plan.items.reserve(leaves.size());
+  for (const auto& [name, leaf] : leaves) {
+    const StateValue& value = *leaf;
     auto it = metadata_->state_dict_metadata.find(name);
     if (it == metadata_->state_dict_metadata.end()) {
       // Shards that hold no elements need nothing from storage (a rank-local
@@ -412,12 +461,7 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
                        " in the checkpoint"));
     }
     if (!is_tensor) {
-      StateValue* target = FindByPath(*state_dict_, flat.mapping.at(name));
-      if (target == nullptr) {
-        return absl::InternalError(
-            absl::StrCat("flattened value \"", name, "\" not found again"));
-      }
-      value_destinations_.emplace(name, target);
+      value_destinations_.emplace(name, leaf);
       ReadItem item;
       item.type = LoadItemType::kBytesIO;
       item.dest_index = MetadataIndex(name);
@@ -425,42 +469,74 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       plan.items.push_back(std::move(item));
       continue;
     }
-    wanted.clear();
+    requested.clear();
+    views.clear();
     if (value.is_tensor()) {
       const Tensor& t = value.tensor();
       DCP_RETURN_IF_ERROR(
           CheckTensorMatches(name, t.dtype(), t.sizes(), *saved));
-      wanted.push_back({{Zeros(t.sizes().size()), t.sizes()}, t.view()});
+      requested.push_back({Zeros(t.sizes().size()), t.sizes()});
+      views.push_back(&t.view());
     } else {
       const ShardedTensor& st = value.sharded_tensor();
       DCP_RETURN_IF_ERROR(st.Validate(name));
       DCP_RETURN_IF_ERROR(
           CheckTensorMatches(name, st.dtype(), st.global_sizes(), *saved));
       for (const Shard& shard : st.local_shards()) {
-        wanted.push_back(
-            {{shard.offsets, shard.tensor.sizes()}, shard.tensor.view()});
+        requested.push_back({shard.offsets, shard.tensor.sizes()});
+        views.push_back(&shard.tensor.view());
       }
     }
-    std::vector<ChunkStorageMetadata> requested;
-    requested.reserve(wanted.size());
-    for (const Destination& d : wanted) requested.push_back(d.chunk);
-    std::vector<int64_t> covered(wanted.size(), 0);
+    // The saved boxes each requested chunk reads: by binary search for the
+    // usual layouts, else by the sweep, which handles any layout and finds
+    // chunks the saved list does not cover.
+    overlaps.clear();
+    owners.clear();
+    fallback.clear();
+    for (size_t r = 0; r < requested.size(); ++r) {
+      if (FindCoveringChunks(requested[r], saved->chunks, &overlaps)) {
+        owners.resize(overlaps.size(), r);
+      } else {
+        fallback.push_back(r);
+      }
+    }
+    if (!fallback.empty()) {
+      std::vector<ChunkStorageMetadata> rest;
+      rest.reserve(fallback.size());
+      for (size_t r : fallback) rest.push_back(requested[r]);
+      std::vector<int64_t> covered(rest.size(), 0);
+      ForEachOverlap(rest, saved->chunks,
+                     [&](size_t i, size_t s, const ChunkStorageMetadata& box) {
+                       covered[i] += ChunkVolume(box);
+                       overlaps.push_back({s, box});
+                       owners.push_back(fallback[i]);
+                     });
+      for (size_t i = 0; i < rest.size(); ++i) {
+        if (covered[i] != ChunkVolume(rest[i])) {
+          return absl::DataLossError(absl::StrCat(
+              "tensor \"", name, "\": the checkpoint holds ", covered[i],
+              " of ", ChunkVolume(rest[i]),
+              " elements of the requested chunk [", ChunkToString(rest[i]),
+              "]; its chunk list is incomplete (damaged metadata?)"));
+        }
+      }
+    }
     const size_t first_item = plan.items.size();
-    ForEachOverlap(requested, saved->chunks,
-                   [&](size_t r, size_t s, const ChunkStorageMetadata& box) {
-                     const ChunkStorageMetadata& dest = requested[r];
-                     const ChunkStorageMetadata& src = saved->chunks[s];
-                     ReadItem item;
-                     item.type = LoadItemType::kTensor;
-                     item.dest_index = MetadataIndex(name, dest.offsets);
-                     item.dest_offsets = Minus(box.offsets, dest.offsets);
-                     item.storage_index = MetadataIndex(
-                         name, src.offsets, static_cast<int64_t>(s));
-                     item.storage_offsets = Minus(box.offsets, src.offsets);
-                     item.lengths = box.sizes;
-                     covered[r] += ChunkVolume(box);
-                     plan.items.push_back(std::move(item));
-                   });
+    for (size_t k = 0; k < overlaps.size(); ++k) {
+      const ChunkStorageMetadata& dest = requested[owners[k]];
+      const size_t s = overlaps[k].saved;
+      const ChunkStorageMetadata& src = saved->chunks[s];
+      ChunkStorageMetadata& box = overlaps[k].box;
+      ReadItem item;
+      item.type = LoadItemType::kTensor;
+      item.dest_index = MetadataIndex(name, dest.offsets);
+      item.dest_offsets = Minus(box.offsets, dest.offsets);
+      item.storage_index =
+          MetadataIndex(name, src.offsets, static_cast<int64_t>(s));
+      item.storage_offsets = Minus(box.offsets, src.offsets);
+      item.lengths = std::move(box.sizes);
+      plan.items.push_back(std::move(item));
+    }
     // Deterministic order: by destination chunk, then stored chunk.
     std::sort(plan.items.begin() + first_item, plan.items.end(),
               [](const ReadItem& a, const ReadItem& b) {
@@ -469,16 +545,9 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
                 }
                 return a.storage_index.offset < b.storage_index.offset;
               });
-    for (size_t r = 0; r < wanted.size(); ++r) {
-      if (covered[r] != ChunkVolume(requested[r])) {
-        return absl::DataLossError(absl::StrCat(
-            "tensor \"", name, "\": the checkpoint holds ", covered[r], " of ",
-            ChunkVolume(requested[r]), " elements of the requested chunk [",
-            ChunkToString(requested[r]),
-            "]; its chunk list is incomplete (damaged metadata?)"));
-      }
+    for (size_t r = 0; r < requested.size(); ++r) {
       destinations_.emplace(MetadataIndex(name, requested[r].offsets),
-                            wanted[r].view);
+                            views[r]);
     }
   }
   if (!missing.empty() && !options_.allow_partial_load) {
@@ -529,7 +598,7 @@ absl::StatusOr<TensorView> DefaultLoadPlanner::ResolveTensor(
                                             item.dest_index.ToString(),
                                             " is not in this rank's plan"));
   }
-  return it->second;
+  return *it->second;
 }
 
 absl::Status DefaultLoadPlanner::CommitTensor(const ReadItem& item,

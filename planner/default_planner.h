@@ -85,6 +85,11 @@ class DefaultSavePlanner : public SavePlanner {
   absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> CreateGlobalPlan(
       std::vector<SavePlan> local_plans) override;
 
+  // As CreateGlobalPlan. With plan caching the metadata is the cached one
+  // itself (no copy): a cached re-plan then costs O(ranks), not O(items).
+  absl::StatusOr<SharedGlobalSavePlan> CreateSharedGlobalPlan(
+      std::vector<SavePlan> local_plans) override;
+
   // Resolves a marker to this rank's cached final plan (keeping the
   // marker's storage_data). kFailedPrecondition for a marker this rank has
   // no cached plan for.
@@ -102,10 +107,17 @@ class DefaultSavePlanner : public SavePlanner {
   const std::map<std::string, StateValue>& leaves() const { return leaves_; }
 
  private:
+  // A global plan; `cached`: the plan cache holds `metadata` too.
+  struct GlobalResult {
+    std::vector<SavePlan> plans;
+    std::shared_ptr<Metadata> metadata;
+    bool cached = false;
+  };
+
   absl::StatusOr<SavePlan> BuildLocalPlan();
-  absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
-  CreateCachedGlobalPlan(std::vector<SavePlan> local_plans,
-                         std::vector<SavePlannerData> data);
+  absl::StatusOr<GlobalResult> BuildGlobal(std::vector<SavePlan> local_plans);
+  absl::StatusOr<GlobalResult> CreateCachedGlobalPlan(
+      std::vector<SavePlan> local_plans, std::vector<SavePlannerData> data);
   DedupPolicy policy() const;
 
   DefaultSavePlannerOptions options_;
@@ -179,8 +191,9 @@ class DefaultLoadPlanner : public LoadPlanner {
   StateDict* state_dict_ = nullptr;
   const Metadata* metadata_ = nullptr;
   bool is_coordinator_ = false;
-  // Filled by CreateLocalPlan, read-only afterwards.
-  absl::flat_hash_map<MetadataIndex, TensorView> destinations_;
+  // Filled by CreateLocalPlan, read-only afterwards. Both point into
+  // *state_dict_ (LoadBytes assigns values, which moves no other leaf).
+  absl::flat_hash_map<MetadataIndex, const TensorView*> destinations_;
   absl::flat_hash_map<std::string, StateValue*> value_destinations_;
 };
 

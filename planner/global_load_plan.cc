@@ -5,6 +5,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace dcp {
 namespace {
@@ -22,13 +24,15 @@ struct IndexRef {
 };
 
 // Bytes of stored items, by name then chunk: tensors from their chunk sizes
-// (the hint makes it O(1)), values from their storage location.
+// (the hint makes it O(1)), values from their storage location. Names are
+// viewed, not copied: they must outlive this.
 class StoredSizes {
  public:
   explicit StoredSizes(const Metadata& metadata) : metadata_(metadata) {}
 
   int64_t Of(const MetadataIndex& index) {
-    auto [it, inserted] = tensors_.try_emplace(index.fqn, nullptr);
+    auto [it, inserted] =
+        tensors_.try_emplace(absl::string_view(index.fqn), nullptr);
     if (inserted) {
       auto entry = metadata_.state_dict_metadata.find(index.fqn);
       if (entry != metadata_.state_dict_metadata.end()) {
@@ -56,38 +60,81 @@ class StoredSizes {
 
  private:
   const Metadata& metadata_;
-  absl::flat_hash_map<std::string, const TensorStorageMetadata*> tensors_;
+  absl::flat_hash_map<absl::string_view, const TensorStorageMetadata*> tensors_;
 };
 
+// A stored item that some rank reads.
 struct StoredItem {
-  const MetadataIndex* index;
   int64_t bytes = 0;
-  std::vector<int32_t> ranks;  // Ascending.
+  uint32_t holders = 0;        // Ranks that need it.
+  uint32_t holders_begin = 0;  // Into the holder ranks array.
+  int32_t last_rank = -1;      // While scanning: the last rank counted.
+  int32_t reader = -1;
 };
 
-// The distinct stored items of each rank, grouped across ranks.
-std::vector<StoredItem> GroupStoredItems(const std::vector<LoadPlan>& plans,
-                                         const Metadata& metadata) {
-  absl::flat_hash_map<IndexRef, uint32_t> ids;
+// The stored items all ranks read, grouped across ranks, with the ranks
+// needing each (ascending).
+struct StoredItems {
   std::vector<StoredItem> items;
+  std::vector<uint32_t> of_read;  // Per read item, by rank then position.
+  std::vector<int32_t> holder_ranks;
+};
+
+StoredItems GroupStoredItems(const std::vector<LoadPlan>& plans,
+                             const Metadata& metadata) {
+  StoredItems out;
+  size_t total = 0;
+  for (const LoadPlan& plan : plans) total += plan.items.size();
+  out.of_read.reserve(total);
+  absl::flat_hash_map<IndexRef, uint32_t> ids;
+  ids.reserve(total / 2);
   StoredSizes sizes(metadata);
   for (int32_t r = 0; r < static_cast<int32_t>(plans.size()); ++r) {
     for (const ReadItem& read : plans[r].items) {
       auto [it, inserted] =
-          ids.try_emplace(IndexRef{&read.storage_index}, items.size());
+          ids.try_emplace(IndexRef{&read.storage_index},
+                          static_cast<uint32_t>(out.items.size()));
       if (inserted) {
-        items.push_back(
-            {&read.storage_index, sizes.Of(read.storage_index), {}});
+        out.items.emplace_back();
+        out.items.back().bytes = sizes.Of(read.storage_index);
       }
-      std::vector<int32_t>& ranks = items[it->second].ranks;
-      if (ranks.empty() || ranks.back() != r) ranks.push_back(r);
+      StoredItem& item = out.items[it->second];
+      if (item.last_rank != r) {
+        item.last_rank = r;
+        ++item.holders;
+      }
+      out.of_read.push_back(it->second);
     }
   }
-  return items;
+  uint32_t begin = 0;
+  for (StoredItem& item : out.items) {
+    item.holders_begin = begin;
+    begin += item.holders;
+    item.holders = 0;  // Refilled below.
+  }
+  out.holder_ranks.resize(begin);
+  size_t k = 0;
+  for (int32_t r = 0; r < static_cast<int32_t>(plans.size()); ++r) {
+    for (size_t i = 0; i < plans[r].items.size(); ++i) {
+      StoredItem& item = out.items[out.of_read[k++]];
+      const uint32_t n = item.holders;
+      if (n > 0 && out.holder_ranks[item.holders_begin + n - 1] == r) continue;
+      out.holder_ranks[item.holders_begin + n] = r;
+      ++item.holders;
+    }
+  }
+  return out;
 }
 
 bool ByIndex(const SharedRead& a, const SharedRead& b) {
   return a.storage_index < b.storage_index;
+}
+
+void SortByIndex(std::vector<SharedRead>& shares) {
+  // Plans list tensors in name order: usually sorted already.
+  if (!std::is_sorted(shares.begin(), shares.end(), ByIndex)) {
+    std::sort(shares.begin(), shares.end(), ByIndex);
+  }
 }
 
 }  // namespace
@@ -98,12 +145,17 @@ std::vector<LoadPlan> BuildGlobalLoadPlan(std::vector<LoadPlan> plans,
     plan.read_for_peers.clear();
     plan.received_from.clear();
   }
-  std::vector<StoredItem> items = GroupStoredItems(plans, metadata);
+  StoredItems stored = GroupStoredItems(plans, metadata);
+  std::vector<StoredItem>& items = stored.items;
+  auto holders = [&](const StoredItem& item) {
+    return absl::MakeConstSpan(&stored.holder_ranks[item.holders_begin],
+                               item.holders);
+  };
   std::vector<int64_t> load(plans.size(), 0);
   std::vector<uint32_t> shared;
   for (uint32_t i = 0; i < items.size(); ++i) {
-    if (items[i].ranks.size() == 1) {
-      load[items[i].ranks[0]] += items[i].bytes;
+    if (items[i].holders == 1) {
+      load[holders(items[i])[0]] += items[i].bytes;
     } else {
       shared.push_back(i);
     }
@@ -112,30 +164,38 @@ std::vector<LoadPlan> BuildGlobalLoadPlan(std::vector<LoadPlan> plans,
     return items[a].bytes != items[b].bytes ? items[a].bytes > items[b].bytes
                                             : a < b;
   });
-  std::vector<std::pair<uint32_t, int32_t>> assigned;  // (item, reader)
-  assigned.reserve(shared.size());
   for (uint32_t i : shared) {
-    const StoredItem& item = items[i];
-    int32_t reader = item.ranks[0];
-    for (int32_t r : item.ranks) {
+    StoredItem& item = items[i];
+    int32_t reader = holders(item)[0];
+    for (int32_t r : holders(item)) {
       if (load[r] < load[reader]) reader = r;
     }
     load[reader] += item.bytes;
-    assigned.emplace_back(i, reader);
+    item.reader = reader;
   }
-  for (const auto& [i, reader] : assigned) {
-    const StoredItem& item = items[i];
-    SharedRead out{*item.index, {}};
-    for (int32_t r : item.ranks) {
-      if (r == reader) continue;
-      out.ranks.push_back(r);
-      plans[r].received_from.push_back({*item.index, {reader}});
+  // Annotations, rank by rank in plan order, once per stored item; the
+  // index is copied from the rank's own read item.
+  for (StoredItem& item : items) item.last_rank = -1;
+  size_t k = 0;
+  for (int32_t r = 0; r < static_cast<int32_t>(plans.size()); ++r) {
+    LoadPlan& plan = plans[r];
+    for (const ReadItem& read : plan.items) {
+      StoredItem& item = items[stored.of_read[k++]];
+      if (item.holders == 1 || item.last_rank == r) continue;
+      item.last_rank = r;
+      if (item.reader != r) {
+        plan.received_from.push_back({read.storage_index, {item.reader}});
+        continue;
+      }
+      SharedRead out{read.storage_index, {}};
+      out.ranks.reserve(item.holders - 1);
+      for (int32_t peer : holders(item)) {
+        if (peer != r) out.ranks.push_back(peer);
+      }
+      plan.read_for_peers.push_back(std::move(out));
     }
-    plans[reader].read_for_peers.push_back(std::move(out));
-  }
-  for (LoadPlan& plan : plans) {
-    std::sort(plan.read_for_peers.begin(), plan.read_for_peers.end(), ByIndex);
-    std::sort(plan.received_from.begin(), plan.received_from.end(), ByIndex);
+    SortByIndex(plan.read_for_peers);
+    SortByIndex(plan.received_from);
   }
   return plans;
 }

@@ -2,39 +2,33 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/status.h"
 #include "planner/chunk_geometry.h"
 
 namespace dcp {
 namespace {
 
-// A stored item, keyed by interned name and chunk offset.
-struct IndexKey {
-  uint32_t name;
-  const std::optional<Shape>* offset;
-
-  template <typename H>
-  friend H AbslHashValue(H h, const IndexKey& k) {
-    if (!k.offset->has_value()) return H::combine(std::move(h), k.name, false);
-    return H::combine(std::move(h), k.name, true, **k.offset);
-  }
-  friend bool operator==(const IndexKey& a, const IndexKey& b) {
-    return a.name == b.name && *a.offset == *b.offset;
-  }
-};
-
 struct NameInfo {
   absl::string_view name;
   const WriteItem* first = nullptr;  // Defines kind, dtype and shape.
   uint32_t first_rank = 0;
-  std::vector<uint32_t> groups;
+  // Its groups: how many, and (after the scan) where they start in the
+  // array of groups by name.
+  uint32_t num_groups = 0;
+  uint32_t groups_begin = 0;
   // The flatten path: a derived mask, or an explicit path (kExplicitPath).
   bool has_path = false;
   uint64_t mask = 0;
@@ -98,16 +92,148 @@ absl::Status NotePath(NameInfo& info, uint32_t rank, uint64_t mask,
       " from a different path ", PathText(info.name, mask, path)));
 }
 
+// The chunks of all groups in one flat array: for each, a header (the
+// number of offsets, and of sizes << 32), then the offsets and the sizes.
+// Read back in name order it is one compact array, where the items it came
+// from are spread over all ranks' plans.
+class ChunkCoords {
+ public:
+  static constexpr size_t kNone = ~size_t{0};
+
+  explicit ChunkCoords(size_t capacity) { values_.reserve(capacity); }
+
+  // Appends `chunk`; returns its position.
+  size_t Add(const ChunkStorageMetadata& chunk) {
+    const size_t at = values_.size();
+    const size_t n = chunk.offsets.size();
+    const size_t m = chunk.sizes.size();
+    values_.resize(at + 1 + n + m);
+    int64_t* out = &values_[at];
+    out[0] = static_cast<int64_t>(n | (m << 32));
+    std::copy(chunk.offsets.begin(), chunk.offsets.end(), out + 1);
+    std::copy(chunk.sizes.begin(), chunk.sizes.end(), out + 1 + n);
+    return at;
+  }
+  absl::Span<const int64_t> Offsets(size_t at) const {
+    return absl::MakeConstSpan(&values_[at + 1], NumOffsets(at));
+  }
+  absl::Span<const int64_t> Sizes(size_t at) const {
+    return absl::MakeConstSpan(&values_[at + 1 + NumOffsets(at)],
+                               static_cast<uint64_t>(values_[at]) >> 32);
+  }
+  ChunkStorageMetadata Get(size_t at) const {
+    const absl::Span<const int64_t> offsets = Offsets(at);
+    const absl::Span<const int64_t> sizes = Sizes(at);
+    return {Shape(offsets.begin(), offsets.end()),
+            Shape(sizes.begin(), sizes.end())};
+  }
+
+ private:
+  size_t NumOffsets(size_t at) const {
+    return static_cast<uint64_t>(values_[at]) & 0xffffffffu;
+  }
+
+  std::vector<int64_t> values_;
+};
+
+bool Equal(absl::Span<const int64_t> a, const Shape& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
 // The items of all ranks that share one MetadataIndex.
 struct Group {
   uint32_t name = 0;
-  const WriteItem* first = nullptr;
   uint32_t first_rank = 0;  // Lowest rank holding it.
+  size_t hash = 0;          // Of (name, offset), for GroupTable.
+  // Its chunk in ChunkCoords (the offsets are the index offset), or kNone
+  // for a value.
+  size_t chunk = ChunkCoords::kNone;
+  int64_t bytes = 0;
+  int32_t hint = -1;  // Position of the chunk in the metadata.
   uint32_t holders = 0;
   uint32_t holders_begin = 0;  // Into the holder ranks array.
   uint32_t writer = 0;
-  int64_t bytes = 0;
-  int64_t hint = -1;  // Position of the chunk in the metadata.
+};
+
+// Whether `chunk` is all of a tensor of shape `size` (a valid shape).
+bool IsWholeTensor(const ChunkStorageMetadata& chunk, const Shape& size) {
+  return chunk.sizes == size && chunk.offsets.size() == size.size() &&
+         std::all_of(chunk.offsets.begin(), chunk.offsets.end(),
+                     [](int64_t o) { return o == 0; }) &&
+         std::all_of(size.begin(), size.end(),
+                     [](int64_t d) { return d >= 0; });
+}
+
+// Whether `g` (of a name with the same kind as `offset`'s item: all values
+// or all tensors) is the chunk at `offset`: values have no offset and one
+// group per name.
+bool HasOffset(const Group& g, const ChunkCoords& coords,
+               const std::optional<Shape>& offset) {
+  if (!offset.has_value()) return g.chunk == ChunkCoords::kNone;
+  return g.chunk != ChunkCoords::kNone &&
+         Equal(coords.Offsets(g.chunk), *offset);
+}
+
+// A MetadataIndex to look up: interned name and chunk offset.
+struct GroupKey {
+  uint32_t name;
+  const std::optional<Shape>* offset;
+  size_t hash;
+
+  GroupKey(uint32_t name_in, const std::optional<Shape>& offset_in)
+      : name(name_in),
+        offset(&offset_in),
+        hash(offset_in.has_value() ? absl::HashOf(name_in, true, *offset_in)
+                                   : absl::HashOf(name_in, false)) {}
+};
+
+// The groups seen so far, by key. The table holds 4-byte group ids and
+// compares keys with the groups' chunks, so at a million items it is a
+// fraction of a map from keys to ids and stays mostly in cache.
+class GroupTable {
+ public:
+  GroupTable(const std::vector<Group>* groups, const ChunkCoords* coords,
+             size_t capacity)
+      : ids_(0, Hash{groups}, Eq{groups, coords}) {
+    ids_.reserve(capacity);
+  }
+
+  // The id of the group with `key`, and whether it is new: when there is
+  // none, `add()` appends one (with key.hash, key.name and a chunk whose
+  // offsets are *key.offset) and returns its id.
+  template <typename Add>
+  std::pair<uint32_t, bool> FindOrAdd(const GroupKey& key, Add add) {
+    bool added = false;
+    auto it = ids_.lazy_emplace(key, [&](const auto& construct) {
+      added = true;
+      construct(add());
+    });
+    return {*it, added};
+  }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    const std::vector<Group>* groups;
+    size_t operator()(uint32_t id) const { return (*groups)[id].hash; }
+    size_t operator()(const GroupKey& key) const { return key.hash; }
+  };
+  // A name's items are all tensors or all values (checked before lookup).
+  struct Eq {
+    using is_transparent = void;
+    const std::vector<Group>* groups;
+    const ChunkCoords* coords;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(uint32_t id, const GroupKey& key) const {
+      const Group& g = (*groups)[id];
+      return g.hash == key.hash && g.name == key.name &&
+             HasOffset(g, *coords, *key.offset);
+    }
+    bool operator()(const GroupKey& key, uint32_t id) const {
+      return (*this)(id, key);
+    }
+  };
+  absl::flat_hash_set<uint32_t, Hash, Eq> ids_;
 };
 
 absl::Status Disagree(absl::string_view name, absl::string_view what,
@@ -259,12 +385,17 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
   for (const SavePlan& plan : local_plans) total_items += plan.items.size();
 
   absl::flat_hash_map<absl::string_view, uint32_t> name_ids;
+  // At most one name and one group per item: reserved so that they never
+  // move (only the pages used are touched).
   std::vector<NameInfo> names;
-  absl::flat_hash_map<IndexKey, uint32_t> group_ids;
-  group_ids.reserve(total_items);
+  names.reserve(total_items);
   std::vector<Group> groups;
+  groups.reserve(total_items);
+  ChunkCoords coords(total_items * 5);  // Room for a 2-d chunk per item.
+  GroupTable group_ids(&groups, &coords, total_items);
   std::vector<uint32_t> group_of_item;  // By rank, then item.
   group_of_item.reserve(total_items);
+  size_t rank_begin = 0;  // Of the rank being scanned, in group_of_item.
 
   for (uint32_t r = 0; r < num_ranks; ++r) {
     const SavePlannerData* rank_data = r < data.size() ? &data[r] : nullptr;
@@ -274,22 +405,41 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
             : nullptr;
     size_t run = 0;  // Runs of equal names, for `masks`.
     const std::string* previous = nullptr;
-    for (const WriteItem& item : local_plans[r].items) {
+    // Ranks mostly plan the same names in the same order, and replicas the
+    // same chunks: the previous rank's item at the same position is tried
+    // (and checked exactly) before the hash tables.
+    const size_t previous_rank_begin = rank_begin;
+    const size_t previous_rank_items = group_of_item.size() - rank_begin;
+    rank_begin = group_of_item.size();
+    const std::vector<WriteItem>& items = local_plans[r].items;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const WriteItem& item = items[i];
       absl::Status status = CheckItem(item, r);
       if (!status.ok()) return status;
-      auto [name_it, new_name] =
-          name_ids.try_emplace(item.index.fqn, names.size());
-      if (new_name) {
-        NameInfo info;
-        info.name = item.index.fqn;
-        info.first = &item;
-        info.first_rank = r;
-        names.push_back(std::move(info));
+      const Group* predicted =
+          i < previous_rank_items
+              ? &groups[group_of_item[previous_rank_begin + i]]
+              : nullptr;
+      uint32_t name;
+      if (predicted != nullptr &&
+          names[predicted->name].name == item.index.fqn) {
+        name = predicted->name;
       } else {
-        status = CheckAgainstName(names[name_it->second], item, r);
+        auto [name_it, new_name] =
+            name_ids.try_emplace(item.index.fqn, names.size());
+        name = name_it->second;
+        if (new_name) {
+          NameInfo info;
+          info.name = item.index.fqn;
+          info.first = &item;
+          info.first_rank = r;
+          names.push_back(std::move(info));
+        }
+      }
+      if (names[name].first != &item) {
+        status = CheckAgainstName(names[name], item, r);
         if (!status.ok()) return status;
       }
-      const uint32_t name = name_it->second;
       if (masks != nullptr &&
           (previous == nullptr || *previous != item.index.fqn)) {
         if (run >= masks->size()) {
@@ -306,33 +456,42 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
         DCP_RETURN_IF_ERROR(NotePath(names[name], r, mask, path));
       }
       previous = &item.index.fqn;
-      auto [group_it, new_group] =
-          group_ids.try_emplace(IndexKey{name, &item.index.offset},
-                                static_cast<uint32_t>(groups.size()));
-      if (new_group) {
-        Group g;
-        g.name = name;
-        g.first = &item;
-        g.first_rank = r;
-        g.bytes = item.StorageBytes();
-        groups.push_back(g);
-        names[name].groups.push_back(group_it->second);
+      uint32_t group;
+      bool new_group = false;
+      if (predicted != nullptr && predicted->name == name &&
+          HasOffset(*predicted, coords, item.index.offset)) {
+        group = static_cast<uint32_t>(predicted - groups.data());
       } else {
-        const Group& g = groups[group_it->second];
+        const GroupKey key(name, item.index.offset);
+        std::tie(group, new_group) = group_ids.FindOrAdd(key, [&] {
+          Group g;
+          g.name = name;
+          g.first_rank = r;
+          g.hash = key.hash;
+          if (item.tensor_data.has_value()) {
+            g.chunk = coords.Add(item.tensor_data->chunk);
+          }
+          g.bytes = item.StorageBytes();
+          groups.push_back(g);
+          ++names[name].num_groups;
+          return static_cast<uint32_t>(groups.size() - 1);
+        });
+      }
+      if (!new_group) {
+        const Group& g = groups[group];
         if (item.tensor_data.has_value() &&
-            item.tensor_data->chunk.sizes !=
-                g.first->tensor_data->chunk.sizes) {
+            !Equal(coords.Sizes(g.chunk), item.tensor_data->chunk.sizes)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "tensor \"", item.index.fqn, "\": rank ", g.first_rank,
               " saves the chunk at offsets ", ShapeToString(*item.index.offset),
-              " with sizes ", ShapeToString(g.first->tensor_data->chunk.sizes),
+              " with sizes ", ShapeToString(coords.Get(g.chunk).sizes),
               " but rank ", r, " with sizes ",
               ShapeToString(item.tensor_data->chunk.sizes),
               "; replicated chunks must be identical"));
         }
       }
-      ++groups[group_it->second].holders;
-      group_of_item.push_back(group_it->second);
+      ++groups[group].holders;
+      group_of_item.push_back(group);
     }
   }
 
@@ -354,59 +513,96 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
     }
   }
 
-  // Validation and metadata, tensor by tensor.
   GlobalSavePlan out;
   Metadata& metadata = out.metadata;
   metadata.version = kFormatVersion;
   std::vector<uint32_t> name_order(names.size());
-  for (uint32_t i = 0; i < names.size(); ++i) name_order[i] = i;
+  std::iota(name_order.begin(), name_order.end(), 0);
   std::sort(name_order.begin(), name_order.end(), [&](uint32_t a, uint32_t b) {
     return names[a].name < names[b].name;
   });
-  std::vector<ChunkStorageMetadata> chunks;
+  // Groups by name, in the order they were first seen (a counting sort).
+  std::vector<uint32_t> name_groups(groups.size());
+  {
+    uint32_t begin = 0;
+    for (NameInfo& info : names) {
+      info.groups_begin = begin;
+      begin += info.num_groups;
+      info.num_groups = 0;
+    }
+    for (uint32_t g = 0; g < groups.size(); ++g) {
+      NameInfo& info = names[groups[g].name];
+      name_groups[info.groups_begin + info.num_groups++] = g;
+    }
+  }
+  // Validation and metadata, tensor by tensor.
+  std::vector<uint32_t> order;
+  std::vector<uint32_t> sorted_ids;
   for (uint32_t n : name_order) {
-    NameInfo& info = names[n];
+    const NameInfo& info = names[n];
     if (info.first->type == WriteItemType::kBytesIO) {
       metadata.state_dict_metadata.emplace_hint(
           metadata.state_dict_metadata.end(), std::string(info.name),
           BytesStorageMetadata{});
       continue;
     }
-    auto by_offset = [&](uint32_t a, uint32_t b) {
-      return groups[a].first->tensor_data->chunk.offsets <
-             groups[b].first->tensor_data->chunk.offsets;
-    };
-    // Ranks usually hold consecutive chunks: often sorted already.
-    if (!std::is_sorted(info.groups.begin(), info.groups.end(), by_offset)) {
-      std::sort(info.groups.begin(), info.groups.end(), by_offset);
-    }
-    chunks.clear();
-    for (size_t k = 0; k < info.groups.size(); ++k) {
-      Group& g = groups[info.groups[k]];
-      g.hint = static_cast<int64_t>(k);
-      chunks.push_back(g.first->tensor_data->chunk);
-    }
+    uint32_t* ids = name_groups.data() + info.groups_begin;
+    const size_t num_chunks = info.num_groups;
     const TensorWriteData& tensor = *info.first->tensor_data;
-    absl::Status status = ValidateTiling(
-        info.name, tensor.size, chunks,
-        [&](size_t k) {
-          const Group& g = groups[info.groups[k]];
-          return absl::StrCat("[", ChunkToString(chunks[k]), "] from rank ",
-                              g.first_rank);
-        },
-        require_full_coverage);
-    if (!status.ok()) return status;
     TensorStorageMetadata tensor_metadata;
     tensor_metadata.properties = tensor.properties;
     tensor_metadata.size = tensor.size;
-    tensor_metadata.chunks = chunks;
+    // Chunks are built once, in the metadata, and sorted there.
+    std::vector<ChunkStorageMetadata>& chunks = tensor_metadata.chunks;
+    chunks.reserve(num_chunks);
+    for (size_t k = 0; k < num_chunks; ++k) {
+      chunks.push_back(coords.Get(groups[ids[k]].chunk));
+    }
+    auto by_offset = [](const ChunkStorageMetadata& a,
+                        const ChunkStorageMetadata& b) {
+      return a.offsets < b.offsets;
+    };
+    // Ranks usually hold consecutive chunks: often sorted already.
+    if (!std::is_sorted(chunks.begin(), chunks.end(), by_offset)) {
+      order.resize(num_chunks);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return by_offset(chunks[a], chunks[b]);
+      });
+      std::vector<ChunkStorageMetadata> sorted;
+      sorted.reserve(num_chunks);
+      sorted_ids.resize(num_chunks);
+      for (size_t k = 0; k < num_chunks; ++k) {
+        sorted.push_back(std::move(chunks[order[k]]));
+        sorted_ids[k] = ids[order[k]];
+      }
+      chunks = std::move(sorted);
+      std::copy(sorted_ids.begin(), sorted_ids.end(), ids);
+    }
+    for (size_t k = 0; k < num_chunks; ++k) {
+      groups[ids[k]].hint = static_cast<int32_t>(k);
+    }
+    // One chunk holding the whole tensor (a replicated or unsharded tensor)
+    // tiles it: the common case needs no further check.
+    const bool whole =
+        num_chunks == 1 && IsWholeTensor(chunks[0], tensor_metadata.size);
+    absl::Status status =
+        whole ? absl::OkStatus()
+              : ValidateTiling(
+                    info.name, tensor_metadata.size, chunks,
+                    [&](size_t k) {
+                      return absl::StrCat("[", ChunkToString(chunks[k]),
+                                          "] from rank ",
+                                          groups[ids[k]].first_rank);
+                    },
+                    require_full_coverage);
+    if (!status.ok()) return status;
     metadata.state_dict_metadata.emplace_hint(
         metadata.state_dict_metadata.end(), std::string(info.name),
         std::move(tensor_metadata));
   }
   DCP_ASSIGN_OR_RETURN(metadata.flatten_mapping,
                        BuildMapping(names, name_order, name_ids, data));
-
   AssignWriters(groups, holder_ranks, num_ranks, policy);
 
   // Final plans: each rank keeps what it writes. Names are no longer viewed

@@ -106,7 +106,10 @@ class SavePlanCache {
   struct GlobalEntry {
     std::vector<SavePlan> final_plans;
     std::vector<PlanDigest> final_digests;
-    Metadata metadata;
+    // Handed out as is (DefaultSavePlanner::CreateSharedGlobalPlan); its
+    // storage_meta is that of the last save it was handed out for. Modified
+    // only while the cache is its sole owner, else replaced by a copy.
+    std::shared_ptr<Metadata> metadata;
   };
 
   // Rank side: final plans by the digest of the local plan they answer.

@@ -180,6 +180,138 @@ TEST_F(PlanCacheTest, CoordinatorWithoutCacheRefusesMarkers) {
               HasSubstr("rank 1 sent an unchanged-plan marker"));
 }
 
+// Every rank plans `dtype` state with its own caching planner (rank 0
+// coordinates) under `save_id`; the coordinator's CreateSharedGlobalPlan, or
+// CreateGlobalPlan with `by_value`; every rank finishes its plan.
+class SharedMetadataTest : public PlanCacheTest {
+ protected:
+  struct Round {
+    std::vector<SavePlan> local;
+    SharedGlobalSavePlan global;
+  };
+
+  Round Plan(DType dtype, const std::string& save_id, bool by_value = false) {
+    if (planners_.empty()) {
+      for (int r = 0; r < kRanks; ++r) {
+        planners_.push_back(
+            std::make_unique<DefaultSavePlanner>(DefaultSavePlannerOptions{
+                .enable_plan_caching = true, .plan_cache = caches_[r]}));
+      }
+    }
+    states_.clear();
+    for (int r = 0; r < kRanks; ++r) {
+      states_.push_back(RankState(r, dtype, "model"));
+    }
+    Round round;
+    StorageMeta meta;
+    meta.save_id = save_id;
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_TRUE(planners_[r]->SetUp(states_[r], meta, r == 0).ok());
+      round.local.push_back(*planners_[r]->CreateLocalPlan());
+    }
+    if (by_value) {
+      auto global = planners_[0]->CreateGlobalPlan(round.local);
+      EXPECT_TRUE(global.ok()) << global.status();
+      round.global.plans = std::move(global->first);
+      round.global.metadata =
+          std::make_shared<const Metadata>(std::move(global->second));
+    } else {
+      auto global = planners_[0]->CreateSharedGlobalPlan(round.local);
+      EXPECT_TRUE(global.ok()) << global.status();
+      round.global = *std::move(global);
+    }
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_TRUE(planners_[r]->FinishPlan(round.global.plans[r]).ok());
+    }
+    return round;
+  }
+
+  // The metadata's exchange encoding without its storage_meta (the layout).
+  static std::string Layout(const Metadata& metadata) {
+    Metadata copy = metadata;
+    copy.storage_meta.reset();
+    return EncodeMetadataMessage(copy);
+  }
+
+  std::vector<std::unique_ptr<DefaultSavePlanner>> planners_;
+  std::vector<StateDict> states_;
+};
+
+TEST_F(SharedMetadataTest, SameMetadataAsTheCopyingPath) {
+  // Uncached: both entry points of a fresh planner agree.
+  std::vector<SavePlan> local;
+  for (int r = 0; r < kRanks; ++r) {
+    StateDict state = RankState(r, DType::kF32, "model");
+    DefaultSavePlanner planner;
+    ASSERT_TRUE(planner.SetUp(state, {}, r == 0).ok());
+    local.push_back(*planner.CreateLocalPlan());
+  }
+  DefaultSavePlanner by_value;
+  DefaultSavePlanner shared;
+  auto a = by_value.CreateGlobalPlan(local);
+  auto b = shared.CreateSharedGlobalPlan(local);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(EncodeMetadataMessage(a->second),
+            EncodeMetadataMessage(*b->metadata));
+  ASSERT_EQ(a->first.size(), b->plans.size());
+  for (size_t r = 0; r < b->plans.size(); ++r) {
+    EXPECT_EQ(EncodeSavePlan(a->first[r]), EncodeSavePlan(b->plans[r]));
+  }
+
+  // Cached: a re-plan from markers hands out the same layout, with the
+  // current save's storage_meta, as the copying path does.
+  Round first = Plan(DType::kF32, "s1");
+  EXPECT_EQ(Markers(first.local), 0);
+  EXPECT_EQ(Layout(*first.global.metadata), Layout(a->second));
+  Round second = Plan(DType::kF32, "s2");
+  EXPECT_EQ(Markers(second.local), kRanks);
+  EXPECT_EQ(Markers(second.global.plans), kRanks);
+  EXPECT_EQ(second.global.metadata->storage_meta->save_id, "s2");
+  EXPECT_EQ(Layout(*second.global.metadata), Layout(*first.global.metadata));
+  Round copied = Plan(DType::kF32, "s3", /*by_value=*/true);
+  EXPECT_EQ(Markers(copied.local), kRanks);
+  Round shared_again = Plan(DType::kF32, "s3");
+  EXPECT_EQ(EncodeMetadataMessage(*copied.global.metadata),
+            EncodeMetadataMessage(*shared_again.global.metadata));
+}
+
+TEST_F(SharedMetadataTest, HeldMetadataNeverChanges) {
+  Round first = Plan(DType::kF32, "s1");
+  const std::string layout = Layout(*first.global.metadata);
+  // `first` still holds its metadata: the next save gets a copy.
+  Round second = Plan(DType::kF32, "s2");
+  EXPECT_NE(second.global.metadata.get(), first.global.metadata.get());
+  EXPECT_EQ(first.global.metadata->storage_meta->save_id, "s1");
+  EXPECT_EQ(second.global.metadata->storage_meta->save_id, "s2");
+  // Once released, the cached metadata itself is handed out again.
+  const Metadata* cached = second.global.metadata.get();
+  second = {};
+  Round third = Plan(DType::kF32, "s3");
+  EXPECT_EQ(Markers(third.local), kRanks);
+  EXPECT_EQ(third.global.metadata.get(), cached);
+  EXPECT_EQ(third.global.metadata->storage_meta->save_id, "s3");
+  EXPECT_EQ(Layout(*third.global.metadata), layout);
+  EXPECT_EQ(first.global.metadata->storage_meta->save_id, "s1");
+}
+
+TEST_F(SharedMetadataTest, DTypeChangeInvalidatesTheSharedMetadata) {
+  Round f32 = Plan(DType::kF32, "s1");
+  const Metadata* cached = f32.global.metadata.get();
+  f32 = {};
+  // Same element size, other dtype: not a cache hit.
+  Round i32 = Plan(DType::kI32, "s2");
+  EXPECT_EQ(Markers(i32.local), 0);
+  EXPECT_EQ(Markers(i32.global.plans), 0);
+  EXPECT_NE(i32.global.metadata.get(), cached);
+  for (const char* name : {"model.bias", "model.w"}) {
+    EXPECT_EQ(std::get<TensorStorageMetadata>(
+                  i32.global.metadata->state_dict_metadata.at(name))
+                  .properties.dtype,
+              DType::kI32)
+        << name;
+  }
+}
+
 TEST(PlanDigestTest, EveryFieldChangesTheDigest) {
   WriteItem item;
   item.index = MetadataIndex("t", Shape{0, 0});

@@ -1,12 +1,12 @@
 #include "planner/plan_codec.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "planner/plan.pb.h"
@@ -106,25 +106,31 @@ std::optional<uint64_t> DerivedListMask(absl::string_view name,
 
 absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
                                             uint64_t mask) {
-  std::vector<absl::string_view> segments = absl::StrSplit(name, '.');
-  if (segments.size() > 64 || (mask & 1) != 0 ||
-      (segments.size() < 64 && (mask >> segments.size()) != 0)) {
+  // `name` split on '.', empty segments included.
+  const size_t count =
+      static_cast<size_t>(std::count(name.begin(), name.end(), '.')) + 1;
+  if (count > 64 || (mask & 1) != 0 || (count < 64 && (mask >> count) != 0)) {
     return absl::DataLossError(absl::StrCat("flatten path mask ", mask,
                                             " does not fit \"", name, "\""));
   }
   ObjectPath path;
-  path.reserve(segments.size());
-  for (size_t i = 0; i < segments.size(); ++i) {
+  path.reserve(count);
+  size_t pos = 0;
+  for (size_t i = 0; i < count; ++i) {
+    size_t end = name.find('.', pos);
+    if (end == absl::string_view::npos) end = name.size();
+    const absl::string_view segment = name.substr(pos, end - pos);
+    pos = end + 1;
     if ((mask >> i) & 1) {
       int64_t index;
-      if (!absl::SimpleAtoi(segments[i], &index) || index < 0) {
+      if (!absl::SimpleAtoi(segment, &index) || index < 0) {
         return absl::DataLossError(absl::StrCat("flatten path of \"", name,
                                                 "\": segment ", i,
                                                 " is not a list index"));
       }
       path.emplace_back(index);
     } else {
-      path.emplace_back(std::string(segments[i]));
+      path.emplace_back(std::string(segment));
     }
   }
   return path;

@@ -187,6 +187,47 @@ TEST(PlanCodecTest, SavePlannerDataRoundTrips) {
   EXPECT_EQ(back->mapping, data.mapping);
 }
 
+TEST(PlanCodecTest, ListMasksRoundTripAndRejectWhatDoesNotFit) {
+  const std::vector<std::pair<std::string, ObjectPath>> cases = {
+      {"a", {std::string("a")}},
+      {"a.0.b", {std::string("a"), int64_t{0}, std::string("b")}},
+      {"a.12", {std::string("a"), int64_t{12}}},
+      {"a..b", {std::string("a"), std::string(""), std::string("b")}},
+      {"a.", {std::string("a"), std::string("")}},
+      {"opt.state.3.exp_avg",
+       {std::string("opt"), std::string("state"), int64_t{3},
+        std::string("exp_avg")}},
+  };
+  for (const auto& [name, path] : cases) {
+    std::optional<uint64_t> mask = DerivedListMask(name, path);
+    ASSERT_TRUE(mask.has_value()) << name;
+    absl::StatusOr<ObjectPath> back = PathFromListMask(name, *mask);
+    ASSERT_TRUE(back.ok()) << name << ": " << back.status();
+    EXPECT_EQ(*back, path) << name;
+  }
+  // 64 segments fit a mask, 65 do not.
+  std::string long_name = "r";
+  for (int i = 1; i < 64; ++i) absl::StrAppend(&long_name, ".", i);
+  absl::StatusOr<ObjectPath> full =
+      PathFromListMask(long_name, ~uint64_t{0} << 1);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->size(), 64u);
+  EXPECT_EQ(std::get<int64_t>(full->back()), 63);
+  EXPECT_EQ(PathFromListMask(long_name + ".x", 0).status().code(),
+            absl::StatusCode::kDataLoss);
+  for (const auto& [name, mask] : std::vector<std::pair<std::string, uint64_t>>{
+           {"a.0", 1},      // The root is always a key.
+           {"a.0", 4},      // A bit past the last segment.
+           {"a.b", 2},      // Not a number.
+           {"a.-1", 2},     // Not an index.
+           {"a..b", 2}}) {  // Empty.
+    absl::Status status = PathFromListMask(name, mask).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss)
+        << name << " " << mask;
+    EXPECT_THAT(status.message(), HasSubstr(name)) << name << " " << mask;
+  }
+}
+
 TEST(PlanCodecTest, NewerVersionIsRejected) {
   std::string bytes = EncodeLoadPlan(LoadPlan{});
   // Field 1 (version) varint: 0x08 then the value.

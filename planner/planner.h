@@ -1,7 +1,8 @@
 // The SavePlanner and LoadPlanner contracts of the seed. The engine drives
 // them in this order on every rank:
 //
-//   save: SetUp -> CreateLocalPlan -> (coordinator) CreateGlobalPlan ->
+//   save: SetUp -> CreateLocalPlan -> (coordinator) CreateGlobalPlan (or
+//         CreateSharedGlobalPlan) ->
 //         FinishPlan -> ResolveData per item while writing
 //   load: SetUp -> CreateLocalPlan -> (coordinator) CreateGlobalPlan ->
 //         FinishPlan -> LoadBytes / ResolveTensor + CommitTensor per item
@@ -13,7 +14,9 @@
 #ifndef DCP_PLANNER_PLANNER_H_
 #define DCP_PLANNER_PLANNER_H_
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -30,6 +33,13 @@ namespace dcp {
 // The data behind one WriteItem: a contiguous tensor chunk (host or device
 // memory, owned by the state dict or the stager) or encoded bytes.
 using WriteData = std::variant<Tensor, std::string>;
+
+// A global save plan whose metadata is shared and immutable (see
+// SavePlanner::CreateSharedGlobalPlan).
+struct SharedGlobalSavePlan {
+  std::vector<SavePlan> plans;
+  std::shared_ptr<const Metadata> metadata;
+};
 
 class SavePlanner {
  public:
@@ -51,6 +61,21 @@ class SavePlanner {
   // write results). kInvalidArgument naming tensor and ranks on bad plans.
   virtual absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>>
   CreateGlobalPlan(std::vector<SavePlan> local_plans) = 0;
+
+  // CreateGlobalPlan with the metadata shared instead of returned by value
+  // (same plans, metadata and errors): a planner that caches plans can hand
+  // out its cached metadata without copying it, which at a million items
+  // costs more than the rest of a cached re-plan. The metadata never changes
+  // while the caller holds it. The default calls CreateGlobalPlan.
+  virtual absl::StatusOr<SharedGlobalSavePlan> CreateSharedGlobalPlan(
+      std::vector<SavePlan> local_plans) {
+    absl::StatusOr<std::pair<std::vector<SavePlan>, Metadata>> global =
+        CreateGlobalPlan(std::move(local_plans));
+    if (!global.ok()) return global.status();
+    return SharedGlobalSavePlan{
+        std::move(global->first),
+        std::make_shared<const Metadata>(std::move(global->second))};
+  }
 
   // Accepts the coordinator's plan for this rank.
   virtual absl::StatusOr<SavePlan> FinishPlan(SavePlan central_plan) = 0;

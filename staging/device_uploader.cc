@@ -26,14 +26,26 @@ DeviceUploader::~DeviceUploader() {
 
 absl::Status DeviceUploader::Upload(PinnedChunk chunk, size_t length, void* dst,
                                     Device device) {
+  const UploadRun run{0, length, dst};
+  return UploadRuns(std::move(chunk), {&run, 1}, device);
+}
+
+absl::Status DeviceUploader::UploadRuns(PinnedChunk chunk,
+                                        absl::Span<const UploadRun> runs,
+                                        Device device) {
   {
     absl::MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
   }
-  if (!chunk.valid() || length > chunk.size() || dst == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "DeviceUploader::Upload: %d bytes from a %s chunk of %d bytes to %p",
-        length, chunk.valid() ? "leased" : "missing", chunk.size(), dst));
+  for (const UploadRun& run : runs) {
+    if (!chunk.valid() || run.chunk_offset > chunk.size() ||
+        run.length > chunk.size() - run.chunk_offset || run.dst == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "DeviceUploader::Upload: bytes [%d, %d) of a %s chunk of %d bytes "
+          "to %p",
+          run.chunk_offset, run.chunk_offset + run.length,
+          chunk.valid() ? "leased" : "missing", chunk.size(), run.dst));
+    }
   }
   const bool to_device = device.is_cuda();
   const int ordinal = to_device ? device.index : 0;
@@ -46,19 +58,28 @@ absl::Status DeviceUploader::Upload(PinnedChunk chunk, size_t length, void* dst,
   pending.device = ordinal;
   DCP_ASSIGN_OR_RETURN(DeviceStream * stream, streams_->Next(ordinal));
   DCP_ASSIGN_OR_RETURN(pending.event, streams_->TakeEvent(ordinal));
-  const std::string where = absl::StrFormat("upload of %d bytes to %s %p",
-                                            length, device.ToString(), dst);
-  DCP_RETURN_IF_ERROR(Annotate(
-      runtime_->CopyAsync(
-          dst, chunk.data(), length,
-          to_device ? CopyKind::kHostToDevice : CopyKind::kHostToHost, stream),
-      where));
-  // From here the copy may be reading the chunk: it must stay leased until
-  // the event has completed, even if recording fails.
-  absl::Status recorded = runtime_->RecordEvent(pending.event.get(), stream);
-  if (!recorded.ok()) {
+  absl::Status copied;
+  std::string where;
+  for (const UploadRun& run : runs) {
+    copied = runtime_->CopyAsync(
+        run.dst, chunk.data() + run.chunk_offset, run.length,
+        to_device ? CopyKind::kHostToDevice : CopyKind::kHostToHost, stream);
+    if (!copied.ok()) {
+      where = absl::StrFormat("upload of %d bytes to %s %p", run.length,
+                              device.ToString(), run.dst);
+      break;
+    }
+  }
+  // From here a copy may be reading the chunk: it must stay leased until
+  // the stream has passed it, even if a later step fails.
+  if (copied.ok()) {
+    copied = runtime_->RecordEvent(pending.event.get(), stream);
+    where = absl::StrFormat("upload of %d run(s) to %s", runs.size(),
+                            device.ToString());
+  }
+  if (!copied.ok()) {
     runtime_->SynchronizeStream(stream).IgnoreError();
-    return Annotate(recorded, where);
+    return Annotate(copied, where);
   }
   pending.chunk = std::move(chunk);
   absl::MutexLock lock(&mu_);

@@ -22,12 +22,21 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "core/device.h"
 #include "cuda/device_runtime.h"
 #include "staging/pinned_pool.h"
 #include "staging/staging_pipeline.h"
 
 namespace dcp {
+
+// One contiguous copy out of a chunk: bytes [chunk_offset, chunk_offset +
+// length) of the chunk to `dst`.
+struct UploadRun {
+  size_t chunk_offset = 0;
+  size_t length = 0;
+  void* dst = nullptr;
+};
 
 class DeviceUploader {
  public:
@@ -46,6 +55,13 @@ class DeviceUploader {
   // destination or an unknown device; the sticky error after a failure.
   absl::Status Upload(PinnedChunk chunk, size_t length, void* dst,
                       Device device);
+
+  // Copies every run of the chunk to memory of `device` (one stream, in
+  // order; for a destination box whose rows are not adjacent in memory) and
+  // releases the chunk once the last copy has landed. kInvalidArgument for a
+  // run outside the chunk or to a null destination; errors as Upload.
+  absl::Status UploadRuns(PinnedChunk chunk, absl::Span<const UploadRun> runs,
+                          Device device);
 
   // Blocks until every copy enqueued so far has landed; returns the first
   // error of any of them (and keeps it).

@@ -181,9 +181,20 @@ absl::StatusOr<DeviceRuntime*> DefaultStager::Runtime() {
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
     size_t bytes) {
-  if (options_.cache_staged_state_dict && cached_ != nullptr &&
-      cached_->size() >= bytes && cached_.use_count() == 1) {
-    return cached_;  // No staged dict from before still uses it.
+  // The smallest free cached buffer that is large enough (free: no staged
+  // dict from before still uses it).
+  std::shared_ptr<HostBuffer>* reusable = nullptr;
+  std::shared_ptr<HostBuffer>* replaceable = nullptr;  // Free, too small.
+  for (std::shared_ptr<HostBuffer>& buffer : cached_) {
+    if (buffer.use_count() != 1) continue;
+    if (buffer->size() < bytes) {
+      replaceable = &buffer;
+    } else if (reusable == nullptr || buffer->size() < (*reusable)->size()) {
+      reusable = &buffer;
+    }
+  }
+  if (options_.cache_staged_state_dict && reusable != nullptr) {
+    return *reusable;
   }
   DeviceRuntime* runtime = nullptr;
   if (options_.use_pinned_memory) {
@@ -196,7 +207,14 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   buffer_options.recycle = options_.recycle_staging_memory;
   DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
                        HostBuffer::Create(bytes, runtime, buffer_options));
-  if (options_.cache_staged_state_dict) cached_ = buffer;
+  if (options_.cache_staged_state_dict) {
+    if (replaceable != nullptr) {
+      *replaceable = buffer;  // Unmaps the old one (nobody uses it).
+    } else if (static_cast<int>(cached_.size()) <
+               std::max(1, options_.max_cached_buffers)) {
+      cached_.push_back(buffer);
+    }  // Else every cached buffer is busy: this one is not kept.
+  }
   return buffer;
 }
 
@@ -463,13 +481,17 @@ void DefaultStager::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
   copy_streams_.reset();  // Before the runtime they belong to.
-  cached_.reset();
+  cached_.clear();
   owned_runtime_.reset();  // Staged dicts keep it alive while they need it.
 }
 
 size_t DefaultStager::cached_bytes() const {
   absl::MutexLock lock(&mu_);
-  return cached_ == nullptr ? 0 : cached_->size();
+  size_t bytes = 0;
+  for (const std::shared_ptr<HostBuffer>& buffer : cached_) {
+    bytes += buffer->size();
+  }
+  return bytes;
 }
 
 BlockingStager::BlockingStager(StagingOptions options, DeviceRuntime* runtime)

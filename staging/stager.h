@@ -14,9 +14,10 @@
 //     few threads.
 //
 // Staging memory: one HostBuffer (staging/pinned_pool.h) per staged dict,
-// sized to the dict. With cache_staged_state_dict the stager keeps it and
-// reuses it for the next Stage when it is large enough and no staged dict
-// from before still uses it (so two saves in flight never share memory).
+// sized to the dict. With cache_staged_state_dict the stager keeps up to
+// max_cached_buffers of them and reuses one for the next Stage when it is
+// large enough and no staged dict from before still uses it (so two saves in
+// flight never share memory).
 #ifndef DCP_STAGING_STAGER_H_
 #define DCP_STAGING_STAGER_H_
 
@@ -62,6 +63,14 @@ struct StagingOptions {
   // Keep the staging memory between Stage calls (the seed's
   // cache_staged_state_dict of FileSystemWriter).
   bool cache_staged_state_dict = true;
+  // How many staging buffers the cache keeps. A Stage while the previous
+  // staged dict is still in use (its upload is running) needs a second
+  // buffer; with 2 that one is kept too, so an AsyncSave issued every step
+  // while the last upload finishes maps memory only on its first time
+  // (mapping fresh memory costs ~3-10x a memcpy of it). A buffer is only
+  // made when all cached ones are busy, so saves that never overlap keep
+  // one.
+  int max_cached_buffers = 2;
   // Unpinned staging memory outlives the stager as the process's spare
   // buffer (HostBufferOptions::recycle), so a stager made per save (as
   // async_save does without a stager) does not map and fault in fresh memory
@@ -118,8 +127,8 @@ class DefaultStager final : public AsyncStager {
   void Close() override;
 
   const StagingOptions& options() const { return options_; }
-  // Bytes of staging memory the stager holds for reuse (0 after Close or
-  // without cache_staged_state_dict).
+  // Bytes of staging memory the stager holds for reuse, over all cached
+  // buffers (0 after Close or without cache_staged_state_dict).
   size_t cached_bytes() const;
 
   // Stages on the calling thread; `wait_for_copies` false leaves device
@@ -147,7 +156,7 @@ class DefaultStager final : public AsyncStager {
   // Serializes staging (one StageNow at a time) and guards its state.
   mutable absl::Mutex mu_;
   std::shared_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<HostBuffer> cached_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<HostBuffer>> cached_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<internal_staging::CopyStreams> copy_streams_
       ABSL_GUARDED_BY(mu_);
   // Events after non-blocking copies, waited for by SynchronizeStaging.

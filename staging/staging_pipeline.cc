@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "staging/internal/copy_streams.h"
@@ -13,10 +14,11 @@ namespace dcp {
 namespace {
 
 std::string DescribeItem(const PipelineItem& item, size_t index) {
-  return absl::StrFormat("staging item %d (destination %d, %s %s %s)", index,
-                         item.destination, item.source.device().ToString(),
-                         DTypeName(item.source.dtype()),
-                         ShapeToString(item.source.sizes()));
+  return absl::StrFormat(
+      "staging item %d%s (destination %d, %s %s %s)", index,
+      item.name.empty() ? "" : absl::StrCat(" \"", item.name, "\""),
+      item.destination, item.source.device().ToString(),
+      DTypeName(item.source.dtype()), ShapeToString(item.source.sizes()));
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +63,8 @@ struct PipelineItem {
   // The caller's id for where the bytes go (a WriteItem index, a file
   // offset); handed back with each piece.
   uint64_t destination = 0;
+  // What the item is, for error messages (a tensor's name); may be empty.
+  std::string name;
 };
 
 // A staged piece: bytes [offset, offset + length) of item `item`.

@@ -8,12 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <set>
 
+#include "absl/strings/str_cat.h"
 #include "core/state_dict.h"
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
 #include "io/file_system_storage.h"
 #include "planner/default_planner.h"
+#include "planner/plan_codec.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -56,6 +60,28 @@ TEST(EngineRoundTrip, EveryDTypeAndShapeKind) {
   ASSERT_TRUE(LoadFrom(dir, loaded).ok());
   for (const auto& [name, value] : saved) {
     EXPECT_TRUE(value.tensor().BytesEqual(loaded.at(name).tensor())) << name;
+  }
+}
+
+TEST(EngineRoundTrip, SaveReturnsWhereEveryItemIsStored) {
+  const std::string dir = MakeTempDir("returned_metadata");
+  StateDict saved;
+  saved["w"] = SeededTensor(DType::kF32, {64, 3}, 1);
+  saved["b"] = SeededTensor(DType::kBF16, {5}, 2);
+  saved["step"] = int64_t{9};
+  absl::StatusOr<Metadata> returned = SaveTo(dir, saved);
+  ASSERT_TRUE(returned.ok()) << returned.status();
+  absl::StatusOr<Metadata> on_disk = FileSystemReader(dir).ReadMetadata();
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  ASSERT_EQ(returned->storage_data.size(), 3u);
+  ASSERT_EQ(returned->storage_data.size(), on_disk->storage_data.size());
+  for (const auto& [index, info] : on_disk->storage_data) {
+    auto it = returned->storage_data.find(index);
+    ASSERT_NE(it, returned->storage_data.end()) << index.ToString();
+    EXPECT_EQ(it->second.relative_path, info.relative_path);
+    EXPECT_EQ(it->second.offset, info.offset);
+    EXPECT_EQ(it->second.length, info.length);
+    EXPECT_EQ(it->second.block_checksums, info.block_checksums);
   }
 }
 
@@ -266,6 +292,55 @@ TEST(EngineSave, ReusedWriterNeverWritesOverTheCommittedFiles) {
   StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
   ASSERT_TRUE(LoadFrom(dir, loaded).ok());
   EXPECT_TRUE(loaded["a"].tensor().BytesEqual(second["a"].tensor()));
+}
+
+// Metadata without its storage_meta, encoded (what a save's layout is).
+// The metadata without what differs per save (ids, file names, checksums).
+std::string Layout(Metadata metadata) {
+  metadata.storage_meta.reset();
+  metadata.storage_data.clear();
+  return EncodeMetadataMessage(metadata);
+}
+
+// A cached re-plan hands the engine the planner's cached metadata; Save
+// still returns the metadata of its own save, equal to an uncached save's,
+// and a later save leaves what an earlier one returned as it was.
+TEST(EngineSave, CachedPlansReturnTheSameMetadata) {
+  StateDict sd{{"a", SeededTensor(DType::kF32, {64}, 1)},
+               {"b", StateDict{{"c", SeededTensor(DType::kBF16, {3, 5}, 2)},
+                               {"step", int64_t{7}}}}};
+  DefaultSavePlanner plain;
+  DefaultSavePlanner caching(DefaultSavePlannerOptions{
+      .enable_plan_caching = true,
+      .plan_cache = std::make_shared<SavePlanCache>()});
+  std::vector<std::string> dirs;
+  std::vector<Metadata> returned;
+  for (int i = 0; i < 3; ++i) {
+    dirs.push_back(MakeTempDir(absl::StrCat("cached-", i)));
+    sd["a"] = SeededTensor(DType::kF32, {64}, 10 + i);
+    SaveOptions options;
+    options.checkpoint_id = dirs.back();
+    options.planner = i == 0 ? &plain : &caching;
+    absl::StatusOr<Metadata> metadata = Save(sd, options);
+    ASSERT_TRUE(metadata.ok()) << metadata.status();
+    returned.push_back(*std::move(metadata));
+  }
+  // Save 1 filled the cache, save 2 re-planned from it.
+  EXPECT_EQ(Layout(returned[1]), Layout(returned[0]));
+  EXPECT_EQ(Layout(returned[2]), Layout(returned[0]));
+  std::set<std::string> save_ids;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(returned[i].storage_meta.has_value());
+    EXPECT_EQ(returned[i].storage_meta->checkpoint_id, dirs[i]);
+    save_ids.insert(returned[i].storage_meta->save_id);
+  }
+  EXPECT_EQ(save_ids.size(), 3u);
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})},
+                   {"b", StateDict{{"c", Tensor::Empty(DType::kBF16, {3, 5})},
+                                   {"step", int64_t{0}}}}};
+  ASSERT_TRUE(LoadFrom(dirs[2], loaded).ok());
+  EXPECT_TRUE(loaded["a"].tensor().BytesEqual(sd["a"].tensor()));
+  EXPECT_EQ(loaded["b"].dict().at("step").int_value(), 7);
 }
 
 TEST(EngineSave, OverwriteReplacesAndRemovesOldFiles) {

@@ -16,13 +16,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bundle="${1:-.gpu_bundle}"
 
-# label -> name in the bundle. Each is a gtest binary except staging_bench.
+# label -> name in the bundle. Each is a gtest binary except staging_bench
+# and training_loop.
 targets=(
   //cuda:cuda_runtime_gpu_test
   //staging:staging_gpu_test
+  //tests:device_save_gpu_test
   //comm:nccl_process_group_test
   //tests/comm:nccl_rendezvous_test
   //bench:staging_bench
+  //examples:training_loop
 )
 
 bazel build "${targets[@]}" >&2

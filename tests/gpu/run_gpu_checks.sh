@@ -9,6 +9,14 @@
 # Environment:
 #   OUT                  where results go (default: ./gpu_checks_out)
 #   STAGING_BENCH_ARGS   default: --sizes_mib=64,256,1024,8192 --json
+#   DEVICE_SAVE_ARGS     the second staging_bench run: a save of device
+#                        tensors through a bounded pool vs a CPU save, with
+#                        peak RSS (default: --device_save_mib=4096
+#                        --pool_mib=256 --json; empty skips it)
+#   TRAINING_LOOP_ARGS   examples/training_loop on the GPU (AsyncSave of
+#                        device tensors, restore into device tensors;
+#                        default: --device=auto --steps=20 --every=5
+#                        --size=1024)
 #   TEST_TIMEOUT_S       per test binary (default 300)
 #   BENCH_TIMEOUT_S      for staging_bench (default 300)
 #   CUDA_HOME            where NCCL is looked for (default /usr/local/cuda)
@@ -29,6 +37,8 @@ cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 test_timeout="${TEST_TIMEOUT_S:-300}"
 bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
+device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
+loop_args="${TRAINING_LOOP_ARGS:---device=auto --steps=20 --every=5 --size=1024}"
 
 # Bundled libraries first; NCCL from the CUDA install (dlopened by name).
 export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -120,6 +130,42 @@ if [[ -x "$bundle/bin/staging_bench" ]]; then
   echo "run_gpu_checks: staging_bench $bench_status" >&2
 fi
 
+device_save_json="null"
+device_save_status="skipped"
+if [[ -x "$bundle/bin/staging_bench" && -n "$device_save_args" ]]; then
+  # shellcheck disable=SC2086
+  TMPDIR="$scratch" timeout --kill-after=10 "$bench_timeout" \
+    "$bundle/bin/staging_bench" $device_save_args \
+    >"$out/device_save.json" 2>"$out/logs/device_save.log"
+  rc=$?
+  if ((rc == 0)) && [[ -s "$out/device_save.json" ]]; then
+    device_save_status=ok
+    device_save_json="$(tail -1 "$out/device_save.json")"
+  else
+    device_save_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: device save $device_save_status" >&2
+fi
+
+loop_status="missing"
+if [[ -x "$bundle/bin/training_loop" ]]; then
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/training_loop" \
+    $loop_args --dir "$scratch/training_loop" \
+    >"$out/logs/training_loop.log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    loop_status=ok
+  else
+    loop_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: training_loop $loop_status" >&2
+fi
+loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
+  2>/dev/null | json_escape)"
+
 {
   echo "{"
   echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
@@ -135,7 +181,12 @@ fi
   echo "  ],"
   echo "  \"staging_bench_status\": \"$bench_status\","
   echo "  \"staging_bench_args\": \"$bench_args\","
-  echo "  \"staging_bench\": $bench_json"
+  echo "  \"staging_bench\": $bench_json,"
+  echo "  \"device_save_status\": \"$device_save_status\","
+  echo "  \"device_save_args\": \"$device_save_args\","
+  echo "  \"device_save\": $device_save_json,"
+  echo "  \"training_loop_status\": \"$loop_status\","
+  echo "  \"training_loop\": \"$loop_summary\""
   echo "}"
 } >"$out/summary.json"
 echo "run_gpu_checks: summary in $out/summary.json" >&2

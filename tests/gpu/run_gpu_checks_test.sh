@@ -23,6 +23,8 @@ make_bundle() {  # make_bundle DIR [fail]
     >"$1/bin/b_test"
   printf '#!/bin/sh\necho "{\\"stager_gbps\\": 1.5, \\"args\\": \\"$*\\"}"\n' \
     >"$1/bin/staging_bench"
+  printf '#!/bin/sh\necho "restored step-20: args $*"\n' \
+    >"$1/bin/training_loop"
   if [[ "${2:-}" == fail ]]; then
     printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' \
       >"$1/bin/c_test"
@@ -40,6 +42,11 @@ expect "ok true" grep -q '"ok": true' "$s"
 expect "a_test passed=3" grep -q '"name": "a_test", "status": "ok", "exit_code": 0, "passed": 3' "$s"
 expect "b_test skipped=2 with reason" grep -q '"skipped": 2, .*"skip_reasons": "no CUDA device"' "$s"
 expect "bench JSON embedded" grep -q '"staging_bench": {"stager_gbps": 1.5, "args": "--sizes_mib=64 --json"}' "$s"
+expect "device save run with its default flags" grep -q '"device_save": {"stager_gbps": 1.5, "args": "--device_save_mib=4096 --pool_mib=256 --json"}' "$s"
+expect "device save ok" grep -q '"device_save_status": "ok"' "$s"
+expect "training loop on the GPU" grep -q '"training_loop": "restored step-20: args --device=auto --steps=20 --every=5 --size=1024 --dir ' "$s"
+expect "training loop ok" grep -q '"training_loop_status": "ok"' "$s"
+expect "summary is JSON" /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$s"
 expect "per-test log" test -s "$tmp/out_ok/logs/a_test.log"
 expect "manifest copied" test -s "$tmp/out_ok/bundle_manifest.json"
 
@@ -56,6 +63,12 @@ rm "$tmp/nobench/bin/staging_bench"
 OUT="$tmp/out_nobench" "$script" "$tmp/nobench" 2>/dev/null
 expect "missing bench exit code" test $? -eq 1
 expect "bench missing" grep -q '"staging_bench_status": "missing"' "$tmp/out_nobench/summary.json"
+expect "device save skipped" grep -q '"device_save_status": "skipped"' "$tmp/out_nobench/summary.json"
+
+# DEVICE_SAVE_ARGS empty: the second run is skipped.
+OUT="$tmp/out_nosave" DEVICE_SAVE_ARGS="" "$script" "$tmp/ok" 2>/dev/null
+expect "no device save exit code" test $? -eq 0
+expect "device save skipped on request" grep -q '"device_save": null' "$tmp/out_nosave/summary.json"
 
 # No bundle at all: exit 2 with advice.
 OUT="$tmp/out_none" "$script" "$tmp/does-not-exist" 2>"$tmp/none.err"

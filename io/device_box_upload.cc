@@ -1,0 +1,152 @@
+#include "io/device_box_upload.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "io/box_copy.h"
+#include "staging/device_staging.h"
+
+namespace dcp {
+namespace {
+
+// The coordinates of row-major element `linear` of `shape`.
+Shape Unravel(int64_t linear, absl::Span<const int64_t> shape) {
+  Shape coords(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    coords[d] = shape[d] == 0 ? 0 : linear % shape[d];
+    linear = shape[d] == 0 ? 0 : linear / shape[d];
+  }
+  return coords;
+}
+
+// Elements of the box that are adjacent in the destination from any box
+// index that is a multiple of it: the trailing dimensions whose destination
+// stride equals the element count of the dimensions inside them (length-1
+// dimensions never step, so they never break a run).
+int64_t ContiguousRun(const TensorView& dst,
+                      absl::Span<const int64_t> lengths) {
+  int64_t run = 1;
+  for (size_t d = lengths.size(); d-- > 0;) {
+    if (lengths[d] == 1) continue;
+    if (dst.strides()[d] != run) break;
+    run *= lengths[d];
+  }
+  return run;
+}
+
+}  // namespace
+
+int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
+                          absl::Span<const int64_t> offsets,
+                          absl::Span<const int64_t> lengths, int64_t e) {
+  const int64_t total = NumElements(lengths);
+  if (total == 0 || e <= 0) return 0;
+  if (e >= NumElements(sizes)) return total;
+  const Shape index = Unravel(e, sizes);
+  int64_t count = 0;
+  int64_t inner = total;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    inner /= lengths[d];
+    const int64_t lo = offsets[d];
+    const int64_t hi = offsets[d] + lengths[d];
+    count += (std::clamp(index[d], lo, hi) - lo) * inner;
+    // Beyond this dimension only points sharing the prefix could still
+    // come before `e`; outside the box's range there are none.
+    if (index[d] < lo || index[d] >= hi) break;
+  }
+  return count;
+}
+
+int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
+                                 absl::Span<const int64_t> offsets,
+                                 absl::Span<const int64_t> lengths, int64_t b) {
+  const Shape coords = Unravel(b, lengths);
+  int64_t linear = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    linear = linear * sizes[d] + offsets[d] + coords[d];
+  }
+  return linear;
+}
+
+TensorView AsHostView(const TensorView& view) {
+  return TensorView(view.data(), view.dtype(), view.sizes(), view.strides(),
+                    Device{});
+}
+
+absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
+                           int64_t begin, int64_t end,
+                           absl::Span<const int64_t> src_sizes,
+                           absl::Span<const int64_t> src_offsets,
+                           size_t element_size, const TensorView& dst,
+                           absl::Span<const int64_t> dst_offsets,
+                           absl::Span<const int64_t> lengths) {
+  if (!dst.device().is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UploadBoxPart: destination is on ", dst.device().ToString(),
+        "; host destinations take CopyBoxPart"));
+  }
+  // The host copy's checks of ranks, element size and bounds.
+  DCP_RETURN_IF_ERROR(CopyBoxPart(nullptr, 0, 0, src_sizes, src_offsets,
+                                  element_size, AsHostView(dst), dst_offsets,
+                                  lengths));
+  if (begin < 0 || end < begin || end > NumElements(src_sizes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window [", begin, ", ", end, ") outside a chunk of ",
+                     NumElements(src_sizes), " elements"));
+  }
+  const int64_t first =
+      BoxElementsBefore(src_sizes, src_offsets, lengths, begin);
+  const int64_t last = BoxElementsBefore(src_sizes, src_offsets, lengths, end);
+  if (first == last) return absl::OkStatus();
+
+  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging.Pool());
+  const int64_t es = static_cast<int64_t>(element_size);
+  const int64_t per_chunk = static_cast<int64_t>(pool->chunk_bytes()) / es;
+  if (per_chunk == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elements of ", es, " bytes exceed the staging chunk of ",
+                     pool->chunk_bytes(), " bytes"));
+  }
+  // Box elements are consecutive in the chunk along the box's last
+  // dimension; `row` of them at a time.
+  const int64_t row = lengths.empty() ? 1 : lengths.back();
+  const int64_t run = ContiguousRun(dst, lengths);
+  const Shape& strides = dst.strides();
+  auto* base = static_cast<std::byte*>(dst.data());
+  std::vector<UploadRun> runs;
+  for (int64_t b = first; b < last;) {
+    const int64_t n = std::min(per_chunk, last - b);
+    DCP_ASSIGN_OR_RETURN(PinnedChunk chunk, staging.AcquireChunk());
+    // Gather box elements [b, b + n) in box order.
+    for (int64_t x = b; x < b + n;) {
+      const int64_t take = std::min(row - x % row, b + n - x);
+      const int64_t e =
+          ChunkElementOfBoxElement(src_sizes, src_offsets, lengths, x);
+      std::memcpy(chunk.data() + (x - b) * es, window + (e - begin) * es,
+                  take * es);
+      x += take;
+    }
+    // Copy them out as runs adjacent in the destination.
+    runs.clear();
+    for (int64_t x = b; x < b + n;) {
+      const int64_t take = std::min(run - x % run, b + n - x);
+      const Shape coords = Unravel(x, lengths);
+      int64_t at = 0;
+      for (size_t d = 0; d < coords.size(); ++d) {
+        at += (dst_offsets[d] + coords[d]) * strides[d];
+      }
+      runs.push_back({static_cast<size_t>((x - b) * es),
+                      static_cast<size_t>(take * es), base + at * es});
+      x += take;
+    }
+    DCP_RETURN_IF_ERROR(
+        staging.UploadRuns(std::move(chunk), runs, dst.device()));
+    b += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dcp

@@ -1,0 +1,56 @@
+// Loading into device tensors: the part of a box that lies in a window of a
+// stored chunk (verified host bytes) goes to a destination in device memory.
+// The box elements of the window are gathered, in the box's row-major order,
+// into pinned chunks of a DeviceStaging pool; each chunk is then copied to
+// the device as the runs of elements that are adjacent in the destination
+// (one run for a row-sharded or whole contiguous tensor, one per row of a
+// column shard), and returns to the pool when its copies have landed.
+//
+// The copies are asynchronous: the bytes are in device memory only after
+// DeviceStaging::Flush() returned OK.
+#ifndef DCP_IO_DEVICE_BOX_UPLOAD_H_
+#define DCP_IO_DEVICE_BOX_UPLOAD_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "core/tensor.h"
+
+namespace dcp {
+
+class DeviceStaging;  // staging/device_staging.h
+
+// How many elements of the box (`offsets`, `lengths` in a row-major chunk of
+// shape `sizes`) come before chunk element `e` in row-major order, i.e. the
+// box-order index of the first box element at or after `e`. Equals the
+// box's element count for e >= the chunk's element count.
+int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
+                          absl::Span<const int64_t> offsets,
+                          absl::Span<const int64_t> lengths, int64_t e);
+
+// The row-major chunk element index of box element `b` (box order).
+int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
+                                 absl::Span<const int64_t> offsets,
+                                 absl::Span<const int64_t> lengths, int64_t b);
+
+// As CopyBoxPart (io/box_copy.h) for a destination `dst` in device memory:
+// the box elements among chunk elements [begin, end) held at `window`.
+// Blocks while every pool chunk is busy. kInvalidArgument as CopyBoxPart;
+// the staging's error when its pool or a copy fails.
+absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
+                           int64_t begin, int64_t end,
+                           absl::Span<const int64_t> src_sizes,
+                           absl::Span<const int64_t> src_offsets,
+                           size_t element_size, const TensorView& dst,
+                           absl::Span<const int64_t> dst_offsets,
+                           absl::Span<const int64_t> lengths);
+
+// `view` as host memory (same pointer, shape and strides, CPU device): for
+// checking a device destination's box with the host box copy's checks.
+TensorView AsHostView(const TensorView& view);
+
+}  // namespace dcp
+
+#endif  // DCP_IO_DEVICE_BOX_UPLOAD_H_

@@ -1,0 +1,111 @@
+// DeviceStaging: what a storage writer or reader needs to move tensors
+// between device memory and files, behind one object, so that io/ never
+// names the device runtime:
+//   * a DeviceRuntime (given, or CreateDeviceRuntime(kAuto) on first use);
+//   * one bounded PinnedPool, created on first use and shared by every
+//     caller (so the memory bound holds for all writer threads together);
+//   * save side: Stage() streams tensors through the pool with a
+//     StagingPipeline per concurrent caller (copy of piece k+1 overlaps the
+//     caller's write of piece k);
+//   * load side: AcquireChunk() + Upload() copy filled chunks to device
+//     memory through a DeviceUploader, releasing each chunk when its copy
+//     has landed; Flush() waits for all of them.
+//
+// Lifetime: every PinnedChunk handed out (in a StagedPiece or by
+// AcquireChunk) must be released before the DeviceStaging is destroyed (the
+// pool's memory is registered with the runtime this object may own).
+//
+// Thread safety: all methods are thread-safe. Concurrent Stage calls run on
+// separate pipelines and compete for the same pool chunks.
+#ifndef DCP_STAGING_DEVICE_STAGING_H_
+#define DCP_STAGING_DEVICE_STAGING_H_
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "core/device.h"
+#include "cuda/device_runtime.h"
+#include "staging/device_uploader.h"
+#include "staging/pinned_pool.h"
+#include "staging/staging_pipeline.h"
+
+namespace dcp {
+
+struct DeviceStagingOptions {
+  // The pool bound, rounded down to whole chunks (at least two, so a copy
+  // can run while the previous piece is written).
+  size_t pool_bytes = size_t{64} << 20;
+  // Bytes per chunk (a piece of a tensor): see PinnedPoolOptions.
+  size_t chunk_bytes = size_t{8} << 20;
+  // Copy streams per device (see StagingPipelineOptions).
+  int num_streams = 2;
+  // Page-lock the pool (needed for asynchronous copies on CUDA).
+  bool use_pinned_memory = true;
+};
+
+class DeviceStaging {
+ public:
+  // `runtime` is not owned and may be null (then the auto runtime is created
+  // on first use and owned). A runtime passed in must outlive this object.
+  explicit DeviceStaging(DeviceStagingOptions options = {},
+                         DeviceRuntime* runtime = nullptr);
+  ~DeviceStaging();
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+
+  // The pool, created on the first call (with the runtime). Its Regions()
+  // are what an I/O engine registers as fixed buffers. The runtime's error
+  // or kResourceExhausted when the pool cannot be had; the same error again
+  // on later calls.
+  absl::StatusOr<PinnedPool*> Pool();
+
+  // Streams every item through the pool into `consumer` (see
+  // StagingPipeline::Run for the order, the errors and who owns the chunk).
+  absl::Status Stage(absl::Span<const PipelineItem> items,
+                     PieceConsumer consumer);
+
+  // Load side. A free chunk of the pool (blocks while all are leased).
+  absl::StatusOr<PinnedChunk> AcquireChunk();
+  // Copies chunk bytes [0, length) to `dst` on `device` and releases the
+  // chunk once the copy has landed (DeviceUploader::Upload).
+  absl::Status Upload(PinnedChunk chunk, size_t length, void* dst,
+                      Device device);
+  // Several runs out of one chunk (DeviceUploader::UploadRuns).
+  absl::Status UploadRuns(PinnedChunk chunk, absl::Span<const UploadRun> runs,
+                          Device device);
+  // Waits for every Upload so far; the first error of any of them. After an
+  // error the next Upload starts clean. Call it when no Upload is running.
+  absl::Status Flush();
+
+  // Devices the runtime has (creating the runtime if needed; 0 on error).
+  int DeviceCount();
+  const DeviceStagingOptions& options() const { return options_; }
+
+ private:
+  absl::Status EnsureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::unique_ptr<StagingPipeline>> TakePipeline();
+  void ReturnPipeline(std::unique_ptr<StagingPipeline> pipeline);
+
+  const DeviceStagingOptions options_;
+
+  absl::Mutex mu_;
+  DeviceRuntime* runtime_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PinnedPool> pool_ ABSL_GUARDED_BY(mu_);
+  absl::Status setup_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<StagingPipeline>> idle_pipelines_
+      ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceUploader> uploader_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dcp
+
+#endif  // DCP_STAGING_DEVICE_STAGING_H_
