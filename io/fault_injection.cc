@@ -56,6 +56,8 @@ const char* FaultOpName(FaultOp op) {
       return "fsync directory";
     case FaultOp::kList:
       return "opendir";
+    case FaultOp::kPreallocate:
+      return "fallocate";
   }
   return "?";
 }
@@ -124,10 +126,15 @@ class FaultInjectionFileSystem::FaultyFile final : public File {
 
   absl::StatusOr<int64_t> Size() override { return base_->Size(); }
 
-  // Space management passes through (no fault site of its own).
   absl::Status Preallocate(int64_t size) override {
+    Decision d = fs_.Check(FaultOp::kPreallocate, path());
+    if (d.fail) {
+      return fs_.Failure(d, FaultOp::kPreallocate,
+                         absl::StrCat("fallocate ", path(), " length=", size));
+    }
     return base_->Preallocate(size);
   }
+  // Truncation passes through (no fault site of its own).
   absl::Status Truncate(int64_t size) override { return base_->Truncate(size); }
   bool direct() const override { return base_->direct(); }
 

@@ -12,8 +12,8 @@
 //
 // Files it returns have no native descriptor (File::native_fd() is -1), so
 // I/O engines route their I/O through the wrapper's methods and every fault
-// reaches them too. File::Preallocate and File::Truncate are forwarded
-// without a fault site.
+// reaches them too. File::Preallocate is a fault site (kPreallocate);
+// File::Truncate is forwarded without one.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef DCP_IO_FAULT_INJECTION_H_
@@ -44,6 +44,7 @@ enum class FaultOp {
   kMkdir,
   kSyncDir,
   kList,
+  kPreallocate,  // File::Preallocate (fallocate).
 };
 
 // "open", "write", ... for messages.

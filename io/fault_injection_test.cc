@@ -64,13 +64,31 @@ struct SaveFaultCase {
   absl::StatusCode code;
   std::vector<std::string> message_parts;
   int64_t fail_writes_after = -1;  // FailWritesAfter instead of `fault`.
+  // The site exists only for O_DIRECT files (preallocation): skipped where
+  // the test directory's file system refuses O_DIRECT (tmpfs).
+  bool needs_direct = false;
 };
+
+// Whether files in `dir` open with O_DIRECT.
+bool SupportsDirectIo(const std::string& dir) {
+  const std::string probe = dir + "/.direct-probe";
+  absl::StatusOr<std::unique_ptr<File>> file = LocalFileSystem().OpenForWrite(
+      probe, OpenOptions{/*exclusive=*/true, /*direct=*/true});
+  if (!file.ok()) return false;
+  const bool direct = (*file)->direct();
+  (*file)->Close().IgnoreError();
+  LocalFileSystem().RemoveFile(probe).IgnoreError();
+  return direct;
+}
 
 class SaveFaultTest : public ::testing::TestWithParam<SaveFaultCase> {};
 
 TEST_P(SaveFaultTest, FailsCleanlyAndKeepsThePreviousCheckpoint) {
   const SaveFaultCase& c = GetParam();
   const std::string dir = NewTestDir(c.name);
+  if (c.needs_direct && !SupportsDirectIo(dir)) {
+    GTEST_SKIP() << dir << " refuses O_DIRECT, so nothing is preallocated";
+  }
   const SampleState old_state = SampleState::Make(1);
   ASSERT_TRUE(SaveSample(dir, old_state).ok());
   const std::vector<std::string> before = ListNames(dir);
@@ -125,6 +143,13 @@ INSTANTIATE_TEST_SUITE_P(
                                     F(FaultOp::kOpen, EACCES, ".distcp"),
                                     absl::StatusCode::kPermissionDenied,
                                     {"open for write", ".distcp", "rank 0"}},
+                      SaveFaultCase{"fallocate_enospc",
+                                    F(FaultOp::kPreallocate, ENOSPC, ".distcp"),
+                                    absl::StatusCode::kResourceExhausted,
+                                    {"fallocate", ".distcp", "length=",
+                                     "rank 0"},
+                                    -1,
+                                    /*needs_direct=*/true},
                       SaveFaultCase{"write_eio",
                                     F(FaultOp::kWrite, EIO, ".distcp"),
                                     absl::StatusCode::kDataLoss,
@@ -198,6 +223,32 @@ TEST(FaultInjectionTest, FailuresAfterTheRenameLeaveTheNewCheckpoint) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
     absl::Status loaded = LoadAndCompare(dir, new_state);
     EXPECT_TRUE(loaded.ok()) << FaultOpName(op) << ": " << loaded;
+  }
+}
+
+TEST(FaultInjectionTest, PreallocatesOnlyODirectDataFiles) {
+  // fallocate reserves the blocks O_DIRECT writes go to; a buffered file is
+  // laid out by the page cache (on tmpfs fallocate would zero every page
+  // before the write copies over it).
+  for (bool direct : {false, true}) {
+    const std::string dir = NewTestDir(direct ? "prealloc_direct" : "prealloc");
+    if (direct && !SupportsDirectIo(dir)) continue;
+    FaultInjectionFileSystem counting(LocalFileSystem());
+    FileSystemWriterOptions options;
+    options.file_system = &counting;
+    options.direct_io = direct;
+    options.thread_count = 2;
+    ASSERT_TRUE(SaveSample(dir, SampleState::Make(1), options).ok());
+    int64_t data_files = 0;
+    for (const std::string& name : ListNames(dir)) {
+      if (name.size() > 7 && name.substr(name.size() - 7) == ".distcp") {
+        ++data_files;
+      }
+    }
+    ASSERT_GT(data_files, 0);
+    EXPECT_EQ(counting.calls(FaultOp::kPreallocate), direct ? data_files : 0)
+        << (direct ? "O_DIRECT" : "buffered");
+    EXPECT_TRUE(LoadAndCompare(dir, SampleState::Make(1)).ok());
   }
 }
 
