@@ -1,5 +1,7 @@
 #include "comm/gloo_process_group.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -8,6 +10,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -290,6 +293,31 @@ class GlooProcessGroup::Impl {
   uint64_t next_call_ = 0;
 };
 
+namespace {
+
+// Gloo's tcp transport (and the redis client) write to sockets without
+// MSG_NOSIGNAL: a write to a rank that has gone raises SIGPIPE, whose
+// default action ends the process, so the surviving ranks died (signal 13)
+// instead of reporting the lost rank. The first group a process creates
+// sets SIGPIPE to ignored, unless the program handles or ignores it
+// already; the write then fails with EPIPE, reported as kUnavailable.
+void IgnoreSigpipeUnlessHandled() {
+  static absl::once_flag once;
+  absl::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    const bool default_action = (current.sa_flags & SA_SIGINFO) == 0 &&
+                                current.sa_handler == SIG_DFL;
+    if (!default_action) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  });
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     const GlooOptions& options) {
   if (options.world_size < 1 || options.rank < 0 ||
@@ -298,6 +326,7 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
         absl::StrFormat("gloo: rank %d outside a world of %d ranks",
                         options.rank, options.world_size));
   }
+  IgnoreSigpipeUnlessHandled();
   auto impl = std::make_unique<Impl>(options.rank, options.world_size);
   if (options.world_size > 1) {
     absl::Status status = impl->Connect(options);

@@ -61,6 +61,9 @@ class GlooProcessGroup final : public ProcessGroup {
   // for bad rank/size or an unusable store directory; kUnavailable when the
   // redis server cannot be reached or a connection fails; kAlreadyExists
   // when the store already holds this rank's key (a stale directory).
+  // The first call in a process sets SIGPIPE to ignored when it has its
+  // default action (a write to a lost rank would otherwise kill this one);
+  // a handler or disposition the program set is left alone.
   static absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Create(
       const GlooOptions& options);
 

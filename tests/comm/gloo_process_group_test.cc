@@ -3,7 +3,10 @@
 #include "comm/gloo_process_group.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdio>
@@ -242,6 +245,46 @@ LossCase BarrierLoss(const std::string& name, std::function<void()> lose) {
 
 TEST(GlooProcessGroupTest, ExitedPeerIsNamed) {
   RunLossCase(BarrierLoss("exited_peer", [] { _exit(0); }));
+}
+
+// A surviving rank that writes to a lost one must get an error, not die of
+// SIGPIPE (seen as "exited=false signal=13" in ExitedPeerIsNamed).
+TEST(GlooProcessGroupTest, WriteToALostPeerIsAnErrorNotSigpipe) {
+  ExpectAllExitedZero(RunRanks(
+      1,
+      [](int rank) -> int {
+        ::signal(SIGPIPE, SIG_DFL);
+        auto group = GlooProcessGroup::Create(
+            Options(FreshTestDir("sigpipe"), rank, 1, absl::Seconds(3)));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        int fds[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 2;
+        ::close(fds[1]);
+        const ssize_t n = ::write(fds[0], "x", 1);
+        return Check(n == -1 && errno == EPIPE, rank,
+                     absl::StrCat("write to a closed socket: ", n, ", errno ",
+                                  errno));
+      },
+      absl::Seconds(30)));
+}
+
+void CountSigpipe(int) {}
+
+TEST(GlooProcessGroupTest, AProgramsSigpipeHandlerIsKept) {
+  ExpectAllExitedZero(RunRanks(
+      1,
+      [](int rank) -> int {
+        ::signal(SIGPIPE, CountSigpipe);
+        auto group = GlooProcessGroup::Create(
+            Options(FreshTestDir("sigpipe_handler"), rank, 1,
+                    absl::Seconds(3)));
+        if (!group.ok()) return Check(false, rank, group.status().ToString());
+        struct sigaction current {};
+        ::sigaction(SIGPIPE, nullptr, &current);
+        return Check(current.sa_handler == CountSigpipe, rank,
+                     "the program's SIGPIPE handler was replaced");
+      },
+      absl::Seconds(30)));
 }
 
 TEST(GlooProcessGroupTest, KilledPeerIsNamed) {
