@@ -50,27 +50,25 @@ fs::path NewDir() {
   return dir;
 }
 
-TEST(PageCacheTest, WarmReadsEveryFileUnderTheDirectory) {
-  const fs::path dir = NewDir();
-  WriteFile(dir / "a.distcp", (size_t{5} << 20) + 3);
-  WriteFile(dir / "sub" / ".metadata", 100);
-  EXPECT_EQ(WarmPageCache(dir.string()), (int64_t{5} << 20) + 3 + 100);
-  const auto [resident, pages] = ResidentPages(dir / "a.distcp");
-  EXPECT_EQ(resident, pages);
+bool OnTmpfs(const fs::path& dir) {
+  struct statfs info {};
+  return ::statfs(dir.c_str(), &info) == 0 && info.f_type == kTmpfsMagic;
 }
 
-TEST(PageCacheTest, DropEvictsWhereTheFileSystemCan) {
+TEST(PageCacheTest, DropEvictsAndWarmReadsEveryFileBack) {
   const fs::path dir = NewDir();
-  WriteFile(dir / "a.distcp", size_t{8} << 20);
-  WarmPageCache(dir.string());
+  WriteFile(dir / "a.distcp", (size_t{8} << 20) + 3);
+  WriteFile(dir / "sub" / ".metadata", 100);
   DropPageCache(dir.string());
-  struct statfs info {};
-  ASSERT_EQ(::statfs(dir.c_str(), &info), 0);
-  if (info.f_type == kTmpfsMagic) {
-    GTEST_SKIP() << "tmpfs keeps its pages: they are the file";
+  // tmpfs keeps its pages (they are the file); elsewhere the written pages
+  // leave the cache, so that the warm-up below has something to bring back.
+  if (!OnTmpfs(dir)) {
+    const auto [resident, pages] = ResidentPages(dir / "a.distcp");
+    EXPECT_LT(resident, pages / 2);
   }
+  EXPECT_EQ(WarmPageCache(dir.string()), (int64_t{8} << 20) + 3 + 100);
   const auto [resident, pages] = ResidentPages(dir / "a.distcp");
-  EXPECT_LT(resident, pages / 2);
+  EXPECT_EQ(resident, pages);
 }
 
 TEST(PageCacheTest, AMissingDirectoryIsNoError) {
