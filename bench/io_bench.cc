@@ -693,9 +693,8 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
       if (t != torch_warm.end()) ratios.push_back(gbps.back() / t->second);
     }
     if (gbps.empty()) continue;
-    json w = {{"config", c.name},
-              {"median_gbps", Median(gbps)},
-              {"all_gbps", gbps}};
+    json w = {
+        {"config", c.name}, {"median_gbps", Median(gbps)}, {"all_gbps", gbps}};
     if (!ratios.empty()) {
       w["vs_torch_warm_median"] = Median(ratios);
       w["vs_torch_warm_all"] = ratios;
@@ -778,9 +777,9 @@ void PrintTable(std::FILE* out, const json& s) {
           "torch %.3f GB/s", w.at("torch").at("median_gbps").get<double>()));
     }
     for (const json& c : w.at("dcp")) {
-      std::string part = absl::StrFormat(
-          "dcp %s %.3f GB/s", c.at("config").get<std::string>(),
-          c.at("median_gbps").get<double>());
+      std::string part =
+          absl::StrFormat("dcp %s %.3f GB/s", c.at("config").get<std::string>(),
+                          c.at("median_gbps").get<double>());
       if (c.contains("vs_torch_warm_median")) {
         absl::StrAppendFormat(&part, " (%.2fx torch)",
                               c.at("vs_torch_warm_median").get<double>());

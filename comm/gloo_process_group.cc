@@ -306,8 +306,8 @@ void IgnoreSigpipeUnlessHandled() {
   absl::call_once(once, [] {
     struct sigaction current {};
     if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
-    const bool default_action = (current.sa_flags & SA_SIGINFO) == 0 &&
-                                current.sa_handler == SIG_DFL;
+    const bool default_action =
+        (current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL;
     if (!default_action) return;
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;

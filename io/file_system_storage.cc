@@ -351,8 +351,8 @@ absl::Status FileSystemWriter::WriteFile(
   // per GiB here), which made a buffered 1 GiB save there 1.5-2x slower.
   const bool preallocate = file->direct();
   if (preallocate) {
-    DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(planned_end),
-                                 absl::StrCat("rank ", rank_)));
+    DCP_RETURN_IF_ERROR(
+        Annotate(file->Preallocate(planned_end), absl::StrCat("rank ", rank_)));
   }
 
   // Everything a submitted write reads from stays alive until all complete.

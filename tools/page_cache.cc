@@ -14,7 +14,8 @@ namespace {
 
 // Calls `visit` with an open read-only descriptor of every regular file
 // under `dir` that can be opened.
-void ForEachFile(const std::string& dir, const std::function<void(int)>& visit) {
+void ForEachFile(const std::string& dir,
+                 const std::function<void(int)>& visit) {
   std::error_code ec;
   for (const auto& entry :
        std::filesystem::recursive_directory_iterator(dir, ec)) {

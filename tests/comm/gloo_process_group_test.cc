@@ -6,9 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -261,9 +260,9 @@ TEST(GlooProcessGroupTest, WriteToALostPeerIsAnErrorNotSigpipe) {
         if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 2;
         ::close(fds[1]);
         const ssize_t n = ::write(fds[0], "x", 1);
-        return Check(n == -1 && errno == EPIPE, rank,
-                     absl::StrCat("write to a closed socket: ", n, ", errno ",
-                                  errno));
+        return Check(
+            n == -1 && errno == EPIPE, rank,
+            absl::StrCat("write to a closed socket: ", n, ", errno ", errno));
       },
       absl::Seconds(30)));
 }
@@ -275,9 +274,8 @@ TEST(GlooProcessGroupTest, AProgramsSigpipeHandlerIsKept) {
       1,
       [](int rank) -> int {
         ::signal(SIGPIPE, CountSigpipe);
-        auto group = GlooProcessGroup::Create(
-            Options(FreshTestDir("sigpipe_handler"), rank, 1,
-                    absl::Seconds(3)));
+        auto group = GlooProcessGroup::Create(Options(
+            FreshTestDir("sigpipe_handler"), rank, 1, absl::Seconds(3)));
         if (!group.ok()) return Check(false, rank, group.status().ToString());
         struct sigaction current {};
         ::sigaction(SIGPIPE, nullptr, &current);
