@@ -232,6 +232,7 @@ struct ChildFlags {
   int posix_threads = 0;          // 0: IoEngineOptions' default.
   int64_t max_transfer = 0;       // 0: IoEngineOptions' default.
   int64_t max_buffered_read = 0;  // 0: IoEngineOptions' default.
+  int64_t writeback = -1;         // -1: FileSystemWriterOptions' default.
 };
 
 int64_t PeakRssSelf() {
@@ -273,6 +274,7 @@ absl::Status RunChild(const ChildFlags& flags) {
   if (save) {
     FileSystemWriterOptions writer_options;
     writer_options.direct_io = config.direct;
+    if (flags.writeback >= 0) writer_options.writeback_bytes = flags.writeback;
     writer_options.io_engine = engine.get();
     FileSystemWriter writer(flags.dir, writer_options);
     SaveOptions save_options;
@@ -323,6 +325,7 @@ struct BenchFlags {
   int posix_threads = 0;
   std::string max_transfer = "0";
   std::string max_buffered_read = "0";
+  std::string writeback = "default";
   std::string fio = "fio";
 };
 
@@ -453,7 +456,9 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
                                      "--max-transfer",
                                      flags_.max_transfer,
                                      "--max-buffered-read",
-                                     flags_.max_buffered_read};
+                                     flags_.max_buffered_read,
+                                     "--writeback",
+                                     flags_.writeback};
     int64_t max_rss = 0;
     DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
     row["measurement"] = "dcp";
@@ -844,7 +849,11 @@ absl::Status Bench::Run() {
         {"max_buffered_read",
          flags_.max_buffered_read != "0"
              ? flags_.max_buffered_read
-             : absl::StrCat(IoEngineOptions{}.max_buffered_read)}}},
+             : absl::StrCat(IoEngineOptions{}.max_buffered_read)},
+        {"writeback_bytes",
+         flags_.writeback != "default"
+             ? flags_.writeback
+             : absl::StrCat(FileSystemWriterOptions{}.writeback_bytes)}}},
       {"sizes", json::array()}};
   // Which source tree this binary came from (through its runfiles).
   const std::string root =
@@ -913,6 +922,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-buffered-read", flags.max_buffered_read,
                  "Largest single read of a buffered file, e.g. 1MiB (0: the "
                  "engine default)");
+  app.add_option("--writeback", flags.writeback,
+                 "Buffered saves: start writeback every SIZE bytes per file, "
+                 "e.g. 16MiB (0: off; default: the writer's default)");
   app.add_option("--max-transfer", flags.max_transfer,
                  "Largest single I/O, e.g. 4MiB (0: the engine default)");
   app.add_option("--fio", flags.fio, "The fio program");
@@ -934,10 +946,15 @@ int main(int argc, char** argv) {
     absl::StatusOr<int64_t> max_transfer = dcp::ParseSize(flags.max_transfer);
     absl::StatusOr<int64_t> max_buffered_read =
         dcp::ParseSize(flags.max_buffered_read);
-    status = !size.ok()           ? size.status()
-             : !max_transfer.ok() ? max_transfer.status()
-                                  : max_buffered_read.status();
+    absl::StatusOr<int64_t> writeback = flags.writeback == "default"
+                                            ? absl::StatusOr<int64_t>(-1)
+                                            : dcp::ParseSize(flags.writeback);
+    status = !size.ok()                ? size.status()
+             : !max_transfer.ok()      ? max_transfer.status()
+             : !max_buffered_read.ok() ? max_buffered_read.status()
+                                       : writeback.status();
     if (status.ok()) {
+      child.writeback = *writeback;
       child.size = *size;
       child.max_transfer = *max_transfer;
       child.max_buffered_read = *max_buffered_read;

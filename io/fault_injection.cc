@@ -58,6 +58,8 @@ const char* FaultOpName(FaultOp op) {
       return "opendir";
     case FaultOp::kPreallocate:
       return "fallocate";
+    case FaultOp::kWriteback:
+      return "sync_file_range";
   }
   return "?";
 }
@@ -133,6 +135,15 @@ class FaultInjectionFileSystem::FaultyFile final : public File {
                          absl::StrCat("fallocate ", path(), " length=", size));
     }
     return base_->Preallocate(size);
+  }
+  absl::Status StartWriteback(int64_t offset, int64_t length) override {
+    Decision d = fs_.Check(FaultOp::kWriteback, path());
+    if (d.fail) {
+      return fs_.Failure(d, FaultOp::kWriteback,
+                         absl::StrCat("sync_file_range ", path(),
+                                      " offset=", offset, " length=", length));
+    }
+    return base_->StartWriteback(offset, length);
   }
   // Truncation passes through (no fault site of its own).
   absl::Status Truncate(int64_t size) override { return base_->Truncate(size); }

@@ -12,8 +12,8 @@
 //
 // Files it returns have no native descriptor (File::native_fd() is -1), so
 // I/O engines route their I/O through the wrapper's methods and every fault
-// reaches them too. File::Preallocate is a fault site (kPreallocate);
-// File::Truncate is forwarded without one.
+// reaches them too. File::Preallocate and File::StartWriteback are fault
+// sites (kPreallocate, kWriteback); File::Truncate is forwarded without one.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef DCP_IO_FAULT_INJECTION_H_
@@ -45,6 +45,7 @@ enum class FaultOp {
   kSyncDir,
   kList,
   kPreallocate,  // File::Preallocate (fallocate).
+  kWriteback,    // File::StartWriteback (sync_file_range).
 };
 
 // "open", "write", ... for messages.

@@ -67,6 +67,10 @@ struct SaveFaultCase {
   // The site exists only for O_DIRECT files (preallocation): skipped where
   // the test directory's file system refuses O_DIRECT (tmpfs).
   bool needs_direct = false;
+  // The site exists only in buffered saves with writeback: the save runs
+  // with direct_io off and writeback every 2 KiB (the sample's files are a
+  // few KiB).
+  bool buffered_writeback = false;
 };
 
 // Whether files in `dir` open with O_DIRECT.
@@ -106,6 +110,10 @@ TEST_P(SaveFaultTest, FailsCleanlyAndKeepsThePreviousCheckpoint) {
     options.file_system = &faulty;
     options.io_mode = mode;
     options.thread_count = 2;
+    if (c.buffered_writeback) {
+      options.direct_io = false;
+      options.writeback_bytes = 2048;
+    }
     absl::Status status = SaveSample(dir, SampleState::Make(2), options);
     EXPECT_EQ(status.code(), c.code) << IoModeName(mode) << ": " << status;
     for (const std::string& part : c.message_parts) {
@@ -167,6 +175,13 @@ INSTANTIATE_TEST_SUITE_P(
                       absl::StatusCode::kResourceExhausted,
                       {"pwrite", "offset="},
                       5000},
+        SaveFaultCase{"writeback_eio",
+                      F(FaultOp::kWriteback, EIO, ".distcp"),
+                      absl::StatusCode::kDataLoss,
+                      {"sync_file_range", ".distcp", "offset=", "rank 0"},
+                      -1,
+                      /*needs_direct=*/false,
+                      /*buffered_writeback=*/true},
         SaveFaultCase{"fsync_data",
                       F(FaultOp::kSync, EIO, ".distcp"),
                       absl::StatusCode::kDataLoss,
@@ -248,6 +263,54 @@ TEST(FaultInjectionTest, PreallocatesOnlyODirectDataFiles) {
     EXPECT_EQ(counting.calls(FaultOp::kPreallocate), direct ? data_files : 0)
         << (direct ? "O_DIRECT" : "buffered");
     EXPECT_TRUE(LoadAndCompare(dir, SampleState::Make(1)).ok());
+  }
+}
+
+TEST(FaultInjectionTest, StartsWritebackOnlyForBufferedSyncedDataFiles) {
+  // A buffered save with sync_files hands every writeback_bytes of each data
+  // file to StartWriteback as it goes; O_DIRECT files have no dirty pages,
+  // and without sync_files the save does not wait for the disk at all.
+  struct Case {
+    const char* name;
+    bool direct;
+    bool sync_files;
+    int64_t writeback_bytes;
+    bool expect_writeback;
+  };
+  for (const Case& c : {Case{"buffered", false, true, 2048, true},
+                        Case{"direct", true, true, 2048, false},
+                        Case{"no_sync", false, false, 2048, false},
+                        Case{"off", false, true, 0, false}}) {
+    const std::string dir = NewTestDir(absl::StrCat("writeback_", c.name));
+    if (c.direct && !SupportsDirectIo(dir)) continue;
+    FaultInjectionFileSystem counting(LocalFileSystem());
+    FileSystemWriterOptions options;
+    options.file_system = &counting;
+    options.direct_io = c.direct;
+    options.sync_files = c.sync_files;
+    options.writeback_bytes = c.writeback_bytes;
+    options.thread_count = 2;
+    ASSERT_TRUE(SaveSample(dir, SampleState::Make(1), options).ok()) << c.name;
+    int64_t data_bytes = 0;
+    for (const std::string& name : ListNames(dir)) {
+      if (name.size() > 7 && name.substr(name.size() - 7) == ".distcp") {
+        data_bytes +=
+            *(*LocalFileSystem().OpenForRead(dir + "/" + name))->Size();
+      }
+    }
+    ASSERT_GT(data_bytes, 4 * 2048) << c.name;
+    const int64_t calls = counting.calls(FaultOp::kWriteback);
+    if (c.expect_writeback) {
+      // Each call covers at least writeback_bytes, and at most that plus
+      // one 4 KiB piece (an item that starts past the boundary).
+      EXPECT_LE(calls, data_bytes / 2048) << c.name;
+      EXPECT_GE(calls, data_bytes / (2048 + 4096) - 2) << c.name;
+      EXPECT_GT(calls, 0) << c.name;
+    } else {
+      EXPECT_EQ(calls, 0) << c.name;
+    }
+    absl::Status loaded = LoadAndCompare(dir, SampleState::Make(1));
+    EXPECT_TRUE(loaded.ok()) << c.name << ": " << loaded;
   }
 }
 

@@ -101,6 +101,19 @@ class PosixFile final : public File {
     return absl::OkStatus();
   }
 
+  absl::Status StartWriteback(int64_t offset, int64_t length) override {
+    DCP_RETURN_IF_ERROR(CheckOpen("sync_file_range"));
+    if (length <= 0) return absl::OkStatus();
+    while (::sync_file_range(fd_, static_cast<off_t>(offset),
+                             static_cast<off_t>(length),
+                             SYNC_FILE_RANGE_WRITE) != 0) {
+      if (errno != EINTR) {
+        return WritebackStatus(errno, path_, offset, length);
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Truncate(int64_t size) override {
     DCP_RETURN_IF_ERROR(CheckOpen("ftruncate"));
     while (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
@@ -252,6 +265,21 @@ class LocalFileSystemImpl final : public FileSystemBase {
 };
 
 }  // namespace
+
+absl::Status WritebackStatus(int error_number, absl::string_view path,
+                             int64_t offset, int64_t length) {
+  switch (error_number) {
+    case EINVAL:
+    case ESPIPE:
+    case EOPNOTSUPP:
+    case ENOSYS:
+      return absl::OkStatus();
+    default:
+      return ErrnoError(error_number,
+                        absl::StrCat("sync_file_range ", path,
+                                     " offset=", offset, " length=", length));
+  }
+}
 
 std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (dir.empty()) return std::string(name);

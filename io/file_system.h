@@ -60,6 +60,17 @@ class File {
   // there. The default does nothing.
   virtual absl::Status Preallocate(int64_t size) { return absl::OkStatus(); }
 
+  // Starts writing the dirty pages of [offset, offset + length) back to the
+  // disk without waiting for them (sync_file_range SYNC_FILE_RANGE_WRITE).
+  // Makes nothing durable (Sync does): it keeps the disk busy during a long
+  // buffered write instead of leaving everything to the final Sync, and it
+  // keeps the dirty pages below the kernel's limit, past which writers are
+  // throttled. A hint: OK without effect where the file cannot (a pipe, a
+  // file system without it; see WritebackStatus). The default does nothing.
+  virtual absl::Status StartWriteback(int64_t offset, int64_t length) {
+    return absl::OkStatus();
+  }
+
   // Sets the file's size to `size` bytes (ftruncate).
   virtual absl::Status Truncate(int64_t size) = 0;
 
@@ -118,6 +129,14 @@ class FileSystemBase {
   // Makes the entries of directory `path` durable (fsync of the directory).
   virtual absl::Status SyncDir(const std::string& path) = 0;
 };
+
+// The status of a sync_file_range(SYNC_FILE_RANGE_WRITE) that failed with
+// `error_number`: OK where the file or its file system cannot start
+// writeback (EINVAL, ESPIPE, EOPNOTSUPP, ENOSYS: File::StartWriteback is a
+// hint), else the errno status ("sync_file_range PATH offset=O length=L").
+// Shared by File and the io_uring engine, which issues it itself.
+absl::Status WritebackStatus(int error_number, absl::string_view path,
+                             int64_t offset, int64_t length);
 
 // `dir` + "/" + `name` (no doubled slash).
 std::string JoinPath(absl::string_view dir, absl::string_view name);

@@ -30,6 +30,9 @@ constexpr int64_t kPayloadAlignment = 4096;
 // bytes in flight per file.
 constexpr int64_t kBounceChunk = int64_t{4} << 20;
 constexpr int64_t kBounceBudget = int64_t{32} << 20;
+// Buffered saves: writebacks outstanding per file before the writer waits
+// for the oldest (2 measured as fast as 8 and faster than none).
+constexpr size_t kWritebacksAhead = 2;
 // Loads through bounce buffers: the most bytes one read of a stored item
 // takes (whole checksum blocks; FileSystemReaderOptions::read_window_bytes
 // caps it further).
@@ -360,22 +363,68 @@ absl::Status FileSystemWriter::WriteFile(
   held.reserve(items.size());
   struct Bounce {
     std::unique_ptr<AlignedBuffer> buffer;
-    Future<size_t> done;
+    Future<void> done;
   };
   std::deque<Bounce> bounce;
   int64_t bounce_bytes = 0;
   std::vector<Future<size_t>> futures;
   std::vector<size_t> future_item;  // Which item each future writes.
   auto failed = std::make_shared<std::atomic<bool>>(false);
-  auto submit = [&](size_t item, int64_t offset, const std::byte* data,
-                    size_t length) {
-    std::vector<Future<size_t>> f =
-        engine_->Submit({IoRequest::Write(file.get(), offset, data, length)});
-    f[0].OnReady([failed](const absl::StatusOr<size_t>& r) {
+  auto track = [&](size_t item, Future<size_t> f) {
+    f.OnReady([failed](const absl::StatusOr<size_t>& r) {
       if (!r.ok()) failed->store(true);
     });
-    futures.push_back(std::move(f[0]));
+    futures.push_back(std::move(f));
     future_item.push_back(item);
+  };
+  // Writeback (buffered files with sync_files): the bytes below
+  // `written_back` have been handed to StartWriteback; once the bytes
+  // submitted past it reach writeback_bytes, they follow (the engine starts
+  // the writeback after their writes complete). Large writes are submitted
+  // in writeback_bytes pieces, so the writeback keeps pace inside an item,
+  // and at most kWritebacksAhead writebacks are outstanding: the writer
+  // waits for the oldest, so it runs at the disk's pace with a few pieces
+  // of dirty pages instead of filling the page cache until the kernel
+  // throttles it (measured: without that wait the gain was a third as
+  // large; docs/BENCHMARKS.md section 1, "writeback").
+  const int64_t writeback =
+      options_.sync_files && !file->direct() ? options_.writeback_bytes : 0;
+  int64_t written_back = 0;
+  std::deque<Future<size_t>> writebacks;  // Issued, not yet seen complete.
+  // Submits one write; the future is ready once every piece of it is
+  // written (the write's memory must outlive it).
+  auto submit = [&](size_t item, int64_t offset, const std::byte* data,
+                    size_t length) -> Future<void> {
+    std::vector<Future<size_t>> pieces;
+    if (writeback <= 0) {
+      track(item, engine_->Submit(
+                      {IoRequest::Write(file.get(), offset, data, length)})[0]);
+      pieces.push_back(futures.back());
+      return WhenAll(pieces);
+    }
+    for (size_t pos = 0; pos < length;) {
+      const int64_t at = offset + static_cast<int64_t>(pos);
+      const size_t n = std::min<size_t>(
+          length - pos, static_cast<size_t>(std::max<int64_t>(
+                            written_back + writeback - at, kPayloadAlignment)));
+      track(item, engine_->Submit(
+                      {IoRequest::Write(file.get(), at, data + pos, n)})[0]);
+      pieces.push_back(futures.back());
+      pos += n;
+      const int64_t end = at + static_cast<int64_t>(n);
+      if (end - written_back >= writeback) {
+        track(item, engine_->Submit({IoRequest::Writeback(
+                        file.get(), written_back,
+                        static_cast<size_t>(end - written_back))})[0]);
+        written_back = end;
+        writebacks.push_back(futures.back());
+        while (writebacks.size() > kWritebacksAhead) {
+          writebacks.front().Wait();  // Its error is seen with the others.
+          writebacks.pop_front();
+        }
+      }
+    }
+    return WhenAll(pieces);
   };
 
   // Device tensors: (view, item position), their layout fixed in the loop.
@@ -458,9 +507,9 @@ absl::Status FileSystemWriter::WriteFile(
         auto buffer = std::make_unique<AlignedBuffer>(padded);
         std::memcpy(buffer->data, bytes + pos, n);
         std::memset(buffer->data + n, 0, padded - n);
-        submit(i, offset + pos, buffer->data, padded);
+        Future<void> written = submit(i, offset + pos, buffer->data, padded);
         bounce_bytes += padded;
-        bounce.push_back({std::move(buffer), futures.back()});
+        bounce.push_back({std::move(buffer), std::move(written)});
       }
     }
     // Checksums while the item's writes are in flight (the memory stays
@@ -501,9 +550,8 @@ absl::Status FileSystemWriter::WriteFile(
               auto lease =
                   std::make_shared<PinnedChunk>(std::move(piece.chunk));
               submit(i, results[i]->storage_data.offset + piece.offset,
-                     lease->data(), length);
-              futures.back().OnReady(
-                  [lease](const absl::StatusOr<size_t>&) { lease->Release(); });
+                     lease->data(), length)
+                  .OnReady([lease](const absl::Status&) { lease->Release(); });
             }
             if (piece.last) {
               results[i]->storage_data.block_checksums = checksums->Finish();

@@ -64,6 +64,15 @@ struct FileSystemWriterOptions {
   // chunks (at most 32 MiB in flight per file). On by default: measured
   // faster than buffered writes plus fsync (`dcp bench io`).
   bool direct_io = true;
+  // Buffered data files with sync_files: after every this many bytes
+  // written to a file, start writing them back to the disk (File::
+  // StartWriteback) instead of leaving all of it to the final fsync. The
+  // disk then works while the rest is written, and the dirty pages stay
+  // below the kernel's limit, past which it throttles the writer (with the
+  // state itself in memory the limit is lower). 0 turns it off; O_DIRECT
+  // files have no dirty pages. Measured: docs/BENCHMARKS.md section 1,
+  // "writeback".
+  int64_t writeback_bytes = int64_t{16} << 20;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
   IoEngine* io_engine = nullptr;

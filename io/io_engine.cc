@@ -24,6 +24,8 @@ const char* OpName(IoRequest::Op op) {
       return "pread";
     case IoRequest::Op::kFsync:
       return "fsync";
+    case IoRequest::Op::kWriteback:
+      return "sync_file_range";
   }
   return "io";
 }
@@ -58,6 +60,10 @@ absl::StatusOr<size_t> RunPartWithFile(const Part& part) {
     case IoRequest::Op::kFsync:
       DCP_RETURN_IF_ERROR(file.Sync());
       return 0;
+    case IoRequest::Op::kWriteback:
+      DCP_RETURN_IF_ERROR(
+          file.StartWriteback(part.offset, static_cast<int64_t>(part.length)));
+      return 0;
   }
   return absl::InternalError("unknown I/O op");
 }
@@ -85,36 +91,45 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
       part->request = state;
       return part;
     };
-    if (request.op == IoRequest::Op::kFsync) {
+    if (request.op == IoRequest::Op::kFsync ||
+        request.op == IoRequest::Op::kWriteback) {
+      const bool fsync = request.op == IoRequest::Op::kFsync;
       state->parts_left = 1;
       std::vector<Future<size_t>> before;
       {
         absl::MutexLock lock(&mu_);
         std::vector<Future<size_t>>& pending = pending_writes_[request.file];
-        for (Future<size_t>& f : pending) {
-          if (!f.ready()) before.push_back(std::move(f));
+        for (const Future<size_t>& f : pending) {
+          if (!f.ready()) before.push_back(f);
         }
-        // Later fsyncs wait for this one, which waits for these writes.
-        pending.clear();
-        pending.push_back(futures.back());
+        if (fsync) {
+          // Later fsyncs wait for this one, which waits for these writes.
+          pending.clear();
+          pending.push_back(futures.back());
+        }
       }
+      // A writeback is one part (the io_uring engine issues it in pieces
+      // its 32-bit length field can hold).
+      std::unique_ptr<Part> part =
+          fsync ? make_part(0, nullptr, 0)
+                : make_part(request.offset, nullptr, request.length);
       if (before.empty()) {
-        parts.push_back(make_part(0, nullptr, 0));
+        parts.push_back(std::move(part));
       } else {
-        std::shared_ptr<Part> held(make_part(0, nullptr, 0).release());
+        std::shared_ptr<Part> held(part.release());
         WhenAll(before).OnReady([this, held](const absl::Status& writes) {
-          auto fsync = std::make_unique<Part>(std::move(*held));
+          auto ready = std::make_unique<Part>(std::move(*held));
           if (!writes.ok()) {
-            // Not issued: it would make a file with a hole durable.
+            // Not issued: an fsync would make a file with a hole durable.
             absl::Status aborted = absl::AbortedError(absl::StrCat(
-                PartContext(*fsync),
+                PartContext(*ready),
                 " not issued: an earlier write to the file failed: ",
                 writes.message()));
-            CompletePart(std::move(fsync), std::move(aborted));
+            CompletePart(std::move(ready), std::move(aborted));
             return;
           }
           std::vector<std::unique_ptr<Part>> one;
-          one.push_back(std::move(fsync));
+          one.push_back(std::move(ready));
           StartParts(std::move(one));
         });
       }

@@ -27,9 +27,15 @@
 // of file (the caller decides whether that means a truncated file).
 //
 // Ordering: requests run concurrently and complete in any order, except that
-// an fsync starts only after every write to the same File submitted before
-// it (in the same or an earlier batch) has completed. If one of those writes
-// failed, the fsync fails too (kAborted) without being issued.
+// an fsync or a writeback starts only after every write to the same File
+// submitted before it (in the same or an earlier batch) has completed. If
+// one of those writes failed, it fails too (kAborted) without being issued.
+// Later writes do not wait for it.
+//
+// Writeback (File::StartWriteback, sync_file_range SYNC_FILE_RANGE_WRITE)
+// starts writing a range's dirty pages to the disk and completes without
+// waiting for them; it makes nothing durable. A hint: OK where the file
+// cannot (WritebackStatus).
 //
 // Errors: errno converted at the system call with operation, path, offset
 // and length in the message (core/status.h ErrnoError: ENOSPC ->
@@ -54,7 +60,7 @@
 namespace dcp {
 
 struct IoRequest {
-  enum class Op { kWrite, kRead, kFsync };
+  enum class Op { kWrite, kRead, kFsync, kWriteback };
 
   static IoRequest Write(File* file, int64_t offset, const void* data,
                          size_t length) {
@@ -66,6 +72,9 @@ struct IoRequest {
   }
   static IoRequest Fsync(File* file) {
     return {Op::kFsync, file, 0, nullptr, 0};
+  }
+  static IoRequest Writeback(File* file, int64_t offset, size_t length) {
+    return {Op::kWriteback, file, offset, nullptr, length};
   }
 
   Op op = Op::kWrite;
@@ -83,7 +92,7 @@ class IoEngine {
   virtual absl::string_view name() const = 0;
 
   // Starts every request of `batch`; returns one future per request, in
-  // order, resolving to the bytes transferred (0 for fsync).
+  // order, resolving to the bytes transferred (0 for fsync and writeback).
   virtual std::vector<Future<size_t>> Submit(
       absl::Span<const IoRequest> batch) = 0;
 

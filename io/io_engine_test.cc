@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,8 @@ class IoEngineConformanceTest : public ::testing::TestWithParam<EngineCase> {
     if (GetParam().through_fault_wrapper) return faulty_;
     return LocalFileSystem();
   }
+  // The wrapper's call counts and faults (through_fault_wrapper cases).
+  FaultInjectionFileSystem& faulty() { return faulty_; }
 
   std::unique_ptr<IoEngine> Make(IoEngineOptions options = {}) {
     absl::StatusOr<std::unique_ptr<IoEngine>> engine = GetParam().make(options);
@@ -181,29 +184,6 @@ TEST_P(IoEngineConformanceTest, BufferedReadsInTheirOwnPartSizeAreExact) {
   }
 }
 
-TEST_P(IoEngineConformanceTest, FsyncCompletesAfterEarlierWritesToItsFile) {
-  IoEngineOptions options;
-  options.max_transfer = 1 << 12;
-  std::unique_ptr<IoEngine> engine = Make(options);
-  ASSERT_NE(engine, nullptr);
-  const std::string path = TestPath("fsync_order");
-  std::unique_ptr<File> file = *fs().OpenForWrite(path);
-  std::vector<std::byte> data = Pattern(1 << 20, 3);
-  std::vector<IoRequest> batch;
-  for (size_t off = 0; off < data.size(); off += 65536) {
-    batch.push_back(
-        IoRequest::Write(file.get(), off, data.data() + off, 65536));
-  }
-  batch.push_back(IoRequest::Fsync(file.get()));
-  std::vector<Future<size_t>> futures = engine->Submit(batch);
-  ASSERT_TRUE(futures.back().Wait().ok());
-  for (size_t i = 0; i + 1 < futures.size(); ++i) {
-    EXPECT_TRUE(futures[i].ready()) << "write " << i << " after the fsync";
-  }
-  ASSERT_TRUE(file->Close().ok());
-  EXPECT_EQ(ReadWhole(path), data);
-}
-
 TEST_P(IoEngineConformanceTest, ReadAtOrBeyondEndOfFileTransfersWhatExists) {
   std::unique_ptr<IoEngine> engine = Make();
   ASSERT_NE(engine, nullptr);
@@ -266,27 +246,36 @@ TEST_P(IoEngineConformanceTest, ShortWriteIsResubmittedForTheRemainder) {
   EXPECT_TRUE(std::equal(written.begin(), written.end(), data.begin()));
 }
 
-TEST_P(IoEngineConformanceTest, FsyncAfterAFailedWriteIsAbortedNotIssued) {
+TEST_P(IoEngineConformanceTest,
+       FsyncOrWritebackAfterAFailedWriteIsAbortedNotIssued) {
   std::unique_ptr<IoEngine> engine = Make();
   ASSERT_NE(engine, nullptr);
-  const std::string path = TestPath("aborted_fsync");
-  std::unique_ptr<File> file = *fs().OpenForWrite(path);
-  std::vector<std::byte> data = Pattern(20000, 6);
-  std::vector<Future<size_t>> futures;
-  {
-    FileSizeLimit limit(8192);  // The write past it fails with EFBIG.
-    futures = engine->Submit(
-        {IoRequest::Write(file.get(), 0, data.data(), data.size()),
-         IoRequest::Fsync(file.get())});
-    for (const Future<size_t>& f : futures) f.Wait();
+  for (IoRequest::Op op : {IoRequest::Op::kFsync, IoRequest::Op::kWriteback}) {
+    const bool fsync = op == IoRequest::Op::kFsync;
+    const std::string path = TestPath("aborted");
+    std::unique_ptr<File> file = *fs().OpenForWrite(path);
+    std::vector<std::byte> data = Pattern(20000, 6);
+    std::vector<Future<size_t>> futures;
+    {
+      FileSizeLimit limit(8192);  // The write past it fails with EFBIG.
+      futures = engine->Submit(
+          {IoRequest::Write(file.get(), 0, data.data(), data.size()),
+           fsync ? IoRequest::Fsync(file.get())
+                 : IoRequest::Writeback(file.get(), 0, data.size())});
+      for (const Future<size_t>& f : futures) f.Wait();
+    }
+    ASSERT_FALSE(futures[0].Wait().ok());
+    const absl::StatusOr<size_t>& after = futures[1].Wait();
+    EXPECT_EQ(after.status().code(), absl::StatusCode::kAborted)
+        << after.status();
+    EXPECT_THAT(after.status().message(),
+                testing::AllOf(HasSubstr(fsync ? "fsync" : "sync_file_range"),
+                               HasSubstr(path), HasSubstr("not issued")));
   }
-  const absl::StatusOr<size_t>& write = futures[0].Wait();
-  const absl::StatusOr<size_t>& fsync = futures[1].Wait();
-  ASSERT_FALSE(write.ok());
-  EXPECT_EQ(fsync.status().code(), absl::StatusCode::kAborted)
-      << fsync.status();
-  EXPECT_THAT(fsync.status().message(),
-              testing::AllOf(HasSubstr("fsync"), HasSubstr(path)));
+  if (GetParam().through_fault_wrapper) {
+    EXPECT_EQ(faulty().calls(FaultOp::kSync), 0);
+    EXPECT_EQ(faulty().calls(FaultOp::kWriteback), 0);
+  }
 }
 
 TEST_P(IoEngineConformanceTest,
@@ -331,6 +320,93 @@ TEST_P(IoEngineConformanceTest,
   ASSERT_TRUE(engine->RegisterBuffers({}).ok());
   engine.reset();
   std::free(buffer);
+}
+
+TEST_P(IoEngineConformanceTest,
+       FsyncAndWritebackStartAfterEarlierWritesToTheirFile) {
+  IoEngineOptions options;
+  options.max_transfer = 1 << 12;
+  std::unique_ptr<IoEngine> engine = Make(options);
+  ASSERT_NE(engine, nullptr);
+  const std::string path = TestPath("sync_order");
+  std::unique_ptr<File> file = *fs().OpenForWrite(path);
+  std::vector<std::byte> data = Pattern(1 << 20, 3);
+  const size_t half = data.size() / 2;
+  std::vector<IoRequest> batch;
+  for (size_t off = 0; off < data.size(); off += 65536) {
+    batch.push_back(
+        IoRequest::Write(file.get(), off, data.data() + off, 65536));
+    // After the first half: a writeback of it, which the writes after it
+    // do not wait for.
+    if (off + 65536 == half) {
+      batch.push_back(IoRequest::Writeback(file.get(), 0, half));
+    }
+  }
+  batch.push_back(IoRequest::Fsync(file.get()));
+  std::vector<Future<size_t>> futures = engine->Submit(batch);
+  const size_t writeback = half / 65536;
+  ASSERT_EQ(batch[writeback].op, IoRequest::Op::kWriteback);
+  const absl::StatusOr<size_t>& written_back = futures[writeback].Wait();
+  ASSERT_TRUE(written_back.ok()) << written_back.status();
+  EXPECT_EQ(*written_back, 0u);
+  for (size_t i = 0; i < writeback; ++i) {
+    EXPECT_TRUE(futures[i].ready()) << "write " << i << " after the writeback";
+  }
+  ASSERT_TRUE(futures.back().Wait().ok());
+  for (size_t i = 0; i + 1 < futures.size(); ++i) {
+    EXPECT_TRUE(futures[i].ready()) << "request " << i << " after the fsync";
+    EXPECT_TRUE(futures[i].Wait().ok()) << i;
+  }
+  if (GetParam().through_fault_wrapper) {
+    EXPECT_EQ(faulty().calls(FaultOp::kWriteback), 1);
+  }
+  ASSERT_TRUE(file->Close().ok());
+  EXPECT_EQ(ReadWhole(path), data);
+}
+
+TEST_P(IoEngineConformanceTest, WritebackIsAHintWhereThereIsNothingToDo) {
+  // An empty range, a range past the end of the file, one longer than an
+  // io_uring length field holds (4 GiB and more), and a pipe (ESPIPE) all
+  // complete OK without writing anything.
+  std::unique_ptr<IoEngine> engine = Make();
+  ASSERT_NE(engine, nullptr);
+  const std::string path = TestPath("writeback_hint");
+  std::unique_ptr<File> file = *fs().OpenForWrite(path);
+  std::vector<std::byte> data = Pattern(10000, 5);
+  ASSERT_TRUE(file->PWrite(0, data).ok());
+  std::vector<IoRequest> batch = {
+      IoRequest::Writeback(file.get(), 0, 0),
+      IoRequest::Writeback(file.get(), int64_t{1} << 30, 4096),
+      IoRequest::Writeback(file.get(), 0, (size_t{5} << 30) + 12345)};
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  std::unique_ptr<File> pipe = NewPosixFile(fds[1], "pipe");
+  if (!GetParam().through_fault_wrapper) {
+    batch.push_back(IoRequest::Writeback(pipe.get(), 0, 4096));
+  }
+  absl::Status status = SubmitAndWait(*engine, batch);
+  EXPECT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(file->Close().ok());
+  EXPECT_EQ(ReadWhole(path), data);
+}
+
+TEST_P(IoEngineConformanceTest, WritebackErrorsNameTheFileAndRange) {
+  if (!GetParam().through_fault_wrapper) {
+    GTEST_SKIP() << "the error is injected through the fault wrapper";
+  }
+  std::unique_ptr<IoEngine> engine = Make();
+  ASSERT_NE(engine, nullptr);
+  const std::string path = TestPath("writeback_eio");
+  std::unique_ptr<File> file = *fs().OpenForWrite(path);
+  faulty().Inject(Fault{FaultOp::kWriteback, EIO, "writeback_eio"});
+  absl::Status status =
+      SubmitAndWait(*engine, {IoRequest::Writeback(file.get(), 8192, 4096)});
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(
+      status.message(),
+      testing::AllOf(HasSubstr("sync_file_range"), HasSubstr(path),
+                     HasSubstr("offset=8192"), HasSubstr("length=4096")));
 }
 
 TEST_P(IoEngineConformanceTest, DestructionWaitsForRequestsInFlight) {

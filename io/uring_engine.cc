@@ -20,6 +20,7 @@
 //
 // Parts whose File has no descriptor (FaultInjectionFileSystem) run on a
 // small helper pool through the File's methods.
+#include <fcntl.h>
 #include <liburing.h>
 
 #include <algorithm>
@@ -47,6 +48,13 @@ std::atomic<uint64_t> next_engine_id{1};
 
 // user_data of the NOP that wakes a reaper to stop; parts use their address.
 constexpr uint64_t kStopTag = 1;
+
+// The next piece of a writeback: as much as an SQE's 32-bit length holds.
+// Never 0 (sync_file_range reads 0 as "to the end of the file").
+unsigned WritebackPiece(const Part& part) {
+  return static_cast<unsigned>(
+      std::min<size_t>(part.length - part.done, size_t{1} << 30));
+}
 
 class Ring {
  public:
@@ -176,6 +184,10 @@ class Ring {
       case IoRequest::Op::kFsync:
         io_uring_prep_fsync(sqe, fd, 0);
         break;
+      case IoRequest::Op::kWriteback:
+        io_uring_prep_sync_file_range(sqe, fd, WritebackPiece(*part), offset,
+                                      SYNC_FILE_RANGE_WRITE);
+        break;
     }
     if (fixed >= 0) fixed_ios_.fetch_add(1, std::memory_order_relaxed);
     io_uring_sqe_set_data(sqe, part);
@@ -205,6 +217,25 @@ class Ring {
     std::unique_ptr<Part> part(raw);
     if (res == -EINTR || res == -EAGAIN) {
       again.push_back(std::move(part));
+      return;
+    }
+    if (part->op == IoRequest::Op::kWriteback) {
+      absl::Status status = res < 0 ? WritebackStatus(-res, part->file->path(),
+                                                      part->offset + part->done,
+                                                      part->length - part->done)
+                                    : absl::OkStatus();
+      if (status.ok() && res >= 0) {
+        part->done += WritebackPiece(*part);
+        if (part->done < part->length) {
+          again.push_back(std::move(part));  // The next piece.
+          return;
+        }
+      }
+      if (status.ok()) {
+        CompletePart(std::move(part), size_t{0});
+      } else {
+        CompletePart(std::move(part), std::move(status));
+      }
       return;
     }
     if (res < 0) {
@@ -454,7 +485,9 @@ class UringIoEngine final : public IoEngineBase {
     std::vector<std::unique_ptr<Part>> native;
     native.reserve(parts.size());
     for (std::unique_ptr<Part>& part : parts) {
-      if (part->file->native_fd() < 0) {
+      if (part->op == IoRequest::Op::kWriteback && part->length == 0) {
+        CompletePart(std::move(part), size_t{0});  // Nothing to write back.
+      } else if (part->file->native_fd() < 0) {
         RunWithoutDescriptor(std::move(part));
       } else {
         native.push_back(std::move(part));
