@@ -385,8 +385,8 @@ absl::Status FileSystemWriter::WriteFile(
   // and at most kWritebacksAhead writebacks are outstanding: the writer
   // waits for the oldest, so it runs at the disk's pace with a few pieces
   // of dirty pages instead of filling the page cache until the kernel
-  // throttles it (measured: without that wait the gain was a third as
-  // large; docs/BENCHMARKS.md section 1, "writeback").
+  // throttles it (measured: without that wait POSIX gained little and
+  // io_uring lost; docs/BENCHMARKS.md section 1, "Writeback").
   const int64_t writeback =
       options_.sync_files && !file->direct() ? options_.writeback_bytes : 0;
   int64_t written_back = 0;
