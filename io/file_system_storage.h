@@ -71,7 +71,7 @@ struct FileSystemWriterOptions {
   // below the kernel's limit, past which it throttles the writer (with the
   // state itself in memory the limit is lower). 0 turns it off; O_DIRECT
   // files have no dirty pages. Measured: docs/BENCHMARKS.md section 1,
-  // "writeback".
+  // "Writeback".
   int64_t writeback_bytes = int64_t{16} << 20;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
