@@ -95,6 +95,15 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
         request.op == IoRequest::Op::kWriteback) {
       const bool fsync = request.op == IoRequest::Op::kFsync;
       state->parts_left = 1;
+      // A writeback is one part (the io_uring engine issues it in pieces
+      // its 32-bit length field can hold).
+      std::unique_ptr<Part> part =
+          fsync ? make_part(0, nullptr, 0)
+                : make_part(request.offset, nullptr, request.length);
+      if (!fsync && request.length == 0) {
+        CompletePart(std::move(part), size_t{0});  // Nothing to write back.
+        continue;
+      }
       std::vector<Future<size_t>> before;
       {
         absl::MutexLock lock(&mu_);
@@ -108,11 +117,6 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
           pending.push_back(futures.back());
         }
       }
-      // A writeback is one part (the io_uring engine issues it in pieces
-      // its 32-bit length field can hold).
-      std::unique_ptr<Part> part =
-          fsync ? make_part(0, nullptr, 0)
-                : make_part(request.offset, nullptr, request.length);
       if (before.empty()) {
         parts.push_back(std::move(part));
       } else {

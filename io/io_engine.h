@@ -35,7 +35,7 @@
 // Writeback (File::StartWriteback, sync_file_range SYNC_FILE_RANGE_WRITE)
 // starts writing a range's dirty pages to the disk and completes without
 // waiting for them; it makes nothing durable. A hint: OK where the file
-// cannot (WritebackStatus).
+// cannot (WritebackStatus); an empty range completes at once, unissued.
 //
 // Errors: errno converted at the system call with operation, path, offset
 // and length in the message (core/status.h ErrnoError: ENOSPC ->

@@ -50,7 +50,8 @@ std::atomic<uint64_t> next_engine_id{1};
 constexpr uint64_t kStopTag = 1;
 
 // The next piece of a writeback: as much as an SQE's 32-bit length holds.
-// Never 0 (sync_file_range reads 0 as "to the end of the file").
+// Never 0 (sync_file_range reads 0 as "to the end of the file"): the base
+// completes empty writebacks without issuing them.
 unsigned WritebackPiece(const Part& part) {
   return static_cast<unsigned>(
       std::min<size_t>(part.length - part.done, size_t{1} << 30));
@@ -220,22 +221,23 @@ class Ring {
       return;
     }
     if (part->op == IoRequest::Op::kWriteback) {
-      absl::Status status = res < 0 ? WritebackStatus(-res, part->file->path(),
-                                                      part->offset + part->done,
-                                                      part->length - part->done)
-                                    : absl::OkStatus();
-      if (status.ok() && res >= 0) {
-        part->done += WritebackPiece(*part);
-        if (part->done < part->length) {
-          again.push_back(std::move(part));  // The next piece.
+      if (res < 0) {
+        absl::Status status =
+            WritebackStatus(-res, part->file->path(), part->offset + part->done,
+                            part->length - part->done);
+        if (!status.ok()) {
+          CompletePart(std::move(part), std::move(status));
           return;
         }
-      }
-      if (status.ok()) {
-        CompletePart(std::move(part), size_t{0});
+        part->done = part->length;  // The file cannot: nothing more to do.
       } else {
-        CompletePart(std::move(part), std::move(status));
+        part->done += WritebackPiece(*part);
       }
+      if (part->done < part->length) {
+        again.push_back(std::move(part));  // The next piece.
+        return;
+      }
+      CompletePart(std::move(part), size_t{0});
       return;
     }
     if (res < 0) {
@@ -485,9 +487,7 @@ class UringIoEngine final : public IoEngineBase {
     std::vector<std::unique_ptr<Part>> native;
     native.reserve(parts.size());
     for (std::unique_ptr<Part>& part : parts) {
-      if (part->op == IoRequest::Op::kWriteback && part->length == 0) {
-        CompletePart(std::move(part), size_t{0});  // Nothing to write back.
-      } else if (part->file->native_fd() < 0) {
+      if (part->file->native_fd() < 0) {
         RunWithoutDescriptor(std::move(part));
       } else {
         native.push_back(std::move(part));
