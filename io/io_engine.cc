@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -214,6 +215,14 @@ void IoEngineBase::WaitIdle() {
 
 namespace {
 
+// Buffered writes to one file run one at a time, in submission order, on
+// one worker at a time: parallel pwrites into one file's page cache contend
+// on its inode lock (ext4 takes it exclusively for every buffered write), so
+// 8 workers wrote a 4 GiB buffered file slower than 1 (docs/BENCHMARKS.md
+// section 1, "Buffered writes per file"). io_uring's kernel workers
+// serialize buffered writes per inode the same way. Different files still
+// run in parallel, and O_DIRECT writes, reads, fsyncs and writebacks use
+// every worker.
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)
@@ -225,6 +234,18 @@ class PosixIoEngine final : public IoEngineBase {
  protected:
   void StartParts(std::vector<std::unique_ptr<Part>> parts) override {
     for (std::unique_ptr<Part>& part : parts) {
+      if (part->op == IoRequest::Op::kWrite && !part->file->direct()) {
+        File* file = part->file;
+        bool idle;
+        {
+          absl::MutexLock lock(&serial_mu_);
+          std::deque<std::unique_ptr<Part>>& queue = serial_[file];
+          idle = queue.empty();
+          queue.push_back(std::move(part));
+        }
+        if (idle) pool_.Schedule([this, file] { DrainFile(file); });
+        continue;
+      }
       pool_.Schedule([part = std::move(part)]() mutable {
         absl::StatusOr<size_t> result = RunPartWithFile(*part);
         CompletePart(std::move(part), std::move(result));
@@ -233,6 +254,37 @@ class PosixIoEngine final : public IoEngineBase {
   }
 
  private:
+  // Runs `file`'s queued buffered writes until its queue is empty. The part
+  // being written stays at the front of the queue, so a write submitted
+  // meanwhile (from any thread, a completion callback included) joins the
+  // queue instead of starting a second drain.
+  void DrainFile(File* file) {
+    for (;;) {
+      Part* front;
+      {
+        absl::MutexLock lock(&serial_mu_);
+        front = serial_[file].front().get();
+      }
+      absl::StatusOr<size_t> result = RunPartWithFile(*front);
+      std::unique_ptr<Part> done;
+      bool more;
+      {
+        absl::MutexLock lock(&serial_mu_);
+        auto it = serial_.find(file);
+        done = std::move(it->second.front());
+        it->second.pop_front();
+        more = !it->second.empty();
+        if (!more) serial_.erase(it);
+      }
+      CompletePart(std::move(done), std::move(result));
+      if (!more) return;
+    }
+  }
+
+  absl::Mutex serial_mu_;
+  // Buffered writes per file: the front is being written, the rest wait.
+  absl::flat_hash_map<File*, std::deque<std::unique_ptr<Part>>> serial_
+      ABSL_GUARDED_BY(serial_mu_);
   ThreadPool pool_;
 };
 

@@ -7,6 +7,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -549,6 +552,113 @@ TEST(UringEngineTest, RingsAreCappedAndSharedBeyondMaxRings) {
   EXPECT_EQ(
       internal_io::UringStatsForTest(*NewPosixIoEngine({})).status().code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// A File over a real one that reports its writes: how many run at once
+// (each holds the file for a millisecond, so overlap is seen), the most at
+// once, and their offsets in the order they started. `direct` is what
+// direct() reports: the POSIX engine serializes buffered writes per file
+// only.
+class ProbedFile final : public File {
+ public:
+  ProbedFile(std::unique_ptr<File> base, bool direct, std::atomic<int>* shared)
+      : base_(std::move(base)), direct_(direct), shared_(shared) {}
+
+  const std::string& path() const override { return base_->path(); }
+  absl::Status PWrite(int64_t offset,
+                      absl::Span<const std::byte> data) override {
+    const int mine = ++running_;
+    const int all = ++*shared_;
+    {
+      absl::MutexLock lock(&mu_);
+      max_running_ = std::max(max_running_, mine);
+      max_shared_ = std::max(max_shared_, all);
+      starts_.push_back(offset);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    absl::Status status = base_->PWrite(offset, data);
+    --*shared_;
+    --running_;
+    return status;
+  }
+  absl::StatusOr<size_t> PRead(int64_t offset,
+                               absl::Span<std::byte> buffer) override {
+    return base_->PRead(offset, buffer);
+  }
+  absl::Status Sync() override { return base_->Sync(); }
+  absl::StatusOr<int64_t> Size() override { return base_->Size(); }
+  absl::Status Truncate(int64_t size) override { return base_->Truncate(size); }
+  absl::Status Close() override { return base_->Close(); }
+  bool direct() const override { return direct_; }
+
+  int max_running() {
+    absl::MutexLock lock(&mu_);
+    return max_running_;
+  }
+  // The most writes running at once on every file sharing `shared`, seen by
+  // this file's writes.
+  int max_shared() {
+    absl::MutexLock lock(&mu_);
+    return max_shared_;
+  }
+  std::vector<int64_t> starts() {
+    absl::MutexLock lock(&mu_);
+    return starts_;
+  }
+
+ private:
+  std::unique_ptr<File> base_;
+  const bool direct_;
+  std::atomic<int>* shared_;
+  std::atomic<int> running_{0};
+  absl::Mutex mu_;
+  int max_running_ = 0;
+  int max_shared_ = 0;
+  std::vector<int64_t> starts_;
+};
+
+// POSIX only: buffered writes to one file run one at a time in submission
+// order (parallel buffered writes contend on the inode lock); other files,
+// and O_DIRECT writes to one file, still run in parallel.
+TEST(PosixEngineTest, BufferedWritesToOneFileRunOneAtATimeInOrder) {
+  IoEngineOptions options;
+  options.threads = 8;
+  options.max_transfer = 4096;
+  std::unique_ptr<IoEngine> engine = NewPosixIoEngine(options);
+  constexpr size_t kParts = 24;
+  std::atomic<int> buffered_running{0}, direct_running{0};
+  std::vector<std::unique_ptr<ProbedFile>> files;
+  std::vector<std::string> paths;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<IoRequest> batch;
+  for (bool direct : {false, false, true}) {
+    paths.push_back(TestPath(direct ? "probed_direct" : "probed_buffered"));
+    files.push_back(std::make_unique<ProbedFile>(
+        *LocalFileSystem().OpenForWrite(paths.back()), direct,
+        direct ? &direct_running : &buffered_running));
+    data.push_back(Pattern(kParts * 4096, static_cast<uint32_t>(files.size())));
+  }
+  // Two requests per file, so order holds across requests too.
+  for (size_t f = 0; f < files.size(); ++f) {
+    const size_t half = kParts / 2 * 4096;
+    batch.push_back(IoRequest::Write(files[f].get(), 0, data[f].data(), half));
+    batch.push_back(
+        IoRequest::Write(files[f].get(), half, data[f].data() + half, half));
+  }
+  ASSERT_TRUE(SubmitAndWait(*engine, batch).ok());
+  std::vector<int64_t> in_order;
+  for (size_t i = 0; i < kParts; ++i) in_order.push_back(i * 4096);
+  for (int f : {0, 1}) {
+    EXPECT_EQ(files[f]->max_running(), 1) << paths[f];
+    EXPECT_EQ(files[f]->starts(), in_order) << paths[f];
+  }
+  // The two buffered files were written at the same time.
+  EXPECT_GE(std::max(files[0]->max_shared(), files[1]->max_shared()), 2);
+  EXPECT_GE(files[2]->max_running(), 2) << "O_DIRECT writes run in parallel";
+  for (size_t f = 0; f < files.size(); ++f) {
+    ASSERT_TRUE(files[f]->Close().ok());
+    EXPECT_EQ(ReadWhole(paths[f]), data[f]) << paths[f];
+  }
 }
 
 TEST(IoModeTest, ParsesModes) {
