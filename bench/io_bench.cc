@@ -7,9 +7,12 @@
 //                [--queue-depth N] [--posix-threads N] [--fio PATH]
 //
 // Each repetition, per size, runs in this order:
-//   1. buffered: fio sequential write (psync, bs 1M, end fsync) and cold read
-//      (invalidate=1), then dcp save (sync_files, direct_io off) and cold load
-//      (page cache dropped) on io_uring and on POSIX;
+//   1. buffered: fio sequential write (psync, bs 1M, end fsync), cold read
+//      (invalidate=1), and the same write again while another process holds
+//      the state's size of memory (context: a saving process holds its
+//      state, which lowers the kernel's dirty-page limit); then dcp save
+//      (sync_files, direct_io off) and cold load (page cache dropped) on
+//      io_uring and on POSIX;
 //   2. O_DIRECT: fio write (io_uring, qd 32, end fsync) and read, then dcp
 //      save and load with direct_io on io_uring and on POSIX;
 //   3. with --torch: bench/torch_compare.py saves and loads the same tensors
@@ -32,6 +35,7 @@
 // stdout); --out FILE keeps every raw measurement as JSON lines. The exit
 // status is non-zero when a run fails or a load does not verify.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -153,6 +157,68 @@ absl::StatusOr<ChildRun> Run(const std::vector<std::string>& argv) {
   run.max_rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   return run;
 }
+
+// A child process that holds `bytes` of touched anonymous memory until this
+// object is destroyed: the memory situation of a process that holds its
+// state while it writes (HeldMemory::Start returns once all of it is
+// touched). The child only calls mmap, memset, write and read after fork.
+class HeldMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<HeldMemory>> Start(int64_t bytes) {
+    int ready[2], release[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0) return ErrnoError(errno, "pipe2");
+    if (::pipe2(release, O_CLOEXEC) != 0) {
+      const int error = errno;
+      ::close(ready[0]);
+      ::close(ready[1]);
+      return ErrnoError(error, "pipe2");
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) return ErrnoError(errno, "fork");
+    if (pid == 0) {
+      ::close(ready[0]);
+      ::close(release[1]);
+      void* memory =
+          ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (memory == MAP_FAILED) ::_exit(1);
+      std::memset(memory, 1, static_cast<size_t>(bytes));
+      const char byte = 1;
+      if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
+      char ignored;
+      while (::read(release[0], &ignored, 1) < 0 && errno == EINTR) {
+      }
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    ::close(release[0]);
+    auto held = std::unique_ptr<HeldMemory>(new HeldMemory(pid, release[1]));
+    char byte = 0;
+    ssize_t n;
+    while ((n = ::read(ready[0], &byte, 1)) < 0 && errno == EINTR) {
+    }
+    ::close(ready[0]);
+    if (n != 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the process holding ", bytes,
+                       " bytes of memory failed to touch "
+                       "them all"));
+    }
+    return held;
+  }
+
+  ~HeldMemory() {
+    ::close(release_);  // The child's read returns 0: it exits.
+    int status;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+ private:
+  HeldMemory(pid_t pid, int release) : pid_(pid), release_(release) {}
+  pid_t pid_;
+  int release_;
+};
 
 // Runs a program that prints one JSON object (all of its stdout, or its
 // last line).
@@ -350,6 +416,11 @@ struct FioJob {
   std::string mode;  // "buffered" or "direct": the dcp configs it matches.
   bool write;
   std::vector<std::string> args;
+  // Runs while another process holds the state's size of touched memory,
+  // as dcp's save child does (HeldMemory). Context for buffered saves, not
+  // the bar's reference: the kernel's dirty-page limit is a share of the
+  // memory not held by processes, so holding the state lowers it.
+  bool hold_state = false;
 };
 
 // The disk's reference, per mode: what dcp's save and load are held to.
@@ -363,6 +434,11 @@ const std::vector<FioJob>& FioJobs() {
        "buffered",
        false,
        {"--rw=read", "--ioengine=psync", "--invalidate=1"}},
+      {"write_buffered_fsync_held",
+       "buffered",
+       true,
+       {"--rw=write", "--ioengine=psync", "--end_fsync=1"},
+       /*hold_state=*/true},
       {"write_direct",
        "direct",
        true,
@@ -415,8 +491,15 @@ absl::StatusOr<double> Bench::Fio(const FioJob& job, int64_t size, int rep) {
                                    "--bs=1M",
                                    "--output-format=json"};
   argv.insert(argv.end(), job.args.begin(), job.args.end());
+  // Every write starts on a new file, as every dcp save does.
+  if (job.write) fs::remove(fs::path(work_) / "fio.dat");
+  std::unique_ptr<HeldMemory> held;
+  if (job.hold_state) {
+    DCP_ASSIGN_OR_RETURN(held, HeldMemory::Start(size));
+  }
   ::sync();  // As before each dcp measurement.
   DCP_ASSIGN_OR_RETURN(json out, RunJson(argv));
+  held.reset();
   const json& j = out.at("jobs").at(0);
   const double bw = std::max(j.at("write").at("bw_bytes").get<double>(),
                              j.at("read").at("bw_bytes").get<double>());
@@ -612,13 +695,14 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
     json config = {{"config", c.name}, {"default", IsDefault(c)}};
     for (const std::string phase : {"save", "load"}) {
       const FioJob* ref = nullptr;
+      const FioJob* held = nullptr;
       for (const FioJob& job : FioJobs()) {
         if (job.write == (phase == "save") &&
             job.mode == (c.direct ? "direct" : "buffered")) {
-          ref = &job;
+          (job.hold_state ? held : ref) = &job;
         }
       }
-      std::vector<double> gbps, ratios, rss, over;
+      std::vector<double> gbps, ratios, held_ratios, rss, over;
       std::string engine;
       for (const json* r : rows("dcp")) {
         if (r->at("config") != c.name || r->at("phase") != phase) continue;
@@ -626,6 +710,9 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
         const double v = r->at("gbps").get<double>();
         gbps.push_back(v);
         ratios.push_back(v / fio[ref->name][rep]);
+        if (held != nullptr && fio[held->name].count(rep) > 0) {
+          held_ratios.push_back(v / fio[held->name][rep]);
+        }
         rss.push_back(r->at("peak_rss_bytes").get<double>());
         over.push_back(r->at("rss_over_state_bytes").get<double>());
         engine = r->at("engine").get<std::string>();
@@ -641,6 +728,11 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
                        {"vs_fio_all", ratios},
                        {"peak_rss_bytes_median", Median(rss)},
                        {"rss_over_state_bytes_max", max_over}};
+      if (!held_ratios.empty()) {
+        config[phase]["fio_state_held_reference"] = held->name;
+        config[phase]["vs_fio_state_held_median"] = Median(held_ratios);
+        config[phase]["vs_fio_state_held_all"] = held_ratios;
+      }
       check(absl::StrCat(c.name, " ", phase, " / fio ", ref->name),
             Median(ratios), kFioBar);
       check(absl::StrCat(c.name, " ", phase, " peak RSS over the state"),
@@ -760,6 +852,19 @@ void PrintTable(std::FILE* out, const json& s) {
   std::fprintf(out,
                "  (x fio: per-repetition ratio to fio's job of the same mode, "
                "median; RSS+: the most peak RSS above the state's size)\n");
+  for (const json& c : s.at("dcp")) {
+    if (!c.contains("save") ||
+        !c.at("save").contains("vs_fio_state_held_median")) {
+      continue;
+    }
+    std::fprintf(
+        out,
+        "  %s save / fio %s (the state's memory held, no bar): "
+        "%.2fx\n",
+        c.at("config").get<std::string>().c_str(),
+        c.at("save").at("fio_state_held_reference").get<std::string>().c_str(),
+        c.at("save").at("vs_fio_state_held_median").get<double>());
+  }
   if (s.contains("torch")) {
     const json& t = s.at("torch");
     std::fprintf(out,
