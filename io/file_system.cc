@@ -4,9 +4,11 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <utility>
 
@@ -18,10 +20,11 @@ namespace {
 
 class PosixFile final : public File {
  public:
-  PosixFile(int fd, std::string path)
+  PosixFile(int fd, std::string path, bool uncached)
       : fd_(fd),
         path_(std::move(path)),
-        direct_((::fcntl(fd, F_GETFL) & O_DIRECT) != 0) {}
+        direct_((::fcntl(fd, F_GETFL) & O_DIRECT) != 0),
+        uncached_(uncached && !direct_) {}
   ~PosixFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -29,16 +32,29 @@ class PosixFile final : public File {
   const std::string& path() const override { return path_; }
   int native_fd() const override { return fd_; }
   bool direct() const override { return direct_; }
+  bool uncached() const override {
+    return uncached_.load(std::memory_order_relaxed);
+  }
+  void NoteUncachedRefused() override {
+    uncached_.store(false, std::memory_order_relaxed);
+  }
 
   absl::Status PWrite(int64_t offset,
                       absl::Span<const std::byte> data) override {
     DCP_RETURN_IF_ERROR(CheckOpen("pwrite"));
     size_t done = 0;
     while (done < data.size()) {
-      ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done,
-                           static_cast<off_t>(offset + done));
+      const bool uncached = this->uncached();
+      iovec piece{const_cast<std::byte*>(data.data() + done),
+                  data.size() - done};
+      ssize_t n = ::pwritev2(fd_, &piece, 1, static_cast<off_t>(offset + done),
+                             uncached ? kRwfDontCache : 0);
       if (n < 0) {
         if (errno == EINTR) continue;
+        if (errno == EOPNOTSUPP && uncached) {
+          NoteUncachedRefused();
+          continue;
+        }
         return ErrnoError(
             errno, absl::StrCat("pwrite ", path_, " offset=", offset + done,
                                 " length=", data.size() - done));
@@ -145,6 +161,7 @@ class PosixFile final : public File {
   int fd_;
   std::string path_;
   bool direct_;
+  std::atomic<bool> uncached_;
 };
 
 // open(2) with O_DIRECT where asked and supported (tmpfs refuses it with
@@ -172,7 +189,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
     if (fd < 0) {
       return ErrnoError(errno, absl::StrCat("open for write ", path));
     }
-    return NewPosixFile(fd, path);
+    return NewPosixFile(fd, path, options.uncached);
   }
 
   absl::StatusOr<std::unique_ptr<File>> OpenForRead(
@@ -292,8 +309,8 @@ FileSystemBase& LocalFileSystem() {
   return *fs;
 }
 
-std::unique_ptr<File> NewPosixFile(int fd, std::string path) {
-  return std::make_unique<PosixFile>(fd, std::move(path));
+std::unique_ptr<File> NewPosixFile(int fd, std::string path, bool uncached) {
+  return std::make_unique<PosixFile>(fd, std::move(path), uncached);
 }
 
 }  // namespace dcp

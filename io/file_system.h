@@ -84,6 +84,18 @@ class File {
   // Whether I/O bypasses the page cache (opened with O_DIRECT and the file
   // system took it): engines size reads by it.
   virtual bool direct() const { return false; }
+
+  // Whether writes ask the kernel to drop their pages from the page cache
+  // once they are on the disk (OpenOptions::uncached: RWF_DONTCACHE). PWrite
+  // does so itself; engines that write on native_fd() pass the flag. Turns
+  // false for good once the kernel refuses the flag (NoteUncachedRefused):
+  // the file then writes through the page cache as usual.
+  virtual bool uncached() const { return false; }
+
+  // Called by an engine whose write with RWF_DONTCACHE failed with
+  // EOPNOTSUPP (a kernel before 6.14, or a file system without it, such as
+  // tmpfs); it retries the write without the flag.
+  virtual void NoteUncachedRefused() {}
 };
 
 struct OpenOptions {
@@ -93,6 +105,15 @@ struct OpenOptions {
   // Open with O_DIRECT where the file system supports it (silently buffered
   // where it does not). Callers then use 4 KiB aligned buffers and offsets.
   bool direct = false;
+  // Writes of a file that is not O_DIRECT leave the page cache once they
+  // reach the disk (RWF_DONTCACHE, Linux 6.14+ on file systems that have it;
+  // elsewhere the file writes as usual, see File::uncached). The writes
+  // still go through the page cache, with its alignment freedom, but it
+  // holds only what is in flight: a large file neither evicts other files'
+  // pages nor makes the writer allocate fresh page-cache memory for every
+  // byte, which cost a 4 GiB buffered save here 5x its time
+  // (docs/BENCHMARKS.md section 1, "Uncached buffered writes").
+  bool uncached = false;
 };
 
 class FileSystemBase {
@@ -145,8 +166,13 @@ std::string JoinPath(absl::string_view dir, absl::string_view name);
 FileSystemBase& LocalFileSystem();
 
 // A File over an open descriptor that it owns (closes). For I/O engines and
-// wrappers that open descriptors themselves.
-std::unique_ptr<File> NewPosixFile(int fd, std::string path);
+// wrappers that open descriptors themselves. `uncached`: as
+// OpenOptions::uncached.
+std::unique_ptr<File> NewPosixFile(int fd, std::string path,
+                                   bool uncached = false);
+
+// pwritev2's RWF_DONTCACHE (Linux 6.14; Debian 12's headers predate it).
+inline constexpr int kRwfDontCache = 0x00000080;
 
 }  // namespace dcp
 

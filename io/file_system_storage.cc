@@ -327,6 +327,7 @@ absl::Status FileSystemWriter::WriteFile(
   const std::string path = JoinPath(path_, relative_path);
   OpenOptions open_options;
   open_options.direct = options_.direct_io;
+  open_options.uncached = options_.uncached_writes;
   absl::StatusOr<std::unique_ptr<File>> opened =
       fs_->OpenForWrite(path, open_options);
   if (!opened.ok()) {

@@ -8,20 +8,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "io/metadata_format.h"
 #include "io/testing/fake_planners.h"
+#include "io/testing/page_residency.h"
 #include "io/testing/sample_state.h"
 
 namespace dcp {
@@ -739,6 +743,45 @@ TEST(FileSystemStorageTest, DataFilesEndWhereTheirLastItemEnds) {
       EXPECT_EQ(st.st_size, end)
           << "direct=" << direct << " overplanned=" << overplanned;
     }
+  }
+}
+
+// Buffered data files are written uncached by default: once the save has
+// committed, the page cache holds little of them where the kernel takes
+// RWF_DONTCACHE (elsewhere, as with uncached_writes off, all of it). Either
+// way the checkpoint loads bit-exactly.
+TEST(FileSystemStorageTest, BufferedSavesLeaveThePageCacheByDefault) {
+  for (bool uncached : {true, false}) {
+    const std::string dir = NewTestDir(uncached ? "uncached" : "cached");
+    const bool takes = testing::KernelTakesUncachedWrites(dir);
+    testing::SampleState sample = testing::SampleState::Make(4);
+    sample.tensors["large"] = PatternTensor(DType::kU8, {8 << 20}, 5);
+    FileSystemWriterOptions options;
+    options.direct_io = false;
+    if (!uncached) options.uncached_writes = false;
+    ASSERT_TRUE(testing::SaveSample(dir, sample, options).ok());
+    int64_t resident = 0, pages = 0;
+    for (const std::string& name : testing::ListNames(dir)) {
+      if (!absl::EndsWith(name, ".distcp")) continue;
+      const std::string path = JoinPath(dir, name);
+      testing::Residency r = testing::PageResidency(path);
+      // The kernel drops each page as its writeback ends.
+      for (int i = 0; uncached && takes && r.resident * 2 >= r.pages && i < 200;
+           ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        r = testing::PageResidency(path);
+      }
+      resident += r.resident;
+      pages += r.pages;
+    }
+    ASSERT_GE(pages, 2048);
+    if (uncached && takes) {
+      EXPECT_LT(resident * 2, pages) << dir;
+    } else {
+      EXPECT_GT(resident * 2, pages) << dir;
+    }
+    absl::Status loaded = testing::LoadAndCompare(dir, sample);
+    EXPECT_TRUE(loaded.ok()) << loaded;
   }
 }
 

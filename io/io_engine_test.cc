@@ -4,6 +4,7 @@
 #include "io/io_engine.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "io/fault_injection.h"
 #include "io/file_system.h"
+#include "io/testing/page_residency.h"
 
 namespace dcp {
 namespace {
@@ -221,8 +223,8 @@ TEST_P(IoEngineConformanceTest, ErrorsNameOperationPathAndOffset) {
   const absl::StatusOr<size_t>& result = futures[0].Wait();
   ASSERT_FALSE(result.ok());
   EXPECT_THAT(result.status().message(),
-              testing::AllOf(HasSubstr("pwrite"), HasSubstr(path),
-                             HasSubstr("offset=4096")));
+              ::testing::AllOf(HasSubstr("pwrite"), HasSubstr(path),
+                               HasSubstr("offset=4096")));
 }
 
 TEST_P(IoEngineConformanceTest, ShortWriteIsResubmittedForTheRemainder) {
@@ -272,8 +274,8 @@ TEST_P(IoEngineConformanceTest,
     EXPECT_EQ(after.status().code(), absl::StatusCode::kAborted)
         << after.status();
     EXPECT_THAT(after.status().message(),
-                testing::AllOf(HasSubstr(fsync ? "fsync" : "sync_file_range"),
-                               HasSubstr(path), HasSubstr("not issued")));
+                ::testing::AllOf(HasSubstr(fsync ? "fsync" : "sync_file_range"),
+                                 HasSubstr(path), HasSubstr("not issued")));
   }
   if (GetParam().through_fault_wrapper) {
     EXPECT_EQ(faulty().calls(FaultOp::kSync), 0);
@@ -412,8 +414,8 @@ TEST_P(IoEngineConformanceTest, WritebackErrorsNameTheFileAndRange) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_THAT(
       status.message(),
-      testing::AllOf(HasSubstr("sync_file_range"), HasSubstr(path),
-                     HasSubstr("offset=8192"), HasSubstr("length=4096")));
+      ::testing::AllOf(HasSubstr("sync_file_range"), HasSubstr(path),
+                       HasSubstr("offset=8192"), HasSubstr("length=4096")));
 }
 
 TEST_P(IoEngineConformanceTest, DestructionWaitsForRequestsInFlight) {
@@ -658,6 +660,68 @@ TEST(PosixEngineTest, BufferedWritesToOneFileRunOneAtATimeInOrder) {
   for (size_t f = 0; f < files.size(); ++f) {
     ASSERT_TRUE(files[f]->Close().ok());
     EXPECT_EQ(ReadWhole(paths[f]), data[f]) << paths[f];
+  }
+}
+
+// Polls (up to 2 s: the kernel drops the pages as their writeback ends)
+// until fewer than half of `path`'s pages are cached; returns the last count.
+testing::Residency AwaitDropped(const std::string& path) {
+  testing::Residency r = testing::PageResidency(path);
+  for (int i = 0; i < 200 && r.resident * 2 >= r.pages; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    r = testing::PageResidency(path);
+  }
+  return r;
+}
+
+// Both engines: an uncached file's writes leave the page cache once synced
+// where the kernel takes RWF_DONTCACHE, and elsewhere (a memfd: tmpfs has no
+// such writes) the refused flag is dropped and the bytes land as usual.
+TEST(UncachedWritesTest, LeaveThePageCacheOrFallBackToCachedWrites) {
+  const bool dir_takes =
+      testing::KernelTakesUncachedWrites(std::getenv("TEST_TMPDIR"));
+  const bool memfd_takes = testing::KernelTakesUncachedWrites("");
+  std::vector<std::byte> data = Pattern(8 << 20, 9);
+  for (const char* which : {"posix", "uring"}) {
+    absl::StatusOr<std::unique_ptr<IoEngine>> engine =
+        std::string(which) == "posix" ? NewPosixIoEngine({})
+                                      : NewUringIoEngine({});
+    if (!engine.ok()) continue;  // The kernel refuses io_uring here.
+    for (bool uncached : {true, false}) {
+      const std::string path = TestPath(uncached ? "uncached" : "cached");
+      OpenOptions options;
+      options.uncached = uncached;
+      std::unique_ptr<File> file =
+          *LocalFileSystem().OpenForWrite(path, options);
+      ASSERT_TRUE(
+          SubmitAndWait(**engine, {IoRequest::Write(file.get(), 0, data.data(),
+                                                    data.size()),
+                                   IoRequest::Fsync(file.get())})
+              .ok());
+      EXPECT_EQ(file->uncached(), uncached && dir_takes) << which;
+      ASSERT_TRUE(file->Close().ok());
+      const testing::Residency r =
+          uncached ? AwaitDropped(path) : testing::PageResidency(path);
+      ASSERT_EQ(r.pages, 2048);
+      if (uncached && dir_takes) {
+        EXPECT_LT(r.resident * 2, r.pages) << which << " " << path;
+      } else {
+        EXPECT_GT(r.resident * 2, r.pages) << which << " " << path;
+      }
+      EXPECT_EQ(ReadWhole(path), data) << which;
+    }
+    const int fd = ::memfd_create("uncached_memfd", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    std::unique_ptr<File> memfd = NewPosixFile(fd, "memfd", true);
+    ASSERT_TRUE(
+        SubmitAndWait(**engine, {IoRequest::Write(memfd.get(), 0, data.data(),
+                                                  data.size())})
+            .ok())
+        << which;
+    EXPECT_EQ(memfd->uncached(), memfd_takes) << which;
+    std::vector<std::byte> back(data.size());
+    ASSERT_EQ(*memfd->PRead(0, absl::MakeSpan(back)), data.size());
+    EXPECT_EQ(back, data) << which;
   }
 }
 

@@ -173,6 +173,8 @@ class Ring {
         } else {
           io_uring_prep_write(sqe, fd, data, length, offset);
         }
+        part->uncached = part->file->uncached();
+        if (part->uncached) sqe->rw_flags = kRwfDontCache;
         break;
       case IoRequest::Op::kRead:
         fixed = FixedIndex(data, length);
@@ -226,6 +228,13 @@ class Ring {
   void Complete(Part* raw, int res, std::vector<std::unique_ptr<Part>>& again) {
     std::unique_ptr<Part> part(raw);
     if (res == -EINTR || res == -EAGAIN) {
+      again.push_back(std::move(part));
+      return;
+    }
+    if (res == -EOPNOTSUPP && part->uncached) {
+      // The kernel or the file system has no RWF_DONTCACHE: the file writes
+      // through the page cache from now on, this write included.
+      part->file->NoteUncachedRefused();
       again.push_back(std::move(part));
       return;
     }

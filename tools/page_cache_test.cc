@@ -1,17 +1,14 @@
 #include "tools/page_cache.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/vfs.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <vector>
 
 #include "gtest/gtest.h"
+#include "io/testing/page_residency.h"
 
 namespace dcp {
 namespace {
@@ -24,22 +21,6 @@ void WriteFile(const fs::path& path, size_t size) {
   std::ofstream out(path, std::ios::binary);
   std::string bytes(size, 'x');
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Pages of `path` in the page cache, and the file's page count.
-std::pair<size_t, size_t> ResidentPages(const fs::path& path) {
-  const size_t size = fs::file_size(path);
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t pages = (size + page - 1) / page;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  std::vector<unsigned char> in_core(pages);
-  ::mincore(map, size, in_core.data());
-  ::munmap(map, size);
-  size_t resident = 0;
-  for (unsigned char c : in_core) resident += c & 1;
-  return {resident, pages};
 }
 
 fs::path NewDir() {
@@ -63,12 +44,14 @@ TEST(PageCacheTest, DropEvictsAndWarmReadsEveryFileBack) {
   // tmpfs keeps its pages (they are the file); elsewhere the written pages
   // leave the cache, so that the warm-up below has something to bring back.
   if (!OnTmpfs(dir)) {
-    const auto [resident, pages] = ResidentPages(dir / "a.distcp");
-    EXPECT_LT(resident, pages / 2);
+    const testing::Residency r =
+        testing::PageResidency((dir / "a.distcp").string());
+    EXPECT_LT(r.resident, r.pages / 2);
   }
   EXPECT_EQ(WarmPageCache(dir.string()), (int64_t{8} << 20) + 3 + 100);
-  const auto [resident, pages] = ResidentPages(dir / "a.distcp");
-  EXPECT_EQ(resident, pages);
+  const testing::Residency r =
+      testing::PageResidency((dir / "a.distcp").string());
+  EXPECT_EQ(r.resident, r.pages);
 }
 
 TEST(PageCacheTest, AMissingDirectoryIsNoError) {

@@ -1,0 +1,26 @@
+// What the page cache holds of a file, and whether the kernel takes
+// uncached (RWF_DONTCACHE) writes in a directory: for tests of writes that
+// are meant to leave the page cache (OpenOptions::uncached).
+#ifndef DCP_IO_TESTING_PAGE_RESIDENCY_H_
+#define DCP_IO_TESTING_PAGE_RESIDENCY_H_
+
+#include <cstdint>
+#include <string>
+
+namespace dcp::testing {
+
+struct Residency {
+  int64_t resident = 0;  // Pages of the file in the page cache (mincore).
+  int64_t pages = 0;     // Pages the file spans.
+};
+
+// -1 in both fields when the file cannot be opened or mapped.
+Residency PageResidency(const std::string& path);
+
+// Whether pwritev2 with RWF_DONTCACHE works on a regular file in `dir` (a
+// scratch file, removed again), or on a memfd when `dir` is empty.
+bool KernelTakesUncachedWrites(const std::string& dir);
+
+}  // namespace dcp::testing
+
+#endif  // DCP_IO_TESTING_PAGE_RESIDENCY_H_
