@@ -294,11 +294,12 @@ struct ChildFlags {
   int64_t size = 0;
   uint64_t seed = 1;
   std::string config;
-  int queue_depth = 0;            // 0: IoEngineOptions' default.
-  int posix_threads = 0;          // 0: IoEngineOptions' default.
-  int64_t max_transfer = 0;       // 0: IoEngineOptions' default.
-  int64_t max_buffered_read = 0;  // 0: IoEngineOptions' default.
-  int64_t writeback = -1;         // -1: FileSystemWriterOptions' default.
+  int queue_depth = 0;               // 0: IoEngineOptions' default.
+  int posix_threads = 0;             // 0: IoEngineOptions' default.
+  int64_t max_transfer = 0;          // 0: IoEngineOptions' default.
+  int64_t max_buffered_read = 0;     // 0: IoEngineOptions' default.
+  int64_t writeback = -1;            // -1: FileSystemWriterOptions' default.
+  std::string uncached = "default";  // "on", "off" or the writer's default.
 };
 
 int64_t PeakRssSelf() {
@@ -341,6 +342,9 @@ absl::Status RunChild(const ChildFlags& flags) {
     FileSystemWriterOptions writer_options;
     writer_options.direct_io = config.direct;
     if (flags.writeback >= 0) writer_options.writeback_bytes = flags.writeback;
+    if (flags.uncached != "default") {
+      writer_options.uncached_writes = flags.uncached == "on";
+    }
     writer_options.io_engine = engine.get();
     FileSystemWriter writer(flags.dir, writer_options);
     SaveOptions save_options;
@@ -392,6 +396,7 @@ struct BenchFlags {
   std::string max_transfer = "0";
   std::string max_buffered_read = "0";
   std::string writeback = "default";
+  std::string uncached = "default";
   std::string fio = "fio";
 };
 
@@ -541,7 +546,9 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
                                      "--max-buffered-read",
                                      flags_.max_buffered_read,
                                      "--writeback",
-                                     flags_.writeback};
+                                     flags_.writeback,
+                                     "--uncached",
+                                     flags_.uncached};
     int64_t max_rss = 0;
     DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
     row["measurement"] = "dcp";
@@ -958,7 +965,10 @@ absl::Status Bench::Run() {
         {"writeback_bytes",
          flags_.writeback != "default"
              ? flags_.writeback
-             : absl::StrCat(FileSystemWriterOptions{}.writeback_bytes)}}},
+             : absl::StrCat(FileSystemWriterOptions{}.writeback_bytes)},
+        {"uncached_writes", flags_.uncached != "default"
+                                ? flags_.uncached == "on"
+                                : FileSystemWriterOptions{}.uncached_writes}}},
       {"sizes", json::array()}};
   // Which source tree this binary came from (through its runfiles).
   const std::string root =
@@ -1030,6 +1040,10 @@ int main(int argc, char** argv) {
   app.add_option("--writeback", flags.writeback,
                  "Buffered saves: start writeback every SIZE bytes per file, "
                  "e.g. 16MiB (0: off; default: the writer's default)");
+  app.add_option("--uncached", flags.uncached,
+                 "Buffered saves: drop written pages from the page cache "
+                 "(RWF_DONTCACHE): on, off, or default (the writer's)")
+      ->check(CLI::IsMember({"on", "off", "default"}));
   app.add_option("--max-transfer", flags.max_transfer,
                  "Largest single I/O, e.g. 4MiB (0: the engine default)");
   app.add_option("--fio", flags.fio, "The fio program");
@@ -1047,6 +1061,7 @@ int main(int argc, char** argv) {
     child.seed = flags.seed;
     child.queue_depth = flags.queue_depth;
     child.posix_threads = flags.posix_threads;
+    child.uncached = flags.uncached;
     absl::StatusOr<int64_t> size = dcp::ParseSize(flags.sizes.at(0));
     absl::StatusOr<int64_t> max_transfer = dcp::ParseSize(flags.max_transfer);
     absl::StatusOr<int64_t> max_buffered_read =
