@@ -299,7 +299,7 @@ struct ChildFlags {
   int64_t max_transfer = 0;          // 0: IoEngineOptions' default.
   int64_t max_buffered_read = 0;     // 0: IoEngineOptions' default.
   int64_t writeback = -1;            // -1: FileSystemWriterOptions' default.
-  std::string uncached = "default";  // "on", "off" or the writer's default.
+  std::string uncached = "default";  // "on", "off", or the defaults.
 };
 
 int64_t PeakRssSelf() {
@@ -355,6 +355,9 @@ absl::Status RunChild(const ChildFlags& flags) {
   } else {
     FileSystemReaderOptions reader_options;
     reader_options.direct_io = config.direct;
+    if (flags.uncached != "default") {
+      reader_options.uncached_reads = flags.uncached == "on";
+    }
     reader_options.io_engine = engine.get();
     FileSystemReader reader(flags.dir, reader_options);
     LoadOptions load_options;
@@ -968,7 +971,10 @@ absl::Status Bench::Run() {
              : absl::StrCat(FileSystemWriterOptions{}.writeback_bytes)},
         {"uncached_writes", flags_.uncached != "default"
                                 ? flags_.uncached == "on"
-                                : FileSystemWriterOptions{}.uncached_writes}}},
+                                : FileSystemWriterOptions{}.uncached_writes},
+        {"uncached_reads", flags_.uncached != "default"
+                               ? flags_.uncached == "on"
+                               : FileSystemReaderOptions{}.uncached_reads}}},
       {"sizes", json::array()}};
   // Which source tree this binary came from (through its runfiles).
   const std::string root =
@@ -1041,8 +1047,9 @@ int main(int argc, char** argv) {
                  "Buffered saves: start writeback every SIZE bytes per file, "
                  "e.g. 16MiB (0: off; default: the writer's default)");
   app.add_option("--uncached", flags.uncached,
-                 "Buffered saves: drop written pages from the page cache "
-                 "(RWF_DONTCACHE): on, off, or default (the writer's)")
+                 "Buffered saves and loads: leave no page they bring into "
+                 "the page cache (RWF_DONTCACHE): on, off, or default (the "
+                 "writer's and reader's)")
       ->check(CLI::IsMember({"on", "off", "default"}));
   app.add_option("--max-transfer", flags.max_transfer,
                  "Largest single I/O, e.g. 4MiB (0: the engine default)");

@@ -73,10 +73,16 @@ class PosixFile final : public File {
     DCP_RETURN_IF_ERROR(CheckOpen("pread"));
     size_t done = 0;
     while (done < buffer.size()) {
-      ssize_t n = ::pread(fd_, buffer.data() + done, buffer.size() - done,
-                          static_cast<off_t>(offset + done));
+      const bool uncached = this->uncached();
+      iovec piece{buffer.data() + done, buffer.size() - done};
+      ssize_t n = ::preadv2(fd_, &piece, 1, static_cast<off_t>(offset + done),
+                            uncached ? kRwfDontCache : 0);
       if (n < 0) {
         if (errno == EINTR) continue;
+        if (errno == EOPNOTSUPP && uncached) {
+          NoteUncachedRefused();
+          continue;
+        }
         return ErrnoError(
             errno, absl::StrCat("pread ", path_, " offset=", offset + done,
                                 " length=", buffer.size() - done));
@@ -196,7 +202,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
       const std::string& path, const OpenOptions& options) override {
     int fd = OpenRetryingEintr(path, O_RDONLY, options.direct);
     if (fd < 0) return ErrnoError(errno, absl::StrCat("open for read ", path));
-    return NewPosixFile(fd, path);
+    return NewPosixFile(fd, path, options.uncached);
   }
 
   absl::Status Rename(const std::string& from, const std::string& to) override {

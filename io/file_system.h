@@ -85,16 +85,17 @@ class File {
   // system took it): engines size reads by it.
   virtual bool direct() const { return false; }
 
-  // Whether writes ask the kernel to drop their pages from the page cache
-  // once they are on the disk (OpenOptions::uncached: RWF_DONTCACHE). PWrite
-  // does so itself; engines that write on native_fd() pass the flag. Turns
-  // false for good once the kernel refuses the flag (NoteUncachedRefused):
-  // the file then writes through the page cache as usual.
+  // Whether reads and writes ask the kernel to drop the pages they bring
+  // into the page cache once done with them (OpenOptions::uncached:
+  // RWF_DONTCACHE). PRead and PWrite do so themselves; engines that do I/O
+  // on native_fd() pass the flag. Turns false for good once the kernel
+  // refuses the flag (NoteUncachedRefused): the file then uses the page
+  // cache as usual.
   virtual bool uncached() const { return false; }
 
-  // Called by an engine whose write with RWF_DONTCACHE failed with
+  // Called by an engine whose transfer with RWF_DONTCACHE failed with
   // EOPNOTSUPP (a kernel before 6.14, or a file system without it, such as
-  // tmpfs); it retries the write without the flag.
+  // tmpfs); it retries the transfer without the flag.
   virtual void NoteUncachedRefused() {}
 };
 
@@ -105,14 +106,15 @@ struct OpenOptions {
   // Open with O_DIRECT where the file system supports it (silently buffered
   // where it does not). Callers then use 4 KiB aligned buffers and offsets.
   bool direct = false;
-  // Writes of a file that is not O_DIRECT leave the page cache once they
-  // reach the disk (RWF_DONTCACHE, Linux 6.14+ on file systems that have it;
-  // elsewhere the file writes as usual, see File::uncached). The writes
-  // still go through the page cache, with its alignment freedom, but it
-  // holds only what is in flight: a large file neither evicts other files'
-  // pages nor makes the writer allocate fresh page-cache memory for every
-  // byte, which cost a 4 GiB buffered save here 5x its time
-  // (docs/BENCHMARKS.md section 1, "Uncached buffered writes").
+  // Reads and writes of a file that is not O_DIRECT go through the page
+  // cache but leave it once done (RWF_DONTCACHE, Linux 6.14+ on file
+  // systems that have it; elsewhere the file uses the cache as usual, see
+  // File::uncached): a written page once it is on the disk, a page read
+  // into the cache once copied out (pages cached before stay). The cache
+  // then holds only what is in flight: a checkpoint evicts no other file's
+  // pages, and its pages are recycled instead of the kernel finding fresh
+  // memory for each, which made 4 GiB buffered saves and loads 3-7x slower
+  // here (docs/BENCHMARKS.md section 1, "Uncached buffered I/O").
   bool uncached = false;
 };
 

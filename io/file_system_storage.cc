@@ -804,16 +804,15 @@ int64_t AlignDown(int64_t value, int64_t alignment) {
 // Opens each data file once per ReadData and shares it between threads.
 class OpenFiles {
  public:
-  OpenFiles(FileSystemBase& fs, std::string dir, bool direct)
-      : fs_(fs), dir_(std::move(dir)), direct_(direct) {}
+  OpenFiles(FileSystemBase& fs, std::string dir, OpenOptions options)
+      : fs_(fs), dir_(std::move(dir)), options_(options) {}
 
   absl::StatusOr<File*> Get(const std::string& relative_path) {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(relative_path);
     if (it != files_.end()) return it->second.get();
     absl::StatusOr<std::unique_ptr<File>> file =
-        fs_.OpenForRead(JoinPath(dir_, relative_path),
-                        OpenOptions{/*exclusive=*/false, direct_});
+        fs_.OpenForRead(JoinPath(dir_, relative_path), options_);
     if (!file.ok()) return file.status();
     File* raw = file->get();
     files_.emplace(relative_path, *std::move(file));
@@ -823,7 +822,7 @@ class OpenFiles {
  private:
   FileSystemBase& fs_;
   std::string dir_;
-  bool direct_;
+  const OpenOptions options_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<File>> files_
       ABSL_GUARDED_BY(mu_);
@@ -1260,7 +1259,11 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   const int64_t block_size = metadata.checksum_block_size;
   const int64_t window_bytes = std::max<int64_t>(1, options_.read_window_bytes);
   const int64_t piece_bytes = std::min(kReadPieceBytes, window_bytes);
-  OpenFiles files(*fs_, path_, direct);
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.direct = direct;
+  open_options.uncached = options_.uncached_reads;
+  OpenFiles files(*fs_, path_, open_options);
   FirstError error;
   BounceMeter meter;
   DeviceStaging* staging_used = nullptr;

@@ -77,10 +77,10 @@ struct FileSystemWriterOptions {
   // (OpenOptions::uncached: RWF_DONTCACHE on Linux 6.14+; elsewhere they
   // are written as usual). A checkpoint then neither evicts the training
   // job's cached files nor has the kernel find fresh memory for each of its
-  // pages: a 4 GiB buffered save here ran 4-6x faster with it. The price:
+  // pages: a 4 GiB buffered save here ran 6-8x faster with it. The price:
   // a load right after the save reads from the disk, as it does after an
   // O_DIRECT save. Measured: docs/BENCHMARKS.md section 1, "Uncached
-  // buffered writes".
+  // buffered I/O".
   bool uncached_writes = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
@@ -186,6 +186,13 @@ struct FileSystemReaderOptions {
   // aligned destinations, the rest through aligned bounce buffers. On by
   // default: measured faster than cold buffered reads (bench/).
   bool direct_io = true;
+  // Buffered reads leave in the page cache no page they brought in
+  // (OpenOptions::uncached: RWF_DONTCACHE on Linux 6.14+; pages cached
+  // before stay; elsewhere reads are as usual). A checkpoint is read once,
+  // into its tensors: caching it would evict the job's other files. A cold
+  // 4 GiB buffered load here ran 2-4x faster with it (docs/BENCHMARKS.md
+  // section 1, "Uncached buffered I/O").
+  bool uncached_reads = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the reader. Not
   // owned; must outlive the reader.
   IoEngine* io_engine = nullptr;

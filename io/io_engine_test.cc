@@ -663,25 +663,28 @@ TEST(PosixEngineTest, BufferedWritesToOneFileRunOneAtATimeInOrder) {
   }
 }
 
-// Polls (up to 2 s: the kernel drops the pages as their writeback ends)
-// until fewer than half of `path`'s pages are cached; returns the last count.
-testing::Residency AwaitDropped(const std::string& path) {
-  testing::Residency r = testing::PageResidency(path);
-  for (int i = 0; i < 200 && r.resident * 2 >= r.pages; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    r = testing::PageResidency(path);
-  }
-  return r;
-}
-
-// Both engines: an uncached file's writes leave the page cache once synced
-// where the kernel takes RWF_DONTCACHE, and elsewhere (a memfd: tmpfs has no
-// such writes) the refused flag is dropped and the bytes land as usual.
-TEST(UncachedWritesTest, LeaveThePageCacheOrFallBackToCachedWrites) {
+// Both engines: an uncached file's reads and writes leave in the page cache
+// no page they brought in, where the kernel takes RWF_DONTCACHE; elsewhere
+// (a memfd: tmpfs has no uncached I/O) the refused flag is dropped and the
+// bytes move as usual.
+TEST(UncachedIoTest, LeavesThePageCacheOrFallsBackToCachedIo) {
   const bool dir_takes =
       testing::KernelTakesUncachedWrites(std::getenv("TEST_TMPDIR"));
   const bool memfd_takes = testing::KernelTakesUncachedWrites("");
   std::vector<std::byte> data = Pattern(8 << 20, 9);
+  // Mostly dropped where uncached I/O works, else mostly cached.
+  auto expect_cached = [&](const std::string& path, bool uncached,
+                           const std::string& what) {
+    const bool dropped = uncached && dir_takes;
+    const testing::Residency r = dropped ? testing::AwaitMostlyDropped(path)
+                                         : testing::PageResidency(path);
+    ASSERT_EQ(r.pages, 2048) << what;
+    if (dropped) {
+      EXPECT_LT(r.resident * 2, r.pages) << what;
+    } else {
+      EXPECT_GT(r.resident * 2, r.pages) << what;
+    }
+  };
   for (const char* which : {"posix", "uring"}) {
     absl::StatusOr<std::unique_ptr<IoEngine>> engine =
         std::string(which) == "posix" ? NewPosixIoEngine({})
@@ -689,6 +692,7 @@ TEST(UncachedWritesTest, LeaveThePageCacheOrFallBackToCachedWrites) {
     if (!engine.ok()) continue;  // The kernel refuses io_uring here.
     for (bool uncached : {true, false}) {
       const std::string path = TestPath(uncached ? "uncached" : "cached");
+      const std::string what = absl::StrCat(which, " ", path);
       OpenOptions options;
       options.uncached = uncached;
       std::unique_ptr<File> file =
@@ -698,29 +702,47 @@ TEST(UncachedWritesTest, LeaveThePageCacheOrFallBackToCachedWrites) {
                                                     data.size()),
                                    IoRequest::Fsync(file.get())})
               .ok());
-      EXPECT_EQ(file->uncached(), uncached && dir_takes) << which;
+      EXPECT_EQ(file->uncached(), uncached && dir_takes) << what;
       ASSERT_TRUE(file->Close().ok());
-      const testing::Residency r =
-          uncached ? AwaitDropped(path) : testing::PageResidency(path);
-      ASSERT_EQ(r.pages, 2048);
-      if (uncached && dir_takes) {
-        EXPECT_LT(r.resident * 2, r.pages) << which << " " << path;
-      } else {
-        EXPECT_GT(r.resident * 2, r.pages) << which << " " << path;
-      }
-      EXPECT_EQ(ReadWhole(path), data) << which;
+      expect_cached(path, uncached, "write " + what);
+
+      testing::DropCachedPages(path);
+      std::unique_ptr<File> reader =
+          *LocalFileSystem().OpenForRead(path, options);
+      std::vector<std::byte> back(data.size());
+      std::vector<size_t> got;
+      ASSERT_TRUE(SubmitAndWait(**engine,
+                                {IoRequest::Read(reader.get(), 0, back.data(),
+                                                 back.size())},
+                                &got)
+                      .ok());
+      EXPECT_EQ(got, std::vector<size_t>{data.size()}) << what;
+      EXPECT_EQ(back, data) << what;
+      expect_cached(path, uncached, "read " + what);
     }
-    const int fd = ::memfd_create("uncached_memfd", MFD_CLOEXEC);
-    ASSERT_GE(fd, 0);
-    std::unique_ptr<File> memfd = NewPosixFile(fd, "memfd", true);
+    // A memfd refuses uncached I/O: the first write, and on a file of its
+    // own the first read, drop the flag.
+    std::unique_ptr<File> written = NewPosixFile(
+        ::memfd_create("uncached_write", MFD_CLOEXEC), "memfd", true);
     ASSERT_TRUE(
-        SubmitAndWait(**engine, {IoRequest::Write(memfd.get(), 0, data.data(),
+        SubmitAndWait(**engine, {IoRequest::Write(written.get(), 0, data.data(),
                                                   data.size())})
             .ok())
         << which;
-    EXPECT_EQ(memfd->uncached(), memfd_takes) << which;
+    EXPECT_EQ(written->uncached(), memfd_takes) << which;
+    const int fd = ::memfd_create("uncached_read", MFD_CLOEXEC);
+    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0),
+              static_cast<ssize_t>(data.size()));
+    std::unique_ptr<File> read = NewPosixFile(fd, "memfd", true);
     std::vector<std::byte> back(data.size());
-    ASSERT_EQ(*memfd->PRead(0, absl::MakeSpan(back)), data.size());
+    ASSERT_TRUE(SubmitAndWait(
+                    **engine,
+                    {IoRequest::Read(read.get(), 0, back.data(), back.size())})
+                    .ok())
+        << which;
+    EXPECT_EQ(read->uncached(), memfd_takes) << which;
+    EXPECT_EQ(back, data) << which;
+    ASSERT_EQ(*written->PRead(0, absl::MakeSpan(back)), data.size());
     EXPECT_EQ(back, data) << which;
   }
 }

@@ -183,6 +183,8 @@ class Ring {
         } else {
           io_uring_prep_read(sqe, fd, data, length, offset);
         }
+        part->uncached = part->file->uncached();
+        if (part->uncached) sqe->rw_flags = kRwfDontCache;
         break;
       case IoRequest::Op::kFsync:
         io_uring_prep_fsync(sqe, fd, 0);
@@ -232,8 +234,8 @@ class Ring {
       return;
     }
     if (res == -EOPNOTSUPP && part->uncached) {
-      // The kernel or the file system has no RWF_DONTCACHE: the file writes
-      // through the page cache from now on, this write included.
+      // The kernel or the file system has no RWF_DONTCACHE: the file uses
+      // the page cache as usual from now on, this transfer included.
       part->file->NoteUncachedRefused();
       again.push_back(std::move(part));
       return;

@@ -40,7 +40,8 @@ struct Part {
   std::byte* data = nullptr;
   size_t length = 0;
   size_t done = 0;  // Bytes transferred so far (implementations resubmit).
-  // io_uring: the write in flight carries RWF_DONTCACHE (File::uncached).
+  // io_uring: the transfer in flight carries RWF_DONTCACHE
+  // (File::uncached).
   bool uncached = false;
   std::shared_ptr<RequestState> request;
 };

@@ -6,6 +6,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "io/file_system.h"
@@ -38,6 +40,23 @@ Residency PageResidency(const std::string& path) {
   out.resident = 0;
   for (unsigned char c : in_core) out.resident += c & 1;
   return out;
+}
+
+Residency AwaitMostlyDropped(const std::string& path) {
+  Residency r = PageResidency(path);
+  for (int i = 0; i < 200 && r.resident * 2 >= r.pages; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    r = PageResidency(path);
+  }
+  return r;
+}
+
+void DropCachedPages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
 }
 
 bool KernelTakesUncachedWrites(const std::string& dir) {

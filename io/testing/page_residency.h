@@ -17,6 +17,16 @@ struct Residency {
 // -1 in both fields when the file cannot be opened or mapped.
 Residency PageResidency(const std::string& path);
 
+// PageResidency, polled for up to 2 s until fewer than half of the pages
+// are cached: uncached writes leave the cache as their writeback ends,
+// which may be just after the fsync that waited for it returns.
+Residency AwaitMostlyDropped(const std::string& path);
+
+// Writes `path`'s dirty pages back and drops its pages from the page cache
+// (fdatasync, POSIX_FADV_DONTNEED), so that the next read comes from the
+// disk.
+void DropCachedPages(const std::string& path);
+
 // Whether pwritev2 with RWF_DONTCACHE works on a regular file in `dir` (a
 // scratch file, removed again), or on a memfd when `dir` is empty.
 bool KernelTakesUncachedWrites(const std::string& dir);
