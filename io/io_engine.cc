@@ -219,10 +219,10 @@ namespace {
 // one worker at a time: parallel pwrites into one file's page cache contend
 // on its inode lock (ext4 takes it exclusively for every buffered write), so
 // 8 workers wrote a 4 GiB buffered file slower than 1 (docs/BENCHMARKS.md
-// section 1, "Buffered writes per file"). io_uring's kernel workers run
-// the buffered writes of one inode one at a time too. Different files still
-// run in parallel, and O_DIRECT writes, reads, fsyncs and writebacks use
-// every worker.
+// section 1, "Buffered writes per file on the POSIX engine"). io_uring's
+// kernel workers run the buffered writes of one inode one at a time too.
+// Different files still run in parallel, and O_DIRECT writes, reads, fsyncs
+// and writebacks use every worker.
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)

@@ -10,7 +10,12 @@
 //   the ring's queue). Each ring's reaper thread collects completions,
 //   resubmits short transfers and fulfils the futures.
 // - POSIX (io/io_engine.cc): pwrite/pread (File::PWrite/PRead, which loop
-//   over EINTR and partial transfers) on `threads` worker threads.
+//   over EINTR and partial transfers) on `threads` worker threads; the
+//   buffered writes to one file run one at a time, in order.
+//
+// Uncached files (File::uncached, OpenOptions::uncached) have their reads
+// and writes issued with RWF_DONTCACHE; where the kernel refuses it
+// (EOPNOTSUPP) the file turns it off and the transfer is redone without it.
 //
 // Ownership: the engine owns neither files nor buffers. Each request's File
 // must stay open, and its buffer valid (and, for writes, unchanged), until
