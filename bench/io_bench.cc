@@ -4,7 +4,8 @@
 //
 //   dcp bench io --size 1GiB,4GiB --dir /tmp/bench [--repeat 3] [--torch]
 //                [--json] [--out FILE] [--configs LIST] [--seed N]
-//                [--queue-depth N] [--posix-threads N] [--fio PATH]
+//                [--queue-depth N] [--posix-threads N] [--writeback SIZE]
+//                [--uncached on|off] [--fio PATH]
 //
 // Each repetition, per size, runs in this order:
 //   1. buffered: fio sequential write (psync, bs 1M, end fsync), cold read
@@ -174,7 +175,11 @@ class HeldMemory {
       return ErrnoError(error, "pipe2");
     }
     const pid_t pid = ::fork();
-    if (pid < 0) return ErrnoError(errno, "fork");
+    if (pid < 0) {
+      const int error = errno;
+      for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
+      return ErrnoError(error, "fork");
+    }
     if (pid == 0) {
       ::close(ready[0]);
       ::close(release[1]);
@@ -201,8 +206,7 @@ class HeldMemory {
     if (n != 1) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the process holding ", bytes,
-                       " bytes of memory failed to touch "
-                       "them all"));
+                       " bytes of memory failed to touch them all"));
     }
     return held;
   }
