@@ -968,7 +968,8 @@ absl::Status Bench::Run() {
         {"max_buffered_read",
          flags_.max_buffered_read != "0"
              ? flags_.max_buffered_read
-             : absl::StrCat(IoEngineOptions{}.max_buffered_read)},
+             : absl::StrCat("engine default: io_uring ",
+                            kDefaultUringBufferedRead, ", POSIX max_transfer")},
         {"writeback_bytes",
          flags_.writeback != "default"
              ? flags_.writeback

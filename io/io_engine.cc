@@ -223,10 +223,17 @@ namespace {
 // kernel workers run the buffered writes of one inode one at a time too.
 // Different files still run in parallel, and O_DIRECT writes, reads, fsyncs
 // and writebacks use every worker.
+//
+// Buffered reads go out in max_transfer parts (1 MiB): the workers take them
+// in offset order, which the kernel's read-ahead follows as a stream (large
+// folios, read-ahead ahead of the readers), where each 8 MiB part was read
+// on its own in single pages; cold loads were 10-15% faster
+// (docs/BENCHMARKS.md section 1, "Buffered read sizes").
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options), pool_(std::max(1, options.threads)) {}
+      : IoEngineBase(options, /*default_buffered_read=*/0),
+        pool_(std::max(1, options.threads)) {}
   ~PosixIoEngine() override { WaitIdle(); }
 
   absl::string_view name() const override { return "posix"; }

@@ -131,6 +131,9 @@ absl::string_view IoModeName(IoMode mode);
 
 // The defaults were chosen by measurement (docs/BENCHMARKS.md section 1,
 // "engine parameters"): the smallest values that reach fio's bandwidth.
+// io_uring's default buffered read size (IoEngineOptions::max_buffered_read).
+inline constexpr size_t kDefaultUringBufferedRead = size_t{8} << 20;
+
 struct IoEngineOptions {
   IoMode mode = IoMode::kAuto;
   // io_uring: entries per ring, the I/Os in flight per submitting thread.
@@ -143,11 +146,12 @@ struct IoEngineOptions {
   // Largest single transfer: bigger requests are split (keeps many I/Os in
   // flight and bounds each syscall).
   size_t max_transfer = size_t{1} << 20;
-  // Largest single read of a file without O_DIRECT (File::direct() false):
-  // a cold buffered read of 8 MiB lets the kernel read ahead in large I/Os,
-  // where parallel 1 MiB reads defeat its read-ahead (measured 2-3x faster
-  // at 4 GiB). O_DIRECT reads keep `max_transfer`.
-  size_t max_buffered_read = size_t{8} << 20;
+  // Largest single read of a file without O_DIRECT (File::direct() false);
+  // O_DIRECT reads keep `max_transfer`. 0 takes the engine's default, the
+  // faster in alternated cold loads of 1 and 4 GiB (docs/BENCHMARKS.md
+  // section 1, "Buffered read sizes"): io_uring kDefaultUringBufferedRead,
+  // POSIX `max_transfer`.
+  size_t max_buffered_read = 0;
 };
 
 // Creates the engine `options.mode` asks for. kAuto falls back to POSIX when

@@ -585,6 +585,10 @@ class ProbedFile final : public File {
   }
   absl::StatusOr<size_t> PRead(int64_t offset,
                                absl::Span<std::byte> buffer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      read_lengths_.push_back(buffer.size());
+    }
     return base_->PRead(offset, buffer);
   }
   absl::Status Sync() override { return base_->Sync(); }
@@ -607,6 +611,11 @@ class ProbedFile final : public File {
     absl::MutexLock lock(&mu_);
     return starts_;
   }
+  // The length of every PRead, in call order.
+  std::vector<size_t> read_lengths() {
+    absl::MutexLock lock(&mu_);
+    return read_lengths_;
+  }
 
  private:
   std::unique_ptr<File> base_;
@@ -617,7 +626,51 @@ class ProbedFile final : public File {
   int max_running_ = 0;
   int max_shared_ = 0;
   std::vector<int64_t> starts_;
+  std::vector<size_t> read_lengths_;
 };
+
+// Left at 0, max_buffered_read takes each engine's default: POSIX reads a
+// buffered file in max_transfer parts, io_uring in kDefaultUringBufferedRead
+// parts (a file without a native descriptor shows the parts to its PRead).
+TEST(EngineDefaultsTest, BufferedReadsUseEachEnginesPartSize) {
+  ASSERT_EQ(IoEngineOptions{}.max_buffered_read, 0u);
+  const std::string path = TestPath("default_parts");
+  std::vector<std::byte> data = Pattern(20 << 20, 7);
+  {
+    std::unique_ptr<File> file = *LocalFileSystem().OpenForWrite(path);
+    ASSERT_TRUE(file->PWrite(0, data).ok());
+    ASSERT_TRUE(file->Close().ok());
+  }
+  for (const char* which : {"posix", "uring"}) {
+    const bool posix = std::string(which) == "posix";
+    absl::StatusOr<std::unique_ptr<IoEngine>> engine =
+        posix ? NewPosixIoEngine({}) : NewUringIoEngine({});
+    if (!engine.ok()) continue;  // The kernel refuses io_uring here.
+    std::atomic<int> running{0};
+    ProbedFile reader(*LocalFileSystem().OpenForRead(path), /*direct=*/false,
+                      &running);
+    std::vector<std::byte> back(data.size());
+    std::vector<size_t> transferred;
+    ASSERT_TRUE(
+        SubmitAndWait(**engine,
+                      {IoRequest::Read(&reader, 0, back.data(), back.size())},
+                      &transferred)
+            .ok())
+        << which;
+    EXPECT_EQ(transferred, std::vector<size_t>{data.size()}) << which;
+    EXPECT_EQ(back, data) << which;
+    const size_t part =
+        posix ? IoEngineOptions{}.max_transfer : kDefaultUringBufferedRead;
+    std::vector<size_t> lengths = reader.read_lengths();
+    std::sort(lengths.begin(), lengths.end());
+    std::vector<size_t> expected(data.size() / part, part);
+    if (data.size() % part != 0) {
+      expected.insert(expected.begin(), data.size() % part);
+    }
+    EXPECT_EQ(lengths, expected) << which;
+    ASSERT_TRUE(reader.Close().ok());
+  }
+}
 
 // POSIX only: buffered writes to one file run one at a time in submission
 // order (parallel buffered writes contend on the inode lock); other files,
