@@ -4,7 +4,8 @@
 //
 //   dcp bench io --size 1GiB,4GiB --dir /tmp/bench [--repeat 3] [--torch]
 //                [--json] [--out FILE] [--configs LIST] [--seed N]
-//                [--queue-depth N] [--posix-threads N] [--writeback SIZE]
+//                [--queue-depth N] [--posix-threads N] [--max-transfer SIZE]
+//                [--max-buffered-read SIZE] [--writeback SIZE]
 //                [--uncached on|off] [--fio PATH]
 //
 // Each repetition, per size, runs in this order:
