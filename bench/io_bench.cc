@@ -12,7 +12,9 @@
 //   1. buffered: fio sequential write (psync, bs 1M, end fsync), cold read
 //      (invalidate=1), and the same write again while another process holds
 //      the state's size of memory (context: a saving process holds its
-//      state, which lowers the kernel's dirty-page limit); then dcp save
+//      state, which lowers the kernel's dirty-page limit), and a cold read
+//      of a file written O_DIRECT (context: no freed cache pages to reuse,
+//      as after dcp's uncached save); then dcp save
 //      (sync_files, direct_io off) and cold load (page cache dropped) on
 //      io_uring and on POSIX;
 //   2. O_DIRECT: fio write (io_uring, qd 32, end fsync) and read, then dcp
@@ -430,10 +432,16 @@ struct FioJob {
   bool write;
   std::vector<std::string> args;
   // Runs while another process holds the state's size of touched memory,
-  // as dcp's save child does (HeldMemory). Context for buffered saves, not
-  // the bar's reference: the kernel's dirty-page limit is a share of the
-  // memory not held by processes, so holding the state lowers it.
+  // as dcp's save child does (HeldMemory): the kernel's dirty-page limit is
+  // a share of the memory not held by processes, so holding the state
+  // lowers it.
   bool hold_state = false;
+  // Context, not the bar's reference: reported next to the bar as
+  // "vs_fio_<context>_*" in the JSON, with `context_note` in the text.
+  std::string context;
+  std::string context_note;
+  // fio arguments of an untimed write that creates the file first.
+  std::vector<std::string> prepare;
 };
 
 // The disk's reference, per mode: what dcp's save and load are held to.
@@ -451,7 +459,24 @@ const std::vector<FioJob>& FioJobs() {
        "buffered",
        true,
        {"--rw=write", "--ioengine=psync", "--end_fsync=1"},
-       /*hold_state=*/true},
+       /*hold_state=*/true,
+       "state_held",
+       "the state's memory held"},
+      // fio's read_cold reads into the page-cache pages that its invalidate
+      // has just freed (the file's, written buffered a moment before). A
+      // file written O_DIRECT leaves none, so its cold read fills pages
+      // that have been free a while, as dcp's load after an uncached save
+      // does; on this VM such pages cost more to fill (docs/BENCHMARKS.md
+      // section 1, "fio's cold read and freed pages").
+      {"read_cold_fresh_pages",
+       "buffered",
+       false,
+       {"--rw=read", "--ioengine=psync", "--invalidate=1"},
+       /*hold_state=*/false,
+       "fresh_pages",
+       "the file written O_DIRECT: no freed cache pages to reuse",
+       {"--rw=write", "--ioengine=io_uring", "--iodepth=32", "--direct=1",
+        "--end_fsync=1"}},
       {"write_direct",
        "direct",
        true,
@@ -503,9 +528,17 @@ absl::StatusOr<double> Bench::Fio(const FioJob& job, int64_t size, int rep) {
                                    absl::StrCat("--size=", size),
                                    "--bs=1M",
                                    "--output-format=json"};
-  argv.insert(argv.end(), job.args.begin(), job.args.end());
   // Every write starts on a new file, as every dcp save does.
-  if (job.write) fs::remove(fs::path(work_) / "fio.dat");
+  if (job.write || !job.prepare.empty()) {
+    fs::remove(fs::path(work_) / "fio.dat");
+  }
+  if (!job.prepare.empty()) {
+    std::vector<std::string> prepare = argv;
+    prepare.insert(prepare.end(), job.prepare.begin(), job.prepare.end());
+    ::sync();
+    DCP_RETURN_IF_ERROR(RunJson(prepare).status());
+  }
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
   std::unique_ptr<HeldMemory> held;
   if (job.hold_state) {
     DCP_ASSIGN_OR_RETURN(held, HeldMemory::Start(size));
@@ -710,14 +743,14 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
     json config = {{"config", c.name}, {"default", IsDefault(c)}};
     for (const std::string phase : {"save", "load"}) {
       const FioJob* ref = nullptr;
-      const FioJob* held = nullptr;
+      const FioJob* context = nullptr;
       for (const FioJob& job : FioJobs()) {
         if (job.write == (phase == "save") &&
             job.mode == (c.direct ? "direct" : "buffered")) {
-          (job.hold_state ? held : ref) = &job;
+          (job.context.empty() ? ref : context) = &job;
         }
       }
-      std::vector<double> gbps, ratios, held_ratios, rss, over;
+      std::vector<double> gbps, ratios, context_ratios, rss, over;
       std::string engine;
       for (const json* r : rows("dcp")) {
         if (r->at("config") != c.name || r->at("phase") != phase) continue;
@@ -725,8 +758,8 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
         const double v = r->at("gbps").get<double>();
         gbps.push_back(v);
         ratios.push_back(v / fio[ref->name][rep]);
-        if (held != nullptr && fio[held->name].count(rep) > 0) {
-          held_ratios.push_back(v / fio[held->name][rep]);
+        if (context != nullptr && fio[context->name].count(rep) > 0) {
+          context_ratios.push_back(v / fio[context->name][rep]);
         }
         rss.push_back(r->at("peak_rss_bytes").get<double>());
         over.push_back(r->at("rss_over_state_bytes").get<double>());
@@ -743,10 +776,12 @@ json Bench::Summarize(const std::string& size_text, int64_t size) {
                        {"vs_fio_all", ratios},
                        {"peak_rss_bytes_median", Median(rss)},
                        {"rss_over_state_bytes_max", max_over}};
-      if (!held_ratios.empty()) {
-        config[phase]["fio_state_held_reference"] = held->name;
-        config[phase]["vs_fio_state_held_median"] = Median(held_ratios);
-        config[phase]["vs_fio_state_held_all"] = held_ratios;
+      if (!context_ratios.empty()) {
+        const std::string& key = context->context;
+        config[phase]["fio_" + key + "_reference"] = context->name;
+        config[phase]["fio_" + key + "_note"] = context->context_note;
+        config[phase]["vs_fio_" + key + "_median"] = Median(context_ratios);
+        config[phase]["vs_fio_" + key + "_all"] = context_ratios;
       }
       check(absl::StrCat(c.name, " ", phase, " / fio ", ref->name),
             Median(ratios), kFioBar);
@@ -868,17 +903,19 @@ void PrintTable(std::FILE* out, const json& s) {
                "  (x fio: per-repetition ratio to fio's job of the same mode, "
                "median; RSS+: the most peak RSS above the state's size)\n");
   for (const json& c : s.at("dcp")) {
-    if (!c.contains("save") ||
-        !c.at("save").contains("vs_fio_state_held_median")) {
-      continue;
+    for (const char* phase : {"save", "load"}) {
+      for (const FioJob& job : FioJobs()) {
+        const std::string key = "vs_fio_" + job.context + "_median";
+        if (job.context.empty() || !c.contains(phase) ||
+            !c.at(phase).contains(key)) {
+          continue;
+        }
+        std::fprintf(out, "  %s %s / fio %s (%s; no bar): %.2fx\n",
+                     c.at("config").get<std::string>().c_str(), phase,
+                     job.name.c_str(), job.context_note.c_str(),
+                     c.at(phase).at(key).get<double>());
+      }
     }
-    std::fprintf(
-        out,
-        "  %s save / fio %s (the state's memory held, no bar): "
-        "%.2fx\n",
-        c.at("config").get<std::string>().c_str(),
-        c.at("save").at("fio_state_held_reference").get<std::string>().c_str(),
-        c.at("save").at("vs_fio_state_held_median").get<double>());
   }
   if (s.contains("torch")) {
     const json& t = s.at("torch");

@@ -227,8 +227,8 @@ namespace {
 // Buffered reads go out in max_transfer parts (1 MiB): the workers take them
 // in offset order, which the kernel's read-ahead follows as a stream (large
 // folios, read-ahead ahead of the readers), where each 8 MiB part was read
-// on its own in single pages; cold loads were 10-15% faster
-// (docs/BENCHMARKS.md section 1, "Buffered read sizes").
+// on its own in single pages; cold loads of 1 and 4 GiB were 15% faster
+// (medians; docs/BENCHMARKS.md section 1, "Buffered read sizes").
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)
