@@ -11,8 +11,8 @@
 # and a cold load of it (`io_bench --child save|load`, FLAGs go to the load).
 # Prints one line per round, GB/s. The disk here moves between rounds, so
 # compare variants within a round; run it on an idle machine (no builds).
-# Needs `bazel build //bench:io_bench`, fio and python3; uses DIR (default
-# /tmp/dcp-load-ab), removed at the end.
+# Needs `bazel build //bench:io_bench`, fio and python3. Works in a fresh
+# directory under $DIR (default /tmp, the disk measured), removed at the end.
 set -euo pipefail
 cd "$(dirname "$(realpath "${BASH_SOURCE[0]}")")/.."
 SIZE=${1:?usage: load_ab.sh SIZE ROUNDS VARIANT...}
@@ -21,8 +21,7 @@ shift 2
 [[ $# -gt 0 ]] || { echo "load_ab.sh: no VARIANT" >&2; exit 2; }
 BENCH=bazel-bin/bench/io_bench
 [[ -x $BENCH ]] || { echo "load_ab.sh: build //bench:io_bench first" >&2; exit 2; }
-DIR=${DIR:-/tmp/dcp-load-ab}
-mkdir -p "$DIR"
+DIR=$(mktemp -d "${DIR:-/tmp}/dcp-load-ab.XXXXXX")
 trap 'rm -rf "$DIR"' EXIT
 # Prints "%.3f" of the JSON value at the given keys (stdin).
 field() { python3 -c 'import functools,json,sys; print("%.3f" % functools.reduce(lambda v, k: v[int(k) if k.isdigit() else k], sys.argv[1:], json.load(sys.stdin)))' "$@"; }
