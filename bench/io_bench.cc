@@ -4,7 +4,8 @@
 //
 //   dcp bench io --size 1GiB,4GiB --dir /tmp/bench [--repeat 3] [--torch]
 //                [--json] [--out FILE] [--configs LIST] [--seed N]
-//                [--queue-depth N] [--posix-threads N] [--max-transfer SIZE]
+//                [--queue-depth N] [--buffered-reads-in-flight N]
+//                [--posix-threads N] [--max-transfer SIZE]
 //                [--max-buffered-read SIZE] [--writeback SIZE]
 //                [--uncached on|off] [--fio PATH]
 //
@@ -302,6 +303,7 @@ struct ChildFlags {
   uint64_t seed = 1;
   std::string config;
   int queue_depth = 0;               // 0: IoEngineOptions' default.
+  int buffered_reads_in_flight = 0;  // 0: IoEngineOptions' default.
   int posix_threads = 0;             // 0: IoEngineOptions' default.
   int64_t max_transfer = 0;          // 0: IoEngineOptions' default.
   int64_t max_buffered_read = 0;     // 0: IoEngineOptions' default.
@@ -327,6 +329,10 @@ absl::Status RunChild(const ChildFlags& flags) {
   IoEngineOptions engine_options;
   engine_options.mode = config.mode;
   if (flags.queue_depth > 0) engine_options.queue_depth = flags.queue_depth;
+  if (flags.buffered_reads_in_flight > 0) {
+    engine_options.max_buffered_reads_in_flight =
+        flags.buffered_reads_in_flight;
+  }
   if (flags.posix_threads > 0) engine_options.threads = flags.posix_threads;
   if (flags.max_transfer > 0) engine_options.max_transfer = flags.max_transfer;
   if (flags.max_buffered_read > 0) {
@@ -402,6 +408,7 @@ struct BenchFlags {
   std::vector<std::string> configs;  // Empty: all.
   uint64_t seed = 1;
   int queue_depth = 0;
+  int buffered_reads_in_flight = 0;
   int posix_threads = 0;
   std::string max_transfer = "0";
   std::string max_buffered_read = "0";
@@ -567,29 +574,32 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
   // buffered.
   if (!config.direct) phases.push_back("load-warm");
   for (const char* phase : phases) {
-    std::vector<std::string> argv = {"/proc/self/exe",
-                                     "--child",
-                                     phase,
-                                     "--dir",
-                                     dir,
-                                     "--size",
-                                     absl::StrCat(size),
-                                     "--seed",
-                                     absl::StrCat(flags_.seed),
-                                     "--config",
-                                     config.name,
-                                     "--queue-depth",
-                                     absl::StrCat(flags_.queue_depth),
-                                     "--posix-threads",
-                                     absl::StrCat(flags_.posix_threads),
-                                     "--max-transfer",
-                                     flags_.max_transfer,
-                                     "--max-buffered-read",
-                                     flags_.max_buffered_read,
-                                     "--writeback",
-                                     flags_.writeback,
-                                     "--uncached",
-                                     flags_.uncached};
+    std::vector<std::string> argv = {
+        "/proc/self/exe",
+        "--child",
+        phase,
+        "--dir",
+        dir,
+        "--size",
+        absl::StrCat(size),
+        "--seed",
+        absl::StrCat(flags_.seed),
+        "--config",
+        config.name,
+        "--queue-depth",
+        absl::StrCat(flags_.queue_depth),
+        "--buffered-reads-in-flight",
+        absl::StrCat(flags_.buffered_reads_in_flight),
+        "--posix-threads",
+        absl::StrCat(flags_.posix_threads),
+        "--max-transfer",
+        flags_.max_transfer,
+        "--max-buffered-read",
+        flags_.max_buffered_read,
+        "--writeback",
+        flags_.writeback,
+        "--uncached",
+        flags_.uncached};
     int64_t max_rss = 0;
     DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
     row["measurement"] = "dcp";
@@ -998,16 +1008,18 @@ absl::Status Bench::Run() {
       {"engine_options",
        {{"queue_depth", flags_.queue_depth > 0 ? flags_.queue_depth
                                                : IoEngineOptions{}.queue_depth},
+        {"buffered_reads_in_flight",
+         flags_.buffered_reads_in_flight > 0
+             ? flags_.buffered_reads_in_flight
+             : IoEngineOptions{}.max_buffered_reads_in_flight},
         {"posix_threads", flags_.posix_threads > 0 ? flags_.posix_threads
                                                    : IoEngineOptions{}.threads},
         {"max_transfer", flags_.max_transfer != "0"
                              ? flags_.max_transfer
                              : absl::StrCat(IoEngineOptions{}.max_transfer)},
-        {"max_buffered_read",
-         flags_.max_buffered_read != "0"
-             ? flags_.max_buffered_read
-             : absl::StrCat("engine default: io_uring ",
-                            kDefaultUringBufferedRead, ", POSIX max_transfer")},
+        {"max_buffered_read", flags_.max_buffered_read != "0"
+                                  ? flags_.max_buffered_read
+                                  : absl::StrCat("0: max_transfer")},
         {"writeback_bytes",
          flags_.writeback != "default"
              ? flags_.writeback
@@ -1081,6 +1093,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", flags.seed, "Seed of the synthetic state");
   app.add_option("--queue-depth", flags.queue_depth,
                  "io_uring queue depth (0: the engine default)");
+  app.add_option("--buffered-reads-in-flight", flags.buffered_reads_in_flight,
+                 "io_uring: most buffered reads in flight per ring (0: the "
+                 "engine default)");
   app.add_option("--posix-threads", flags.posix_threads,
                  "POSIX engine threads (0: the engine default)");
   app.add_option("--max-buffered-read", flags.max_buffered_read,
@@ -1110,6 +1125,7 @@ int main(int argc, char** argv) {
     child.dir = flags.dir;
     child.seed = flags.seed;
     child.queue_depth = flags.queue_depth;
+    child.buffered_reads_in_flight = flags.buffered_reads_in_flight;
     child.posix_threads = flags.posix_threads;
     child.uncached = flags.uncached;
     absl::StatusOr<int64_t> size = dcp::ParseSize(flags.sizes.at(0));

@@ -224,11 +224,8 @@ namespace {
 // Different files still run in parallel, and O_DIRECT writes, reads, fsyncs
 // and writebacks use every worker.
 //
-// Buffered reads go out in max_transfer parts (1 MiB): the workers take them
-// in offset order, which the kernel's read-ahead follows as a stream (large
-// folios, read-ahead ahead of the readers), where each 8 MiB part was read
-// on its own in single pages; cold loads of 1 and 4 GiB were 15% faster
-// (medians; docs/BENCHMARKS.md section 1, "Buffered read sizes").
+// Buffered reads go out in max_transfer parts (1 MiB) that the workers take
+// in offset order (IoEngineOptions::max_buffered_read).
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)

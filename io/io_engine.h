@@ -129,15 +129,17 @@ enum class IoMode {
 absl::StatusOr<IoMode> ParseIoMode(absl::string_view text);
 absl::string_view IoModeName(IoMode mode);
 
-// io_uring's default buffered read size (IoEngineOptions::max_buffered_read).
-inline constexpr size_t kDefaultUringBufferedRead = size_t{8} << 20;
-
 // The defaults were chosen by measurement (docs/BENCHMARKS.md section 1,
 // "engine parameters"): the smallest values that reach fio's bandwidth.
 struct IoEngineOptions {
   IoMode mode = IoMode::kAuto;
   // io_uring: entries per ring, the I/Os in flight per submitting thread.
   int queue_depth = 32;
+  // io_uring: the most buffered reads (File::direct() false) in flight per
+  // ring, out of queue_depth. With 8 MiB parts and up to 32 in flight, cold
+  // loads of 1 and 4 GiB were 11-18% slower (docs/BENCHMARKS.md section 1,
+  // "Buffered read sizes").
+  int max_buffered_reads_in_flight = 8;
   // io_uring: the most rings (one per concurrently submitting thread).
   int max_rings = 16;
   // POSIX: worker threads, the I/Os in flight. io_uring: threads serving
@@ -147,11 +149,11 @@ struct IoEngineOptions {
   // flight and bounds each syscall).
   size_t max_transfer = size_t{1} << 20;
   // Largest single read of a file without O_DIRECT (File::direct() false);
-  // O_DIRECT reads keep `max_transfer`. 0 takes the engine's default
-  // (docs/BENCHMARKS.md section 1, "Buffered read sizes"): POSIX
-  // `max_transfer`, 15% faster than 8 MiB in cold loads of 1 and 4 GiB;
-  // io_uring kDefaultUringBufferedRead, ahead of 1 MiB at 1 GiB and behind
-  // it at 4 GiB.
+  // O_DIRECT reads keep `max_transfer`. 0 means `max_transfer`: 1 MiB parts
+  // taken in offset order are read by the kernel as one stream, in large
+  // folios; 8 MiB parts read in parallel each on their own, a page at a
+  // time, and cold loads were 11-27% slower (docs/BENCHMARKS.md section 1,
+  // "Buffered read sizes").
   size_t max_buffered_read = 0;
 };
 
@@ -173,11 +175,14 @@ namespace internal_io {
 void SetUringSetupFailureForTest(int error_number);
 // Whether NewIoEngine has printed its fallback notice in this process.
 bool FallbackNoticePrinted();
-// What an io_uring engine has done so far: rings created and I/Os issued on
-// registered (fixed) buffers. kInvalidArgument for another engine.
+// What an io_uring engine has done so far: rings created, I/Os issued on
+// registered (fixed) buffers, and the buffered-read high-water mark.
+// kInvalidArgument for another engine.
 struct UringStats {
   int rings = 0;
   int64_t fixed_ios = 0;
+  // The most buffered reads in flight at once on one ring.
+  int most_buffered_reads_in_flight = 0;
 };
 absl::StatusOr<UringStats> UringStatsForTest(IoEngine& engine);
 }  // namespace internal_io

@@ -629,13 +629,12 @@ class ProbedFile final : public File {
   std::vector<size_t> read_lengths_;
 };
 
-// Left at 0, max_buffered_read takes each engine's default: POSIX reads a
-// buffered file in max_transfer parts, io_uring in kDefaultUringBufferedRead
-// parts (a file without a native descriptor shows the parts to its PRead).
-TEST(EngineDefaultsTest, BufferedReadsUseEachEnginesPartSize) {
+// Left at 0, max_buffered_read means max_transfer on both engines (a file
+// without a native descriptor shows the parts to its PRead).
+TEST(EngineDefaultsTest, BufferedReadsGoOutInMaxTransferParts) {
   ASSERT_EQ(IoEngineOptions{}.max_buffered_read, 0u);
   const std::string path = TestPath("default_parts");
-  std::vector<std::byte> data = Pattern(20 << 20, 7);
+  std::vector<std::byte> data = Pattern((20 << 20) + 4096, 7);
   {
     std::unique_ptr<File> file = *LocalFileSystem().OpenForWrite(path);
     ASSERT_TRUE(file->PWrite(0, data).ok());
@@ -659,16 +658,61 @@ TEST(EngineDefaultsTest, BufferedReadsUseEachEnginesPartSize) {
         << which;
     EXPECT_EQ(transferred, std::vector<size_t>{data.size()}) << which;
     EXPECT_EQ(back, data) << which;
-    const size_t part =
-        posix ? IoEngineOptions{}.max_transfer : kDefaultUringBufferedRead;
+    const size_t part = IoEngineOptions{}.max_transfer;
     std::vector<size_t> lengths = reader.read_lengths();
     std::sort(lengths.begin(), lengths.end());
     std::vector<size_t> expected(data.size() / part, part);
-    if (data.size() % part != 0) {
-      expected.insert(expected.begin(), data.size() % part);
-    }
+    expected.insert(expected.begin(), data.size() % part);
     EXPECT_EQ(lengths, expected) << which;
     ASSERT_TRUE(reader.Close().ok());
+  }
+}
+
+// io_uring: at most max_buffered_reads_in_flight buffered reads are in
+// flight on a ring, whatever its depth; O_DIRECT reads may fill the depth.
+// Every byte arrives either way.
+TEST(UringEngineTest, CapsBufferedReadsInFlightPerRing) {
+  constexpr size_t kPart = 64 << 10;
+  constexpr int kParts = 256;
+  const std::string path = TestPath("capped_reads");
+  std::vector<std::byte> data = Pattern(kPart * kParts, 11);
+  {
+    std::unique_ptr<File> file = *LocalFileSystem().OpenForWrite(path);
+    ASSERT_TRUE(file->PWrite(0, data).ok());
+    ASSERT_TRUE(file->Sync().ok());
+    ASSERT_TRUE(file->Close().ok());
+  }
+  for (bool direct : {false, true}) {
+    IoEngineOptions options;
+    options.queue_depth = 32;
+    options.max_buffered_reads_in_flight = 3;
+    options.max_transfer = kPart;
+    absl::StatusOr<std::unique_ptr<IoEngine>> engine =
+        NewUringIoEngine(options);
+    if (!engine.ok()) GTEST_SKIP() << "the kernel refuses io_uring here";
+    OpenOptions open;
+    open.direct = direct;
+    absl::StatusOr<std::unique_ptr<File>> reader =
+        LocalFileSystem().OpenForRead(path, open);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    if (direct && !(*reader)->direct()) continue;  // No O_DIRECT here.
+    std::unique_ptr<std::byte, decltype(&std::free)> back(
+        static_cast<std::byte*>(std::aligned_alloc(4096, data.size())),
+        &std::free);
+    ASSERT_TRUE(
+        SubmitAndWait(**engine, {IoRequest::Read(reader->get(), 0, back.get(),
+                                                 data.size())})
+            .ok());
+    EXPECT_EQ(std::memcmp(back.get(), data.data(), data.size()), 0);
+    absl::StatusOr<internal_io::UringStats> stats =
+        internal_io::UringStatsForTest(**engine);
+    ASSERT_TRUE(stats.ok());
+    if (direct) {
+      EXPECT_EQ(stats->most_buffered_reads_in_flight, 0);
+    } else {
+      EXPECT_EQ(stats->most_buffered_reads_in_flight, 3);
+    }
+    ASSERT_TRUE((*reader)->Close().ok());
   }
 }
 

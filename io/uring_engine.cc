@@ -62,11 +62,13 @@ class Ring {
   // A ring of `depth` entries with `registration` as its fixed buffers (a
   // refusal leaves it without them), and its reaper thread.
   static absl::StatusOr<std::unique_ptr<Ring>> Create(
-      int depth, uint64_t engine_id, absl::Span<const iovec> registration) {
+      int depth, int max_buffered_reads, uint64_t engine_id,
+      absl::Span<const iovec> registration) {
     if (int forced = forced_setup_error.load(); forced != 0) {
       return ErrnoError(forced, "io_uring_queue_init (forced by test)");
     }
-    auto ring = std::unique_ptr<Ring>(new Ring(depth, engine_id));
+    auto ring =
+        std::unique_ptr<Ring>(new Ring(depth, max_buffered_reads, engine_id));
     int ret =
         io_uring_queue_init(static_cast<unsigned>(depth), &ring->ring_, 0);
     if (ret < 0) {
@@ -125,9 +127,20 @@ class Ring {
   }
 
   int64_t fixed_ios() const { return fixed_ios_.load(); }
+  int most_buffered_reads() {
+    absl::MutexLock lock(&mu_);
+    return most_buffered_reads_;
+  }
 
  private:
-  Ring(int depth, uint64_t engine_id) : depth_(depth), engine_id_(engine_id) {}
+  Ring(int depth, int max_buffered_reads, uint64_t engine_id)
+      : depth_(depth),
+        max_buffered_reads_(max_buffered_reads),
+        engine_id_(engine_id) {}
+
+  static bool BufferedRead(const Part& part) {
+    return part.op == IoRequest::Op::kRead && !part.file->direct();
+  }
 
   absl::Status ApplyRegistrationLocked(absl::Span<const iovec> buffers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -211,12 +224,23 @@ class Ring {
   // then enters the kernel. The submission queue is empty after each
   // io_uring_submit (the kernel consumes it synchronously), so a ring of
   // `depth_` entries always has an SQE for each of up to depth_ parts.
+  // Buffered reads take at most max_buffered_reads_ of the depth: the
+  // kernel's workers then read the parts of a file close to offset order,
+  // which its read-ahead follows as a stream (docs/BENCHMARKS.md section 1,
+  // "Buffered read sizes"). Parts keep their order: one that must wait holds
+  // back those behind it.
   void IssueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (registering_) return;
     while (!waiting_.empty() && in_flight_ < depth_) {
+      const bool buffered_read = BufferedRead(*waiting_.front());
+      if (buffered_read && buffered_reads_ >= max_buffered_reads_) break;
       PrepLocked(waiting_.front().release());
       waiting_.pop_front();
       ++in_flight_;
+      if (buffered_read) {
+        ++buffered_reads_;
+        most_buffered_reads_ = std::max(most_buffered_reads_, buffered_reads_);
+      }
     }
     if (io_uring_sq_ready(&ring_) > 0) {
       // -EBUSY/-EAGAIN leave the entries queued; the reaper submits them
@@ -311,16 +335,20 @@ class Ring {
       }
       io_uring_cq_advance(&ring_, seen);
       bool stop_seen = false;
+      int buffered_reads_done = 0;
       again.clear();
       for (const auto& [tag, res] : done) {
         if (tag == kStopTag) {
           stop_seen = true;
           continue;
         }
-        Complete(reinterpret_cast<Part*>(tag), res, again);
+        Part* part = reinterpret_cast<Part*>(tag);
+        if (BufferedRead(*part)) ++buffered_reads_done;
+        Complete(part, res, again);
       }
       absl::MutexLock lock(&mu_);
       in_flight_ -= static_cast<int>(done.size());
+      buffered_reads_ -= buffered_reads_done;
       for (auto it = again.rbegin(); it != again.rend(); ++it) {
         waiting_.push_front(std::move(*it));  // Before newer work.
       }
@@ -334,6 +362,7 @@ class Ring {
   io_uring ring_;
   bool initialized_ = false;
   const int depth_;
+  const int max_buffered_reads_;
   const uint64_t engine_id_;
   std::thread reaper_;
   std::atomic<int64_t> fixed_ios_{0};
@@ -341,6 +370,8 @@ class Ring {
   absl::Mutex mu_;  // The submission side.
   std::deque<std::unique_ptr<Part>> waiting_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int buffered_reads_ ABSL_GUARDED_BY(mu_) = 0;  // Of in_flight_.
+  int most_buffered_reads_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<iovec> registered_ ABSL_GUARDED_BY(mu_);
   bool registering_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -357,15 +388,19 @@ thread_local uint64_t Ring::reaper_ring_engine_ = 0;
 // exits.
 class RingSet {
  public:
-  RingSet(uint64_t engine_id, int depth, int max_rings)
-      : engine_id_(engine_id), depth_(depth), max_rings_(max_rings) {}
+  RingSet(uint64_t engine_id, int depth, int max_buffered_reads, int max_rings)
+      : engine_id_(engine_id),
+        depth_(depth),
+        max_buffered_reads_(max_buffered_reads),
+        max_rings_(max_rings) {}
 
   uint64_t engine_id() const { return engine_id_; }
 
   absl::Status AddFirstRing() {
     absl::MutexLock lock(&mu_);
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<Ring> ring,
-                         Ring::Create(depth_, engine_id_, registration_));
+    DCP_ASSIGN_OR_RETURN(
+        std::unique_ptr<Ring> ring,
+        Ring::Create(depth_, max_buffered_reads_, engine_id_, registration_));
     rings_.push_back(std::move(ring));
     bound_.push_back(0);
     return absl::OkStatus();
@@ -382,7 +417,7 @@ class RingSet {
     }
     if (bound_[best] > 0 && static_cast<int>(rings_.size()) < max_rings_) {
       absl::StatusOr<std::unique_ptr<Ring>> ring =
-          Ring::Create(depth_, engine_id_, registration_);
+          Ring::Create(depth_, max_buffered_reads_, engine_id_, registration_);
       if (ring.ok()) {  // Else share: the first ring proved io_uring works.
         rings_.push_back(*std::move(ring));
         bound_.push_back(0);
@@ -432,9 +467,18 @@ class RingSet {
     return total;
   }
 
+  int most_buffered_reads() {
+    absl::MutexLock lock(&mu_);
+    int most = 0;
+    for (auto& ring : rings_)
+      most = std::max(most, ring->most_buffered_reads());
+    return most;
+  }
+
  private:
   const uint64_t engine_id_;
   const int depth_;
+  const int max_buffered_reads_;
   const int max_rings_;
   absl::Mutex mu_;
   // Rings are only added until Shutdown, so a Ring& stays valid meanwhile.
@@ -478,10 +522,11 @@ thread_local ThreadRingBindings thread_rings;
 class UringIoEngine final : public IoEngineBase {
  public:
   explicit UringIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options, kDefaultUringBufferedRead),
-        rings_(std::make_shared<RingSet>(next_engine_id.fetch_add(1),
-                                         std::max(4, options.queue_depth),
-                                         std::max(1, options.max_rings))),
+      : IoEngineBase(options, /*default_buffered_read=*/0),
+        rings_(std::make_shared<RingSet>(
+            next_engine_id.fetch_add(1), std::max(4, options.queue_depth),
+            std::max(1, options.max_buffered_reads_in_flight),
+            std::max(1, options.max_rings))),
         helper_threads_(std::max(1, options.threads)) {}
 
   ~UringIoEngine() override {
@@ -501,6 +546,7 @@ class UringIoEngine final : public IoEngineBase {
 
   int ring_count() { return rings_->ring_count(); }
   int64_t fixed_ios() { return rings_->fixed_ios(); }
+  int most_buffered_reads() { return rings_->most_buffered_reads(); }
 
  protected:
   void StartParts(std::vector<std::unique_ptr<Part>> parts) override {
@@ -547,7 +593,8 @@ absl::StatusOr<UringStats> UringStatsForTest(IoEngine& engine) {
   if (uring == nullptr) {
     return absl::InvalidArgumentError("not an io_uring engine");
   }
-  return UringStats{uring->ring_count(), uring->fixed_ios()};
+  return UringStats{uring->ring_count(), uring->fixed_ios(),
+                    uring->most_buffered_reads()};
 }
 
 }  // namespace internal_io
