@@ -229,8 +229,7 @@ namespace {
 class PosixIoEngine final : public IoEngineBase {
  public:
   explicit PosixIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options, /*default_buffered_read=*/0),
-        pool_(std::max(1, options.threads)) {}
+      : IoEngineBase(options), pool_(std::max(1, options.threads)) {}
   ~PosixIoEngine() override { WaitIdle(); }
 
   absl::string_view name() const override { return "posix"; }

@@ -522,7 +522,7 @@ thread_local ThreadRingBindings thread_rings;
 class UringIoEngine final : public IoEngineBase {
  public:
   explicit UringIoEngine(const IoEngineOptions& options)
-      : IoEngineBase(options, /*default_buffered_read=*/0),
+      : IoEngineBase(options),
         rings_(std::make_shared<RingSet>(
             next_engine_id.fetch_add(1), std::max(4, options.queue_depth),
             std::max(1, options.max_buffered_reads_in_flight),

@@ -60,15 +60,12 @@ absl::StatusOr<size_t> RunPartWithFile(const Part& part);
 
 class IoEngineBase : public IoEngine {
  public:
-  // `default_buffered_read`: the buffered read size when the options leave
-  // it 0; 0 here too means `max_transfer`.
-  IoEngineBase(const IoEngineOptions& options, size_t default_buffered_read)
+  explicit IoEngineBase(const IoEngineOptions& options)
       : max_transfer_(options.max_transfer == 0 ? size_t{1} << 20
                                                 : options.max_transfer),
-        max_buffered_read_(options.max_buffered_read != 0
-                               ? options.max_buffered_read
-                           : default_buffered_read != 0 ? default_buffered_read
-                                                        : max_transfer_) {}
+        max_buffered_read_(options.max_buffered_read == 0
+                               ? max_transfer_
+                               : options.max_buffered_read) {}
 
   std::vector<Future<size_t>> Submit(absl::Span<const IoRequest> batch) final;
 
