@@ -61,8 +61,10 @@ struct FileSystemWriterOptions {
   // Open data files with O_DIRECT (where the file system supports it; tmpfs
   // and others that refuse it get buffered I/O): every write is then 4 KiB
   // aligned; unaligned tails and unaligned memory go through aligned bounce
-  // chunks (at most 32 MiB in flight per file). On by default: measured
-  // faster than buffered writes plus fsync (`dcp bench io`).
+  // chunks (at most 32 MiB in flight per file). On by default: at 4 GiB
+  // faster than buffered (uncached) writes plus fsync, at 1 GiB within the
+  // disk's noise of them (docs/BENCHMARKS.md run 15), and it keeps the
+  // checkpoint out of the page cache on every kernel.
   bool direct_io = true;
   // Buffered data files with sync_files: after every this many bytes
   // written to a file, start writing them back to the disk (File::

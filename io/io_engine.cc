@@ -140,7 +140,8 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
       }
       continue;
     }
-    // Buffered reads in large parts (read-ahead), the rest in max_transfer.
+    // Buffered reads in max_buffered_read parts (max_transfer unless set),
+    // the rest in max_transfer.
     const size_t max =
         request.op == IoRequest::Op::kRead && !request.file->direct()
             ? max_buffered_read_

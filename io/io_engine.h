@@ -130,7 +130,9 @@ absl::StatusOr<IoMode> ParseIoMode(absl::string_view text);
 absl::string_view IoModeName(IoMode mode);
 
 // The defaults were chosen by measurement (docs/BENCHMARKS.md section 1,
-// "engine parameters"): the smallest values that reach fio's bandwidth.
+// "Writeback" for max_transfer and threads, "Buffered read sizes" for
+// queue_depth, max_buffered_read and max_buffered_reads_in_flight): the
+// smallest values that reach fio's bandwidth.
 struct IoEngineOptions {
   IoMode mode = IoMode::kAuto;
   // io_uring: entries per ring, the I/Os in flight per submitting thread.
