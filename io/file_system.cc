@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "io/internal/read_drop_behind.h"
 
 namespace dcp {
 namespace {
@@ -26,7 +27,9 @@ class PosixFile final : public File {
         direct_((::fcntl(fd, F_GETFL) & O_DIRECT) != 0),
         uncached_(uncached && !direct_) {}
   ~PosixFile() override {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ < 0) return;
+    if (uncached()) Drop(drop_behind_.Rest());
+    ::close(fd_);
   }
 
   const std::string& path() const override { return path_; }
@@ -73,16 +76,10 @@ class PosixFile final : public File {
     DCP_RETURN_IF_ERROR(CheckOpen("pread"));
     size_t done = 0;
     while (done < buffer.size()) {
-      const bool uncached = this->uncached();
       iovec piece{buffer.data() + done, buffer.size() - done};
-      ssize_t n = ::preadv2(fd_, &piece, 1, static_cast<off_t>(offset + done),
-                            uncached ? kRwfDontCache : 0);
+      ssize_t n = ::preadv(fd_, &piece, 1, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EOPNOTSUPP && uncached) {
-          NoteUncachedRefused();
-          continue;
-        }
         return ErrnoError(
             errno, absl::StrCat("pread ", path_, " offset=", offset + done,
                                 " length=", buffer.size() - done));
@@ -90,7 +87,13 @@ class PosixFile final : public File {
       if (n == 0) break;  // End of file.
       done += static_cast<size_t>(n);
     }
+    NoteRead(offset, static_cast<int64_t>(done));
     return done;
+  }
+
+  void NoteRead(int64_t offset, int64_t length) override {
+    if (!uncached() || fd_ < 0) return;
+    Drop(drop_behind_.Done(offset, length));
   }
 
   absl::Status Sync() override {
@@ -149,6 +152,7 @@ class PosixFile final : public File {
 
   absl::Status Close() override {
     DCP_RETURN_IF_ERROR(CheckOpen("close"));
+    if (uncached()) Drop(drop_behind_.Rest());
     int fd = std::exchange(fd_, -1);
     // Linux closes the descriptor even when close() fails; never retry.
     if (::close(fd) != 0 && errno != EINTR) {
@@ -164,10 +168,19 @@ class PosixFile final : public File {
         absl::StrCat(op, " ", path_, ": the file is closed"));
   }
 
+  // Advice only: a failure leaves the pages cached, which is harmless, and
+  // the kernel drops only clean pages, so no data can be lost.
+  void Drop(const ReadDropBehind::Ranges& ranges) const {
+    for (const auto& [begin, end] : ranges) {
+      ::posix_fadvise(fd_, begin, end - begin, POSIX_FADV_DONTNEED);
+    }
+  }
+
   int fd_;
   std::string path_;
   bool direct_;
   std::atomic<bool> uncached_;
+  ReadDropBehind drop_behind_;
 };
 
 // open(2) with O_DIRECT where asked and supported (tmpfs refuses it with

@@ -85,13 +85,20 @@ class File {
   // system took it): engines size reads by it.
   virtual bool direct() const { return false; }
 
-  // Whether reads and writes ask the kernel to drop the pages they bring
-  // into the page cache once done with them (OpenOptions::uncached:
-  // RWF_DONTCACHE). PRead and PWrite do so themselves; engines that do I/O
-  // on native_fd() pass the flag. Turns false for good once the kernel
-  // refuses the flag (NoteUncachedRefused): the file then uses the page
-  // cache as usual.
+  // Whether the file's pages leave the page cache once done with
+  // (OpenOptions::uncached): writes ask the kernel with RWF_DONTCACHE,
+  // reads drop what they have read behind themselves (NoteRead). PRead and
+  // PWrite do so themselves; engines that do I/O on native_fd() pass the
+  // flag on writes and call NoteRead after reads. Turns false for good once
+  // the kernel refuses the flag on a write (NoteUncachedRefused): the file
+  // then uses the page cache as usual.
   virtual bool uncached() const { return false; }
+
+  // Called by an engine after a buffered read on native_fd() of an uncached
+  // file copied `length` bytes at `offset` out: the file drops the pages
+  // that no read still out can need (io/internal/read_drop_behind.h) from
+  // the page cache. Close drops the rest of what was read.
+  virtual void NoteRead(int64_t offset, int64_t length) {}
 
   // Called by an engine whose transfer with RWF_DONTCACHE failed with
   // EOPNOTSUPP (a kernel before 6.14, or a file system without it, such as
@@ -107,10 +114,12 @@ struct OpenOptions {
   // where it does not). Callers then use 4 KiB aligned buffers and offsets.
   bool direct = false;
   // Reads and writes of a file that is not O_DIRECT go through the page
-  // cache but leave it once done (RWF_DONTCACHE, Linux 6.14+ on file
-  // systems that have it; elsewhere the file uses the cache as usual, see
-  // File::uncached): a written page once it is on the disk, a page read
-  // into the cache once copied out (pages cached before stay). The cache
+  // cache but leave it once done: a written page once it is on the disk
+  // (RWF_DONTCACHE, Linux 6.14+ on file systems that have it; elsewhere the
+  // file uses the cache as usual, see File::uncached), a page read once it
+  // and its neighbours have been copied out (POSIX_FADV_DONTNEED behind the
+  // reader, in 4 MiB stretches; pages cached before the read go too, and a
+  // file system that keeps its pages, such as tmpfs, keeps them). The cache
   // then holds only what is in flight: a checkpoint evicts no other file's
   // pages, and its pages are recycled instead of the kernel finding fresh
   // memory for each, which made 4 GiB buffered saves and loads 3-7x slower

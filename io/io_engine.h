@@ -13,9 +13,11 @@
 //   over EINTR and partial transfers) on `threads` worker threads; the
 //   buffered writes to one file run one at a time, in order.
 //
-// Uncached files (File::uncached, OpenOptions::uncached) have their reads
-// and writes issued with RWF_DONTCACHE; where the kernel refuses it
-// (EOPNOTSUPP) the file turns it off and the transfer is redone without it.
+// Uncached files (File::uncached, OpenOptions::uncached) have their writes
+// issued with RWF_DONTCACHE; where the kernel refuses it (EOPNOTSUPP) the
+// file turns it off and the transfer is redone without it. Their buffered
+// reads are plain; each completed read is reported to the file
+// (File::NoteRead), which drops the pages behind the reader.
 //
 // Ownership: the engine owns neither files nor buffers. Each request's File
 // must stay open, and its buffer valid (and, for writes, unchanged), until

@@ -196,8 +196,9 @@ class Ring {
         } else {
           io_uring_prep_read(sqe, fd, data, length, offset);
         }
-        part->uncached = part->file->uncached();
-        if (part->uncached) sqe->rw_flags = kRwfDontCache;
+        // No RWF_DONTCACHE: the file drops its read pages behind itself
+        // (NoteRead below).
+        part->uncached = false;
         break;
       case IoRequest::Op::kFsync:
         io_uring_prep_fsync(sqe, fd, 0);
@@ -303,6 +304,9 @@ class Ring {
         CompletePart(std::move(part), std::move(error));
       }
       return;
+    }
+    if (part->op == IoRequest::Op::kRead && !part->file->direct()) {
+      part->file->NoteRead(part->offset + part->done, res);
     }
     part->done += static_cast<size_t>(res);
     if (part->done < part->length) {

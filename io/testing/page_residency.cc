@@ -1,8 +1,10 @@
 #include "io/testing/page_residency.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -72,6 +74,12 @@ bool KernelTakesUncachedWrites(const std::string& dir) {
   ::close(fd);
   if (!dir.empty()) ::unlink(path.c_str());
   return taken;
+}
+
+bool DropsCleanPages(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return false;
+  return fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC;
 }
 
 }  // namespace dcp::testing

@@ -31,6 +31,10 @@ void DropCachedPages(const std::string& path);
 // scratch file, removed again), or on a memfd when `dir` is empty.
 bool KernelTakesUncachedWrites(const std::string& dir);
 
+// Whether POSIX_FADV_DONTNEED drops clean pages of files in `dir` (false on
+// tmpfs, whose pages are the files): where uncached reads leave the cache.
+bool DropsCleanPages(const std::string& dir);
+
 }  // namespace dcp::testing
 
 #endif  // DCP_IO_TESTING_PAGE_RESIDENCY_H_
