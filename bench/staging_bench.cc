@@ -36,6 +36,7 @@
 #include "staging/pinned_pool.h"
 #include "staging/stager.h"
 #include "staging/staging_pipeline.h"
+#include "tools/machine_info.h"
 
 namespace dcp {
 namespace {
@@ -47,6 +48,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 double Gbps(size_t bytes, double seconds) { return bytes / seconds / 1e9; }
+
+// Where temporary checkpoints go: $TMPDIR, else /tmp.
+std::string TempBase() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
 
 // Median of `reps` timings of fn() after one warm-up call.
 template <typename Fn>
@@ -226,9 +233,7 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
       if (!t_fresh.ok()) return t_fresh.status();
       // The training loop's stall with AsyncSave (until staging_completion)
       // against a synchronous Save of the same state, both into `dir`.
-      std::string dir = absl::StrCat(
-          std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp",
-          "/dcp-staging-bench-XXXXXX");
+      std::string dir = absl::StrCat(TempBase(), "/dcp-staging-bench-XXXXXX");
       if (::mkdtemp(dir.data()) == nullptr) {
         return absl::InternalError(absl::StrCat("mkdtemp ", dir));
       }
@@ -301,6 +306,8 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
   if (json) {
     nlohmann::json out;
     out["device"] = device;
+    // The host's CPU and memory set the pageable peak and the stalls.
+    out["machine"] = MachineSummary(DescribeMachine(TempBase()));
     out["runtime"] = std::string(runtime.name());
     out["host_emulation"] = runtime.is_host();
     out["stager_gbps"] = best.stager_gbps;
@@ -333,6 +340,8 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
     return absl::OkStatus();
   }
   std::printf("device: %s\n", device.c_str());
+  std::printf("machine: %s\n",
+              MachineSummary(DescribeMachine(TempBase())).c_str());
   if (runtime.is_host()) {
     std::printf(
         "NOTE: no GPU; this runs against the host-memory runtime, so the "
@@ -522,8 +531,7 @@ int main(int argc, char** argv) {
   app.add_option("--device_save_mib", device_save_mib,
                  "instead: save this many MiB of device tensors through a "
                  "--pool_mib pool and of CPU tensors (throughput, peak RSS)");
-  std::string dir =
-      std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+  std::string dir = dcp::TempBase();
   app.add_option("--dir", dir, "where --device_save_mib saves");
   CLI11_PARSE(app, argc, argv);
 

@@ -29,8 +29,10 @@ generated state; the load process holds the expected state (regenerated, as
 the demo does) plus the destination tensors.
 
 Output with --json: one object with torch_version, bytes, save_seconds,
-load_seconds, save_gbps, load_gbps, load_warm_seconds, load_warm_gbps, save_peak_rss_bytes, load_peak_rss_bytes,
-verified (plus a few extra fields).
+load_seconds, save_gbps, load_gbps, load_warm_seconds, load_warm_gbps,
+save_peak_rss_bytes, load_peak_rss_bytes, verified, and for each timed
+phase P in save, load, load_warm: P_user_seconds, P_system_seconds,
+P_minor_faults, P_major_faults (plus a few extra fields).
 """
 
 import argparse
@@ -215,6 +217,17 @@ def max_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def resource_use(prefix, before):
+    """CPU time and page faults since `before` (a getrusage of this process),
+    as fields named after the phase: the load's first touches of fresh
+    memory (its read buffers) show up as minor faults and system time."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {f"{prefix}_user_seconds": now.ru_utime - before.ru_utime,
+            f"{prefix}_system_seconds": now.ru_stime - before.ru_stime,
+            f"{prefix}_minor_faults": now.ru_minflt - before.ru_minflt,
+            f"{prefix}_major_faults": now.ru_majflt - before.ru_majflt}
+
+
 def phase_save(args):
     import torch
     import torch.distributed.checkpoint as tdcp
@@ -223,11 +236,13 @@ def phase_save(args):
     writer = tdcp.FileSystemWriter(args.dir, sync_files=True,
                                    thread_count=args.thread_count)
     os.sync()  # As before each dcp and fio measurement.
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     tdcp.save(state, storage_writer=writer)
     seconds = time.perf_counter() - start
     return {"save_seconds": seconds, "save_peak_rss_bytes": max_rss_bytes(),
-            "save_rss_before_bytes": rss_before}
+            "save_rss_before_bytes": rss_before,
+            **resource_use("save", usage)}
 
 
 def warm_page_cache(directory):
@@ -252,13 +267,15 @@ def phase_load(args, warm=False):
         drop_page_cache(args.dir)
     dest = build_torch_state(torch, args.seed, args.size, fill=False)
     rss_before = max_rss_bytes()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     tdcp.load(dest, storage_reader=tdcp.FileSystemReader(args.dir))
     seconds = time.perf_counter() - start
+    use = resource_use("load", usage)
     peak = max_rss_bytes()
     problems = compare_states(torch, expected, dest)
     return {"load_seconds": seconds, "load_peak_rss_bytes": peak,
-            "load_rss_before_bytes": rss_before,
+            "load_rss_before_bytes": rss_before, **use,
             "verified": not problems, "problems": problems[:5]}
 
 
@@ -334,6 +351,11 @@ def command_run(args):
         "verified": load["verified"] and warm["verified"],
         "thread_count": args.thread_count,
     }
+    for phase, prefix, source in (("save", "save", save), ("load", "load", load),
+                                  ("load", "load_warm", warm)):
+        for field in ("user_seconds", "system_seconds", "minor_faults",
+                      "major_faults"):
+            result[f"{prefix}_{field}"] = source[f"{phase}_{field}"]
     if not result["verified"]:
         result["problems"] = load["problems"] + warm["problems"]
     if args.json:
@@ -347,7 +369,8 @@ def command_run(args):
         print(f"  load  {result['load_seconds']:.3f} s  "
               f"{result['load_gbps']:.3f} GB/s  peak RSS "
               f"{result['load_peak_rss_bytes'] / 2**20:.0f} MiB "
-              f"(page cache dropped)")
+              f"(page cache dropped; {result['load_minor_faults']} minor "
+              f"faults, {result['load_system_seconds']:.2f} s system time)")
         print(f"  load  {result['load_warm_seconds']:.3f} s  "
               f"{result['load_warm_gbps']:.3f} GB/s (page cache warm)")
         print(f"  verify (every byte) {'ok' if result['verified'] else 'FAILED'}")
