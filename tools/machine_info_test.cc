@@ -1,14 +1,16 @@
 #include "tools/machine_info.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
-#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -83,14 +85,38 @@ TEST(MachineInfoTest, AMissingDirectoryLeavesTheDiskUnknown) {
 TEST(ResourceMeterTest, CountsFirstTouchesAsMinorFaults) {
   constexpr size_t kPages = 2048;
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // Fresh anonymous memory (malloc could hand back pages already touched).
+  void* memory = ::mmap(nullptr, kPages * page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  // One fault per page, even where transparent huge pages are "always".
+  ::madvise(memory, kPages * page, MADV_NOHUGEPAGE);
   ResourceMeter meter;
-  std::vector<char> memory(kPages * page);  // Value-initialised: touched.
+  for (size_t i = 0; i < kPages; ++i) static_cast<char*>(memory)[i * page] = 1;
   const ResourceMeter::Use use = meter.Elapsed();
-  EXPECT_GE(use.minor_faults, static_cast<int64_t>(kPages) / 2)
-      << "a huge page may back several pages with one fault";
-  EXPECT_GE(use.user_seconds + use.system_seconds, 0.0);
+  EXPECT_GE(use.minor_faults, static_cast<int64_t>(kPages) / 2);
   meter.Restart();
-  EXPECT_LT(meter.Elapsed().minor_faults, static_cast<int64_t>(kPages) / 4);
+  for (size_t i = 0; i < kPages; ++i) static_cast<char*>(memory)[i * page] = 2;
+  EXPECT_LT(meter.Elapsed().minor_faults, static_cast<int64_t>(kPages) / 4)
+      << "pages already touched fault no more";
+  ::munmap(memory, kPages * page);
+}
+
+TEST(ResourceMeterTest, CountsCpuTime) {
+  // Spin until this process has used 50 ms of CPU by its own clock.
+  auto cpu_seconds = [] {
+    timespec t{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+  };
+  const ResourceMeter meter;
+  const double start = cpu_seconds();
+  volatile uint64_t sink = 0;
+  while (cpu_seconds() - start < 0.05) sink = sink + 1;
+  const ResourceMeter::Use use = meter.Elapsed();
+  // getrusage ticks more coarsely than the CPU clock: allow a tick's slack.
+  EXPECT_GE(use.user_seconds + use.system_seconds, 0.03);
+  EXPECT_LT(use.user_seconds + use.system_seconds, 5.0);
 }
 
 }  // namespace
