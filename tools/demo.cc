@@ -22,6 +22,7 @@
 #include "core/status.h"
 #include "engine/checkpoint.h"
 #include "tools/commands.h"
+#include "tools/machine_info.h"
 #include "tools/page_cache.h"
 #include "tools/synthetic_state.h"
 
@@ -196,6 +197,8 @@ absl::Status RunDemo(const DemoFlags& flags) {
   DCP_ASSIGN_OR_RETURN(DemoResult total, Combine(group.get(), mine));
 
   const DirStats stats = StatDir(dir);
+  // Before the directory goes: its file system and disk are part of it.
+  const MachineInfo machine = DescribeMachine(dir);
   if (remove_dir) {
     std::error_code ec;
     fs::remove_all(dir, ec);
@@ -228,6 +231,7 @@ absl::Status RunDemo(const DemoFlags& flags) {
   std::printf("dcp demo (%s, %d rank%s, dir %s%s)\n", flags.mode.c_str(),
               world_size, world_size == 1 ? "" : "s", dir.c_str(),
               remove_dir ? ", removed afterwards" : "");
+  std::printf("  %-22s %s\n", "machine", MachineSummary(machine).c_str());
   std::printf("  %-22s %s\n", "state bytes",
               absl::StrFormat("%d (%.3f GB)", total.bytes, gb).c_str());
   std::printf("  %-22s %lld files, %lld bytes\n", "checkpoint",
