@@ -16,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bundle="${1:-.gpu_bundle}"
 
-# label -> name in the bundle. Each is a gtest binary except staging_bench
-# and training_loop.
+# label -> name in the bundle. Each is a gtest binary except staging_bench,
+# training_loop and device_bench.
 targets=(
   //cuda:cuda_runtime_gpu_test
   //staging:staging_gpu_test
@@ -26,6 +26,7 @@ targets=(
   //tests/comm:nccl_rendezvous_test
   //bench:staging_bench
   //examples:training_loop
+  //bench:device_bench
 )
 
 bazel build "${targets[@]}" >&2

@@ -17,6 +17,24 @@
 #                        device tensors, restore into device tensors;
 #                        default: --device=auto --steps=20 --every=5
 #                        --size=1024)
+#   STAGER_ARGS          device_bench's stager sweep (sizes x layouts x copy
+#                        streams x chunk sizes against the pinned peak;
+#                        default: --budget_s=110 stager
+#                        --sizes_mib=1024,4096,16384 --reps=3)
+#   ASYNC_ARGS           device_bench's AsyncSave from device tensors and
+#                        Load into device tensors (default: --budget_s=60
+#                        async --mib=4096 --reps=3 --dir=/dev/shm)
+#   SHM_ARGS             device_bench's save/load with 1-16 threads on
+#                        /dev/shm against plain write/read (default:
+#                        --budget_s=90 shm --mib=4096 --threads=1,4,8,16
+#                        --reps=2 --dir=/dev/shm)
+#   TORCH_ARGS           tests/gpu/torch_async_save.py: torch's async_save
+#                        (and dcp's Python package, once it exists) on a
+#                        Llama-style CUDA state (default: --gib 4 --reps 2
+#                        --budget_s 120); run with $PYTHON (python3)
+#   Each of the four is one part: empty skips it, PART_TIMEOUT_S bounds it
+#   (default 150), and its JSON lines land in parts/NAME.jsonl and in the
+#   summary under parts.NAME.rows, partial if it was cut short.
 #   TEST_TIMEOUT_S       per test binary (default 300)
 #   BENCH_TIMEOUT_S      for staging_bench (default 300)
 #   CUDA_HOME            where NCCL is looked for (default /usr/local/cuda)
@@ -39,6 +57,12 @@ bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
 device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
 loop_args="${TRAINING_LOOP_ARGS:---device=auto --steps=20 --every=5 --size=1024}"
+stager_args="${STAGER_ARGS---budget_s=110 stager --sizes_mib=1024,4096,16384 --reps=3}"
+async_args="${ASYNC_ARGS---budget_s=60 async --mib=4096 --reps=3 --dir=/dev/shm}"
+shm_args="${SHM_ARGS---budget_s=90 shm --mib=4096 --threads=1,4,8,16 --reps=2 --dir=/dev/shm}"
+torch_args="${TORCH_ARGS---gib 4 --reps 2 --budget_s 120}"
+part_timeout="${PART_TIMEOUT_S:-150}"
+python="${PYTHON:-python3}"
 
 # Bundled libraries first; NCCL from the CUDA install (dlopened by name).
 export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -166,6 +190,46 @@ fi
 loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
   2>/dev/null | json_escape)"
 
+# The parts: JSON lines each, kept even when a part is cut short (only
+# complete lines count).
+mkdir -p "$out/parts"
+part_json=()
+run_part() {  # run_part NAME ARGS COMMAND...: ARGS empty skips the part.
+  local name="$1" args="$2" status rows
+  shift 2
+  if [[ -z "$args" ]]; then
+    status="skipped"
+  elif ! command -v "$1" >/dev/null 2>&1; then
+    status="missing"
+    overall=1
+  else
+    # shellcheck disable=SC2086  # word splitting of the flags is intended
+    TMPDIR="$scratch" timeout --kill-after=10 "$part_timeout" "$@" $args \
+      >"$out/parts/$name.jsonl" 2>"$out/logs/$name.log"
+    local rc=$?
+    status=ok
+    if ((rc == 124 || rc == 137)); then
+      status="timed_out (partial)"
+      overall=1
+    elif ((rc != 0)); then
+      status="failed (exit $rc)"
+      overall=1
+    fi
+  fi
+  rows="$(grep -E '^\{.*\}$' "$out/parts/$name.jsonl" 2>/dev/null |
+    paste -sd, -)"
+  echo "run_gpu_checks: part $name $status" >&2
+  part_json+=("\"$name\": {\"status\": \"$status\", \"args\": \"$(echo "$args" | json_escape)\", \"rows\": [$rows]}")
+}
+run_part stager "$stager_args" "$bundle/bin/device_bench"
+run_part async "$async_args" "$bundle/bin/device_bench"
+run_part shm "$shm_args" "$bundle/bin/device_bench"
+torch_script="$(dirname "$0")/torch_async_save.py"
+if [[ -n "$torch_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "run_gpu_checks: part torch skipped: $python cannot import torch" >&2
+  torch_args=""
+fi
+run_part torch "$torch_args" "$python" "$torch_script"
 {
   echo "{"
   echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
@@ -186,7 +250,13 @@ loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loo
   echo "  \"device_save_args\": \"$device_save_args\","
   echo "  \"device_save\": $device_save_json,"
   echo "  \"training_loop_status\": \"$loop_status\","
-  echo "  \"training_loop\": \"$loop_summary\""
+  echo "  \"training_loop\": \"$loop_summary\","
+  echo "  \"parts\": {"
+  for i in "${!part_json[@]}"; do
+    sep=","; ((i == ${#part_json[@]} - 1)) && sep=""
+    echo "    ${part_json[$i]}$sep"
+  done
+  echo "  }"
   echo "}"
 } >"$out/summary.json"
 echo "run_gpu_checks: summary in $out/summary.json" >&2

@@ -25,6 +25,15 @@ make_bundle() {  # make_bundle DIR [fail]
     >"$1/bin/staging_bench"
   printf '#!/bin/sh\necho "restored step-20: args $*"\n' \
     >"$1/bin/training_loop"
+  # device_bench: a header line, a row naming its subcommand, the end line;
+  # "sleep" in its args makes it print one line and hang (a cut part).
+  cat >"$1/bin/device_bench" <<'SH'
+#!/bin/sh
+echo '{"part": "header"}'
+case "$*" in *sleep*) exec sleep 30 ;; esac
+echo "{\"args\": \"$*\"}"
+echo '{"done": true}'
+SH
   if [[ "${2:-}" == fail ]]; then
     printf '#!/bin/sh\necho "[  FAILED  ] 1 test, listed below:"\nexit 1\n' \
       >"$1/bin/c_test"
@@ -49,6 +58,20 @@ expect "training loop ok" grep -q '"training_loop_status": "ok"' "$s"
 expect "summary is JSON" /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$s"
 expect "per-test log" test -s "$tmp/out_ok/logs/a_test.log"
 expect "manifest copied" test -s "$tmp/out_ok/bundle_manifest.json"
+expect "stager part rows" grep -q '"stager": {"status": "ok", "args": "--budget_s=110 stager --sizes_mib=1024,4096,16384 --reps=3", "rows": \[{"part": "header"},{"args": "--budget_s=110 stager --sizes_mib=1024,4096,16384 --reps=3"},{"done": true}\]}' "$s"
+expect "async part ok" grep -q '"async": {"status": "ok"' "$s"
+expect "shm part ok" grep -q '"shm": {"status": "ok"' "$s"
+expect "part lines kept" test -s "$tmp/out_ok/parts/shm.jsonl"
+
+# A part cut by its time limit keeps its complete lines and fails the run;
+# an empty part argument skips the part.
+OUT="$tmp/out_cut" PART_TIMEOUT_S=1 STAGER_ARGS="stager sleep" ASYNC_ARGS="" \
+  SHM_ARGS="" TORCH_ARGS="" "$script" "$tmp/ok" 2>/dev/null
+expect "cut part exit code" test $? -eq 1
+s="$tmp/out_cut/summary.json"
+expect "cut part partial" grep -q '"stager": {"status": "timed_out (partial)", "args": "stager sleep", "rows": \[{"part": "header"}\]}' "$s"
+expect "skipped part" grep -q '"async": {"status": "skipped", "args": "", "rows": \[\]}' "$s"
+expect "cut summary is JSON" /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$s"
 
 # A failing test: exit 1, ok false, the failure counted.
 make_bundle "$tmp/bad" fail
@@ -59,11 +82,12 @@ expect "c_test failed=1" grep -q '"name": "c_test", "status": "failed", "exit_co
 
 # No benchmark in the bundle: a failure, not a silent pass.
 make_bundle "$tmp/nobench"
-rm "$tmp/nobench/bin/staging_bench"
+rm "$tmp/nobench/bin/staging_bench" "$tmp/nobench/bin/device_bench"
 OUT="$tmp/out_nobench" "$script" "$tmp/nobench" 2>/dev/null
 expect "missing bench exit code" test $? -eq 1
 expect "bench missing" grep -q '"staging_bench_status": "missing"' "$tmp/out_nobench/summary.json"
 expect "device save skipped" grep -q '"device_save_status": "skipped"' "$tmp/out_nobench/summary.json"
+expect "part missing" grep -q '"stager": {"status": "missing"' "$tmp/out_nobench/summary.json"
 
 # DEVICE_SAVE_ARGS empty: the second run is skipped.
 OUT="$tmp/out_nosave" DEVICE_SAVE_ARGS="" "$script" "$tmp/ok" 2>/dev/null
