@@ -1,0 +1,52 @@
+#include "io/testing/metadata_surgery.h"
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/checksum.h"
+#include "io/file_system.h"
+#include "io/metadata_format.h"
+
+namespace dcp::testing {
+
+absl::StatusOr<std::string> RewritePayload(
+    absl::string_view bytes,
+    absl::FunctionRef<void(format::Metadata&)> mutate) {
+  format::Metadata proto;
+  if (bytes.size() < kMetadataHeaderSize ||
+      !proto.ParseFromArray(bytes.data() + kMetadataHeaderSize,
+                            static_cast<int>(bytes.size() -
+                                             kMetadataHeaderSize))) {
+    return absl::DataLossError("no parsable metadata payload to rewrite");
+  }
+  mutate(proto);
+  const std::string payload = proto.SerializeAsString();
+  std::string out(bytes.substr(0, kMetadataHeaderSize));
+  const uint64_t length = payload.size();
+  const uint64_t sum = Checksum(payload.data(), payload.size());
+  for (int i = 0; i < 8; ++i) {
+    out[16 + i] = static_cast<char>(length >> (8 * i));
+    out[24 + i] = static_cast<char>(sum >> (8 * i));
+  }
+  return out + payload;
+}
+
+absl::Status RewriteMetadataFile(
+    const std::string& dir, absl::FunctionRef<void(format::Metadata&)> mutate) {
+  const std::string path = JoinPath(dir, kMetadataFileName);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  absl::StatusOr<std::string> rewritten = RewritePayload(bytes.str(), mutate);
+  if (!rewritten.ok()) return rewritten.status();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << *rewritten;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::testing
