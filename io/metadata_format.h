@@ -44,6 +44,12 @@ inline constexpr int64_t kMaxChecksumBlockSize = int64_t{1} << 30;
 inline constexpr int64_t kMaxMetadataFileSize =
     kMetadataHeaderSize + int64_t{INT32_MAX};
 
+// The checksum blocks of an item of `length` >= 0 bytes in blocks of
+// `block_size` > 0 bytes (the last may be shorter), without overflow.
+inline int64_t ChecksumBlockCount(int64_t length, int64_t block_size) {
+  return length / block_size + (length % block_size != 0 ? 1 : 0);
+}
+
 // OK when `name` can name a data file of a checkpoint: a plain name inside
 // its directory (not empty, not "." or "..", no '/', no NUL), so that
 // joining it to the directory never leaves the directory. kDataLoss naming

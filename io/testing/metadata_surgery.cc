@@ -33,6 +33,21 @@ absl::StatusOr<std::string> RewritePayload(
   return out + payload;
 }
 
+int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn) {
+  size_t pos = 0;
+  for (int id = 0; id < proto.names().lengths_size(); ++id) {
+    const size_t length = proto.names().lengths(id);
+    if (absl::string_view(proto.names().blob()).substr(pos, length) == fqn) {
+      for (int i = 0; i < proto.storage_name_size(); ++i) {
+        if (proto.storage_name(i) == static_cast<uint32_t>(id)) return i;
+      }
+      return -1;
+    }
+    pos += length;
+  }
+  return -1;
+}
+
 absl::Status RewriteMetadataFile(
     const std::string& dir, absl::FunctionRef<void(format::Metadata&)> mutate) {
   const std::string path = JoinPath(dir, kMetadataFileName);

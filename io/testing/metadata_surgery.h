@@ -23,6 +23,10 @@ absl::StatusOr<std::string> RewritePayload(
     absl::string_view bytes,
     absl::FunctionRef<void(format::Metadata&)> mutate);
 
+// The position of `fqn`'s first stored item in the storage arrays of
+// `proto` (storage_name, storage_length, ...), or -1.
+int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn);
+
 // RewritePayload of `dir`/.metadata, written back in place.
 absl::Status RewriteMetadataFile(
     const std::string& dir, absl::FunctionRef<void(format::Metadata&)> mutate);
