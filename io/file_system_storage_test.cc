@@ -34,6 +34,7 @@ namespace {
 
 using ::dcp::testing::FakeLoadPlanner;
 using ::dcp::testing::FakeSavePlanner;
+using ::dcp::testing::FlipByte;
 using ::dcp::testing::LoadOneRank;
 using ::dcp::testing::PatternTensor;
 using ::dcp::testing::SaveOneRank;
@@ -313,16 +314,6 @@ TEST(FileSystemStorageTest, ReadOnlyDirectoryIsPermissionDeniedNamingPath) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
-// Flips one byte of a file at `offset`.
-void FlipByte(const std::string& path, int64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c;
-  f.read(&c, 1);
-  c ^= 0x01;
-  f.seekp(offset);
-  f.write(&c, 1);
-}
 
 TEST(FileSystemStorageTest, FlippedByteIsDataLossNamingTensorFileOffset) {
   const std::string dir = NewTestDir("corrupt");
@@ -942,8 +933,8 @@ TEST(FileSystemStorageTest, ASaveRemovesOnlyTheFilesThePreviousMetadataNamed) {
 namespace dcp {
 namespace {
 
+using ::dcp::testing::ClaimLength;
 using ::dcp::testing::RewriteMetadataFile;
-using ::dcp::testing::StoredItemPosition;
 
 TEST(HostileCheckpointTest, ChunkSizesWhoseBytesWrapAreDataLossNotACrash) {
   // w is 4 x 6 int32 (96 bytes). Its chunk claims 4 x (2^62 + 6) elements:
@@ -982,12 +973,8 @@ TEST(HostileCheckpointTest, ItemLongerThanItsFileIsDataLossBeforeAllocating) {
   const std::string dir = NewTestDir("huge_item");
   ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
   ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
-                const int i = StoredItemPosition(proto, "step");
-                ASSERT_EQ(i, proto.storage_name_size() - 1);  // Sorted last.
-                proto.set_checksum_block_size(kMaxChecksumBlockSize);
-                proto.set_storage_length(i, int64_t{1} << 40);
-                proto.set_storage_checksum_count(i, 1024);
-                for (int k = 1; k < 1024; ++k) proto.add_storage_checksums(k);
+                ASSERT_TRUE(ClaimLength(proto, "step", int64_t{1} << 40,
+                                        kMaxChecksumBlockSize));
               }).ok());
   absl::Status status = LoadSample(dir, Sample::Make(1));
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;

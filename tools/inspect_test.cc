@@ -22,7 +22,9 @@
 namespace dcp {
 namespace {
 
+using ::dcp::testing::FlipByte;
 using ::dcp::testing::NewTestDir;
+using ::dcp::testing::ClaimLength;
 using ::dcp::testing::RewriteMetadataFile;
 using ::dcp::testing::SampleState;
 using ::dcp::testing::SaveSample;
@@ -41,15 +43,6 @@ std::vector<std::string> DataFiles(const std::string& dir) {
   return out;
 }
 
-void FlipByte(const std::string& path, int64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c;
-  f.read(&c, 1);
-  c ^= 0x20;
-  f.seekp(offset);
-  f.write(&c, 1);
-}
 
 TEST(InspectTest, VerifyReadsLargeBlocksInPiecesAndFindsAFlippedByte) {
   const std::string dir = NewTestDir("verify_large_blocks");
@@ -107,12 +100,8 @@ TEST(InspectTest, ItemPastTheEndOfItsFileIsReportedUnread) {
   const std::string dir = NewTestDir("verify_past_end");
   ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
   ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
-                const int i = StoredItemPosition(proto, "step");
-                ASSERT_EQ(i, proto.storage_name_size() - 1);  // Sorted last.
-                proto.set_checksum_block_size(kMaxChecksumBlockSize);
-                proto.set_storage_length(i, int64_t{1} << 40);
-                proto.set_storage_checksum_count(i, 1024);
-                for (int k = 1; k < 1024; ++k) proto.add_storage_checksums(k);
+                ASSERT_TRUE(ClaimLength(proto, "step", int64_t{1} << 40,
+                                        kMaxChecksumBlockSize));
               }).ok());
   absl::Status status = RunVerify(dir);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/checksum.h"
@@ -46,6 +47,27 @@ int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn) {
     pos += length;
   }
   return -1;
+}
+
+bool ClaimLength(format::Metadata& proto, absl::string_view fqn,
+                 int64_t length, int64_t block_size) {
+  const int item = StoredItemPosition(proto, fqn);
+  if (item < 0) return false;
+  // The item's checksums follow those of the items before it.
+  int first = 0;
+  for (int i = 0; i < item; ++i) first += proto.storage_checksum_count(i);
+  const int old_count = proto.storage_checksum_count(item);
+  const int new_count =
+      static_cast<int>(ChecksumBlockCount(length, block_size));
+  std::vector<uint64_t> sums(proto.storage_checksums().begin(),
+                             proto.storage_checksums().end());
+  sums.erase(sums.begin() + first, sums.begin() + first + old_count);
+  sums.insert(sums.begin() + first, new_count, uint64_t{0x5eed});
+  proto.mutable_storage_checksums()->Assign(sums.begin(), sums.end());
+  proto.set_storage_checksum_count(item, new_count);
+  proto.set_storage_length(item, length);
+  proto.set_checksum_block_size(block_size);
+  return true;
 }
 
 absl::Status RewriteMetadataFile(

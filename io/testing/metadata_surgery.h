@@ -5,6 +5,7 @@
 #ifndef DCP_IO_TESTING_METADATA_SURGERY_H_
 #define DCP_IO_TESTING_METADATA_SURGERY_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/functional/function_ref.h"
@@ -26,6 +27,13 @@ absl::StatusOr<std::string> RewritePayload(
 // The position of `fqn`'s first stored item in the storage arrays of
 // `proto` (storage_name, storage_length, ...), or -1.
 int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn);
+
+// Makes the stored item `fqn` claim `length` bytes with the checkpoint's
+// checksum block size set to `block_size`, and gives it as many checksums
+// as that takes (their values arbitrary): numbers that agree with each
+// other but that no data file backs. False when there is no such item.
+bool ClaimLength(format::Metadata& proto, absl::string_view fqn,
+                 int64_t length, int64_t block_size);
 
 // RewritePayload of `dir`/.metadata, written back in place.
 absl::Status RewriteMetadataFile(
