@@ -16,6 +16,33 @@ int64_t NumElements(absl::Span<const int64_t> sizes) {
   return n;
 }
 
+std::optional<int64_t> CheckedNumElements(absl::Span<const int64_t> sizes) {
+  bool any_zero = false;
+  for (int64_t s : sizes) {
+    if (s < 0) return std::nullopt;
+    any_zero |= s == 0;
+  }
+  if (any_zero) return 0;
+  int64_t n = 1;
+  for (int64_t s : sizes) {
+    if (__builtin_mul_overflow(n, s, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+std::optional<int64_t> CheckedNumBytes(DType dtype,
+                                       absl::Span<const int64_t> sizes) {
+  const std::optional<int64_t> elements = CheckedNumElements(sizes);
+  int64_t bytes;
+  if (!elements.has_value() ||
+      __builtin_mul_overflow(*elements,
+                             static_cast<int64_t>(ElementSize(dtype)),
+                             &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 Shape ContiguousStrides(absl::Span<const int64_t> sizes) {
   Shape strides(sizes.size());
   int64_t stride = 1;
@@ -56,9 +83,12 @@ bool TensorView::is_contiguous() const {
 }
 
 Tensor Tensor::Empty(DType dtype, Shape sizes) {
-  const size_t nbytes = NumElements(sizes) * ElementSize(dtype);
-  constexpr size_t kAlign = 4096;
-  const size_t padded = (nbytes + kAlign - 1) / kAlign * kAlign;
+  constexpr int64_t kAlign = 4096;
+  const std::optional<int64_t> nbytes = CheckedNumBytes(dtype, sizes);
+  if (!nbytes.has_value() || *nbytes > INT64_MAX - kAlign) {
+    throw std::bad_alloc();
+  }
+  const size_t padded = (*nbytes + kAlign - 1) / kAlign * kAlign;
   void* memory = padded == 0 ? nullptr : std::aligned_alloc(kAlign, padded);
   if (padded != 0 && memory == nullptr) throw std::bad_alloc();
   if (memory != nullptr) std::memset(memory, 0, padded);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,8 +26,19 @@ namespace dcp {
 
 using Shape = std::vector<int64_t>;
 
-// Number of elements of a shape (1 for the 0-d shape).
+// Number of elements of a shape (1 for the 0-d shape). The shape must be
+// valid (no negative size, a product that fits int64_t): shapes decoded from
+// a file go through CheckedNumElements first.
 int64_t NumElements(absl::Span<const int64_t> sizes);
+
+// Number of elements of `sizes`, or nullopt when a size is negative or the
+// product overflows int64_t (a zero size makes it 0 whatever the others).
+std::optional<int64_t> CheckedNumElements(absl::Span<const int64_t> sizes);
+
+// Bytes of a contiguous tensor of `dtype` and `sizes`, or nullopt when a
+// size is negative or the count overflows int64_t.
+std::optional<int64_t> CheckedNumBytes(DType dtype,
+                                       absl::Span<const int64_t> sizes);
 
 // Row-major strides of a shape, in elements.
 Shape ContiguousStrides(absl::Span<const int64_t> sizes);
@@ -73,7 +85,9 @@ class Tensor {
   Tensor() = default;
 
   // Allocates a zero-filled contiguous host tensor, 4 KiB aligned (ready for
-  // O_DIRECT reads straight into it).
+  // O_DIRECT reads straight into it). Throws std::bad_alloc when the memory
+  // is not there, and also when a size is negative or the byte count
+  // overflows (CheckedNumBytes), rather than allocating a wrapped size.
   static Tensor Empty(DType dtype, Shape sizes);
 
   // Wraps memory the caller keeps alive for as long as the Tensor is used

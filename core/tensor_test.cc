@@ -19,6 +19,25 @@ TEST(Tensor, ZeroDimAndZeroElement) {
   EXPECT_TRUE(empty.view().is_contiguous());
 }
 
+TEST(Tensor, CheckedCountsRejectNegativeSizesAndOverflow) {
+  EXPECT_EQ(CheckedNumElements({}), 1);
+  EXPECT_EQ(CheckedNumElements({3, 4}), 12);
+  // A zero size empties the shape even when the other sizes would overflow.
+  EXPECT_EQ(CheckedNumElements({int64_t{1} << 40, int64_t{1} << 40, 0}), 0);
+  EXPECT_EQ(CheckedNumElements({int64_t{1} << 32, int64_t{1} << 32}),
+            std::nullopt);
+  EXPECT_EQ(CheckedNumElements({2, -1}), std::nullopt);
+  EXPECT_EQ(CheckedNumBytes(DType::kF32, {5, 7}), 140);
+  // 2^61 elements fit int64_t; their bytes at 8 per element do not.
+  EXPECT_EQ(CheckedNumBytes(DType::kF64, {int64_t{1} << 61}), std::nullopt);
+}
+
+TEST(Tensor, EmptyOfAnOverflowingShapeThrowsInsteadOfWrapping) {
+  // 2^62 float elements: 2^64 bytes, which wraps to 0 in 64 bits.
+  EXPECT_THROW(Tensor::Empty(DType::kF32, {int64_t{1} << 62}), std::bad_alloc);
+  EXPECT_THROW(Tensor::Empty(DType::kF32, {-4}), std::bad_alloc);
+}
+
 TEST(Tensor, EmptyIsAlignedAndZeroed) {
   Tensor t = Tensor::Empty(DType::kI32, {5, 7});
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 4096, 0u);

@@ -13,8 +13,9 @@ absl::Status CheckInside(absl::string_view what,
                          absl::Span<const int64_t> offsets,
                          absl::Span<const int64_t> lengths) {
   for (size_t d = 0; d < sizes.size(); ++d) {
-    if (offsets[d] < 0 || lengths[d] < 0 ||
-        offsets[d] + lengths[d] > sizes[d]) {
+    // offsets[d] + lengths[d] <= sizes[d], without the sum overflowing.
+    if (offsets[d] < 0 || lengths[d] < 0 || lengths[d] > sizes[d] ||
+        offsets[d] > sizes[d] - lengths[d]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "box at ", ShapeToString(offsets), " of ", ShapeToString(lengths),
           " leaves the ", what, " of shape ", ShapeToString(sizes)));

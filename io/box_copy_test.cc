@@ -70,6 +70,9 @@ TEST(CopyBoxTest, RejectsBoxOutsideEitherArrayAndElementMismatch) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CopyBox(s, {2, 3}, {0, 0}, 8, view, {0, 0}, {1, 1}).code(),
             absl::StatusCode::kInvalidArgument);
+  // offset + length overflows int64: wrapped, it would look inside.
+  EXPECT_EQ(CopyBox(s, {2, 3}, {0, INT64_MAX}, 4, view, {0, 0}, {1, 2}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Random N-d boxes, destinations (contiguous and transposed) and windows:

@@ -399,4 +399,10 @@ void FaultInjectionFileSystem::SimulateCrash() {
   synced_size_.clear();
 }
 
+absl::StatusOr<std::unique_ptr<DirectoryLock>>
+FaultInjectionFileSystem::LockDirectory(const std::string& dir,
+                                        absl::string_view holder) {
+  return base_.LockDirectory(dir, holder);
+}
+
 }  // namespace dcp

@@ -103,6 +103,9 @@ class FaultInjectionFileSystem final : public FileSystemBase {
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& path) override;
   absl::Status SyncDir(const std::string& path) override;
+  // Forwarded without a fault site.
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
+      const std::string& dir, absl::string_view holder) override;
 
  private:
   class FaultyFile;

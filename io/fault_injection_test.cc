@@ -140,10 +140,6 @@ INSTANTIATE_TEST_SUITE_P(
                       F(FaultOp::kMkdir, EACCES, ""),
                       absl::StatusCode::kPermissionDenied,
                       {"mkdir"}},
-        SaveFaultCase{"list",
-                      F(FaultOp::kList, EIO, ""),
-                      absl::StatusCode::kDataLoss,
-                      {"opendir"}},
         SaveFaultCase{"open_probe",
                       F(FaultOp::kOpen, EROFS, ".dcp-probe"),
                       absl::StatusCode::kPermissionDenied,
@@ -195,19 +191,19 @@ INSTANTIATE_TEST_SUITE_P(
                       absl::StatusCode::kDataLoss,
                       {"fsync directory"}},
         SaveFaultCase{"open_metadata",
-                      F(FaultOp::kOpen, ENOSPC, ".metadata"),
+                      F(FaultOp::kOpen, ENOSPC, ".metadata.tmp"),
                       absl::StatusCode::kResourceExhausted,
                       {"open for write", ".metadata.tmp"}},
         SaveFaultCase{"write_metadata",
-                      F(FaultOp::kWrite, EIO, ".metadata"),
+                      F(FaultOp::kWrite, EIO, ".metadata.tmp"),
                       absl::StatusCode::kDataLoss,
                       {"pwrite", ".metadata.tmp"}},
         SaveFaultCase{"fsync_metadata",
-                      F(FaultOp::kSync, EIO, ".metadata"),
+                      F(FaultOp::kSync, EIO, ".metadata.tmp"),
                       absl::StatusCode::kDataLoss,
                       {"fsync", ".metadata.tmp"}},
         SaveFaultCase{"close_metadata",
-                      F(FaultOp::kClose, EIO, ".metadata"),
+                      F(FaultOp::kClose, EIO, ".metadata.tmp"),
                       absl::StatusCode::kDataLoss,
                       {"close", ".metadata.tmp"}},
         SaveFaultCase{"rename_metadata",
@@ -237,6 +233,26 @@ TEST(FaultInjectionTest, FailuresAfterTheRenameLeaveTheNewCheckpoint) {
     EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
     absl::Status loaded = LoadAndCompare(dir, new_state);
     EXPECT_TRUE(loaded.ok()) << FaultOpName(op) << ": " << loaded;
+  }
+}
+
+TEST(FaultInjectionTest, UnreadablePreviousMetadataNamesNothingToRemove) {
+  // The save replaces a checkpoint whose metadata it cannot read: it
+  // commits, and removes none of the old files, as nothing proves they are
+  // unreferenced.
+  const std::string dir = NewTestDir("unreadable_previous");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  const std::vector<std::string> before = ListNames(dir);
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject(F(FaultOp::kRead, EIO, ".metadata"));
+  FileSystemWriterOptions options;
+  options.file_system = &faulty;
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(2), options).ok());
+  EXPECT_TRUE(LoadAndCompare(dir, SampleState::Make(2)).ok());
+  const std::vector<std::string> after = ListNames(dir);
+  for (const std::string& name : before) {
+    if (name == kMetadataFileName) continue;
+    EXPECT_THAT(after, ::testing::Contains(name));
   }
 }
 

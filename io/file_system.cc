@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -213,8 +214,24 @@ class LocalFileSystemImpl final : public FileSystemBase {
 
   absl::StatusOr<std::unique_ptr<File>> OpenForRead(
       const std::string& path, const OpenOptions& options) override {
-    int fd = OpenRetryingEintr(path, O_RDONLY, options.direct);
-    if (fd < 0) return ErrnoError(errno, absl::StrCat("open for read ", path));
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+    // writer. It changes nothing for regular files and is cleared below.
+    const int flags =
+        O_RDONLY | O_NONBLOCK | (options.no_follow ? O_NOFOLLOW : 0);
+    int fd = OpenRetryingEintr(path, flags, options.direct);
+    if (fd < 0) {
+      if (errno == ELOOP && options.no_follow) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "open for read ", path, ": a symbolic link, which is not followed"));
+      }
+      return ErrnoError(errno, absl::StrCat("open for read ", path));
+    }
+    DCP_RETURN_IF_ERROR(CheckRegular(fd, absl::StrCat("open for read ", path)));
+    if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return ErrnoError(error, absl::StrCat("fcntl ", path));
+    }
     return NewPosixFile(fd, path, options.uncached);
   }
 
@@ -284,7 +301,107 @@ class LocalFileSystemImpl final : public FileSystemBase {
     return status;
   }
 
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
+      const std::string& dir, absl::string_view holder) override {
+    const std::string path = JoinPath(dir, kDirectoryLockFileName);
+    while (true) {
+      int fd;
+      do {
+        fd = ::open(path.c_str(),
+                    O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                    0644);
+      } while (fd < 0 && errno == EINTR);
+      if (fd < 0) {
+        return ErrnoError(errno, absl::StrCat("open lock file ", path));
+      }
+      DCP_RETURN_IF_ERROR(
+          CheckRegular(fd, absl::StrCat("open lock file ", path)));
+      int locked;
+      do {
+        locked = ::flock(fd, LOCK_EX | LOCK_NB);
+      } while (locked != 0 && errno == EINTR);
+      if (locked != 0) {
+        const int error = errno;
+        if (error != EWOULDBLOCK) {
+          ::close(fd);
+          return ErrnoError(error, absl::StrCat("flock ", path));
+        }
+        std::string held(1024, '\0');
+        const ssize_t n = ::pread(fd, held.data(), held.size(), 0);
+        held.resize(n > 0 ? static_cast<size_t>(n) : 0);
+        ::close(fd);
+        while (!held.empty() && held.back() == '\n') held.pop_back();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "directory ", dir, " is locked by ",
+            held.empty() ? "a holder that has not described itself yet"
+                         : held,
+            " (", path,
+            "); saves into one directory must not overlap: wait for that "
+            "save to finish or save elsewhere"));
+      }
+      // The holder before us removes the file before releasing it: if the
+      // name no longer leads to what we locked, start over.
+      struct stat locked_file, named_file;
+      if (::fstat(fd, &locked_file) != 0) {
+        const int error = errno;
+        ::close(fd);
+        return ErrnoError(error, absl::StrCat("fstat ", path));
+      }
+      if (::stat(path.c_str(), &named_file) != 0 ||
+          named_file.st_dev != locked_file.st_dev ||
+          named_file.st_ino != locked_file.st_ino) {
+        ::close(fd);
+        continue;
+      }
+      auto lock = std::make_unique<FlockDirectoryLock>(fd, path);
+      const std::string description = absl::StrCat(holder, "\n");
+      if (::ftruncate(fd, 0) != 0 ||
+          ::pwrite(fd, description.data(), description.size(), 0) !=
+              static_cast<ssize_t>(description.size())) {
+        return ErrnoError(errno, absl::StrCat("write lock file ", path));
+      }
+      return lock;
+    }
+  }
+
  private:
+  // An flock(2) on `path` through `fd`. Destruction removes the file while
+  // still holding the lock, then releases it.
+  class FlockDirectoryLock final : public DirectoryLock {
+   public:
+    FlockDirectoryLock(int fd, std::string path)
+        : fd_(fd), path_(std::move(path)) {}
+    ~FlockDirectoryLock() override {
+      ::unlink(path_.c_str());
+      ::close(fd_);
+    }
+
+   private:
+    const int fd_;
+    const std::string path_;
+  };
+
+  // OK when `fd` is a regular file; otherwise closes it and fails with
+  // kFailedPrecondition ("`what`: not a regular file").
+  static absl::Status CheckRegular(int fd, absl::string_view what) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return ErrnoError(error, what);
+    }
+    if (S_ISREG(st.st_mode)) return absl::OkStatus();
+    ::close(fd);
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                                              : "not a regular file";
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", kind, ", not a regular file"));
+  }
+
   static absl::Status MakeOneDir(const std::string& path) {
     if (::mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
     const int error = errno;

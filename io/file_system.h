@@ -125,6 +125,17 @@ struct OpenOptions {
   // memory for each, which made 4 GiB buffered saves and loads 3-7x slower
   // here (docs/BENCHMARKS.md section 1, "Uncached buffered I/O").
   bool uncached = false;
+  // Fail (ELOOP: kFailedPrecondition) rather than follow a symbolic link in
+  // the last component of the path (O_NOFOLLOW): a checkpoint's data files
+  // are its own regular files, not links to files elsewhere.
+  bool no_follow = false;
+};
+
+// An exclusive advisory lock on a directory (FileSystemBase::LockDirectory),
+// held until the object is destroyed.
+class DirectoryLock {
+ public:
+  virtual ~DirectoryLock() = default;
 };
 
 class FileSystemBase {
@@ -135,7 +146,9 @@ class FileSystemBase {
   virtual absl::StatusOr<std::unique_ptr<File>> OpenForWrite(
       const std::string& path, const OpenOptions& options = {}) = 0;
 
-  // Opens an existing file read-only.
+  // Opens an existing regular file read-only. Never blocks in the open
+  // itself (a FIFO is opened non-blocking, then refused): kFailedPrecondition
+  // naming the path when it is not a regular file.
   virtual absl::StatusOr<std::unique_ptr<File>> OpenForRead(
       const std::string& path, const OpenOptions& options = {}) = 0;
 
@@ -160,7 +173,24 @@ class FileSystemBase {
 
   // Makes the entries of directory `path` durable (fsync of the directory).
   virtual absl::Status SyncDir(const std::string& path) = 0;
+
+  // Takes the exclusive advisory lock of directory `dir` without waiting:
+  // one writer at a time (a save holds it from SetUp to its commit).
+  // `holder` describes the taker (process, host, save) to whoever finds the
+  // lock taken. kFailedPrecondition naming `dir` and the holder's
+  // description when another holder has it, in this process or another.
+  // The lock goes when the returned object is destroyed or its process
+  // dies. The local file system locks `dir`/.lock with flock(2), which
+  // holds the description while locked and is removed on release (a crashed
+  // holder leaves it behind, unlocked); flock reaches other hosts only where
+  // the file system forwards it (NFSv4 does; some network file systems do
+  // not).
+  virtual absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
+      const std::string& dir, absl::string_view holder) = 0;
 };
+
+// The name of the lock file LockDirectory keeps in a locked directory.
+inline constexpr char kDirectoryLockFileName[] = ".lock";
 
 // The status of a sync_file_range(SYNC_FILE_RANGE_WRITE) that failed with
 // `error_number`: OK where the file or its file system cannot start

@@ -1,6 +1,7 @@
 #include "io/file_system_storage.h"
 
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,12 +11,14 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "io/box_copy.h"
 #include "io/device_box_upload.h"
 #include "io/io_engine.h"
@@ -81,12 +84,41 @@ std::string DataFilePrefix(int rank, absl::string_view save_id) {
   return absl::StrCat("__", rank, "_", save_id, "_");
 }
 
-// Whether `name` is a file a FileSystemWriter creates (a data file or a
-// temporary metadata file): the files a later save may replace.
-bool IsReplaceableName(absl::string_view name) {
-  return (absl::StartsWith(name, "__") &&
-          absl::EndsWith(name, kDataFileSuffix)) ||
-         absl::StartsWith(name, kTempMetadataPrefix);
+// Whether `name` has the form of the data files a FileSystemWriter creates.
+bool IsDataFileName(absl::string_view name) {
+  return absl::StartsWith(name, "__") && absl::EndsWith(name, kDataFileSuffix);
+}
+
+// Reads and decodes the committed metadata file of `dir`. kNotFound "no
+// committed checkpoint" when there is none. The file is untrusted: one
+// larger than any metadata file is refused before anything is allocated
+// for it, a FIFO or other non-regular file is refused without blocking
+// (kFailedPrecondition, FileSystemBase::OpenForRead), and DecodeMetadata
+// validates the rest.
+absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
+                                          const std::string& dir) {
+  const std::string metadata_path = JoinPath(dir, kMetadataFileName);
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(metadata_path);
+  if (absl::IsNotFound(file.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        "no committed checkpoint in ", dir, " (", metadata_path,
+        " does not exist; a save that did not finish leaves none)"));
+  }
+  if (!file.ok()) return file.status();
+  DCP_ASSIGN_OR_RETURN(int64_t size, (*file)->Size());
+  if (size > kMaxMetadataFileSize) {
+    return absl::DataLossError(absl::StrCat(
+        metadata_path, " is ", size, " bytes, more than any dcp metadata file (",
+        kMaxMetadataFileSize, "); the directory holds no readable dcp "
+        "checkpoint"));
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got, (*file)->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
+                                     bytes.size()}));
+  bytes.resize(got);
+  DCP_RETURN_IF_ERROR((*file)->Close());
+  return DecodeMetadata(bytes, metadata_path);
 }
 
 // Block checksums of bytes that arrive in pieces (staged device tensors):
@@ -247,6 +279,7 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   committed_ = false;
   replaceable_files_.clear();
   committed_files_.clear();
+  directory_lock_.reset();
   absl::MutexLock lock(&mu_);
   created_.clear();
   return absl::OkStatus();
@@ -267,6 +300,12 @@ void FileSystemWriter::RecordCreated(const std::string& path) {
 absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                                      bool /*use_collectives*/) {
   DCP_RETURN_IF_ERROR(engine_error_);
+  if (options_.checksum_block_size > kMaxChecksumBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checksum_block_size ", options_.checksum_block_size,
+        " is larger than the most a reader accepts (", kMaxChecksumBlockSize,
+        ")"));
+  }
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   DCP_RETURN_IF_ERROR(
@@ -274,15 +313,6 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                                                    ": cannot create checkpoint "
                                                    "directory ",
                                                    path_)));
-  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
-  if (!options_.overwrite) {
-    DCP_ASSIGN_OR_RETURN(bool exists, fs_->Exists(metadata_path));
-    if (exists) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          path_, " already holds a committed checkpoint (", metadata_path,
-          "); pass overwrite=true to replace it or choose another directory"));
-    }
-  }
   // Probe that the directory takes new files now rather than failing after
   // planning: permission bits, read-only mounts and quotas all show here.
   const std::string probe =
@@ -297,12 +327,45 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   absl::Status removed = fs_->RemoveFile(probe);
   DCP_RETURN_IF_ERROR(closed);
   DCP_RETURN_IF_ERROR(removed);
-  if (is_coordinator_) {
-    DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs_->ListDir(path_));
-    replaceable_files_.clear();
-    for (std::string& name : names) {
-      if (IsReplaceableName(name))
-        replaceable_files_.push_back(std::move(name));
+  if (!is_coordinator_) return absl::OkStatus();
+  // The coordinator holds the directory until the save commits or aborts:
+  // a second save into it fails here, before it has written anything.
+  if (directory_lock_ == nullptr) {
+    char host[256] = "unknown host";
+    ::gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    DCP_ASSIGN_OR_RETURN(
+        directory_lock_,
+        fs_->LockDirectory(path_, absl::StrCat("pid ", ::getpid(), " on host ",
+                                               host, " (save ", save_id_,
+                                               ")")));
+  }
+  absl::Status status = SetUpLocked();
+  if (!status.ok()) directory_lock_.reset();
+  return status;
+}
+
+absl::Status FileSystemWriter::SetUpLocked() {
+  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
+  if (!options_.overwrite) {
+    DCP_ASSIGN_OR_RETURN(bool exists, fs_->Exists(metadata_path));
+    if (exists) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          path_, " already holds a committed checkpoint (", metadata_path,
+          "); pass overwrite=true to replace it or choose another directory"));
+    }
+  }
+  // The files MarkCommitted may remove: the data files of the checkpoint
+  // this save replaces, as its metadata names them. Nothing else: a file
+  // no committed metadata names may be another writer's, or the user's.
+  // Metadata that cannot be read names nothing, so nothing is removed.
+  replaceable_files_.clear();
+  absl::StatusOr<Metadata> previous = ReadMetadataFile(*fs_, path_);
+  if (previous.ok()) {
+    for (const auto& [index, info] : previous->storage_data) {
+      if (IsDataFileName(info.relative_path)) {
+        replaceable_files_.insert(info.relative_path);
+      }
     }
   }
   return absl::OkStatus();
@@ -741,6 +804,7 @@ absl::Status FileSystemWriter::MarkCommitted() {
     absl::Status status = fs_->SyncDir(path_);
     if (first.ok()) first = status;
   }
+  directory_lock_.reset();
   return Annotate(first, "checkpoint committed; removing replaced files");
 }
 
@@ -750,11 +814,13 @@ void FileSystemWriter::Abort() {
     absl::MutexLock lock(&mu_);
     created.swap(created_);
   }
-  if (committed_) return;
-  for (const std::string& path : created) {
-    // Best effort: Abort runs after a failure and reports nothing.
-    fs_->RemoveFile(path).IgnoreError();
+  if (!committed_) {
+    for (const std::string& path : created) {
+      // Best effort: Abort runs after a failure and reports nothing.
+      fs_->RemoveFile(path).IgnoreError();
+    }
   }
+  directory_lock_.reset();
 }
 
 // ---------------------------------------------------------------------------
@@ -804,19 +870,25 @@ int64_t AlignDown(int64_t value, int64_t alignment) {
 // Opens each data file once per ReadData and shares it between threads.
 class OpenFiles {
  public:
+  // An open data file and its size when opened.
+  struct Entry {
+    std::unique_ptr<File> file;
+    int64_t size = 0;
+  };
+
   OpenFiles(FileSystemBase& fs, std::string dir, OpenOptions options)
       : fs_(fs), dir_(std::move(dir)), options_(options) {}
 
-  absl::StatusOr<File*> Get(const std::string& relative_path) {
+  absl::StatusOr<const Entry*> Get(const std::string& relative_path) {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(relative_path);
-    if (it != files_.end()) return it->second.get();
-    absl::StatusOr<std::unique_ptr<File>> file =
-        fs_.OpenForRead(JoinPath(dir_, relative_path), options_);
-    if (!file.ok()) return file.status();
-    File* raw = file->get();
-    files_.emplace(relative_path, *std::move(file));
-    return raw;
+    if (it != files_.end()) return &it->second;
+    DCP_ASSIGN_OR_RETURN(
+        std::unique_ptr<File> file,
+        fs_.OpenForRead(JoinPath(dir_, relative_path), options_));
+    DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
+    return &files_.emplace(relative_path, Entry{std::move(file), size})
+                .first->second;
   }
 
  private:
@@ -824,8 +896,8 @@ class OpenFiles {
   std::string dir_;
   const OpenOptions options_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<File>> files_
-      ABSL_GUARDED_BY(mu_);
+  // node_hash_map: entries stay where they are while others are added.
+  absl::node_hash_map<std::string, Entry> files_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bounce-buffer bytes held now and at most (FileSystemReader's
@@ -889,6 +961,44 @@ struct ReadSlot {
   std::vector<Future<size_t>> reads;
 };
 
+// Checks what the metadata says of the stored item `index` against what
+// backs it, before the reader allocates or reads anything for it: the
+// checksum block size is one a reader accepts, the item has one checksum
+// per block, and its data file (opened here, through `files`) holds its
+// bytes. kDataLoss naming the item and the file otherwise.
+absl::Status CheckStoredItem(const MetadataIndex& index,
+                             const StorageInfo& info, int64_t block_size,
+                             OpenFiles& files) {
+  if (block_size <= 0 || block_size > kMaxChecksumBlockSize) {
+    return absl::DataLossError(
+        absl::StrCat("checksum_block_size ", block_size, " is outside (0, ",
+                     kMaxChecksumBlockSize, "]"));
+  }
+  if (info.offset < 0 || info.length < 0 ||
+      info.offset > INT64_MAX - info.length) {
+    return absl::DataLossError(absl::StrCat(
+        index.ToString(), " in data file ", info.relative_path,
+        " has offset ", info.offset, " and length ", info.length));
+  }
+  const int64_t blocks = ChecksumBlockCount(info.length, block_size);
+  if (static_cast<int64_t>(info.block_checksums.size()) != blocks) {
+    return absl::DataLossError(
+        absl::StrCat("metadata lists ", info.block_checksums.size(),
+                     " checksums for ", index.ToString(), " (", info.length,
+                     " bytes in ", blocks, " blocks)"));
+  }
+  DCP_RETURN_IF_ERROR(CheckDataFileName(info.relative_path));
+  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
+                       files.Get(info.relative_path));
+  if (info.offset + info.length > entry->size) {
+    return absl::DataLossError(absl::StrCat(
+        "data file ", entry->file->path(), " is truncated: ", index.ToString(),
+        " needs bytes [", info.offset, ", ", info.offset + info.length,
+        ") but the file ends at offset ", entry->size));
+  }
+  return absl::OkStatus();
+}
+
 // Plans `stored`'s reads, appending slots to `out`: one zero-copy slot when
 // its only use is the whole chunk into a whole contiguous host tensor of the
 // same size (and, for O_DIRECT, 4 KiB aligned memory and file offset);
@@ -901,7 +1011,7 @@ absl::Status PlanItem(
     absl::FunctionRef<absl::StatusOr<DeviceStaging*>()> device_staging,
     std::deque<ReadSlot>& out) {
   const int64_t length = stored.info->length;
-  const int64_t blocks = (length + block_size - 1) / block_size;
+  const int64_t blocks = ChecksumBlockCount(length, block_size);
   stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
   auto add = [&](int64_t first_block, int64_t end_block, int64_t first_element,
                  int64_t end_element) -> ReadSlot& {
@@ -997,7 +1107,9 @@ absl::Status PlanItem(
 // Builds `slot`'s read requests, allocating its bounce buffers.
 absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
                          ReadSlot& slot) {
-  DCP_ASSIGN_OR_RETURN(slot.file, files.Get(slot.stored->info->relative_path));
+  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
+                       files.Get(slot.stored->info->relative_path));
+  slot.file = entry->file.get();
   const int64_t offset = slot.stored->info->offset + slot.begin;
   const int64_t length = slot.end - slot.begin;
   if (length == 0) return absl::OkStatus();
@@ -1062,13 +1174,7 @@ absl::Status Verify(const ReadSlot& slot, int64_t got, int64_t block_size) {
         " needs bytes [", info.offset, ", ", info.offset + info.length,
         ") but the file ends at offset ", info.offset + slot.begin + got));
   }
-  const size_t blocks = (info.length + block_size - 1) / block_size;
-  if (info.block_checksums.size() != blocks) {
-    return absl::DataLossError(
-        absl::StrCat("metadata lists ", info.block_checksums.size(),
-                     " checksums for ", stored.index->ToString(), " (",
-                     info.length, " bytes in ", blocks, " blocks)"));
-  }
+  // CheckStoredItem matched the checksums to the blocks.
   for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
     const int64_t start = b * block_size;
     const int64_t size = std::min(block_size, info.length - start);
@@ -1151,22 +1257,7 @@ absl::Status FileSystemReader::Reset(const std::string& checkpoint_id) {
 }
 
 absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
-  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
-  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForRead(metadata_path);
-  if (absl::IsNotFound(file.status())) {
-    return absl::NotFoundError(absl::StrCat(
-        "no committed checkpoint in ", path_, " (", metadata_path,
-        " does not exist; a save that did not finish leaves none)"));
-  }
-  if (!file.ok()) return file.status();
-  DCP_ASSIGN_OR_RETURN(int64_t size, (*file)->Size());
-  std::string bytes(static_cast<size_t>(size), '\0');
-  DCP_ASSIGN_OR_RETURN(
-      size_t got, (*file)->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
-                                     bytes.size()}));
-  bytes.resize(got);
-  DCP_RETURN_IF_ERROR((*file)->Close());
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, DecodeMetadata(bytes, metadata_path));
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFile(*fs_, path_));
   if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};
   metadata.storage_meta->checkpoint_id = path_;
   return metadata;
@@ -1195,7 +1286,15 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
         "FileSystemReader::ReadData before SetUp"));
   }
   const Metadata& metadata = *metadata_;
-  // Group the read items by the stored item they use: each is read once.
+  const bool direct = options_.direct_io;
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.direct = direct;
+  open_options.uncached = options_.uncached_reads;
+  open_options.no_follow = true;
+  OpenFiles files(*fs_, path_, open_options);
+  // Group the read items by the stored item they use: each is read once,
+  // and checked against its data file before anything is allocated for it.
   absl::flat_hash_map<MetadataIndex, size_t, IndexHash> slot;
   std::vector<StoredItem> stored;
   for (const ReadItem& item : plan.items) {
@@ -1207,6 +1306,10 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
             "the metadata of ", path_, " has no storage entry for ",
             item.storage_index.ToString())));
       }
+      absl::Status checked = CheckStoredItem(info->first, info->second,
+                                             metadata.checksum_block_size,
+                                             files);
+      if (!checked.ok()) return Future<void>::Ready(checked);
       StoredItem s;
       s.index = &info->first;
       s.info = &info->second;
@@ -1237,7 +1340,9 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
         }
         s.chunk_sizes = chunk->sizes;
         s.element_size = ElementSize(tensor->properties.dtype);
-        if (NumElements(s.chunk_sizes) * static_cast<int64_t>(s.element_size) !=
+        // DecodeMetadata checked this; metadata handed to SetUp by other
+        // means is checked here, without overflow, before any box arithmetic.
+        if (CheckedNumBytes(tensor->properties.dtype, s.chunk_sizes) !=
             s.info->length) {
           return Future<void>::Ready(absl::DataLossError(absl::StrCat(
               "the metadata of ", path_, " stores ", s.info->length,
@@ -1255,15 +1360,9 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   // (zero-copy reads cost none); window w+1 is in flight while window w is
   // verified and delivered on thread_count threads. Stored items are planned
   // (destinations resolved, pieces cut) as the windows reach them.
-  const bool direct = options_.direct_io;
   const int64_t block_size = metadata.checksum_block_size;
   const int64_t window_bytes = std::max<int64_t>(1, options_.read_window_bytes);
   const int64_t piece_bytes = std::min(kReadPieceBytes, window_bytes);
-  OpenOptions open_options;
-  open_options.exclusive = false;
-  open_options.direct = direct;
-  open_options.uncached = options_.uncached_reads;
-  OpenFiles files(*fs_, path_, open_options);
   FirstError error;
   BounceMeter meter;
   DeviceStaging* staging_used = nullptr;

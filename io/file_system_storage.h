@@ -6,7 +6,16 @@
 //   under a temporary name, fsynced, renamed, directory fsynced).
 // - A save never reuses a file name (names carry the save id), so saving
 //   over a checkpoint leaves the old one loadable until the new metadata is
-//   committed; the old data files are removed in MarkCommitted.
+//   committed; the old data files (those the old metadata names, nothing
+//   else) are removed in MarkCommitted.
+// - One save into a directory at a time: the coordinator holds an advisory
+//   lock on the directory from SetUp to the commit, and a second save fails
+//   at SetUp naming the holder.
+// - The metadata and data files are untrusted when read: every number and
+//   name is validated before use (DecodeMetadata; the reader checks items
+//   against the real file sizes), data files are opened without following
+//   symbolic links, and a crafted checkpoint is kDataLoss, never an
+//   out-of-bounds access or an unbounded allocation.
 // - Every stored item carries XXH3-64 checksums of its blocks; the reader
 //   verifies every byte it reads and rejects truncated files (kDataLoss).
 //
@@ -107,9 +116,16 @@ class FileSystemWriter final : public StorageWriter {
   // `checkpoint_id` replaces the directory.
   absl::Status Reset(const std::string& checkpoint_id) override;
   StorageMeta GetStorageMeta() const override;
-  // Creates the directory (and parents). kAlreadyExists with overwrite off
-  // and a committed checkpoint there; kPermissionDenied naming the path when
-  // the directory cannot be written.
+  // Creates the directory (and parents). The coordinator then takes the
+  // directory's advisory lock (FileSystemBase::LockDirectory), held until
+  // MarkCommitted, Abort, Reset or destruction, and notes the data files the
+  // committed metadata there names (the files MarkCommitted may remove).
+  // kFailedPrecondition naming the holder (pid, host, save id) while another
+  // save into the directory holds the lock: saves into one directory must
+  // not overlap. kAlreadyExists with overwrite off and a committed
+  // checkpoint there; kPermissionDenied naming the path when the directory
+  // cannot be written; kInvalidArgument for a checksum_block_size above
+  // kMaxChecksumBlockSize.
   absl::Status SetUp(bool is_coordinator, int rank,
                      bool use_collectives) override;
   absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) override;
@@ -126,12 +142,14 @@ class FileSystemWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
-  // Coordinator: removes the data files and stale temporary metadata files
-  // that were in the directory at SetUp and that the committed metadata does
-  // not reference. Other ranks: nothing to do.
+  // Coordinator: removes the data files that the metadata committed before
+  // this save named (read at SetUp) and the new one does not, then releases
+  // the directory lock. Nothing else is removed: not the orphans of a
+  // crashed save, nor any file no committed metadata names. Other ranks:
+  // nothing to do.
   absl::Status MarkCommitted() override;
   // Removes every file this save created (data files, temporary metadata);
-  // after a commit it removes nothing.
+  // after a commit it removes nothing. Releases the directory lock.
   void Abort() override;
 
   const std::string& path() const { return path_; }
@@ -143,6 +161,8 @@ class FileSystemWriter final : public StorageWriter {
                          SavePlanner& planner,
                          std::vector<WriteResult*>& results);
   void RecordCreated(const std::string& path);
+  // The coordinator's part of SetUp once it holds the directory lock.
+  absl::Status SetUpLocked();
   // The staging for device tensors (options_.device_staging or one of the
   // writer's own, created on first use; its pool registered with an owned
   // engine).
@@ -158,8 +178,12 @@ class FileSystemWriter final : public StorageWriter {
   bool is_coordinator_ = true;
   int rank_ = 0;
   bool committed_ = false;
-  // Files in the directory at SetUp that MarkCommitted may remove.
-  std::vector<std::string> replaceable_files_;
+  // The data files of the replaced checkpoint (its metadata at SetUp names
+  // them): the only files MarkCommitted may remove.
+  std::set<std::string> replaceable_files_;
+  // The coordinator's lock of the directory, from SetUp until MarkCommitted,
+  // Abort or Reset.
+  std::unique_ptr<DirectoryLock> directory_lock_;
   // Data files the committed metadata references.
   std::set<std::string> committed_files_;
 

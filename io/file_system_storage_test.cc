@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -18,11 +19,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "io/metadata_format.h"
 #include "io/testing/fake_planners.h"
+#include "io/testing/metadata_surgery.h"
 #include "io/testing/page_residency.h"
 #include "io/testing/sample_state.h"
 
@@ -31,6 +34,7 @@ namespace {
 
 using ::dcp::testing::FakeLoadPlanner;
 using ::dcp::testing::FakeSavePlanner;
+using ::dcp::testing::FlipByte;
 using ::dcp::testing::LoadOneRank;
 using ::dcp::testing::PatternTensor;
 using ::dcp::testing::SaveOneRank;
@@ -48,10 +52,13 @@ std::vector<std::string> List(const std::string& dir) {
   return ::dcp::testing::ListNames(dir);
 }
 
+// The entries of `dir` but the metadata file and a save's lock file.
 std::vector<std::string> DataFiles(const std::string& dir) {
   std::vector<std::string> out;
   for (const std::string& name : List(dir)) {
-    if (name != kMetadataFileName) out.push_back(name);
+    if (name != kMetadataFileName && name != kDirectoryLockFileName) {
+      out.push_back(name);
+    }
   }
   return out;
 }
@@ -307,16 +314,6 @@ TEST(FileSystemStorageTest, ReadOnlyDirectoryIsPermissionDeniedNamingPath) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
-// Flips one byte of a file at `offset`.
-void FlipByte(const std::string& path, int64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c;
-  f.read(&c, 1);
-  c ^= 0x01;
-  f.seekp(offset);
-  f.write(&c, 1);
-}
 
 TEST(FileSystemStorageTest, FlippedByteIsDataLossNamingTensorFileOffset) {
   const std::string dir = NewTestDir("corrupt");
@@ -789,6 +786,272 @@ TEST(FileSystemStorageTest, BufferedSavesAndLoadsLeaveThePageCacheByDefault) {
     EXPECT_TRUE(loaded.ok()) << loaded;
     expect_cached(load_drops, "after the load");
   }
+}
+
+}  // namespace
+}  // namespace dcp
+
+// Saves into one directory that overlap, and what a save removes.
+namespace dcp {
+namespace {
+
+// A save of `sample` into `dir` stopped after WriteData (set up, data
+// written, nothing committed); Commit() finishes it.
+class OpenSave {
+ public:
+  OpenSave(const std::string& dir, const Sample& sample)
+      : writer_(dir), planner_(sample.SavePlanner()) {}
+
+  absl::Status Start() {
+    DCP_RETURN_IF_ERROR(writer_.Reset(""));
+    DCP_RETURN_IF_ERROR(writer_.SetUp(true, 0, false));
+    DCP_ASSIGN_OR_RETURN(SavePlan local, planner_.CreateLocalPlan());
+    DCP_ASSIGN_OR_RETURN(global_, planner_.CreateGlobalPlan({local}));
+    DCP_ASSIGN_OR_RETURN(std::vector<SavePlan> plans,
+                         writer_.PrepareGlobalPlan(global_.first));
+    DCP_ASSIGN_OR_RETURN(results_, writer_.WriteData(plans[0], planner_).Wait());
+    return absl::OkStatus();
+  }
+  absl::Status Commit() {
+    DCP_RETURN_IF_ERROR(writer_.Finish(global_.second, {results_}));
+    return writer_.MarkCommitted();
+  }
+  const FileSystemWriter& writer() const { return writer_; }
+
+ private:
+  FileSystemWriter writer_;
+  FakeSavePlanner planner_;
+  std::pair<std::vector<SavePlan>, Metadata> global_;
+  std::vector<WriteResult> results_;
+};
+
+TEST(ConcurrentSaveTest, SecondSaveFailsNamingTheHolderAndNothingIsLost) {
+  // Before the lock, save B listed save A's unfinished data file as "old",
+  // committed, and removed it; A then committed metadata naming it.
+  const std::string dir = NewTestDir("concurrent");
+  const Sample previous = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, previous).ok());
+  OpenSave a(dir, Sample::Make(2));
+  ASSERT_TRUE(a.Start().ok());
+  const std::vector<std::string> during = List(dir);
+  EXPECT_THAT(during,
+              ::testing::Contains(std::string(kDirectoryLockFileName)));
+
+  absl::Status b = Save(dir, Sample::Make(3));
+  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition) << b;
+  EXPECT_THAT(b.message(),
+              AllOf(HasSubstr(dir), HasSubstr(absl::StrCat("pid ", ::getpid())),
+                    HasSubstr(a.writer().save_id()), HasSubstr("overlap")));
+  EXPECT_EQ(List(dir), during);  // B wrote and removed nothing.
+  ExpectLoads(dir, previous);
+
+  ASSERT_TRUE(a.Commit().ok());
+  ExpectLoads(dir, Sample::Make(2));
+  // The lock went with A's commit, and its file with it.
+  ASSERT_TRUE(Save(dir, Sample::Make(3)).ok());
+  ExpectLoads(dir, Sample::Make(3));
+  EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(
+                             std::string(kDirectoryLockFileName))));
+}
+
+TEST(ConcurrentSaveTest, AbortReleasesTheDirectory) {
+  const std::string dir = NewTestDir("concurrent_abort");
+  FileSystemWriter a(dir);
+  ASSERT_TRUE(a.SetUp(true, 0, false).ok());
+  EXPECT_EQ(Save(dir, Sample::Make(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  a.Abort();
+  EXPECT_TRUE(Save(dir, Sample::Make(1)).ok());
+  EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(
+                             std::string(kDirectoryLockFileName))));
+}
+
+TEST(ConcurrentSaveTest, ASaveInAnotherProcessHoldsTheDirectory) {
+  const std::string dir = NewTestDir("concurrent_fork");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Save 2 up to its commit, then wait for the parent's word.
+    ::close(ready[0]);
+    ::close(go[1]);
+    OpenSave save(dir, Sample::Make(2));
+    if (!save.Start().ok()) ::_exit(2);
+    char c = 'x';
+    if (::write(ready[1], &c, 1) != 1 || ::read(go[0], &c, 1) != 1) {
+      ::_exit(3);
+    }
+    ::_exit(save.Commit().ok() ? 0 : 1);
+  }
+  ::close(ready[1]);
+  ::close(go[0]);
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child's save did not start";
+  absl::Status second = Save(dir, Sample::Make(3));
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ::close(ready[0]);
+  ::close(go[1]);
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_THAT(second.message(), HasSubstr(absl::StrCat("pid ", child, " ")));
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
+  ExpectLoads(dir, Sample::Make(2));
+}
+
+TEST(FileSystemStorageTest, ASaveRemovesOnlyTheFilesThePreviousMetadataNamed) {
+  const std::string dir = NewTestDir("cleanup");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  const std::vector<std::string> old_files = DataFiles(dir);
+  // Files no committed metadata names: one shaped like a data file (another
+  // writer's, or a crashed save's), a temporary metadata file, the user's.
+  const std::vector<std::string> strangers = {
+      "__7_00000000deadbeef_0.distcp", ".metadata.tmp-00000000deadbeef",
+      "notes.txt"};
+  for (const std::string& name : strangers) {
+    std::ofstream(JoinPath(dir, name)) << "not the save's to remove";
+  }
+  ASSERT_TRUE(Save(dir, Sample::Make(2)).ok());
+  ExpectLoads(dir, Sample::Make(2));
+  const std::vector<std::string> after = List(dir);
+  for (const std::string& name : strangers) {
+    EXPECT_THAT(after, ::testing::Contains(name));
+  }
+  for (const std::string& name : old_files) {
+    EXPECT_THAT(after, ::testing::Not(::testing::Contains(name)));
+  }
+}
+
+}  // namespace
+}  // namespace dcp
+
+// Crafted and hostile checkpoints: every case is a clear error, never a
+// crash, a hang, an unbounded allocation or a read outside the checkpoint.
+namespace dcp {
+namespace {
+
+using ::dcp::testing::ClaimLength;
+using ::dcp::testing::RewriteMetadataFile;
+
+TEST(HostileCheckpointTest, ChunkSizesWhoseBytesWrapAreDataLossNotACrash) {
+  // w is 4 x 6 int32 (96 bytes). Its chunk claims 4 x (2^62 + 6) elements:
+  // 4 bytes each, that wraps to 96 bytes, which once passed the length
+  // check and sent the copy far past the 96-byte buffer.
+  const std::string dir = NewTestDir("wrapped_chunk");
+  FakeSavePlanner save;
+  save.AddTensor("w", PatternTensor(DType::kI32, {4, 6}, 1));
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+  ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
+                proto.set_chunk_sizes(1, (int64_t{1} << 62) + 6);
+              }).ok());
+
+  FakeLoadPlanner load;
+  Tensor dest = Tensor::Empty(DType::kI32, {4, 6});
+  load.SetDestination(MetadataIndex("w", Shape{0, 0}), dest);
+  LoadPlan plan;
+  ReadItem item;
+  item.storage_index = MetadataIndex("w", Shape{0, 0});
+  item.storage_offsets = {0, 0};
+  item.dest_index = MetadataIndex("w", Shape{0, 0});
+  item.dest_offsets = {0, 0};
+  item.lengths = {4, 6};
+  plan.items.push_back(item);
+  FileSystemReader reader(dir);
+  absl::Status status = LoadOneRank(reader, load, &plan);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("tensor w"), HasSubstr("outside")));
+}
+
+TEST(HostileCheckpointTest, ItemLongerThanItsFileIsDataLossBeforeAllocating) {
+  // The bytes value "step" claims 1 TiB (with a consistent 1024 checksums of
+  // 1 GiB blocks): reading it whole once meant allocating 1 TiB.
+  const std::string dir = NewTestDir("huge_item");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
+                ASSERT_TRUE(ClaimLength(proto, "step", int64_t{1} << 40,
+                                        kMaxChecksumBlockSize));
+              }).ok());
+  absl::Status status = LoadSample(dir, Sample::Make(1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("step"), HasSubstr("truncated"),
+                    HasSubstr(".distcp")));
+}
+
+TEST(HostileCheckpointTest, DataFileOutsideTheCheckpointIsNeverOpened) {
+  const std::string root = NewTestDir("traversal");
+  const std::string dir = JoinPath(root, "ckpt");
+  const Sample sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  // An identical copy outside: a load that followed the name would succeed.
+  const std::string name = DataFiles(dir).at(0);
+  ASSERT_TRUE(LocalFileSystem().CreateDir(JoinPath(root, "outside")).ok());
+  std::filesystem::copy_file(JoinPath(dir, name),
+                             JoinPath(root, "outside/" + name));
+  ASSERT_TRUE(RewriteMetadataFile(dir, [&](format::Metadata& proto) {
+                *proto.mutable_files(0) = "../outside/" + name;
+              }).ok());
+  absl::Status status = LoadSample(dir, sample);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("../outside/" + name));
+}
+
+TEST(HostileCheckpointTest, SymlinkedDataFileIsNotFollowed) {
+  const std::string root = NewTestDir("symlink");
+  const std::string dir = JoinPath(root, "ckpt");
+  const Sample sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  const std::string name = DataFiles(dir).at(0);
+  const std::string elsewhere = JoinPath(root, "elsewhere.distcp");
+  ASSERT_EQ(::rename(JoinPath(dir, name).c_str(), elsewhere.c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.c_str(), JoinPath(dir, name).c_str()), 0);
+  absl::Status status = LoadSample(dir, sample);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(name), HasSubstr("symbolic link")));
+}
+
+TEST(HostileCheckpointTest, FifosAreRefusedWithoutBlocking) {
+  // A FIFO blocks open(2) until a writer comes: none will.
+  const std::string dir = NewTestDir("fifo");
+  const Sample sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  const std::string name = DataFiles(dir).at(0);
+  ASSERT_EQ(::unlink(JoinPath(dir, name).c_str()), 0);
+  ASSERT_EQ(::mkfifo(JoinPath(dir, name).c_str(), 0644), 0);
+  absl::Status data = LoadSample(dir, sample);
+  EXPECT_EQ(data.code(), absl::StatusCode::kFailedPrecondition) << data;
+  EXPECT_THAT(data.message(), AllOf(HasSubstr(name), HasSubstr("FIFO")));
+
+  const std::string metadata = JoinPath(dir, kMetadataFileName);
+  ASSERT_EQ(::unlink(metadata.c_str()), 0);
+  ASSERT_EQ(::mkfifo(metadata.c_str(), 0644), 0);
+  absl::StatusOr<Metadata> read = ReadMetadataOf(dir);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read.status().message(),
+              AllOf(HasSubstr(metadata), HasSubstr("FIFO")));
+  // A save over it reads no previous checkpoint there, and replaces it.
+  ASSERT_TRUE(Save(dir, Sample::Make(2)).ok());
+  ExpectLoads(dir, Sample::Make(2));
+}
+
+TEST(HostileCheckpointTest, HugeSparseMetadataIsRefusedUnread) {
+  const std::string dir = NewTestDir("sparse_metadata");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  const std::string metadata = JoinPath(dir, kMetadataFileName);
+  if (::truncate(metadata.c_str(), int64_t{100} << 30) != 0) {
+    GTEST_SKIP() << "no 100 GiB sparse file here: " << std::strerror(errno);
+  }
+  absl::StatusOr<Metadata> read = ReadMetadataOf(dir);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(),
+              AllOf(HasSubstr(metadata),
+                    HasSubstr("more than any dcp metadata file")));
 }
 
 }  // namespace

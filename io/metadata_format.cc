@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
@@ -133,6 +134,8 @@ class Cursor {
     pos_ += static_cast<int>(count);
     return out;
   }
+  // Values not yet read.
+  uint64_t remaining() const { return static_cast<uint64_t>(field_.size() - pos_); }
   absl::Status ExpectEnd() const {
     if (pos_ == field_.size()) return absl::OkStatus();
     return absl::DataLossError(
@@ -152,13 +155,109 @@ class Cursor {
 
 #define DCP_CURSOR(field) Cursor cursor_##field(proto.field(), #field)
 
+// Checks a tensor's global shape and each chunk's box against it, so that
+// every element count and byte size derived from them later fits int64_t and
+// every chunk lies inside the tensor.
+absl::Status CheckTensorGeometry(absl::string_view fqn,
+                                 const TensorStorageMetadata& tensor) {
+  if (!CheckedNumBytes(tensor.properties.dtype, tensor.size).has_value()) {
+    return absl::DataLossError(absl::StrCat(
+        "tensor ", fqn, " has shape ", ShapeToString(tensor.size),
+        ", which has a negative size or more bytes than int64 holds"));
+  }
+  const size_t rank = tensor.size.size();
+  for (size_t c = 0; c < tensor.chunks.size(); ++c) {
+    const ChunkStorageMetadata& chunk = tensor.chunks[c];
+    for (size_t d = 0; d < rank; ++d) {
+      // offsets[d] + sizes[d] <= size[d] without the sum overflowing.
+      if (chunk.offsets[d] < 0 || chunk.sizes[d] < 0 ||
+          chunk.sizes[d] > tensor.size[d] ||
+          chunk.offsets[d] > tensor.size[d] - chunk.sizes[d]) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor ", fqn, " chunk ", c, " at offsets ",
+            ShapeToString(chunk.offsets), " with sizes ",
+            ShapeToString(chunk.sizes), " lies outside the tensor's shape ",
+            ShapeToString(tensor.size)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks that every stored item belongs to a value of `metadata`: a tensor
+// chunk's item to a chunk of that tensor at the same offset, holding exactly
+// the chunk's bytes; a bytes item to a bytes value. Both maps are sorted by
+// name, so one merge walk finds each value.
+absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
+  auto value = metadata.state_dict_metadata.begin();
+  const auto values_end = metadata.state_dict_metadata.end();
+  // The chunks of the current tensor, sorted by offset, for look-ups.
+  const TensorStorageMetadata* sorted_for = nullptr;
+  std::vector<const ChunkStorageMetadata*> sorted;
+  for (const auto& [index, info] : metadata.storage_data) {
+    while (value != values_end && value->first < index.fqn) ++value;
+    if (value == values_end || value->first != index.fqn) {
+      return absl::DataLossError(absl::StrCat(
+          "stored item ", index.ToString(), " belongs to no value"));
+    }
+    const auto* tensor = std::get_if<TensorStorageMetadata>(&value->second);
+    if (!index.offset.has_value()) {
+      if (tensor != nullptr) {
+        return absl::DataLossError(absl::StrCat(
+            "stored item ", index.ToString(),
+            " has no chunk offset but names a tensor"));
+      }
+      continue;
+    }
+    if (tensor == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("stored item ", index.ToString(),
+                       " has a chunk offset but names a bytes value"));
+    }
+    if (sorted_for != tensor) {
+      sorted_for = tensor;
+      sorted.clear();
+      for (const ChunkStorageMetadata& chunk : tensor->chunks) {
+        sorted.push_back(&chunk);
+      }
+      std::sort(sorted.begin(), sorted.end(),
+                [](const ChunkStorageMetadata* a,
+                   const ChunkStorageMetadata* b) {
+                  return a->offsets < b->offsets;
+                });
+    }
+    auto chunk = std::lower_bound(
+        sorted.begin(), sorted.end(), *index.offset,
+        [](const ChunkStorageMetadata* c, const Shape& offsets) {
+          return c->offsets < offsets;
+        });
+    if (chunk == sorted.end() || (*chunk)->offsets != *index.offset) {
+      return absl::DataLossError(absl::StrCat(
+          "stored item ", index.ToString(), " is no chunk of tensor ",
+          index.fqn, " (shape ", ShapeToString(tensor->size), ")"));
+    }
+    // The geometry is checked: the chunk's byte size fits int64_t.
+    const int64_t bytes =
+        *CheckedNumBytes(tensor->properties.dtype, (*chunk)->sizes);
+    if (info.length != bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "stored item ", index.ToString(), " in data file ",
+          info.relative_path, " has ", info.length, " bytes; its chunk of ",
+          "shape ", ShapeToString((*chunk)->sizes), " and dtype ",
+          DTypeName(tensor->properties.dtype), " has ", bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
   metadata.version = proto.version();
   metadata.checksum_block_size = proto.checksum_block_size();
-  if (metadata.checksum_block_size <= 0) {
-    return absl::DataLossError(absl::StrCat("checksum_block_size ",
-                                            metadata.checksum_block_size,
-                                            " is not positive"));
+  if (metadata.checksum_block_size <= 0 ||
+      metadata.checksum_block_size > kMaxChecksumBlockSize) {
+    return absl::DataLossError(absl::StrCat(
+        "checksum_block_size ", metadata.checksum_block_size,
+        " is outside (0, ", kMaxChecksumBlockSize, "]"));
   }
   DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> names,
                        ReadStringTable(proto.names(), "names"));
@@ -203,7 +302,17 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
         DCP_ASSIGN_OR_RETURN(uint32_t rank, cursor_tensor_rank.Next());
         DCP_ASSIGN_OR_RETURN(tensor.size, cursor_tensor_size.NextShape(rank));
         DCP_ASSIGN_OR_RETURN(uint32_t chunks, cursor_tensor_chunk_count.Next());
-        tensor.chunks.reserve(std::min<uint32_t>(chunks, 1 << 20));
+        // Bounded before the loop: a 0-d tensor's chunks take no array
+        // values, so nothing else stops a count of 2^32 - 1.
+        if (rank == 0 ? chunks > 1
+                      : chunks > cursor_chunk_offsets.remaining() / rank ||
+                            chunks > cursor_chunk_sizes.remaining() / rank) {
+          return absl::DataLossError(absl::StrCat(
+              "tensor ", fqn, " of rank ", rank, " lists ", chunks,
+              " chunks, more than the chunk arrays hold",
+              rank == 0 ? " (a 0-d tensor is saved as one chunk)" : ""));
+        }
+        tensor.chunks.reserve(chunks);
         for (uint32_t c = 0; c < chunks; ++c) {
           ChunkStorageMetadata chunk;
           DCP_ASSIGN_OR_RETURN(chunk.offsets,
@@ -211,6 +320,7 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
           DCP_ASSIGN_OR_RETURN(chunk.sizes, cursor_chunk_sizes.NextShape(rank));
           tensor.chunks.push_back(std::move(chunk));
         }
+        DCP_RETURN_IF_ERROR(CheckTensorGeometry(fqn, tensor));
         decoded = std::move(tensor);
       } else {
         return absl::DataLossError(absl::StrCat(
@@ -268,6 +378,9 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
         proto.storage_checksum_count_size() != items) {
       return absl::DataLossError("the storage arrays differ in length");
     }
+    for (const std::string& file : proto.files()) {
+      DCP_RETURN_IF_ERROR(CheckDataFileName(file));
+    }
     DCP_CURSOR(storage_chunk_offset);
     DCP_CURSOR(storage_checksums);
     for (int i = 0; i < items; ++i) {
@@ -286,9 +399,12 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
       info.relative_path = proto.files(static_cast<int>(proto.storage_file(i)));
       info.offset = proto.storage_offset(i);
       info.length = proto.storage_length(i);
-      if (info.offset < 0 || info.length < 0) {
+      if (info.offset < 0 || info.length < 0 ||
+          info.offset > INT64_MAX - info.length) {
         return absl::DataLossError(absl::StrCat(
-            "item ", index.ToString(), " has a negative offset or length"));
+            "item ", index.ToString(), " in data file ", info.relative_path,
+            " has offset ", info.offset, " and length ", info.length,
+            ": negative, or ending past the largest file offset"));
       }
       const uint32_t sums = proto.storage_checksum_count(i);
       if (sums > static_cast<uint64_t>(proto.storage_checksums_size())) {
@@ -319,6 +435,7 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
   }
   DCP_RETURN_IF_ERROR(values_status);
   DCP_RETURN_IF_ERROR(storage_status);
+  DCP_RETURN_IF_ERROR(CheckStorageAgainstValues(metadata));
 
   if (proto.has_storage_meta()) {
     const format::StorageMeta& m = proto.storage_meta();
@@ -451,6 +568,17 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   PutU64(out.data() + 16, payload_size);
   PutU64(out.data() + 24, Checksum(payload, payload_size));
   return out;
+}
+
+absl::Status CheckDataFileName(absl::string_view name) {
+  if (name.empty() || name == "." || name == ".." ||
+      name.find('/') != absl::string_view::npos ||
+      name.find('\0') != absl::string_view::npos) {
+    return absl::DataLossError(absl::StrCat(
+        "data file name \"", absl::CHexEscape(name),
+        "\" is not a plain file name inside the checkpoint directory"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,

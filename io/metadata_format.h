@@ -7,9 +7,11 @@
 #ifndef DCP_IO_METADATA_FORMAT_H_
 #define DCP_IO_METADATA_FORMAT_H_
 
+#include <climits>
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "planner/metadata.h"
@@ -33,6 +35,27 @@ inline constexpr uint32_t kMetadataHeaderVersion = 1;
 // Header size in bytes: magic(8) version(4) flags(4) length(8) xxh3(8).
 inline constexpr size_t kMetadataHeaderSize = 32;
 
+// The largest checksum block a checkpoint may use (a reader holds whole
+// blocks in memory to verify them); FileSystemWriter refuses larger ones.
+inline constexpr int64_t kMaxChecksumBlockSize = int64_t{1} << 30;
+
+// The largest metadata file: the header plus the largest payload protobuf
+// parses (2 GiB - 1). Readers refuse larger files before reading them.
+inline constexpr int64_t kMaxMetadataFileSize =
+    kMetadataHeaderSize + int64_t{INT32_MAX};
+
+// The checksum blocks of an item of `length` >= 0 bytes in blocks of
+// `block_size` > 0 bytes (the last may be shorter), without overflow.
+inline int64_t ChecksumBlockCount(int64_t length, int64_t block_size) {
+  return length / block_size + (length % block_size != 0 ? 1 : 0);
+}
+
+// OK when `name` can name a data file of a checkpoint: a plain name inside
+// its directory (not empty, not "." or "..", no '/', no NUL), so that
+// joining it to the directory never leaves the directory. kDataLoss naming
+// it otherwise.
+absl::Status CheckDataFileName(absl::string_view name);
+
 // Encodes `metadata` as the complete bytes of a metadata file. The encoding
 // is deterministic (std::map order). kInvalidArgument for values the format
 // cannot hold (a tensor chunk whose rank differs from its tensor's).
@@ -42,6 +65,18 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
 // messages. kDataLoss for a file that is not a dcp metadata file (bad magic),
 // is torn (length mismatch), fails its checksum or does not parse;
 // kFailedPrecondition for a file written by a newer, incompatible dcp.
+//
+// The bytes are untrusted: a payload with a valid checksum may still be
+// crafted. Before returning, every number and name is validated, so callers
+// may use them without further overflow checks (kDataLoss naming the field,
+// the tensor or the file otherwise): data file names are plain names
+// (CheckDataFileName); 0 < checksum_block_size <= kMaxChecksumBlockSize;
+// every tensor's shape is non-negative and its byte size fits int64_t; every
+// chunk lies inside its tensor's shape; every stored item has offset >= 0,
+// length >= 0 and offset + length <= INT64_MAX, and belongs to a value: a
+// chunk's item to that chunk, with exactly the chunk's bytes, a bytes
+// value's item to it. What needs the data files (offset + length within the
+// file, the checksum count against the length) is the reader's to check.
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                                         absl::string_view source);
 

@@ -1,11 +1,15 @@
 #include "io/metadata_format.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/testing/metadata_surgery.h"
 
 namespace dcp {
 namespace {
@@ -195,6 +199,129 @@ TEST(MetadataFormatTest, CorruptPayloadsWithValidChecksumsFailCleanly) {
     }
   }
   EXPECT_GT(rejected, 0);
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// Decodes SampleMetadata() with its payload rewritten by `mutate` (the
+// checksum stays valid): what a crafted file gives the decoder.
+absl::Status DecodeCrafted(
+    absl::FunctionRef<void(format::Metadata&)> mutate) {
+  absl::StatusOr<std::string> bytes =
+      testing::RewritePayload(*EncodeMetadata(SampleMetadata()), mutate);
+  if (!bytes.ok()) return bytes.status();
+  return DecodeMetadata(*bytes, "ckpt/.metadata").status();
+}
+
+void ExpectDataLoss(const absl::Status& status,
+                    std::vector<std::string> parts) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("ckpt/.metadata"));
+  for (const std::string& part : parts) {
+    EXPECT_THAT(status.message(), HasSubstr(part)) << status;
+  }
+}
+
+TEST(CraftedMetadataTest, TheUntouchedRewriteDecodes) {
+  EXPECT_TRUE(DecodeCrafted([](format::Metadata&) {}).ok());
+}
+
+TEST(CraftedMetadataTest, DataFileNamesMustStayInsideTheDirectory) {
+  for (const std::string& name :
+       {std::string("../outside/data.distcp"),
+        std::string("../../../../etc/passwd"), std::string("/etc/passwd"),
+        std::string("sub/__0_a_0.distcp"), std::string(".."), std::string("."),
+        std::string(""), std::string("__0_a\0.distcp", 13)}) {
+    SCOPED_TRACE(name);
+    absl::Status status = DecodeCrafted(
+        [&](format::Metadata& proto) { *proto.mutable_files(0) = name; });
+    ExpectDataLoss(status, {"data file name", "not a plain file name"});
+  }
+  // A plain name that merely starts with dots is a name like any other.
+  EXPECT_TRUE(DecodeCrafted([](format::Metadata& proto) {
+                *proto.mutable_files(0) = "..__0_a_0.distcp";
+              }).ok());
+  EXPECT_TRUE(CheckDataFileName("__0_0123456789abcdef_0.distcp").ok());
+}
+
+TEST(CraftedMetadataTest, ChunkOutsideItsTensorIsDataLoss) {
+  // model.w is [4, 6] with chunks at rows 0 and 2 of 2 rows each: move the
+  // second to row 3, so that it ends at row 5.
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_chunk_offsets(2, 3);
+                 }),
+                 {"tensor model.w", "lies outside the tensor's shape [4, 6]"});
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_chunk_offsets(1, -1);
+                 }),
+                 {"tensor model.w", "lies outside"});
+  // offset + size overflows int64: must not wrap to a small sum.
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_chunk_offsets(2, INT64_MAX - 1);
+                 }),
+                 {"tensor model.w", "lies outside"});
+}
+
+TEST(CraftedMetadataTest, ChunkSizesWhoseByteCountWrapsAreDataLoss) {
+  // 4 x (2^62 + 6) bf16 elements wrap to 24 elements, 48 bytes. Both the
+  // global shape and the chunk claim it.
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_tensor_size(1, (int64_t{1} << 62) + 6);
+                   proto.set_chunk_sizes(1, (int64_t{1} << 62) + 6);
+                 }),
+                 {"tensor model.w", "more bytes than int64 holds"});
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_tensor_size(0, -4);
+                 }),
+                 {"tensor model.w", "negative size"});
+}
+
+TEST(CraftedMetadataTest, StoredLengthMustBeWhatTheChunkHolds) {
+  // model.w@[0, 0] is 2 x 6 bf16 elements: 24 bytes.
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_storage_length(2, 4096);
+                 }),
+                 {"model.w", "4096 bytes", "has 24"});
+}
+
+TEST(CraftedMetadataTest, StoredItemMustBelongToAValue) {
+  // The item of model.w@[2, 0] moved to offset [1, 0], which no chunk has.
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_storage_chunk_offset(2, 1);
+                 }),
+                 {"model.w@", "is no chunk of tensor model.w"});
+}
+
+TEST(CraftedMetadataTest, OffsetPlusLengthMustNotOverflow) {
+  ExpectDataLoss(DecodeCrafted([](format::Metadata& proto) {
+                   proto.set_storage_offset(2, INT64_MAX - 8);
+                 }),
+                 {"model.w", "ending past the largest file offset"});
+}
+
+TEST(CraftedMetadataTest, ChecksumBlockSizeIsBounded) {
+  for (int64_t size : {int64_t{0}, int64_t{-1}, int64_t{1} << 62,
+                       kMaxChecksumBlockSize + 1}) {
+    ExpectDataLoss(DecodeCrafted([&](format::Metadata& proto) {
+                     proto.set_checksum_block_size(size);
+                   }),
+                   {"checksum_block_size"});
+  }
+}
+
+TEST(CraftedMetadataTest, ZeroDTensorClaimingBillionsOfChunksIsRejectedAtOnce) {
+  // "step" is the only 0-d tensor: its chunks take no array values, so only
+  // the count says how many there are.
+  absl::Status status = DecodeCrafted([](format::Metadata& proto) {
+    for (int t = 0; t < proto.tensor_rank_size(); ++t) {
+      if (proto.tensor_rank(t) == 0) proto.set_tensor_chunk_count(t, ~0u);
+    }
+  });
+  ExpectDataLoss(status, {"tensor step", "4294967295 chunks"});
 }
 
 }  // namespace

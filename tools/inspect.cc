@@ -1,17 +1,19 @@
 // `dcp inspect DIR` and `dcp verify DIR`.
-#include <fcntl.h>
-#include <unistd.h>
-
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checksum.h"
 #include "core/status.h"
+#include "io/file_system.h"
 #include "io/file_system_storage.h"
+#include "io/metadata_format.h"
 #include "tools/commands.h"
 
 namespace dcp {
@@ -28,27 +30,62 @@ std::string ChunkToString(const ChunkStorageMetadata& chunk) {
                       ShapeToString(chunk.sizes));
 }
 
-// Reads `length` bytes at `offset` of `fd`; kDataLoss when the file ends
-// early.
-absl::Status ReadFully(int fd, const std::string& path, int64_t offset,
-                       std::string& out) {
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
-                        offset + static_cast<int64_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return ErrnoError(
-          errno, absl::StrCat("pread ", path, " offset=", offset + done));
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(
-          path, " is truncated: wanted ", out.size(), " bytes at offset ",
-          offset, ", file ends after ", done));
-    }
-    done += static_cast<size_t>(n);
+// The most bytes `dcp verify` reads at once.
+constexpr int64_t kVerifyPieceBytes = int64_t{4} << 20;
+
+// Verifies one stored item against `file` (its data file, of `file_size`
+// bytes): the item has one checksum per block, lies inside the file, and
+// each block matches. Blocks are read in pieces of at most kVerifyPieceBytes
+// into `buffer`, so memory stays bounded whatever the metadata claims.
+// Returns the problems found; adds the bytes checked to `bytes_checked`.
+
+std::vector<std::string> VerifyItem(const MetadataIndex& index,
+                                    const StorageInfo& info, int64_t block,
+                                    File& file, int64_t file_size,
+                                    std::string& buffer,
+                                    int64_t& bytes_checked) {
+  // DecodeMetadata bounded block and offset + length.
+  const int64_t expected_blocks = ChecksumBlockCount(info.length, block);
+  if (static_cast<int64_t>(info.block_checksums.size()) != expected_blocks) {
+    return {absl::StrCat(index.ToString(), ": metadata has ",
+                         info.block_checksums.size(),
+                         " block checksums, expected ", expected_blocks)};
   }
-  return absl::OkStatus();
+  if (info.offset + info.length > file_size) {
+    return {absl::StrCat(index.ToString(), ": ", file.path(),
+                         " is truncated: the item needs bytes [", info.offset,
+                         ", ", info.offset + info.length,
+                         "), the file ends at ", file_size)};
+  }
+  std::vector<std::string> problems;
+  for (int64_t b = 0; b < expected_blocks; ++b) {
+    const int64_t start = b * block;
+    const int64_t size = std::min(block, info.length - start);
+    StreamingChecksum sum;
+    for (int64_t done = 0; done < size;) {
+      buffer.resize(std::min(kVerifyPieceBytes, size - done));
+      absl::StatusOr<size_t> got = file.PRead(
+          info.offset + start + done,
+          {reinterpret_cast<std::byte*>(buffer.data()), buffer.size()});
+      if (!got.ok() || *got != buffer.size()) {
+        problems.push_back(absl::StrCat(
+            index.ToString(), ": ",
+            got.ok() ? absl::StrCat(file.path(), " ended early")
+                     : std::string(got.status().message())));
+        return problems;
+      }
+      sum.Update(buffer.data(), buffer.size());
+      done += static_cast<int64_t>(buffer.size());
+    }
+    bytes_checked += size;
+    if (sum.Digest() != info.block_checksums[b]) {
+      problems.push_back(
+          absl::StrCat(index.ToString(), ": checksum mismatch in ",
+                       info.relative_path, " at offset ", info.offset + start,
+                       " (block ", b, ", ", size, " bytes)"));
+    }
+  }
+  return problems;
 }
 
 }  // namespace
@@ -63,7 +100,9 @@ absl::Status RunInspect(const std::string& dir) {
   }
   std::map<std::string, int64_t> file_bytes;
   for (const auto& [index, info] : metadata.storage_data) {
-    file_bytes[info.relative_path] += info.length;
+    int64_t& total = file_bytes[info.relative_path];
+    // Lengths are non-negative (DecodeMetadata); a crafted sum saturates.
+    if (__builtin_add_overflow(total, info.length, &total)) total = INT64_MAX;
   }
   std::printf("\n%-48s %-6s %-20s %s\n", "key", "dtype", "shape", "chunks");
   for (const auto& [name, entry] : metadata.state_dict_metadata) {
@@ -89,46 +128,41 @@ absl::Status RunInspect(const std::string& dir) {
 
 absl::Status RunVerify(const std::string& dir) {
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(dir));
-  const int64_t block = metadata.checksum_block_size;
   std::vector<std::string> problems;
   int64_t items = 0, bytes = 0;
   std::string buffer;
-  for (const auto& [index, info] : metadata.storage_data) {
-    ++items;
-    const std::string path = absl::StrCat(dir, "/", info.relative_path);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      problems.push_back(
-          ErrnoError(errno, absl::StrCat("open ", path)).ToString());
+  // File by file, each opened once: a regular file inside the directory
+  // (the decoder checked the names; no symbolic link is followed).
+  std::map<std::string, std::vector<const std::pair<const MetadataIndex,
+                                                    StorageInfo>*>>
+      by_file;
+  for (const auto& entry : metadata.storage_data) {
+    by_file[entry.second.relative_path].push_back(&entry);
+  }
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.no_follow = true;
+  for (const auto& [name, entries] : by_file) {
+    items += static_cast<int64_t>(entries.size());
+    absl::StatusOr<std::unique_ptr<File>> file =
+        LocalFileSystem().OpenForRead(JoinPath(dir, name), open_options);
+    absl::StatusOr<int64_t> size =
+        file.ok() ? (*file)->Size() : absl::StatusOr<int64_t>(file.status());
+    if (!size.ok()) {
+      for (const auto* entry : entries) {
+        problems.push_back(absl::StrCat(entry->first.ToString(), ": ",
+                                        size.status().message()));
+      }
       continue;
     }
-    const int64_t expected_blocks =
-        block > 0 ? (info.length + block - 1) / block : 0;
-    if (static_cast<int64_t>(info.block_checksums.size()) != expected_blocks) {
-      problems.push_back(absl::StrCat(
-          index.ToString(), ": metadata has ", info.block_checksums.size(),
-          " block checksums, expected ", expected_blocks));
-    }
-    for (int64_t b = 0; b < expected_blocks &&
-                        b < static_cast<int64_t>(info.block_checksums.size());
-         ++b) {
-      const int64_t start = b * block;
-      buffer.resize(std::min(block, info.length - start));
-      absl::Status read = ReadFully(fd, path, info.offset + start, buffer);
-      if (!read.ok()) {
-        problems.push_back(
-            absl::StrCat(index.ToString(), ": ", read.message()));
-        break;
-      }
-      bytes += static_cast<int64_t>(buffer.size());
-      if (Checksum(buffer.data(), buffer.size()) != info.block_checksums[b]) {
-        problems.push_back(
-            absl::StrCat(index.ToString(), ": checksum mismatch in ",
-                         info.relative_path, " at offset ", info.offset + start,
-                         " (block ", b, ", ", buffer.size(), " bytes)"));
+    for (const auto* entry : entries) {
+      for (std::string& problem :
+           VerifyItem(entry->first, entry->second,
+                      metadata.checksum_block_size, **file, *size, buffer,
+                      bytes)) {
+        problems.push_back(std::move(problem));
       }
     }
-    ::close(fd);
   }
   for (const std::string& p : problems) std::printf("BAD  %s\n", p.c_str());
   std::printf("%s: %lld items, %lld bytes checked, %zu problems\n",

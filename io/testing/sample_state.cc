@@ -1,6 +1,7 @@
 #include "io/testing/sample_state.h"
 
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -52,6 +53,16 @@ std::vector<std::string> ListNames(const std::string& dir) {
   absl::StatusOr<std::vector<std::string>> names =
       LocalFileSystem().ListDir(dir);
   return names.ok() ? *names : std::vector<std::string>{};
+}
+
+void FlipByte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x01;
+  f.seekp(offset);
+  f.write(&c, 1);
 }
 
 absl::Status SaveSample(const std::string& dir, const SampleState& sample,

@@ -34,6 +34,9 @@ std::string NewTestDir(const std::string& name);
 // The sorted entry names of `dir`.
 std::vector<std::string> ListNames(const std::string& dir);
 
+// Flips one bit of the byte at `offset` of the file at `path`.
+void FlipByte(const std::string& path, int64_t offset);
+
 // Saves `sample` into `dir` with a FileSystemWriter.
 absl::Status SaveSample(const std::string& dir, const SampleState& sample,
                         FileSystemWriterOptions options = {},
