@@ -56,6 +56,7 @@
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
+#include "io/io_engine.h"
 #include "nlohmann/json.hpp"
 #include "staging/device_staging.h"
 #include "staging/stager.h"
@@ -510,6 +511,7 @@ struct ShmFlags {
   std::string dir = "/dev/shm";
   int reps = 2;
   std::string layout = "large";
+  std::string io_mode = "auto";
 };
 
 // Runs fn(i) for i in [0, n) on n threads; the first error wins.
@@ -560,7 +562,11 @@ absl::Status PlainIo(const std::string& dir, std::byte* memory, size_t bytes,
 }
 
 absl::Status RunShm(const ShmFlags& flags, const Budget& budget) {
-  Emit({{"part", "shm"}, {"dir", flags.dir}, {"layout", flags.layout}});
+  DCP_ASSIGN_OR_RETURN(IoMode io_mode, ParseIoMode(flags.io_mode));
+  Emit({{"part", "shm"},
+        {"dir", flags.dir},
+        {"layout", flags.layout},
+        {"io_mode", flags.io_mode}});
   DCP_ASSIGN_OR_RETURN(std::vector<size_t> sizes,
                        LayoutSizes(flags.layout, flags.mib << 20));
   const size_t bytes = Total(sizes);
@@ -611,6 +617,7 @@ absl::Status RunShm(const ShmFlags& flags, const Budget& budget) {
       auto run_dcp = [&]() -> absl::Status {
         FileSystemWriterOptions writer_options;
         writer_options.thread_count = threads;
+        writer_options.io_mode = io_mode;
         FileSystemWriter writer(dcp_dir, writer_options);
         SaveOptions save;
         save.storage_writer = &writer;
@@ -619,6 +626,7 @@ absl::Status RunShm(const ShmFlags& flags, const Budget& budget) {
         ds.push_back(Seconds(t0, Clock::now()));
         FileSystemReaderOptions reader_options;
         reader_options.thread_count = threads;
+        reader_options.io_mode = io_mode;
         FileSystemReader reader(dcp_dir, reader_options);
         LoadOptions load;
         load.storage_reader = &reader;
@@ -715,6 +723,7 @@ int main(int argc, char** argv) {
   shm_cmd->add_option("--dir", shm.dir);
   shm_cmd->add_option("--reps", shm.reps)->check(CLI::Range(1, 100));
   shm_cmd->add_option("--layout", shm.layout);
+  shm_cmd->add_option("--io_mode", shm.io_mode, "auto, uring or posix");
   CLI11_PARSE(app, argc, argv);
 
   dcp::Budget budget;
