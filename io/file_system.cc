@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,13 +21,28 @@
 namespace dcp {
 namespace {
 
+// Whether `fd` is on a file system whose page cache is the file itself
+// (tmpfs and memfd, ramfs, hugetlbfs): nothing can leave it. Dropping
+// pages behind a reader there frees nothing and costs the most: each
+// POSIX_FADV_DONTNEED finds every page pinned and drains the LRU caches of
+// all CPUs (lru_add_drain_all), serialising every reader of the process.
+bool KeepsPagesInMemory(int fd) {
+  constexpr long kTmpfsMagic = 0x01021994;
+  constexpr long kRamfsMagic = 0x858458f6;
+  constexpr long kHugetlbfsMagic = 0x958458f6;
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return false;
+  const long type = static_cast<long>(fs.f_type);
+  return type == kTmpfsMagic || type == kRamfsMagic || type == kHugetlbfsMagic;
+}
+
 class PosixFile final : public File {
  public:
   PosixFile(int fd, std::string path, bool uncached)
       : fd_(fd),
         path_(std::move(path)),
         direct_((::fcntl(fd, F_GETFL) & O_DIRECT) != 0),
-        uncached_(uncached && !direct_) {}
+        uncached_(uncached && !direct_ && !KeepsPagesInMemory(fd)) {}
   ~PosixFile() override {
     if (fd_ < 0) return;
     if (uncached()) Drop(drop_behind_.Rest());

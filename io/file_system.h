@@ -89,9 +89,10 @@ class File {
   // (OpenOptions::uncached): writes ask the kernel with RWF_DONTCACHE,
   // reads drop what they have read behind themselves (NoteRead). PRead and
   // PWrite do so themselves; engines that do I/O on native_fd() pass the
-  // flag on writes and call NoteRead after reads. Turns false for good once
-  // the kernel refuses the flag on a write (NoteUncachedRefused): the file
-  // then uses the page cache as usual.
+  // flag on writes and call NoteRead after reads. False from the start on
+  // file systems whose pages are the file (tmpfs, memfd, ramfs, hugetlbfs),
+  // and false for good once the kernel refuses the flag on a write
+  // (NoteUncachedRefused): the file then uses the page cache as usual.
   virtual bool uncached() const { return false; }
 
   // Called by an engine after a buffered read on native_fd() of an uncached
@@ -118,8 +119,9 @@ struct OpenOptions {
   // (RWF_DONTCACHE, Linux 6.14+ on file systems that have it; elsewhere the
   // file uses the cache as usual, see File::uncached), a page read once it
   // and its neighbours have been copied out (POSIX_FADV_DONTNEED behind the
-  // reader, in 4 MiB stretches; pages cached before the read go too, and a
-  // file system that keeps its pages, such as tmpfs, keeps them). The cache
+  // reader, in 4 MiB stretches; pages cached before the read go too). Files
+  // on tmpfs, ramfs or hugetlbfs are never uncached: their pages are the
+  // file, and asking to drop them costs every CPU a drain. The cache
   // then holds only what is in flight: a checkpoint evicts no other file's
   // pages, and its pages are recycled instead of the kernel finding fresh
   // memory for each, which made 4 GiB buffered saves and loads 3-7x slower

@@ -762,13 +762,12 @@ TEST(PosixEngineTest, BufferedWritesToOneFileRunOneAtATimeInOrder) {
 
 // Both engines: an uncached file's writes leave in the page cache no page
 // they brought in where the kernel takes RWF_DONTCACHE, and its reads none
-// where the file system drops clean pages (not tmpfs); elsewhere (a memfd:
-// tmpfs has no uncached I/O) the refused flag is dropped and the bytes move
-// as usual.
+// where the file system drops clean pages (not tmpfs); elsewhere the
+// refused flag is dropped and the bytes move as usual. Files on tmpfs (a
+// memfd) are never uncached.
 TEST(UncachedIoTest, LeavesThePageCacheOrFallsBackToCachedIo) {
   const bool dir_takes =
       testing::KernelTakesUncachedWrites(std::getenv("TEST_TMPDIR"));
-  const bool memfd_takes = testing::KernelTakesUncachedWrites("");
   const bool dir_drops = testing::DropsCleanPages(std::getenv("TEST_TMPDIR"));
   std::vector<std::byte> data = Pattern(8 << 20, 9);
   // Mostly dropped where uncached I/O works, else mostly cached.
@@ -818,10 +817,8 @@ TEST(UncachedIoTest, LeavesThePageCacheOrFallsBackToCachedIo) {
       EXPECT_EQ(back, data) << what;
       expect_cached(path, uncached && dir_drops, "read " + what);
     }
-    // A memfd refuses uncached writes: the first write drops the flag.
-    // Reads never ask for RWF_DONTCACHE (the file drops what it has read
-    // behind itself), so a file only read keeps it, and tmpfs keeps its
-    // pages.
+    // A memfd (tmpfs) is never uncached, asked or not: its pages are the
+    // file. Its bytes move as usual.
     std::unique_ptr<File> written = NewPosixFile(
         ::memfd_create("uncached_write", MFD_CLOEXEC), "memfd", true);
     ASSERT_TRUE(
@@ -829,7 +826,7 @@ TEST(UncachedIoTest, LeavesThePageCacheOrFallsBackToCachedIo) {
                                                   data.size())})
             .ok())
         << which;
-    EXPECT_EQ(written->uncached(), memfd_takes) << which;
+    EXPECT_FALSE(written->uncached()) << which;
     const int fd = ::memfd_create("uncached_read", MFD_CLOEXEC);
     ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0),
               static_cast<ssize_t>(data.size()));
@@ -840,7 +837,7 @@ TEST(UncachedIoTest, LeavesThePageCacheOrFallsBackToCachedIo) {
                     {IoRequest::Read(read.get(), 0, back.data(), back.size())})
                     .ok())
         << which;
-    EXPECT_TRUE(read->uncached()) << which;
+    EXPECT_FALSE(read->uncached()) << which;
     EXPECT_EQ(back, data) << which;
     ASSERT_EQ(*written->PRead(0, absl::MakeSpan(back)), data.size());
     EXPECT_EQ(back, data) << which;
