@@ -51,13 +51,16 @@ struct StagingOptions {
   bool use_non_blocking_copy = true;  // Return before device copies finish.
 
   // dcp's knobs.
-  // Copy streams per device (see StagingPipelineOptions::num_streams).
-  int num_streams = 2;
+  // Copy streams per device (see StagingPipelineOptions::num_streams). One:
+  // on an H200 1-4 streams staged within 0.4% of each other (one copy
+  // engine per direction), large tensors or small (docs/BENCHMARKS.md
+  // section 2).
+  int num_streams = 1;
   // Device tensors are copied in pieces of this size, round robin over the
-  // streams: at ~50 GB/s an 8 MiB copy takes ~160 us, so the few us of
-  // per-copy overhead stay near 1%, while a large tensor still spreads over
-  // several streams. Not yet tuned on a GPU (bench/staging_bench sweeps it).
-  size_t copy_chunk_bytes = size_t{8} << 20;
+  // streams. 64 MiB pieces staged large tensors at 0.997x the raw pinned
+  // peak on an H200, 8 MiB pieces at 0.98x (per-copy overhead); larger
+  // pieces only delay the first piece's completion.
+  size_t copy_chunk_bytes = size_t{64} << 20;
   // Threads that memcpy CPU tensors (0: min(4, hardware threads)).
   int cpu_copy_threads = 0;
   // Keep the staging memory between Stage calls (the seed's
