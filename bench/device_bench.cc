@@ -3,9 +3,11 @@
 //
 //   device_bench stager [--sizes_mib=1024,4096,16384] [--layouts=large,small]
 //                       [--streams=1,2,3,4] [--chunks_mib=8,64] [--reps=3]
+//                       [--coalesce=on,off]
 //       DefaultStager device-to-host GB/s per (size, layout, copy streams,
-//       copy chunk size) against one raw CopyAsync of the whole size into
-//       pinned memory (the pinned peak).
+//       copy chunk size, coalesced small copies: small layout only) against
+//       one raw CopyAsync of the whole size into pinned memory (the pinned
+//       peak).
 //   device_bench async [--mib=4096] [--layout=large] [--reps=3] [--dir=D]
 //                      [--load_threads=4] [--load_pool_mib=256]
 //       AsyncSave of device tensors with the seed's DefaultStager: the time
@@ -313,6 +315,9 @@ struct StagerFlags {
   std::vector<std::string> layouts = {"large", "small"};
   std::vector<int> streams = {1, 2, 3, 4};
   std::vector<size_t> chunks_mib = {8, 64};
+  // StagingOptions::coalesce_device_copies, swept for the small layout
+  // only (large tensors are never coalesced).
+  std::vector<std::string> coalesce = {"on", "off"};
   int reps = 3;
 };
 
@@ -337,6 +342,8 @@ absl::Status RunStager(DeviceRuntime& runtime, const StagerFlags& flags,
             {"layout", layout},
             {"d2h_pinned_gbps", Gbps(s->block_bytes, peaks.d2h_seconds)},
             {"h2d_pinned_gbps", Gbps(s->block_bytes, peaks.h2d_seconds)}});
+      for (const std::string& coalesce : flags.coalesce) {
+      if (layout == "large" && coalesce != flags.coalesce.front()) continue;
       for (size_t chunk_mib : flags.chunks_mib) {
         for (int streams : flags.streams) {
           if (budget.Spent()) {
@@ -344,6 +351,7 @@ absl::Status RunStager(DeviceRuntime& runtime, const StagerFlags& flags,
             return absl::OkStatus();
           }
           StagingOptions options;
+          options.coalesce_device_copies = coalesce == "on";
           options.use_async_staging = false;
           options.use_non_blocking_copy = false;
           options.use_shared_memory = false;
@@ -369,8 +377,10 @@ absl::Status RunStager(DeviceRuntime& runtime, const StagerFlags& flags,
                 {"peak_d2h_gbps", peak},
                 {"ratio_to_peak", peak > 0 ? Gbps(bytes, t) / peak : 0},
                 {"first_stage_s", first},
+                {"coalesce", coalesce},
                 {"us_per_tensor", t / s->sizes.size() * 1e6}});
         }
+      }
       }
     }
   }
@@ -700,6 +710,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   stager_cmd->add_option("--reps", stager.reps)->check(CLI::Range(1, 100));
+  stager_cmd->add_option("--coalesce", stager.coalesce)
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}));
 
   dcp::AsyncFlags async;
   CLI::App* async_cmd =

@@ -107,6 +107,28 @@ absl::Status SetDevice(int device, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// cuMemGetAddressRange (driver API, through the runtime's entry point
+// query so that no libcuda link is needed): CUresult (CUdeviceptr* base,
+// size_t* size, CUdeviceptr ptr). Null when the driver lacks it.
+using GetAddressRangeFn = int (*)(unsigned long long*, size_t*,
+                                  unsigned long long);
+
+GetAddressRangeFn GetAddressRange() {
+  static const GetAddressRangeFn fn = []() -> GetAddressRangeFn {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
+                                         cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // Not sticky; clear it for later checks.
+      return nullptr;
+    }
+    return reinterpret_cast<GetAddressRangeFn>(f);
+  }();
+  return fn;
+}
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   explicit CudaRuntime(int device_count) : device_count_(device_count) {}
@@ -296,6 +318,27 @@ class CudaRuntime final : public DeviceRuntime {
     if (ptr == nullptr) return absl::OkStatus();
     DCP_CUDA_CHECK(cudaFree(ptr), absl::StrFormat("cudaFree %p", ptr));
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceAllocation> FindAllocation(int device,
+                                                  const void* ptr) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "FindAllocation"));
+    DCP_RETURN_IF_ERROR(SetDevice(device, "FindAllocation"));
+    const GetAddressRangeFn get_range = GetAddressRange();
+    unsigned long long base = 0;
+    size_t size = 0;
+    // Driver API errors (CUDA_ERROR_INVALID_VALUE for memory that is not
+    // device memory) are not sticky and leave the runtime's error alone.
+    if (get_range == nullptr ||
+        get_range(&base, &size,
+                  reinterpret_cast<unsigned long long>(ptr)) != 0 ||
+        size == 0) {
+      return absl::NotFoundError(absl::StrFormat(
+          "FindAllocation %p: cuMemGetAddressRange found no device "
+          "allocation on device %d",
+          ptr, device));
+    }
+    return DeviceAllocation{reinterpret_cast<const std::byte*>(base), size};
   }
 
  private:

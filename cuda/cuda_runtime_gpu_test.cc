@@ -34,6 +34,28 @@ TEST_F(CudaRuntimeGpuTest, PropertiesOfDeviceZero) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// The stager copies neighbouring tensors of one allocation in one copy: the
+// allocation's bounds must be exact, and host memory never one.
+TEST_F(CudaRuntimeGpuTest, FindAllocationGivesTheBlockOfAnInteriorPointer) {
+  const size_t n = (3 << 20) + 100;
+  absl::StatusOr<void*> dev = runtime_->AllocateDevice(0, n);
+  absl::StatusOr<void*> pinned = runtime_->AllocatePinned(4096);
+  ASSERT_TRUE(dev.ok() && pinned.ok());
+  const std::byte* base = static_cast<const std::byte*>(*dev);
+  absl::StatusOr<DeviceAllocation> found =
+      runtime_->FindAllocation(0, base + n - 1);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->base, base);
+  EXPECT_GE(found->size, n);
+  EXPECT_EQ(runtime_->FindAllocation(0, *pinned).status().code(),
+            absl::StatusCode::kNotFound);
+  std::vector<char> pageable(64);
+  EXPECT_EQ(runtime_->FindAllocation(0, pageable.data()).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runtime_->FreeDevice(*dev).ok());
+  ASSERT_TRUE(runtime_->FreePinned(*pinned).ok());
+}
+
 TEST_F(CudaRuntimeGpuTest, PinnedRoundTripOnTwoStreams) {
   const size_t n = (64 << 20) + 12345;
   absl::StatusOr<void*> src = runtime_->AllocatePinned(n);

@@ -82,6 +82,12 @@ struct DeviceProperties {
   bool is_host_emulation = false;
 };
 
+// A device allocation: [base, base + size).
+struct DeviceAllocation {
+  const std::byte* base = nullptr;
+  size_t size = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -159,6 +165,12 @@ class DeviceRuntime {
   // Device memory on `device`; kResourceExhausted when it cannot be had.
   virtual absl::StatusOr<void*> AllocateDevice(int device, size_t bytes) = 0;
   virtual absl::Status FreeDevice(void* ptr) = 0;
+  // The device allocation on `device` that holds `ptr`: its first byte and
+  // its size. One copy may span any bytes of one allocation (all of them
+  // are mapped), never two. kNotFound when `ptr` is not in device memory
+  // the runtime can place (callers then copy each buffer by itself).
+  virtual absl::StatusOr<DeviceAllocation> FindAllocation(int device,
+                                                          const void* ptr) = 0;
 };
 
 // Number of usable CUDA devices. 0 when the driver is missing or too old, or

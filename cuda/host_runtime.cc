@@ -390,6 +390,23 @@ class HostRuntime final : public DeviceRuntime {
     return *p;
   }
 
+  absl::StatusOr<DeviceAllocation> FindAllocation(int device,
+                                                  const void* ptr) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "FindAllocation"));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(ptr);
+    absl::MutexLock lock(&mu_);
+    auto it = device_allocs_.upper_bound(at);
+    if (it != device_allocs_.begin()) {
+      --it;
+      if (at < it->first + it->second) {
+        return DeviceAllocation{reinterpret_cast<const std::byte*>(it->first),
+                                it->second};
+      }
+    }
+    return absl::NotFoundError(absl::StrFormat(
+        "FindAllocation %p: not in an AllocateDevice allocation", ptr));
+  }
+
   absl::Status FreeDevice(void* ptr) override {
     if (ptr == nullptr) return absl::OkStatus();
     size_t size;

@@ -274,6 +274,31 @@ TEST_F(HostRuntimeTest, UnknownHandlesAndDevicesAreInvalidArgument) {
   EXPECT_TRUE(runtime_->DestroyEvent(nullptr).ok());
 }
 
+TEST_F(HostRuntimeTest, FindAllocationGivesTheBlockOfAnInteriorPointer) {
+  absl::StatusOr<void*> a = runtime_->AllocateDevice(0, 10000);
+  absl::StatusOr<void*> b = runtime_->AllocateDevice(0, 100);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::byte* base = static_cast<const std::byte*>(*a);
+  absl::StatusOr<DeviceAllocation> found =
+      runtime_->FindAllocation(0, base + 9999);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->base, base);
+  EXPECT_EQ(found->size, 10000u);
+  // One past the end is not in the allocation.
+  EXPECT_NE(runtime_->FindAllocation(0, base + 10000).value_or(
+                DeviceAllocation{}).base,
+            base);
+  std::vector<char> host(16);
+  EXPECT_EQ(runtime_->FindAllocation(0, host.data()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(runtime_->FindAllocation(1, base).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(runtime_->FreeDevice(*a).ok());
+  EXPECT_EQ(runtime_->FindAllocation(0, base).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runtime_->FreeDevice(*b).ok());
+}
+
 TEST_F(HostRuntimeTest, PinnedAndRegisteredMemory) {
   absl::StatusOr<void*> pinned = runtime_->AllocatePinned(10000);
   ASSERT_TRUE(pinned.ok());

@@ -1,6 +1,8 @@
 #include "staging/stager.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <cstring>
 #include <thread>
 #include <tuple>
@@ -58,13 +60,32 @@ StagingOptions StagingOptions::AsyncSaveDefault() {
   return o;
 }
 
+// Device tensors up to this size may share a copy with their neighbours;
+// larger ones are copied alone (their bytes dwarf a copy's fixed cost).
+constexpr size_t kCoalesceMaxTensorBytes = size_t{4} << 20;
+// Most gap bytes between two neighbours that one copy carries across.
+constexpr size_t kCoalesceMaxGap = size_t{64} << 10;
+
 struct DefaultStager::Plan {
   struct Slot {
     TensorView source;
     std::string name;  // First key that reached the tensor.
     size_t offset = 0;
+    bool in_span = false;  // Staged by a Span's copy.
+  };
+  // One copy that stages neighbouring device tensors together: device bytes
+  // [source, source + length) land at base + offset, each tensor at its own
+  // slot offset inside.
+  struct Span {
+    int device = 0;
+    const std::byte* source = nullptr;
+    size_t length = 0;
+    size_t offset = 0;
+    size_t first_slot = 0;
+    size_t tensors = 0;
   };
   std::vector<Slot> slots;
+  std::vector<Span> spans;
   std::map<TensorKey, size_t> index;
   size_t total = 0;
   bool has_device = false;
@@ -116,6 +137,102 @@ struct DefaultStager::Plan {
         return absl::OkStatus();
       default:
         return absl::OkStatus();
+    }
+  }
+
+  // Lays out small contiguous device tensors that lie close together in one
+  // device allocation as they lie there, so that one copy stages them all:
+  // every copy costs the copy engine a few microseconds whatever its size
+  // (on an H200 ~8 us per tensor of a few hundred KiB, against 5 us for its
+  // bytes). A span's copy carries the gap bytes between its tensors too:
+  // at most kCoalesceMaxGap each, at most its tensors' bytes plus
+  // kCoalesceMaxGap in all, and the span at most `max_span`. It never
+  // crosses an allocation, so every byte it reads is mapped. Recomputes
+  // every slot's offset and `total`.
+  void CoalesceDeviceCopies(DeviceRuntime& runtime, size_t max_span) {
+    auto begin = [&](size_t i) {
+      return static_cast<const std::byte*>(slots[i].source.data());
+    };
+    auto end = [&](size_t i) { return begin(i) + slots[i].source.nbytes(); };
+    std::vector<size_t> small;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const TensorView& v = slots[i].source;
+      if (v.device().is_cuda() && v.device().index >= 0 &&
+          v.device().index < runtime.DeviceCount() && v.is_contiguous() &&
+          v.nbytes() > 0 && v.nbytes() <= kCoalesceMaxTensorBytes) {
+        small.push_back(i);
+      }
+    }
+    if (small.size() < 2) return;
+    std::sort(small.begin(), small.end(), [&](size_t a, size_t b) {
+      const int da = slots[a].source.device().index;
+      const int db = slots[b].source.device().index;
+      return da != db ? da < db : std::less<const std::byte*>()(begin(a),
+                                                                begin(b));
+    });
+    std::vector<std::vector<size_t>> groups;
+    std::vector<size_t> group;
+    DeviceAllocation allocation;
+    size_t useful = 0;
+    auto close = [&] {
+      if (group.size() >= 2) groups.push_back(group);
+      group.clear();
+    };
+    for (size_t i : small) {
+      const int device = slots[i].source.device().index;
+      const size_t n = slots[i].source.nbytes();
+      if (!group.empty()) {
+        const std::byte* first = begin(group.front());
+        const std::byte* last_end = end(group.back());
+        const bool joins =
+            device == slots[group.front()].source.device().index &&
+            begin(i) >= last_end &&
+            static_cast<size_t>(begin(i) - last_end) <= kCoalesceMaxGap &&
+            end(i) <= allocation.base + allocation.size &&
+            static_cast<size_t>(end(i) - first) <= max_span &&
+            static_cast<size_t>(end(i) - first) <=
+                2 * (useful + n) + kCoalesceMaxGap;
+        if (joins) {
+          group.push_back(i);
+          useful += n;
+          continue;
+        }
+        close();
+      }
+      absl::StatusOr<DeviceAllocation> found =
+          runtime.FindAllocation(device, begin(i));
+      if (!found.ok() || begin(i) < found->base ||
+          end(i) > found->base + found->size) {
+        continue;  // Copied alone.
+      }
+      allocation = *found;
+      group.push_back(i);
+      useful = n;
+    }
+    close();
+    if (groups.empty()) return;
+    for (const std::vector<size_t>& g : groups) {
+      for (size_t i : g) slots[i].in_span = true;
+    }
+    total = 0;
+    for (Slot& slot : slots) {
+      if (slot.in_span) continue;
+      total = AlignUp(total, AlignFor(slot.source.nbytes()));
+      slot.offset = total;
+      total += slot.source.nbytes();
+    }
+    for (const std::vector<size_t>& g : groups) {
+      const std::byte* first = begin(g.front());
+      // Each tensor keeps its device address's place within a 4 KiB page.
+      const size_t offset =
+          AlignUp(total, 4096) + reinterpret_cast<uintptr_t>(first) % 4096;
+      for (size_t i : g) {
+        slots[i].offset = offset + static_cast<size_t>(begin(i) - first);
+      }
+      const size_t length = static_cast<size_t>(end(g.back()) - first);
+      spans.push_back({slots[g.front()].source.device().index, first, length,
+                       offset, g.front(), g.size()});
+      total = offset + length;
     }
   }
 
@@ -268,9 +385,28 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
   if (plan.has_device) {
     DCP_ASSIGN_OR_RETURN(runtime, Runtime());
   }
+  for (const Plan::Span& span : plan.spans) {
+    absl::StatusOr<DeviceStream*> stream = NextStream(span.device);
+    if (!stream.ok()) {
+      error = stream.status();
+      break;
+    }
+    used[*stream] = span.device;
+    error = runtime->CopyAsync(base + span.offset, span.source, span.length,
+                               CopyKind::kDeviceToHost, *stream);
+    if (!error.ok()) {
+      error = Annotate(
+          error, absl::StrFormat("staging tensor '%s' and its %d neighbours "
+                                 "in one copy",
+                                 plan.slots[span.first_slot].name,
+                                 span.tensors - 1));
+      break;
+    }
+  }
   for (const Plan::Slot& slot : plan.slots) {
     const TensorView& v = slot.source;
-    if (!v.device().is_cuda() || v.nbytes() == 0) continue;
+    if (!error.ok()) break;
+    if (!v.device().is_cuda() || v.nbytes() == 0 || slot.in_span) continue;
     const int device = v.device().index;
     if (device < 0 || device >= runtime->DeviceCount()) {
       error = absl::InvalidArgumentError(absl::StrFormat(
@@ -423,6 +559,11 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
   Plan plan;
   for (const auto& [key, value] : state_dict) {
     DCP_RETURN_IF_ERROR(plan.AddValue(value, key));
+  }
+  if (plan.has_device && options_.coalesce_device_copies) {
+    DCP_ASSIGN_OR_RETURN(DeviceRuntime * runtime, Runtime());
+    plan.CoalesceDeviceCopies(
+        *runtime, std::max<size_t>(options_.copy_chunk_bytes, 4096));
   }
   std::shared_ptr<StagedMemory> memory = std::make_shared<StagedMemory>();
   std::byte* base = nullptr;

@@ -61,6 +61,12 @@ struct StagingOptions {
   // peak on an H200, 8 MiB pieces at 0.98x (per-copy overhead); larger
   // pieces only delay the first piece's completion.
   size_t copy_chunk_bytes = size_t{64} << 20;
+  // Small device tensors that lie close together in one device allocation
+  // (as a caching allocator places them) are staged by one copy for all of
+  // them, laid out in the staging buffer as on the device, gaps included
+  // (see DefaultStager::Plan::CoalesceDeviceCopies): a copy's fixed cost
+  // dominated states of many small tensors on an H200.
+  bool coalesce_device_copies = true;
   // Threads that memcpy CPU tensors (0: min(4, hardware threads)).
   int cpu_copy_threads = 0;
   // Keep the staging memory between Stage calls (the seed's

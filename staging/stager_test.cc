@@ -3,9 +3,12 @@
 #include <atomic>
 #include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/status.h"
 #include "cuda/host_runtime.h"
@@ -192,6 +195,161 @@ class DeviceTensors {
   DeviceRuntime& runtime_;
   std::vector<void*> blocks_;
 };
+
+// Device tensors carved out of device blocks at chosen offsets, the bytes of
+// each block a pattern, and the device-to-host copies a runtime performs.
+class PackedDeviceState {
+ public:
+  PackedDeviceState() {
+    HostRuntimeOptions options;
+    options.copy_observer = [this](const HostCopyTrace& t) {
+      if (t.phase == HostCopyTrace::Phase::kStart &&
+          t.kind == CopyKind::kDeviceToHost && t.stream != nullptr) {
+        copies_.fetch_add(1);
+      }
+    };
+    runtime_ = CreateHostRuntime(std::move(options));
+  }
+  ~PackedDeviceState() {
+    for (void* p : blocks_) runtime_->FreeDevice(p).IgnoreError();
+  }
+  DeviceRuntime& runtime() { return *runtime_; }
+  int copies() const { return copies_.load(); }
+
+  // A new device block of `bytes`, filled with bytes that depend on their
+  // position (and the block's number).
+  std::byte* Block(size_t bytes) {
+    std::vector<std::byte> host(bytes);
+    for (size_t i = 0; i < bytes; ++i) {
+      host[i] = static_cast<std::byte>((i * 131 + blocks_.size() * 7) >> 3);
+    }
+    void* p = *runtime_->AllocateDevice(0, bytes);
+    EXPECT_TRUE(
+        runtime_->Copy(p, host.data(), bytes, CopyKind::kHostToDevice).ok());
+    blocks_.push_back(p);
+    hosts_.push_back(std::move(host));
+    return static_cast<std::byte*>(p);
+  }
+  // A device tensor of `shape` at `offset` of block `block`.
+  Tensor At(size_t block, size_t offset, DType dtype, Shape shape) {
+    return Tensor::Wrap(TensorView(static_cast<std::byte*>(blocks_[block]) +
+                                       offset,
+                                   dtype, std::move(shape), Device::Cuda(0)));
+  }
+  // Whether `staged` holds the bytes of `device` (a tensor made by At).
+  bool Holds(const Tensor& staged, const Tensor& device) const {
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      const auto* base = static_cast<const std::byte*>(blocks_[b]);
+      const auto* at = static_cast<const std::byte*>(device.data());
+      if (at >= base && at < base + hosts_[b].size()) {
+        return staged.nbytes() == device.nbytes() &&
+               std::memcmp(staged.data(), hosts_[b].data() + (at - base),
+                           device.nbytes()) == 0;
+      }
+    }
+    return false;
+  }
+
+ private:
+  std::atomic<int> copies_{0};
+  std::unique_ptr<DeviceRuntime> runtime_;
+  std::vector<void*> blocks_;
+  std::vector<std::vector<std::byte>> hosts_;
+};
+
+// Many small tensors of one allocation, 512-byte rounded as a caching
+// allocator places them (a 0-d step, bf16 and fp32 vectors, an int64
+// tensor), stage in one copy and come out byte for byte; a tensor of a
+// second allocation and a large one are copied by themselves.
+TEST(StagerCoalesceTest, NeighboursInOneAllocationShareOneCopy) {
+  PackedDeviceState device;
+  device.Block(8 << 20);
+  device.Block(4096);
+  StateDict sd;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  size_t offset = 0;
+  for (int i = 0; i < 40; ++i) {
+    const DType dtype =
+        i % 4 == 0 ? DType::kF32 : (i % 4 == 1 ? DType::kBF16 : DType::kI64);
+    const Shape shape = i % 4 == 0 ? Shape{} : Shape{1 + 97 * i};
+    Tensor t = device.At(0, offset, dtype, shape);
+    offset += (t.nbytes() + 511) / 512 * 512;
+    tensors.emplace_back(absl::StrCat("small", i), t);
+  }
+  tensors.emplace_back("large", device.At(0, 2 << 20, DType::kF32, {1 << 20}));
+  tensors.emplace_back("other", device.At(1, 0, DType::kF32, {100}));
+  for (auto& [name, t] : tensors) sd.emplace(name, t);
+  for (bool coalesce : {true, false}) {
+    StagingOptions o = Sync();
+    o.coalesce_device_copies = coalesce;
+    DefaultStager stager(o, &device.runtime());
+    const int before = device.copies();
+    absl::StatusOr<StateDict> staged = StageAndWait(stager, sd);
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    for (const auto& [name, t] : tensors) {
+      const Tensor& s = staged->at(name).tensor();
+      EXPECT_TRUE(s.device().is_cpu()) << name;
+      EXPECT_EQ(s.sizes(), t.sizes()) << name;
+      EXPECT_TRUE(device.Holds(s, t)) << name << " coalesce=" << coalesce;
+    }
+    // One copy for the 40 neighbours, one for the large tensor (one
+    // 64 MiB piece), one for the other allocation's tensor.
+    EXPECT_EQ(device.copies() - before, coalesce ? 3 : 42);
+  }
+}
+
+// Neighbours farther apart than the gap limit are copied alone; a span
+// carries at most its tensors' bytes plus the gap limit in gaps, so tiny
+// tensors 60 KiB apart pair up but no more; a tensor at the end of one
+// allocation and one at the start of the next never share a copy,
+// wherever the allocations lie.
+TEST(StagerCoalesceTest, FarNeighboursAndOtherAllocationsAreCopiedAlone) {
+  PackedDeviceState device;
+  device.Block(1 << 20);
+  device.Block(4096);
+  device.Block(4096);
+  StateDict sd{
+      {"a", device.At(0, 0, DType::kF32, {1024})},
+      // After a gap of 128 KiB: too far.
+      {"b", device.At(0, 4096 + (128 << 10), DType::kF32, {1024})},
+      {"end_of_1", device.At(1, 4096 - 256, DType::kF32, {64})},
+      {"start_of_2", device.At(2, 0, DType::kF32, {64})},
+  };
+  for (int i = 0; i < 4; ++i) {  // Two spans of two.
+    sd.emplace(absl::StrCat("tiny", i),
+               device.At(0, (512 << 10) + i * (60 << 10), DType::kF32, {}));
+  }
+  DefaultStager stager(Sync(), &device.runtime());
+  absl::StatusOr<StateDict> staged = StageAndWait(stager, sd);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  for (const auto& [name, value] : sd) {
+    EXPECT_TRUE(device.Holds(staged->at(name).tensor(), value.tensor()))
+        << name;
+  }
+  EXPECT_EQ(device.copies(), 6);
+}
+
+// The default, asynchronous and non-blocking path stages coalesced
+// tensors too, and a second Stage reuses the layout's buffer.
+TEST(StagerCoalesceTest, AsyncNonBlockingStagingOfNeighbours) {
+  PackedDeviceState device;
+  device.Block(1 << 20);
+  StateDict sd;
+  for (int i = 0; i < 16; ++i) {
+    sd.emplace(absl::StrCat("t", i),
+               device.At(0, i * 4096, DType::kF32, {1000 - i}));
+  }
+  DefaultStager stager(StagingOptions(), &device.runtime());
+  for (int round = 0; round < 2; ++round) {
+    absl::StatusOr<StateDict> staged = StageAndWait(stager, sd);
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    for (const auto& [name, value] : sd) {
+      EXPECT_TRUE(device.Holds(staged->at(name).tensor(), value.tensor()))
+          << name << " round " << round;
+    }
+  }
+  EXPECT_EQ(device.copies(), 2);
+}
 
 TEST_F(StagerTest, DeviceTensorsCopyOverSeveralStreamsByteExact) {
   DeviceTensors device(*runtime_);

@@ -3,6 +3,8 @@
 // skips when CudaDeviceCount() == 0.
 #include <cstring>
 #include <map>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +56,48 @@ class StagingGpuTest : public ::testing::Test {
   std::unique_ptr<DeviceRuntime> runtime_;
   std::vector<void*> device_;
 };
+
+// Small tensors carved out of one cudaMalloc block (512-byte rounded, as
+// PyTorch's caching allocator places them) stage in shared copies on the
+// seed's asynchronous, non-blocking path, and come out byte for byte, as
+// do their neighbours in a second block; the same with coalescing off.
+TEST_F(StagingGpuTest, NeighbouringSmallTensorsStageByteExact) {
+  const size_t block = 4 << 20;
+  Tensor a = DeviceBytes(block, 5);
+  Tensor b = DeviceBytes(block, 6);
+  const std::vector<unsigned char> pa = Pattern(block, 5);
+  const std::vector<unsigned char> pb = Pattern(block, 6);
+  StateDict sd;
+  std::vector<std::tuple<std::string, size_t, size_t, int>> spec;
+  size_t offset = 0;
+  for (int i = 0; offset + 70000 < block; ++i) {
+    const size_t n = i % 3 == 0 ? 4 : 1 + (i * 4099) % 65536;
+    spec.emplace_back("t" + std::to_string(i), offset, n, i % 2);
+    offset += (n + 511) / 512 * 512 + (i % 7 == 0 ? 70000 : 0);
+  }
+  for (const auto& [name, at, n, which] : spec) {
+    const Tensor& base = which == 0 ? a : b;
+    sd.emplace(name, Tensor::Wrap(TensorView(
+                         static_cast<std::byte*>(base.data()) + at, DType::kU8,
+                         {static_cast<int64_t>(n)}, Device::Cuda(0))));
+  }
+  for (bool coalesce : {true, false}) {
+    StagingOptions options;
+    options.coalesce_device_copies = coalesce;
+    DefaultStager stager(options, runtime_.get());
+    Future<StateDict> f = stager.Stage(sd);
+    ASSERT_TRUE(f.Wait().ok()) << f.Wait().status();
+    ASSERT_TRUE(stager.SynchronizeStaging().ok());
+    const StateDict& staged = *f.Wait();
+    for (const auto& [name, at, n, which] : spec) {
+      const std::vector<unsigned char>& p = which == 0 ? pa : pb;
+      const Tensor& t = staged.at(name).tensor();
+      ASSERT_EQ(t.nbytes(), n) << name;
+      EXPECT_EQ(std::memcmp(t.data(), p.data() + at, n), 0)
+          << name << " coalesce=" << coalesce;
+    }
+  }
+}
 
 TEST_F(StagingGpuTest, DefaultStagerCopiesDeviceTensorsByteExact) {
   Tensor big = DeviceBytes((64 << 20) + 3, 1);

@@ -13,7 +13,8 @@ Variants:
                  (what a user gets without an async_stager)
   torch_pinned   the same with DefaultStager(StagingOptions(True, True,
                  True, True)): pinned, shared memory, async staging,
-                 non-blocking copies
+                 non-blocking copies, one stager kept for every save
+  torch_pinned_fresh  the same with a new stager per save
   dcp            the dcp Python package's async_save, when it is importable
 
 Prints one JSON object per line (flushed): a header, one line per save, one
@@ -105,17 +106,19 @@ def variants(torch, dcp_module):
         # returns.
         return None, tdcp.async_save(state, checkpoint_id=path)
 
-    stagers = []  # One stager for every save, as a training loop keeps it.
+    def pinned(reuse):
+        stagers = []  # Reused: one stager for every save, as a loop keeps it.
 
-    def torch_pinned(state, path):
-        if not stagers:
+        def save(state, path):
             from torch.distributed.checkpoint.staging import (DefaultStager,
                                                               StagingOptions)
-            stagers.append(
-                DefaultStager(StagingOptions(True, True, True, True)))
-        r = tdcp.async_save(state, checkpoint_id=path,
-                            async_stager=stagers[0])
-        return r.staging_completion, r.upload_completion
+            if not stagers or not reuse:
+                stagers[:] = [
+                    DefaultStager(StagingOptions(True, True, True, True))]
+            r = tdcp.async_save(state, checkpoint_id=path,
+                                async_stager=stagers[0])
+            return r.staging_completion, r.upload_completion
+        return save
 
     def dcp_async(state, path):
         r = dcp_module.async_save(state, checkpoint_id=path)
@@ -126,8 +129,12 @@ def variants(torch, dcp_module):
     def torch_load(state, path):
         tdcp.load(state, checkpoint_id=path)
 
+    # torch 2.11 failed reusing a DefaultStager for a second save of this
+    # state (KeyError: <class 'type'>): torch_pinned_fresh makes one per
+    # save, so it pays for pinning memory every time.
     out = [("torch_default", torch_default, torch_load),
-           ("torch_pinned", torch_pinned, torch_load)]
+           ("torch_pinned", pinned(True), torch_load),
+           ("torch_pinned_fresh", pinned(False), torch_load)]
     if dcp_module is not None:
         out.append(("dcp", dcp_async,
                     lambda state, path: dcp_module.load(state,
@@ -151,7 +158,9 @@ def main():
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget_s", type=float, default=0)
-    parser.add_argument("--variants", default="torch_default,torch_pinned,dcp")
+    parser.add_argument(
+        "--variants",
+        default="torch_default,torch_pinned,torch_pinned_fresh,dcp")
     args = parser.parse_args()
     start = time.monotonic()
 
