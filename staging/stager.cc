@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <cstring>
 #include <thread>
 #include <tuple>
@@ -329,6 +330,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   buffer_options.recycle = options_.recycle_staging_memory;
   DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
                        HostBuffer::Create(bytes, runtime, buffer_options));
+  ++buffers_made_;
   if (options_.cache_staged_state_dict) {
     if (replaceable != nullptr) {
       *replaceable = buffer;  // Unmaps the old one (nobody uses it).
@@ -547,15 +549,8 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
   return error;
 }
 
-absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
-                                                  bool wait_for_copies) {
-  absl::MutexLock lock(&mu_);
-  if (closed_) {
-    return absl::FailedPreconditionError(
-        "DefaultStager: Stage called after Close");
-  }
-  // Copies still landing from the previous non-blocking Stage first.
-  DCP_RETURN_IF_ERROR(WaitPendingCopies());
+absl::StatusOr<DefaultStager::Plan> DefaultStager::MakePlan(
+    const StateDict& state_dict) {
   Plan plan;
   for (const auto& [key, value] : state_dict) {
     DCP_RETURN_IF_ERROR(plan.AddValue(value, key));
@@ -565,6 +560,55 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
     plan.CoalesceDeviceCopies(
         *runtime, std::max<size_t>(options_.copy_chunk_bytes, 4096));
   }
+  return plan;
+}
+
+absl::Status DefaultStager::ReserveNow(const StateDict& state_dict) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        "DefaultStager: Reserve called after Close");
+  }
+  DCP_ASSIGN_OR_RETURN(Plan plan, MakePlan(state_dict));
+  // What the first Stage would otherwise make too: the copy streams of each
+  // device and the CPU copy threads.
+  std::set<int> devices;
+  bool has_cpu = false;
+  for (const Plan::Slot& slot : plan.slots) {
+    if (slot.source.device().is_cuda()) devices.insert(slot.source.device().index);
+    has_cpu = has_cpu || slot.source.device().is_cpu();
+  }
+  for (int device : devices) DCP_RETURN_IF_ERROR(NextStream(device).status());
+  if (has_cpu) CpuPool();
+  if (plan.total == 0) return absl::OkStatus();
+  // BufferFor keeps the buffer cached; nobody holds it, so it is free for
+  // the next Stage.
+  return BufferFor(plan.total).status();
+}
+
+Future<void> DefaultStager::Reserve(const StateDict& state_dict) {
+  if (!options_.cache_staged_state_dict) {
+    return Future<void>::Ready(absl::OkStatus());
+  }
+  if (!options_.use_async_staging) {
+    return Future<void>::Ready(ReserveNow(state_dict));
+  }
+  Promise<void> done;
+  background_->Schedule(
+      [this, state_dict, done] { done.Set(ReserveNow(state_dict)); });
+  return done.future();
+}
+
+absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
+                                                  bool wait_for_copies) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        "DefaultStager: Stage called after Close");
+  }
+  // Copies still landing from the previous non-blocking Stage first.
+  DCP_RETURN_IF_ERROR(WaitPendingCopies());
+  DCP_ASSIGN_OR_RETURN(Plan plan, MakePlan(state_dict));
   std::shared_ptr<StagedMemory> memory = std::make_shared<StagedMemory>();
   std::byte* base = nullptr;
   if (plan.total > 0) {
@@ -629,6 +673,11 @@ void DefaultStager::Close() {
   copy_streams_.reset();  // Before the runtime they belong to.
   cached_.clear();
   owned_runtime_.reset();  // Staged dicts keep it alive while they need it.
+}
+
+int DefaultStager::buffers_made() const {
+  absl::MutexLock lock(&mu_);
+  return buffers_made_;
 }
 
 size_t DefaultStager::cached_bytes() const {

@@ -135,10 +135,28 @@ class DefaultStager final : public AsyncStager {
   absl::Status SynchronizeStaging() override;
   void Close() override;
 
+  // Makes, and keeps cached, the staging memory a Stage of `state_dict` (or
+  // of any state with the same tensors) will use, mapped, faulted in and
+  // page-locked per the options, so that the first Stage blocks no longer
+  // than later ones: mapping and pinning fresh memory costs far more than
+  // the copy into it (pinning 4 GiB took 2.3 s on an H200 host, the copy
+  // 78 ms). Call it when the loop starts, off its critical path. Only the
+  // tensors' sizes, devices and places are read, never their bytes. With
+  // use_async_staging it runs on the stager's background thread (ordered
+  // before later Stages) and the future is ready when the memory is;
+  // otherwise on the calling thread. Ready at once without
+  // cache_staged_state_dict (nothing would be kept). Errors: as Stage's
+  // (kResourceExhausted when the memory cannot be had), kFailedPrecondition
+  // after Close().
+  Future<void> Reserve(const StateDict& state_dict);
+
   const StagingOptions& options() const { return options_; }
   // Bytes of staging memory the stager holds for reuse, over all cached
   // buffers (0 after Close or without cache_staged_state_dict).
   size_t cached_bytes() const;
+  // Staging buffers the stager has mapped so far (each one a fresh mmap,
+  // page faults and, with pinned memory, page-locking).
+  int buffers_made() const;
 
   // Stages on the calling thread; `wait_for_copies` false leaves device
   // copies running (tracked for SynchronizeStaging). Internal to staging/
@@ -154,6 +172,10 @@ class DefaultStager final : public AsyncStager {
   // The next copy stream of `device` (round robin over num_streams).
   absl::StatusOr<DeviceStream*> NextStream(int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The layout of `state_dict` in staging memory.
+  absl::StatusOr<Plan> MakePlan(const StateDict& state_dict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveNow(const StateDict& state_dict);
   absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -174,6 +196,7 @@ class DefaultStager final : public AsyncStager {
   // even if the caller drops the staged dict.
   std::vector<std::shared_ptr<void>> pending_memory_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int buffers_made_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Completion of the last async Stage, for SynchronizeStaging/Close. A
   // Future<void>: holding the staged dict here would keep its memory busy

@@ -351,6 +351,50 @@ TEST(StagerCoalesceTest, AsyncNonBlockingStagingOfNeighbours) {
   EXPECT_EQ(device.copies(), 2);
 }
 
+// Reserve maps (and pins) the staging memory up front: the first Stage of
+// the same state, and later ones, map nothing; a larger state still gets
+// memory of its own. On the background thread with async staging.
+TEST_F(StagerTest, ReserveMakesTheMemoryTheFirstStageUses) {
+  DeviceTensors device(*runtime_);
+  StateDict sd{{"w", device.Make(100000, 1)}, {"b", Iota(1000)}};
+  for (bool async : {false, true}) {
+    StagingOptions o;
+    o.use_async_staging = async;
+    DefaultStager stager(o, runtime_.get());
+    ASSERT_TRUE(stager.Reserve(sd).Wait().ok());
+    EXPECT_EQ(stager.buffers_made(), 1);
+    EXPECT_GE(stager.cached_bytes(), 404000u);
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<StateDict> staged = StageAndWait(stager, sd);
+      ASSERT_TRUE(staged.ok()) << staged.status();
+      EXPECT_EQ(Values(staged->at("w").tensor()), Values(Iota(100000, 1)));
+      EXPECT_TRUE(staged->at("b").tensor().BytesEqual(sd.at("b").tensor()));
+      // Pinned on Reserve: registering it again is refused.
+      EXPECT_EQ(runtime_->RegisterHost(staged->at("w").tensor().data(), 64)
+                    .code(),
+                absl::StatusCode::kAlreadyExists);
+    }
+    EXPECT_EQ(stager.buffers_made(), 1) << "async=" << async;
+    StateDict larger = sd;
+    larger.emplace("extra", Iota(5000));
+    ASSERT_TRUE(StageAndWait(stager, larger).ok());
+    EXPECT_EQ(stager.buffers_made(), 2);
+  }
+}
+
+TEST_F(StagerTest, ReserveAfterCloseFailsAndWithoutCacheDoesNothing) {
+  StateDict sd{{"b", Iota(1000)}};
+  StagingOptions uncached = Sync();
+  uncached.cache_staged_state_dict = false;
+  DefaultStager nothing_kept(uncached, runtime_.get());
+  ASSERT_TRUE(nothing_kept.Reserve(sd).Wait().ok());
+  EXPECT_EQ(nothing_kept.buffers_made(), 0);
+  DefaultStager closed(Sync(), runtime_.get());
+  closed.Close();
+  EXPECT_EQ(closed.Reserve(sd).Wait().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(StagerTest, DeviceTensorsCopyOverSeveralStreamsByteExact) {
   DeviceTensors device(*runtime_);
   Tensor big = device.Make(100000, 1);  // 400 KB in 4 KiB pieces.
