@@ -194,6 +194,37 @@ class CudaRuntime final : public DeviceRuntime {
     return absl::OkStatus();
   }
 
+  absl::Status StreamWaitNative(DeviceStream* stream,
+                                const DeviceWait& wait) override {
+    if (wait.empty()) return absl::OkStatus();
+    DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitNative"));
+    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "StreamWaitNative"));
+    cudaEvent_t event = static_cast<cudaEvent_t>(wait.event);
+    cudaEvent_t marker = nullptr;
+    if (event == nullptr) {
+      // The caller's stream: mark where it is now, and wait for the mark.
+      DCP_CUDA_CHECK(
+          cudaEventCreateWithFlags(&marker, cudaEventDisableTiming),
+          "StreamWaitNative: cudaEventCreateWithFlags");
+      const cudaError_t recorded = cudaEventRecord(
+          marker, static_cast<cudaStream_t>(wait.stream));
+      if (recorded != cudaSuccess) {
+        cudaEventDestroy(marker);
+        DCP_CUDA_CHECK(recorded,
+                       absl::StrFormat("StreamWaitNative: cudaEventRecord on "
+                                       "the caller's stream %p",
+                                       wait.stream));
+      }
+      event = marker;
+    }
+    const cudaError_t waited =
+        cudaStreamWaitEvent(AsRecord(stream)->stream, event, 0);
+    // Destroying a recorded event is safe: CUDA frees it once it completes.
+    if (marker != nullptr) cudaEventDestroy(marker);
+    DCP_CUDA_CHECK(waited, "StreamWaitNative: cudaStreamWaitEvent");
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<DeviceEvent*> CreateEvent(int device,
                                            bool enable_timing) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateEvent"));

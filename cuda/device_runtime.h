@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/device.h"
 
 namespace dcp {
 
@@ -117,6 +118,12 @@ class DeviceRuntime {
   // (without blocking the caller).
   virtual absl::Status StreamWaitEvent(DeviceStream* stream,
                                        DeviceEvent* event) = 0;
+  // Makes later work on `stream` wait until the work `wait` names is done
+  // (core/device.h: the caller's native stream or event), without blocking
+  // the host. kInvalidArgument for a handle the runtime does not know (the
+  // host runtime checks; CUDA reports what the driver says).
+  virtual absl::Status StreamWaitNative(DeviceStream* stream,
+                                        const DeviceWait& wait) = 0;
 
   // ---- Events ------------------------------------------------------------
   // A new event for `device`. `enable_timing` allows ElapsedMillis (and costs

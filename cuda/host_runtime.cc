@@ -212,6 +212,23 @@ class HostRuntime final : public DeviceRuntime {
     return absl::OkStatus();
   }
 
+  // The host runtime's native handles are its own: a DeviceStream* or a
+  // DeviceEvent* of this runtime.
+  absl::Status StreamWaitNative(DeviceStream* stream,
+                                const DeviceWait& wait) override {
+    if (wait.event != nullptr) {
+      return StreamWaitEvent(stream, static_cast<DeviceEvent*>(wait.event));
+    }
+    if (wait.stream == nullptr) return absl::OkStatus();
+    DCP_ASSIGN_OR_RETURN(DeviceEvent * marker,
+                         CreateEvent(wait.device, /*enable_timing=*/false));
+    absl::Status status =
+        RecordEvent(marker, static_cast<DeviceStream*>(wait.stream));
+    if (status.ok()) status = StreamWaitEvent(stream, marker);
+    DestroyEvent(marker).IgnoreError();  // Pending work holds its state.
+    return status;
+  }
+
   absl::StatusOr<DeviceEvent*> CreateEvent(int device,
                                            bool enable_timing) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateEvent"));

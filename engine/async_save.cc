@@ -31,7 +31,9 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
         std::make_shared<DefaultStager>(StagingOptions::AsyncSaveDefault());
     stager = owned_stager.get();
   }
-  Future<StateDict> staged = stager->Stage(state_dict);
+  // The stager's copies wait for the caller's device work; the upload
+  // writes host memory and needs no wait.
+  Future<StateDict> staged = stager->Stage(state_dict, options.save.device_wait);
 
   // Staging is complete when the staged dict is ready and, for non-blocking
   // device copies, when the copies have landed.
@@ -45,6 +47,7 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   });
 
   SaveOptions save = options.save;
+  save.device_wait = DeviceWait{};
   uploader_.Schedule([staged, staged_done = response.staging_completion,
                       upload_promise, save, owned_stager] {
     absl::Status staging = staged_done.Wait();

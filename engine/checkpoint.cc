@@ -281,6 +281,7 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
   // reused for the next save never writes over the files of the checkpoint
   // it committed before.
   DCP_RETURN_IF_ERROR(storage_writer.Reset(""));
+  DCP_RETURN_IF_ERROR(storage_writer.SetDeviceWait(options.device_wait));
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
   std::unique_ptr<DefaultSavePlanner> default_planner;
@@ -303,8 +304,8 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
     comm::ProcessGroup& group = *GroupFor(options.process_group, false);
     const std::string dir = storage_writer.GetStorageMeta().checkpoint_id;
     internal::DistWrapper alone(nullptr, 0);
-    const absl::Status reset =
-        storage_writer.Reset(RankLocalDir(dir, group.rank()));
+    absl::Status reset = storage_writer.Reset(RankLocalDir(dir, group.rank()));
+    if (reset.ok()) reset = storage_writer.SetDeviceWait(options.device_wait);
     absl::StatusOr<Metadata> metadata =
         reset.ok()
             ? SaveWithCoordination(state_dict, storage_writer, *planner, alone,

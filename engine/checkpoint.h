@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device.h"
 #include "core/state_dict.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
@@ -49,6 +50,17 @@ struct SaveOptions {
   // share the outcome. Load finds such a checkpoint by itself; it loads on
   // the same rank count only (each rank reads its own rank-R).
   bool use_collectives = true;
+  // The stream rule for device tensors: dcp copies them on its own copy
+  // streams, which know nothing of the caller's. A Save or AsyncSave issued
+  // right after the kernels that write those tensors must name the
+  // caller's stream (or an event recorded after those kernels) here: no
+  // device copy then starts before that work is done, and the host is not
+  // blocked for it (core/device.h; on CUDA the native cudaStream_t or
+  // cudaEvent_t, e.g. torch.cuda.current_stream().cuda_stream). Empty: the
+  // caller has synchronized (the tensors are final when Save is called).
+  // A storage writer or stager that cannot order its copies fails with
+  // kUnimplemented instead of copying too early.
+  DeviceWait device_wait;
 };
 
 struct LoadOptions {

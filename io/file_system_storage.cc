@@ -280,8 +280,14 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   replaceable_files_.clear();
   committed_files_.clear();
   directory_lock_.reset();
+  device_wait_ = DeviceWait{};
   absl::MutexLock lock(&mu_);
   created_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status FileSystemWriter::SetDeviceWait(const DeviceWait& wait) {
+  device_wait_ = wait;
   return absl::OkStatus();
 }
 
@@ -595,7 +601,8 @@ absl::Status FileSystemWriter::WriteFile(
     } else {
       std::optional<BlockChecksummer> checksums;
       status = (*staging)->Stage(
-          device_items, [&](StagedPiece piece) -> absl::Status {
+          device_items,
+          [&](StagedPiece piece) -> absl::Status {
             if (failed->load()) {
               return absl::AbortedError("an earlier write of this file failed");
             }
@@ -621,7 +628,8 @@ absl::Status FileSystemWriter::WriteFile(
               results[i]->storage_data.block_checksums = checksums->Finish();
             }
             return absl::OkStatus();
-          });
+          },
+          device_wait_);
       // A failed write stopped the pipeline: its own error (ENOSPC, EIO)
       // is reported below with the others.
       if (!status.ok() && failed->load()) status = absl::OkStatus();

@@ -114,6 +114,8 @@ class FileSystemWriter final : public StorageWriter {
 
   // Resets per-save state and draws a fresh save id; a non-empty
   // `checkpoint_id` replaces the directory.
+  // Device tensors of the next WriteData are copied only after `wait`.
+  absl::Status SetDeviceWait(const DeviceWait& wait) override;
   absl::Status Reset(const std::string& checkpoint_id) override;
   StorageMeta GetStorageMeta() const override;
   // Creates the directory (and parents). The coordinator then takes the
@@ -178,6 +180,7 @@ class FileSystemWriter final : public StorageWriter {
   bool is_coordinator_ = true;
   int rank_ = 0;
   bool committed_ = false;
+  DeviceWait device_wait_;  // For the next WriteData's device copies.
   // The data files of the replaced checkpoint (its metadata at SetUp names
   // them): the only files MarkCommitted may remove.
   std::set<std::string> replaceable_files_;

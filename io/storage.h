@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device.h"
 #include "core/future.h"
 #include "planner/metadata.h"
 #include "planner/plan.h"
@@ -49,6 +50,17 @@ class StorageWriter {
   // Coordinator only: assigns each rank its file names (storage_data).
   virtual absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
       std::vector<SavePlan> plans) = 0;
+
+  // The caller's device work the next WriteData must let finish before it
+  // copies any device tensor (SaveOptions::device_wait). Cleared by Reset.
+  // Writers that cannot order their device copies fail a non-empty wait
+  // with kUnimplemented (the default) rather than copy too early.
+  virtual absl::Status SetDeviceWait(const DeviceWait& wait) {
+    if (wait.empty()) return absl::OkStatus();
+    return absl::UnimplementedError(
+        "this storage writer cannot order its device copies after the "
+        "caller's stream (SaveOptions::device_wait)");
+  }
 
   // Writes every item of `plan`, pulling data from `planner.ResolveData`.
   // The future resolves with one WriteResult per item once all data is

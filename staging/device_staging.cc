@@ -82,10 +82,11 @@ void DeviceStaging::ReturnPipeline(std::unique_ptr<StagingPipeline> pipeline) {
 }
 
 absl::Status DeviceStaging::Stage(absl::Span<const PipelineItem> items,
-                                  PieceConsumer consumer) {
+                                  PieceConsumer consumer,
+                                  const DeviceWait& wait) {
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<StagingPipeline> pipeline,
                        TakePipeline());
-  absl::Status status = pipeline->Run(items, std::move(consumer));
+  absl::Status status = pipeline->Run(items, std::move(consumer), wait);
   ReturnPipeline(std::move(pipeline));
   return status;
 }

@@ -68,9 +68,10 @@ class DeviceStaging {
   absl::StatusOr<PinnedPool*> Pool();
 
   // Streams every item through the pool into `consumer` (see
-  // StagingPipeline::Run for the order, the errors and who owns the chunk).
+  // StagingPipeline::Run for the order, the errors, who owns the chunk and
+  // `wait`).
   absl::Status Stage(absl::Span<const PipelineItem> items,
-                     PieceConsumer consumer);
+                     PieceConsumer consumer, const DeviceWait& wait = {});
 
   // Load side. A free chunk of the pool (blocks while all are leased).
   absl::StatusOr<PinnedChunk> AcquireChunk();

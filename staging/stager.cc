@@ -342,13 +342,18 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   return buffer;
 }
 
-absl::StatusOr<DeviceStream*> DefaultStager::NextStream(int device) {
+absl::StatusOr<internal_staging::CopyStreams*> DefaultStager::Streams() {
   DCP_ASSIGN_OR_RETURN(DeviceRuntime * runtime, Runtime());
   if (copy_streams_ == nullptr) {
     copy_streams_ = std::make_unique<internal_staging::CopyStreams>(
         runtime, options_.num_streams);
   }
-  return copy_streams_->Next(device);
+  return copy_streams_.get();
+}
+
+absl::StatusOr<DeviceStream*> DefaultStager::NextStream(int device) {
+  DCP_ASSIGN_OR_RETURN(internal_staging::CopyStreams * streams, Streams());
+  return streams->Next(device);
 }
 
 Executor& DefaultStager::CpuPool() {
@@ -600,7 +605,8 @@ Future<void> DefaultStager::Reserve(const StateDict& state_dict) {
 }
 
 absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
-                                                  bool wait_for_copies) {
+                                                  bool wait_for_copies,
+                                                  const DeviceWait& wait) {
   absl::MutexLock lock(&mu_);
   if (closed_) {
     return absl::FailedPreconditionError(
@@ -619,6 +625,11 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
     DCP_RETURN_IF_ERROR(Runtime().status());
   }
   memory->runtime = owned_runtime_;
+  if (plan.has_device && !wait.empty()) {
+    DCP_ASSIGN_OR_RETURN(internal_staging::CopyStreams * streams, Streams());
+    DCP_RETURN_IF_ERROR(Annotate(streams->WaitFor(wait),
+                                 "staging: waiting for the caller's stream"));
+  }
   DCP_RETURN_IF_ERROR(CopyAll(plan, base, wait_for_copies));
   if (!pending_events_.empty()) pending_memory_.push_back(memory);
   StateDict staged;
@@ -629,9 +640,14 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
 }
 
 Future<StateDict> DefaultStager::Stage(const StateDict& state_dict) {
+  return Stage(state_dict, DeviceWait{});
+}
+
+Future<StateDict> DefaultStager::Stage(const StateDict& state_dict,
+                                       const DeviceWait& wait) {
   if (!options_.use_async_staging) {
     return Future<StateDict>::Ready(
-        StageNow(state_dict, !options_.use_non_blocking_copy));
+        StageNow(state_dict, !options_.use_non_blocking_copy, wait));
   }
   Promise<StateDict> promise;
   Promise<void> done;
@@ -639,9 +655,9 @@ Future<StateDict> DefaultStager::Stage(const StateDict& state_dict) {
     absl::MutexLock lock(&future_mu_);
     last_async_ = done.future();
   }
-  background_->Schedule([this, state_dict, promise, done] {
+  background_->Schedule([this, state_dict, promise, done, wait] {
     absl::StatusOr<StateDict> staged =
-        StageNow(state_dict, /*wait_for_copies=*/true);
+        StageNow(state_dict, /*wait_for_copies=*/true, wait);
     const absl::Status status = staged.status();
     promise.Set(std::move(staged));
     done.Set(status);
@@ -700,6 +716,11 @@ BlockingStager::BlockingStager(StagingOptions options, DeviceRuntime* runtime)
 
 Future<StateDict> BlockingStager::Stage(const StateDict& state_dict) {
   return stager_.Stage(state_dict);
+}
+
+Future<StateDict> BlockingStager::Stage(const StateDict& state_dict,
+                                        const DeviceWait& wait) {
+  return stager_.Stage(state_dict, wait);
 }
 
 }  // namespace dcp

@@ -105,6 +105,18 @@ class AsyncStager {
   // kFailedPrecondition after Close().
   virtual Future<StateDict> Stage(const StateDict& state_dict) = 0;
 
+  // Stage, with no device copy starting before the caller's device work
+  // `wait` names is done (core/device.h); the host is not blocked for it.
+  // Stagers that cannot order their copies (the default) fail a non-empty
+  // wait with kUnimplemented rather than copy too early.
+  virtual Future<StateDict> Stage(const StateDict& state_dict,
+                                  const DeviceWait& wait) {
+    if (wait.empty()) return Stage(state_dict);
+    return Future<StateDict>::Ready(absl::UnimplementedError(
+        "this stager cannot order its device copies after the caller's "
+        "stream; use DefaultStager"));
+  }
+
   // True when the staged dict may still be filling after Stage's future is
   // ready (non-blocking device copies): the caller then calls
   // SynchronizeStaging() before reading it (the seed calls it right after
@@ -131,6 +143,8 @@ class DefaultStager final : public AsyncStager {
   ~DefaultStager() override;
 
   Future<StateDict> Stage(const StateDict& state_dict) override;
+  Future<StateDict> Stage(const StateDict& state_dict,
+                          const DeviceWait& wait) override;
   bool should_synchronize_after_execute() const override;
   absl::Status SynchronizeStaging() override;
   void Close() override;
@@ -162,12 +176,16 @@ class DefaultStager final : public AsyncStager {
   // copies running (tracked for SynchronizeStaging). Internal to staging/
   // (BlockingStager and the async path use it).
   absl::StatusOr<StateDict> StageNow(const StateDict& state_dict,
-                                     bool wait_for_copies);
+                                     bool wait_for_copies,
+                                     const DeviceWait& wait = {});
 
  private:
   struct Plan;
   absl::StatusOr<DeviceRuntime*> Runtime() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy streams, made on first use.
+  absl::StatusOr<internal_staging::CopyStreams*> Streams()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next copy stream of `device` (round robin over num_streams).
   absl::StatusOr<DeviceStream*> NextStream(int device)
@@ -219,6 +237,8 @@ class BlockingStager final : public AsyncStager {
                           DeviceRuntime* runtime = nullptr);
 
   Future<StateDict> Stage(const StateDict& state_dict) override;
+  Future<StateDict> Stage(const StateDict& state_dict,
+                          const DeviceWait& wait) override;
   bool should_synchronize_after_execute() const override { return false; }
   absl::Status SynchronizeStaging() override { return absl::OkStatus(); }
   void Close() override { stager_.Close(); }

@@ -97,8 +97,11 @@ void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
 }
 
 absl::Status StagingPipeline::Run(absl::Span<const PipelineItem> items,
-                                  PieceConsumer consumer) {
+                                  PieceConsumer consumer,
+                                  const DeviceWait& wait) {
   stats_ = Stats{};
+  DCP_RETURN_IF_ERROR(
+      Annotate(streams_->WaitFor(wait), "waiting for the caller's stream"));
   for (size_t i = 0; i < items.size(); ++i) {
     const TensorView& src = items[i].source;
     if (!src.is_contiguous()) {

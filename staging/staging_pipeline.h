@@ -101,9 +101,10 @@ class StagingPipeline {
 
   // Stages every item and feeds the consumer; returns when every piece was
   // consumed or dropped after an error. kInvalidArgument (before any copy)
-  // for a non-contiguous item or an unknown device.
+  // for a non-contiguous item or an unknown device. No copy starts, on the
+  // device, before the caller's work `wait` names is done.
   absl::Status Run(absl::Span<const PipelineItem> items,
-                   PieceConsumer consumer);
+                   PieceConsumer consumer, const DeviceWait& wait = {});
 
   // Counters of the last Run.
   Stats last_stats() const { return stats_; }

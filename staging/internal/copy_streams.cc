@@ -20,6 +20,16 @@ absl::StatusOr<DeviceStream*> CopyStreams::Next(int device) {
   return streams[next++ % streams.size()].get();
 }
 
+absl::Status CopyStreams::WaitFor(const DeviceWait& wait) {
+  if (wait.empty()) return absl::OkStatus();
+  DCP_RETURN_IF_ERROR(Next(wait.device).status());  // Creates the streams.
+  absl::MutexLock lock(&mu_);
+  for (OwnedStream& stream : streams_[wait.device]) {
+    DCP_RETURN_IF_ERROR(runtime_->StreamWaitNative(stream.get(), wait));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OwnedEvent> CopyStreams::TakeEvent(int device) {
   {
     absl::MutexLock lock(&mu_);

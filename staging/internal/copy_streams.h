@@ -25,6 +25,9 @@ class CopyStreams {
 
   // The next stream of `device`, round robin.
   absl::StatusOr<DeviceStream*> Next(int device);
+  // Makes every stream of wait.device (created if need be) wait, on the
+  // device, for the caller's work `wait` names. A no-op for an empty wait.
+  absl::Status WaitFor(const DeviceWait& wait);
   // A non-timing event of `device` (recycled or new).
   absl::StatusOr<OwnedEvent> TakeEvent(int device);
   // Gives an event back for reuse; an empty one is ignored.

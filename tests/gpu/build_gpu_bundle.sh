@@ -22,6 +22,7 @@ targets=(
   //cuda:cuda_runtime_gpu_test
   //staging:staging_gpu_test
   //tests:device_save_gpu_test
+  //tests:stream_order_gpu_test
   //comm:nccl_process_group_test
   //tests/comm:nccl_rendezvous_test
   //bench:staging_bench

@@ -1,0 +1,232 @@
+// The stream rule (SaveOptions::device_wait): a save issued while the
+// caller's stream still writes a device tensor copies it only after that
+// write. On the host-memory runtime: the caller's write is a copy on the
+// caller's stream, held back until the test lets it go; every device-to-host
+// copy of the tensor records whether the write had finished when it started,
+// and the checkpoint must hold the written bytes.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/state_dict.h"
+#include "cuda/host_runtime.h"
+#include "engine/async_save.h"
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+#include "io/file_system_storage.h"
+#include "staging/device_staging.h"
+#include "staging/stager.h"
+#include "tests/test_util.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::MakeTempDir;
+
+constexpr size_t kFloats = 300000;  // Several pool chunks of the writer.
+
+class StreamOrderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HostRuntimeOptions options;
+    options.copy_observer = [this](const HostCopyTrace& t) { Observe(t); };
+    runtime_ = CreateHostRuntime(std::move(options));
+    device_ = *runtime_->AllocateDevice(0, kFloats * sizeof(float));
+    std::vector<float> zeros(kFloats, 0.0f);
+    ASSERT_TRUE(runtime_
+                    ->Copy(device_, zeros.data(), kFloats * sizeof(float),
+                           CopyKind::kHostToDevice)
+                    .ok());
+    written_.resize(kFloats);
+    for (size_t i = 0; i < kFloats; ++i) written_[i] = 1.0f + i;
+    caller_ = *runtime_->CreateStream(0);
+  }
+  void TearDown() override {
+    Release();  // Never leave a held copy behind.
+    ASSERT_TRUE(runtime_->SynchronizeStream(caller_).ok());
+    ASSERT_TRUE(runtime_->DestroyStream(caller_).ok());
+    ASSERT_TRUE(runtime_->FreeDevice(device_).ok());
+  }
+
+  // The training step: writes `written_` into the tensor on the caller's
+  // stream; the copy is held until Release().
+  void EnqueueStep() {
+    ASSERT_TRUE(runtime_
+                    ->CopyAsync(device_, written_.data(),
+                                kFloats * sizeof(float),
+                                CopyKind::kHostToDevice, caller_)
+                    .ok());
+  }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+
+  StateDict State() {
+    return StateDict{{"w", Tensor::Wrap(TensorView(device_, DType::kF32,
+                                                   {static_cast<int64_t>(kFloats)},
+                                                   Device::Cuda(0)))}};
+  }
+  DeviceWait WaitForCaller() {
+    DeviceWait wait;
+    wait.stream = caller_;
+    return wait;
+  }
+  // Device-to-host copies of the tensor that started before the write.
+  int early_copies() const { return early_copies_.load(); }
+  int copies_of_tensor() const { return copies_of_tensor_.load(); }
+
+  void ExpectCheckpointHoldsTheWrite(const std::string& dir) {
+    Tensor back = Tensor::Empty(DType::kF32, {static_cast<int64_t>(kFloats)});
+    std::memset(back.data(), 0, back.nbytes());
+    StateDict loaded{{"w", back}};
+    LoadOptions load;
+    load.checkpoint_id = dir;
+    ASSERT_TRUE(Load(loaded, load).ok());
+    EXPECT_EQ(std::memcmp(back.data(), written_.data(), back.nbytes()), 0);
+  }
+
+  std::unique_ptr<DeviceRuntime> runtime_;
+  void* device_ = nullptr;
+  DeviceStream* caller_ = nullptr;
+  std::vector<float> written_;
+
+ private:
+  void Observe(const HostCopyTrace& t) {
+    const auto* begin = static_cast<const std::byte*>(device_);
+    if (t.kind == CopyKind::kHostToDevice && t.stream != nullptr &&
+        t.stream == caller_) {
+      if (t.phase == HostCopyTrace::Phase::kStart) {
+        release_.WaitForNotification();
+      } else {
+        write_done_.store(true);
+      }
+      return;
+    }
+    const auto* src = static_cast<const std::byte*>(t.src);
+    if (t.kind == CopyKind::kDeviceToHost &&
+        t.phase == HostCopyTrace::Phase::kStart && src >= begin &&
+        src < begin + kFloats * sizeof(float)) {
+      copies_of_tensor_.fetch_add(1);
+      if (!write_done_.load()) {
+        early_copies_.fetch_add(1);
+        if (!early_copy_seen_.HasBeenNotified()) early_copy_seen_.Notify();
+      }
+    }
+  }
+
+  absl::Notification release_;
+  std::atomic<bool> write_done_{false};
+
+ protected:
+  // Notified by a device-to-host copy of the tensor that starts while the
+  // write is held (what the rule forbids).
+  absl::Notification early_copy_seen_;
+
+ private:
+  std::atomic<int> early_copies_{0};
+  std::atomic<int> copies_of_tensor_{0};
+};
+
+// A synchronous Save through the FileSystemWriter's bounded pool: its copy
+// streams wait for the caller's stream; the save finishes once the write is
+// let go.
+TEST_F(StreamOrderTest, SaveCopiesOnlyAfterTheCallersStream) {
+  DeviceStagingOptions staging_options;
+  staging_options.chunk_bytes = 64 << 10;
+  staging_options.pool_bytes = 256 << 10;
+  DeviceStaging staging(staging_options, runtime_.get());
+  const std::string dir = MakeTempDir("save_order");
+  FileSystemWriterOptions writer_options;
+  writer_options.device_staging = &staging;
+  FileSystemWriter writer(dir, writer_options);
+  EnqueueStep();
+  SaveOptions save;
+  save.storage_writer = &writer;
+  save.device_wait = WaitForCaller();
+  absl::Status saved;
+  std::thread saver([&] { saved = Save(State(), save).status(); });
+  // Save blocks until its copies are written, and they wait for the held
+  // write: give a copy that ignores the rule time to show itself, then let
+  // the write go. The wait bounds only how long a broken save is given; a
+  // correct one passes whatever the timing.
+  early_copy_seen_.WaitForNotificationWithTimeout(absl::Milliseconds(300));
+  Release();
+  saver.join();
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_GT(copies_of_tensor(), 1);
+  EXPECT_EQ(early_copies(), 0);
+  ExpectCheckpointHoldsTheWrite(dir);
+}
+
+// AsyncSave with the seed's stager (non-blocking copies): AsyncSave returns
+// while the write is still held, and staging completes after it.
+TEST_F(StreamOrderTest, AsyncSaveStagesOnlyAfterTheCallersStream) {
+  StagingOptions options;
+  options.use_async_staging = false;  // Stage enqueues and returns.
+  DefaultStager stager(options, runtime_.get());
+  const std::string dir = MakeTempDir("async_order");
+  EnqueueStep();
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions async;
+  async.save.checkpoint_id = dir;
+  async.save.device_wait = WaitForCaller();
+  async.async_stager = &stager;
+  AsyncSaveResponse response = checkpointer.AsyncSave(State(), async);
+  Release();
+  ASSERT_TRUE(response.staging_completion.Wait().ok());
+  ASSERT_TRUE(response.upload_completion.Wait().ok());
+  EXPECT_GE(copies_of_tensor(), 1);
+  EXPECT_EQ(early_copies(), 0);
+  ExpectCheckpointHoldsTheWrite(dir);
+}
+
+// A caller's event works as well as its stream.
+TEST_F(StreamOrderTest, AnEventRecordedAfterTheStepOrdersTheCopies) {
+  DeviceEvent* event = *runtime_->CreateEvent(0, /*enable_timing=*/false);
+  EnqueueStep();
+  ASSERT_TRUE(runtime_->RecordEvent(event, caller_).ok());
+  StagingOptions options;
+  options.use_async_staging = false;
+  DefaultStager stager(options, runtime_.get());
+  DeviceWait wait;
+  wait.event = event;
+  Future<StateDict> staged = stager.Stage(State(), wait);
+  Release();
+  ASSERT_TRUE(staged.Wait().ok());
+  ASSERT_TRUE(stager.SynchronizeStaging().ok());
+  EXPECT_EQ(early_copies(), 0);
+  EXPECT_EQ(std::memcmp(staged.Wait()->at("w").tensor().data(),
+                        written_.data(), kFloats * sizeof(float)),
+            0);
+  ASSERT_TRUE(runtime_->DestroyEvent(event).ok());
+}
+
+// Stagers and writers that cannot order their copies refuse a wait instead
+// of copying too early.
+TEST(StreamOrderRefusalTest, AStagerWithoutOrderingRefusesAWait) {
+  class PlainStager final : public AsyncStager {
+   public:
+    using AsyncStager::Stage;
+    Future<StateDict> Stage(const StateDict& sd) override {
+      return Future<StateDict>::Ready(sd);
+    }
+    bool should_synchronize_after_execute() const override { return false; }
+    absl::Status SynchronizeStaging() override { return absl::OkStatus(); }
+    void Close() override {}
+  } stager;
+  DeviceWait wait;
+  int marker = 0;
+  wait.stream = &marker;
+  EXPECT_EQ(stager.Stage(StateDict{}, wait).Wait().status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(stager.Stage(StateDict{}, DeviceWait{}).Wait().ok());
+}
+
+}  // namespace
+}  // namespace dcp
