@@ -27,6 +27,13 @@ absl::StatusOr<int64_t> ParseSize(const std::string& text);
 absl::Status RunDemo(const DemoFlags& flags);
 absl::Status RunInspect(const std::string& dir);
 absl::Status RunVerify(const std::string& dir);
+// `dcp verify --clean DIR`, before the verification: takes the directory's
+// lock (kFailedPrecondition naming the holder while a save runs), removes
+// the orphans of interrupted saves (RemoveOrphans, io/
+// file_system_storage.h), prints each name removed and the bytes
+// reclaimed. The cleanup's error when orphans remain or none were looked
+// for (kDataLoss when the committed metadata cannot be read).
+absl::Status RunClean(const std::string& dir);
 
 // The benchmark kinds `dcp bench` knows ("coord", "io", ...) and the Bazel
 // target that builds each ("" for an unknown kind).

@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
                          "Check every checksum of a checkpoint; exits non-zero "
                          "naming what is wrong");
   verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")->required();
+  bool verify_clean = false;
+  verify_cmd->add_flag(
+      "--clean", verify_clean,
+      "First remove the files of interrupted saves (under the directory's "
+      "lock: fails while a save runs) and print the bytes reclaimed");
 
   std::string bench_kind;
   std::vector<std::string> bench_args;
@@ -89,7 +94,8 @@ int main(int argc, char** argv) {
   } else if (*inspect_cmd) {
     status = dcp::RunInspect(inspect_dir);
   } else if (*verify_cmd) {
-    status = dcp::RunVerify(verify_dir);
+    if (verify_clean) status = dcp::RunClean(verify_dir);
+    if (status.ok()) status = dcp::RunVerify(verify_dir);
   } else if (*bench_cmd) {
     for (const std::string& extra : bench_cmd->remaining()) {
       bench_args.push_back(extra);
