@@ -19,11 +19,15 @@ int main(int argc, char** argv) {
       "Save and load a synthetic model state, verify every byte, "
       "print throughput");
   demo_cmd->add_option("--size", demo.size,
-                       "Approximate state size (e.g. 1GiB, 256MiB, 4G)");
+                       "Approximate state size (e.g. 1GiB, 256MiB, 4G; at "
+                       "most this machine's memory per rank, half that to "
+                       "load). Default: 1GiB, or with --mode load the "
+                       "checkpoint's");
   demo_cmd->add_option("--dir", demo.dir,
                        "Checkpoint directory (default: a temporary one, "
                        "removed afterwards)");
-  demo_cmd->add_option("--seed", demo.seed, "Seed of the synthetic values");
+  demo_cmd->add_option("--seed", demo.seed,
+                       "Seed of the synthetic values (0 to 2^64 - 1)");
   demo_cmd->add_option("--mode", demo.mode, "roundtrip | save | load")
       ->check(CLI::IsMember({"roundtrip", "save", "load"}));
   demo_cmd->add_flag("--json", demo.json, "Print one JSON object");
