@@ -7,6 +7,7 @@
 #include "io/fault_injection.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -28,6 +29,7 @@ using ::dcp::testing::LoadAndCompare;
 using ::dcp::testing::NewTestDir;
 using ::dcp::testing::SampleState;
 using ::dcp::testing::SaveSample;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 int CountEntries(const char* dir) {
@@ -236,12 +238,61 @@ TEST(FaultInjectionTest, FailuresAfterTheRenameLeaveTheNewCheckpoint) {
   }
 }
 
+TEST(FaultInjectionTest, OutOfSpaceSaysWhatOrphansFreedAndWhatRemains) {
+  // Two orphans of interrupted saves; one cannot be removed. The save runs
+  // out of space: its message says what the cleanup freed and what is left.
+  const std::string dir = NewTestDir("enospc_orphans");
+  const SampleState old_state = SampleState::Make(1);
+  ASSERT_TRUE(SaveSample(dir, old_state).ok());
+  const std::string freed = "__0_00000000000000aa_0.distcp";
+  const std::string stuck = "__0_00000000000000bb_0.distcp";
+  std::ofstream(JoinPath(dir, freed)) << std::string(3000, 'o');
+  std::ofstream(JoinPath(dir, stuck)) << std::string(5000, 'o');
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject(F(FaultOp::kUnlink, EACCES, stuck));
+  faulty.FailWritesAfter(1000);
+  FileSystemWriterOptions options;
+  options.file_system = &faulty;
+  absl::Status status = SaveSample(dir, SampleState::Make(2), options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr(absl::StrCat(
+                  "removed 1 orphaned file(s) of interrupted saves (3000 "
+                  "bytes) from ",
+                  dir, "; 1 orphaned file(s) of interrupted saves (5000 "
+                       "bytes) remain in ",
+                  dir)));
+  EXPECT_THAT(status.message(), HasSubstr(stuck));  // The unlink's error.
+  const std::vector<std::string> after = ListNames(dir);
+  EXPECT_THAT(after, ::testing::Not(::testing::Contains(freed)));
+  EXPECT_THAT(after, ::testing::Contains(stuck));
+  EXPECT_TRUE(LoadAndCompare(dir, old_state).ok());
+
+  // Without orphans there is nothing to add; with an unreadable metadata
+  // the message says why none were looked for.
+  FaultInjectionFileSystem full(LocalFileSystem());
+  full.FailWritesAfter(1000);
+  options.file_system = &full;
+  ASSERT_EQ(::unlink(JoinPath(dir, stuck).c_str()), 0);
+  status = SaveSample(dir, SampleState::Make(2), options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("orphaned")));
+  std::ofstream(JoinPath(dir, kMetadataFileName)) << "not a metadata file";
+  status = SaveSample(dir, SampleState::Make(2), options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("orphaned files of interrupted saves in " + dir +
+                              " were not removed"),
+                    HasSubstr("is not a dcp metadata file")));
+}
+
 TEST(FaultInjectionTest, UnreadablePreviousMetadataNamesNothingToRemove) {
   // The save replaces a checkpoint whose metadata it cannot read: it
-  // commits, and removes none of the old files, as nothing proves they are
-  // unreferenced.
+  // commits, and removes none of the old files, nor what looks like an
+  // orphan, as nothing proves they are unreferenced.
   const std::string dir = NewTestDir("unreadable_previous");
   ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  std::ofstream(JoinPath(dir, "__0_00000000deadbeef_0.distcp")) << "orphan?";
   const std::vector<std::string> before = ListNames(dir);
   FaultInjectionFileSystem faulty(LocalFileSystem());
   faulty.Inject(F(FaultOp::kRead, EIO, ".metadata"));

@@ -450,6 +450,13 @@ absl::Status WritebackStatus(int error_number, absl::string_view path,
   }
 }
 
+std::string ThisProcessDescription() {
+  char host[256] = "unknown host";
+  ::gethostname(host, sizeof(host) - 1);
+  host[sizeof(host) - 1] = '\0';
+  return absl::StrCat("pid ", ::getpid(), " on host ", host);
+}
+
 std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (dir.empty()) return std::string(name);
   if (dir.back() == '/') return absl::StrCat(dir, name);

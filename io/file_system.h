@@ -194,6 +194,10 @@ class FileSystemBase {
 // The name of the lock file LockDirectory keeps in a locked directory.
 inline constexpr char kDirectoryLockFileName[] = ".lock";
 
+// "pid P on host H": this process, as a LockDirectory holder describes
+// itself (followed by what it is doing).
+std::string ThisProcessDescription();
+
 // The status of a sync_file_range(SYNC_FILE_RANGE_WRITE) that failed with
 // `error_number`: OK where the file or its file system cannot start
 // writeback (EINVAL, ESPIPE, EOPNOTSUPP, ENOSYS: File::StartWriteback is a

@@ -1,7 +1,6 @@
 #include "io/file_system_storage.h"
 
 #include <sys/random.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,9 +12,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/functional/function_ref.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/checksum.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -84,9 +85,35 @@ std::string DataFilePrefix(int rank, absl::string_view save_id) {
   return absl::StrCat("__", rank, "_", save_id, "_");
 }
 
-// Whether `name` has the form of the data files a FileSystemWriter creates.
+// Whether `text` is a save id (NewSaveId: 16 lowercase hex digits).
+bool IsSaveId(absl::string_view text) {
+  return text.size() == 16 &&
+         std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+bool IsDecimal(absl::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+}
+
+// Whether `name` is a name a FileSystemWriter gives its data files:
+// DataFilePrefix(rank, save id), a file index, kDataFileSuffix.
 bool IsDataFileName(absl::string_view name) {
-  return absl::StartsWith(name, "__") && absl::EndsWith(name, kDataFileSuffix);
+  if (!absl::ConsumePrefix(&name, "__") ||
+      !absl::ConsumeSuffix(&name, kDataFileSuffix)) {
+    return false;
+  }
+  const std::vector<absl::string_view> parts = absl::StrSplit(name, '_');
+  return parts.size() == 3 && IsDecimal(parts[0]) && IsSaveId(parts[1]) &&
+         IsDecimal(parts[2]);
+}
+
+// Whether `name` is a name a FileSystemWriter gives its temporary metadata.
+bool IsTempMetadataFileName(absl::string_view name) {
+  return absl::ConsumePrefix(&name, kTempMetadataPrefix) && IsSaveId(name);
 }
 
 // Reads and decodes the committed metadata file of `dir`. kNotFound "no
@@ -211,7 +238,95 @@ class FirstError {
   std::atomic<bool> failed_{false};
 };
 
+// The data file names the committed metadata of `dir` uses; none when there
+// is no `.metadata`; its error when it cannot be read or decoded.
+absl::StatusOr<std::set<std::string>> CommittedFileNames(
+    FileSystemBase& fs, const std::string& dir) {
+  absl::StatusOr<Metadata> committed = ReadMetadataFile(fs, dir);
+  if (absl::IsNotFound(committed.status())) return std::set<std::string>();
+  if (!committed.ok()) return committed.status();
+  std::set<std::string> names;
+  for (const auto& [index, info] : committed->storage_data) {
+    names.insert(info.relative_path);
+  }
+  return names;
+}
+
+// The orphans in `dir`, given the names its committed metadata uses
+// (`committed`): see RemoveOrphans.
+OrphanCleanup RemoveOrphansExcept(FileSystemBase& fs, const std::string& dir,
+                                  const std::set<std::string>& committed) {
+  OrphanCleanup cleanup;
+  absl::StatusOr<std::vector<std::string>> names = fs.ListDir(dir);
+  if (!names.ok()) {
+    cleanup.status = names.status();
+    return cleanup;
+  }
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.no_follow = true;
+  for (const std::string& name : *names) {
+    if (committed.contains(name) ||
+        !(IsDataFileName(name) || IsTempMetadataFileName(name))) {
+      continue;
+    }
+    // Only regular files: opened without following a link, a FIFO or
+    // device refused without blocking. Such a file is not the writer's.
+    const std::string path = JoinPath(dir, name);
+    absl::StatusOr<std::unique_ptr<File>> file =
+        fs.OpenForRead(path, open_options);
+    if (!file.ok()) continue;
+    absl::StatusOr<int64_t> size = (*file)->Size();
+    (*file)->Close().IgnoreError();
+    const int64_t bytes = size.ok() ? *size : 0;
+    absl::Status removed = fs.RemoveFile(path);
+    if (absl::IsNotFound(removed)) continue;  // Gone already.
+    if (removed.ok()) {
+      cleanup.removed.push_back(name);
+      cleanup.removed_bytes += bytes;
+    } else {
+      cleanup.left.push_back(name);
+      cleanup.left_bytes += bytes;
+      if (cleanup.status.ok()) cleanup.status = removed;
+    }
+  }
+  return cleanup;
+}
+
 }  // namespace
+
+std::string OrphanCleanup::Summary(absl::string_view dir) const {
+  std::vector<std::string> parts;
+  if (!removed.empty()) {
+    parts.push_back(absl::StrCat("removed ", removed.size(),
+                                 " orphaned file(s) of interrupted saves (",
+                                 removed_bytes, " bytes) from ", dir));
+  }
+  if (!left.empty()) {
+    parts.push_back(absl::StrCat(left.size(),
+                                 " orphaned file(s) of interrupted saves (",
+                                 left_bytes, " bytes) remain in ", dir));
+  }
+  if (!status.ok()) {
+    parts.push_back(
+        removed.empty() && left.empty()
+            ? absl::StrCat("orphaned files of interrupted saves in ", dir,
+                           " were not removed: ", status.message())
+            : std::string(status.message()));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
+  absl::StatusOr<std::set<std::string>> committed =
+      CommittedFileNames(fs, dir);
+  if (!committed.ok()) {
+    OrphanCleanup cleanup;
+    cleanup.status = committed.status();
+    return cleanup;
+  }
+  return RemoveOrphansExcept(fs, dir, *committed);
+}
 
 // ---------------------------------------------------------------------------
 // FileSystemWriter
@@ -279,6 +394,7 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   committed_ = false;
   replaceable_files_.clear();
   committed_files_.clear();
+  orphan_cleanup_ = OrphanCleanup();
   directory_lock_.reset();
   device_wait_ = DeviceWait{};
   absl::MutexLock lock(&mu_);
@@ -337,14 +453,10 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   // The coordinator holds the directory until the save commits or aborts:
   // a second save into it fails here, before it has written anything.
   if (directory_lock_ == nullptr) {
-    char host[256] = "unknown host";
-    ::gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = '\0';
     DCP_ASSIGN_OR_RETURN(
         directory_lock_,
-        fs_->LockDirectory(path_, absl::StrCat("pid ", ::getpid(), " on host ",
-                                               host, " (save ", save_id_,
-                                               ")")));
+        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
+                                               " (save ", save_id_, ")")));
   }
   absl::Status status = SetUpLocked();
   if (!status.ok()) directory_lock_.reset();
@@ -362,19 +474,31 @@ absl::Status FileSystemWriter::SetUpLocked() {
     }
   }
   // The files MarkCommitted may remove: the data files of the checkpoint
-  // this save replaces, as its metadata names them. Nothing else: a file
-  // no committed metadata names may be another writer's, or the user's.
-  // Metadata that cannot be read names nothing, so nothing is removed.
+  // this save replaces, as its metadata names them. Metadata that cannot be
+  // read names nothing, so nothing is removed, now or at the commit.
   replaceable_files_.clear();
-  absl::StatusOr<Metadata> previous = ReadMetadataFile(*fs_, path_);
-  if (previous.ok()) {
-    for (const auto& [index, info] : previous->storage_data) {
-      if (IsDataFileName(info.relative_path)) {
-        replaceable_files_.insert(info.relative_path);
-      }
-    }
+  orphan_cleanup_ = OrphanCleanup();
+  absl::StatusOr<std::set<std::string>> named = CommittedFileNames(*fs_, path_);
+  if (!named.ok()) {
+    orphan_cleanup_.status = named.status();
+    return absl::OkStatus();
   }
+  for (const std::string& name : *named) {
+    if (IsDataFileName(name)) replaceable_files_.insert(name);
+  }
+  // With the lock held no other save is writing here: the writer's files
+  // that the committed metadata does not name are orphans of interrupted
+  // saves. They go before this save reserves space for its own.
+  orphan_cleanup_ = RemoveOrphansExcept(*fs_, path_, *named);
   return absl::OkStatus();
+}
+
+absl::Status FileSystemWriter::WithOrphanNote(absl::Status status) const {
+  if (!absl::IsResourceExhausted(status)) return status;
+  const std::string note = orphan_cleanup_.Summary(path_);
+  if (note.empty()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (", note, ")"));
 }
 
 absl::StatusOr<SavePlan> FileSystemWriter::PrepareLocalPlan(SavePlan plan) {
@@ -737,11 +861,19 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
     // coordinator's directory too; this covers every rank's).
     status = Annotate(fs_->SyncDir(path_), absl::StrCat("rank ", rank_));
   }
-  if (!status.ok()) return Future<std::vector<WriteResult>>::Ready(status);
+  if (!status.ok()) {
+    return Future<std::vector<WriteResult>>::Ready(WithOrphanNote(status));
+  }
   return Future<std::vector<WriteResult>>::Ready(std::move(results));
 }
 
 absl::Status FileSystemWriter::Finish(
+    const Metadata& metadata,
+    const std::vector<std::vector<WriteResult>>& results) {
+  return WithOrphanNote(CommitMetadata(metadata, results));
+}
+
+absl::Status FileSystemWriter::CommitMetadata(
     const Metadata& metadata,
     const std::vector<std::vector<WriteResult>>& results) {
   Metadata committed = metadata;

@@ -8,6 +8,9 @@
 //   over a checkpoint leaves the old one loadable until the new metadata is
 //   committed; the old data files (those the old metadata names, nothing
 //   else) are removed in MarkCommitted.
+// - Files of interrupted saves do not accumulate: once it holds the
+//   directory lock, the coordinator removes the orphans of earlier saves
+//   (RemoveOrphans) before it writes anything.
 // - One save into a directory at a time: the coordinator holds an advisory
 //   lock on the directory from SetUp to the commit, and a second save fails
 //   at SetUp naming the holder.
@@ -32,6 +35,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "io/file_system.h"
 #include "io/io_engine.h"
@@ -106,6 +111,41 @@ struct FileSystemWriterOptions {
   DeviceStaging* device_staging = nullptr;
 };
 
+// What RemoveOrphans found in a checkpoint directory. Orphans are the files
+// a FileSystemWriter creates that the committed metadata does not name:
+// data files named `__<rank>_<save id>_<k>.distcp` (save id: 16 lowercase
+// hex digits) and temporary metadata `.metadata.tmp-<save id>`, both
+// regular files. A save that was killed or failed before its Abort leaves
+// them behind, each as large as it was preallocated.
+struct OrphanCleanup {
+  // The orphans removed (names, sorted) and their total size in bytes.
+  std::vector<std::string> removed;
+  int64_t removed_bytes = 0;
+  // Orphans found but not removed (their removal failed) and their bytes.
+  std::vector<std::string> left;
+  int64_t left_bytes = 0;
+  // OK, or why orphans may remain: the first failed removal, or why the
+  // directory was not searched (its committed metadata exists but cannot be
+  // read or decoded, so which files it names is unknown and nothing is
+  // removed; or the directory cannot be listed).
+  absl::Status status;
+
+  // One sentence for a message about `dir` ("removed 3 orphaned files
+  // (3221225472 bytes) of interrupted saves from DIR"), or "" when nothing
+  // was found and nothing went wrong.
+  std::string Summary(absl::string_view dir) const;
+};
+
+// Removes the orphans (see OrphanCleanup) from checkpoint directory `dir`,
+// and nothing else: never a file the committed `.metadata` names, a file of
+// another name or kind (a symbolic link, a FIFO), or anything at all when
+// `.metadata` exists but cannot be read or decoded (then `status` says why).
+// A directory without `.metadata` has no committed files: every data file
+// and temporary metadata file of dcp's naming in it is an orphan. The caller
+// must hold the directory's lock (FileSystemBase::LockDirectory): an orphan
+// is indistinguishable from a file a save running now is writing.
+OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir);
+
 class FileSystemWriter final : public StorageWriter {
  public:
   explicit FileSystemWriter(std::string path,
@@ -120,8 +160,10 @@ class FileSystemWriter final : public StorageWriter {
   StorageMeta GetStorageMeta() const override;
   // Creates the directory (and parents). The coordinator then takes the
   // directory's advisory lock (FileSystemBase::LockDirectory), held until
-  // MarkCommitted, Abort, Reset or destruction, and notes the data files the
-  // committed metadata there names (the files MarkCommitted may remove).
+  // MarkCommitted, Abort, Reset or destruction, notes the data files the
+  // committed metadata there names (the files MarkCommitted may remove) and
+  // removes the orphans of interrupted saves (RemoveOrphans; what it did is
+  // orphan_cleanup(), and a failure to remove them does not fail the save).
   // kFailedPrecondition naming the holder (pid, host, save id) while another
   // save into the directory holds the lock: saves into one directory must
   // not overlap. kAlreadyExists with overwrite off and a committed
@@ -138,7 +180,9 @@ class FileSystemWriter final : public StorageWriter {
   // through the I/O engine: thread_count threads resolve, checksum and
   // submit items of their files while earlier writes are in flight; each
   // file is fsynced after its writes (sync_files). Resolves when the data is
-  // durable; the call blocks (the returned future is ready).
+  // durable; the call blocks (the returned future is ready). Out of space
+  // (kResourceExhausted, here and in Finish), the coordinator's message
+  // also says what orphan_cleanup() found, when it found anything.
   Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
                                              SavePlanner& planner) override;
   absl::Status Finish(
@@ -146,9 +190,8 @@ class FileSystemWriter final : public StorageWriter {
       const std::vector<std::vector<WriteResult>>& results) override;
   // Coordinator: removes the data files that the metadata committed before
   // this save named (read at SetUp) and the new one does not, then releases
-  // the directory lock. Nothing else is removed: not the orphans of a
-  // crashed save, nor any file no committed metadata names. Other ranks:
-  // nothing to do.
+  // the directory lock (SetUp removed the orphans of earlier saves). Other
+  // ranks: nothing to do.
   absl::Status MarkCommitted() override;
   // Removes every file this save created (data files, temporary metadata);
   // after a commit it removes nothing. Releases the directory lock.
@@ -156,6 +199,8 @@ class FileSystemWriter final : public StorageWriter {
 
   const std::string& path() const { return path_; }
   const std::string& save_id() const { return save_id_; }
+  // What the coordinator's last SetUp removed (empty on other ranks).
+  const OrphanCleanup& orphan_cleanup() const { return orphan_cleanup_; }
 
  private:
   absl::Status WriteFile(const std::string& relative_path,
@@ -163,8 +208,16 @@ class FileSystemWriter final : public StorageWriter {
                          SavePlanner& planner,
                          std::vector<WriteResult*>& results);
   void RecordCreated(const std::string& path);
+  // Finish without WithOrphanNote.
+  absl::Status CommitMetadata(
+      const Metadata& metadata,
+      const std::vector<std::vector<WriteResult>>& results);
   // The coordinator's part of SetUp once it holds the directory lock.
   absl::Status SetUpLocked();
+  // `status`, with orphan_cleanup_'s summary added when it is
+  // kResourceExhausted (the space orphans took, or take, is the reader's
+  // next question).
+  absl::Status WithOrphanNote(absl::Status status) const;
   // The staging for device tensors (options_.device_staging or one of the
   // writer's own, created on first use; its pool registered with an owned
   // engine).
@@ -189,6 +242,7 @@ class FileSystemWriter final : public StorageWriter {
   std::unique_ptr<DirectoryLock> directory_lock_;
   // Data files the committed metadata references.
   std::set<std::string> committed_files_;
+  OrphanCleanup orphan_cleanup_;
 
   absl::Mutex mu_;
   std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);

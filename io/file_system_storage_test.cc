@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -84,6 +86,18 @@ void ExpectLoads(const std::string& dir, const Sample& sample) {
 
 absl::StatusOr<Metadata> ReadMetadataOf(const std::string& dir) {
   return FileSystemReader(dir).ReadMetadata();
+}
+
+// The data files the committed metadata of `dir` names, sorted.
+std::vector<std::string> CommittedDataFiles(const std::string& dir) {
+  std::set<std::string> names;
+  absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
+  if (metadata.ok()) {
+    for (const auto& [index, info] : metadata->storage_data) {
+      names.insert(info.relative_path);
+    }
+  }
+  return {names.begin(), names.end()};
 }
 
 struct Layout {
@@ -902,27 +916,167 @@ TEST(ConcurrentSaveTest, ASaveInAnotherProcessHoldsTheDirectory) {
   ExpectLoads(dir, Sample::Make(2));
 }
 
-TEST(FileSystemStorageTest, ASaveRemovesOnlyTheFilesThePreviousMetadataNamed) {
-  const std::string dir = NewTestDir("cleanup");
+// Writes a file of `bytes` bytes at `dir`/`name`.
+void WriteFileOfSize(const std::string& dir, const std::string& name,
+                     int64_t bytes) {
+  std::ofstream(JoinPath(dir, name)) << std::string(bytes, 'o');
+}
+
+// Names shaped like the writer's files but not quite, and other files that
+// are not the writer's: no cleanup may touch them.
+const std::vector<std::string>& Strangers() {
+  static const auto* names = new std::vector<std::string>{
+      "notes.txt",
+      "__notes.distcp",
+      "__0_DEADBEEF00000000_0.distcp",   // Upper-case save id.
+      "__0_00000000deadbee_0.distcp",    // 15 hex digits.
+      "__0_00000000deadbeef_0.distcp.bak",
+      "__x_00000000deadbeef_0.distcp",
+      ".metadata.tmp-user",
+      ".metadata.tmp-00000000deadbeef.old",
+  };
+  return *names;
+}
+
+TEST(OrphanTest, ASaveRemovesTheOrphansOfInterruptedSavesAndNothingElse) {
+  const std::string root = NewTestDir("orphans");
+  const std::string dir = JoinPath(root, "ckpt");
   ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
   const std::vector<std::string> old_files = DataFiles(dir);
-  // Files no committed metadata names: one shaped like a data file (another
-  // writer's, or a crashed save's), a temporary metadata file, the user's.
-  const std::vector<std::string> strangers = {
-      "__7_00000000deadbeef_0.distcp", ".metadata.tmp-00000000deadbeef",
-      "notes.txt"};
-  for (const std::string& name : strangers) {
-    std::ofstream(JoinPath(dir, name)) << "not the save's to remove";
+  // What interrupted saves leave: data files of several ranks and saves, a
+  // temporary metadata file.
+  const std::vector<std::string> orphans = {
+      ".metadata.tmp-00000000deadbeef", "__0_00000000deadbeef_0.distcp",
+      "__0_00000000deadbeef_1.distcp", "__12_0123456789abcdef_3.distcp"};
+  for (size_t i = 0; i < orphans.size(); ++i) {
+    WriteFileOfSize(dir, orphans[i], 1000 * (i + 1));
   }
-  ASSERT_TRUE(Save(dir, Sample::Make(2)).ok());
+  for (const std::string& name : Strangers()) WriteFileOfSize(dir, name, 10);
+  // Named like a data file, but a link (to a file outside) and a FIFO.
+  WriteFileOfSize(root, "target", 10);
+  ASSERT_EQ(::symlink(JoinPath(root, "target").c_str(),
+                      JoinPath(dir, "__1_00000000deadbeef_0.distcp").c_str()),
+            0);
+  ASSERT_EQ(
+      ::mkfifo(JoinPath(dir, "__2_00000000deadbeef_0.distcp").c_str(), 0644),
+      0);
+
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = Sample::Make(2).SavePlanner();
+  ASSERT_TRUE(SaveOneRank(writer, planner).ok());
   ExpectLoads(dir, Sample::Make(2));
-  const std::vector<std::string> after = List(dir);
-  for (const std::string& name : strangers) {
-    EXPECT_THAT(after, ::testing::Contains(name));
+  EXPECT_THAT(writer.orphan_cleanup().removed, ElementsAre(
+                                                   orphans[0], orphans[1],
+                                                   orphans[2], orphans[3]));
+  EXPECT_EQ(writer.orphan_cleanup().removed_bytes, 10000);
+  EXPECT_TRUE(writer.orphan_cleanup().left.empty());
+  EXPECT_TRUE(writer.orphan_cleanup().status.ok());
+  std::vector<std::string> expected = Strangers();
+  expected.push_back("__1_00000000deadbeef_0.distcp");
+  expected.push_back("__2_00000000deadbeef_0.distcp");
+  for (const std::string& name : CommittedDataFiles(dir)) {
+    expected.push_back(name);
   }
+  expected.push_back(kMetadataFileName);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
   for (const std::string& name : old_files) {
-    EXPECT_THAT(after, ::testing::Not(::testing::Contains(name)));
+    EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(name)));
   }
+  EXPECT_THAT(List(root), ::testing::Contains("target"));
+}
+
+TEST(OrphanTest, OrphansGoAtSetUpBeforeTheSaveWritesAnything) {
+  const std::string dir = NewTestDir("orphans_setup");
+  const Sample sample = Sample::Make(1);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  const std::vector<std::string> committed = List(dir);
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 4096);
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
+  // Only the lock was added; the committed checkpoint is untouched.
+  std::vector<std::string> expected = committed;
+  expected.push_back(kDirectoryLockFileName);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
+  ExpectLoads(dir, sample);
+  writer.Abort();
+  EXPECT_EQ(List(dir), committed);
+}
+
+TEST(OrphanTest, InterruptedSavesDoNotAccumulate) {
+  // Each save below stops after writing its data (the process "dies": no
+  // Abort, no commit). The next one removes what it left, so the directory
+  // never holds more than the checkpoint and one interrupted save's files.
+  const std::string dir = NewTestDir("orphans_interrupted");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  const std::vector<std::string> committed = List(dir);
+  std::vector<std::string> left_by_previous;
+  for (uint32_t seed = 2; seed < 5; ++seed) {
+    OpenSave save(dir, Sample::Make(seed));
+    ASSERT_TRUE(save.Start().ok());
+    EXPECT_EQ(save.writer().orphan_cleanup().removed, left_by_previous);
+    left_by_previous.clear();
+    for (const std::string& name : List(dir)) {
+      if (!absl::c_linear_search(committed, name) &&
+          name != kDirectoryLockFileName) {
+        left_by_previous.push_back(name);
+      }
+    }
+    EXPECT_THAT(left_by_previous, SizeIs(1));
+  }  // Each writer goes without Abort: its data file stays behind.
+  ExpectLoads(dir, Sample::Make(1));
+  ASSERT_TRUE(Save(dir, Sample::Make(5)).ok());
+  ExpectLoads(dir, Sample::Make(5));
+  std::vector<std::string> expected = CommittedDataFiles(dir);
+  expected.push_back(kMetadataFileName);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
+}
+
+TEST(OrphanTest, WithoutMetadataEveryFileOfTheWritersNamingIsAnOrphan) {
+  // A first save into the directory was interrupted: nothing is committed.
+  const std::string dir = NewTestDir("orphans_first_save");
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 100);
+  WriteFileOfSize(dir, "__1_00000000deadbeef_0.distcp", 200);
+  for (const std::string& name : Strangers()) WriteFileOfSize(dir, name, 10);
+  OrphanCleanup cleanup = RemoveOrphans(LocalFileSystem(), dir);
+  EXPECT_TRUE(cleanup.status.ok()) << cleanup.status;
+  EXPECT_THAT(cleanup.removed,
+              ElementsAre("__0_00000000deadbeef_0.distcp",
+                          "__1_00000000deadbeef_0.distcp"));
+  EXPECT_EQ(cleanup.removed_bytes, 300);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(Strangers()));
+  EXPECT_EQ(cleanup.Summary(dir),
+            absl::StrCat("removed 2 orphaned file(s) of interrupted saves "
+                         "(300 bytes) from ",
+                         dir));
+  // Nothing left to find, nothing to say.
+  cleanup = RemoveOrphans(LocalFileSystem(), dir);
+  EXPECT_TRUE(cleanup.removed.empty());
+  EXPECT_EQ(cleanup.Summary(dir), "");
+}
+
+TEST(OrphanTest, UnreadableMetadataLeavesEveryFile) {
+  // Which files a metadata that cannot be decoded names is unknown: neither
+  // RemoveOrphans nor a save removes anything.
+  const std::string dir = NewTestDir("orphans_unreadable");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 100);
+  FlipByte(JoinPath(dir, kMetadataFileName), 40);  // Payload checksum fails.
+  const std::vector<std::string> before = List(dir);
+  OrphanCleanup cleanup = RemoveOrphans(LocalFileSystem(), dir);
+  EXPECT_EQ(cleanup.status.code(), absl::StatusCode::kDataLoss)
+      << cleanup.status;
+  EXPECT_TRUE(cleanup.removed.empty());
+  EXPECT_THAT(cleanup.Summary(dir),
+              AllOf(HasSubstr("were not removed"), HasSubstr(".metadata")));
+  EXPECT_EQ(List(dir), before);
+
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = Sample::Make(2).SavePlanner();
+  ASSERT_TRUE(SaveOneRank(writer, planner).ok());
+  ExpectLoads(dir, Sample::Make(2));
+  EXPECT_EQ(writer.orphan_cleanup().status.code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_THAT(List(dir), IsSupersetOf(before));
 }
 
 }  // namespace

@@ -12,21 +12,46 @@
 
 namespace dcp {
 
+// `dcp demo`'s flags, as typed (RunDemo parses and checks them).
 struct DemoFlags {
-  std::string size = "1GiB";
+  // ParseSize's syntax. Empty: 1GiB to save; with --mode load, the size of
+  // the state the checkpoint in `dir` holds.
+  std::string size;
   std::string dir;  // Empty: a temporary directory, removed afterwards.
-  uint64_t seed = 1;
+  std::string seed = "1";  // ParseSeed's syntax.
   std::string mode = "roundtrip";
   bool json = false;
   bool cold_load = true;
 };
 
-// Parses "1GiB", "256MiB", "4G", "1000000" (bytes).
+// Parses "1GiB", "256MiB", "1.5TiB", "4G", "1000000" (bytes): digits, an
+// optional fraction, and an optional unit B, K/KiB/KB, M/MiB/MB, G/GiB/GB
+// or T/TiB/TB (any case; all powers of 1024). kInvalidArgument for any
+// other text and for a size of 2^63 bytes or more (never a wrapped value).
 absl::StatusOr<int64_t> ParseSize(const std::string& text);
 
+// Parses a seed: decimal digits only, 0 to 2^64 - 1; kInvalidArgument
+// otherwise (never a saturated value).
+absl::StatusOr<uint64_t> ParseSeed(const std::string& text);
+
+// Builds the synthetic state (tools/synthetic_state.h), saves and/or loads
+// it, checks every byte and prints throughput. kInvalidArgument for a bad
+// size or seed, and for a state whose share on each rank, held once to
+// save and twice to load (the loaded state and the expected one), exceeds
+// this machine's memory (MemTotalBytes): refused before anything is
+// allocated. --mode load without a size takes it from the checkpoint's
+// metadata (kInvalidArgument when it holds no synthetic state); with a size
+// that is not the checkpoint's, kInvalidArgument naming both.
 absl::Status RunDemo(const DemoFlags& flags);
 absl::Status RunInspect(const std::string& dir);
 absl::Status RunVerify(const std::string& dir);
+// `dcp verify --clean DIR`, before the verification: takes the directory's
+// lock (kFailedPrecondition naming the holder while a save runs), removes
+// the orphans of interrupted saves (RemoveOrphans, io/
+// file_system_storage.h), prints each name removed and the bytes
+// reclaimed. The cleanup's error when orphans remain or none were looked
+// for (kDataLoss when the committed metadata cannot be read).
+absl::Status RunClean(const std::string& dir);
 
 // The benchmark kinds `dcp bench` knows ("coord", "io", ...) and the Bazel
 // target that builds each ("" for an unknown kind).

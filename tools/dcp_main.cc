@@ -19,11 +19,15 @@ int main(int argc, char** argv) {
       "Save and load a synthetic model state, verify every byte, "
       "print throughput");
   demo_cmd->add_option("--size", demo.size,
-                       "Approximate state size (e.g. 1GiB, 256MiB, 4G)");
+                       "Approximate state size (e.g. 1GiB, 256MiB, 4G; at "
+                       "most this machine's memory per rank, half that to "
+                       "load). Default: 1GiB, or with --mode load the "
+                       "checkpoint's");
   demo_cmd->add_option("--dir", demo.dir,
                        "Checkpoint directory (default: a temporary one, "
                        "removed afterwards)");
-  demo_cmd->add_option("--seed", demo.seed, "Seed of the synthetic values");
+  demo_cmd->add_option("--seed", demo.seed,
+                       "Seed of the synthetic values (0 to 2^64 - 1)");
   demo_cmd->add_option("--mode", demo.mode, "roundtrip | save | load")
       ->check(CLI::IsMember({"roundtrip", "save", "load"}));
   demo_cmd->add_flag("--json", demo.json, "Print one JSON object");
@@ -45,6 +49,11 @@ int main(int argc, char** argv) {
                          "Check every checksum of a checkpoint; exits non-zero "
                          "naming what is wrong");
   verify_cmd->add_option("dir", verify_dir, "Checkpoint directory")->required();
+  bool verify_clean = false;
+  verify_cmd->add_flag(
+      "--clean", verify_clean,
+      "First remove the files of interrupted saves (under the directory's "
+      "lock: fails while a save runs) and print the bytes reclaimed");
 
   std::string bench_kind;
   std::vector<std::string> bench_args;
@@ -89,7 +98,8 @@ int main(int argc, char** argv) {
   } else if (*inspect_cmd) {
     status = dcp::RunInspect(inspect_dir);
   } else if (*verify_cmd) {
-    status = dcp::RunVerify(verify_dir);
+    if (verify_clean) status = dcp::RunClean(verify_dir);
+    if (status.ok()) status = dcp::RunVerify(verify_dir);
   } else if (*bench_cmd) {
     for (const std::string& extra : bench_cmd->remaining()) {
       bench_args.push_back(extra);

@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +18,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "comm/process_group_factory.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
+#include "io/file_system_storage.h"
 #include "tools/commands.h"
 #include "tools/machine_info.h"
 #include "tools/page_cache.h"
@@ -30,6 +32,9 @@ namespace dcp {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The state `dcp demo` saves without --size.
+constexpr int64_t kDefaultDemoBytes = int64_t{1} << 30;
 
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -55,36 +60,134 @@ DirStats StatDir(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<int64_t> ParseSize(const std::string& text) {
-  std::string digits;
-  size_t i = 0;
-  while (
-      i < text.size() &&
-      (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
-    digits.push_back(text[i++]);
-  }
-  const std::string unit = absl::AsciiStrToLower(text.substr(i));
-  double value = 0;
-  if (digits.empty() || !absl::SimpleAtod(digits, &value) || value < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad size \"", text, "\"; expected e.g. 1GiB or 256MiB"));
-  }
-  double scale = 1;
-  if (unit.empty() || unit == "b") {
-    scale = 1;
-  } else if (unit == "k" || unit == "kib" || unit == "kb") {
-    scale = 1024.0;
-  } else if (unit == "m" || unit == "mib" || unit == "mb") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "g" || unit == "gib" || unit == "gb") {
-    scale = 1024.0 * 1024 * 1024;
-  } else {
+  auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bad size unit in \"", text, "\"; use B, KiB, MiB or GiB"));
+        "bad size \"", text, "\": ", why, "; expected e.g. 1GiB or 256MiB"));
+  };
+  auto too_large = [&]() {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "size \"", text, "\" is too large: at most 2^63 - 1 bytes"));
+  };
+  absl::string_view rest = text;
+  auto digits = [&rest]() {
+    size_t n = 0;
+    while (n < rest.size() && absl::ascii_isdigit(rest[n])) ++n;
+    absl::string_view taken = rest.substr(0, n);
+    rest.remove_prefix(n);
+    return taken;
+  };
+  const absl::string_view whole = digits();
+  absl::string_view fraction;
+  if (absl::ConsumePrefix(&rest, ".")) fraction = digits();
+  if (whole.empty() && fraction.empty()) return bad("no number");
+  const std::string unit = absl::AsciiStrToLower(rest);
+  int shift = 0;
+  if (unit.empty() || unit == "b") {
+    shift = 0;
+  } else if (unit == "k" || unit == "kib" || unit == "kb") {
+    shift = 10;
+  } else if (unit == "m" || unit == "mib" || unit == "mb") {
+    shift = 20;
+  } else if (unit == "g" || unit == "gib" || unit == "gb") {
+    shift = 30;
+  } else if (unit == "t" || unit == "tib" || unit == "tb") {
+    shift = 40;
+  } else {
+    return bad("unknown unit (use B, KiB, MiB, GiB or TiB)");
   }
-  return static_cast<int64_t>(value * scale);
+  const int64_t scale = int64_t{1} << shift;
+  // The whole part exactly, with overflow checks; the fraction adds less
+  // than one unit, rounded down to a byte.
+  int64_t bytes = 0;
+  if (!whole.empty() && (!absl::SimpleAtoi(whole, &bytes) ||
+                         __builtin_mul_overflow(bytes, scale, &bytes))) {
+    return too_large();
+  }
+  if (!fraction.empty()) {
+    double part = 0;
+    if (!absl::SimpleAtod(absl::StrCat("0.", fraction), &part)) {
+      return bad("bad fraction");
+    }
+    const int64_t extra = std::min<int64_t>(
+        static_cast<int64_t>(part * static_cast<double>(scale)), scale - 1);
+    if (__builtin_add_overflow(bytes, extra, &bytes)) {
+      return too_large();
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<uint64_t> ParseSeed(const std::string& text) {
+  uint64_t seed = 0;
+  if (text.empty() || !std::all_of(text.begin(), text.end(),
+                                   [](char c) { return absl::ascii_isdigit(c); }) ||
+      !absl::SimpleAtoi(text, &seed)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad seed \"", text, "\"; expected an integer from 0 to ",
+        std::numeric_limits<uint64_t>::max()));
+  }
+  return seed;
 }
 
 namespace {
+
+// The global shape of kSyntheticSizeTensor in the checkpoint in `dir`
+// (which gives the size of the synthetic state it holds).
+absl::StatusOr<Shape> CheckpointSizeTensorShape(const std::string& dir) {
+  FileSystemReader reader(dir);
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
+  auto value = metadata.state_dict_metadata.find(kSyntheticSizeTensor);
+  const auto* tensor =
+      value == metadata.state_dict_metadata.end()
+          ? nullptr
+          : std::get_if<TensorStorageMetadata>(&value->second);
+  if (tensor == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint in ", dir,
+                     " holds no dcp demo state (it has no tensor ",
+                     kSyntheticSizeTensor, ")"));
+  }
+  return tensor->size;
+}
+
+// The size of state to load from `dir`: the checkpoint's when `size_flag`
+// is empty, else `size` if it is the checkpoint's.
+absl::StatusOr<int64_t> LoadedStateBytes(const std::string& dir,
+                                         const std::string& size_flag,
+                                         int64_t size) {
+  DCP_ASSIGN_OR_RETURN(const Shape saved, CheckpointSizeTensorShape(dir));
+  absl::StatusOr<int64_t> saved_bytes = SyntheticTotalBytesForShape(saved);
+  if (!saved_bytes.ok()) {
+    return Annotate(saved_bytes.status(),
+                    absl::StrCat("the checkpoint in ", dir));
+  }
+  if (size_flag.empty()) return *saved_bytes;
+  const Shape asked = SyntheticSizeTensorShape(size);
+  if (asked != saved) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--size ", size_flag, " makes ", kSyntheticSizeTensor, " ",
+        ShapeToString(asked), ", but the checkpoint in ", dir, " holds ",
+        ShapeToString(saved), " (saved with --size ", *saved_bytes,
+        " or near it); leave --size out to load the checkpoint's"));
+  }
+  return size;
+}
+
+// OK when `size` bytes of state, spread over `world_size` ranks that each
+// hold `copies` copies of their share, fit in this machine's memory (the
+// ranks of a multi-rank run may each have a machine of their own).
+absl::Status CheckFitsInMemory(const std::string& size_flag, int64_t size,
+                               int world_size, int copies) {
+  const int64_t memory = MemTotalBytes();
+  if (memory <= 0) return absl::OkStatus();  // Unknown: nothing to check.
+  const int64_t share = size / world_size + (size % world_size != 0 ? 1 : 0);
+  if (share <= memory / copies) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--size ", size_flag.empty() ? absl::StrCat(size) : size_flag, " (",
+      size, " bytes) does not fit in this machine's memory (", memory,
+      " bytes): each of ", world_size, " rank(s) would hold ", copies,
+      " cop", copies == 1 ? "y" : "ies", " of ", share, " bytes"));
+}
 
 // Per-rank results, combined on every rank with one AllGather.
 struct DemoResult {
@@ -122,7 +225,11 @@ absl::StatusOr<DemoResult> Combine(comm::ProcessGroup* group,
 }  // namespace
 
 absl::Status RunDemo(const DemoFlags& flags) {
-  DCP_ASSIGN_OR_RETURN(int64_t size, ParseSize(flags.size));
+  DCP_ASSIGN_OR_RETURN(const uint64_t seed, ParseSeed(flags.seed));
+  int64_t size = kDefaultDemoBytes;
+  if (!flags.size.empty()) {
+    DCP_ASSIGN_OR_RETURN(size, ParseSize(flags.size));
+  }
   // Under `dcp launch` (or torchrun, SLURM, mpirun) every rank saves its
   // part through a checkpoint process group of its own.
   DCP_ASSIGN_OR_RETURN(comm::RendezvousInfo rendezvous,
@@ -134,6 +241,16 @@ absl::Status RunDemo(const DemoFlags& flags) {
   }
   const int rank = rendezvous.rank;
   const int world_size = rendezvous.world_size;
+
+  const bool do_save = flags.mode != "load";
+  const bool do_load = flags.mode != "save";
+  if (!do_save && !flags.dir.empty()) {
+    DCP_ASSIGN_OR_RETURN(size, LoadedStateBytes(flags.dir, flags.size, size));
+  }
+  // Before anything is created. Loading holds the loaded state and the
+  // expected one.
+  DCP_RETURN_IF_ERROR(
+      CheckFitsInMemory(flags.size, size, world_size, do_load ? 2 : 1));
 
   std::string dir = flags.dir;
   bool remove_dir = false;
@@ -154,11 +271,9 @@ absl::Status RunDemo(const DemoFlags& flags) {
 
   SyntheticStateOptions options;
   options.total_bytes = size;
-  options.seed = flags.seed;
+  options.seed = seed;
   options.rank = rank;
   options.world_size = world_size;
-  const bool do_save = flags.mode != "load";
-  const bool do_load = flags.mode != "save";
 
   StateDict expected = MakeSyntheticState(options);
   DemoResult mine;

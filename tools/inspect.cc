@@ -1,8 +1,9 @@
-// `dcp inspect DIR` and `dcp verify DIR`.
+// `dcp inspect DIR`, `dcp verify DIR` and `dcp verify --clean DIR`.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -175,6 +176,35 @@ absl::Status RunVerify(const std::string& dir) {
         problems.size() > 1
             ? absl::StrCat(" (and ", problems.size() - 1, " more)")
             : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunClean(const std::string& dir) {
+  FileSystemBase& fs = LocalFileSystem();
+  // The saves' own lock: an orphan cannot be told from a file a save
+  // running now is writing, so a running save makes this fail, naming it.
+  DCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<DirectoryLock> lock,
+      fs.LockDirectory(dir, absl::StrCat(ThisProcessDescription(),
+                                         " (dcp verify --clean)")));
+  const OrphanCleanup cleanup = RemoveOrphans(fs, dir);
+  for (const std::string& name : cleanup.removed) {
+    std::printf("REMOVED  %s\n", name.c_str());
+  }
+  for (const std::string& name : cleanup.left) {
+    std::printf("LEFT     %s\n", name.c_str());
+  }
+  std::printf("cleaned %s: %zu orphaned files removed, %lld bytes reclaimed",
+              dir.c_str(), cleanup.removed.size(),
+              static_cast<long long>(cleanup.removed_bytes));
+  if (!cleanup.left.empty()) {
+    std::printf("; %zu left (%lld bytes)", cleanup.left.size(),
+                static_cast<long long>(cleanup.left_bytes));
+  }
+  std::printf("\n");
+  if (!cleanup.status.ok()) {
+    return absl::Status(cleanup.status.code(), cleanup.Summary(dir));
   }
   return absl::OkStatus();
 }

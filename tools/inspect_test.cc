@@ -1,13 +1,17 @@
 // `dcp inspect` and `dcp verify` on intact and hostile checkpoints: a
 // crafted checkpoint is an error naming what is wrong, never a read outside
-// the checkpoint, a hang or an unbounded allocation.
+// the checkpoint, a hang or an unbounded allocation. `dcp verify --clean`
+// removes exactly the orphans of interrupted saves, under the saves' lock.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -23,6 +27,7 @@ namespace dcp {
 namespace {
 
 using ::dcp::testing::FlipByte;
+using ::dcp::testing::ListNames;
 using ::dcp::testing::NewTestDir;
 using ::dcp::testing::ClaimLength;
 using ::dcp::testing::RewriteMetadataFile;
@@ -125,6 +130,85 @@ TEST(InspectTest, VerifyRefusesFifosAndSymlinksWithoutFollowingThem) {
   status = RunVerify(dir);  // A FIFO's open would wait for a writer.
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_THAT(status.message(), HasSubstr("FIFO"));
+}
+
+// Writes `bytes` bytes to `dir`/`name`.
+void WriteFileOfSize(const std::string& dir, const std::string& name,
+                     int64_t bytes) {
+  std::ofstream(JoinPath(dir, name)) << std::string(bytes, 'o');
+}
+
+// RunClean's exit status and what it printed.
+std::pair<absl::Status, std::string> CleanAndCapture(const std::string& dir) {
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunClean(dir);
+  return {status, ::testing::internal::GetCapturedStdout()};
+}
+
+TEST(VerifyCleanTest, RemovesTheOrphansPrintsThemAndKeepsTheCheckpoint) {
+  const std::string dir = NewTestDir("clean");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  const std::vector<std::string> checkpoint = ListNames(dir);
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 3000);
+  WriteFileOfSize(dir, "__1_00000000deadbeef_0.distcp", 2000);
+  WriteFileOfSize(dir, ".metadata.tmp-00000000deadbeef", 100);
+  WriteFileOfSize(dir, "__keep_me.distcp", 10);
+  WriteFileOfSize(dir, "notes.txt", 10);
+
+  auto [status, out] = CleanAndCapture(dir);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_THAT(out, AllOf(HasSubstr("REMOVED  __0_00000000deadbeef_0.distcp\n"),
+                         HasSubstr("REMOVED  __1_00000000deadbeef_0.distcp\n"),
+                         HasSubstr("REMOVED  .metadata.tmp-00000000deadbeef\n"),
+                         HasSubstr("3 orphaned files removed, 5100 bytes "
+                                   "reclaimed")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("keep_me")));
+  std::vector<std::string> expected = checkpoint;
+  expected.push_back("__keep_me.distcp");
+  expected.push_back("notes.txt");
+  EXPECT_THAT(ListNames(dir), ::testing::UnorderedElementsAreArray(expected));
+  EXPECT_TRUE(RunVerify(dir).ok());
+
+  std::tie(status, out) = CleanAndCapture(dir);  // Nothing left to remove.
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(out, HasSubstr("0 orphaned files removed, 0 bytes reclaimed"));
+}
+
+TEST(VerifyCleanTest, FailsNamingTheSaveThatHoldsTheDirectory) {
+  const std::string dir = NewTestDir("clean_locked");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 3000);
+  const std::vector<std::string> before = ListNames(dir);
+  {
+    // A save that is writing holds the lock; its new files look like
+    // orphans and must stay.
+    absl::StatusOr<std::unique_ptr<DirectoryLock>> save_lock =
+        LocalFileSystem().LockDirectory(
+            dir, "pid 4242 on host trainer (save 00000000deadbeef)");
+    ASSERT_TRUE(save_lock.ok()) << save_lock.status();
+    auto [status, out] = CleanAndCapture(dir);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                HasSubstr("pid 4242 on host trainer (save 00000000deadbeef)"));
+    EXPECT_THAT(ListNames(dir), ::testing::Contains(std::string(
+                                    "__0_00000000deadbeef_0.distcp")));
+  }
+  EXPECT_EQ(ListNames(dir), before);  // The lock went with its holder.
+  EXPECT_TRUE(CleanAndCapture(dir).first.ok());
+}
+
+TEST(VerifyCleanTest, RemovesNothingWhenTheMetadataCannotBeRead) {
+  const std::string dir = NewTestDir("clean_unreadable");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 3000);
+  FlipByte(JoinPath(dir, kMetadataFileName), 40);
+  const std::vector<std::string> before = ListNames(dir);
+  auto [status, out] = CleanAndCapture(dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("were not removed"),
+                                      HasSubstr("checksum")));
+  EXPECT_THAT(out, HasSubstr("0 orphaned files removed"));
+  EXPECT_EQ(ListNames(dir), before);
 }
 
 }  // namespace

@@ -47,20 +47,6 @@ std::string CpuInfoValue(const std::string& key) {
   return "";
 }
 
-int64_t MemTotalBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, "MemTotal:")) continue;
-    rest = absl::StripAsciiWhitespace(rest);
-    absl::ConsumeSuffix(&rest, " kB");
-    int64_t kib = 0;
-    if (absl::SimpleAtoi(rest, &kib)) return kib * 1024;
-  }
-  return 0;
-}
-
 // The file system type of the mount with device number `dev`, from
 // /proc/self/mountinfo ("... MAJ:MIN root mount-point options ... - TYPE
 // source super-options"); the last such mount wins, as it is the one on top.
@@ -109,6 +95,20 @@ int64_t ReadInt(const fs::path& path) {
 double Seconds(const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; }
 
 }  // namespace
+
+int64_t MemTotalBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "MemTotal:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    absl::ConsumeSuffix(&rest, " kB");
+    int64_t kib = 0;
+    if (absl::SimpleAtoi(rest, &kib)) return kib * 1024;
+  }
+  return 0;
+}
 
 MachineInfo DescribeMachine(const std::string& dir) {
   MachineInfo info;

@@ -29,6 +29,9 @@ struct MachineInfo {
   int rotational = -1;  // 0 or 1 as the device reports it.
 };
 
+// This machine's memory in bytes (/proc/meminfo MemTotal); 0 when unknown.
+int64_t MemTotalBytes();
+
 // Describes this machine and `dir` (which must exist). Never fails: what
 // cannot be read is left empty or -1.
 MachineInfo DescribeMachine(const std::string& dir);

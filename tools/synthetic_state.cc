@@ -10,6 +10,19 @@
 namespace dcp {
 namespace {
 
+// Layers of one F32 weight (sharded), one BF16 weight (sharded), an F32
+// bias (replicated); the optimizer keeps F32 exp_avg/exp_avg_sq (sharded)
+// and an I64 step per layer. Per layer: 4*R*C + 2*R*C + 8*R*C bytes.
+constexpr int kLayers = 8;
+constexpr int64_t kCols = 1024;
+constexpr int64_t kBytesPerRowAndCol = 14;
+
+// R, the rows of every layer's sharded tensors, for `total_bytes`.
+int64_t SyntheticRows(int64_t total_bytes) {
+  const int64_t per_layer = std::max<int64_t>(total_bytes / kLayers, 1);
+  return std::max<int64_t>(per_layer / (kBytesPerRowAndCol * kCols), 1);
+}
+
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -82,13 +95,7 @@ ShardedTensor MakeRowSharded(DType dtype, int64_t rows, int64_t cols,
 }  // namespace
 
 StateDict MakeSyntheticState(const SyntheticStateOptions& o) {
-  // Layers of one F32 weight (sharded), one BF16 weight (sharded), an F32
-  // bias (replicated); the optimizer keeps F32 exp_avg/exp_avg_sq (sharded)
-  // and an I64 step per layer. Per layer: 4*R*C + 2*R*C + 8*R*C bytes.
-  constexpr int kLayers = 8;
-  constexpr int64_t kCols = 1024;
-  const int64_t per_layer = std::max<int64_t>(o.total_bytes / kLayers, 1);
-  const int64_t rows = std::max<int64_t>(per_layer / (14 * kCols), 1);
+  const int64_t rows = SyntheticRows(o.total_bytes);
 
   StateDict model;
   StateDict optim_state;
@@ -125,6 +132,27 @@ StateDict MakeSyntheticState(const SyntheticStateOptions& o) {
   state["epoch"] = int64_t{o.fill ? 7 : 0};
   state["rng_state"] = Bytes{o.fill ? std::string("\x01\x02\x00\xff", 4) : ""};
   return state;
+}
+
+Shape SyntheticSizeTensorShape(int64_t total_bytes) {
+  return {SyntheticRows(total_bytes), kCols};
+}
+
+absl::StatusOr<int64_t> SyntheticTotalBytesForShape(const Shape& shape) {
+  if (shape.size() != 2 || shape[0] < 1 || shape[1] != kCols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape ", ShapeToString(shape), " of ", kSyntheticSizeTensor,
+        " is not a synthetic state's ([rows >= 1, ", kCols, "])"));
+  }
+  // SyntheticRows of rows x (bytes per row of all layers) is `rows`.
+  int64_t total = 0;
+  if (__builtin_mul_overflow(shape[0], kLayers * kBytesPerRowAndCol * kCols,
+                             &total)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape ", ShapeToString(shape), " of ", kSyntheticSizeTensor,
+        " means a synthetic state of more than 2^63 bytes"));
+  }
+  return total;
 }
 
 namespace {

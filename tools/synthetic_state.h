@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/state_dict.h"
 
 namespace dcp {
@@ -27,6 +28,20 @@ struct SyntheticStateOptions {
 // ShardedTensors split by rows across ranks; small tensors and plain values
 // are replicated on every rank.
 StateDict MakeSyntheticState(const SyntheticStateOptions& options);
+
+// The flattened name of a tensor whose shape, [rows, 1024], gives the size
+// of the synthetic state it belongs to (rows grow with total_bytes).
+inline constexpr char kSyntheticSizeTensor[] = "model.layers.0.weight";
+
+// The global shape of kSyntheticSizeTensor in the state of `total_bytes`.
+Shape SyntheticSizeTensorShape(int64_t total_bytes);
+
+// A total_bytes for which MakeSyntheticState builds kSyntheticSizeTensor
+// with the global shape `shape` (so the same state, whatever total_bytes it
+// was made with). kInvalidArgument when no total_bytes gives that shape,
+// or the state's bytes would not fit in int64 (a checkpoint's shapes are
+// untrusted).
+absl::StatusOr<int64_t> SyntheticTotalBytesForShape(const Shape& shape);
 
 // Total bytes of tensor data in `state` on this rank.
 int64_t StateTensorBytes(const StateDict& state);

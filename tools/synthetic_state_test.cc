@@ -51,5 +51,35 @@ TEST(SyntheticStateTest, VerifyNamesTheFirstDifferingKeyAndOffset) {
   EXPECT_FALSE(VerifySyntheticState(MakeSyntheticState(empty), options).ok());
 }
 
+TEST(SyntheticStateTest, TheSizeTensorsShapeGivesBackTheState) {
+  for (int64_t total :
+       {int64_t{0}, int64_t{3} << 20, (int64_t{64} << 20) + 12345}) {
+    const Shape shape = SyntheticSizeTensorShape(total);
+    absl::StatusOr<int64_t> again = SyntheticTotalBytesForShape(shape);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(SyntheticSizeTensorShape(*again), shape) << total;
+    SyntheticStateOptions options;
+    options.total_bytes = *again;
+    options.fill = false;
+    const StateDict state = MakeSyntheticState(options);
+    EXPECT_EQ(state.at("model")
+                  .dict()
+                  .at("layers.0")
+                  .dict()
+                  .at("weight")
+                  .sharded_tensor()
+                  .global_sizes(),
+              shape);
+  }
+  // Shapes no synthetic state has, and one whose state overflows int64.
+  for (const Shape& shape :
+       {Shape{}, Shape{0, 1024}, Shape{5, 1000}, Shape{5, 1024, 1},
+        Shape{int64_t{1} << 50, 1024}}) {
+    EXPECT_EQ(SyntheticTotalBytesForShape(shape).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << ShapeToString(shape);
+  }
+}
+
 }  // namespace
 }  // namespace dcp
