@@ -27,7 +27,7 @@
 //
 // Layouts: `large` is 16 equal tensors; `small` cycles through tensors of
 // 4 B (a 0-d fp32 step counter), 4 KiB, 64 KiB, 256 KiB and 1 MiB (mean
-// ~266 KiB: ~3,900 tensors per GiB).
+// ~266 KiB: ~3,900 tensors per GiB); `tiny` is 4 KiB tensors only.
 //
 // Every part prints one JSON object per line and flushes it, so a part cut
 // short by --budget_s or by the caller's timeout keeps the rows it finished;
@@ -123,9 +123,11 @@ absl::StatusOr<std::vector<size_t>> LayoutSizes(const std::string& layout,
       sizes.push_back(n);
       total += n;
     }
+  } else if (layout == "tiny") {
+    sizes.assign(std::max<size_t>(bytes / 4096, 1), 4096);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown layout '", layout, "' (large or small)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown layout '", layout, "' (large, small or tiny)"));
   }
   return sizes;
 }

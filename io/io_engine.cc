@@ -108,14 +108,15 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
       std::vector<Future<size_t>> before;
       {
         absl::MutexLock lock(&mu_);
-        std::vector<Future<size_t>>& pending = pending_writes_[request.file];
-        for (const Future<size_t>& f : pending) {
+        PendingWrites& pending = pending_writes_[request.file];
+        for (const Future<size_t>& f : pending.writes) {
           if (!f.ready()) before.push_back(f);
         }
         if (fsync) {
           // Later fsyncs wait for this one, which waits for these writes.
-          pending.clear();
-          pending.push_back(futures.back());
+          pending.writes.clear();
+          pending.writes.push_back(futures.back());
+          pending.prune_at = PendingWrites::kFirstPrune;
         }
       }
       if (before.empty()) {
@@ -161,16 +162,19 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
         // Forget files whose every tracked write has completed (closed
         // files' entries would otherwise accumulate).
         absl::erase_if(pending_writes_, [](const auto& entry) {
-          return std::all_of(entry.second.begin(), entry.second.end(),
+          return std::all_of(entry.second.writes.begin(),
+                             entry.second.writes.end(),
                              [](const Future<size_t>& f) { return f.ready(); });
         });
       }
-      std::vector<Future<size_t>>& pending = pending_writes_[request.file];
-      if (pending.size() >= 64) {
-        std::erase_if(pending,
+      PendingWrites& pending = pending_writes_[request.file];
+      if (pending.writes.size() >= pending.prune_at) {
+        std::erase_if(pending.writes,
                       [](const Future<size_t>& f) { return f.ready(); });
+        pending.prune_at = std::max(PendingWrites::kFirstPrune,
+                                    2 * pending.writes.size());
       }
-      pending.push_back(futures.back());
+      pending.writes.push_back(futures.back());
     }
   }
   if (!parts.empty()) StartParts(std::move(parts));
