@@ -35,19 +35,27 @@ struct Device {
 
 // Device work a save must wait for before it copies device tensors: the
 // caller's stream (the save waits for everything enqueued on it so far) or
-// an event the caller recorded (the save waits for the work before it). dcp
-// makes its copy streams wait on the device, never the host. The handles
-// are the device runtime's native ones: cudaStream_t / cudaEvent_t on CUDA
-// (a torch stream's `cuda_stream`, an event's `cuda_event`), the host
+// an event the caller recorded (the save waits for the work before its
+// latest record). dcp makes its copy streams wait on the device. The
+// handles are the device runtime's native ones: cudaStream_t / cudaEvent_t
+// on CUDA (a torch stream's `cuda_stream`, an event's `cuda_event`; a null
+// stream is the legacy default stream, torch's default), the host
 // runtime's DeviceStream* / DeviceEvent* on the host runtime. Not owned;
-// they must stay valid until the save's staging is done. Only tensors on
-// `device` are ordered; with both set, the event is used.
+// they must stay valid until the save's staging is done. Every device
+// tensor of the save must be on `device` (kInvalidArgument otherwise).
 struct DeviceWait {
+  enum class Kind { kNone, kStream, kEvent };
+  Kind kind = Kind::kNone;
   int device = 0;
-  void* stream = nullptr;
-  void* event = nullptr;
+  void* handle = nullptr;  // The stream or the event.
 
-  bool empty() const { return stream == nullptr && event == nullptr; }
+  static DeviceWait Stream(int device, void* stream) {
+    return {Kind::kStream, device, stream};
+  }
+  static DeviceWait Event(int device, void* event) {
+    return {Kind::kEvent, device, event};
+  }
+  bool empty() const { return kind == Kind::kNone; }
 };
 
 }  // namespace dcp

@@ -199,21 +199,27 @@ class CudaRuntime final : public DeviceRuntime {
     if (wait.empty()) return absl::OkStatus();
     DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitNative"));
     DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "StreamWaitNative"));
-    cudaEvent_t event = static_cast<cudaEvent_t>(wait.event);
+    cudaEvent_t event = nullptr;
     cudaEvent_t marker = nullptr;
-    if (event == nullptr) {
-      // The caller's stream: mark where it is now, and wait for the mark.
+    if (wait.kind == DeviceWait::Kind::kEvent) {
+      event = static_cast<cudaEvent_t>(wait.handle);
+    } else {
+      // The caller's stream (null: the legacy default stream, which dcp's
+      // non-blocking copy streams do not follow by themselves): mark where
+      // it is now, and wait for the mark.
+      cudaStream_t caller = wait.handle != nullptr
+                                ? static_cast<cudaStream_t>(wait.handle)
+                                : cudaStreamLegacy;
       DCP_CUDA_CHECK(
           cudaEventCreateWithFlags(&marker, cudaEventDisableTiming),
           "StreamWaitNative: cudaEventCreateWithFlags");
-      const cudaError_t recorded = cudaEventRecord(
-          marker, static_cast<cudaStream_t>(wait.stream));
+      const cudaError_t recorded = cudaEventRecord(marker, caller);
       if (recorded != cudaSuccess) {
         cudaEventDestroy(marker);
         DCP_CUDA_CHECK(recorded,
                        absl::StrFormat("StreamWaitNative: cudaEventRecord on "
                                        "the caller's stream %p",
-                                       wait.stream));
+                                       wait.handle));
       }
       event = marker;
     }

@@ -216,14 +216,14 @@ class HostRuntime final : public DeviceRuntime {
   // DeviceEvent* of this runtime.
   absl::Status StreamWaitNative(DeviceStream* stream,
                                 const DeviceWait& wait) override {
-    if (wait.event != nullptr) {
-      return StreamWaitEvent(stream, static_cast<DeviceEvent*>(wait.event));
+    if (wait.kind == DeviceWait::Kind::kEvent) {
+      return StreamWaitEvent(stream, static_cast<DeviceEvent*>(wait.handle));
     }
-    if (wait.stream == nullptr) return absl::OkStatus();
+    if (wait.kind != DeviceWait::Kind::kStream) return absl::OkStatus();
     DCP_ASSIGN_OR_RETURN(DeviceEvent * marker,
                          CreateEvent(wait.device, /*enable_timing=*/false));
     absl::Status status =
-        RecordEvent(marker, static_cast<DeviceStream*>(wait.stream));
+        RecordEvent(marker, static_cast<DeviceStream*>(wait.handle));
     if (status.ok()) status = StreamWaitEvent(stream, marker);
     DestroyEvent(marker).IgnoreError();  // Pending work holds its state.
     return status;

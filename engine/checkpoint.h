@@ -53,12 +53,17 @@ struct SaveOptions {
   // The stream rule for device tensors: dcp copies them on its own copy
   // streams, which know nothing of the caller's. A Save or AsyncSave issued
   // right after the kernels that write those tensors must name the
-  // caller's stream (or an event recorded after those kernels) here: no
-  // device copy then starts before that work is done, and the host is not
-  // blocked for it (core/device.h; on CUDA the native cudaStream_t or
-  // cudaEvent_t, e.g. torch.cuda.current_stream().cuda_stream). Empty: the
-  // caller has synchronized (the tensors are final when Save is called).
-  // A storage writer or stager that cannot order its copies fails with
+  // caller's stream (or an event recorded after those kernels) here
+  // (DeviceWait::Stream / ::Event, core/device.h; on CUDA the native
+  // cudaStream_t or cudaEvent_t, e.g. torch.cuda.current_stream()
+  // .cuda_stream): no device copy then starts before that work is done.
+  // The copy streams wait on the device: AsyncSave with a DefaultStager
+  // marks the stream when it is called and returns without waiting (work
+  // enqueued afterwards is neither waited for nor copied); a synchronous
+  // Save returns once its copies are done, hence after that work, and
+  // marks the stream when its copies start (do not enqueue work on it from
+  // other threads meanwhile). Empty: the caller has synchronized. A storage
+  // writer or stager that cannot order its copies fails with
   // kUnimplemented instead of copying too early.
   DeviceWait device_wait;
 };

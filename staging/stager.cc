@@ -430,8 +430,14 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
       }
       const size_t elem = ElementSize(v.dtype());
       std::vector<std::byte> covering(span * elem);
-      error = runtime->Copy(covering.data(), v.data(), covering.size(),
-                            CopyKind::kDeviceToHost);
+      // On a copy stream, so it follows the caller's stream like the rest.
+      absl::StatusOr<DeviceStream*> stream = NextStream(device);
+      error = stream.status();
+      if (error.ok()) {
+        error = runtime->CopyAsync(covering.data(), v.data(), covering.size(),
+                                   CopyKind::kDeviceToHost, *stream);
+      }
+      if (error.ok()) error = runtime->SynchronizeStream(*stream);
       if (!error.ok()) {
         error = Annotate(error, absl::StrCat("staging tensor '", slot.name,
                                              "' (non-contiguous)"));
@@ -626,6 +632,16 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
   }
   memory->runtime = owned_runtime_;
   if (plan.has_device && !wait.empty()) {
+    for (const Plan::Slot& slot : plan.slots) {
+      const Device device = slot.source.device();
+      if (device.is_cuda() && device.index != wait.device) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "staging tensor '%s': on %s, but the caller's stream to wait "
+            "for (SaveOptions::device_wait) is on cuda:%d; save tensors of "
+            "one device per call",
+            slot.name, device.ToString(), wait.device));
+      }
+    }
     DCP_ASSIGN_OR_RETURN(internal_staging::CopyStreams * streams, Streams());
     DCP_RETURN_IF_ERROR(Annotate(streams->WaitFor(wait),
                                  "staging: waiting for the caller's stream"));
@@ -651,6 +667,34 @@ Future<StateDict> DefaultStager::Stage(const StateDict& state_dict,
   }
   Promise<StateDict> promise;
   Promise<void> done;
+  if (!wait.empty()) {
+    // The caller's stream is marked now, on the calling thread, and the
+    // copies enqueued behind the mark (the host does not wait for them):
+    // work the caller enqueues after Stage returns is never waited for,
+    // and never copied. The background thread waits for the copies.
+    absl::StatusOr<StateDict> staged =
+        StageNow(state_dict, /*wait_for_copies=*/false, wait);
+    if (!staged.ok()) return Future<StateDict>::Ready(staged.status());
+    {
+      absl::MutexLock lock(&future_mu_);
+      last_async_ = done.future();
+    }
+    background_->Schedule(
+        [this, staged = *std::move(staged), promise, done]() mutable {
+          absl::Status landed;
+          {
+            absl::MutexLock lock(&mu_);
+            landed = WaitPendingCopies();
+          }
+          if (landed.ok()) {
+            promise.Set(std::move(staged));
+          } else {
+            promise.Set(landed);
+          }
+          done.Set(landed);
+        });
+    return promise.future();
+  }
   {
     absl::MutexLock lock(&future_mu_);
     last_async_ = done.future();

@@ -100,6 +100,15 @@ absl::Status StagingPipeline::Run(absl::Span<const PipelineItem> items,
                                   PieceConsumer consumer,
                                   const DeviceWait& wait) {
   stats_ = Stats{};
+  for (size_t i = 0; i < items.size() && !wait.empty(); ++i) {
+    const Device device = items[i].source.device();
+    if (device.is_cuda() && device.index != wait.device) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s is on %s, but the caller's stream to wait for "
+          "(SaveOptions::device_wait) is on cuda:%d",
+          DescribeItem(items[i], i), device.ToString(), wait.device));
+    }
+  }
   DCP_RETURN_IF_ERROR(
       Annotate(streams_->WaitFor(wait), "waiting for the caller's stream"));
   for (size_t i = 0; i < items.size(); ++i) {

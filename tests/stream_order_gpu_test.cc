@@ -67,11 +67,7 @@ class StreamOrderGpuTest : public ::testing::Test {
                                {static_cast<int64_t>(kBytes)},
                                Device::Cuda(0)))}};
   }
-  DeviceWait Wait() {
-    DeviceWait wait;
-    wait.stream = stream_;
-    return wait;
-  }
+  DeviceWait Wait() { return DeviceWait::Stream(0, stream_); }
 
   void ExpectCheckpointHoldsTheFinalBytes(const std::string& dir) {
     Tensor back = Tensor::Empty(DType::kU8, {static_cast<int64_t>(kBytes)});
@@ -123,7 +119,7 @@ TEST_F(StreamOrderGpuTest, AnEventRecordedAfterTheStepOrdersTheCopies) {
   ASSERT_EQ(cudaEventRecord(event, stream_), cudaSuccess);
   SaveOptions save;
   save.checkpoint_id = dir;
-  save.device_wait.event = event;
+  save.device_wait = DeviceWait::Event(0, event);
   absl::StatusOr<Metadata> saved = Save(State(), save);
   ASSERT_TRUE(saved.ok()) << saved.status();
   ExpectCheckpointHoldsTheFinalBytes(dir);

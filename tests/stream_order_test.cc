@@ -18,6 +18,7 @@
 #include "cuda/host_runtime.h"
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system_storage.h"
 #include "staging/device_staging.h"
@@ -49,6 +50,7 @@ class StreamOrderTest : public ::testing::Test {
   }
   void TearDown() override {
     Release();  // Never leave a held copy behind.
+    ReleaseNextStep();
     ASSERT_TRUE(runtime_->SynchronizeStream(caller_).ok());
     ASSERT_TRUE(runtime_->DestroyStream(caller_).ok());
     ASSERT_TRUE(runtime_->FreeDevice(device_).ok());
@@ -66,17 +68,26 @@ class StreamOrderTest : public ::testing::Test {
   void Release() {
     if (!release_.HasBeenNotified()) release_.Notify();
   }
+  // The next training step, enqueued on the caller's stream after the save
+  // was called; held until ReleaseNextStep().
+  void EnqueueNextStep() {
+    next_step_.assign(kFloats, -7.0f);
+    ASSERT_TRUE(runtime_
+                    ->CopyAsync(device_, next_step_.data(),
+                                kFloats * sizeof(float),
+                                CopyKind::kHostToDevice, caller_)
+                    .ok());
+  }
+  void ReleaseNextStep() {
+    if (!release_next_.HasBeenNotified()) release_next_.Notify();
+  }
 
   StateDict State() {
     return StateDict{{"w", Tensor::Wrap(TensorView(device_, DType::kF32,
                                                    {static_cast<int64_t>(kFloats)},
                                                    Device::Cuda(0)))}};
   }
-  DeviceWait WaitForCaller() {
-    DeviceWait wait;
-    wait.stream = caller_;
-    return wait;
-  }
+  DeviceWait WaitForCaller() { return DeviceWait::Stream(0, caller_); }
   // Device-to-host copies of the tensor that started before the write.
   int early_copies() const { return early_copies_.load(); }
   int copies_of_tensor() const { return copies_of_tensor_.load(); }
@@ -95,12 +106,19 @@ class StreamOrderTest : public ::testing::Test {
   void* device_ = nullptr;
   DeviceStream* caller_ = nullptr;
   std::vector<float> written_;
+  std::vector<float> next_step_;
 
  private:
   void Observe(const HostCopyTrace& t) {
     const auto* begin = static_cast<const std::byte*>(device_);
     if (t.kind == CopyKind::kHostToDevice && t.stream != nullptr &&
         t.stream == caller_) {
+      if (t.src == next_step_.data()) {  // The step after the save.
+        if (t.phase == HostCopyTrace::Phase::kStart) {
+          release_next_.WaitForNotification();
+        }
+        return;
+      }
       if (t.phase == HostCopyTrace::Phase::kStart) {
         release_.WaitForNotification();
       } else {
@@ -121,6 +139,7 @@ class StreamOrderTest : public ::testing::Test {
   }
 
   absl::Notification release_;
+  absl::Notification release_next_;
   std::atomic<bool> write_done_{false};
 
  protected:
@@ -186,6 +205,43 @@ TEST_F(StreamOrderTest, AsyncSaveStagesOnlyAfterTheCallersStream) {
   ExpectCheckpointHoldsTheWrite(dir);
 }
 
+// With asynchronous staging (the seed's default) the caller's stream is
+// marked when AsyncSave is called: a step the loop enqueues right after
+// is neither waited for nor copied. (Marked later, staging would wait for
+// that held step; the deadline only bounds that hang.)
+TEST_F(StreamOrderTest, TheStreamIsMarkedWhenAsyncSaveIsCalled) {
+  DefaultStager stager(StagingOptions(), runtime_.get());
+  const std::string dir = MakeTempDir("async_mark");
+  EnqueueStep();
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions async;
+  async.save.checkpoint_id = dir;
+  async.save.device_wait = WaitForCaller();
+  async.async_stager = &stager;
+  AsyncSaveResponse response = checkpointer.AsyncSave(State(), async);
+  EnqueueNextStep();
+  Release();
+  ASSERT_TRUE(response.staging_completion.WaitFor(absl::Seconds(30)))
+      << "staging waited for the step enqueued after AsyncSave";
+  ASSERT_TRUE(response.staging_completion.Wait().ok());
+  ReleaseNextStep();
+  ASSERT_TRUE(response.upload_completion.Wait().ok());
+  EXPECT_EQ(early_copies(), 0);
+  ExpectCheckpointHoldsTheWrite(dir);
+}
+
+// Tensors on another device than the stream to wait for are refused.
+TEST_F(StreamOrderTest, ATensorOnAnotherDeviceThanTheWaitIsRefused) {
+  StagingOptions options;
+  options.use_async_staging = false;
+  DefaultStager stager(options, runtime_.get());
+  Future<StateDict> staged =
+      stager.Stage(State(), DeviceWait::Stream(1, caller_));
+  EXPECT_EQ(staged.Wait().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(staged.Wait().status().message()),
+              ::testing::HasSubstr("cuda:1"));
+}
+
 // A caller's event works as well as its stream.
 TEST_F(StreamOrderTest, AnEventRecordedAfterTheStepOrdersTheCopies) {
   DeviceEvent* event = *runtime_->CreateEvent(0, /*enable_timing=*/false);
@@ -194,9 +250,7 @@ TEST_F(StreamOrderTest, AnEventRecordedAfterTheStepOrdersTheCopies) {
   StagingOptions options;
   options.use_async_staging = false;
   DefaultStager stager(options, runtime_.get());
-  DeviceWait wait;
-  wait.event = event;
-  Future<StateDict> staged = stager.Stage(State(), wait);
+  Future<StateDict> staged = stager.Stage(State(), DeviceWait::Event(0, event));
   Release();
   ASSERT_TRUE(staged.Wait().ok());
   ASSERT_TRUE(stager.SynchronizeStaging().ok());
@@ -220,10 +274,11 @@ TEST(StreamOrderRefusalTest, AStagerWithoutOrderingRefusesAWait) {
     absl::Status SynchronizeStaging() override { return absl::OkStatus(); }
     void Close() override {}
   } stager;
-  DeviceWait wait;
   int marker = 0;
-  wait.stream = &marker;
-  EXPECT_EQ(stager.Stage(StateDict{}, wait).Wait().status().code(),
+  EXPECT_EQ(stager.Stage(StateDict{}, DeviceWait::Stream(0, &marker))
+                .Wait()
+                .status()
+                .code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_TRUE(stager.Stage(StateDict{}, DeviceWait{}).Wait().ok());
 }
