@@ -88,6 +88,17 @@ class StreamOrderTest : public ::testing::Test {
                                                    Device::Cuda(0)))}};
   }
   DeviceWait WaitForCaller() { return DeviceWait::Stream(0, caller_); }
+  // AsyncSave of the state into `dir` through `stager`, after the caller's
+  // stream.
+  AsyncSaveResponse AsyncSaveAfterStep(AsyncCheckpointer& checkpointer,
+                                       AsyncStager& stager,
+                                       const std::string& dir) {
+    AsyncSaveOptions async;
+    async.save.checkpoint_id = dir;
+    async.save.device_wait = WaitForCaller();
+    async.async_stager = &stager;
+    return checkpointer.AsyncSave(State(), async);
+  }
   // Device-to-host copies of the tensor that started before the write.
   int early_copies() const { return early_copies_.load(); }
   int copies_of_tensor() const { return copies_of_tensor_.load(); }
@@ -192,11 +203,7 @@ TEST_F(StreamOrderTest, AsyncSaveStagesOnlyAfterTheCallersStream) {
   const std::string dir = MakeTempDir("async_order");
   EnqueueStep();
   AsyncCheckpointer checkpointer;
-  AsyncSaveOptions async;
-  async.save.checkpoint_id = dir;
-  async.save.device_wait = WaitForCaller();
-  async.async_stager = &stager;
-  AsyncSaveResponse response = checkpointer.AsyncSave(State(), async);
+  AsyncSaveResponse response = AsyncSaveAfterStep(checkpointer, stager, dir);
   Release();
   ASSERT_TRUE(response.staging_completion.Wait().ok());
   ASSERT_TRUE(response.upload_completion.Wait().ok());
@@ -214,11 +221,7 @@ TEST_F(StreamOrderTest, TheStreamIsMarkedWhenAsyncSaveIsCalled) {
   const std::string dir = MakeTempDir("async_mark");
   EnqueueStep();
   AsyncCheckpointer checkpointer;
-  AsyncSaveOptions async;
-  async.save.checkpoint_id = dir;
-  async.save.device_wait = WaitForCaller();
-  async.async_stager = &stager;
-  AsyncSaveResponse response = checkpointer.AsyncSave(State(), async);
+  AsyncSaveResponse response = AsyncSaveAfterStep(checkpointer, stager, dir);
   EnqueueNextStep();
   Release();
   ASSERT_TRUE(response.staging_completion.WaitFor(absl::Seconds(30)))
