@@ -158,7 +158,7 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
     }
     if (request.op == IoRequest::Op::kWrite) {
       absl::MutexLock lock(&mu_);
-      if (pending_writes_.size() >= 256) {
+      if (pending_writes_.size() >= prune_files_at_) {
         // Forget files whose every tracked write has completed (closed
         // files' entries would otherwise accumulate).
         absl::erase_if(pending_writes_, [](const auto& entry) {
@@ -166,6 +166,7 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
                              entry.second.writes.end(),
                              [](const Future<size_t>& f) { return f.ready(); });
         });
+        prune_files_at_ = std::max<size_t>(256, 2 * pending_writes_.size());
       }
       PendingWrites& pending = pending_writes_[request.file];
       if (pending.writes.size() >= pending.prune_at) {

@@ -98,6 +98,10 @@ class IoEngineBase : public IoEngine {
   };
   absl::flat_hash_map<File*, PendingWrites> pending_writes_
       ABSL_GUARDED_BY(mu_);
+  // The map drops files whose writes have all completed once it holds this
+  // many files; then twice what is left (at least 256), so many open files
+  // do not bring the per-submit scan back.
+  size_t prune_files_at_ ABSL_GUARDED_BY(mu_) = 256;
 };
 
 }  // namespace dcp::internal_io
