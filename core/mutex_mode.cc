@@ -1,8 +1,9 @@
 // Turns off abseil's Mutex deadlock detection for every program that links
 // dcp. Debian's abseil (20220623) was built with it on: each Mutex lock
 // then walks a lock-order graph whose size grows with the number of live
-// Mutexes, and a save holds one per pending write (a Future each), so a
-// save of 50,000 small tensors took minutes instead of a second.
+// Mutexes, and a save holds one per pending write (a Future each), which
+// made saves of many small tensors superlinear (docs/BENCHMARKS.md
+// section 6).
 // DCP_ABSL_DEADLOCK_DETECTION=1 (or "abort") keeps it on, to hunt
 // lock-order bugs.
 #include <cstdlib>

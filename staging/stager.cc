@@ -143,9 +143,9 @@ struct DefaultStager::Plan {
 
   // Lays out small contiguous device tensors that lie close together in one
   // device allocation as they lie there, so that one copy stages them all:
-  // every copy costs the copy engine a few microseconds whatever its size
-  // (on an H200 ~8 us per tensor of a few hundred KiB, against 5 us for its
-  // bytes). A span's copy carries the gap bytes between its tensors too:
+  // every copy costs the copy engine a fixed time whatever its size, more
+  // than a small tensor's bytes take (docs/BENCHMARKS.md section 2). A
+  // span's copy carries the gap bytes between its tensors too:
   // at most kCoalesceMaxGap each, at most its tensors' bytes plus
   // kCoalesceMaxGap in all, and the span at most `max_span`. It never
   // crosses an allocation, so every byte it reads is mapped. Recomputes

@@ -52,14 +52,13 @@ struct StagingOptions {
 
   // dcp's knobs.
   // Copy streams per device (see StagingPipelineOptions::num_streams). One:
-  // on an H200 1-4 streams staged within 0.4% of each other (one copy
-  // engine per direction), large tensors or small (docs/BENCHMARKS.md
-  // section 2).
+  // a GPU has one copy engine per direction, and more streams staged no
+  // faster on an H200 (docs/BENCHMARKS.md section 2).
   int num_streams = 1;
   // Device tensors are copied in pieces of this size, round robin over the
-  // streams. 64 MiB pieces staged large tensors at 0.997x the raw pinned
-  // peak on an H200, 8 MiB pieces at 0.98x (per-copy overhead); larger
-  // pieces only delay the first piece's completion.
+  // streams: large enough that the per-copy cost vanishes (measured in
+  // docs/BENCHMARKS.md section 2); larger pieces only delay the first
+  // piece's completion.
   size_t copy_chunk_bytes = size_t{64} << 20;
   // Small device tensors that lie close together in one device allocation
   // (as a caching allocator places them) are staged by one copy for all of
@@ -153,8 +152,8 @@ class DefaultStager final : public AsyncStager {
   // of any state with the same tensors) will use, mapped, faulted in and
   // page-locked per the options, so that the first Stage blocks no longer
   // than later ones: mapping and pinning fresh memory costs far more than
-  // the copy into it (pinning 4 GiB took 2.3 s on an H200 host, the copy
-  // 78 ms). Call it when the loop starts, off its critical path. Only the
+  // the copy into it (docs/BENCHMARKS.md section 2). Call it when the loop
+  // starts, off its critical path. Only the
   // tensors' sizes, devices and places are read, never their bytes. With
   // use_async_staging it runs on the stager's background thread (ordered
   // before later Stages) and the future is ready when the memory is;
