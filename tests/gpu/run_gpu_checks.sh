@@ -18,9 +18,11 @@
 #                        default: --device=auto --steps=20 --every=5
 #                        --size=1024)
 #   STAGER_ARGS          device_bench's stager sweep (sizes x layouts x copy
-#                        streams x chunk sizes against the pinned peak;
-#                        default: --budget_s=110 stager
-#                        --sizes_mib=1024,4096,16384 --streams=1,2 --reps=3)
+#                        streams x chunk sizes x coalescing, against the
+#                        pinned peak; default: --budget_s=110 stager
+#                        --sizes_mib=1024,4096,16384 --streams=1
+#                        --chunks_mib=64 --reps=3: the chosen defaults, and
+#                        the small layout with coalescing on and off)
 #   ASYNC_ARGS           device_bench's AsyncSave from device tensors and
 #                        Load into device tensors (default: --budget_s=60
 #                        async --mib=4096 --reps=3 --dir=/dev/shm)
@@ -57,7 +59,7 @@ bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
 device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
 loop_args="${TRAINING_LOOP_ARGS:---device=auto --steps=20 --every=5 --size=1024}"
-stager_args="${STAGER_ARGS---budget_s=110 stager --sizes_mib=1024,4096,16384 --streams=1,2 --reps=3}"
+stager_args="${STAGER_ARGS---budget_s=110 stager --sizes_mib=1024,4096,16384 --streams=1 --chunks_mib=64 --reps=3}"
 async_args="${ASYNC_ARGS---budget_s=60 async --mib=4096 --reps=3 --dir=/dev/shm}"
 shm_args="${SHM_ARGS---budget_s=90 shm --mib=4096 --threads=1,4,8,16 --reps=2 --dir=/dev/shm}"
 torch_args="${TORCH_ARGS---gib 4 --reps 2 --budget_s 120}"
