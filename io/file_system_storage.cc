@@ -34,6 +34,11 @@ constexpr int64_t kPayloadAlignment = 4096;
 // bytes in flight per file.
 constexpr int64_t kBounceChunk = int64_t{4} << 20;
 constexpr int64_t kBounceBudget = int64_t{32} << 20;
+// Host items of at most kPackItemBytes share packs of at most kPackBytes,
+// kPackAlignment apart (FileSystemWriter::WriteFile, docs/FORMAT.md).
+constexpr int64_t kPackItemBytes = int64_t{64} << 10;
+constexpr int64_t kPackBytes = int64_t{1} << 20;
+constexpr int64_t kPackAlignment = 64;
 // Buffered saves: writebacks outstanding per file before the writer waits
 // for the oldest (2 measured as fast as 8 and faster than none).
 constexpr size_t kWritebacksAhead = 2;
@@ -528,18 +533,88 @@ absl::Status FileSystemWriter::WriteFile(
   }
   std::unique_ptr<File> file = *std::move(opened);
   RecordCreated(path);
-  // The file's planned layout (as the loop below places the items), so its
-  // blocks can be reserved first: on ext4 O_DIRECT writes into a file they
-  // extend run one at a time, into reserved blocks they run in parallel
-  // (measured: docs/BENCHMARKS.md section 1, "preallocation").
-  auto place = [&](int64_t offset, bool tensor) {
-    return tensor || options_.direct_io ? AlignUp(offset, kPayloadAlignment)
-                                        : offset;
+  // Every item resolved first: whether it is on the device and how long it
+  // is decide where it goes (small host items share packs, below).
+  std::vector<dcp::WriteData> held;
+  held.reserve(items.size());
+  struct Resolved {
+    const std::byte* bytes = nullptr;
+    int64_t length = 0;
+    bool tensor = false;
+    bool on_device = false;
   };
+  std::vector<Resolved> resolved_items(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& item = *items[i];
+    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    if (!resolved.ok()) {
+      return Annotate(
+          resolved.status(),
+          absl::StrCat("rank ", rank_, ": resolving ", item.index.ToString()));
+    }
+    held.push_back(*std::move(resolved));
+    Resolved& r = resolved_items[i];
+    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
+      if (!tensor->view().is_contiguous()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank_, ": tensor ", item.index.ToString(),
+            " is not contiguous; the file writer takes contiguous tensors"));
+      }
+      r.bytes = static_cast<const std::byte*>(tensor->data());
+      r.length = static_cast<int64_t>(tensor->nbytes());
+      if (r.length != item.StorageBytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank_, ": tensor ", item.index.ToString(), " resolved to ",
+            r.length, " bytes, the plan says ", item.StorageBytes()));
+      }
+      r.tensor = true;
+      r.on_device = !tensor->device().is_cpu();
+    } else {
+      const std::string& value = std::get<std::string>(held.back());
+      r.bytes = reinterpret_cast<const std::byte*>(value.data());
+      r.length = static_cast<int64_t>(value.size());
+    }
+  }
+
+  // The file's layout. Tensors start on 4 KiB boundaries (O_DIRECT reads
+  // them straight into aligned memory); bytes items follow each other
+  // unaligned in a buffered file. Small host items (at most kPackItemBytes,
+  // tensors or bytes) are packed kPackAlignment apart into packs of at most
+  // kPackBytes, each written by one write from one aligned buffer: one
+  // write, one Future and one engine request per pack instead of per item,
+  // which is what a state of many small tensors costs. A pack starts on a
+  // 4 KiB boundary; readers find every item by its metadata offset
+  // (docs/FORMAT.md section 2).
+  std::vector<int64_t> item_offset(items.size());
+  std::vector<int> item_pack(items.size(), -1);
+  struct Pack {
+    int64_t start = 0;
+    int64_t used = 0;
+    size_t first_item = 0;
+  };
+  std::vector<Pack> packs;
   int64_t planned_end = 0;
-  for (const WriteItem* item : items) {
-    planned_end = place(planned_end, item->type == WriteItemType::kTensor) +
-                  item->StorageBytes();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Resolved& r = resolved_items[i];
+    if (!r.on_device && r.length > 0 && r.length <= kPackItemBytes) {
+      // A pack stays open while items are packed back to back.
+      const bool open = i > 0 && item_pack[i - 1] >= 0;
+      int64_t at =
+          open ? AlignUp(packs.back().used, kPackAlignment) : kPackBytes;
+      if (at + r.length > kPackBytes) {
+        packs.push_back({AlignUp(planned_end, kPayloadAlignment), 0, i});
+        at = 0;
+      }
+      item_pack[i] = static_cast<int>(packs.size() - 1);
+      item_offset[i] = packs.back().start + at;
+      packs.back().used = at + r.length;
+      planned_end = item_offset[i] + r.length;
+      continue;
+    }
+    item_offset[i] = r.tensor || options_.direct_io
+                         ? AlignUp(planned_end, kPayloadAlignment)
+                         : planned_end;
+    planned_end = item_offset[i] + r.length;
   }
   if (options_.direct_io) planned_end = AlignUp(planned_end, kPayloadAlignment);
   // Only for O_DIRECT: buffered writes gain nothing from it on ext4 (delayed
@@ -552,9 +627,8 @@ absl::Status FileSystemWriter::WriteFile(
         Annotate(file->Preallocate(planned_end), absl::StrCat("rank ", rank_)));
   }
 
-  // Everything a submitted write reads from stays alive until all complete.
-  std::vector<dcp::WriteData> held;
-  held.reserve(items.size());
+  // Everything a submitted write reads from stays alive until all complete
+  // (`held` above, the bounce and pack buffers here).
   struct Bounce {
     std::unique_ptr<AlignedBuffer> buffer;
     Future<void> done;
@@ -624,86 +698,87 @@ absl::Status FileSystemWriter::WriteFile(
   // Device tensors: (view, item position), their layout fixed in the loop.
   std::vector<PipelineItem> device_items;
 
+  // Bounce and pack buffers in flight, at most kBounceBudget bytes (older
+  // ones are waited for and freed first). The caller sets the new entry's
+  // `done` once its write is submitted.
+  auto take_bounce = [&](int64_t size) -> AlignedBuffer* {
+    while (!bounce.empty() && bounce_bytes + size > kBounceBudget) {
+      bounce.front().done.Wait();  // Its error is seen with the others.
+      bounce_bytes -= bounce.front().buffer->size;
+      bounce.pop_front();
+    }
+    bounce.push_back({std::make_unique<AlignedBuffer>(size), Future<void>()});
+    bounce_bytes += size;
+    return bounce.back().buffer.get();
+  };
+  // The open pack's buffer (zero-filled: the gaps read as zeros), written
+  // once its last item is in.
+  AlignedBuffer* pack_buffer = nullptr;
+  int open_pack = -1;
+  auto flush_pack = [&]() {
+    if (open_pack < 0) return;
+    const Pack& pack = packs[open_pack];
+    const int64_t length = options_.direct_io
+                               ? AlignUp(pack.used, kPayloadAlignment)
+                               : pack.used;
+    bounce.back().done =
+        submit(pack.first_item, pack.start, pack_buffer->data, length);
+    open_pack = -1;
+    pack_buffer = nullptr;
+  };
+
   absl::Status status;
   int64_t offset = 0;
   for (size_t i = 0; i < items.size() && !failed->load(); ++i) {
     const WriteItem& item = *items[i];
-    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
-    if (!resolved.ok()) {
-      status = Annotate(
-          resolved.status(),
-          absl::StrCat("rank ", rank_, ": resolving ", item.index.ToString()));
-      break;
-    }
-    held.push_back(*std::move(resolved));
-    const std::byte* bytes;
-    int64_t length;
-    bool on_device = false;
-    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
-      if (!tensor->view().is_contiguous()) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": tensor ", item.index.ToString(),
-            " is not contiguous; the file writer takes contiguous tensors"));
-        break;
-      }
-      bytes = static_cast<const std::byte*>(tensor->data());
-      length = static_cast<int64_t>(tensor->nbytes());
-      if (length != item.StorageBytes()) {
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": tensor ", item.index.ToString(), " resolved to ",
-            length, " bytes, the plan says ", item.StorageBytes()));
-        break;
-      }
-      offset = place(offset, /*tensor=*/true);
-      on_device = !tensor->device().is_cpu();
-    } else {
-      const std::string& value = std::get<std::string>(held.back());
-      bytes = reinterpret_cast<const std::byte*>(value.data());
-      length = static_cast<int64_t>(value.size());
-      // O_DIRECT needs every write aligned: bytes items get their own blocks.
-      offset = place(offset, /*tensor=*/false);
-    }
+    const Resolved& r = resolved_items[i];
+    const std::byte* bytes = r.bytes;
+    const int64_t length = r.length;
+    offset = item_offset[i];
     WriteResult& result = *results[i];
     result.index = item.index;
     result.size_in_bytes = length;
     result.storage_data.relative_path = relative_path;
     result.storage_data.offset = offset;
     result.storage_data.length = length;
-    if (on_device) {
+    if (r.on_device) {
       // Staged once the host items are in flight (below).
       device_items.push_back(
-          {std::get<Tensor>(held.back()).view(), i, item.index.ToString()});
+          {std::get<Tensor>(held[i]).view(), i, item.index.ToString()});
       offset += length;
       continue;
     }
-    if (!options_.direct_io) {
-      if (length > 0) submit(i, offset, bytes, length);
-    } else {
-      // The 4 KiB aligned body straight from the caller's memory when it is
-      // aligned; the rest through a zero-padded aligned bounce block (the
-      // padding lies before the next item's aligned start).
-      int64_t body = 0;
-      if (reinterpret_cast<uintptr_t>(bytes) % kPayloadAlignment == 0) {
-        body = length / kPayloadAlignment * kPayloadAlignment;
-        if (body > 0) submit(i, offset, bytes, body);
+    if (item_pack[i] >= 0) {
+      if (item_pack[i] != open_pack) {
+        flush_pack();
+        open_pack = item_pack[i];
+        pack_buffer = take_bounce(
+            AlignUp(packs[open_pack].used, kPayloadAlignment));
+        std::memset(pack_buffer->data, 0, pack_buffer->size);
       }
-      // Unaligned memory or the tail: copied in chunks through aligned,
-      // zero-padded bounce buffers, at most kBounceBudget bytes of them in
-      // flight (older ones are waited for and reused).
-      for (int64_t pos = body; pos < length; pos += kBounceChunk) {
-        const int64_t n = std::min(kBounceChunk, length - pos);
-        const int64_t padded = AlignUp(n, kPayloadAlignment);
-        while (!bounce.empty() && bounce_bytes + padded > kBounceBudget) {
-          bounce.front().done.Wait();  // Its error is seen with the others.
-          bounce_bytes -= bounce.front().buffer->size;
-          bounce.pop_front();
+      std::memcpy(pack_buffer->data + (offset - packs[open_pack].start), bytes,
+                  length);
+    } else {
+      flush_pack();
+      if (!options_.direct_io) {
+        if (length > 0) submit(i, offset, bytes, length);
+      } else {
+        // The 4 KiB aligned body straight from the caller's memory when it
+        // is aligned; the rest through a zero-padded aligned bounce block
+        // (the padding lies before the next item's aligned start).
+        int64_t body = 0;
+        if (reinterpret_cast<uintptr_t>(bytes) % kPayloadAlignment == 0) {
+          body = length / kPayloadAlignment * kPayloadAlignment;
+          if (body > 0) submit(i, offset, bytes, body);
         }
-        auto buffer = std::make_unique<AlignedBuffer>(padded);
-        std::memcpy(buffer->data, bytes + pos, n);
-        std::memset(buffer->data + n, 0, padded - n);
-        Future<void> written = submit(i, offset + pos, buffer->data, padded);
-        bounce_bytes += padded;
-        bounce.push_back({std::move(buffer), std::move(written)});
+        for (int64_t pos = body; pos < length; pos += kBounceChunk) {
+          const int64_t n = std::min(kBounceChunk, length - pos);
+          const int64_t padded = AlignUp(n, kPayloadAlignment);
+          AlignedBuffer* buffer = take_bounce(padded);
+          std::memcpy(buffer->data, bytes + pos, n);
+          std::memset(buffer->data + n, 0, padded - n);
+          bounce.back().done = submit(i, offset + pos, buffer->data, padded);
+        }
       }
     }
     // Checksums while the item's writes are in flight (the memory stays
@@ -713,6 +788,7 @@ absl::Status FileSystemWriter::WriteFile(
         BlockChecksums(bytes, length, options_.checksum_block_size);
     offset += length;
   }
+  if (!failed->load()) flush_pack();
   if (status.ok() && !device_items.empty() && !failed->load()) {
     // Each device tensor is copied piece by piece into pinned pool chunks;
     // a piece is written straight from its chunk (4 KiB aligned: O_DIRECT
