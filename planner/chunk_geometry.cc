@@ -143,7 +143,10 @@ bool CornersMatch(const Shape& global_size,
   size_t next = 0;
   auto add_box = [&](const Shape& offsets, const Shape& sizes, int8_t sign) {
     for (size_t mask = 0; mask < per_box; ++mask) {
-      int64_t* c = &coords[next * rank];
+      // data() + offset, not &coords[...]: for a scalar (rank 0) coords is
+      // empty and operator[] on it is undefined (UBSan: reference binding
+      // to null pointer).
+      int64_t* c = coords.data() + next * rank;
       int parity = 0;
       for (size_t d = 0; d < rank; ++d) {
         const bool upper = (mask >> d) & 1;
@@ -158,9 +161,9 @@ bool CornersMatch(const Shape& global_size,
   std::vector<uint32_t> order(count);
   std::iota(order.begin(), order.end(), 0);
   auto less = [&](uint32_t a, uint32_t b) {
-    return std::lexicographical_compare(
-        &coords[a * rank], &coords[a * rank] + rank, &coords[b * rank],
-        &coords[b * rank] + rank);
+    const int64_t* ca = coords.data() + a * rank;
+    const int64_t* cb = coords.data() + b * rank;
+    return std::lexicographical_compare(ca, ca + rank, cb, cb + rank);
   };
   std::sort(order.begin(), order.end(), less);
   for (size_t i = 0; i < count;) {

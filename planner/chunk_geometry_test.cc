@@ -231,6 +231,18 @@ TEST(ChunkGeometryTest, HighRankUsesSweep) {
               HasSubstr("hold 3072 of 4096 elements"));
 }
 
+// A scalar (rank 0) is one element: one chunk covers it, none leaves it
+// uncovered. The uncovered case reaches the corner-count test with no
+// coordinates at all (an empty vector, which it once indexed; caught by
+// bazel test --config=asan).
+TEST(ChunkGeometryTest, ScalarTiling) {
+  auto describe = [](size_t i) { return absl::StrCat("#", i); };
+  EXPECT_TRUE(ValidateTiling("s", {}, {{{}, {}}}, describe).ok());
+  absl::Status none = ValidateTiling("s", {}, {}, describe);
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.message(), HasSubstr("cover the whole tensor"));
+}
+
 TEST(ChunkGeometryTest, RankMismatch) {
   absl::Status status = ValidateTiling("t", {4}, {{{0, 0}, {4, 1}}},
                                        [](size_t) { return std::string("c"); });
