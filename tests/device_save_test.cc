@@ -237,7 +237,9 @@ Tensor ToHost(DeviceRuntime& runtime, const Tensor& device) {
 // shows).
 Tensor DeviceFilled(DeviceRuntime& runtime, DType dtype, Shape sizes) {
   Tensor host = Tensor::Empty(dtype, std::move(sizes));
-  std::memset(host.data(), 0xEE, host.nbytes());
+  // An empty tensor has no memory (data() is null), and memset of a null
+  // pointer is undefined even for 0 bytes.
+  if (host.nbytes() > 0) std::memset(host.data(), 0xEE, host.nbytes());
   return ToDevice(runtime, host);
 }
 
