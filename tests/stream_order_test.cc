@@ -46,6 +46,9 @@ class StreamOrderTest : public ::testing::Test {
                     .ok());
     written_.resize(kFloats);
     for (size_t i = 0; i < kFloats; ++i) written_[i] = 1.0f + i;
+    // Filled here, not in EnqueueNextStep: the stream's worker reads
+    // next_step_.data() in Observe while the test thread enqueues.
+    next_step_.assign(kFloats, -7.0f);
     caller_ = *runtime_->CreateStream(0);
   }
   void TearDown() override {
@@ -71,7 +74,6 @@ class StreamOrderTest : public ::testing::Test {
   // The next training step, enqueued on the caller's stream after the save
   // was called; held until ReleaseNextStep().
   void EnqueueNextStep() {
-    next_step_.assign(kFloats, -7.0f);
     ASSERT_TRUE(runtime_
                     ->CopyAsync(device_, next_step_.data(),
                                 kFloats * sizeof(float),
