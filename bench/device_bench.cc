@@ -126,8 +126,8 @@ absl::StatusOr<std::vector<size_t>> LayoutSizes(const std::string& layout,
   } else if (layout == "tiny") {
     sizes.assign(std::max<size_t>(bytes / 4096, 1), 4096);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown layout '", layout, "' (large, small or tiny)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown layout '", layout, "' (large, small or tiny)"));
   }
   return sizes;
 }
@@ -190,16 +190,15 @@ absl::StatusOr<std::unique_ptr<DeviceState>> MakeDeviceState(
     for (size_t i = 0; i < s->sizes.size(); ++i) {
       FillPattern(host.data() + s->offsets[i], i, s->sizes[i]);
     }
-    DCP_RETURN_IF_ERROR(runtime.Copy(d, host.data(), s->block_bytes,
-                                     CopyKind::kHostToDevice));
+    DCP_RETURN_IF_ERROR(
+        runtime.Copy(d, host.data(), s->block_bytes, CopyKind::kHostToDevice));
   } else {
     const std::vector<std::byte> zeros(
         std::min<size_t>(s->block_bytes, size_t{64} << 20));
     for (size_t off = 0; off < s->block_bytes; off += zeros.size()) {
-      DCP_RETURN_IF_ERROR(
-          runtime.Copy(d + off, zeros.data(),
-                       std::min(zeros.size(), s->block_bytes - off),
-                       CopyKind::kHostToDevice));
+      DCP_RETURN_IF_ERROR(runtime.Copy(
+          d + off, zeros.data(), std::min(zeros.size(), s->block_bytes - off),
+          CopyKind::kHostToDevice));
     }
   }
   for (size_t i = 0; i < s->sizes.size(); ++i) {
@@ -338,53 +337,53 @@ absl::Status RunStager(DeviceRuntime& runtime, const StagerFlags& flags,
           std::unique_ptr<DeviceState> s,
           MakeDeviceState(runtime, layout, mib << 20, /*fill=*/false));
       const size_t bytes = Total(s->sizes);
-      DCP_ASSIGN_OR_RETURN(Peaks peaks, MeasurePeaks(runtime, s->block,
-                                                     s->block_bytes,
-                                                     flags.reps));
+      DCP_ASSIGN_OR_RETURN(
+          Peaks peaks,
+          MeasurePeaks(runtime, s->block, s->block_bytes, flags.reps));
       Emit({{"part", "stager_peak"},
             {"bytes", s->block_bytes},
             {"layout", layout},
             {"d2h_pinned_gbps", Gbps(s->block_bytes, peaks.d2h_seconds)},
             {"h2d_pinned_gbps", Gbps(s->block_bytes, peaks.h2d_seconds)}});
       for (const std::string& coalesce : flags.coalesce) {
-      if (layout == "large" && coalesce != flags.coalesce.front()) continue;
-      for (size_t chunk_mib : flags.chunks_mib) {
-        for (int streams : flags.streams) {
-          if (budget.Spent()) {
-            EmitEnd("stager", budget, true);
-            return absl::OkStatus();
+        if (layout == "large" && coalesce != flags.coalesce.front()) continue;
+        for (size_t chunk_mib : flags.chunks_mib) {
+          for (int streams : flags.streams) {
+            if (budget.Spent()) {
+              EmitEnd("stager", budget, true);
+              return absl::OkStatus();
+            }
+            StagingOptions options;
+            options.coalesce_device_copies = coalesce == "on";
+            options.use_async_staging = false;
+            options.use_non_blocking_copy = false;
+            options.use_shared_memory = false;
+            options.num_streams = streams;
+            options.copy_chunk_bytes = chunk_mib << 20;
+            DefaultStager stager(options, &runtime);
+            double first = 0;
+            DCP_ASSIGN_OR_RETURN(
+                double t,
+                MedianSeconds(
+                    flags.reps,
+                    [&]() { return stager.Stage(s->state).Wait().status(); },
+                    &first));
+            // The peak moves the padded block; the stager the tensor bytes.
+            const double peak = Gbps(s->block_bytes, peaks.d2h_seconds);
+            Emit({{"part", "stager"},
+                  {"bytes", bytes},
+                  {"layout", layout},
+                  {"tensors", s->sizes.size()},
+                  {"streams", streams},
+                  {"chunk_bytes", chunk_mib << 20},
+                  {"stager_gbps", Gbps(bytes, t)},
+                  {"peak_d2h_gbps", peak},
+                  {"ratio_to_peak", peak > 0 ? Gbps(bytes, t) / peak : 0},
+                  {"first_stage_s", first},
+                  {"coalesce", coalesce},
+                  {"us_per_tensor", t / s->sizes.size() * 1e6}});
           }
-          StagingOptions options;
-          options.coalesce_device_copies = coalesce == "on";
-          options.use_async_staging = false;
-          options.use_non_blocking_copy = false;
-          options.use_shared_memory = false;
-          options.num_streams = streams;
-          options.copy_chunk_bytes = chunk_mib << 20;
-          DefaultStager stager(options, &runtime);
-          double first = 0;
-          DCP_ASSIGN_OR_RETURN(
-              double t,
-              MedianSeconds(
-                  flags.reps,
-                  [&]() { return stager.Stage(s->state).Wait().status(); },
-                  &first));
-          // The peak moves the padded block; the stager the tensor bytes.
-          const double peak = Gbps(s->block_bytes, peaks.d2h_seconds);
-          Emit({{"part", "stager"},
-                {"bytes", bytes},
-                {"layout", layout},
-                {"tensors", s->sizes.size()},
-                {"streams", streams},
-                {"chunk_bytes", chunk_mib << 20},
-                {"stager_gbps", Gbps(bytes, t)},
-                {"peak_d2h_gbps", peak},
-                {"ratio_to_peak", peak > 0 ? Gbps(bytes, t) / peak : 0},
-                {"first_stage_s", first},
-                {"coalesce", coalesce},
-                {"us_per_tensor", t / s->sizes.size() * 1e6}});
         }
-      }
       }
     }
   }
@@ -410,8 +409,8 @@ absl::Status RunAsync(DeviceRuntime& runtime, const AsyncFlags& flags,
       std::unique_ptr<DeviceState> s,
       MakeDeviceState(runtime, flags.layout, flags.mib << 20, /*fill=*/true));
   const size_t bytes = Total(s->sizes);
-  DCP_ASSIGN_OR_RETURN(Peaks peaks, MeasurePeaks(runtime, s->block, bytes,
-                                                 flags.reps));
+  DCP_ASSIGN_OR_RETURN(Peaks peaks,
+                       MeasurePeaks(runtime, s->block, bytes, flags.reps));
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<ScratchDir> scratch,
                        ScratchDir::Create(flags.dir, "dcp-device-bench"));
   const std::string& base = scratch->path();
@@ -563,9 +562,8 @@ absl::Status PlainIo(const std::string& dir, std::byte* memory, size_t bytes,
     const size_t begin = std::min(bytes, i * per);
     const size_t end = std::min(bytes, begin + per);
     const std::string path = absl::StrCat(dir, "/plain-", i);
-    const int fd =
-        ::open(path.c_str(), write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY,
-               0644);
+    const int fd = ::open(
+        path.c_str(), write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY, 0644);
     if (fd < 0) return ErrnoError(errno, absl::StrCat("open ", path));
     for (size_t off = begin; off < end;) {
       const size_t len = std::min<size_t>(end - off, size_t{64} << 20);
@@ -574,7 +572,8 @@ absl::Status PlainIo(const std::string& dir, std::byte* memory, size_t bytes,
       if (got <= 0) {
         const int err = got < 0 ? errno : EIO;
         ::close(fd);
-        return ErrnoError(err, absl::StrCat(write ? "pwrite " : "pread ", path));
+        return ErrnoError(err,
+                          absl::StrCat(write ? "pwrite " : "pread ", path));
       }
       off += got;
     }
@@ -707,8 +706,9 @@ absl::Status RunShm(const ShmFlags& flags, const Budget& budget) {
 }  // namespace dcp
 
 int main(int argc, char** argv) {
-  CLI::App app{"dcp device benchmarks: staging, AsyncSave from the device, "
-               "loads into the device, the software ceiling on fast storage"};
+  CLI::App app{
+      "dcp device benchmarks: staging, AsyncSave from the device, "
+      "loads into the device, the software ceiling on fast storage"};
   app.require_subcommand(1);
   std::string mode_name = "auto";
   double budget_s = 0;

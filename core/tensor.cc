@@ -35,9 +35,8 @@ std::optional<int64_t> CheckedNumBytes(DType dtype,
   const std::optional<int64_t> elements = CheckedNumElements(sizes);
   int64_t bytes;
   if (!elements.has_value() ||
-      __builtin_mul_overflow(*elements,
-                             static_cast<int64_t>(ElementSize(dtype)),
-                             &bytes)) {
+      __builtin_mul_overflow(
+          *elements, static_cast<int64_t>(ElementSize(dtype)), &bytes)) {
     return std::nullopt;
   }
   return bytes;

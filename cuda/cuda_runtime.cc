@@ -198,7 +198,8 @@ class CudaRuntime final : public DeviceRuntime {
                                 const DeviceWait& wait) override {
     if (wait.empty()) return absl::OkStatus();
     DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitNative"));
-    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "StreamWaitNative"));
+    DCP_RETURN_IF_ERROR(
+        SetDevice(AsRecord(stream)->device, "StreamWaitNative"));
     cudaEvent_t event = nullptr;
     cudaEvent_t marker = nullptr;
     if (wait.kind == DeviceWait::Kind::kEvent) {
@@ -210,9 +211,8 @@ class CudaRuntime final : public DeviceRuntime {
       cudaStream_t caller = wait.handle != nullptr
                                 ? static_cast<cudaStream_t>(wait.handle)
                                 : cudaStreamLegacy;
-      DCP_CUDA_CHECK(
-          cudaEventCreateWithFlags(&marker, cudaEventDisableTiming),
-          "StreamWaitNative: cudaEventCreateWithFlags");
+      DCP_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming),
+                     "StreamWaitNative: cudaEventCreateWithFlags");
       const cudaError_t recorded = cudaEventRecord(marker, caller);
       if (recorded != cudaSuccess) {
         cudaEventDestroy(marker);
@@ -367,8 +367,8 @@ class CudaRuntime final : public DeviceRuntime {
     // Driver API errors (CUDA_ERROR_INVALID_VALUE for memory that is not
     // device memory) are not sticky and leave the runtime's error alone.
     if (get_range == nullptr ||
-        get_range(&base, &size,
-                  reinterpret_cast<unsigned long long>(ptr)) != 0 ||
+        get_range(&base, &size, reinterpret_cast<unsigned long long>(ptr)) !=
+            0 ||
         size == 0) {
       return absl::NotFoundError(absl::StrFormat(
           "FindAllocation %p: cuMemGetAddressRange found no device "

@@ -285,8 +285,9 @@ TEST_F(HostRuntimeTest, FindAllocationGivesTheBlockOfAnInteriorPointer) {
   EXPECT_EQ(found->base, base);
   EXPECT_EQ(found->size, 10000u);
   // One past the end is not in the allocation.
-  EXPECT_NE(runtime_->FindAllocation(0, base + 10000).value_or(
-                DeviceAllocation{}).base,
+  EXPECT_NE(runtime_->FindAllocation(0, base + 10000)
+                .value_or(DeviceAllocation{})
+                .base,
             base);
   std::vector<char> host(16);
   EXPECT_EQ(runtime_->FindAllocation(0, host.data()).status().code(),

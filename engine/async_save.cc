@@ -33,7 +33,8 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   }
   // The stager's copies wait for the caller's device work; the upload
   // writes host memory and needs no wait.
-  Future<StateDict> staged = stager->Stage(state_dict, options.save.device_wait);
+  Future<StateDict> staged =
+      stager->Stage(state_dict, options.save.device_wait);
 
   // Staging is complete when the staged dict is ready and, for non-blocking
   // device copies, when the copies have landed.

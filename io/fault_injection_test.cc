@@ -259,8 +259,9 @@ TEST(FaultInjectionTest, OutOfSpaceSaysWhatOrphansFreedAndWhatRemains) {
               HasSubstr(absl::StrCat(
                   "removed 1 orphaned file(s) of interrupted saves (3000 "
                   "bytes) from ",
-                  dir, "; 1 orphaned file(s) of interrupted saves (5000 "
-                       "bytes) remain in ",
+                  dir,
+                  "; 1 orphaned file(s) of interrupted saves (5000 "
+                  "bytes) remain in ",
                   dir)));
   EXPECT_THAT(status.message(), HasSubstr(stuck));  // The unlink's error.
   const std::vector<std::string> after = ListNames(dir);

@@ -237,8 +237,9 @@ class LocalFileSystemImpl final : public FileSystemBase {
     int fd = OpenRetryingEintr(path, flags, options.direct);
     if (fd < 0) {
       if (errno == ELOOP && options.no_follow) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "open for read ", path, ": a symbolic link, which is not followed"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("open for read ", path,
+                         ": a symbolic link, which is not followed"));
       }
       return ErrnoError(errno, absl::StrCat("open for read ", path));
     }
@@ -349,8 +350,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
         while (!held.empty() && held.back() == '\n') held.pop_back();
         return absl::FailedPreconditionError(absl::StrCat(
             "directory ", dir, " is locked by ",
-            held.empty() ? "a holder that has not described itself yet"
-                         : held,
+            held.empty() ? "a holder that has not described itself yet" : held,
             " (", path,
             "); saves into one directory must not overlap: wait for that "
             "save to finish or save elsewhere"));

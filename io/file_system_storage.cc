@@ -92,8 +92,7 @@ std::string DataFilePrefix(int rank, absl::string_view save_id) {
 
 // Whether `text` is a save id (NewSaveId: 16 lowercase hex digits).
 bool IsSaveId(absl::string_view text) {
-  return text.size() == 16 &&
-         std::all_of(text.begin(), text.end(), [](char c) {
+  return text.size() == 16 && std::all_of(text.begin(), text.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
          });
 }
@@ -140,8 +139,9 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
   DCP_ASSIGN_OR_RETURN(int64_t size, (*file)->Size());
   if (size > kMaxMetadataFileSize) {
     return absl::DataLossError(absl::StrCat(
-        metadata_path, " is ", size, " bytes, more than any dcp metadata file (",
-        kMaxMetadataFileSize, "); the directory holds no readable dcp "
+        metadata_path, " is ", size,
+        " bytes, more than any dcp metadata file (", kMaxMetadataFileSize,
+        "); the directory holds no readable dcp "
         "checkpoint"));
   }
   std::string bytes(static_cast<size_t>(size), '\0');
@@ -323,8 +323,7 @@ std::string OrphanCleanup::Summary(absl::string_view dir) const {
 }
 
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
-  absl::StatusOr<std::set<std::string>> committed =
-      CommittedFileNames(fs, dir);
+  absl::StatusOr<std::set<std::string>> committed = CommittedFileNames(fs, dir);
   if (!committed.ok()) {
     OrphanCleanup cleanup;
     cleanup.status = committed.status();
@@ -428,10 +427,10 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                                      bool /*use_collectives*/) {
   DCP_RETURN_IF_ERROR(engine_error_);
   if (options_.checksum_block_size > kMaxChecksumBlockSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checksum_block_size ", options_.checksum_block_size,
-        " is larger than the most a reader accepts (", kMaxChecksumBlockSize,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checksum_block_size ", options_.checksum_block_size,
+                     " is larger than the most a reader accepts (",
+                     kMaxChecksumBlockSize, ")"));
   }
   is_coordinator_ = is_coordinator;
   rank_ = rank;
@@ -718,9 +717,8 @@ absl::Status FileSystemWriter::WriteFile(
   auto flush_pack = [&]() {
     if (open_pack < 0) return;
     const Pack& pack = packs[open_pack];
-    const int64_t length = options_.direct_io
-                               ? AlignUp(pack.used, kPayloadAlignment)
-                               : pack.used;
+    const int64_t length =
+        options_.direct_io ? AlignUp(pack.used, kPayloadAlignment) : pack.used;
     bounce.back().done =
         submit(pack.first_item, pack.start, pack_buffer->data, length);
     open_pack = -1;
@@ -752,8 +750,8 @@ absl::Status FileSystemWriter::WriteFile(
       if (item_pack[i] != open_pack) {
         flush_pack();
         open_pack = item_pack[i];
-        pack_buffer = take_bounce(
-            AlignUp(packs[open_pack].used, kPayloadAlignment));
+        pack_buffer =
+            take_bounce(AlignUp(packs[open_pack].used, kPayloadAlignment));
         std::memset(pack_buffer->data, 0, pack_buffer->size);
       }
       std::memcpy(pack_buffer->data + (offset - packs[open_pack].start), bytes,
@@ -1186,22 +1184,21 @@ absl::Status CheckStoredItem(const MetadataIndex& index,
                              const StorageInfo& info, int64_t block_size,
                              OpenFiles& files) {
   if (block_size <= 0 || block_size > kMaxChecksumBlockSize) {
-    return absl::DataLossError(
-        absl::StrCat("checksum_block_size ", block_size, " is outside (0, ",
-                     kMaxChecksumBlockSize, "]"));
+    return absl::DataLossError(absl::StrCat("checksum_block_size ", block_size,
+                                            " is outside (0, ",
+                                            kMaxChecksumBlockSize, "]"));
   }
   if (info.offset < 0 || info.length < 0 ||
       info.offset > INT64_MAX - info.length) {
-    return absl::DataLossError(absl::StrCat(
-        index.ToString(), " in data file ", info.relative_path,
-        " has offset ", info.offset, " and length ", info.length));
+    return absl::DataLossError(
+        absl::StrCat(index.ToString(), " in data file ", info.relative_path,
+                     " has offset ", info.offset, " and length ", info.length));
   }
   const int64_t blocks = ChecksumBlockCount(info.length, block_size);
   if (static_cast<int64_t>(info.block_checksums.size()) != blocks) {
-    return absl::DataLossError(
-        absl::StrCat("metadata lists ", info.block_checksums.size(),
-                     " checksums for ", index.ToString(), " (", info.length,
-                     " bytes in ", blocks, " blocks)"));
+    return absl::DataLossError(absl::StrCat(
+        "metadata lists ", info.block_checksums.size(), " checksums for ",
+        index.ToString(), " (", info.length, " bytes in ", blocks, " blocks)"));
   }
   DCP_RETURN_IF_ERROR(CheckDataFileName(info.relative_path));
   DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
@@ -1522,9 +1519,8 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
             "the metadata of ", path_, " has no storage entry for ",
             item.storage_index.ToString())));
       }
-      absl::Status checked = CheckStoredItem(info->first, info->second,
-                                             metadata.checksum_block_size,
-                                             files);
+      absl::Status checked = CheckStoredItem(
+          info->first, info->second, metadata.checksum_block_size, files);
       if (!checked.ok()) return Future<void>::Ready(checked);
       StoredItem s;
       s.index = &info->first;

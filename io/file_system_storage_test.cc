@@ -331,7 +331,6 @@ TEST(FileSystemStorageTest, ReadOnlyDirectoryIsPermissionDeniedNamingPath) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
-
 TEST(FileSystemStorageTest, FlippedByteIsDataLossNamingTensorFileOffset) {
   const std::string dir = NewTestDir("corrupt");
   const Sample sample = Sample::Make(4);
@@ -826,7 +825,8 @@ class OpenSave {
     DCP_ASSIGN_OR_RETURN(global_, planner_.CreateGlobalPlan({local}));
     DCP_ASSIGN_OR_RETURN(std::vector<SavePlan> plans,
                          writer_.PrepareGlobalPlan(global_.first));
-    DCP_ASSIGN_OR_RETURN(results_, writer_.WriteData(plans[0], planner_).Wait());
+    DCP_ASSIGN_OR_RETURN(results_,
+                         writer_.WriteData(plans[0], planner_).Wait());
     return absl::OkStatus();
   }
   absl::Status Commit() {
@@ -851,8 +851,7 @@ TEST(ConcurrentSaveTest, SecondSaveFailsNamingTheHolderAndNothingIsLost) {
   OpenSave a(dir, Sample::Make(2));
   ASSERT_TRUE(a.Start().ok());
   const std::vector<std::string> during = List(dir);
-  EXPECT_THAT(during,
-              ::testing::Contains(std::string(kDirectoryLockFileName)));
+  EXPECT_THAT(during, ::testing::Contains(std::string(kDirectoryLockFileName)));
 
   absl::Status b = Save(dir, Sample::Make(3));
   EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition) << b;
@@ -867,8 +866,9 @@ TEST(ConcurrentSaveTest, SecondSaveFailsNamingTheHolderAndNothingIsLost) {
   // The lock went with A's commit, and its file with it.
   ASSERT_TRUE(Save(dir, Sample::Make(3)).ok());
   ExpectLoads(dir, Sample::Make(3));
-  EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(
-                             std::string(kDirectoryLockFileName))));
+  EXPECT_THAT(
+      List(dir),
+      ::testing::Not(::testing::Contains(std::string(kDirectoryLockFileName))));
 }
 
 TEST(ConcurrentSaveTest, AbortReleasesTheDirectory) {
@@ -879,8 +879,9 @@ TEST(ConcurrentSaveTest, AbortReleasesTheDirectory) {
             absl::StatusCode::kFailedPrecondition);
   a.Abort();
   EXPECT_TRUE(Save(dir, Sample::Make(1)).ok());
-  EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(
-                             std::string(kDirectoryLockFileName))));
+  EXPECT_THAT(
+      List(dir),
+      ::testing::Not(::testing::Contains(std::string(kDirectoryLockFileName))));
 }
 
 TEST(ConcurrentSaveTest, ASaveInAnotherProcessHoldsTheDirectory) {
@@ -931,8 +932,8 @@ const std::vector<std::string>& Strangers() {
   static const auto* names = new std::vector<std::string>{
       "notes.txt",
       "__notes.distcp",
-      "__0_DEADBEEF00000000_0.distcp",   // Upper-case save id.
-      "__0_00000000deadbee_0.distcp",    // 15 hex digits.
+      "__0_DEADBEEF00000000_0.distcp",  // Upper-case save id.
+      "__0_00000000deadbee_0.distcp",   // 15 hex digits.
       "__0_00000000deadbeef_0.distcp.bak",
       "__x_00000000deadbeef_0.distcp",
       ".metadata.tmp-user",
@@ -968,9 +969,8 @@ TEST(OrphanTest, ASaveRemovesTheOrphansOfInterruptedSavesAndNothingElse) {
   FakeSavePlanner planner = Sample::Make(2).SavePlanner();
   ASSERT_TRUE(SaveOneRank(writer, planner).ok());
   ExpectLoads(dir, Sample::Make(2));
-  EXPECT_THAT(writer.orphan_cleanup().removed, ElementsAre(
-                                                   orphans[0], orphans[1],
-                                                   orphans[2], orphans[3]));
+  EXPECT_THAT(writer.orphan_cleanup().removed,
+              ElementsAre(orphans[0], orphans[1], orphans[2], orphans[3]));
   EXPECT_EQ(writer.orphan_cleanup().removed_bytes, 10000);
   EXPECT_TRUE(writer.orphan_cleanup().left.empty());
   EXPECT_TRUE(writer.orphan_cleanup().status.ok());
@@ -1042,9 +1042,8 @@ TEST(OrphanTest, WithoutMetadataEveryFileOfTheWritersNamingIsAnOrphan) {
   for (const std::string& name : Strangers()) WriteFileOfSize(dir, name, 10);
   OrphanCleanup cleanup = RemoveOrphans(LocalFileSystem(), dir);
   EXPECT_TRUE(cleanup.status.ok()) << cleanup.status;
-  EXPECT_THAT(cleanup.removed,
-              ElementsAre("__0_00000000deadbeef_0.distcp",
-                          "__1_00000000deadbeef_0.distcp"));
+  EXPECT_THAT(cleanup.removed, ElementsAre("__0_00000000deadbeef_0.distcp",
+                                           "__1_00000000deadbeef_0.distcp"));
   EXPECT_EQ(cleanup.removed_bytes, 300);
   EXPECT_THAT(List(dir), UnorderedElementsAreArray(Strangers()));
   EXPECT_EQ(cleanup.Summary(dir),
@@ -1077,8 +1076,7 @@ TEST(OrphanTest, UnreadableMetadataLeavesEveryFile) {
   FakeSavePlanner planner = Sample::Make(2).SavePlanner();
   ASSERT_TRUE(SaveOneRank(writer, planner).ok());
   ExpectLoads(dir, Sample::Make(2));
-  EXPECT_EQ(writer.orphan_cleanup().status.code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(writer.orphan_cleanup().status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(List(dir), IsSupersetOf(before));
 }
 
@@ -1135,9 +1133,8 @@ TEST(HostileCheckpointTest, ItemLongerThanItsFileIsDataLossBeforeAllocating) {
               }).ok());
   absl::Status status = LoadSample(dir, Sample::Make(1));
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("step"), HasSubstr("truncated"),
-                    HasSubstr(".distcp")));
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("step"), HasSubstr("truncated"),
+                                      HasSubstr(".distcp")));
 }
 
 TEST(HostileCheckpointTest, DataFileOutsideTheCheckpointIsNeverOpened) {
@@ -1206,9 +1203,9 @@ TEST(HostileCheckpointTest, HugeSparseMetadataIsRefusedUnread) {
   }
   absl::StatusOr<Metadata> read = ReadMetadataOf(dir);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(read.status().message(),
-              AllOf(HasSubstr(metadata),
-                    HasSubstr("more than any dcp metadata file")));
+  EXPECT_THAT(
+      read.status().message(),
+      AllOf(HasSubstr(metadata), HasSubstr("more than any dcp metadata file")));
 }
 
 }  // namespace

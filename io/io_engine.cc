@@ -172,8 +172,8 @@ std::vector<Future<size_t>> IoEngineBase::Submit(
       if (pending.writes.size() >= pending.prune_at) {
         std::erase_if(pending.writes,
                       [](const Future<size_t>& f) { return f.ready(); });
-        pending.prune_at = std::max(PendingWrites::kFirstPrune,
-                                    2 * pending.writes.size());
+        pending.prune_at =
+            std::max(PendingWrites::kFirstPrune, 2 * pending.writes.size());
       }
       pending.writes.push_back(futures.back());
     }

@@ -135,7 +135,9 @@ class Cursor {
     return out;
   }
   // Values not yet read.
-  uint64_t remaining() const { return static_cast<uint64_t>(field_.size() - pos_); }
+  uint64_t remaining() const {
+    return static_cast<uint64_t>(field_.size() - pos_);
+  }
   absl::Status ExpectEnd() const {
     if (pos_ == field_.size()) return absl::OkStatus();
     return absl::DataLossError(
@@ -197,15 +199,15 @@ absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
   for (const auto& [index, info] : metadata.storage_data) {
     while (value != values_end && value->first < index.fqn) ++value;
     if (value == values_end || value->first != index.fqn) {
-      return absl::DataLossError(absl::StrCat(
-          "stored item ", index.ToString(), " belongs to no value"));
+      return absl::DataLossError(absl::StrCat("stored item ", index.ToString(),
+                                              " belongs to no value"));
     }
     const auto* tensor = std::get_if<TensorStorageMetadata>(&value->second);
     if (!index.offset.has_value()) {
       if (tensor != nullptr) {
-        return absl::DataLossError(absl::StrCat(
-            "stored item ", index.ToString(),
-            " has no chunk offset but names a tensor"));
+        return absl::DataLossError(
+            absl::StrCat("stored item ", index.ToString(),
+                         " has no chunk offset but names a tensor"));
       }
       continue;
     }
@@ -220,11 +222,11 @@ absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
       for (const ChunkStorageMetadata& chunk : tensor->chunks) {
         sorted.push_back(&chunk);
       }
-      std::sort(sorted.begin(), sorted.end(),
-                [](const ChunkStorageMetadata* a,
-                   const ChunkStorageMetadata* b) {
-                  return a->offsets < b->offsets;
-                });
+      std::sort(
+          sorted.begin(), sorted.end(),
+          [](const ChunkStorageMetadata* a, const ChunkStorageMetadata* b) {
+            return a->offsets < b->offsets;
+          });
     }
     auto chunk = std::lower_bound(
         sorted.begin(), sorted.end(), *index.offset,
@@ -255,9 +257,9 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
   metadata.checksum_block_size = proto.checksum_block_size();
   if (metadata.checksum_block_size <= 0 ||
       metadata.checksum_block_size > kMaxChecksumBlockSize) {
-    return absl::DataLossError(absl::StrCat(
-        "checksum_block_size ", metadata.checksum_block_size,
-        " is outside (0, ", kMaxChecksumBlockSize, "]"));
+    return absl::DataLossError(
+        absl::StrCat("checksum_block_size ", metadata.checksum_block_size,
+                     " is outside (0, ", kMaxChecksumBlockSize, "]"));
   }
   DCP_ASSIGN_OR_RETURN(std::vector<absl::string_view> names,
                        ReadStringTable(proto.names(), "names"));

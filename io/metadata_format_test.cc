@@ -209,8 +209,7 @@ namespace {
 
 // Decodes SampleMetadata() with its payload rewritten by `mutate` (the
 // checksum stays valid): what a crafted file gives the decoder.
-absl::Status DecodeCrafted(
-    absl::FunctionRef<void(format::Metadata&)> mutate) {
+absl::Status DecodeCrafted(absl::FunctionRef<void(format::Metadata&)> mutate) {
   absl::StatusOr<std::string> bytes =
       testing::RewritePayload(*EncodeMetadata(SampleMetadata()), mutate);
   if (!bytes.ok()) return bytes.status();
@@ -304,8 +303,8 @@ TEST(CraftedMetadataTest, OffsetPlusLengthMustNotOverflow) {
 }
 
 TEST(CraftedMetadataTest, ChecksumBlockSizeIsBounded) {
-  for (int64_t size : {int64_t{0}, int64_t{-1}, int64_t{1} << 62,
-                       kMaxChecksumBlockSize + 1}) {
+  for (int64_t size :
+       {int64_t{0}, int64_t{-1}, int64_t{1} << 62, kMaxChecksumBlockSize + 1}) {
     ExpectDataLoss(DecodeCrafted([&](format::Metadata& proto) {
                      proto.set_checksum_block_size(size);
                    }),

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <set>
-#include <cstring>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -168,8 +168,8 @@ struct DefaultStager::Plan {
     std::sort(small.begin(), small.end(), [&](size_t a, size_t b) {
       const int da = slots[a].source.device().index;
       const int db = slots[b].source.device().index;
-      return da != db ? da < db : std::less<const std::byte*>()(begin(a),
-                                                                begin(b));
+      return da != db ? da < db
+                      : std::less<const std::byte*>()(begin(a), begin(b));
     });
     std::vector<std::vector<size_t>> groups;
     std::vector<size_t> group;
@@ -403,10 +403,10 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
                                CopyKind::kDeviceToHost, *stream);
     if (!error.ok()) {
       error = Annotate(
-          error, absl::StrFormat("staging tensor '%s' and its %d neighbours "
-                                 "in one copy",
-                                 plan.slots[span.first_slot].name,
-                                 span.tensors - 1));
+          error,
+          absl::StrFormat("staging tensor '%s' and its %d neighbours "
+                          "in one copy",
+                          plan.slots[span.first_slot].name, span.tensors - 1));
       break;
     }
   }
@@ -586,7 +586,8 @@ absl::Status DefaultStager::ReserveNow(const StateDict& state_dict) {
   std::set<int> devices;
   bool has_cpu = false;
   for (const Plan::Slot& slot : plan.slots) {
-    if (slot.source.device().is_cuda()) devices.insert(slot.source.device().index);
+    if (slot.source.device().is_cuda())
+      devices.insert(slot.source.device().index);
     has_cpu = has_cpu || slot.source.device().is_cpu();
   }
   for (int device : devices) DCP_RETURN_IF_ERROR(NextStream(device).status());

@@ -232,9 +232,9 @@ class PackedDeviceState {
   }
   // A device tensor of `shape` at `offset` of block `block`.
   Tensor At(size_t block, size_t offset, DType dtype, Shape shape) {
-    return Tensor::Wrap(TensorView(static_cast<std::byte*>(blocks_[block]) +
-                                       offset,
-                                   dtype, std::move(shape), Device::Cuda(0)));
+    return Tensor::Wrap(
+        TensorView(static_cast<std::byte*>(blocks_[block]) + offset, dtype,
+                   std::move(shape), Device::Cuda(0)));
   }
   // Whether `staged` holds the bytes of `device` (a tensor made by At).
   bool Holds(const Tensor& staged, const Tensor& device) const {
@@ -370,9 +370,9 @@ TEST_F(StagerTest, ReserveMakesTheMemoryTheFirstStageUses) {
       EXPECT_EQ(Values(staged->at("w").tensor()), Values(Iota(100000, 1)));
       EXPECT_TRUE(staged->at("b").tensor().BytesEqual(sd.at("b").tensor()));
       // Pinned on Reserve: registering it again is refused.
-      EXPECT_EQ(runtime_->RegisterHost(staged->at("w").tensor().data(), 64)
-                    .code(),
-                absl::StatusCode::kAlreadyExists);
+      EXPECT_EQ(
+          runtime_->RegisterHost(staged->at("w").tensor().data(), 64).code(),
+          absl::StatusCode::kAlreadyExists);
     }
     EXPECT_EQ(stager.buffers_made(), 1) << "async=" << async;
     StateDict larger = sd;

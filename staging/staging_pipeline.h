@@ -103,8 +103,8 @@ class StagingPipeline {
   // consumed or dropped after an error. kInvalidArgument (before any copy)
   // for a non-contiguous item or an unknown device. No copy starts, on the
   // device, before the caller's work `wait` names is done.
-  absl::Status Run(absl::Span<const PipelineItem> items,
-                   PieceConsumer consumer, const DeviceWait& wait = {});
+  absl::Status Run(absl::Span<const PipelineItem> items, PieceConsumer consumer,
+                   const DeviceWait& wait = {});
 
   // Counters of the last Run.
   Stats last_stats() const { return stats_; }

@@ -62,10 +62,10 @@ class StreamOrderGpuTest : public ::testing::Test {
   }
 
   StateDict State() {
-    return StateDict{{"w", Tensor::Wrap(TensorView(
-                               device_, DType::kU8,
-                               {static_cast<int64_t>(kBytes)},
-                               Device::Cuda(0)))}};
+    return StateDict{
+        {"w", Tensor::Wrap(TensorView(device_, DType::kU8,
+                                      {static_cast<int64_t>(kBytes)},
+                                      Device::Cuda(0)))}};
   }
   DeviceWait Wait() { return DeviceWait::Stream(0, stream_); }
 

@@ -85,9 +85,10 @@ class StreamOrderTest : public ::testing::Test {
   }
 
   StateDict State() {
-    return StateDict{{"w", Tensor::Wrap(TensorView(device_, DType::kF32,
-                                                   {static_cast<int64_t>(kFloats)},
-                                                   Device::Cuda(0)))}};
+    return StateDict{
+        {"w", Tensor::Wrap(TensorView(device_, DType::kF32,
+                                      {static_cast<int64_t>(kFloats)},
+                                      Device::Cuda(0)))}};
   }
   DeviceWait WaitForCaller() { return DeviceWait::Stream(0, caller_); }
   // AsyncSave of the state into `dir` through `stager`, after the caller's
@@ -260,8 +261,8 @@ TEST_F(StreamOrderTest, AnEventRecordedAfterTheStepOrdersTheCopies) {
   ASSERT_TRUE(staged.Wait().ok());
   ASSERT_TRUE(stager.SynchronizeStaging().ok());
   EXPECT_EQ(early_copies(), 0);
-  EXPECT_EQ(std::memcmp(staged.Wait()->at("w").tensor().data(),
-                        written_.data(), kFloats * sizeof(float)),
+  EXPECT_EQ(std::memcmp(staged.Wait()->at("w").tensor().data(), written_.data(),
+                        kFloats * sizeof(float)),
             0);
   ASSERT_TRUE(runtime_->DestroyEvent(event).ok());
 }

@@ -17,7 +17,7 @@ struct DemoFlags {
   // ParseSize's syntax. Empty: 1GiB to save; with --mode load, the size of
   // the state the checkpoint in `dir` holds.
   std::string size;
-  std::string dir;  // Empty: a temporary directory, removed afterwards.
+  std::string dir;         // Empty: a temporary directory, removed afterwards.
   std::string seed = "1";  // ParseSeed's syntax.
   std::string mode = "roundtrip";
   bool json = false;

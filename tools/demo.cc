@@ -119,12 +119,13 @@ absl::StatusOr<int64_t> ParseSize(const std::string& text) {
 
 absl::StatusOr<uint64_t> ParseSeed(const std::string& text) {
   uint64_t seed = 0;
-  if (text.empty() || !std::all_of(text.begin(), text.end(),
-                                   [](char c) { return absl::ascii_isdigit(c); }) ||
+  if (text.empty() ||
+      !std::all_of(text.begin(), text.end(),
+                   [](char c) { return absl::ascii_isdigit(c); }) ||
       !absl::SimpleAtoi(text, &seed)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad seed \"", text, "\"; expected an integer from 0 to ",
-        std::numeric_limits<uint64_t>::max()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad seed \"", text, "\"; expected an integer from 0 to ",
+                     std::numeric_limits<uint64_t>::max()));
   }
   return seed;
 }
@@ -137,10 +138,9 @@ absl::StatusOr<Shape> CheckpointSizeTensorShape(const std::string& dir) {
   FileSystemReader reader(dir);
   DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
   auto value = metadata.state_dict_metadata.find(kSyntheticSizeTensor);
-  const auto* tensor =
-      value == metadata.state_dict_metadata.end()
-          ? nullptr
-          : std::get_if<TensorStorageMetadata>(&value->second);
+  const auto* tensor = value == metadata.state_dict_metadata.end()
+                           ? nullptr
+                           : std::get_if<TensorStorageMetadata>(&value->second);
   if (tensor == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("the checkpoint in ", dir,
@@ -183,10 +183,10 @@ absl::Status CheckFitsInMemory(const std::string& size_flag, int64_t size,
   const int64_t share = size / world_size + (size % world_size != 0 ? 1 : 0);
   if (share <= memory / copies) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "--size ", size_flag.empty() ? absl::StrCat(size) : size_flag, " (",
-      size, " bytes) does not fit in this machine's memory (", memory,
-      " bytes): each of ", world_size, " rank(s) would hold ", copies,
-      " cop", copies == 1 ? "y" : "ies", " of ", share, " bytes"));
+      "--size ", size_flag.empty() ? absl::StrCat(size) : size_flag, " (", size,
+      " bytes) does not fit in this machine's memory (", memory,
+      " bytes): each of ", world_size, " rank(s) would hold ", copies, " cop",
+      copies == 1 ? "y" : "ies", " of ", share, " bytes"));
 }
 
 // Per-rank results, combined on every rank with one AllGather.

@@ -42,8 +42,7 @@ TEST(ParseSizeTest, RefusesWhatDoesNotFitInsteadOfWrapping) {
        {"99999999999999GiB", "8589934592GiB", "9223372036854775808",
         "99999999999999999999999", "8388608TiB"}) {
     absl::StatusOr<int64_t> size = ParseSize(text);
-    EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument)
-        << text;
+    EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_THAT(size.status().message(),
                 AllOf(HasSubstr(text), HasSubstr("too large")));
   }
@@ -65,8 +64,7 @@ TEST(ParseSeedTest, TakesTheWholeUint64RangeAndNothingElse) {
   for (const char* text : {"18446744073709551616", "99999999999999999999999",
                            "-1", "", "+1", " 1", "1e3", "0x10", "seed"}) {
     absl::StatusOr<uint64_t> seed = ParseSeed(text);
-    EXPECT_EQ(seed.status().code(), absl::StatusCode::kInvalidArgument)
-        << text;
+    EXPECT_EQ(seed.status().code(), absl::StatusCode::kInvalidArgument) << text;
     EXPECT_THAT(seed.status().message(),
                 HasSubstr("from 0 to 18446744073709551615"));
   }
@@ -135,9 +133,9 @@ TEST(RunDemoTest, LoadTakesTheSizeFromTheCheckpoint) {
 
 TEST(RunDemoTest, LoadWithoutSizeNeedsADemoCheckpoint) {
   const std::string dir = NewTestDir("demo_load_other");
-  ASSERT_TRUE(::dcp::testing::SaveSample(
-                  dir, ::dcp::testing::SampleState::Make(1))
-                  .ok());
+  ASSERT_TRUE(
+      ::dcp::testing::SaveSample(dir, ::dcp::testing::SampleState::Make(1))
+          .ok());
   absl::Status status = RunDemo(Flags(dir, "load", ""));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(status.message(), HasSubstr("holds no dcp demo state"));

@@ -69,10 +69,10 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
           info.offset + start + done,
           {reinterpret_cast<std::byte*>(buffer.data()), buffer.size()});
       if (!got.ok() || *got != buffer.size()) {
-        problems.push_back(absl::StrCat(
-            index.ToString(), ": ",
-            got.ok() ? absl::StrCat(file.path(), " ended early")
-                     : std::string(got.status().message())));
+        problems.push_back(
+            absl::StrCat(index.ToString(), ": ",
+                         got.ok() ? absl::StrCat(file.path(), " ended early")
+                                  : std::string(got.status().message())));
         return problems;
       }
       sum.Update(buffer.data(), buffer.size());
@@ -134,8 +134,8 @@ absl::Status RunVerify(const std::string& dir) {
   std::string buffer;
   // File by file, each opened once: a regular file inside the directory
   // (the decoder checked the names; no symbolic link is followed).
-  std::map<std::string, std::vector<const std::pair<const MetadataIndex,
-                                                    StorageInfo>*>>
+  std::map<std::string,
+           std::vector<const std::pair<const MetadataIndex, StorageInfo>*>>
       by_file;
   for (const auto& entry : metadata.storage_data) {
     by_file[entry.second.relative_path].push_back(&entry);
@@ -158,9 +158,8 @@ absl::Status RunVerify(const std::string& dir) {
     }
     for (const auto* entry : entries) {
       for (std::string& problem :
-           VerifyItem(entry->first, entry->second,
-                      metadata.checksum_block_size, **file, *size, buffer,
-                      bytes)) {
+           VerifyItem(entry->first, entry->second, metadata.checksum_block_size,
+                      **file, *size, buffer, bytes)) {
         problems.push_back(std::move(problem));
       }
     }

@@ -26,10 +26,10 @@
 namespace dcp {
 namespace {
 
+using ::dcp::testing::ClaimLength;
 using ::dcp::testing::FlipByte;
 using ::dcp::testing::ListNames;
 using ::dcp::testing::NewTestDir;
-using ::dcp::testing::ClaimLength;
 using ::dcp::testing::RewriteMetadataFile;
 using ::dcp::testing::SampleState;
 using ::dcp::testing::SaveSample;
@@ -47,7 +47,6 @@ std::vector<std::string> DataFiles(const std::string& dir) {
   }
   return out;
 }
-
 
 TEST(InspectTest, VerifyReadsLargeBlocksInPiecesAndFindsAFlippedByte) {
   const std::string dir = NewTestDir("verify_large_blocks");
@@ -110,7 +109,8 @@ TEST(InspectTest, ItemPastTheEndOfItsFileIsReportedUnread) {
               }).ok());
   absl::Status status = RunVerify(dir);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_THAT(status.message(), AllOf(HasSubstr("step"), HasSubstr("truncated")));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("step"), HasSubstr("truncated")));
 }
 
 TEST(InspectTest, VerifyRefusesFifosAndSymlinksWithoutFollowingThem) {
@@ -190,8 +190,9 @@ TEST(VerifyCleanTest, FailsNamingTheSaveThatHoldsTheDirectory) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_THAT(status.message(),
                 HasSubstr("pid 4242 on host trainer (save 00000000deadbeef)"));
-    EXPECT_THAT(ListNames(dir), ::testing::Contains(std::string(
-                                    "__0_00000000deadbeef_0.distcp")));
+    EXPECT_THAT(
+        ListNames(dir),
+        ::testing::Contains(std::string("__0_00000000deadbeef_0.distcp")));
   }
   EXPECT_EQ(ListNames(dir), before);  // The lock went with its holder.
   EXPECT_TRUE(CleanAndCapture(dir).first.ok());
@@ -205,8 +206,8 @@ TEST(VerifyCleanTest, RemovesNothingWhenTheMetadataCannotBeRead) {
   const std::vector<std::string> before = ListNames(dir);
   auto [status, out] = CleanAndCapture(dir);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_THAT(status.message(), AllOf(HasSubstr("were not removed"),
-                                      HasSubstr("checksum")));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("were not removed"), HasSubstr("checksum")));
   EXPECT_THAT(out, HasSubstr("0 orphaned files removed"));
   EXPECT_EQ(ListNames(dir), before);
 }

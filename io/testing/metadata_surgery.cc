@@ -17,9 +17,9 @@ absl::StatusOr<std::string> RewritePayload(
     absl::FunctionRef<void(format::Metadata&)> mutate) {
   format::Metadata proto;
   if (bytes.size() < kMetadataHeaderSize ||
-      !proto.ParseFromArray(bytes.data() + kMetadataHeaderSize,
-                            static_cast<int>(bytes.size() -
-                                             kMetadataHeaderSize))) {
+      !proto.ParseFromArray(
+          bytes.data() + kMetadataHeaderSize,
+          static_cast<int>(bytes.size() - kMetadataHeaderSize))) {
     return absl::DataLossError("no parsable metadata payload to rewrite");
   }
   mutate(proto);
@@ -49,8 +49,8 @@ int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn) {
   return -1;
 }
 
-bool ClaimLength(format::Metadata& proto, absl::string_view fqn,
-                 int64_t length, int64_t block_size) {
+bool ClaimLength(format::Metadata& proto, absl::string_view fqn, int64_t length,
+                 int64_t block_size) {
   const int item = StoredItemPosition(proto, fqn);
   if (item < 0) return false;
   // The item's checksums follow those of the items before it.

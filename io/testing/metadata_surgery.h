@@ -21,8 +21,7 @@ namespace dcp::testing {
 // header's payload length and checksum matching it. kDataLoss when `bytes`
 // has no parsable payload.
 absl::StatusOr<std::string> RewritePayload(
-    absl::string_view bytes,
-    absl::FunctionRef<void(format::Metadata&)> mutate);
+    absl::string_view bytes, absl::FunctionRef<void(format::Metadata&)> mutate);
 
 // The position of `fqn`'s first stored item in the storage arrays of
 // `proto` (storage_name, storage_length, ...), or -1.
@@ -32,8 +31,8 @@ int StoredItemPosition(const format::Metadata& proto, absl::string_view fqn);
 // checksum block size set to `block_size`, and gives it as many checksums
 // as that takes (their values arbitrary): numbers that agree with each
 // other but that no data file backs. False when there is no such item.
-bool ClaimLength(format::Metadata& proto, absl::string_view fqn,
-                 int64_t length, int64_t block_size);
+bool ClaimLength(format::Metadata& proto, absl::string_view fqn, int64_t length,
+                 int64_t block_size);
 
 // RewritePayload of `dir`/.metadata, written back in place.
 absl::Status RewriteMetadataFile(
