@@ -1117,7 +1117,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--torch", flags.torch,
                "Also run torch.distributed.checkpoint on the same tensors "
-               "(creates bench/.venv from PyPI the first time)");
+               "(creates .venv from PyPI the first time)");
   app.add_flag("--json", flags.json, "Print one JSON object");
   app.add_option("--out", flags.out, "Write every measurement as JSON lines");
   app.add_option("--configs", flags.configs,

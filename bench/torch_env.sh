@@ -3,13 +3,13 @@
 #
 #   bench/torch_env.sh SCRIPT [ARGS...]      e.g. torch_compare.py run --json
 #
-# The first run creates bench/.venv (git-ignored) and installs
+# The first run creates .venv at the repository root (git-ignored) and installs
 # bench/requirements.txt into it (torch is a large download, once). SCRIPT is
 # relative to bench/ unless it is an absolute path. Works through Bazel's
 # runfiles links too: the venv always lives in the source tree.
 set -euo pipefail
 HERE="$(dirname "$(realpath "${BASH_SOURCE[0]}")")"
-VENV="$HERE/.venv"
+VENV="$(dirname "$HERE")/.venv"
 if ! "$VENV/bin/python" -c 'import torch, numpy' 2>/dev/null; then
   echo "torch_env.sh: installing torch and numpy from PyPI into $VENV (once)" >&2
   python3 -m venv "$VENV"

@@ -1,0 +1,538 @@
+/* dcp/dcp.h: the C ABI of dcp, the one door for every language other than
+ * C++ (the Python package binds it through ctypes).
+ *
+ * Conventions (those of the C APIs that last: XGBoost's c_api.h, the CUDA
+ * driver API):
+ * - Handles are opaque pointers made by dcp_*_create (or returned by a call)
+ *   and released by the matching dcp_*_free. Every call checks its handles:
+ *   NULL, a freed handle or a pointer that is not a live handle of the
+ *   right type gives DCP_INVALID_ARGUMENT (never a crash). Freeing NULL is a
+ *   no-op that returns DCP_OK.
+ * - Every call returns a status code (dcp_status_t, the numbers of
+ *   absl::StatusCode). A call that fails records the calling thread's last
+ *   error (code, message, per-rank failures), readable with
+ *   dcp_last_error_*() until the next failing call on that thread. A call
+ *   that succeeds leaves it alone. No exception crosses this boundary.
+ * - Option structs are versioned: the caller zero-initialises the struct,
+ *   sets struct_size = sizeof(the struct) and the fields it wants. Zero means
+ *   the default in every field. A struct_size of 0 or larger than the
+ *   library's struct of that name is DCP_INVALID_ARGUMENT; a smaller one (a
+ *   caller compiled against an older header) gets defaults for the fields
+ *   it lacks. A NULL options pointer means all defaults.
+ * - Tri-state flags (dcp_flag_t): DCP_DEFAULT (0) keeps the seed's default,
+ *   DCP_TRUE / DCP_FALSE set it.
+ * - Strings passed in are NUL-terminated UTF-8 and copied before the call
+ *   returns. Strings and arrays returned by a getter stay valid until the
+ *   handle they came from is freed or changed; returned error strings until
+ *   the next failing call on the thread.
+ * - Thread safety: calls on different handles may run concurrently. A
+ *   state dict, writer, reader or planner handle serves one save or load at
+ *   a time.
+ *
+ * Tensors cross as DLPack (DLTensor, DLManagedTensor, and the versioned
+ * DLManagedTensorVersioned of DLPack >= 1.0): host (kDLCPU, kDLCUDAHost) or
+ * CUDA (kDLCUDA) memory, strided or not. dtypes: bool, [u]int8..64,
+ * float16, bfloat16, float32, float64, complex64, complex128, and the
+ * float8 codes of DLPack 1.1 (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12,
+ * lanes 1, 8 bits). Any other dtype or device is DCP_INVALID_ARGUMENT
+ * naming the tensor's path.
+ */
+#ifndef DCP_DCP_H_
+#define DCP_DCP_H_
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DCP_API __attribute__((visibility("default")))
+#else
+#define DCP_API
+#endif
+
+/* ------------------------------------------------------------------------
+ * Version
+ * ---------------------------------------------------------------------- */
+
+#define DCP_VERSION_MAJOR 0
+#define DCP_VERSION_MINOR 1
+#define DCP_VERSION_PATCH 0
+
+/* The library's semantic version, "MAJOR.MINOR.PATCH". Static storage. */
+DCP_API const char* dcp_version(void);
+
+/* ------------------------------------------------------------------------
+ * Status codes and the last error
+ * ---------------------------------------------------------------------- */
+
+/* The values of absl::StatusCode, one to one. */
+typedef enum dcp_status {
+  DCP_OK = 0,
+  DCP_CANCELLED = 1,
+  DCP_UNKNOWN = 2,
+  DCP_INVALID_ARGUMENT = 3,
+  DCP_DEADLINE_EXCEEDED = 4,
+  DCP_NOT_FOUND = 5,
+  DCP_ALREADY_EXISTS = 6,
+  DCP_PERMISSION_DENIED = 7,
+  DCP_RESOURCE_EXHAUSTED = 8,
+  DCP_FAILED_PRECONDITION = 9,
+  DCP_ABORTED = 10,
+  DCP_OUT_OF_RANGE = 11,
+  DCP_UNIMPLEMENTED = 12,
+  DCP_INTERNAL = 13,
+  DCP_UNAVAILABLE = 14,
+  DCP_DATA_LOSS = 15,
+  DCP_UNAUTHENTICATED = 16
+} dcp_status_t;
+
+/* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for other values. Static
+ * storage. */
+DCP_API const char* dcp_status_name(int code);
+
+/* The code and message of the calling thread's last failed call (DCP_OK and
+ * "" when none failed yet). */
+DCP_API int dcp_last_error_code(void);
+DCP_API const char* dcp_last_error_message(void);
+
+/* A failed save or load of several ranks (the seed's CheckpointException)
+ * lists each failing rank: its rank, code and message. 0 failures for an
+ * error of this process alone. `index` out of range: DCP_OUT_OF_RANGE. */
+DCP_API size_t dcp_last_error_num_rank_failures(void);
+DCP_API int dcp_last_error_rank_failure(size_t index, int32_t* rank,
+                                        int* code, const char** message);
+
+/* ------------------------------------------------------------------------
+ * Common types
+ * ---------------------------------------------------------------------- */
+
+typedef int32_t dcp_flag_t;
+#define DCP_DEFAULT 0
+#define DCP_TRUE 1
+#define DCP_FALSE (-1)
+
+/* Element types, numbered as dcp stores them (docs/FORMAT.md). */
+typedef enum dcp_dtype {
+  DCP_DTYPE_BOOL = 0,
+  DCP_DTYPE_U8 = 1,
+  DCP_DTYPE_I8 = 2,
+  DCP_DTYPE_U16 = 3,
+  DCP_DTYPE_I16 = 4,
+  DCP_DTYPE_U32 = 5,
+  DCP_DTYPE_I32 = 6,
+  DCP_DTYPE_U64 = 7,
+  DCP_DTYPE_I64 = 8,
+  DCP_DTYPE_F16 = 9,
+  DCP_DTYPE_BF16 = 10,
+  DCP_DTYPE_F32 = 11,
+  DCP_DTYPE_F64 = 12,
+  DCP_DTYPE_F8_E4M3 = 13,
+  DCP_DTYPE_F8_E5M2 = 14,
+  DCP_DTYPE_C64 = 15,
+  DCP_DTYPE_C128 = 16
+} dcp_dtype_t;
+
+/* The safetensors name of a dtype ("F32", "BF16", "F8_E4M3"); NULL for an
+ * unknown value. Static storage. */
+DCP_API const char* dcp_dtype_name(int dtype);
+
+/* The kinds of state-dict leaves. */
+typedef enum dcp_value_kind {
+  DCP_VALUE_NONE = 0,
+  DCP_VALUE_TENSOR = 1,
+  DCP_VALUE_SHARDED_TENSOR = 2,
+  DCP_VALUE_INT = 3,
+  DCP_VALUE_FLOAT = 4,
+  DCP_VALUE_BOOL = 5,
+  DCP_VALUE_STRING = 6,
+  DCP_VALUE_BYTES = 7
+} dcp_value_kind_t;
+
+/* One step of a path from the root of a state dict: a map key (key !=
+ * NULL) or a list index (key == NULL, index >= 0). Lists grow to fit the
+ * indices set; unset list elements are None. */
+typedef struct dcp_path_elem {
+  const char* key;
+  int64_t index;
+} dcp_path_elem_t;
+
+typedef struct dcp_path {
+  const dcp_path_elem_t* elems;
+  size_t len; /* >= 1 */
+} dcp_path_t;
+
+/* Device work to order against (the stream rule, engine/checkpoint.h).
+ * kind DCP_DEVICE_WAIT_STREAM: the caller's stream (a cudaStream_t; NULL is
+ * the legacy default stream, torch's default); DCP_DEVICE_WAIT_EVENT: a
+ * cudaEvent_t the caller recorded. dcp's copy streams wait on the device;
+ * the host never blocks for it. */
+typedef enum dcp_device_wait_kind {
+  DCP_DEVICE_WAIT_NONE = 0,
+  DCP_DEVICE_WAIT_STREAM = 1,
+  DCP_DEVICE_WAIT_EVENT = 2
+} dcp_device_wait_kind_t;
+
+typedef struct dcp_device_wait {
+  int32_t kind;   /* dcp_device_wait_kind_t */
+  int32_t device; /* CUDA ordinal */
+  void* handle;   /* cudaStream_t or cudaEvent_t; not owned */
+} dcp_device_wait_t;
+
+/* ------------------------------------------------------------------------
+ * Handles
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_state_dict dcp_state_dict_t;
+typedef struct dcp_metadata dcp_metadata_t;
+typedef struct dcp_storage_writer dcp_storage_writer_t;
+typedef struct dcp_storage_reader dcp_storage_reader_t;
+typedef struct dcp_process_group dcp_process_group_t;
+typedef struct dcp_async_save dcp_async_save_t;
+
+/* ------------------------------------------------------------------------
+ * State dicts
+ *
+ * A state dict holds nested maps and lists whose leaves are tensors,
+ * sharded tensors (this rank's chunks of a global tensor) or plain values.
+ * Setting a leaf replaces what was at its path (creating the maps and lists
+ * on the way; a path through an existing leaf, or using a map as a list, is
+ * DCP_INVALID_ARGUMENT). Tensors given as DLTensor are borrowed: their
+ * memory must stay valid and, for a save, unchanged until the save returns
+ * (for dcp_async_save: until its staging completes); a load writes into it.
+ * Managed DLPack tensors are owned by the state dict from the call on
+ * (their deleter runs when the state dict is freed, or at once on error).
+ * ---------------------------------------------------------------------- */
+
+DCP_API int dcp_state_dict_create(dcp_state_dict_t** out);
+DCP_API int dcp_state_dict_free(dcp_state_dict_t* sd);
+
+/* This rank's chunk of a sharded tensor: the global shape and where the
+ * chunk starts in it (ndim entries each; ndim equals the chunk's). */
+typedef struct dcp_shard {
+  int32_t ndim;
+  const int64_t* global_shape;
+  const int64_t* offsets;
+} dcp_shard_t;
+
+/* Sets one tensor leaf. `shard` NULL: a plain tensor; else a sharded tensor
+ * with this one local chunk. */
+DCP_API int dcp_state_dict_set_tensor(dcp_state_dict_t* sd, dcp_path_t path,
+                                      const DLTensor* tensor,
+                                      const dcp_shard_t* shard);
+
+/* Sets n tensor leaves in one call: paths[i] gets tensors[i], sharded as
+ * shards[i] when `shards` is not NULL and shards[i].ndim > 0 (ndim 0 with
+ * global_shape NULL means a plain tensor; 0-d sharded tensors do not
+ * exist). Fails on the first bad entry with its path in the message; the
+ * entries before it stay set. */
+DCP_API int dcp_state_dict_set_tensors(dcp_state_dict_t* sd, size_t n,
+                                       const dcp_path_t* paths,
+                                       const DLTensor* tensors,
+                                       const dcp_shard_t* shards);
+
+/* A sharded tensor with several local chunks: chunks[i] starts at
+ * offsets[i] (global_ndim entries) in the global shape. */
+DCP_API int dcp_state_dict_set_sharded_tensor(
+    dcp_state_dict_t* sd, dcp_path_t path, int32_t global_ndim,
+    const int64_t* global_shape, size_t num_chunks, const DLTensor* chunks,
+    const int64_t* const* offsets);
+
+/* Managed DLPack tensors (ownership moves to the state dict). */
+DCP_API int dcp_state_dict_set_dlpack(dcp_state_dict_t* sd, dcp_path_t path,
+                                      DLManagedTensor* tensor,
+                                      const dcp_shard_t* shard);
+struct DLManagedTensorVersioned;
+DCP_API int dcp_state_dict_set_dlpack_versioned(
+    dcp_state_dict_t* sd, dcp_path_t path,
+    struct DLManagedTensorVersioned* tensor, const dcp_shard_t* shard);
+
+DCP_API int dcp_state_dict_set_none(dcp_state_dict_t* sd, dcp_path_t path);
+DCP_API int dcp_state_dict_set_int(dcp_state_dict_t* sd, dcp_path_t path,
+                                   int64_t value);
+DCP_API int dcp_state_dict_set_float(dcp_state_dict_t* sd, dcp_path_t path,
+                                     double value);
+DCP_API int dcp_state_dict_set_bool(dcp_state_dict_t* sd, dcp_path_t path,
+                                    int32_t value);
+/* `size` bytes of UTF-8 (may hold NULs). */
+DCP_API int dcp_state_dict_set_string(dcp_state_dict_t* sd, dcp_path_t path,
+                                      const char* data, size_t size);
+DCP_API int dcp_state_dict_set_bytes(dcp_state_dict_t* sd, dcp_path_t path,
+                                     const void* data, size_t size);
+
+/* A leaf as the state dict holds it (after a load: the loaded value).
+ * Tensor leaves report dtype, ndim and shape; sharded tensors the global
+ * shape. `data`/`size` hold string and bytes values. */
+typedef struct dcp_leaf_info {
+  size_t struct_size;
+  int32_t kind; /* dcp_value_kind_t */
+  int64_t int_value;
+  double float_value;
+  int32_t bool_value;
+  const char* data;
+  size_t size;
+  int32_t dtype; /* dcp_dtype_t, tensors */
+  int32_t ndim;
+  const int64_t* shape;
+} dcp_leaf_info_t;
+
+/* The leaf at `path`: DCP_NOT_FOUND naming the path when there is none,
+ * DCP_INVALID_ARGUMENT when the path ends at a map or list. */
+DCP_API int dcp_state_dict_get(const dcp_state_dict_t* sd, dcp_path_t path,
+                               dcp_leaf_info_t* out);
+
+/* Leaves in flattened-name order ("model.layers.0.weight"): their count,
+ * and the flattened name and value of leaf `index`. */
+DCP_API int dcp_state_dict_num_leaves(const dcp_state_dict_t* sd,
+                                      size_t* out);
+DCP_API int dcp_state_dict_leaf(const dcp_state_dict_t* sd, size_t index,
+                                const char** name, dcp_leaf_info_t* out);
+
+/* Exports the tensor leaf at `path` as DLPack, sharing its memory (which
+ * the DLManagedTensor keeps alive until its deleter is called). */
+DCP_API int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd,
+                                      dcp_path_t path, DLManagedTensor** out);
+
+/* ------------------------------------------------------------------------
+ * Storage: the file-system writer and reader
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_fs_writer_options {
+  size_t struct_size;
+  dcp_flag_t single_file_per_rank; /* default true */
+  dcp_flag_t sync_files;           /* default true */
+  int32_t thread_count;            /* 0: 1 */
+  dcp_flag_t overwrite;            /* default true */
+  int64_t per_thread_copy_ahead;   /* bytes; 0: the writer's default */
+  dcp_flag_t direct_io;            /* default true */
+} dcp_fs_writer_options_t;
+
+DCP_API int dcp_fs_writer_create(const char* path,
+                                 const dcp_fs_writer_options_t* options,
+                                 dcp_storage_writer_t** out);
+DCP_API int dcp_storage_writer_free(dcp_storage_writer_t* writer);
+
+typedef struct dcp_fs_reader_options {
+  size_t struct_size;
+  int32_t thread_count; /* 0: 1 */
+  dcp_flag_t direct_io; /* default true */
+} dcp_fs_reader_options_t;
+
+DCP_API int dcp_fs_reader_create(const char* path,
+                                 const dcp_fs_reader_options_t* options,
+                                 dcp_storage_reader_t** out);
+DCP_API int dcp_storage_reader_free(dcp_storage_reader_t* reader);
+
+/* ------------------------------------------------------------------------
+ * Process groups (coordination of the ranks of a save or load)
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_process_group_options {
+  size_t struct_size;
+  const char* backend;        /* "auto" (NULL), "local", "gloo", "nccl" */
+  const char* group_name;     /* NULL: "dcp-checkpoint" */
+  int64_t timeout_ms;         /* per collective; 0: 5 minutes */
+  int64_t connect_timeout_ms; /* 0: 5 minutes */
+  int32_t cuda_device;        /* NCCL; 0 here means the local rank */
+} dcp_process_group_options_t;
+
+/* From the environment (RANK, WORLD_SIZE, DCP_STORE / MASTER_ADDR ...; see
+ * comm/rendezvous.h). Blocks until every rank joined. */
+DCP_API int dcp_process_group_create_from_env(
+    const dcp_process_group_options_t* options, dcp_process_group_t** out);
+
+/* A key-value store that the ranks share (torchrun's TCPStore, reached
+ * from Python): a group over it needs nothing else. Callbacks may run on
+ * any dcp thread, one at a time per group; they return a dcp_status_t.
+ * `get` waits up to timeout_ms for `key` to exist, then hands its value to
+ * `sink` (called once, before get returns); it returns
+ * DCP_DEADLINE_EXCEEDED when the key did not appear in time. `remove` may
+ * be NULL (keys are then left in the store). */
+typedef struct dcp_store {
+  size_t struct_size;
+  void* user;
+  int (*set)(void* user, const char* key, const void* value, size_t size);
+  int (*get)(void* user, const char* key, int64_t timeout_ms,
+             void (*sink)(void* sink_ctx, const void* data, size_t size),
+             void* sink_ctx);
+  int (*remove)(void* user, const char* key);
+} dcp_store_t;
+
+/* A group of `size` ranks coordinating through `store` (copied; `user`
+ * must outlive the group). Keys are prefixed with the group name. */
+DCP_API int dcp_process_group_create_from_store(
+    const dcp_store_t* store, int32_t rank, int32_t size,
+    const dcp_process_group_options_t* options, dcp_process_group_t** out);
+
+DCP_API int dcp_process_group_rank(const dcp_process_group_t* group,
+                                   int32_t* rank);
+DCP_API int dcp_process_group_size(const dcp_process_group_t* group,
+                                   int32_t* size);
+/* The group saves and loads use when their options name none (the seed's
+ * default process group); NULL: single-process. Not owned. */
+DCP_API int dcp_set_default_process_group(dcp_process_group_t* group);
+/* Fails with DCP_FAILED_PRECONDITION while it is the default group or a
+ * save in flight uses it. */
+DCP_API int dcp_process_group_free(dcp_process_group_t* group);
+
+/* ------------------------------------------------------------------------
+ * Planner options (the DefaultSavePlanner / DefaultLoadPlanner)
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_save_planner_options {
+  size_t struct_size;
+  dcp_flag_t flatten_state_dict;        /* default true */
+  dcp_flag_t flatten_sharded_tensors;   /* default true */
+  dcp_flag_t dedup_save_to_lowest_rank; /* default false */
+  dcp_flag_t enable_plan_caching;       /* default false */
+} dcp_save_planner_options_t;
+
+typedef struct dcp_load_planner_options {
+  size_t struct_size;
+  dcp_flag_t flatten_state_dict;      /* default true */
+  dcp_flag_t flatten_sharded_tensors; /* default true */
+  dcp_flag_t allow_partial_load;      /* default false */
+} dcp_load_planner_options_t;
+
+/* ------------------------------------------------------------------------
+ * Save and load
+ * ---------------------------------------------------------------------- */
+
+typedef enum dcp_async_checkpointer_type {
+  DCP_ASYNC_THREAD = 0,
+  DCP_ASYNC_PROCESS = 1 /* not in this library: DCP_UNIMPLEMENTED */
+} dcp_async_checkpointer_type_t;
+
+typedef struct dcp_save_options {
+  size_t struct_size;
+  /* Where to save. With storage_writer too, the writer is pointed at it. */
+  const char* checkpoint_id;
+  dcp_storage_writer_t* storage_writer;          /* NULL: a fs writer */
+  const dcp_save_planner_options_t* planner;     /* NULL: defaults */
+  dcp_process_group_t* process_group;            /* NULL: the default */
+  int32_t coordinator_rank;
+  dcp_flag_t no_dist;         /* default false */
+  dcp_flag_t use_collectives; /* default true */
+  dcp_device_wait_t device_wait;
+  /* dcp_async_save only. */
+  int32_t async_checkpointer_type; /* dcp_async_checkpointer_type_t */
+} dcp_save_options_t;
+
+typedef struct dcp_load_options {
+  size_t struct_size;
+  const char* checkpoint_id;
+  dcp_storage_reader_t* storage_reader;      /* NULL: a fs reader */
+  const dcp_load_planner_options_t* planner; /* NULL: defaults */
+  dcp_process_group_t* process_group;        /* NULL: the default */
+  int32_t coordinator_rank;
+  dcp_flag_t no_dist; /* default false */
+} dcp_load_options_t;
+
+/* Saves `sd` and commits the checkpoint. `metadata_out` (may be NULL)
+ * receives the committed metadata, which the caller frees. On failure
+ * nothing is committed and a previous checkpoint there is untouched. */
+DCP_API int dcp_save(const dcp_state_dict_t* sd,
+                     const dcp_save_options_t* options,
+                     dcp_metadata_t** metadata_out);
+
+/* Loads into `sd` in place: tensors are filled in their own memory
+ * (resharded as needed; DCP_INVALID_ARGUMENT naming the tensor when a shape
+ * or dtype differs from the checkpoint's), plain values replaced (read
+ * them back with dcp_state_dict_get). A load into device tensors returns
+ * after their bytes are on the device. */
+DCP_API int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options);
+
+/* ------------------------------------------------------------------------
+ * Async save (the seed's async_save)
+ *
+ * Stages the state dict into host memory, then writes and commits it in
+ * the background. Two completions: staging (the caller may change its
+ * tensors again) and upload (the checkpoint is committed). Uploads run one
+ * at a time in call order. Freeing the handle does not cancel the save.
+ * Process exit: call dcp_shutdown() (or wait for every upload) before
+ * exit; uploads still queued at static destruction are not run.
+ * ---------------------------------------------------------------------- */
+
+DCP_API int dcp_async_save(const dcp_state_dict_t* sd,
+                           const dcp_save_options_t* options,
+                           dcp_async_save_t** out);
+
+typedef enum dcp_completion {
+  DCP_STAGING = 0,
+  DCP_UPLOAD = 1
+} dcp_completion_t;
+
+/* Waits up to timeout_ms (0: poll, negative: forever) for `which`
+ * completion. *done = 1 and the completion's status returned when it is
+ * done (a failed save's code, its error recorded as the last error);
+ * *done = 0 and DCP_OK when the time ran out. */
+DCP_API int dcp_async_save_wait(dcp_async_save_t* save, int32_t which,
+                                int64_t timeout_ms, int32_t* done);
+
+/* Calls `callback(user, status)` once `which` completion is done: at once
+ * on the calling thread when it already is, else on a dcp thread (keep it
+ * short; it must not call dcp_async_save_wait on this save). */
+DCP_API int dcp_async_save_on_done(dcp_async_save_t* save, int32_t which,
+                                   void (*callback)(void* user, int status),
+                                   void* user);
+
+/* The committed metadata of a finished, successful upload (freed by the
+ * caller); DCP_FAILED_PRECONDITION while it is not done. */
+DCP_API int dcp_async_save_metadata(dcp_async_save_t* save,
+                                    dcp_metadata_t** out);
+
+DCP_API int dcp_async_save_free(dcp_async_save_t* save);
+
+/* Waits for every upload of this process's async saves to finish. Call it
+ * before the process exits. Returns DCP_OK (each save reports its own
+ * status). */
+DCP_API int dcp_shutdown(void);
+
+/* ------------------------------------------------------------------------
+ * Metadata: what a checkpoint holds, without loading it
+ * ---------------------------------------------------------------------- */
+
+/* Reads the committed metadata of the checkpoint at `checkpoint_id` (a
+ * directory). DCP_NOT_FOUND naming the directory when none is there. */
+DCP_API int dcp_metadata_read(const char* checkpoint_id, dcp_metadata_t** out);
+DCP_API int dcp_metadata_free(dcp_metadata_t* md);
+
+typedef struct dcp_item_info {
+  size_t struct_size;
+  const char* name;   /* flattened name */
+  int32_t is_tensor;  /* 0: a plain value stored as bytes */
+  int32_t dtype;      /* dcp_dtype_t */
+  int32_t ndim;
+  const int64_t* shape; /* the global shape */
+  size_t num_chunks;
+  int32_t requires_grad;
+  size_t path_len; /* elements of the nesting path (dcp_metadata_item_path) */
+} dcp_item_info_t;
+
+/* Items in flattened-name order. */
+DCP_API int dcp_metadata_num_items(const dcp_metadata_t* md, size_t* out);
+DCP_API int dcp_metadata_item(const dcp_metadata_t* md, size_t index,
+                              dcp_item_info_t* out);
+/* The item named `name`: DCP_NOT_FOUND when there is none. */
+DCP_API int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
+                              size_t* index);
+/* Chunk `chunk` of tensor item `index`: offsets and sizes, ndim each. */
+DCP_API int dcp_metadata_chunk(const dcp_metadata_t* md, size_t index,
+                               size_t chunk, const int64_t** offsets,
+                               const int64_t** sizes);
+/* The nesting path of item `index` (element `elem` of path_len), as the
+ * saver's state dict had it: a key or a list index. */
+DCP_API int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index,
+                                   size_t elem, dcp_path_elem_t* out);
+/* The save's identity: checkpoint_id and save_id strings. */
+DCP_API int dcp_metadata_ids(const dcp_metadata_t* md,
+                             const char** checkpoint_id, const char** save_id);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DCP_DCP_H_ */
