@@ -1,0 +1,243 @@
+// dcp/dcp.hpp: a header-only C++17 wrapper over the C ABI (dcp/dcp.h) for
+// programs built outside dcp's Bazel tree: RAII handles and exceptions over
+// the stable C symbols of libdcp.so, so a consumer needs neither dcp's
+// internal headers nor its compiler flags or abseil.
+//
+//   dcp::api::StateDict sd;
+//   sd.SetTensor({"model", "weight"}, dl_tensor);   // borrowed DLTensor
+//   sd.SetInt({"step"}, 100);
+//   dcp::api::SaveOptions options{};
+//   options.checkpoint_id = "/ckpt/step-100";
+//   dcp::api::Save(sd, options);
+//
+// Every failing call throws dcp::api::Error, whose code() is the
+// dcp_status_t and whose what() is the library's message (naming the rank,
+// file or tensor). Thread safety is that of the C ABI.
+#ifndef DCP_DCP_HPP_
+#define DCP_DCP_HPP_
+
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dcp/dcp.h"
+
+namespace dcp::api {
+
+class Error : public std::runtime_error {
+ public:
+  Error(int code, const std::string& message)
+      : std::runtime_error(std::string(dcp_status_name(code)) + ": " + message),
+        code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+// Throws the calling thread's last error when `status` is not DCP_OK.
+inline void Check(int status) {
+  if (status != DCP_OK) throw Error(status, dcp_last_error_message());
+}
+
+// A path from the root of a state dict: keys, or list indices.
+class Path {
+ public:
+  struct Elem {
+    Elem(const char* key) : key(key) {}
+    Elem(std::string key) : key(std::move(key)) {}
+    Elem(int64_t index) : is_index(true), index(index) {}
+    Elem(int index) : is_index(true), index(index) {}
+    std::string key;
+    bool is_index = false;
+    int64_t index = 0;
+  };
+  Path(std::initializer_list<Elem> elems) : elems_(elems) { Build(); }
+  Path(const Path& other) : elems_(other.elems_) { Build(); }
+  Path& operator=(const Path&) = delete;
+
+  // Valid while this Path lives.
+  dcp_path_t c_path() const { return {c_elems_.data(), c_elems_.size()}; }
+
+ private:
+  void Build() {
+    c_elems_.clear();
+    for (const Elem& e : elems_) {
+      c_elems_.push_back(e.is_index ? dcp_path_elem_t{nullptr, e.index}
+                                    : dcp_path_elem_t{e.key.c_str(), 0});
+    }
+  }
+  std::vector<Elem> elems_;
+  std::vector<dcp_path_elem_t> c_elems_;
+};
+
+// Owns a dcp_metadata_t.
+class Metadata {
+ public:
+  explicit Metadata(dcp_metadata_t* md = nullptr) : md_(md) {}
+  Metadata(Metadata&& other) noexcept
+      : md_(std::exchange(other.md_, nullptr)) {}
+  Metadata& operator=(Metadata&& other) noexcept {
+    std::swap(md_, other.md_);
+    return *this;
+  }
+  ~Metadata() { dcp_metadata_free(md_); }
+
+  static Metadata Read(const std::string& checkpoint_id) {
+    dcp_metadata_t* md = nullptr;
+    Check(dcp_metadata_read(checkpoint_id.c_str(), &md));
+    return Metadata(md);
+  }
+  size_t num_items() const {
+    size_t n = 0;
+    Check(dcp_metadata_num_items(md_, &n));
+    return n;
+  }
+  dcp_item_info_t item(size_t index) const {
+    dcp_item_info_t info{};
+    info.struct_size = sizeof(info);
+    Check(dcp_metadata_item(md_, index, &info));
+    return info;
+  }
+  dcp_metadata_t* get() const { return md_; }
+
+ private:
+  dcp_metadata_t* md_;
+};
+
+// Owns a dcp_state_dict_t. Borrowed tensors follow the C ABI's rule: their
+// memory stays valid (and unchanged during a save) until the save returns
+// or, for AsyncSave, until staging completes.
+class StateDict {
+ public:
+  StateDict() { Check(dcp_state_dict_create(&sd_)); }
+  StateDict(const StateDict&) = delete;
+  StateDict& operator=(const StateDict&) = delete;
+  ~StateDict() { dcp_state_dict_free(sd_); }
+
+  void SetTensor(const Path& path, const DLTensor& tensor,
+                 const dcp_shard_t* shard = nullptr) {
+    Check(dcp_state_dict_set_tensor(sd_, path.c_path(), &tensor, shard));
+  }
+  void SetInt(const Path& path, int64_t v) {
+    Check(dcp_state_dict_set_int(sd_, path.c_path(), v));
+  }
+  void SetFloat(const Path& path, double v) {
+    Check(dcp_state_dict_set_float(sd_, path.c_path(), v));
+  }
+  void SetBool(const Path& path, bool v) {
+    Check(dcp_state_dict_set_bool(sd_, path.c_path(), v ? 1 : 0));
+  }
+  void SetString(const Path& path, const std::string& v) {
+    Check(dcp_state_dict_set_string(sd_, path.c_path(), v.data(), v.size()));
+  }
+  void SetBytes(const Path& path, const std::string& v) {
+    Check(dcp_state_dict_set_bytes(sd_, path.c_path(), v.data(), v.size()));
+  }
+
+  dcp_leaf_info_t Get(const Path& path) const {
+    dcp_leaf_info_t info{};
+    info.struct_size = sizeof(info);
+    Check(dcp_state_dict_get(sd_, path.c_path(), &info));
+    return info;
+  }
+  int64_t GetInt(const Path& path) const { return Get(path).int_value; }
+  double GetFloat(const Path& path) const { return Get(path).float_value; }
+  std::string GetString(const Path& path) const {
+    dcp_leaf_info_t info = Get(path);
+    return std::string(info.data, info.size);
+  }
+
+  dcp_state_dict_t* get() const { return sd_; }
+
+ private:
+  dcp_state_dict_t* sd_ = nullptr;
+};
+
+// Option structs with struct_size filled in; zero means the default.
+struct SaveOptions {
+  std::string checkpoint_id;
+  dcp_device_wait_t device_wait{};
+  dcp_process_group_t* process_group = nullptr;
+  bool no_dist = false;
+
+  dcp_save_options_t c_options() const {
+    dcp_save_options_t o{};
+    o.struct_size = sizeof(o);
+    o.checkpoint_id = checkpoint_id.c_str();
+    o.device_wait = device_wait;
+    o.process_group = process_group;
+    o.no_dist = no_dist ? DCP_TRUE : DCP_DEFAULT;
+    return o;
+  }
+};
+
+struct LoadOptions {
+  std::string checkpoint_id;
+  dcp_process_group_t* process_group = nullptr;
+  bool no_dist = false;
+  bool allow_partial_load = false;
+
+  dcp_load_options_t c_options(dcp_load_planner_options_t& planner) const {
+    planner = dcp_load_planner_options_t{};
+    planner.struct_size = sizeof(planner);
+    planner.allow_partial_load = allow_partial_load ? DCP_TRUE : DCP_DEFAULT;
+    dcp_load_options_t o{};
+    o.struct_size = sizeof(o);
+    o.checkpoint_id = checkpoint_id.c_str();
+    o.process_group = process_group;
+    o.no_dist = no_dist ? DCP_TRUE : DCP_DEFAULT;
+    o.planner = &planner;
+    return o;
+  }
+};
+
+inline Metadata Save(const StateDict& sd, const SaveOptions& options) {
+  dcp_save_options_t o = options.c_options();
+  dcp_metadata_t* md = nullptr;
+  Check(dcp_save(sd.get(), &o, &md));
+  return Metadata(md);
+}
+
+inline void Load(StateDict& sd, const LoadOptions& options) {
+  dcp_load_planner_options_t planner;
+  dcp_load_options_t o = options.c_options(planner);
+  Check(dcp_load(sd.get(), &o));
+}
+
+// An async save in flight (the seed's AsyncSaveResponse). Destroying it
+// does not cancel the save.
+class AsyncSave {
+ public:
+  AsyncSave(const StateDict& sd, const SaveOptions& options) {
+    dcp_save_options_t o = options.c_options();
+    Check(dcp_async_save(sd.get(), &o, &save_));
+  }
+  AsyncSave(AsyncSave&& other) noexcept
+      : save_(std::exchange(other.save_, nullptr)) {}
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+  ~AsyncSave() { dcp_async_save_free(save_); }
+
+  // Blocks until staging is done (the caller may change its tensors).
+  void WaitStaged() { Wait(DCP_STAGING, -1); }
+  // Blocks until the checkpoint is committed; throws the save's error.
+  void WaitCommitted() { Wait(DCP_UPLOAD, -1); }
+  // True once committed (throws the save's error if it failed).
+  bool PollCommitted() { return Wait(DCP_UPLOAD, 0); }
+
+ private:
+  bool Wait(int32_t which, int64_t timeout_ms) {
+    int32_t done = 0;
+    Check(dcp_async_save_wait(save_, which, timeout_ms, &done));
+    return done != 0;
+  }
+  dcp_async_save_t* save_ = nullptr;
+};
+
+}  // namespace dcp::api
+
+#endif  // DCP_DCP_HPP_
