@@ -3,10 +3,11 @@
 //
 // Layout: sizes and strides are in elements, row-major strides by default.
 // 0-d tensors (sizes = {}) have one element; a zero in sizes means no
-// elements. Staging and writing require contiguous memory: a non-contiguous
-// tensor is copied to a contiguous one by the stager (see staging/) and is
-// rejected with kInvalidArgument by the synchronous CPU writer, which writes
-// straight from the caller's memory.
+// elements. Staging and writing take contiguous memory: a non-contiguous
+// tensor is gathered into a contiguous copy by the stager (see staging/)
+// and, for host tensors, by the synchronous file writer (which otherwise
+// writes straight from the caller's memory); that writer rejects a
+// non-contiguous device tensor with kInvalidArgument.
 #ifndef DCP_CORE_TENSOR_H_
 #define DCP_CORE_TENSOR_H_
 

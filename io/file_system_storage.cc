@@ -553,12 +553,29 @@ absl::Status FileSystemWriter::WriteFile(
     }
     held.push_back(*std::move(resolved));
     Resolved& r = resolved_items[i];
-    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
-      if (!tensor->view().is_contiguous()) {
+    if (Tensor* strided = std::get_if<Tensor>(&held.back());
+        strided != nullptr && !strided->view().is_contiguous()) {
+      // A strided host view (a transposed weight, a slice) is gathered into
+      // a contiguous copy that lives as long as `held`. Device tensors are
+      // copied by the device path, which takes contiguous memory: stage
+      // strided ones first (AsyncSave's stager gathers them).
+      if (!strided->device().is_cpu()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank_, ": tensor ", item.index.ToString(),
-            " is not contiguous; the file writer takes contiguous tensors"));
+            "rank ", rank_, ": tensor ", item.index.ToString(), " on ",
+            strided->device().ToString(),
+            " is not contiguous; the file writer copies contiguous device "
+            "tensors (make it contiguous, or save it with AsyncSave, whose "
+            "stager gathers it)"));
       }
+      absl::StatusOr<Tensor> gathered = strided->ContiguousHostCopy();
+      if (!gathered.ok()) {
+        return Annotate(gathered.status(),
+                        absl::StrCat("rank ", rank_, ": gathering ",
+                                     item.index.ToString()));
+      }
+      held.back() = *std::move(gathered);
+    }
+    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
       r.bytes = static_cast<const std::byte*>(tensor->data());
       r.length = static_cast<int64_t>(tensor->nbytes());
       if (r.length != item.StorageBytes()) {

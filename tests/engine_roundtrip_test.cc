@@ -63,6 +63,26 @@ TEST(EngineRoundTrip, EveryDTypeAndShapeKind) {
   }
 }
 
+// A strided host view (a transposed weight) saves as the tensor it shows:
+// the writer gathers it, and a load into contiguous memory gets the
+// transposed values.
+TEST(EngineRoundTrip, StridedHostViewSavesWhatItShows) {
+  const std::string dir = MakeTempDir("strided");
+  std::vector<float> storage(6);
+  for (int i = 0; i < 6; ++i) storage[i] = static_cast<float>(i + 1);
+  // storage is 2x3 row-major; the view is its 3x2 transpose.
+  StateDict saved;
+  saved["w_t"] = Tensor::Wrap(
+      TensorView(storage.data(), DType::kF32, {3, 2}, {1, 3}, Device::Cpu()));
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+  StateDict loaded;
+  loaded["w_t"] = Tensor::Empty(DType::kF32, {3, 2});
+  ASSERT_TRUE(LoadFrom(dir, loaded).ok());
+  const float* got = static_cast<const float*>(loaded["w_t"].tensor().data());
+  const float want[6] = {1, 4, 2, 5, 3, 6};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], want[i]) << i;
+}
+
 TEST(EngineRoundTrip, SaveReturnsWhereEveryItemIsStored) {
   const std::string dir = MakeTempDir("returned_metadata");
   StateDict saved;
