@@ -1,0 +1,65 @@
+"""dcp: a GPU-aware distributed checkpoint engine, for PyTorch programs.
+
+The seed's API (tensorplay.distributed.checkpoint / torch's DCP) over
+dcp's C ABI (libdcp.so through ctypes; no extension module):
+
+    import dcp
+    dcp.save({"model": model.state_dict()}, checkpoint_id="/ckpt/step100")
+    dcp.load(state, checkpoint_id="/ckpt/step100")          # in place
+    resp = dcp.async_save(state, checkpoint_id=...)          # THREAD
+    resp.staging_completion.result(); resp.upload_completion.result()
+
+libdcp.so is found through $DCP_LIBRARY, next to this package (the wheel)
+or in the repository's bazel-bin/capi (a checkout); it is loaded on first
+use. Pickled values need allow_pickle=True on save and load: loading a
+pickle runs code from the checkpoint.
+"""
+
+from . import errors
+from ._lib import version as library_version
+from ._state import ShardedTensor
+from .async_save import AsyncCheckpointerType, AsyncSaveResponse, async_save
+from .checkpoint import load, load_state_dict, save, save_state_dict
+from .errors import (CheckpointCorruptError, CheckpointException,
+                     CheckpointExistsError, CheckpointFileNotFoundError,
+                     CheckpointNotFoundError, CheckpointNotImplementedError,
+                     CheckpointPermissionError, CheckpointTimeoutError,
+                     CheckpointValueError)
+from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                       MetadataIndex, StorageMeta, TensorProperties,
+                       TensorStorageMetadata, read_metadata)
+from .planner import DefaultLoadPlanner, DefaultSavePlanner
+from .process_group import ProcessGroup
+from .stateful import Stateful
+from .storage import FileSystemReader, FileSystemWriter, SerializationFormat
+
+try:
+    from .state_dict import (StateDictOptions, get_model_state_dict,
+                             get_optimizer_state_dict, get_state_dict,
+                             load_sharded_optimizer_state_dict,
+                             set_model_state_dict, set_optimizer_state_dict,
+                             set_state_dict)
+except ModuleNotFoundError as _e:  # being written alongside this package
+    if _e.name != __name__ + ".state_dict":
+        raise
+
+__version__ = "0.1.0"
+version = __version__
+
+__all__ = [
+    "save", "load", "async_save", "save_state_dict", "load_state_dict",
+    "AsyncCheckpointerType", "AsyncSaveResponse", "FileSystemWriter",
+    "FileSystemReader", "SerializationFormat", "DefaultSavePlanner",
+    "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",
+    "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+    "MetadataIndex", "StorageMeta", "read_metadata", "Stateful",
+    "ShardedTensor", "ProcessGroup", "CheckpointException",
+    "CheckpointValueError", "CheckpointNotFoundError",
+    "CheckpointFileNotFoundError", "CheckpointExistsError",
+    "CheckpointPermissionError", "CheckpointTimeoutError",
+    "CheckpointNotImplementedError", "CheckpointCorruptError",
+    "library_version", "version", "errors",
+    "get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
+    "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict",
+    "StateDictOptions", "load_sharded_optimizer_state_dict",
+]

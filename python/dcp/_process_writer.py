@@ -1,0 +1,507 @@
+"""async_save(async_checkpointer_type=PROCESS): uploads in one persistent
+writer process.
+
+The writer is a `multiprocessing` spawn-context process started on the
+first PROCESS call and reused by every later one. Each call:
+
+1. walks the state dict on the calling thread (dcp._state.Flat: validates
+   and encodes the plain values, collects the tensors) and returns;
+2. a staging thread ("dcp-process-stager") copies every tensor into a
+   shared-memory segment (a memfd, one per in-flight save, reused between
+   saves; its file descriptor goes to the writer once, with
+   multiprocessing.reduction.send_handle), then resolves
+   staging_completion. CUDA tensors are copied after the work queued on
+   the caller's current stream at call time (an event);
+3. the writer gets the flattened paths, encoded values and each tensor's
+   (offset, dtype, shape) through the pipe - never tensor bytes - maps the
+   segment, builds the C state dict over it and runs dcp_save;
+4. its answer resolves upload_completion with the checkpoint's Metadata
+   (read back from the committed checkpoint) or the save's exception.
+
+If the writer dies, every save it had not finished fails with
+CheckpointException naming the process (pid, exit code), and the next call
+starts a new writer. `startup_seconds` holds the first writer's start-up
+time (spawn to ready, logged on the "dcp" logger at INFO).
+
+Distributed saves: each rank's writer joins a dcp group of its own over
+torch's store (reconnected by address: TCPStore host/port or FileStore
+path). A restarted writer on one rank cannot rejoin that group, so after
+a writer death in a distributed job, restart every rank's writer (call
+shutdown_writer() on every rank).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import mmap
+import multiprocessing
+import multiprocessing.reduction
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from . import _lib, _state, errors
+
+log = logging.getLogger("dcp")
+
+# Seconds from spawn to the first writer process's "ready" (None before).
+startup_seconds: float | None = None
+
+_ALIGN = 4096
+
+
+def _round_up(n, a=_ALIGN):
+    return (n + a - 1) // a * a
+
+
+# -- shared-memory segments ---------------------------------------------------
+
+
+class _Segment:
+    _ids = iter(range(1, 1 << 62))
+
+    def __init__(self, size):
+        self.id = next(_Segment._ids)
+        self.size = max(size, _ALIGN)
+        self.fd = os.memfd_create(f"dcp-stage-{self.id}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.mm = mmap.mmap(self.fd, self.size)
+
+    def close(self):
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive; the GC unmaps it
+            pass
+        os.close(self.fd)
+
+
+class _Pool:
+    """Segments by size; a segment serves one in-flight save at a time."""
+
+    max_idle = 2
+
+    def __init__(self):
+        self._idle: list[_Segment] = []
+        self._lock = threading.Lock()
+
+    def acquire(self, nbytes) -> _Segment:
+        with self._lock:
+            fits = [s for s in self._idle if s.size >= nbytes]
+            if fits:
+                seg = min(fits, key=lambda s: s.size)
+                self._idle.remove(seg)
+                return seg
+        return _Segment(_round_up(nbytes))
+
+    def release(self, seg, writer) -> None:
+        with self._lock:
+            self._idle.append(seg)
+            drop = []
+            while len(self._idle) > self.max_idle:
+                drop.append(min(self._idle, key=lambda s: s.size))
+                self._idle.remove(drop[-1])
+        for s in drop:
+            if writer is not None:
+                writer.forget(s)
+            s.close()
+
+
+_pool = _Pool()
+
+
+# -- the writer process (child side) -------------------------------------------
+
+
+def _child_main(conn):
+    """The writer process: serves saves until the pipe closes."""
+    from . import checkpoint, process_group
+    from .checkpoint import prepare_save
+    conn.send(("ready", os.getpid()))
+    segments = {}
+    groups = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "segment":
+            _, seg_id, size = msg
+            fd = multiprocessing.reduction.recv_handle(conn)
+            segments[seg_id] = mmap.mmap(fd, size)
+            os.close(fd)
+        elif kind == "forget":
+            mm = segments.pop(msg[1], None)
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass
+        elif kind == "exit":
+            return
+        elif kind == "save":
+            _, job_id, seg_id, manifest, spec, hold = msg
+            if hold:
+                conn.send(("held", job_id))
+                conn.recv()  # a test kills the process here
+            try:
+                flat = _rebuild_flat(manifest, segments[seg_id])
+                where = _child_group(spec.pop("group"), groups,
+                                     spec.pop("no_dist"), process_group)
+                p = prepare_save(None, flat=flat, where=where,
+                                 coordinator_rank=0, **spec)
+                try:
+                    md = ctypes.c_void_p()
+                    _lib.check(_lib.lib().dcp_save(
+                        p.sd, ctypes.byref(p.options), ctypes.byref(md)))
+                    _lib.lib().dcp_metadata_free(md)
+                finally:
+                    p.free()
+                del flat
+                conn.send(("done", job_id, None))
+            except BaseException as e:  # report, keep serving
+                if not isinstance(e, errors.CheckpointException):
+                    e = errors.CheckpointException(
+                        f"{type(e).__name__}: {e}", None, _lib.UNKNOWN)
+                conn.send(("done", job_id, e))
+
+
+def _rebuild_flat(manifest, mm):
+    keys, t_paths, t_specs, t_shards, v_paths, v_vals = manifest
+    import torch
+    flat = _state.Flat(load=False, allow_pickle=True)
+    flat._keys = keys
+    flat.t_paths = t_paths
+    flat.t_shards = t_shards
+    flat.v_paths = v_paths
+    flat.v_vals = v_vals
+    objs = []
+    for offset, nbytes, dtype_name, shape in t_specs:
+        raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes,
+                               offset=offset) if nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        objs.append(raw.view(getattr(torch, dtype_name)).view(shape))
+    flat.t_objs = objs
+    return flat
+
+
+def _child_group(spec, groups, no_dist, process_group):
+    if spec is None:
+        return process_group.Resolved(None, no_dist)
+    key = (spec["kind"], spec["where"], spec["rank"], spec["size"])
+    group = groups.get(key)
+    if group is None:
+        import datetime
+
+        import torch.distributed as dist
+        if spec["kind"] == "tcp":
+            host, port = spec["where"]
+            store = dist.TCPStore(host, port, is_master=False,
+                                  wait_for_workers=False,
+                                  timeout=datetime.timedelta(minutes=5))
+        else:
+            store = dist.FileStore(spec["where"], -1)
+        store = dist.PrefixStore("dcp-async-writer", store)
+        group = process_group.ProcessGroup.from_store(
+            store, spec["rank"], spec["size"],
+            group_name="dcp-async-writer")
+        groups[key] = group
+    return process_group.Resolved(group, False)
+
+
+# -- the parent side -----------------------------------------------------------
+
+
+class _Job:
+    def __init__(self, path):
+        self.path = path
+        self.staging: Future = Future()
+        self.upload: Future = Future()
+        self.staging.set_running_or_notify_cancel()
+        self.upload.set_running_or_notify_cancel()
+        self.segment = None
+
+
+class _Writer:
+    """One writer process and the thread that reads its answers."""
+
+    def __init__(self):
+        global startup_seconds
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe(duplex=True)
+        self._start = time.perf_counter()
+        self.proc = ctx.Process(target=_child_main, args=(child,),
+                                name="dcp-async-writer", daemon=True)
+        self.proc.start()
+        child.close()
+        self.pid = self.proc.pid
+        self.dead = False
+        self.jobs: dict[int, _Job] = {}
+        self.known_segments: set[int] = set()
+        self.lock = threading.Lock()  # sends, jobs, dead
+        self.held = threading.Event()  # test hook
+        self.ready = threading.Event()
+        self.reader = threading.Thread(target=self._read,
+                                       name="dcp-process-writer-reader",
+                                       daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        global startup_seconds
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "ready":
+                seconds = time.perf_counter() - self._start
+                if startup_seconds is None:
+                    startup_seconds = seconds
+                log.info("dcp: async writer process pid %d ready in %.2f s",
+                         self.pid, seconds)
+                self.ready.set()
+            elif msg[0] == "held":
+                self.held.set()
+            elif msg[0] == "done":
+                _, job_id, error = msg
+                with self.lock:
+                    job = self.jobs.pop(job_id, None)
+                if job is not None:
+                    self._finish(job, error)
+        self._died()
+
+    def _finish(self, job, error):
+        _pool.release(job.segment, None if self.dead else self)
+        if error is None:
+            try:
+                from .metadata import read_metadata
+                job.upload.set_result(read_metadata(job.path))
+            except BaseException as e:
+                job.upload.set_exception(e)
+        else:
+            job.upload.set_exception(error)
+
+    def _died(self):
+        with self.lock:
+            self.dead = True
+            jobs = list(self.jobs.values())
+            self.jobs.clear()
+        self.proc.join(10)
+        code = self.proc.exitcode
+        for job in jobs:
+            _pool.release(job.segment, None)
+            job.upload.set_exception(errors.CheckpointException(
+                f"the dcp async writer process (pid {self.pid}) died "
+                f"(exit code {code}) before committing the checkpoint "
+                f"{job.path}; the next async_save starts a new one",
+                None, _lib.UNAVAILABLE))
+
+    def forget(self, seg):
+        with self.lock:
+            if self.dead or seg.id not in self.known_segments:
+                return
+            self.known_segments.discard(seg.id)
+            try:
+                self.conn.send(("forget", seg.id))
+            except OSError:
+                pass
+
+    def submit(self, job_id, job, manifest, spec, hold):
+        """Sends a staged save; False when the writer is dead."""
+        seg = job.segment
+        with self.lock:
+            if self.dead:
+                return False
+            self.jobs[job_id] = job
+            try:
+                if seg.id not in self.known_segments:
+                    self.conn.send(("segment", seg.id, seg.size))
+                    multiprocessing.reduction.send_handle(self.conn, seg.fd,
+                                                          self.pid)
+                    self.known_segments.add(seg.id)
+                self.conn.send(("save", job_id, seg.id, manifest, spec,
+                                hold))
+            except OSError:
+                self.jobs.pop(job_id, None)
+                return False
+        return True
+
+    def stop(self):
+        with self.lock:
+            if not self.dead:
+                try:
+                    self.conn.send(("exit",))
+                except OSError:
+                    pass
+        self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+_writer: _Writer | None = None
+_writer_lock = threading.Lock()
+_stager: ThreadPoolExecutor | None = None
+_job_ids = iter(range(1, 1 << 62))
+_debug_hold_next = False  # test hook: the next save waits in the writer
+
+
+def _live_writer() -> _Writer:
+    global _writer
+    with _writer_lock:
+        if _writer is None or _writer.dead or not _writer.proc.is_alive():
+            if _writer is None:
+                atexit.register(shutdown_writer)
+            _writer = _Writer()
+        return _writer
+
+
+def writer_pid() -> int | None:
+    """The current writer process's pid (None before the first call)."""
+    w = _writer
+    return None if w is None or w.dead else w.pid
+
+
+def shutdown_writer() -> None:
+    """Stops the writer process after its queued saves (also at exit)."""
+    global _writer, _stager
+    with _writer_lock:
+        w, _writer = _writer, None
+        stager, _stager = _stager, None
+    if stager is not None:
+        stager.shutdown(wait=True)
+    if w is not None:
+        w.stop()
+
+
+def _group_spec(where):
+    """How the writer reaches the store of `where`'s group (None: single
+    process)."""
+    if where.group is None:
+        return None
+    from torch.distributed import distributed_c10d as c10d
+    store = c10d._get_default_store()
+    inner = getattr(store, "_underlying_non_prefix_store", store)
+    if hasattr(inner, "host") and hasattr(inner, "port"):
+        spec = ("tcp", (inner.host, inner.port))
+    elif hasattr(inner, "path"):
+        spec = ("file", inner.path)
+    else:
+        raise NotImplementedError(
+            f"async_save(PROCESS): the writer cannot reach a "
+            f"{type(inner).__name__}; use THREAD")
+    return dict(kind=spec[0], where=spec[1], rank=where.group.rank,
+                size=where.group.size)
+
+
+def _tensor_spec(t):
+    if isinstance(t, np.ndarray):
+        return t.nbytes, t.dtype.name, tuple(t.shape)
+    return (t.numel() * t.element_size(), str(t.dtype).split(".")[-1],
+            tuple(t.shape))
+
+
+def _copy_into(mm, offset, nbytes, t):
+    import torch
+    if nbytes == 0:
+        return
+    raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
+    if isinstance(t, np.ndarray):
+        dst = raw.numpy().view(t.dtype).reshape(t.shape)
+        np.copyto(dst, t)
+    else:
+        raw.view(t.dtype).view(t.shape).copy_(t)
+
+
+def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
+               process_group, no_dist, use_collectives, allow_pickle):
+    from .async_save import AsyncSaveResponse
+    from .checkpoint import _checkpoint_path, _stateful_to_state_dict
+    from .planner import save_options
+    from .process_group import resolve
+    from .storage import FileSystemWriter
+    global _debug_hold_next, _stager
+    where = resolve(process_group, no_dist)
+    error = None
+    try:
+        if storage_writer is not None and not isinstance(storage_writer,
+                                                         FileSystemWriter):
+            raise TypeError(
+                f"storage_writer {type(storage_writer).__name__} is not "
+                "supported; dcp writes through FileSystemWriter")
+        path = _checkpoint_path(checkpoint_id, storage_writer, "save")
+        save_options(planner)  # validates
+        flat = _state.Flat(load=False, allow_pickle=allow_pickle)
+        flat.add(_stateful_to_state_dict(state_dict))
+        specs = []
+        offset = 0
+        for t in flat.t_objs:
+            nbytes, dtype_name, shape = _tensor_spec(t)
+            specs.append((offset, nbytes, dtype_name, shape))
+            offset += _round_up(nbytes, 64)
+        group = _group_spec(where)
+    except BaseException as e:
+        error = e
+    where.agree("async_save", error)
+    total = offset
+    writer_spec = None
+    if storage_writer is not None:
+        writer_spec = FileSystemWriter(**storage_writer._spec())
+    from .planner import DefaultSavePlanner
+    spec = dict(checkpoint_id=path, storage_writer=writer_spec,
+                planner=(DefaultSavePlanner(**planner._spec())
+                         if planner is not None else None),
+                use_collectives=use_collectives, allow_pickle=allow_pickle,
+                no_dist=where.no_dist, group=group)
+    manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
+                flat.v_paths, flat.v_vals)
+    tensors = flat.t_objs
+    event = None
+    if any(not isinstance(t, np.ndarray) and t.is_cuda for t in tensors):
+        import torch
+        event = torch.cuda.Event()
+        event.record()
+    hold = _debug_hold_next
+    _debug_hold_next = False
+    job = _Job(path)
+    writer = _live_writer()
+
+    def stage():
+        nonlocal writer
+        try:
+            seg = _pool.acquire(total)
+            job.segment = seg
+            if event is not None:
+                import torch
+                torch.cuda.current_stream().wait_event(event)
+            for (off, nbytes, _, _), t in zip(specs, tensors):
+                _copy_into(seg.mm, off, nbytes, t)
+            if event is not None:
+                torch.cuda.current_stream().synchronize()
+        except BaseException as e:
+            job.staging.set_exception(e)
+            job.upload.set_exception(e)
+            if job.segment is not None:
+                _pool.release(job.segment, None)
+            return
+        job.staging.set_result(None)
+        job_id = next(_job_ids)
+        if not writer.submit(job_id, job, manifest, spec, hold):
+            writer = _live_writer()
+            if not writer.submit(job_id, job, manifest, spec, hold):
+                _pool.release(seg, None)
+                job.upload.set_exception(errors.CheckpointException(
+                    f"the dcp async writer process (pid {writer.pid}) is "
+                    "not reachable", None, _lib.UNAVAILABLE))
+
+    with _writer_lock:
+        if _stager is None:
+            _stager = ThreadPoolExecutor(
+                1, thread_name_prefix="dcp-process-stager")
+        _stager.submit(stage)
+    return AsyncSaveResponse(job.staging, job.upload)

@@ -1,0 +1,632 @@
+"""A Python state dict as a dcp_state_dict_t, and the loaded values back.
+
+Save: `flatten()` walks the caller's nested dicts, lists and tuples once,
+collecting tensor leaves (torch tensors, numpy arrays, DTensor and
+ShardedTensor chunks) and plain values, then hands every tensor to the
+engine in ONE dcp_state_dict_set_tensors call: the DLTensor, path and shard
+arrays are laid out in numpy buffers column by column, so the per-tensor
+Python work is reading data_ptr/shape/stride/dtype/device into lists (no
+ctypes object per tensor, no DLPack capsule). Plain values take one C call
+each (they are few).
+
+Load: the same walk, in "load" mode. Tensors are the destinations (the
+engine writes into their memory); plain values get a placeholder that the
+engine replaces when the checkpoint holds the key, and `Flat.write_back()`
+puts each loaded value into the caller's container: dicts and lists in
+place, tuples rebuilt from the caller's structure (so they stay tuples, and
+namedtuples stay namedtuples), numpy scalars converted back to their type.
+
+Values: None, bool, int (int64), float, str, bytes/bytearray round-trip
+with their type. Other objects are stored as pickled bytes behind a marker,
+only with allow_pickle=True on save and on load (unpickling runs code).
+A user bytes value that happens to start with a marker's prefix is escaped,
+so no bytes value is ever mistaken for a pickle.
+
+Keys: str, and int (as str(k); optimizer state uses int keys) mapping back
+to the caller's key on load. Other key types raise TypeError.
+
+Memory: tensors are borrowed, never copied, except (a) non-contiguous
+tensors where the engine path cannot take strides (see the flags below)
+and (b) nothing else. The Flat object keeps every tensor it passed alive;
+keep it until the save (or the staging of an async save) is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import pickle
+import sys
+
+import numpy as np
+
+from . import _lib
+from ._lib import Path
+
+try:
+    import torch
+except ImportError:  # numpy-only use
+    torch = None
+
+# A synchronous save of a strided (non-contiguous) CPU tensor: False makes a
+# contiguous copy in Python first. Decided by tests against libdcp.so.
+SAVE_STRIDED_CPU = True
+# A load into a strided tensor: False loads into a contiguous temporary
+# and copies it back.
+LOAD_STRIDED = True
+
+PICKLE_MARKER = b"\x00dcp.pickle.v1\x00"
+BYTES_ESCAPE = b"\x00dcp.bytes.v1\x00"
+_MARKER_PREFIX = b"\x00dcp."
+# Placeholder of a plain value before a load: what the engine leaves when
+# the checkpoint lacks the key (allow_partial_load).
+_UNLOADED = b"\x00dcp.unloaded\x00" + bytes(range(16))
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+# DLPack (code, bits) and dcp_dtype_t by dtype.
+_DL_BOOL = 6
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
+_DL_F8_E4M3FN, _DL_F8_E5M2 = 10, 12
+
+# name -> (dl code, bits, dcp dtype)
+_BY_NAME = {
+    "bool": (_DL_BOOL, 8, 0), "uint8": (_DL_UINT, 8, 1),
+    "int8": (_DL_INT, 8, 2), "uint16": (_DL_UINT, 16, 3),
+    "int16": (_DL_INT, 16, 4), "uint32": (_DL_UINT, 32, 5),
+    "int32": (_DL_INT, 32, 6), "uint64": (_DL_UINT, 64, 7),
+    "int64": (_DL_INT, 64, 8), "float16": (_DL_FLOAT, 16, 9),
+    "bfloat16": (_DL_BFLOAT, 16, 10), "float32": (_DL_FLOAT, 32, 11),
+    "float64": (_DL_FLOAT, 64, 12), "float8_e4m3fn": (_DL_F8_E4M3FN, 8, 13),
+    "float8_e5m2": (_DL_F8_E5M2, 8, 14), "complex64": (_DL_COMPLEX, 64, 15),
+    "complex128": (_DL_COMPLEX, 128, 16),
+}
+# dcp dtype -> name
+DCP_DTYPE_NAMES = {v[2]: k for k, v in _BY_NAME.items()}
+
+# torch.dtype -> packed DLDataType (code | bits << 8 | lanes << 16).
+_TORCH_DL = {}
+if torch is not None:
+    for _name, (_code, _bits, _) in _BY_NAME.items():
+        _dt = getattr(torch, _name, None)
+        if _dt is not None:
+            _TORCH_DL[_dt] = _code | (_bits << 8) | (1 << 16)
+
+
+def torch_dtype(dcp_dtype: int):
+    """The torch.dtype of a dcp dtype code (its name without torch)."""
+    name = DCP_DTYPE_NAMES.get(dcp_dtype)
+    if name is None:
+        return None
+    if torch is not None:
+        return getattr(torch, name, name)
+    return name
+
+
+# numpy-compatible structured layouts of the C structs.
+DLTENSOR_DTYPE = np.dtype({
+    "names": ["data", "device_type", "device_id", "ndim", "dtype", "shape",
+              "strides", "byte_offset"],
+    "formats": ["<u8", "<i4", "<i4", "<i4", "<u4", "<u8", "<u8", "<u8"],
+    "offsets": [0, 8, 12, 16, 20, 24, 32, 40],
+    "itemsize": 48,
+})
+PATH_ELEM_DTYPE = np.dtype({"names": ["key", "index"],
+                            "formats": ["<u8", "<i8"],
+                            "offsets": [0, 8], "itemsize": 16})
+PATH_DTYPE = np.dtype({"names": ["elems", "len"], "formats": ["<u8", "<u8"],
+                       "offsets": [0, 8], "itemsize": 16})
+SHARD_DTYPE = np.dtype({"names": ["ndim", "global_shape", "offsets"],
+                        "formats": ["<i4", "<u8", "<u8"],
+                        "offsets": [0, 8, 16], "itemsize": 24})
+assert DLTENSOR_DTYPE.itemsize == ctypes.sizeof(_lib.DLTensor)
+assert PATH_DTYPE.itemsize == ctypes.sizeof(_lib.Path)
+assert SHARD_DTYPE.itemsize == ctypes.sizeof(_lib.Shard)
+
+
+def _addr(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+class ShardedTensor:
+    """This rank's chunk of a tensor sharded across ranks.
+
+    `local` is the chunk (a torch tensor or numpy array), `global_shape` the
+    whole tensor's shape and `offsets` where the chunk starts in it. Saving
+    the same name from every rank with its own chunk writes one global
+    tensor; loading fills `local` with that box of the checkpoint, whatever
+    sharding saved it. (DTensor values are handled without this wrapper.)
+    """
+
+    __slots__ = ("local", "global_shape", "offsets")
+
+    def __init__(self, local, global_shape, offsets):
+        self.local = local
+        self.global_shape = tuple(int(s) for s in global_shape)
+        self.offsets = tuple(int(o) for o in offsets)
+        if len(self.global_shape) != len(self.offsets) or len(
+                self.offsets) != len(local.shape):
+            raise ValueError(
+                f"ShardedTensor: local shape {tuple(local.shape)}, global "
+                f"shape {self.global_shape} and offsets {self.offsets} must "
+                "have the same length")
+
+    def __repr__(self):
+        return (f"ShardedTensor(local={tuple(self.local.shape)}, "
+                f"global_shape={self.global_shape}, offsets={self.offsets})")
+
+
+def _is_dtensor(value) -> bool:
+    return (hasattr(value, "device_mesh") and hasattr(value, "placements")
+            and callable(getattr(value, "to_local", None)))
+
+
+def _dtensor_chunk(value, name):
+    """(local tensor, global shape, offsets) of a DTensor; offsets None when
+    every placement is Replicate (the tensor is saved as a plain one)."""
+    from torch.distributed.tensor import Replicate, Shard
+    placements = tuple(value.placements)
+    local = value.to_local()
+    if all(isinstance(p, Replicate) for p in placements):
+        return local, None, None
+    if not all(isinstance(p, (Replicate, Shard)) for p in placements):
+        raise ValueError(
+            f"'{name}': DTensor placements {placements} are not supported "
+            "(only Shard and Replicate; redistribute Partial first)")
+    from torch.distributed.tensor._utils import \
+        compute_local_shape_and_global_offset
+    _, offsets = compute_local_shape_and_global_offset(
+        value.shape, value.device_mesh, placements)
+    return local, tuple(value.shape), tuple(int(o) for o in offsets)
+
+
+class Flat:
+    """One state dict, flattened (see the module comment)."""
+
+    def __init__(self, load: bool, allow_pickle: bool):
+        self.load = load
+        self.allow_pickle = allow_pickle
+        self._key_ids: dict[str, int] = {}
+        self._keys: list[bytes] = []
+        self._path: list[int] = []
+        # Tensor leaves: path, the object whose memory goes to C, and the
+        # shard (global shape, offsets) or None.
+        self.t_paths: list[tuple] = []
+        self.t_objs: list = []
+        self.t_shards: list = []
+        # Plain leaves: path, (kind, payload) to set.
+        self.v_paths: list[tuple] = []
+        self.v_vals: list = []
+        # Load only: where each plain leaf goes back (container, key, old).
+        self.v_slots: list = []
+        # Load only: (tuple container as list, type, parent, key) to rebuild.
+        self._tuples: list = []
+        # Load only: (destination, contiguous temporary).
+        self.copy_back: list = []
+        self.has_cuda = False
+        self.cuda_devices: set = set()
+        self._arrays = []  # numpy buffers the C state dict points into
+        self._paths_arr = None
+
+    # -- the walk ----------------------------------------------------------
+
+    def name(self, path=None) -> str:
+        path = self._path if path is None else path
+        keys = self._keys
+        return ".".join(keys[e >> 1].decode() if not e & 1 else str(e >> 1)
+                        for e in path)
+
+    def _key(self, key) -> int:
+        if type(key) is not str:
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise TypeError(
+                    f"state dict key {key!r} at '{self.name()}' is a "
+                    f"{type(key).__name__}; dcp supports str and int keys")
+            key = str(key) if isinstance(key, int) else str.__str__(key)
+        kid = self._key_ids.get(key)
+        if kid is None:
+            if "\0" in key:
+                raise ValueError(f"state dict key {key!r} contains NUL")
+            kid = len(self._keys)
+            self._key_ids[key] = kid
+            self._keys.append(key.encode())
+        return kid << 1
+
+    def add(self, obj) -> None:
+        """Walks the top-level state dict (a dict)."""
+        if not isinstance(obj, dict):
+            raise TypeError(
+                f"state_dict must be a dict, not {type(obj).__name__}")
+        self._dict(obj)
+
+    def _dict(self, d) -> None:
+        path = self._path
+        seen = None
+        for k, v in d.items():
+            enc = self._key(k)
+            if type(k) is not str:
+                seen = seen if seen is not None else {
+                    kk for kk in d if type(kk) is str}
+                if str(k) in seen:
+                    raise ValueError(
+                        f"keys {k!r} and {str(k)!r} at '{self.name()}' "
+                        "collide (int keys are stored as str)")
+                seen.add(str(k))
+            path.append(enc)
+            self._value(v, d, k)
+            path.pop()
+
+    def _seq(self, seq, parent, key) -> None:
+        path = self._path
+        target = seq
+        if type(seq) is not list:  # a tuple: rebuilt after a load
+            if self.load:
+                target = list(seq)
+                self._tuples.append((target, type(seq), parent, key))
+        for i, v in enumerate(seq):
+            path.append((i << 1) | 1)
+            self._value(v, target, i)
+            path.pop()
+
+    def _value(self, v, parent, key) -> None:
+        t = type(v)
+        if torch is not None and (t is torch.Tensor or
+                                  t is torch.nn.Parameter):
+            self._tensor(v, None)
+        elif t is dict:
+            self._dict(v)
+        elif t is list or t is tuple:
+            self._seq(v, parent, key)
+        elif t is int or t is float or t is str or t is bool or v is None:
+            self._plain(v, parent, key)
+        else:
+            self._other(v, parent, key)
+
+    def _other(self, v, parent, key) -> None:
+        if torch is not None and isinstance(v, torch.Tensor):
+            if _is_dtensor(v):
+                local, gshape, offsets = _dtensor_chunk(v, self.name())
+                self._tensor(local, None if offsets is None else
+                             (gshape, offsets))
+            else:
+                self._tensor(v, None)
+        elif isinstance(v, ShardedTensor):
+            self._tensor(v.local, (v.global_shape, v.offsets))
+        elif isinstance(v, np.ndarray):
+            self._tensor(v, None)
+        elif isinstance(v, dict):
+            self._dict(v)
+        elif isinstance(v, (list, tuple)):
+            self._seq(v, parent, key)
+        else:
+            self._plain(v, parent, key)
+
+    def _tensor(self, t, shard) -> None:
+        if self.load:
+            t = self._load_destination(t)
+        elif not SAVE_STRIDED_CPU and not isinstance(t, np.ndarray):
+            if not t.is_cuda and not t.is_contiguous():
+                t = t.contiguous()
+        self.t_paths.append(tuple(self._path))
+        self.t_objs.append(t)
+        self.t_shards.append(shard)
+
+    def _load_destination(self, t):
+        if isinstance(t, np.ndarray):
+            if not t.flags.writeable:
+                raise ValueError(
+                    f"'{self.name()}': cannot load into a read-only numpy "
+                    "array")
+            if not LOAD_STRIDED and not t.flags.c_contiguous:
+                tmp = np.empty_like(t, order="C")
+                self.copy_back.append((t, tmp))
+                return tmp
+            return t
+        if not LOAD_STRIDED and not t.is_contiguous():
+            tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            self.copy_back.append((t, tmp))
+            return tmp
+        return t
+
+    def _plain(self, v, parent, key) -> None:
+        self.v_paths.append(tuple(self._path))
+        if self.load:
+            self.v_slots.append((parent, key, v))
+            self.v_vals.append((_lib.VALUE_BYTES, _UNLOADED))
+            return
+        self.v_vals.append(self._encode(v))
+
+    def _encode(self, v):
+        t = type(v)
+        if v is None:
+            return (_lib.VALUE_NONE, None)
+        if t is bool:
+            return (_lib.VALUE_BOOL, 1 if v else 0)
+        if t is int:
+            if _INT64_MIN <= v <= _INT64_MAX:
+                return (_lib.VALUE_INT, v)
+        elif t is float:
+            return (_lib.VALUE_FLOAT, v)
+        elif t is str:
+            try:
+                return (_lib.VALUE_STRING, v.encode())
+            except UnicodeEncodeError:
+                pass
+        elif t is bytes or t is bytearray:
+            b = bytes(v)
+            if b.startswith(_MARKER_PREFIX):
+                b = BYTES_ESCAPE + b
+            return (_lib.VALUE_BYTES, b)
+        elif isinstance(v, np.generic) and v.dtype.kind in "biuf":
+            return self._encode(v.item())
+        if not self.allow_pickle:
+            raise TypeError(
+                f"cannot save '{self.name()}': {t.__module__}.{t.__qualname__}"
+                " is not a tensor, container or plain value (None, bool, int "
+                "in int64, float, str, bytes); pass allow_pickle=True to "
+                "store it pickled (loading it then runs pickle too)")
+        return (_lib.VALUE_BYTES,
+                PICKLE_MARKER + pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL))
+
+    # -- the C state dict --------------------------------------------------
+
+    def build(self):
+        """A new dcp_state_dict_t holding every leaf (the caller frees it
+        with dcp_state_dict_free). Raises from the engine's checks."""
+        L = _lib.lib()
+        sd = ctypes.c_void_p()
+        _lib.check(L.dcp_state_dict_create(ctypes.byref(sd)))
+        try:
+            self._fill(L, sd)
+        except BaseException:
+            L.dcp_state_dict_free(sd)
+            raise
+        return sd
+
+    def _paths(self):
+        """(paths array, elems array) for tensor leaves then value leaves."""
+        all_paths = self.t_paths + self.v_paths
+        n = len(all_paths)
+        lens = np.fromiter(map(len, all_paths), dtype=np.int64, count=n)
+        total = int(lens.sum())
+        enc = np.fromiter(itertools.chain.from_iterable(all_paths),
+                          dtype=np.int64, count=total)
+        blob = b"".join(k + b"\0" for k in self._keys)
+        blob_arr = np.frombuffer(blob, dtype=np.uint8) if blob else \
+            np.zeros(1, np.uint8)
+        key_lens = np.fromiter((len(k) + 1 for k in self._keys),
+                               dtype=np.int64, count=len(self._keys))
+        key_addr = np.empty(len(self._keys) + 1, dtype=np.uint64)
+        key_addr[0] = _addr(blob_arr)
+        np.cumsum(key_lens, out=key_addr[1:].view(np.int64))
+        key_addr[1:] += key_addr[0]
+        is_index = (enc & 1).astype(bool)
+        half = enc >> 1
+        elems = np.zeros(max(total, 1), dtype=PATH_ELEM_DTYPE)
+        elems["key"][:total] = np.where(is_index, 0,
+                                        key_addr[np.where(is_index, 0, half)])
+        elems["index"][:total] = np.where(is_index, half, 0)
+        starts = np.zeros(n, dtype=np.uint64)
+        if n > 1:
+            np.cumsum(lens[:-1], out=starts[1:].view(np.int64))
+        paths = np.empty(max(n, 1), dtype=PATH_DTYPE)
+        paths["elems"][:n] = _addr(elems) + 16 * starts
+        paths["len"][:n] = lens
+        self._arrays += [blob, blob_arr, elems]
+        self._paths_arr = paths
+        return paths
+
+    def _fill(self, L, sd) -> None:
+        paths = self._paths()
+        nt = len(self.t_objs)
+        if nt:
+            tensors, shards = self._tensor_arrays()
+            _lib.check(L.dcp_state_dict_set_tensors(
+                sd, nt, _addr(paths), _addr(tensors),
+                None if shards is None else _addr(shards)))
+        setters = {
+            _lib.VALUE_NONE: lambda p, _: L.dcp_state_dict_set_none(sd, p),
+            _lib.VALUE_BOOL: lambda p, v: L.dcp_state_dict_set_bool(sd, p, v),
+            _lib.VALUE_INT: lambda p, v: L.dcp_state_dict_set_int(sd, p, v),
+            _lib.VALUE_FLOAT:
+                lambda p, v: L.dcp_state_dict_set_float(sd, p, v),
+            _lib.VALUE_STRING:
+                lambda p, v: L.dcp_state_dict_set_string(sd, p, v, len(v)),
+            _lib.VALUE_BYTES:
+                lambda p, v: L.dcp_state_dict_set_bytes(sd, p, v, len(v)),
+        }
+        for i, (kind, payload) in enumerate(self.v_vals):
+            path = Path.from_buffer(paths, (nt + i) * 16)
+            _lib.check(setters[kind](path, payload))
+
+    def _tensor_arrays(self):
+        """The DLTensor array (and shard array, or None) of the tensors."""
+        objs = self.t_objs
+        n = len(objs)
+        ptrs = [0] * n
+        dls = [0] * n
+        ndims = [0] * n
+        devs = [0] * n  # device_type | device_id << 32
+        dims: list[int] = []  # shape then strides, per tensor
+        torch_dl = _TORCH_DL
+        cpu = 1
+        for i, t in enumerate(objs):
+            if type(t) is np.ndarray:
+                ptrs[i], dls[i], devs[i] = self._numpy_info(t, i)
+                dims.extend(t.shape)
+                item = t.itemsize
+                dims.extend(s // item for s in t.strides)
+                ndims[i] = t.ndim
+                continue
+            dl = torch_dl.get(t.dtype)
+            if dl is None:
+                raise TypeError(f"'{self.name(self.t_paths[i])}': dtype "
+                                f"{t.dtype} is not supported by dcp")
+            dls[i] = dl
+            ptrs[i] = t.data_ptr()
+            shape = t.shape
+            ndims[i] = len(shape)
+            dims.extend(shape)
+            dims.extend(t.stride())
+            if t.is_cuda:
+                index = t.get_device()
+                devs[i] = _lib.DL_CUDA | (index << 32)
+                self.has_cuda = True
+                self.cuda_devices.add(index)
+            elif t.device.type == "cpu":
+                devs[i] = cpu
+            else:
+                raise ValueError(f"'{self.name(self.t_paths[i])}': tensors "
+                                 f"on {t.device} are not supported by dcp")
+        dims_arr = np.array(dims, dtype=np.int64) if dims else \
+            np.zeros(1, np.int64)
+        nd = np.array(ndims, dtype=np.int64)
+        starts = np.zeros(n, dtype=np.uint64)
+        if n > 1:
+            np.cumsum(2 * nd[:-1], out=starts[1:].view(np.int64))
+        base = _addr(dims_arr)
+        arr = np.zeros(n, dtype=DLTENSOR_DTYPE)
+        arr["data"] = np.array(ptrs, dtype=np.uint64)
+        devs_arr = np.array(devs, dtype=np.int64)
+        arr["device_type"] = devs_arr & 0xFFFFFFFF
+        arr["device_id"] = devs_arr >> 32
+        arr["ndim"] = nd
+        arr["dtype"] = np.array(dls, dtype=np.uint32)
+        arr["shape"] = base + 8 * starts
+        arr["strides"] = base + 8 * (starts + nd.astype(np.uint64))
+        self._arrays += [dims_arr, arr]
+        shards = None
+        if any(s is not None for s in self.t_shards):
+            sdims: list[int] = []
+            sh = np.zeros(n, dtype=SHARD_DTYPE)
+            pos = []
+            for i, s in enumerate(self.t_shards):
+                if s is None:
+                    continue
+                gshape, offsets = s
+                if len(gshape) != ndims[i] or len(offsets) != ndims[i]:
+                    raise ValueError(
+                        f"'{self.name(self.t_paths[i])}': chunk of "
+                        f"{ndims[i]} dims with global shape {gshape} and "
+                        f"offsets {offsets}")
+                pos.append((i, len(sdims), len(gshape)))
+                sdims.extend(gshape)
+                sdims.extend(offsets)
+            sdims_arr = np.array(sdims or [0], dtype=np.int64)
+            sbase = _addr(sdims_arr)
+            for i, start, nd_i in pos:
+                sh[i]["ndim"] = nd_i
+                sh[i]["global_shape"] = sbase + 8 * start
+                sh[i]["offsets"] = sbase + 8 * (start + nd_i)
+            self._arrays += [sdims_arr, sh]
+            shards = sh
+        return arr, shards
+
+    def _numpy_info(self, a, i):
+        name = a.dtype.name
+        info = _BY_NAME.get(name)
+        if info is None or a.dtype.byteorder == ">":
+            raise TypeError(f"'{self.name(self.t_paths[i])}': numpy dtype "
+                            f"{a.dtype} is not supported by dcp")
+        code, bits, _ = info
+        ptr = a.__array_interface__["data"][0]
+        if any(s % a.itemsize for s in a.strides):
+            raise ValueError(f"'{self.name(self.t_paths[i])}': numpy strides "
+                             f"{a.strides} are not multiples of the item size")
+        return ptr, code | (bits << 8) | (1 << 16), _lib.DL_CPU
+
+    # -- after a load ------------------------------------------------------
+
+    def write_back(self, sd) -> None:
+        """Puts the loaded plain values into the caller's containers, copies
+        temporaries into strided destinations and rebuilds tuples."""
+        for dst, tmp in self.copy_back:
+            if isinstance(dst, np.ndarray):
+                dst[...] = tmp
+            else:
+                dst.copy_(tmp)
+        if self.v_slots:
+            L = _lib.lib()
+            info = _lib.sized(_lib.LeafInfo)
+            paths = self._paths_arr
+            nt = len(self.t_objs)
+            for i, (parent, key, old) in enumerate(self.v_slots):
+                path = Path.from_buffer(paths, (nt + i) * 16)
+                _lib.check(L.dcp_state_dict_get(sd, path, ctypes.byref(info)))
+                value = self._decode(info, old, self.v_paths[i])
+                if value is not _SKIP:
+                    parent[key] = value
+        for target, typ, parent, key in reversed(self._tuples):
+            if hasattr(typ, "_fields"):  # namedtuple
+                parent[key] = typ(*target)
+            else:
+                parent[key] = typ(target)
+
+    def _decode(self, info, old, path):
+        kind = info.kind
+        if kind == _lib.VALUE_NONE:
+            return None
+        if kind == _lib.VALUE_INT:
+            value = info.int_value
+        elif kind == _lib.VALUE_FLOAT:
+            value = info.float_value
+        elif kind == _lib.VALUE_BOOL:
+            value = bool(info.bool_value)
+        elif kind == _lib.VALUE_STRING:
+            return ctypes.string_at(info.data, info.size).decode()
+        elif kind == _lib.VALUE_BYTES:
+            b = ctypes.string_at(info.data, info.size) if info.size else b""
+            if b.startswith(_MARKER_PREFIX):
+                if b == _UNLOADED:
+                    return _SKIP
+                if b.startswith(PICKLE_MARKER):
+                    if not self.allow_pickle:
+                        raise ValueError(
+                            f"'{self.name(path)}' was saved pickled; loading "
+                            "it runs pickle (arbitrary code): pass "
+                            "allow_pickle=True if you trust the checkpoint")
+                    return pickle.loads(b[len(PICKLE_MARKER):])
+                if b.startswith(BYTES_ESCAPE):
+                    b = b[len(BYTES_ESCAPE):]
+            if type(old) is bytearray:
+                return bytearray(b)
+            return b
+        else:
+            raise ValueError(f"'{self.name(path)}': the checkpoint holds a "
+                             "tensor where the state dict has a plain value")
+        if isinstance(old, np.generic):
+            return type(old)(value)
+        return value
+
+
+_SKIP = object()
+
+
+def current_streams(flat: Flat):
+    """The dcp_device_wait_t for a save of `flat`'s tensors: the current
+    torch stream of their CUDA device. Tensors on several devices: each
+    device's current stream is synchronized and no wait is passed (the
+    engine orders against one device's stream)."""
+    wait = _lib.DeviceWait()
+    if not flat.has_cuda:
+        return wait
+    devices = sorted(flat.cuda_devices)
+    if len(devices) == 1:
+        stream = torch.cuda.current_stream(devices[0])
+        wait.kind = _lib.DEVICE_WAIT_STREAM
+        wait.device = devices[0]
+        wait.handle = stream.cuda_stream or None
+        return wait
+    for d in devices:
+        torch.cuda.current_stream(d).synchronize()
+    return wait
+
+
+def sync_for_load(flat: Flat) -> None:
+    """Work queued on the caller's current streams may still write the
+    destination tensors (an allocation's zero fill): the load waits for it,
+    since dcp_load has no device-wait option."""
+    if flat.has_cuda:
+        for d in sorted(flat.cuda_devices):
+            torch.cuda.current_stream(d).synchronize()

@@ -1,0 +1,290 @@
+"""async_save: the seed's asynchronous save.
+
+THREAD (the default) is the engine's own: dcp_async_save stages the
+tensors into host memory on dcp's threads and writes and commits in the
+background. async_save returns at once with an AsyncSaveResponse whose
+staging_completion resolves when the caller may change its tensors again
+and upload_completion (to the committed Metadata) when the checkpoint is
+committed. The caller's tensors are kept referenced until staging is done.
+
+PROCESS runs the upload in one persistent writer process (see
+dcp._process_writer).
+
+Completions: dcp calls one static ctypes callback per completion on its
+own thread; the callback only queues (token, status), and a Python daemon
+thread ("dcp-completions") resolves the futures, frees the C handles and
+runs the futures' done-callbacks, so user callbacks never run on (or
+block) a dcp thread and never re-enter the library from its callback.
+Uploads still running at interpreter exit are waited for (dcp_shutdown,
+from atexit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import ctypes
+import enum
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from . import _lib
+from .checkpoint import _stateful_to_state_dict, prepare_save, save
+from .metadata import Metadata
+from .process_group import resolve
+
+__all__ = ["async_save", "AsyncCheckpointerType", "AsyncSaveResponse"]
+
+
+class AsyncCheckpointerType(enum.Enum):
+    THREAD = "thread"
+    PROCESS = "process"
+
+
+@dataclass
+class AsyncSaveResponse:
+    """staging_completion: Future[None], done when the state was copied out
+    (the tensors may change again). upload_completion: Future[Metadata],
+    done when the checkpoint is committed.
+
+    It also behaves as the upload Future (result(), done(), exception(),
+    add_done_callback(), cancel()), so code written for the seed's plain
+    Future return keeps working."""
+
+    staging_completion: Future
+    upload_completion: Future
+
+    def result(self, timeout=None):
+        return self.upload_completion.result(timeout)
+
+    def exception(self, timeout=None):
+        return self.upload_completion.exception(timeout)
+
+    def done(self) -> bool:
+        return self.upload_completion.done()
+
+    def add_done_callback(self, fn) -> None:
+        self.upload_completion.add_done_callback(fn)
+
+    def cancel(self) -> bool:
+        return self.upload_completion.cancel()
+
+    def cancelled(self) -> bool:
+        return self.upload_completion.cancelled()
+
+    def running(self) -> bool:
+        return self.upload_completion.running()
+
+
+# -- completions ------------------------------------------------------------
+
+_queue: "queue.SimpleQueue" = queue.SimpleQueue()
+_tokens = itertools.count(1)
+_pending: dict[int, tuple] = {}  # token -> (job, which)
+_pending_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def _on_done(user, status):
+    # Runs on a dcp thread (or the caller's, when already done). Keep it
+    # minimal: no library calls, no user code.
+    _queue.put((user, status))
+
+
+_ON_DONE = _lib.DONE_FN(_on_done)  # lives as long as the module
+
+
+def _completion_loop():
+    while True:
+        token, status = _queue.get()
+        if token is None:
+            return
+        with _pending_lock:
+            job, which = _pending.pop(token, (None, None))
+        if job is not None:
+            try:
+                job.complete(which, status)
+            except BaseException:  # keep the loop alive
+                pass
+
+
+def _ensure_thread():
+    global _thread
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_completion_loop,
+                                       name="dcp-completions", daemon=True)
+            _thread.start()
+
+
+class _EngineJob:
+    """One dcp_async_save: its handles, the borrowed tensors and futures."""
+
+    def __init__(self, prepared, handle):
+        self.prepared = prepared
+        self.handle = handle
+        self.staging: Future = Future()
+        self.upload: Future = Future()
+        self.remaining = 2
+        self.staging.set_running_or_notify_cancel()
+        self.upload.set_running_or_notify_cancel()
+
+    def _error(self, which, status):
+        # dcp_async_save_wait records the completion's error as this
+        # thread's last error.
+        done = ctypes.c_int32()
+        code = _lib.lib().dcp_async_save_wait(self.handle, which, 0,
+                                              ctypes.byref(done))
+        code = code or status
+        _, message, failures = _lib.last_error()
+        from .errors import from_status
+        return from_status(code, message, failures)
+
+    def complete(self, which, status):
+        if which == _lib.STAGING:
+            if status == _lib.OK:
+                self.staging.set_result(None)
+            else:
+                self.staging.set_exception(self._error(which, status))
+            # The engine holds its own copies now: drop the tensors.
+            self.prepared.flat = None
+        else:
+            if status == _lib.OK:
+                md = ctypes.c_void_p()
+                code = _lib.lib().dcp_async_save_metadata(self.handle,
+                                                          ctypes.byref(md))
+                if code == _lib.OK:
+                    self.upload.set_result(Metadata._from_handle(md))
+                else:
+                    self.upload.set_exception(self._error(which, code))
+            else:
+                self.upload.set_exception(self._error(which, status))
+        self.remaining -= 1
+        if self.remaining == 0:
+            _lib.lib().dcp_async_save_free(self.handle)
+            self.prepared.free()
+
+
+def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
+                       process_group, no_dist, use_collectives, allow_pickle):
+    where = resolve(process_group, no_dist)
+    p = None
+    error = None
+    try:
+        sd = _stateful_to_state_dict(state_dict)
+        p = prepare_save(sd, checkpoint_id=checkpoint_id,
+                         storage_writer=storage_writer, planner=planner,
+                         where=where, coordinator_rank=0,
+                         use_collectives=use_collectives,
+                         allow_pickle=allow_pickle)
+    except BaseException as e:
+        error = e
+    where.agree("async_save", error)
+    L = _lib.lib()
+    handle = ctypes.c_void_p()
+    try:
+        _lib.check(L.dcp_async_save(p.sd, ctypes.byref(p.options),
+                                    ctypes.byref(handle)))
+    except BaseException:
+        p.free()
+        raise
+    job = _EngineJob(p, handle)
+    _ensure_thread()
+    for which in (_lib.STAGING, _lib.UPLOAD):
+        token = next(_tokens)
+        with _pending_lock:
+            _pending[token] = (job, which)
+        code = L.dcp_async_save_on_done(handle, which, _ON_DONE, token)
+        if code != _lib.OK:  # cannot happen for a live handle
+            with _pending_lock:
+                _pending.pop(token, None)
+            _lib.check(code)
+    return AsyncSaveResponse(job.staging, job.upload)
+
+
+# Uploads after a custom async_stager: one at a time, in call order.
+_upload_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _stager_async_save(state_dict, async_stager, upload_fn):
+    global _upload_executor
+    staged = async_stager.stage(_stateful_to_state_dict(state_dict))
+    staging: Future = Future()
+    if isinstance(staged, Future):
+        def complete(f):
+            try:
+                f.result()
+                staging.set_result(None)
+            except BaseException as e:
+                staging.set_exception(e)
+        staged.add_done_callback(complete)
+    else:
+        staging.set_result(None)
+    with _thread_lock:
+        if _upload_executor is None:
+            _upload_executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="dcp-upload")
+
+    def upload():
+        sd = staged.result() if isinstance(staged, Future) else staged
+        return upload_fn(sd)
+
+    result = _upload_executor.submit(upload)
+    if not isinstance(staged, Future) and bool(
+            getattr(async_stager, "should_synchronize_after_execute", True)):
+        sync = getattr(async_stager, "synchronize_staging", None)
+        if callable(sync):
+            sync()
+    return AsyncSaveResponse(staging, result)
+
+
+def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
+               planner=None, process_group=None,
+               async_checkpointer_type: AsyncCheckpointerType =
+               AsyncCheckpointerType.THREAD, async_stager=None,
+               no_dist=False, use_collectives=True, allow_pickle=False):
+    """Stages `state_dict` and writes the checkpoint in the background.
+
+    Returns an AsyncSaveResponse at once (see it); do not change the
+    tensors before staging_completion is done. THREAD: the engine stages
+    and uploads on its threads. PROCESS: staged into shared memory, written
+    by a persistent writer process. async_stager: an object with
+    stage(state_dict) (returning the staged state dict or a Future of it);
+    the staged dict is then saved synchronously on a background thread
+    (THREAD) or by the writer process (PROCESS). Errors in the arguments
+    or the state dict raise here; errors of the save itself fail the
+    futures with CheckpointException.
+    """
+    if not isinstance(async_checkpointer_type, AsyncCheckpointerType):
+        async_checkpointer_type = AsyncCheckpointerType(
+            async_checkpointer_type)
+    kwargs = dict(checkpoint_id=checkpoint_id, storage_writer=storage_writer,
+                  planner=planner, process_group=process_group,
+                  no_dist=no_dist, use_collectives=use_collectives,
+                  allow_pickle=allow_pickle)
+    if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
+        from . import _process_writer
+        if async_stager is not None:
+            return _stager_async_save(
+                state_dict, async_stager,
+                lambda sd: _process_writer.async_save(sd, **kwargs)
+                .upload_completion.result())
+        return _process_writer.async_save(state_dict, **kwargs)
+    if async_stager is not None:
+        return _stager_async_save(state_dict, async_stager,
+                                  lambda sd: save(sd, **kwargs))
+    return _engine_async_save(state_dict, **kwargs)
+
+
+def _at_exit():
+    L = _lib._lib
+    if L is not None:
+        L.dcp_shutdown()  # waits for every upload; callbacks still run
+
+
+atexit.register(_at_exit)

@@ -1,0 +1,278 @@
+"""save, load, save_state_dict, load_state_dict: the seed's synchronous API
+over dcp_save / dcp_load.
+
+One save is: walk the state dict once (dcp._state.Flat), one
+dcp_state_dict_set_tensors call for every tensor, one call per plain
+value, then dcp_save with the GIL released. The caller's tensors are
+borrowed, never copied (see _state for the strided exceptions).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from . import _lib, _state, errors
+from .metadata import Metadata
+from .planner import load_options, save_options
+from .process_group import resolve
+from .stateful import is_stateful
+from .storage import FileSystemReader, FileSystemWriter
+
+__all__ = ["save", "load", "save_state_dict", "load_state_dict"]
+
+
+def _stateful_to_state_dict(state_dict):
+    """The seed's rule: top-level values with a callable state_dict() (not
+    tensors or containers) are saved as its result."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            f"state_dict must be a dict, not {type(state_dict).__name__}")
+    out = None
+    for key, value in state_dict.items():
+        if is_stateful(value, load=False):
+            if out is None:
+                out = dict(state_dict)
+            out[key] = value.state_dict()
+    return state_dict if out is None else out
+
+
+class _Prepared:
+    """The C objects of one save or load; free() releases them."""
+
+    def __init__(self):
+        self.sd = None
+        self.writer = None
+        self.reader = None
+        self.flat = None
+        self.keep = []
+
+    def free(self):
+        L = _lib._lib
+        if L is None:
+            return
+        if self.sd is not None:
+            L.dcp_state_dict_free(self.sd)
+            self.sd = None
+        if self.writer is not None:
+            L.dcp_storage_writer_free(self.writer)
+            self.writer = None
+        if self.reader is not None:
+            L.dcp_storage_reader_free(self.reader)
+            self.reader = None
+
+
+def _checkpoint_path(checkpoint_id, storage, kind):
+    if checkpoint_id is not None:
+        return os.fspath(checkpoint_id)
+    if storage is not None:
+        return storage.path
+    raise ValueError(f"{kind}: pass checkpoint_id or a storage_"
+                     f"{'writer' if kind == 'save' else 'reader'}")
+
+
+def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
+                 where, coordinator_rank, use_collectives, allow_pickle,
+                 flat=None):
+    """The C state dict and options of a save (raises on bad input).
+    `flat`: an already walked state dict (state_dict is then ignored)."""
+    if storage_writer is not None and not isinstance(storage_writer,
+                                                     FileSystemWriter):
+        raise TypeError(f"storage_writer {type(storage_writer).__name__} is "
+                        "not supported; dcp writes through FileSystemWriter")
+    path = _checkpoint_path(checkpoint_id, storage_writer, "save")
+    planner_options = save_options(planner)
+    p = _Prepared()
+    try:
+        if flat is None:
+            flat = _state.Flat(load=False, allow_pickle=allow_pickle)
+            flat.add(state_dict)
+        p.flat = flat
+        p.sd = flat.build()
+        if storage_writer is not None:
+            p.writer = storage_writer._create(path)
+        options = _lib.sized(
+            _lib.SaveOptions, checkpoint_id=path.encode(),
+            storage_writer=p.writer, process_group=where.handle,
+            coordinator_rank=coordinator_rank,
+            no_dist=_lib.flag(where.no_dist),
+            use_collectives=_lib.flag(use_collectives),
+            device_wait=_state.current_streams(flat),
+            async_checkpointer_type=_lib.ASYNC_THREAD)
+        if planner_options is not None:
+            options.planner = ctypes.pointer(planner_options)
+        p.keep += [options, planner_options]
+        p.options = options
+        return p
+    except BaseException:
+        p.free()
+        raise
+
+
+def _save(state_dict, *, checkpoint_id, storage_writer, planner,
+          process_group, coordinator_rank, no_dist, use_collectives,
+          allow_pickle, stateful):
+    where = resolve(process_group, no_dist)
+    p = None
+    error = None
+    try:
+        sd = _stateful_to_state_dict(state_dict) if stateful else state_dict
+        p = prepare_save(sd, checkpoint_id=checkpoint_id,
+                         storage_writer=storage_writer, planner=planner,
+                         where=where, coordinator_rank=coordinator_rank,
+                         use_collectives=use_collectives,
+                         allow_pickle=allow_pickle)
+    except BaseException as e:
+        error = e
+    where.agree("save", error)
+    try:
+        md = ctypes.c_void_p()
+        _lib.check(_lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
+                                       ctypes.byref(md)))
+        return Metadata._from_handle(md)
+    finally:
+        p.free()
+
+
+def save(state_dict, *, checkpoint_id=None, storage_writer=None,
+         planner=None, process_group=None, no_dist=False,
+         use_collectives=True, allow_pickle=False):
+    """Saves `state_dict` and commits the checkpoint; returns its Metadata.
+
+    state_dict: nested dicts/lists/tuples of torch tensors (CPU or CUDA,
+      any dtype dcp stores, DTensor and dcp.ShardedTensor chunks), numpy
+      arrays and plain values; top-level Stateful objects are saved as
+      their state_dict(). Nothing is copied: do not change the tensors
+      until save returns.
+    checkpoint_id: the checkpoint directory (or storage_writer's path).
+    storage_writer: a FileSystemWriter (its options).
+    planner: a DefaultSavePlanner (its options).
+    process_group: None (torch.distributed's group when initialized, else
+      a single process), a torch ProcessGroup or a dcp.ProcessGroup.
+    no_dist: save without any collective.
+    use_collectives: False: each rank saves its own rank-local checkpoint.
+    allow_pickle (dcp only): store other objects pickled; loading such a
+      checkpoint then needs allow_pickle=True too (and runs pickle).
+
+    Raises CheckpointException (a subclass by cause, see dcp.errors) when
+    the engine fails on any rank (every rank raises it), TypeError for a
+    value that cannot be saved.
+    """
+    return _save(state_dict, checkpoint_id=checkpoint_id,
+                 storage_writer=storage_writer, planner=planner,
+                 process_group=process_group, coordinator_rank=0,
+                 no_dist=no_dist, use_collectives=use_collectives,
+                 allow_pickle=allow_pickle, stateful=True)
+
+
+def save_state_dict(state_dict, storage_writer, process_group=None,
+                    coordinator_rank: int = 0, no_dist: bool = False,
+                    planner=None, *, allow_pickle=False):
+    """The seed's older entry point: save `state_dict` (Stateful values are
+    not called) through `storage_writer`."""
+    storage_writer.reset()
+    return _save(state_dict, checkpoint_id=None,
+                 storage_writer=storage_writer, planner=planner,
+                 process_group=process_group,
+                 coordinator_rank=coordinator_rank, no_dist=no_dist,
+                 use_collectives=True, allow_pickle=allow_pickle,
+                 stateful=False)
+
+
+def _load(state_dict, *, checkpoint_id, storage_reader, planner,
+          process_group, coordinator_rank, no_dist, allow_pickle, stateful):
+    where = resolve(process_group, no_dist)
+    p = _Prepared()
+    error = None
+    statefuls = {}
+    try:
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict, not "
+                            f"{type(state_dict).__name__}")
+        if storage_reader is not None and not isinstance(storage_reader,
+                                                         FileSystemReader):
+            raise TypeError(
+                f"storage_reader {type(storage_reader).__name__} is not "
+                "supported; dcp reads through FileSystemReader")
+        path = _checkpoint_path(checkpoint_id, storage_reader, "load")
+        planner_options = load_options(planner)
+        target = state_dict
+        if stateful:
+            for key, value in state_dict.items():
+                if is_stateful(value, load=True):
+                    statefuls[key] = (value, value.state_dict())
+            if statefuls:
+                target = dict(state_dict)
+                for key, (_, sd) in statefuls.items():
+                    target[key] = sd
+        flat = _state.Flat(load=True, allow_pickle=allow_pickle)
+        flat.add(target)
+        p.flat = flat
+        p.sd = flat.build()
+        if storage_reader is not None:
+            p.reader = storage_reader._create(path)
+        options = _lib.sized(
+            _lib.LoadOptions, checkpoint_id=path.encode(),
+            storage_reader=p.reader, process_group=where.handle,
+            coordinator_rank=coordinator_rank,
+            no_dist=_lib.flag(where.no_dist))
+        if planner_options is not None:
+            options.planner = ctypes.pointer(planner_options)
+        p.keep += [options, planner_options]
+    except BaseException as e:
+        p.free()
+        error = e
+    where.agree("load", error)
+    try:
+        _state.sync_for_load(flat)
+        code = _lib.lib().dcp_load(p.sd, ctypes.byref(options))
+        if code == _lib.NOT_FOUND and not os.path.exists(
+                os.path.join(path, ".metadata")):
+            _, message, failures = _lib.last_error()
+            exc = errors.from_status(code, message, failures)
+            raise errors.CheckpointFileNotFoundError(exc.msg, exc.failures,
+                                                     code)
+        _lib.check(code)
+        flat.write_back(p.sd)
+    finally:
+        p.free()
+    if target is not state_dict:
+        for key in state_dict:
+            if key not in statefuls:
+                state_dict[key] = target[key]
+    for value, sd in statefuls.values():
+        value.load_state_dict(sd)
+
+
+def load(state_dict, *, checkpoint_id=None, storage_reader=None,
+         planner=None, process_group=None, no_dist=False,
+         allow_pickle=False):
+    """Loads a checkpoint into `state_dict` in place.
+
+    Tensors (torch CPU/CUDA, numpy, DTensor and ShardedTensor chunks) are
+    filled in their own memory, resharded as needed; plain values are
+    replaced in their containers (tuples rebuilt); top-level Stateful
+    objects get load_state_dict() with their loaded state. Keys the
+    checkpoint lacks raise CheckpointNotFoundError unless the planner is
+    DefaultLoadPlanner(allow_partial_load=True); a shape or dtype that
+    differs raises CheckpointValueError naming the tensor; no checkpoint
+    at checkpoint_id raises CheckpointFileNotFoundError; corrupt data
+    raises CheckpointCorruptError naming the file. A value saved pickled
+    needs allow_pickle=True (else ValueError).
+    """
+    _load(state_dict, checkpoint_id=checkpoint_id,
+          storage_reader=storage_reader, planner=planner,
+          process_group=process_group, coordinator_rank=0, no_dist=no_dist,
+          allow_pickle=allow_pickle, stateful=True)
+
+
+def load_state_dict(state_dict, storage_reader, process_group=None,
+                    coordinator_rank: int = 0, no_dist: bool = False,
+                    planner=None, *, allow_pickle=False):
+    """The seed's older entry point: load through `storage_reader`
+    (Stateful values are not called)."""
+    storage_reader.reset()
+    _load(state_dict, checkpoint_id=None, storage_reader=storage_reader,
+          planner=planner, process_group=process_group,
+          coordinator_rank=coordinator_rank, no_dist=no_dist,
+          allow_pickle=allow_pickle, stateful=False)

@@ -1,0 +1,213 @@
+"""What a checkpoint holds, as read-only Python objects (the seed's Metadata
+and friends), read through dcp_metadata_* without loading any data.
+
+A Metadata made from a library handle reads its items lazily, on the first
+access of state_dict_metadata / planner_data, and frees the handle when it
+is garbage collected. The value objects are frozen dataclasses with the
+seed's fields; state_dict_metadata is a read-only mapping.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from . import _lib, errors
+from ._state import torch, torch_dtype
+
+__all__ = [
+    "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
+    "BytesStorageMetadata", "TensorProperties", "MetadataIndex",
+    "StorageMeta", "read_metadata",
+]
+
+# Every metadata file this library reads is format "dcp-1" (a reader
+# refuses any other dcp-N; docs/FORMAT.md). The C ABI does not report it.
+FORMAT_VERSION = "dcp-1"
+
+
+@dataclass(frozen=True)
+class ChunkStorageMetadata:
+    """One saved chunk: where it starts in the global tensor, and its size."""
+    offsets: tuple
+    sizes: tuple
+
+
+def _default_layout():
+    return torch.strided if torch is not None else "strided"
+
+
+def _default_memory_format():
+    return torch.contiguous_format if torch is not None else "contiguous"
+
+
+@dataclass(frozen=True)
+class TensorProperties:
+    """dtype is a torch.dtype when torch is importable, else its name."""
+    dtype: Any = None
+    layout: Any = field(default_factory=_default_layout)
+    requires_grad: bool = False
+    memory_format: Any = field(default_factory=_default_memory_format)
+    pin_memory: bool = False
+
+
+@dataclass(frozen=True)
+class TensorStorageMetadata:
+    properties: TensorProperties
+    size: tuple
+    chunks: tuple  # of ChunkStorageMetadata
+
+
+@dataclass(frozen=True)
+class BytesStorageMetadata:
+    """A non-tensor value (stored as bytes)."""
+
+
+@dataclass(frozen=True)
+class MetadataIndex:
+    fqn: str
+    offset: Optional[Sequence[int]] = None
+    index: Optional[int] = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.offset is not None:
+            object.__setattr__(self, "offset", tuple(self.offset))
+
+
+@dataclass(frozen=True)
+class StorageMeta:
+    checkpoint_id: Any = None
+    save_id: Optional[str] = None
+    load_id: Optional[str] = None
+    modules: list = field(default_factory=list)
+
+
+class Metadata:
+    """A committed checkpoint's metadata.
+
+    state_dict_metadata: flattened name -> TensorStorageMetadata or
+    BytesStorageMetadata (read-only mapping, sorted by name).
+    planner_data: flattened name -> the nesting path in the saver's state
+    dict (a tuple of str keys and int list indices).
+    storage_meta: StorageMeta(checkpoint_id, save_id).
+    storage_data: None (dcp does not expose where items are stored).
+    version: the on-disk format, "dcp-1".
+    """
+
+    def __init__(self, state_dict_metadata=None, planner_data=None,
+                 storage_data=None, storage_meta=None, version=None):
+        self._handle = None
+        self._sdm = (types.MappingProxyType(dict(state_dict_metadata))
+                     if state_dict_metadata is not None else
+                     types.MappingProxyType({}))
+        self._planner_data = planner_data
+        self._storage_data = storage_data
+        self._storage_meta = storage_meta
+        self._version = version
+
+    @classmethod
+    def _from_handle(cls, handle: ctypes.c_void_p) -> "Metadata":
+        """Takes ownership of a dcp_metadata_t."""
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._sdm = None
+        self._planner_data = None
+        self._storage_data = None
+        self._version = FORMAT_VERSION
+        L = _lib.lib()
+        self._finalizer = weakref.finalize(self, L.dcp_metadata_free,
+                                           handle.value)
+        ckpt, save = ctypes.c_char_p(), ctypes.c_char_p()
+        _lib.check(L.dcp_metadata_ids(handle, ctypes.byref(ckpt),
+                                      ctypes.byref(save)))
+        self._storage_meta = StorageMeta(
+            checkpoint_id=(ckpt.value or b"").decode() or None,
+            save_id=(save.value or b"").decode() or None)
+        return self
+
+    @property
+    def state_dict_metadata(self):
+        if self._sdm is None:
+            self._read_items()
+        return self._sdm
+
+    @property
+    def planner_data(self):
+        if self._planner_data is None and self._handle is not None:
+            self._read_items()
+        return self._planner_data
+
+    @property
+    def storage_data(self):
+        return self._storage_data
+
+    @property
+    def storage_meta(self):
+        return self._storage_meta
+
+    @property
+    def version(self):
+        return self._version
+
+    def __repr__(self):
+        n = len(self.state_dict_metadata)
+        return (f"Metadata({n} items, version={self._version!r}, "
+                f"storage_meta={self._storage_meta!r})")
+
+    def _read_items(self) -> None:
+        L = _lib.lib()
+        h = self._handle
+        n = ctypes.c_size_t()
+        _lib.check(L.dcp_metadata_num_items(h, ctypes.byref(n)))
+        info = _lib.sized(_lib.ItemInfo)
+        elem = _lib.PathElem()
+        offsets = ctypes.POINTER(ctypes.c_int64)()
+        sizes = ctypes.POINTER(ctypes.c_int64)()
+        sdm = {}
+        planner_data = {}
+        bytes_md = BytesStorageMetadata()
+        for i in range(n.value):
+            _lib.check(L.dcp_metadata_item(h, i, ctypes.byref(info)))
+            name = info.name.decode()
+            path = []
+            for e in range(info.path_len):
+                _lib.check(L.dcp_metadata_item_path(h, i, e,
+                                                    ctypes.byref(elem)))
+                path.append(elem.key.decode() if elem.key is not None
+                            else elem.index)
+            planner_data[name] = tuple(path)
+            if not info.is_tensor:
+                sdm[name] = bytes_md
+                continue
+            ndim = info.ndim
+            chunks = []
+            for c in range(info.num_chunks):
+                _lib.check(L.dcp_metadata_chunk(h, i, c, ctypes.byref(offsets),
+                                                ctypes.byref(sizes)))
+                chunks.append(ChunkStorageMetadata(
+                    tuple(offsets[:ndim]), tuple(sizes[:ndim])))
+            sdm[name] = TensorStorageMetadata(
+                TensorProperties(dtype=torch_dtype(info.dtype),
+                                 requires_grad=bool(info.requires_grad)),
+                tuple(info.shape[:ndim]) if ndim else (), tuple(chunks))
+        self._sdm = types.MappingProxyType(sdm)
+        self._planner_data = types.MappingProxyType(planner_data)
+
+
+def read_metadata(checkpoint_id) -> Metadata:
+    """The metadata of the checkpoint in directory `checkpoint_id`, without
+    loading anything else. CheckpointFileNotFoundError when there is none;
+    CheckpointCorruptError when it does not decode."""
+    path = os.fspath(checkpoint_id)
+    L = _lib.lib()
+    handle = ctypes.c_void_p()
+    code = L.dcp_metadata_read(path.encode(), ctypes.byref(handle))
+    if code == _lib.NOT_FOUND:
+        _, message, _ = _lib.last_error()
+        raise errors.CheckpointFileNotFoundError(message, None, code)
+    _lib.check(code)
+    return Metadata._from_handle(handle)

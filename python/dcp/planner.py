@@ -1,0 +1,94 @@
+"""DefaultSavePlanner / DefaultLoadPlanner: the seed's planners as option
+holders, mapped onto dcp_save_planner_options_t / dcp_load_planner_options_t.
+The planning itself runs in the engine; custom planner subclasses (Python
+create_local_plan etc.) are not supported and raise TypeError at save/load.
+"""
+
+from __future__ import annotations
+
+from . import _lib
+
+__all__ = ["DefaultSavePlanner", "DefaultLoadPlanner"]
+
+
+class DefaultSavePlanner:
+    """flatten_state_dict: store nested dicts/lists under dotted names (False:
+    every top-level value must be a leaf, else CheckpointValueError).
+    flatten_sharded_tensors: accepted (shards are always chunks of one
+    global tensor). dedup_replicated_tensors: deprecated in the seed;
+    ignored (replicated tensors are always saved once). dedup_save_to_lowest_rank: a tensor
+    several ranks hold is written by the lowest rank instead of balancing.
+    enable_plan_caching: reuse the global plan when the local plans did not
+    change since the last save with this planner's options."""
+
+    def __init__(self, flatten_state_dict: bool = True,
+                 flatten_sharded_tensors: bool = True,
+                 dedup_replicated_tensors: bool | None = None,
+                 dedup_save_to_lowest_rank: bool = False,
+                 enable_plan_caching: bool = False):
+        self.flatten_state_dict = bool(flatten_state_dict)
+        self.flatten_sharded_tensors = bool(flatten_sharded_tensors)
+        self.dedup_replicated_tensors = dedup_replicated_tensors
+        self.dedup_save_to_lowest_rank = bool(dedup_save_to_lowest_rank)
+        self.enable_plan_caching = bool(enable_plan_caching)
+
+    def _options(self) -> _lib.SavePlannerOptions:
+        return _lib.sized(
+            _lib.SavePlannerOptions,
+            flatten_state_dict=_lib.flag(self.flatten_state_dict),
+            flatten_sharded_tensors=_lib.flag(self.flatten_sharded_tensors),
+            dedup_save_to_lowest_rank=_lib.flag(
+                self.dedup_save_to_lowest_rank),
+            enable_plan_caching=_lib.flag(self.enable_plan_caching))
+
+    def _spec(self):
+        return dict(flatten_state_dict=self.flatten_state_dict,
+                    flatten_sharded_tensors=self.flatten_sharded_tensors,
+                    dedup_replicated_tensors=self.dedup_replicated_tensors,
+                    dedup_save_to_lowest_rank=self.dedup_save_to_lowest_rank,
+                    enable_plan_caching=self.enable_plan_caching)
+
+    def __repr__(self):
+        return f"DefaultSavePlanner({self._spec()})"
+
+
+class DefaultLoadPlanner:
+    """allow_partial_load: keys of the state dict that the checkpoint lacks
+    keep their values instead of failing (CheckpointNotFoundError)."""
+
+    def __init__(self, flatten_state_dict: bool = True,
+                 flatten_sharded_tensors: bool = True,
+                 allow_partial_load: bool = False):
+        self.flatten_state_dict = bool(flatten_state_dict)
+        self.flatten_sharded_tensors = bool(flatten_sharded_tensors)
+        self.allow_partial_load = bool(allow_partial_load)
+
+    def _options(self) -> _lib.LoadPlannerOptions:
+        return _lib.sized(
+            _lib.LoadPlannerOptions,
+            flatten_state_dict=_lib.flag(self.flatten_state_dict),
+            flatten_sharded_tensors=_lib.flag(self.flatten_sharded_tensors),
+            allow_partial_load=_lib.flag(self.allow_partial_load))
+
+    def __repr__(self):
+        return (f"DefaultLoadPlanner(allow_partial_load="
+                f"{self.allow_partial_load})")
+
+
+def save_options(planner):
+    """The C options of `planner` (None: defaults); TypeError for others."""
+    if planner is None:
+        return None
+    if isinstance(planner, DefaultSavePlanner):
+        return planner._options()
+    raise TypeError(f"planner {type(planner).__name__} is not supported: dcp "
+                    "plans in the engine; pass a DefaultSavePlanner")
+
+
+def load_options(planner):
+    if planner is None:
+        return None
+    if isinstance(planner, DefaultLoadPlanner):
+        return planner._options()
+    raise TypeError(f"planner {type(planner).__name__} is not supported: dcp "
+                    "plans in the engine; pass a DefaultLoadPlanner")

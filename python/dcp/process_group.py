@@ -1,0 +1,334 @@
+"""dcp checkpoint groups for Python jobs.
+
+Under torch.distributed (torchrun or init_process_group) the checkpoint
+group needs no setup: the first distributed save or load builds a dcp group
+over torch's own store (`_get_default_store()`, torchrun's TCPStore or the
+FileStore of init_method=file://) through dcp_process_group_create_from_store,
+with the ranks and world size of torch's group, and caches it for the
+process. The group is dcp's own (its own connections): it never runs a
+collective on the training group.
+
+A torch ProcessGroup passed as process_group gets its own dcp group over
+the same store (keys prefixed with the torch group's name), ranks being the
+ranks inside that group. A dcp.ProcessGroup (from_env / from_store) is used
+as is.
+
+Agreement before the engine: a rank whose Python work fails before the
+engine call (a Stateful.state_dict() raising, an unsupported value) would
+leave the others waiting in the engine's collectives until its timeout.
+So a distributed save or load first meets at the store: each rank posts
+whether it is ready, and if any rank failed every rank raises
+CheckpointException listing the failed ranks. This costs a few store round
+trips per save/load; only groups with a Python store take part (not
+from_env groups).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import threading
+import traceback
+import weakref
+
+from . import _lib, errors
+
+__all__ = ["ProcessGroup"]
+
+_DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+class _StoreBridge:
+    """A torch.distributed.Store as a dcp_store_t. The callbacks run on dcp
+    threads (with the GIL), never raise, and answer status codes."""
+
+    def __init__(self, store):
+        # A clone has its own connection: a dcp thread waiting in get()
+        # never holds up the training loop's use of the same store.
+        try:
+            self.store = store.clone()
+        except (AttributeError, RuntimeError):
+            self.store = store
+        self._set = _lib.STORE_SET_FN(self._on_set)
+        self._get = _lib.STORE_GET_FN(self._on_get)
+        self._remove = _lib.STORE_REMOVE_FN(self._on_remove)
+        self.struct = _lib.sized(_lib.Store, user=None, set=self._set,
+                                 get=self._get, remove=self._remove)
+
+    def _on_set(self, user, key, value, size):
+        try:
+            self.store.set(key.decode(), ctypes.string_at(value, size)
+                           if size else b"")
+            return _lib.OK
+        except BaseException:  # never let an exception into C
+            return _lib.UNAVAILABLE
+
+    def _on_get(self, user, key, timeout_ms, sink, sink_ctx):
+        try:
+            import torch.distributed as dist
+            k = key.decode()
+            if timeout_ms <= 0:
+                if not self.store.check([k]):
+                    return _lib.DEADLINE_EXCEEDED
+            else:
+                try:
+                    self.store.wait(
+                        [k], datetime.timedelta(milliseconds=timeout_ms))
+                except dist.DistStoreError:
+                    return _lib.DEADLINE_EXCEEDED
+            value = self.store.get(k)
+            sink(sink_ctx, value, len(value))
+            return _lib.OK
+        except BaseException:
+            return _lib.UNAVAILABLE
+
+    def _on_remove(self, user, key):
+        try:
+            self.store.delete_key(key.decode())
+            return _lib.OK
+        except BaseException:
+            return _lib.UNAVAILABLE
+
+
+def _group_options(backend, group_name, timeout):
+    ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
+    return _lib.sized(
+        _lib.ProcessGroupOptions,
+        backend=backend.encode() if backend else None,
+        group_name=group_name.encode() if group_name else None,
+        timeout_ms=ms, connect_timeout_ms=ms)
+
+
+_instances: dict[str, int] = {}
+_instances_lock = threading.Lock()
+
+
+class ProcessGroup:
+    """A dcp checkpoint group (dcp_process_group_t): ranks that save and
+    load together. Build one with from_store or from_env, or let save/load
+    build one from torch.distributed."""
+
+    def __init__(self, handle, rank, size, name, store=None, bridge=None,
+                 keep=None, timeout=None):
+        self._handle = handle
+        self.rank = rank
+        self.size = size
+        self.name = name
+        self.store = store
+        self.timeout = timeout or _DEFAULT_TIMEOUT
+        self._bridge = bridge  # the callbacks must outlive the group
+        self._keep = keep
+        self._seq = 0
+        self._prev_failed = False
+        with _instances_lock:
+            self._instance = _instances.get(name, 0)
+            _instances[name] = self._instance + 1
+        self._finalizer = weakref.finalize(
+            self, _free_group, handle.value, bridge)
+
+    @classmethod
+    def from_store(cls, store, rank: int, size: int, *, backend=None,
+                   group_name: str | None = None, timeout=None):
+        """A group of `size` ranks meeting through `store` (a
+        torch.distributed.Store every rank shares). Blocks until all joined.
+        """
+        bridge = _StoreBridge(store)
+        options = _group_options(backend, group_name, timeout)
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.lib().dcp_process_group_create_from_store(
+            ctypes.byref(bridge.struct), rank, size, ctypes.byref(options),
+            ctypes.byref(handle)), "creating the dcp checkpoint group")
+        return cls(handle, rank, size, group_name or "dcp-checkpoint",
+                   store=store, bridge=bridge, timeout=timeout)
+
+    @classmethod
+    def from_env(cls, *, backend=None, group_name: str | None = None,
+                 timeout=None):
+        """A group from the launcher's environment (RANK/WORLD_SIZE and
+        DCP_RENDEZVOUS; see comm/rendezvous.h). Blocks until all joined."""
+        options = _group_options(backend, group_name, timeout)
+        handle = ctypes.c_void_p()
+        L = _lib.lib()
+        _lib.check(L.dcp_process_group_create_from_env(
+            ctypes.byref(options), ctypes.byref(handle)),
+            "creating the dcp checkpoint group")
+        rank, size = ctypes.c_int32(), ctypes.c_int32()
+        _lib.check(L.dcp_process_group_rank(handle, ctypes.byref(rank)))
+        _lib.check(L.dcp_process_group_size(handle, ctypes.byref(size)))
+        return cls(handle, rank.value, size.value,
+                   group_name or "dcp-checkpoint", timeout=timeout)
+
+    def close(self) -> None:
+        """Frees the group (no save may be using it)."""
+        self._finalizer()
+
+    def __repr__(self):
+        return (f"dcp.ProcessGroup(rank={self.rank}, size={self.size}, "
+                f"name={self.name!r})")
+
+    # -- agreement before the engine (see the module comment) ------------
+
+    def agree(self, what: str, error: BaseException | None) -> None:
+        """Meets every rank; raises CheckpointException on every rank when
+        any rank passed an error (the local error chained), else returns.
+        """
+        if self.store is None or self.size == 1:
+            if error is not None:
+                raise error
+            return
+        store, rank, size = self.store, self.rank, self.size
+        seq = self._seq
+        self._seq += 1
+        prefix = f"dcp-py/{self.name}/{self._instance}/{seq}"
+        if error is not None:
+            store.set(f"{prefix}/err/{rank}",
+                      f"{type(error).__name__}: {error}")
+            store.set(f"{prefix}/code/{rank}", str(_code_of(error)))
+            store.add(f"{prefix}/nerr", 1)
+        if store.add(f"{prefix}/arrive", 1) == size:
+            store.set(f"{prefix}/go", b"1")
+        store.wait([f"{prefix}/go"], self.timeout)
+        failed = store.add(f"{prefix}/nerr", 0)
+        if rank == 0 and seq > 0:
+            # Every rank has passed the previous round's keys by now.
+            self._delete_round(seq - 1, self._prev_failed)
+        self._prev_failed = failed > 0
+        if not failed:
+            return
+        failures = {}
+        for r in range(size):
+            if r == rank and error is not None:
+                failures[r] = (error, traceback.extract_tb(
+                    error.__traceback__))
+            elif store.check([f"{prefix}/err/{r}"]):
+                msg = store.get(f"{prefix}/err/{r}").decode()
+                code = int(store.get(f"{prefix}/code/{r}"))
+                failures[r] = (errors.exception_class(code)(msg, None, code),
+                               traceback.StackSummary())
+        first = min(failures)
+        code = getattr(failures[first][0], "code", None)
+        if not isinstance(code, int):
+            code = _code_of(failures[first][0])
+        msg = f"{what} failed on rank(s) {sorted(failures)}: " + "; ".join(
+            f"rank {r}: {failures[r][0] if r != rank else _describe(error)}"
+            for r in sorted(failures))
+        exc = errors.exception_class(code)(msg, failures, code)
+        if error is not None:
+            raise exc from error
+        raise exc
+
+    def _delete_round(self, seq, failed) -> None:
+        prefix = f"dcp-py/{self.name}/{self._instance}/{seq}"
+        keys = [f"{prefix}/arrive", f"{prefix}/go", f"{prefix}/nerr"]
+        if failed:
+            for r in range(self.size):
+                keys += [f"{prefix}/err/{r}", f"{prefix}/code/{r}"]
+        for k in keys:
+            try:
+                self.store.delete_key(k)
+            except Exception:
+                pass
+
+
+def _describe(error):
+    return f"{type(error).__name__}: {error}"
+
+
+def _code_of(error) -> int:
+    if isinstance(error, errors.CheckpointException):
+        return error.code
+    if isinstance(error, (TypeError, ValueError)):
+        return _lib.INVALID_ARGUMENT
+    return _lib.UNKNOWN
+
+
+def _free_group(handle_value, bridge):
+    if _lib._lib is not None and handle_value:
+        _lib._lib.dcp_process_group_free(handle_value)
+
+
+# One group per torch group, for the life of that group.
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def _torch_group(pg):
+    """The cached dcp group of torch ProcessGroup `pg` (None: the default
+    group), or None when its world has one rank."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    default = c10d._get_default_group()
+    pg = pg if pg is not None else default
+    size = dist.get_world_size(pg)
+    if size == 1:
+        return None
+    key = id(pg)
+    with _cache_lock:
+        entry = _cache.get(key)
+        if entry is not None and entry[0] is pg:
+            return entry[1]
+        store = c10d._get_default_store()
+        name = "dcp-checkpoint"
+        if pg is not default:
+            name = f"dcp-checkpoint-{pg.group_name}"
+            store = dist.PrefixStore(f"dcp/{pg.group_name}", store)
+        group = ProcessGroup.from_store(store, dist.get_rank(pg), size,
+                                        group_name=name)
+        group._keep = pg
+        _cache[key] = (pg, group)
+        return group
+
+
+class Resolved:
+    """The group a save/load runs in: handle (None: single-process),
+    group (dcp.ProcessGroup or None) and the no_dist flag."""
+
+    __slots__ = ("group", "no_dist")
+
+    def __init__(self, group, no_dist):
+        self.group = group
+        self.no_dist = no_dist
+
+    @property
+    def handle(self):
+        return self.group._handle if self.group is not None else None
+
+    @property
+    def rank(self):
+        return self.group.rank if self.group is not None else 0
+
+    def agree(self, what, error):
+        if self.group is None:
+            if error is not None:
+                raise error
+            return
+        self.group.agree(what, error)
+
+
+def resolve(process_group, no_dist: bool) -> Resolved:
+    """The seed's rule: no_dist, or torch.distributed not initialized,
+    means a single-process save/load."""
+    if isinstance(process_group, ProcessGroup):
+        return Resolved(None if no_dist else process_group, no_dist)
+    if no_dist:
+        return Resolved(None, True)
+    try:
+        import torch.distributed as dist
+        initialized = dist.is_available() and dist.is_initialized()
+    except ImportError:
+        initialized = False
+    if not initialized:
+        if process_group is not None:
+            raise ValueError("process_group given but torch.distributed is "
+                             "not initialized")
+        return Resolved(None, True)
+    return Resolved(_torch_group(process_group), False)
+
+
+def close_all() -> None:
+    """Frees the cached groups (at exit, after dcp_shutdown)."""
+    with _cache_lock:
+        entries = list(_cache.values())
+        _cache.clear()
+    for _, group in entries:
+        group.close()

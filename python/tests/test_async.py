@@ -1,0 +1,155 @@
+"""async_save: THREAD (the engine's) and PROCESS (a persistent writer
+process), their futures, and a writer process that dies."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+import dcp
+from dcp import _process_writer
+
+WAIT = 120  # seconds; bounds a hang, never paces a test
+
+
+def _state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(256, 256, generator=g),
+            "b": torch.randn(256, generator=g).to(torch.bfloat16),
+            "step": seed, "name": f"s{seed}", "t": (1, 2)}
+
+
+def _check(ckpt, seed):
+    want = _state(seed)
+    got = {"w": torch.zeros(256, 256),
+           "b": torch.zeros(256, dtype=torch.bfloat16),
+           "step": 0, "name": "", "t": (0, 0)}
+    dcp.load(got, checkpoint_id=ckpt)
+    assert torch.equal(got["w"], want["w"]) and torch.equal(got["b"],
+                                                            want["b"])
+    assert got["step"] == seed and got["name"] == f"s{seed}"
+    assert got["t"] == (1, 2)
+
+
+def test_thread_staging_then_upload(tmp_path):
+    state = _state(1)
+    w_ptr = state["w"].data_ptr()
+    resp = dcp.async_save(state, checkpoint_id=str(tmp_path / "a"))
+    assert isinstance(resp, dcp.AsyncSaveResponse)
+    assert resp.staging_completion.result(WAIT) is None
+    # Staged: the caller may change its tensors; the checkpoint keeps the
+    # values of the call.
+    state["w"].zero_()
+    md = resp.upload_completion.result(WAIT)
+    assert isinstance(md, dcp.Metadata) and "w" in md.state_dict_metadata
+    assert resp.result(WAIT) is md  # the response behaves as the Future
+    assert state["w"].data_ptr() == w_ptr
+    _check(str(tmp_path / "a"), 1)
+
+
+def test_thread_several_in_flight(tmp_path):
+    resps = [dcp.async_save(_state(i), checkpoint_id=str(tmp_path / str(i)))
+             for i in range(3)]
+    for r in resps:
+        r.upload_completion.result(WAIT)
+    for i in range(3):
+        _check(str(tmp_path / str(i)), i)
+
+
+def test_thread_failure_fails_the_upload_future(ckpt):
+    dcp.save({"x": torch.ones(1)}, checkpoint_id=ckpt)
+    resp = dcp.async_save(
+        {"x": torch.ones(1)},
+        storage_writer=dcp.FileSystemWriter(ckpt, overwrite=False))
+    with pytest.raises(dcp.CheckpointExistsError):
+        resp.upload_completion.result(WAIT)
+
+
+def test_bad_state_raises_at_the_call(ckpt):
+    with pytest.raises(TypeError, match="'bad'"):
+        dcp.async_save({"bad": object()}, checkpoint_id=ckpt)
+    with pytest.raises(TypeError, match="'bad'"):
+        dcp.async_save({"bad": object()}, checkpoint_id=ckpt,
+                       async_checkpointer_type=dcp.AsyncCheckpointerType
+                       .PROCESS)
+
+
+class _CopyStager:
+    """A custom async_stager: stages by cloning, synchronously."""
+
+    def __init__(self):
+        self.staged = 0
+        self.synced = 0
+
+    def stage(self, sd):
+        self.staged += 1
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                for k, v in sd.items()}
+
+    def synchronize_staging(self):
+        self.synced += 1
+
+
+def test_custom_async_stager(ckpt):
+    stager = _CopyStager()
+    state = _state(4)
+    resp = dcp.async_save(state, checkpoint_id=ckpt, async_stager=stager)
+    resp.staging_completion.result(WAIT)
+    resp.upload_completion.result(WAIT)
+    assert stager.staged == 1 and stager.synced == 1
+    _check(ckpt, 4)
+
+
+def test_process_writer_round_trip_and_reuse(tmp_path):
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    first = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                           async_checkpointer_type=kind)
+    first.staging_completion.result(WAIT)
+    md = first.upload_completion.result(WAIT)
+    assert isinstance(md, dcp.Metadata)
+    pid = _process_writer.writer_pid()
+    assert pid is not None and pid != os.getpid()
+    assert _process_writer.startup_seconds is not None
+    second = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "2"),
+                            async_checkpointer_type=kind,
+                            storage_writer=dcp.FileSystemWriter(
+                                str(tmp_path / "2"), thread_count=2))
+    second.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() == pid  # reused
+    _check(str(tmp_path / "1"), 1)
+    _check(str(tmp_path / "2"), 2)
+    # A failing save in the writer fails its future; the writer lives on.
+    bad = dcp.async_save(_state(3), async_checkpointer_type=kind,
+                         storage_writer=dcp.FileSystemWriter(
+                             str(tmp_path / "1"), overwrite=False))
+    with pytest.raises(dcp.CheckpointExistsError):
+        bad.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() == pid
+
+
+def test_process_writer_killed_mid_save(tmp_path):
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
+                          async_checkpointer_type=kind)
+    warm.upload_completion.result(WAIT)
+    pid = _process_writer.writer_pid()
+    writer = _process_writer._writer
+    writer.held.clear()
+    _process_writer._debug_hold_next = True  # the writer waits in the save
+    resp = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                          async_checkpointer_type=kind)
+    resp.staging_completion.result(WAIT)
+    assert writer.held.wait(WAIT)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(dcp.CheckpointException,
+                       match=rf"writer process \(pid {pid}\) died") as e:
+        resp.upload_completion.result(WAIT)
+    assert "exit code -9" in str(e.value)
+    assert not os.path.exists(str(tmp_path / "1" / ".metadata"))
+    # The next call starts a new writer.
+    again = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "2"),
+                           async_checkpointer_type=kind)
+    again.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() not in (None, pid)
+    _check(str(tmp_path / "2"), 2)

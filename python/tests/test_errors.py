@@ -1,0 +1,140 @@
+"""Error paths: the exception type, code and message of each."""
+
+import os
+
+import pytest
+import torch
+
+import dcp
+from dcp import _lib
+
+
+def test_wrong_shape_names_the_tensor(ckpt):
+    dcp.save({"layer": {"weight": torch.ones(4, 4)}}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r"layer\.weight") as e:
+        dcp.load({"layer": {"weight": torch.zeros(4, 5)}},
+                 checkpoint_id=ckpt)
+    assert isinstance(e.value, ValueError)
+    assert isinstance(e.value, dcp.CheckpointException)
+    assert e.value.code == _lib.INVALID_ARGUMENT
+    assert e.value.code_name == "INVALID_ARGUMENT"
+
+
+def test_wrong_dtype_names_the_tensor(ckpt):
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointValueError, match=r"\bw\b"):
+        dcp.load({"w": torch.zeros(3, dtype=torch.float64)},
+                 checkpoint_id=ckpt)
+
+
+def test_tensor_where_a_value_was_saved(ckpt):
+    dcp.save({"x": 3}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointValueError, match=r"\bx\b"):
+        dcp.load({"x": torch.zeros(1)}, checkpoint_id=ckpt)
+
+
+def test_missing_key_strict_and_partial(ckpt):
+    dcp.save({"a": torch.ones(2), "n": 1}, checkpoint_id=ckpt)
+    dst = {"a": torch.zeros(2), "b": torch.zeros(2), "m": 5, "n": 0}
+    with pytest.raises(dcp.CheckpointNotFoundError, match=r"\bb\b") as e:
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert isinstance(e.value, LookupError)
+    assert e.value.code == _lib.NOT_FOUND
+    # Non-strict: what the checkpoint has is loaded, the rest untouched.
+    dcp.load(dst, checkpoint_id=ckpt,
+             planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert torch.equal(dst["a"], torch.ones(2))
+    assert torch.equal(dst["b"], torch.zeros(2))
+    assert dst["m"] == 5 and dst["n"] == 1
+
+
+def test_no_checkpoint_is_file_not_found(tmp_path):
+    missing = str(tmp_path / "nothing-here")
+    with pytest.raises(dcp.CheckpointFileNotFoundError) as e:
+        dcp.load({"a": torch.zeros(1)}, checkpoint_id=missing)
+    assert isinstance(e.value, FileNotFoundError)
+    assert "nothing-here" in str(e.value)
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        dcp.read_metadata(missing)
+
+
+def test_corrupted_data_names_the_file(ckpt):
+    big = torch.randn(1 << 18)  # 1 MiB: one item filling its data file
+    dcp.save({"big": big}, checkpoint_id=ckpt)
+    (data,) = [f for f in os.listdir(ckpt) if f.endswith(".distcp")]
+    path = os.path.join(ckpt, data)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(dcp.CheckpointCorruptError, match=data) as e:
+        dcp.load({"big": torch.zeros(1 << 18)}, checkpoint_id=ckpt)
+    assert e.value.code == _lib.DATA_LOSS
+
+
+def test_corrupted_metadata(ckpt):
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=ckpt)
+    path = os.path.join(ckpt, ".metadata")
+    with open(path, "r+b") as f:
+        f.seek(40)
+        b = f.read(1)
+        f.seek(40)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(dcp.CheckpointCorruptError, match=r"\.metadata"):
+        dcp.read_metadata(ckpt)
+
+
+def test_unsupported_values_and_keys_raise_before_the_engine(ckpt):
+    with pytest.raises(TypeError, match=r"'a\.b'"):
+        dcp.save({"a": {"b": object()}}, checkpoint_id=ckpt)
+    with pytest.raises(TypeError, match="key"):
+        dcp.save({"a": {(1, 2): 3}}, checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match="collide"):
+        dcp.save({"a": {1: 3, "1": 4}}, checkpoint_id=ckpt)
+    with pytest.raises(TypeError, match="dict"):
+        dcp.save([torch.ones(1)], checkpoint_id=ckpt)
+    with pytest.raises(TypeError, match=r"'c'.*float8_e4m3fnuz"):
+        dcp.save({"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)},
+                 checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match="checkpoint_id"):
+        dcp.save({"a": 1})
+    assert not os.path.exists(ckpt)
+
+
+def test_planner_and_storage_types_are_checked(ckpt):
+    with pytest.raises(TypeError, match="DefaultSavePlanner"):
+        dcp.save({"a": 1}, checkpoint_id=ckpt, planner=object())
+    with pytest.raises(TypeError, match="FileSystemWriter"):
+        dcp.save({"a": 1}, storage_writer=object())
+    with pytest.raises(NotImplementedError):
+        dcp.FileSystemWriter(ckpt, serialization_format=
+                             dcp.SerializationFormat.SAFETENSORS)
+
+
+def test_load_into_read_only_numpy_raises(ckpt):
+    import numpy as np
+    dcp.save({"a": np.ones(3)}, checkpoint_id=ckpt)
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dcp.load({"a": ro}, checkpoint_id=ckpt)
+
+
+def test_failed_save_keeps_the_previous_checkpoint(ckpt):
+    dcp.save({"a": torch.ones(2), "v": 1}, checkpoint_id=ckpt)
+    with pytest.raises(TypeError):
+        dcp.save({"a": torch.zeros(2), "v": object()}, checkpoint_id=ckpt)
+    dst = {"a": torch.zeros(2), "v": 0}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(dst["a"], torch.ones(2)) and dst["v"] == 1
+
+
+def test_exception_is_picklable_with_failures():
+    import pickle
+    e = dcp.errors.from_status(_lib.DATA_LOSS, "bad", [(1, 15, "rank 1 bad")])
+    f = pickle.loads(pickle.dumps(e))
+    assert type(f) is dcp.CheckpointCorruptError and f.code == 15
+    assert f.failures[1][0].msg == "rank 1 bad"

@@ -1,0 +1,310 @@
+"""Round trips through save and load: every dtype, value type and nesting,
+loaded in place into the caller's own objects."""
+
+import collections
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import dcp
+
+TORCH_DTYPES = [
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+    torch.int64, torch.uint16, torch.uint32, torch.uint64, torch.float16,
+    torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2,
+]
+
+
+def _random(shape, dtype, seed):
+    """Random bit patterns of `dtype` (every bit exercised)."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(np.prod(shape)) if shape else 1
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * itemsize,), dtype=torch.uint8,
+                        generator=g)
+    if dtype is torch.bool:
+        return (raw % 2).bool().view(shape)
+    return raw.view(dtype).view(shape)
+
+
+def _same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a.reshape(-1).contiguous().view(torch.uint8),
+                       b.reshape(-1).contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_torch_dtype_round_trip(dtype, ckpt):
+    src = {
+        "t": _random((3, 5), dtype, 1),
+        "scalar": _random((), dtype, 2),
+        "empty": torch.empty((0, 4), dtype=dtype),
+        # Strided views: a transpose and every other column.
+        "transposed": _random((4, 6), dtype, 3).t(),
+        "sliced": _random((5, 8), dtype, 4)[:, ::2],
+    }
+    dcp.save(src, checkpoint_id=ckpt)
+    # Destinations with the sources' strides (strided loads too).
+    dst = {k: torch.empty_strided(v.shape, v.stride(), dtype=dtype).zero_()
+           for k, v in src.items()}
+    ptrs = {k: v.data_ptr() for k, v in dst.items()}
+    dcp.load(dst, checkpoint_id=ckpt)
+    for k in src:
+        _same_bits(dst[k], src[k])
+        assert dst[k].data_ptr() == ptrs[k], k
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.int16,
+                                   np.int32, np.int64, np.uint16, np.uint32,
+                                   np.uint64, np.float16, np.float32,
+                                   np.float64, np.complex64, np.complex128],
+                         ids=lambda d: np.dtype(d).name)
+def test_numpy_round_trip(dtype, ckpt):
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 256, size=48, dtype=np.uint8).view(np.uint8)
+    a = (a % 2).astype(np.bool_) if dtype is np.bool_ else \
+        np.frombuffer(rng.bytes(48 * np.dtype(dtype).itemsize),
+                      dtype=dtype).copy()
+    src = {"a": a.reshape(6, 8), "strided": a.reshape(6, 8)[::2, 1::3]}
+    dcp.save(src, checkpoint_id=ckpt)
+    dst = {"a": np.zeros((6, 8), dtype=dtype),
+           "strided": np.zeros((12, 8), dtype=dtype)[::4, 1::3]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    for k in src:
+        assert dst[k].tobytes() == src[k].tobytes(), k
+    # numpy and torch read each other's checkpoints.
+    t = {"a": torch.zeros(6, 8, dtype=torch.from_numpy(a).dtype),
+         "strided": torch.zeros(src["strided"].shape,
+                                dtype=torch.from_numpy(a).dtype)}
+    dcp.load(t, checkpoint_id=ckpt)
+    assert t["a"].numpy().tobytes() == src["a"].tobytes()
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def _values():
+    return {
+        "int": 42, "neg": -7, "int64_max": 2**63 - 1, "int64_min": -2**63,
+        "float": 1.5, "nan": math.nan, "inf": -math.inf, "negzero": -0.0,
+        "true": True, "false": False, "none": None,
+        "str": "héllo wörld ✓", "str_nul": "a\0b", "empty_str": "",
+        "bytes": b"\x00\x01\xff", "empty_bytes": b"",
+        # Starts like dcp's own markers: escaped, so it stays bytes.
+        "marker_like": b"\x00dcp.pickle.v1\x00not a pickle",
+        "bytearray": bytearray(b"abc"),
+        "np_int": np.int32(5), "np_float": np.float64(2.25),
+        "np_bool": np.bool_(True),
+    }
+
+
+def _blank(v):
+    """A value of the same type, different content."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, np.generic):
+        return type(v)(0)
+    if isinstance(v, (int, float)):
+        return type(v)(3)
+    if isinstance(v, (str, bytes, bytearray)):
+        return type(v)()
+    return 0
+
+
+def test_plain_values_keep_their_types(ckpt):
+    src = _values()
+    dcp.save(src, checkpoint_id=ckpt)
+    dst = {k: _blank(v) for k, v in src.items()}
+    dcp.load(dst, checkpoint_id=ckpt)
+    for k, v in src.items():
+        got = dst[k]
+        assert type(got) is type(v), (k, type(got), type(v))
+        if isinstance(v, float) and math.isnan(v):
+            assert math.isnan(got)
+        elif isinstance(v, float):
+            assert got == v and math.copysign(1, got) == math.copysign(1, v)
+        else:
+            assert got == v, k
+
+
+def test_nested_structures_and_tuples(ckpt):
+    src = {
+        "model": collections.OrderedDict(
+            w=torch.arange(6.0).view(2, 3), b=torch.ones(3)),
+        "opt": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(4)},
+                      1: {"step": torch.tensor(5.0)}},
+            "param_groups": [{"lr": 0.1, "betas": (0.9, 0.999),
+                              "params": [0, 1], "name": None}],
+        },
+        "tup": (1, (2.0, "three", (torch.full((2,), 4.0),)), [5, (6,)]),
+        "point": Point(1, torch.tensor([2, 3])),
+        "deep": {"a": [[[{"b": [1, 2, {"c": torch.tensor(7)}]}]]]},
+    }
+    dcp.save(src, checkpoint_id=ckpt)
+    dst = {
+        "model": collections.OrderedDict(w=torch.zeros(2, 3),
+                                         b=torch.zeros(3)),
+        "opt": {
+            "state": {0: {"step": torch.tensor(0.0),
+                          "exp_avg": torch.zeros(4)},
+                      1: {"step": torch.tensor(0.0)}},
+            "param_groups": [{"lr": 0.0, "betas": (0.0, 0.0),
+                              "params": [9, 9], "name": "x"}],
+        },
+        "tup": (0, (0.0, "", (torch.zeros(2),)), [0, (0,)]),
+        "point": Point(0, torch.zeros(2, dtype=torch.int64)),
+        "deep": {"a": [[[{"b": [0, 0, {"c": torch.tensor(0)}]}]]]},
+    }
+    inner = dst["tup"][1][2][0]
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert isinstance(dst["model"], collections.OrderedDict)
+    assert torch.equal(dst["model"]["w"], src["model"]["w"])
+    st = dst["opt"]["state"]
+    assert list(st) == [0, 1]  # int keys stay ints
+    assert st[0]["step"].item() == 3.0 and st[1]["step"].item() == 5.0
+    assert dst["opt"]["param_groups"] == [
+        {"lr": 0.1, "betas": (0.9, 0.999), "params": [0, 1], "name": None}]
+    tup = dst["tup"]
+    assert type(tup) is tuple and type(tup[1]) is tuple
+    assert type(tup[2]) is list and type(tup[2][1]) is tuple
+    assert tup[0] == 1 and tup[1][:2] == (2.0, "three") and tup[2][1] == (6,)
+    assert tup[1][2][0] is inner and torch.equal(inner, torch.full((2,), 4.))
+    assert type(dst["point"]) is Point and dst["point"].x == 1
+    assert dst["point"].y.tolist() == [2, 3]
+    assert dst["deep"]["a"][0][0][0]["b"][:2] == [1, 2]
+    assert dst["deep"]["a"][0][0][0]["b"][2]["c"].item() == 7
+
+
+def test_in_place_load_keeps_storage(ckpt):
+    model = torch.nn.Linear(16, 8)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
+    fresh = torch.nn.Linear(16, 8)
+    before = {k: v.data_ptr() for k, v in fresh.state_dict().items()}
+    sd = {"model": fresh.state_dict()}
+    dcp.load(sd, checkpoint_id=ckpt)
+    for k, v in fresh.state_dict().items():
+        assert v.data_ptr() == before[k]
+        assert torch.equal(v, model.state_dict()[k])
+
+
+def test_parameters_with_requires_grad(ckpt):
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    dcp.save({"p": p}, checkpoint_id=ckpt)
+    q = torch.nn.Parameter(torch.zeros(4, 4))
+    dcp.load({"p": q}, checkpoint_id=ckpt)
+    assert torch.equal(q.detach(), p.detach()) and q.requires_grad
+    # (TensorProperties.requires_grad stays False: a DLTensor carries no
+    # requires_grad and the C ABI has no per-tensor flag for it.)
+
+
+def test_tied_tensors_and_empty_containers(ckpt):
+    w = torch.randn(3, 3)
+    src = {"a": w, "b": w, "empty_dict": {}, "empty_list": [], "x": 1}
+    dcp.save(src, checkpoint_id=ckpt)
+    t = torch.zeros(3, 3)
+    dst = {"a": t, "b": t, "empty_dict": {}, "empty_list": [], "x": 0}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(t, w) and dst["x"] == 1
+    assert dst["empty_dict"] == {} and dst["empty_list"] == []
+
+
+class Counter:
+    def __init__(self, n=0):
+        self.n = n
+        self.weights = torch.full((4,), float(n))
+        self.loaded = None
+
+    def state_dict(self):
+        return {"n": self.n, "weights": self.weights}
+
+    def load_state_dict(self, sd):
+        self.loaded = sd
+        self.n = sd["n"]
+
+
+def test_stateful(ckpt):
+    assert isinstance(Counter(), dcp.Stateful)
+    dcp.save({"counter": Counter(5), "x": torch.ones(2)}, checkpoint_id=ckpt)
+    c = Counter(0)
+    sd = {"counter": c, "x": torch.zeros(2)}
+    dcp.load(sd, checkpoint_id=ckpt)
+    assert sd["counter"] is c and c.n == 5
+    assert torch.equal(c.weights, torch.full((4,), 5.0))  # in place
+    assert c.loaded["weights"] is c.weights
+    assert torch.equal(sd["x"], torch.ones(2))
+
+
+class Opaque:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, Opaque) and other.v == self.v
+
+
+def test_pickle_needs_allow_pickle_both_ways(ckpt):
+    state = {"obj": Opaque([1, 2]), "big": 2**70, "t": torch.ones(2)}
+    with pytest.raises(TypeError, match="'obj'.*allow_pickle=True"):
+        dcp.save(state, checkpoint_id=ckpt)
+    dcp.save(state, checkpoint_id=ckpt, allow_pickle=True)
+    dst = {"obj": None, "big": 0, "t": torch.zeros(2)}
+    with pytest.raises(ValueError, match="'(obj|big)'.*allow_pickle=True"):
+        dcp.load(dst, checkpoint_id=ckpt)
+    dcp.load(dst, checkpoint_id=ckpt, allow_pickle=True)
+    assert dst["obj"] == Opaque([1, 2]) and dst["big"] == 2**70
+
+
+def test_sharded_tensor_wrapper_single_process(ckpt):
+    full = torch.arange(24.0).view(6, 4)
+    # One process holds the whole tensor; a load reads any box of it.
+    dcp.save({"w": dcp.ShardedTensor(full, (6, 4), (0, 0)),
+              "plain": full}, checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    assert md.state_dict_metadata["w"].size == (6, 4)
+    part = torch.zeros(2, 3)
+    strided = torch.zeros(4, 6).t()[1:5, :2]  # (4, 2), not contiguous
+    dcp.load({"w": dcp.ShardedTensor(part, (6, 4), (3, 1)),
+              "plain": dcp.ShardedTensor(strided, (6, 4), (1, 2))},
+             checkpoint_id=ckpt)
+    assert torch.equal(part, full[3:5, 1:4])
+    assert torch.equal(strided, full[1:5, 2:4])
+
+
+def test_save_state_dict_and_load_state_dict(ckpt):
+    writer = dcp.FileSystemWriter(ckpt, thread_count=2,
+                                  single_file_per_rank=True)
+    src = {"a": torch.randn(300, 300), "b": torch.randn(300, 300), "n": 3}
+    dcp.save_state_dict(src, writer)
+    dst = {"a": torch.zeros(300, 300), "b": torch.zeros(300, 300), "n": 0}
+    dcp.load_state_dict(dst, dcp.FileSystemReader(ckpt))
+    assert torch.equal(dst["a"], src["a"]) and dst["n"] == 3
+
+
+def test_overwrite_false_refuses_an_existing_checkpoint(ckpt):
+    dcp.save({"a": torch.ones(1)}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointExistsError) as e:
+        dcp.save({"a": torch.ones(1)},
+                 storage_writer=dcp.FileSystemWriter(ckpt, overwrite=False))
+    assert isinstance(e.value, FileExistsError)
+    assert e.value.code == dcp.errors._lib.ALREADY_EXISTS
+
+
+def test_writer_options_reach_the_engine(tmp_path):
+    state = {f"t{i}": torch.full((100_000,), float(i)) for i in range(4)}
+    one = str(tmp_path / "one")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(
+        one, thread_count=1, sync_files=False, direct_io=False))
+    many = str(tmp_path / "many")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(
+        many, single_file_per_rank=False))
+    import os
+    n_one = [f for f in os.listdir(one) if f.endswith(".distcp")]
+    n_many = [f for f in os.listdir(many) if f.endswith(".distcp")]
+    assert len(n_one) == 1 and len(n_many) == 4
+    dst = {k: torch.zeros(100_000) for k in state}
+    dcp.load(dst, storage_reader=dcp.FileSystemReader(many, thread_count=2))
+    assert all(torch.equal(dst[k], state[k]) for k in state)
