@@ -1,0 +1,968 @@
+"""Tests of dcp.state_dict: model and optimizer state dicts keyed by FQN.
+
+Runs on CPU. The DTensor tests start two processes with a gloo group over a
+FileStore; everything else runs in this process (the DDP test in a
+one-process gloo group).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import importlib
+import importlib.util
+import os
+import pathlib
+import sys
+import traceback
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+_PYTHON_DIR = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load_module():
+    """dcp.state_dict; by file path while the dcp package cannot be imported."""
+    if (_PYTHON_DIR / "dcp" / "__init__.py").exists():
+        if str(_PYTHON_DIR) not in sys.path:
+            sys.path.insert(0, str(_PYTHON_DIR))
+        try:
+            import dcp.state_dict
+
+            return dcp.state_dict
+        except ImportError:
+            pass  # e.g. libdcp.so not built yet: this module needs only torch.
+    name = "_dcp_state_dict_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, _PYTHON_DIR / "dcp" / "state_dict.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sd = _load_module()
+StateDictOptions = sd.StateDictOptions
+
+
+# --------------------------------------------------------------------------
+# Models and training.
+
+
+class TinyTransformer(nn.Module):
+    """Decoder-style stack from torch.nn with the output head tied to the embedding."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        layer = nn.TransformerEncoderLayer(
+            dim, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(self.embed(tokens))))
+
+
+def _mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _batch(model: nn.Module, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(model, TinyTransformer):
+        return torch.randint(0, 16, (2, 5), generator=gen), None
+    return torch.randn(6, 4, generator=gen), torch.randn(6, 3, generator=gen)
+
+
+def _train_step(model: nn.Module, optims, seed: int) -> None:
+    inputs, target = _batch(model, seed)
+    out = model(inputs)
+    loss = out.square().mean() if target is None else (out - target).square().mean()
+    for optim in optims:
+        optim.zero_grad(set_to_none=True)
+    loss.backward()
+    for optim in optims:
+        optim.step()
+
+
+def _make(kind: str, seed: int):
+    """A model and its optimizers, by kind, with parameters from `seed`."""
+    torch.manual_seed(seed)
+    if kind == "transformer_adamw":
+        model = TinyTransformer()
+        return model, [torch.optim.AdamW(model.parameters(), lr=0.01, foreach=False)]
+    if kind == "mlp_sgd_momentum":
+        model = _mlp()
+        return model, [
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        ]
+    if kind == "mlp_two_optimizers":
+        model = _mlp()
+        return model, [
+            torch.optim.AdamW(model[0].parameters(), lr=0.01, foreach=False),
+            torch.optim.SGD(
+                model[2].parameters(), lr=0.1, momentum=0.9, dampening=0.1,
+                foreach=False,
+            ),
+        ]
+    raise AssertionError(kind)
+
+
+def _assert_same_tree(a, b, path="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.shape == b.shape and a.dtype == b.dtype, path
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, set(a) ^ set(b))
+        for key in a:
+            _assert_same_tree(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_tree(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def _assert_same_params(a: nn.Module, b: nn.Module) -> None:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert torch.equal(pa[name], pb[name]), name
+
+
+# --------------------------------------------------------------------------
+# Options.
+
+
+def test_options_have_the_seeds_fields_and_defaults():
+    fields = {f.name: f.default for f in dataclasses.fields(StateDictOptions)}
+    assert fields == {
+        "full_state_dict": False,
+        "cpu_offload": False,
+        "ignore_frozen_params": False,
+        "keep_submodule_prefixes": True,
+        "strict": True,
+        "broadcast_from_rank0": False,
+        "flatten_optimizer_state_dict": False,
+        "dsd_fqn_modifiers": "_fqn_modifiers",
+    }
+
+
+def test_broadcast_from_rank0_requires_full_state_dict():
+    model, optims = _make("mlp_sgd_momentum", 0)
+    with pytest.raises(ValueError, match="requires full_state_dict=True"):
+        sd.get_model_state_dict(
+            model, options=StateDictOptions(broadcast_from_rank0=True)
+        )
+    with pytest.raises(ValueError, match="initialized default process group"):
+        sd.set_model_state_dict(
+            model,
+            model.state_dict(),
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+
+
+def test_optimizers_must_be_given():
+    model, _ = _make("mlp_sgd_momentum", 0)
+    with pytest.raises(ValueError, match="no optimizer"):
+        sd.get_optimizer_state_dict(model, [])
+
+
+# --------------------------------------------------------------------------
+# Model state.
+
+
+def test_model_state_dict_is_keyed_by_fqn_and_shares_memory():
+    model = _mlp()
+    model.register_buffer("counter", torch.tensor(3))
+    state = sd.get_model_state_dict(model)
+    assert list(state) == list(model.state_dict())
+    assert state["0.weight"].data_ptr() == model[0].weight.data_ptr()
+    assert not state["0.weight"].requires_grad
+    assert state["counter"].item() == 3
+
+
+def test_cpu_offload_returns_cpu_tensors():
+    model, optims = _make("transformer_adamw", 0)
+    _train_step(model, optims, 1)
+    options = StateDictOptions(cpu_offload=True)
+    msd, osd = sd.get_state_dict(model, optims, options=options)
+    tensors = [v for v in msd.values()] + [
+        v for entry in osd["state"].values() for v in entry.values()
+    ]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    _assert_same_tree(msd, dict(model.state_dict()))
+
+
+def test_submodules_select_entries_with_or_without_prefix():
+    model = _mlp()
+    kept = sd.get_model_state_dict(model, submodules={model[2]})
+    assert set(kept) == {"2.weight", "2.bias"}
+    stripped = sd.get_model_state_dict(
+        model,
+        submodules={model[2]},
+        options=StateDictOptions(keep_submodule_prefixes=False),
+    )
+    assert set(stripped) == {"weight", "bias"}
+    assert torch.equal(stripped["weight"], model[2].weight)
+
+
+def test_tied_weights_appear_under_each_fqn_and_stay_tied_after_load():
+    src, src_optims = _make("transformer_adamw", 0)
+    _train_step(src, src_optims, 1)
+    msd, osd = sd.get_state_dict(src, src_optims)
+    assert {"embed.weight", "head.weight"} <= set(msd)
+    assert msd["head.weight"].data_ptr() == msd["embed.weight"].data_ptr()
+    # The optimizer holds the shared parameter once, under its first FQN.
+    assert "embed.weight" in osd["state"] and "head.weight" not in osd["state"]
+    assert osd["param_groups"][0]["params"].count("embed.weight") == 1
+
+    dst, dst_optims = _make("transformer_adamw", 7)
+    sd.set_state_dict(dst, dst_optims, model_state_dict=msd, optim_state_dict=osd)
+    assert dst.head.weight is dst.embed.weight
+    assert torch.equal(dst.embed.weight, src.embed.weight)
+
+
+def test_frozen_params_are_left_out_and_not_reported_missing():
+    model, optims = _make("mlp_sgd_momentum", 0)
+    model[0].weight.requires_grad_(False)
+    _train_step(model, optims, 1)
+    options = StateDictOptions(ignore_frozen_params=True)
+    msd, osd = sd.get_state_dict(model, optims, options=options)
+    assert "0.weight" not in msd and "0.bias" in msd
+    assert "0.weight" not in osd["state"]  # a frozen parameter has no state
+    assert "0.weight" in osd["param_groups"][0]["params"]
+
+    dst, dst_optims = _make("mlp_sgd_momentum", 5)
+    dst[0].weight.requires_grad_(False)
+    frozen_before = dst[0].weight.detach().clone()
+    result = sd.set_state_dict(
+        dst, dst_optims, model_state_dict=msd, optim_state_dict=osd, options=options
+    )
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert torch.equal(dst[0].weight, frozen_before)
+    assert torch.equal(dst[0].bias, model[0].bias)
+    missing = r"Missing key\(s\) in state_dict: '0.weight'"
+    with pytest.raises(RuntimeError, match=missing):
+        sd.set_model_state_dict(dst, msd)
+
+
+def test_extra_state_round_trips():
+    class WithExtra(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.tag = "before"
+
+        def get_extra_state(self):
+            return {"tag": self.tag}
+
+        def set_extra_state(self, state):
+            self.tag = state["tag"]
+
+    src, dst = WithExtra(), WithExtra()
+    src.tag = "after"
+    msd = sd.get_model_state_dict(src)
+    assert msd["_extra_state"] == {"tag": "after"}
+    sd.set_model_state_dict(dst, msd)
+    assert dst.tag == "after"
+
+
+# --------------------------------------------------------------------------
+# Optimizer state.
+
+
+def test_optimizer_state_is_keyed_by_fqn_with_0d_step():
+    model, optims = _make("mlp_sgd_momentum", 0)
+    adam = torch.optim.AdamW(model.parameters(), lr=0.01)
+    _train_step(model, [adam], 1)
+    nested = sd.get_optimizer_state_dict(model, adam)
+    assert set(nested["state"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    step = nested["state"]["0.weight"]["step"]
+    assert isinstance(step, torch.Tensor) and step.dim() == 0 and step.item() == 1
+    live = adam.state[model[0].weight]["exp_avg"]
+    assert nested["state"]["0.weight"]["exp_avg"] is live
+    (group,) = nested["param_groups"]
+    assert group["params"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert group["lr"] == 0.01 and group["betas"] == (0.9, 0.999)
+
+    flat = sd.get_optimizer_state_dict(
+        model, adam, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
+    for fqn in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert flat[f"state.{fqn}.{name}"] is nested["state"][fqn][name]
+        assert flat[f"param_groups.{fqn}.lr"] == 0.01
+        assert flat[f"param_groups.{fqn}.betas"] == (0.9, 0.999)
+    assert all(k.startswith(("state.", "param_groups.")) for k in flat)
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flat"])
+@pytest.mark.parametrize(
+    "kind", ["transformer_adamw", "mlp_sgd_momentum", "mlp_two_optimizers"]
+)
+def test_round_trip_gives_identical_state_and_next_step(kind, flatten):
+    src, src_optims = _make(kind, 0)
+    _train_step(src, src_optims, 1)
+    options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+    msd, osd = sd.get_state_dict(src, src_optims, options=options)
+    msd, osd = copy.deepcopy(msd), copy.deepcopy(osd)
+
+    dst, dst_optims = _make(kind, 99)  # other values, optimizers never stepped
+    result = sd.set_state_dict(
+        dst, dst_optims, model_state_dict=msd, optim_state_dict=osd, options=options
+    )
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    _assert_same_params(src, dst)
+    for a, b in zip(src_optims, dst_optims):
+        _assert_same_tree(a.state_dict(), b.state_dict())
+    _assert_same_tree(
+        sd.get_state_dict(dst, dst_optims, options=options),
+        sd.get_state_dict(src, src_optims, options=options),
+    )
+
+    _train_step(src, src_optims, 2)
+    _train_step(dst, dst_optims, 2)
+    _assert_same_params(src, dst)
+
+
+def test_set_copies_instead_of_sharing_the_callers_tensors():
+    src, src_optims = _make("mlp_sgd_momentum", 0)
+    _train_step(src, src_optims, 1)
+    dst, dst_optims = _make("mlp_sgd_momentum", 1)
+    msd, osd = sd.get_state_dict(src, src_optims)  # live tensors of src
+    sd.set_state_dict(dst, dst_optims, model_state_dict=msd, optim_state_dict=osd)
+    buffer = dst_optims[0].state[dst[0].weight]["momentum_buffer"]
+    assert buffer.data_ptr() != osd["state"]["0.weight"]["momentum_buffer"].data_ptr()
+    _train_step(src, src_optims, 2)
+    _train_step(dst, dst_optims, 2)
+    _assert_same_params(src, dst)
+
+
+def test_never_stepped_optimizer_gets_state_to_load_into():
+    model, _ = _make("mlp_sgd_momentum", 0)
+    adam = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    before = copy.deepcopy(model.state_dict())
+    model[2].bias.grad = torch.full_like(model[2].bias, 2.0)
+
+    osd = sd.get_optimizer_state_dict(model, adam)
+
+    _assert_same_tree(dict(model.state_dict()), before)  # lr was 0 for that step
+    assert torch.equal(model[2].bias.grad, torch.full_like(model[2].bias, 2.0))
+    assert model[0].weight.grad is None
+    assert adam.param_groups[0]["lr"] == 0.01
+    assert set(osd["state"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert torch.count_nonzero(osd["state"]["0.weight"]["exp_avg"]) == 0
+
+    # Filling the returned tensors in place, as dcp.load does, then setting.
+    src, src_optims = _make("mlp_sgd_momentum", 3)
+    trained = torch.optim.AdamW(src.parameters(), lr=0.01, weight_decay=0.1)
+    _train_step(src, [trained], 1)
+    _train_step(src, [trained], 2)
+    saved = sd.get_optimizer_state_dict(src, trained)
+    for fqn, entry in osd["state"].items():
+        for name, tensor in entry.items():
+            tensor.copy_(saved["state"][fqn][name])
+    sd.set_optimizer_state_dict(model, adam, osd)
+    _assert_same_tree(adam.state_dict()["state"], trained.state_dict()["state"])
+
+
+def test_stateless_optimizer_round_trips():
+    model, _ = _make("mlp_sgd_momentum", 0)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    osd = sd.get_optimizer_state_dict(model, sgd)
+    assert osd["state"] == {}
+    sd.set_optimizer_state_dict(model, sgd, osd)
+    assert sgd.param_groups[0]["lr"] == 0.1
+
+
+def test_param_group_without_params_round_trips():
+    model = _mlp()
+    optim = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optim.add_param_group({"params": [], "lr": 0.5})
+    _train_step(model, [optim], 1)
+    osd = copy.deepcopy(sd.get_optimizer_state_dict(model, optim))
+    assert osd["param_groups"][1] == {**osd["param_groups"][1], "params": [], "lr": 0.5}
+
+    dst = copy.deepcopy(model)
+    dst_optim = torch.optim.SGD(dst.parameters(), lr=0.2, momentum=0.9)
+    dst_optim.add_param_group({"params": [], "lr": 0.7})
+    sd.set_optimizer_state_dict(dst, dst_optim, osd)
+    assert [g["lr"] for g in dst_optim.param_groups] == [0.1, 0.5]
+
+
+def test_one_optimizer_takes_its_entries_from_a_merged_state_dict():
+    src, src_optims = _make("mlp_two_optimizers", 0)
+    _train_step(src, src_optims, 1)
+    osd = sd.get_optimizer_state_dict(src, src_optims)
+    assert {"0.weight", "2.weight"} <= set(osd["state"])
+    dst, dst_optims = _make("mlp_two_optimizers", 4)
+    sd.set_optimizer_state_dict(dst, dst_optims[1], osd)
+    _assert_same_tree(dst_optims[1].state_dict(), src_optims[1].state_dict())
+
+
+def test_parameter_outside_the_model_is_an_error():
+    model = _mlp()
+    stray = nn.Parameter(torch.zeros(3))
+    optim = torch.optim.SGD([stray], lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match=r"not a parameter of the model"):
+        sd.get_optimizer_state_dict(model, optim)
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flat"])
+@pytest.mark.parametrize(
+    "kind", ["transformer_adamw", "mlp_sgd_momentum", "mlp_two_optimizers"]
+)
+def test_same_state_dicts_as_torch_distributed_checkpoint(kind, flatten):
+    """The seed's behaviour, as torch implements it, on the same models."""
+    try:
+        from torch.distributed.checkpoint import state_dict as torch_sd
+    except ImportError:
+        pytest.skip("torch.distributed.checkpoint.state_dict is not available")
+    for steps in (1, 0):  # trained, and never stepped (state created lazily)
+        model, optims = _make(kind, 0)
+        for step in range(steps):
+            _train_step(model, optims, step)
+        ours = sd.get_state_dict(
+            model,
+            optims,
+            options=StateDictOptions(flatten_optimizer_state_dict=flatten),
+        )
+        theirs = torch_sd.get_state_dict(
+            model,
+            optims,
+            options=torch_sd.StateDictOptions(flatten_optimizer_state_dict=flatten),
+        )
+        _assert_same_tree(ours, theirs)
+
+
+# --------------------------------------------------------------------------
+# Strict and non-strict loading.
+
+
+def test_strict_model_load_names_missing_and_unexpected_fqns():
+    model = _mlp()
+    state = dict(sd.get_model_state_dict(_mlp()))
+    del state["2.bias"]
+    state["extra.weight"] = torch.zeros(1)
+    with pytest.raises(RuntimeError) as info:
+        sd.set_model_state_dict(model, state)
+    message = str(info.value)
+    assert "Missing key(s) in state_dict: '2.bias'" in message
+    assert "Unexpected key(s) in state_dict: 'extra.weight'" in message
+
+    result = sd.set_model_state_dict(
+        model, state, options=StateDictOptions(strict=False)
+    )
+    assert result.missing_keys == ["2.bias"]
+    assert result.unexpected_keys == ["extra.weight"]
+    assert torch.equal(model[0].weight, state["0.weight"])
+
+
+def test_shape_mismatch_raises_even_when_not_strict():
+    model = _mlp()
+    state = dict(sd.get_model_state_dict(_mlp()))
+    state["0.weight"] = torch.zeros(2, 2)
+    with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
+        sd.set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flat"])
+def test_strict_optimizer_load_requires_every_trained_parameter(flatten):
+    src, src_optims = _make("mlp_sgd_momentum", 0)
+    _train_step(src, src_optims, 1)
+    options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+    osd = copy.deepcopy(sd.get_optimizer_state_dict(src, src_optims, options=options))
+    if flatten:
+        del osd["state.2.bias.momentum_buffer"]
+    else:
+        del osd["state"]["2.bias"]
+
+    dst, dst_optims = _make("mlp_sgd_momentum", 1)
+    _train_step(dst, dst_optims, 5)
+    kept = dst_optims[0].state[dst[2].bias]["momentum_buffer"].clone()
+    before = copy.deepcopy(dst_optims[0].state_dict())
+    with pytest.raises(RuntimeError, match=r"optimizer state for parameter '2.bias'"):
+        sd.set_optimizer_state_dict(dst, dst_optims, osd, options=options)
+    _assert_same_tree(dst_optims[0].state_dict(), before)  # checked before changed
+    sd.set_optimizer_state_dict(
+        dst,
+        dst_optims,
+        osd,
+        options=dataclasses.replace(options, strict=False),
+    )
+    state = dst_optims[0].state
+    assert torch.equal(state[dst[2].bias]["momentum_buffer"], kept)
+    assert torch.equal(
+        state[dst[0].weight]["momentum_buffer"],
+        src_optims[0].state[src[0].weight]["momentum_buffer"],
+    )
+
+
+def test_flat_form_rejects_different_settings_within_one_group():
+    model, optims = _make("mlp_sgd_momentum", 0)
+    _train_step(model, optims, 1)
+    flat = dict(
+        sd.get_optimizer_state_dict(
+            model, optims, options=StateDictOptions(flatten_optimizer_state_dict=True)
+        )
+    )
+    flat["param_groups.2.bias.lr"] = 0.5
+    with pytest.raises(RuntimeError, match=r"saved 'lr' differ"):
+        sd.set_optimizer_state_dict(model, optims, flat)
+
+
+# --------------------------------------------------------------------------
+# Wrapper prefixes.
+
+
+def test_torch_compile_prefix_is_removed_and_restored():
+    plain, plain_optims = _make("mlp_sgd_momentum", 0)
+    _train_step(plain, plain_optims, 1)
+    msd, osd = sd.get_state_dict(plain, plain_optims)
+
+    inner, _ = _make("mlp_sgd_momentum", 3)
+    compiled = torch.compile(inner)  # wrapping only; nothing is compiled
+    compiled_optim = torch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    sd.set_state_dict(
+        compiled, compiled_optim, model_state_dict=msd, optim_state_dict=osd
+    )
+    _assert_same_params(plain, inner)
+    cmsd, cosd = sd.get_state_dict(compiled, compiled_optim)
+    assert list(cmsd) == list(msd)
+    _assert_same_tree(cosd, osd)
+
+
+def test_activation_checkpoint_prefix_is_removed_from_optimizer_keys():
+    try:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper,
+        )
+    except ImportError:
+        pytest.skip("torch's checkpoint_wrapper is not available")
+    plain, plain_optims = _make("mlp_sgd_momentum", 0)
+    _train_step(plain, plain_optims, 1)
+    wrapped = copy.deepcopy(plain)
+    wrapped[0] = checkpoint_wrapper(wrapped[0])
+    wrapped_optim = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    assert "0._checkpoint_wrapped_module.weight" in dict(wrapped.named_parameters())
+    msd, osd = sd.get_state_dict(plain, plain_optims)
+    sd.set_state_dict(
+        wrapped, wrapped_optim, model_state_dict=msd, optim_state_dict=osd
+    )
+    wmsd, wosd = sd.get_state_dict(wrapped, wrapped_optim)
+    assert list(wmsd) == list(msd)
+    _assert_same_tree(wosd, osd)
+
+
+def test_ddp_prefix_is_removed_and_restored(tmp_path):
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        plain, plain_optims = _make("mlp_sgd_momentum", 0)
+        _train_step(plain, plain_optims, 1)
+        inner, _ = _make("mlp_sgd_momentum", 3)
+        ddp = nn.parallel.DistributedDataParallel(inner)
+        ddp_optim = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        assert all(k.startswith("module.") for k in ddp.state_dict())
+
+        msd, osd = sd.get_state_dict(plain, plain_optims)
+        sd.set_state_dict(ddp, ddp_optim, model_state_dict=msd, optim_state_dict=osd)
+        _assert_same_params(plain, inner)
+        dmsd, dosd = sd.get_state_dict(ddp, ddp_optim)
+        assert list(dmsd) == list(msd)
+        _assert_same_tree(dosd, osd)
+
+        missing = dict(msd)
+        del missing["0.bias"]
+        missing_message = r"Missing key\(s\) in state_dict: '0.bias'"
+        with pytest.raises(RuntimeError, match=missing_message):
+            sd.set_model_state_dict(ddp, missing)
+
+        _train_step(plain, plain_optims, 2)
+        _train_step(ddp, [ddp_optim], 2)
+        _assert_same_params(plain, inner)
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------
+# load_sharded_optimizer_state_dict.
+
+
+def _torch_dcp():
+    try:
+        import torch.distributed.checkpoint as torch_dcp
+    except ImportError:
+        pytest.skip("torch.distributed.checkpoint is not available")
+    return torch_dcp
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_load_sharded_optimizer_state_dict_through_the_seed_load_api(
+    tmp_path, monkeypatch
+):
+    """dcp.load's seed signature, served here by torch's implementation.
+
+    Checks the allocation, the key-to-path mapping and the result's shape
+    independently of whether dcp's own engine is built.
+    """
+    torch_dcp = _torch_dcp()
+    model, optims = _make("mlp_two_optimizers", 0)
+    _train_step(model, optims, 1)
+    msd, osd = sd.get_state_dict(model, optims)
+    torch_dcp.save(
+        {"model": msd, "optim": osd}, checkpoint_id=str(tmp_path), no_dist=True
+    )
+    calls = []
+
+    def load(state_dict, *, storage_reader=None, planner=None, **kwargs):
+        calls.append(sorted(state_dict))
+        torch_dcp.load(
+            state_dict, storage_reader=storage_reader, planner=planner, no_dist=True
+        )
+
+    monkeypatch.setitem(sys.modules, "dcp", types.SimpleNamespace(load=load))
+    fresh = {k: torch.zeros_like(v) for k, v in msd.items()}
+    result = sd.load_sharded_optimizer_state_dict(
+        fresh, "optim", torch_dcp.FileSystemReader(str(tmp_path))
+    )
+    assert len(calls) == 1 and all(k.startswith("optim.") for k in calls[0])
+    assert set(result) == {"optim"}
+    _assert_same_tree(result["optim"], osd)
+
+    # Without planner_data the paths come from the key text and model FQNs.
+    reader = torch_dcp.FileSystemReader(str(tmp_path))
+    metadata = reader.read_metadata()
+    metadata.planner_data = None
+    reader.read_metadata = lambda: metadata
+    result = sd.load_sharded_optimizer_state_dict(fresh, "optim", reader)
+    _assert_same_tree(result["optim"], osd)
+
+
+def _dcp_or_skip():
+    if not (_PYTHON_DIR / "dcp" / "__init__.py").exists():
+        pytest.skip("the dcp package (python/dcp/__init__.py) does not exist yet")
+    try:
+        import dcp
+    except ImportError as error:
+        pytest.skip(f"dcp does not import here: {error}")
+    if not (hasattr(dcp, "save") and hasattr(dcp, "load")):
+        pytest.skip("dcp has no save/load yet")
+    probe = getattr(dcp, "library_version", None)
+    if probe is not None:
+        try:
+            probe()
+        except Exception as error:  # the engine's own tests report this
+            pytest.skip(f"libdcp.so is not usable here: {error}")
+    return dcp
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["nested", "flat"])
+def test_round_trip_through_dcp_save_and_load(tmp_path, flatten):
+    """The intended use: get -> dcp.save; get (template) -> dcp.load -> set."""
+    dcp = _dcp_or_skip()
+    options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+    src, src_optims = _make("transformer_adamw", 0)
+    _train_step(src, src_optims, 1)
+    msd, osd = sd.get_state_dict(src, src_optims, options=options)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp_path))
+
+    dst, dst_optims = _make("transformer_adamw", 42)  # optimizer never stepped
+    msd2, osd2 = sd.get_state_dict(dst, dst_optims, options=options)
+    dcp.load({"model": msd2, "optim": osd2}, checkpoint_id=str(tmp_path))
+    sd.set_state_dict(
+        dst, dst_optims, model_state_dict=msd2, optim_state_dict=osd2, options=options
+    )
+    _assert_same_params(src, dst)
+    _assert_same_tree(dst_optims[0].state_dict(), src_optims[0].state_dict())
+    _train_step(src, src_optims, 2)
+    _train_step(dst, dst_optims, 2)
+    _assert_same_params(src, dst)
+
+
+def test_load_sharded_optimizer_state_dict_with_dcp(tmp_path):
+    dcp = _dcp_or_skip()
+    model, optims = _make("mlp_two_optimizers", 0)
+    _train_step(model, optims, 1)
+    msd, osd = sd.get_state_dict(model, optims)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp_path))
+    reader = dcp.FileSystemReader(str(tmp_path))
+    fresh = {k: torch.zeros_like(v) for k, v in msd.items()}
+    result = sd.load_sharded_optimizer_state_dict(fresh, "optim", reader)
+    # dcp stores a tuple (betas) item by item; its path comes back as a list.
+    _assert_same_tree(result["optim"], _tuples_as_lists(osd))
+
+    dst, dst_optims = _make("mlp_two_optimizers", 8)
+    sd.set_optimizer_state_dict(dst, dst_optims, result["optim"])
+    for a, b in zip(dst_optims, optims):
+        _assert_same_tree(a.state_dict()["state"], b.state_dict()["state"])
+
+
+def _tuples_as_lists(value):
+    if isinstance(value, dict):
+        return {k: _tuples_as_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tuples_as_lists(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------
+# DTensor across two processes.
+
+_WORLD = 2
+_SCENARIOS = [
+    "get_full_gathers",
+    "get_sharded_keeps_dtensors",
+    "get_full_cpu_offload_rank0_only",
+    "set_full_reshards",
+    "set_broadcast_from_rank0",
+    "set_broadcast_from_rank0_flat",
+    "broadcast_refuses_dtensor_on_rank0",
+    "load_sharded_optimizer_state_dict_into_dtensors",
+]
+
+
+def _dtensor_unavailable() -> str | None:
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_gloo_available():
+        return "torch.distributed with gloo is not available"
+    try:
+        importlib.import_module("torch.distributed.tensor")
+        importlib.import_module("torch.distributed.device_mesh")
+    except ImportError as error:
+        return f"torch.distributed.tensor is not available: {error}"
+    return None
+
+
+def _shard_model(model: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            sharded = distribute_tensor(param.detach(), mesh, [Shard(0)])
+            setattr(module, name, nn.Parameter(sharded, param.requires_grad))
+    return model
+
+
+def _seeded_grads(model: nn.Module, seed: int) -> None:
+    """Identical full gradients on every rank, sharded like each parameter."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    gen = torch.Generator().manual_seed(seed)
+    for param in model.parameters():
+        full = torch.randn(param.shape, generator=gen)
+        if isinstance(param, DTensor):
+            full = distribute_tensor(full, param.device_mesh, param.placements)
+        param.grad = full
+
+
+def _dtensor_pair(mesh, seed: int, steps: int):
+    """A plain reference model and a Shard(0) DTensor copy, trained alike."""
+    torch.manual_seed(seed)
+    ref = _mlp()
+    sharded = _shard_model(copy.deepcopy(ref), mesh)
+    ref_optim = torch.optim.AdamW(ref.parameters(), lr=0.01, foreach=False)
+    dt_optim = torch.optim.AdamW(sharded.parameters(), lr=0.01, foreach=False)
+    for step in range(steps):
+        for model, optim in ((ref, ref_optim), (sharded, dt_optim)):
+            _seeded_grads(model, 100 + step)
+            optim.step()
+    return ref, ref_optim, sharded, dt_optim
+
+
+def _full_tree(value):
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: _full_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_full_tree(v) for v in value]
+    return value
+
+
+def _check_loaded(ref, ref_optim, sharded, dt_optim) -> None:
+    _assert_same_tree(_full_tree(dict(sharded.state_dict())), dict(ref.state_dict()))
+    _assert_same_tree(_full_tree(dt_optim.state_dict()), ref_optim.state_dict())
+    for model, optim in ((ref, ref_optim), (sharded, dt_optim)):
+        _seeded_grads(model, 500)
+        optim.step()
+    _assert_same_tree(_full_tree(dict(sharded.state_dict())), dict(ref.state_dict()))
+
+
+def _run_scenario(name: str, rank: int, mesh, out_dir: str) -> None:
+    from torch.distributed.tensor import DTensor, Shard
+
+    full = StateDictOptions(full_state_dict=True)
+    if name == "get_full_gathers":
+        ref, ref_optim, sharded, dt_optim = _dtensor_pair(mesh, 0, 1)
+        msd, osd = sd.get_state_dict(sharded, dt_optim, options=full)
+        assert not any(isinstance(v, DTensor) for v in msd.values())
+        _assert_same_tree(msd, dict(ref.state_dict()))
+        _assert_same_tree(osd, sd.get_optimizer_state_dict(ref, ref_optim))
+    elif name == "get_sharded_keeps_dtensors":
+        _, _, sharded, dt_optim = _dtensor_pair(mesh, 0, 1)
+        msd, osd = sd.get_state_dict(sharded, dt_optim)
+        weight = msd["0.weight"]
+        assert isinstance(weight, DTensor) and weight.placements == (Shard(0),)
+        assert weight.shape == (8, 4) and weight.to_local().shape == (4, 4)
+        assert isinstance(osd["state"]["0.weight"]["exp_avg"], DTensor)
+        assert not isinstance(osd["state"]["0.weight"]["step"], DTensor)
+    elif name == "get_full_cpu_offload_rank0_only":
+        ref, ref_optim, sharded, dt_optim = _dtensor_pair(mesh, 0, 1)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        msd, osd = sd.get_state_dict(sharded, dt_optim, options=options)
+        if rank == 0:
+            _assert_same_tree(msd, dict(ref.state_dict()))
+            _assert_same_tree(osd, sd.get_optimizer_state_dict(ref, ref_optim))
+            assert all(v.device.type == "cpu" for v in msd.values())
+        else:
+            assert msd == {} and osd == {}
+    elif name == "set_full_reshards":
+        ref, ref_optim, _, _ = _dtensor_pair(mesh, 0, 2)
+        msd, osd = sd.get_state_dict(ref, ref_optim)
+        _, _, sharded, dt_optim = _dtensor_pair(mesh, 9, 0)  # never stepped
+        sd.set_state_dict(
+            sharded, dt_optim, model_state_dict=msd, optim_state_dict=osd,
+            options=full,
+        )
+        assert isinstance(sharded[0].weight, DTensor)
+        _check_loaded(ref, ref_optim, sharded, dt_optim)
+    elif name in ("set_broadcast_from_rank0", "set_broadcast_from_rank0_flat"):
+        flat = name.endswith("_flat")
+        ref, ref_optim, _, _ = _dtensor_pair(mesh, 0, 2)
+        options = StateDictOptions(
+            full_state_dict=True,
+            broadcast_from_rank0=True,
+            flatten_optimizer_state_dict=flat,
+        )
+        msd, osd = sd.get_state_dict(
+            ref, ref_optim, options=StateDictOptions(flatten_optimizer_state_dict=flat)
+        )
+        if rank != 0:
+            msd, osd = {}, {}
+        _, _, sharded, dt_optim = _dtensor_pair(mesh, 9, 1)
+        result = sd.set_state_dict(
+            sharded, dt_optim, model_state_dict=msd, optim_state_dict=osd,
+            options=options,
+        )
+        assert result.missing_keys == [] and result.unexpected_keys == []
+        _check_loaded(ref, ref_optim, sharded, dt_optim)
+    elif name == "broadcast_refuses_dtensor_on_rank0":
+        _, _, sharded, _ = _dtensor_pair(mesh, 0, 0)
+        msd = sd.get_model_state_dict(sharded)  # DTensors: not a full state dict
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        try:
+            sd.set_model_state_dict(sharded, msd, options=options)
+        except ValueError as error:
+            assert "rank 0: broadcast_from_rank0 needs full tensors" in str(error)
+        else:
+            raise AssertionError("no ValueError")
+    elif name == "load_sharded_optimizer_state_dict_into_dtensors":
+        import torch.distributed.checkpoint as torch_dcp
+
+        ref, ref_optim, sharded, dt_optim = _dtensor_pair(mesh, 0, 1)
+        msd, osd = sd.get_state_dict(sharded, dt_optim)
+        path = os.path.join(out_dir, "checkpoint")
+        torch_dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+        saved_dcp = sys.modules.get("dcp")
+        sys.modules["dcp"] = types.SimpleNamespace(load=torch_dcp.load)
+        try:
+            result = sd.load_sharded_optimizer_state_dict(
+                msd, "optim", torch_dcp.FileSystemReader(path)
+            )
+        finally:
+            if saved_dcp is None:
+                del sys.modules["dcp"]
+            else:
+                sys.modules["dcp"] = saved_dcp
+        exp_avg = result["optim"]["state"]["0.weight"]["exp_avg"]
+        assert isinstance(exp_avg, DTensor) and exp_avg.placements == (Shard(0),)
+        assert exp_avg.to_local().shape == (4, 4)
+        _assert_same_tree(
+            _full_tree(result["optim"]), sd.get_optimizer_state_dict(ref, ref_optim)
+        )
+    else:
+        raise AssertionError(f"unknown scenario {name}")
+
+
+def _dtensor_worker(rank: int, store_path: str, out_dir: str) -> None:
+    dist = torch.distributed
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, _WORLD)
+    # The timeout only bounds a hang if a peer dies; nothing waits on it.
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=_WORLD,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    try:
+        mesh = init_device_mesh("cpu", (_WORLD,))
+        for name in _SCENARIOS:
+            try:
+                _run_scenario(name, rank, mesh, out_dir)
+            except BaseException:
+                with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as f:
+                    f.write(f"{name}:\n{traceback.format_exc()}")
+                raise
+            with open(os.path.join(out_dir, f"done{rank}.txt"), "a") as f:
+                f.write(name + "\n")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dtensor_results(tmp_path_factory):
+    reason = _dtensor_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("dtensor")
+    failure = None
+    try:
+        mp.spawn(
+            _dtensor_worker,
+            args=(str(out / "store"), str(out)),
+            nprocs=_WORLD,
+            join=True,
+        )
+    except Exception as error:  # reported per scenario below
+        failure = str(error)
+    done, errors = [], []
+    for rank in range(_WORLD):
+        path = out / f"done{rank}.txt"
+        done.append(set(path.read_text().split()) if path.exists() else set())
+        error_path = out / f"error{rank}.txt"
+        if error_path.exists():
+            errors.append(f"rank {rank}: {error_path.read_text()}")
+    return done, "\n".join(errors) or failure
+
+
+@pytest.mark.parametrize("scenario", _SCENARIOS)
+def test_dtensor_two_ranks(dtensor_results, scenario):
+    done, failure = dtensor_results
+    if not all(scenario in ranks for ranks in done):
+        pytest.fail(f"scenario {scenario} did not pass on every rank:\n{failure}")
