@@ -8,6 +8,8 @@
 //                [--posix-threads N] [--max-transfer SIZE]
 //                [--max-buffered-read SIZE] [--writeback SIZE]
 //                [--uncached on|off] [--fio PATH]
+//   dcp bench io --ceiling [--size 1GiB] [--dir /dev/shm] [--repeat 3]
+//                [--storage-threads N] [--json]
 //
 // Each repetition, per size, runs in this order:
 //   1. buffered: fio sequential write (psync, bs 1M, end fsync), cold read
@@ -42,15 +44,26 @@
 // system and disk under --dir) and a last line with the report. Each save
 // and load also reports the CPU time and page faults of its timed part. The
 // exit status is non-zero when a run fails or a load does not verify.
+//
+// --ceiling measures the software path alone, where no disk limits: on a
+// tmpfs directory, in one process, per repetition (alternating which goes
+// first) dcp's Save (FileSystemWriter defaults: checksums, sync) and Load
+// into a preallocated, touched state, against a plain pwritev of the same
+// tensors to one file plus fsync and a plain preadv of it into the same
+// destination, both on one thread. Reports GB/s, the ratio dcp/plain per
+// repetition (issue 19's bar: 0.8), and CPU seconds (user + system, all
+// threads) per GB for each. Every read is checked byte for byte, untimed.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,16 +73,18 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_env.h"
+#include "core/state_dict.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
@@ -97,75 +112,8 @@ void Log(const std::string& line) {
   std::fprintf(stderr, "dcp bench io: %s\n", line.c_str());
 }
 
-std::string NowUtc() {
-  std::time_t now = std::time(nullptr);
-  char text[64];
-  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
-  return text;
-}
-
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return absl::StrCat(one, " ", five, " ", fifteen);
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 // ---------------------------------------------------------------------------
 // Child processes.
-
-struct ChildRun {
-  int exit_code = 0;
-  std::string out;      // Its stdout (stderr passes through).
-  int64_t max_rss = 0;  // Bytes (ru_maxrss of the child).
-};
-
-// Runs argv[0] (searched on PATH) with stdout captured.
-absl::StatusOr<ChildRun> Run(const std::vector<std::string>& argv) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoError(errno, "pipe2");
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoError(errno, "fork");
-  if (pid == 0) {
-    ::dup2(fds[1], STDOUT_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    std::fprintf(stderr, "dcp bench io: exec %s: %s\n", args[0],
-                 std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  ChildRun run;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
-    if (n > 0) {
-      run.out.append(buffer, n);
-    } else if (n == 0 || errno != EINTR) {
-      break;
-    }
-  }
-  ::close(fds[0]);
-  int status = 0;
-  struct rusage usage {};
-  while (::wait4(pid, &status, 0, &usage) < 0) {
-    if (errno != EINTR) return ErrnoError(errno, "wait4");
-  }
-  run.exit_code =
-      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  run.max_rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  return run;
-}
 
 // A child process that holds `bytes` of touched anonymous memory until this
 // object is destroyed: the memory situation of a process that holds its
@@ -231,32 +179,6 @@ class HeldMemory {
   pid_t pid_;
   int release_;
 };
-
-// Runs a program that prints one JSON object (all of its stdout, or its
-// last line).
-absl::StatusOr<json> RunJson(const std::vector<std::string>& argv,
-                             int64_t* max_rss = nullptr) {
-  DCP_ASSIGN_OR_RETURN(ChildRun run, Run(argv));
-  if (run.exit_code != 0) {
-    return absl::InternalError(
-        absl::StrCat("`", absl::StrJoin(argv, " "), "` failed with exit code ",
-                     run.exit_code, " (its stderr is above)"));
-  }
-  if (max_rss != nullptr) *max_rss = run.max_rss;
-  // The whole output (fio), else its last line (the others).
-  json parsed = json::parse(run.out, nullptr, false);
-  if (parsed.is_discarded()) {
-    const size_t end = run.out.find_last_not_of("\n");
-    const size_t start =
-        end == std::string::npos || end == 0 ? 0 : run.out.rfind('\n', end) + 1;
-    parsed = json::parse(run.out.substr(start), nullptr, false);
-  }
-  if (parsed.is_discarded()) {
-    return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "),
-                                            "` printed no JSON: ", run.out));
-  }
-  return parsed;
-}
 
 // ---------------------------------------------------------------------------
 // The dcp configurations and the child that measures one save or load.
@@ -429,22 +351,20 @@ struct BenchFlags {
   std::string writeback = "default";
   std::string uncached = "default";
   std::string fio = "fio";
+  // --ceiling: the software path on a tmpfs directory (RunCeiling).
+  bool ceiling = false;
+  int storage_threads = 0;  // FileSystemWriter/Reader thread_count; 0: theirs.
 };
 
-// A file shipped next to this binary (Bazel runfiles), else under ./bench.
-std::string BenchFile(const std::string& name) {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  std::vector<fs::path> candidates;
-  if (!ec) candidates.push_back(self.string() + ".runfiles/dcp/bench/" + name);
-  if (const char* dir = std::getenv("RUNFILES_DIR")) {
-    candidates.push_back(fs::path(dir) / "dcp/bench" / name);
+// (text, bytes) of each --size.
+absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> ParseSizes(
+    const std::vector<std::string>& texts) {
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const std::string& text : texts) {
+    DCP_ASSIGN_OR_RETURN(int64_t size, ParseSize(text));
+    sizes.push_back({text, size});
   }
-  candidates.push_back(fs::path("bench") / name);
-  for (const fs::path& p : candidates) {
-    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
-  }
-  return (fs::path("bench") / name).string();
+  return sizes;
 }
 
 struct FioJob {
@@ -557,7 +477,7 @@ absl::StatusOr<double> Bench::Fio(const FioJob& job, int64_t size, int rep) {
     std::vector<std::string> prepare = argv;
     prepare.insert(prepare.end(), job.prepare.begin(), job.prepare.end());
     ::sync();
-    DCP_RETURN_IF_ERROR(RunJson(prepare).status());
+    DCP_RETURN_IF_ERROR(RunJsonProcess(prepare).status());
   }
   argv.insert(argv.end(), job.args.begin(), job.args.end());
   std::unique_ptr<HeldMemory> held;
@@ -565,7 +485,7 @@ absl::StatusOr<double> Bench::Fio(const FioJob& job, int64_t size, int rep) {
     DCP_ASSIGN_OR_RETURN(held, HeldMemory::Start(size));
   }
   ::sync();  // As before each dcp measurement.
-  DCP_ASSIGN_OR_RETURN(json out, RunJson(argv));
+  DCP_ASSIGN_OR_RETURN(json out, RunJsonProcess(argv));
   held.reset();
   const json& j = out.at("jobs").at(0);
   const double bw = std::max(j.at("write").at("bw_bytes").get<double>(),
@@ -614,8 +534,9 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
         flags_.writeback,
         "--uncached",
         flags_.uncached};
-    int64_t max_rss = 0;
-    DCP_ASSIGN_OR_RETURN(json row, RunJson(argv, &max_rss));
+    ProcessRun child;
+    DCP_ASSIGN_OR_RETURN(json row, RunJsonProcess(argv, &child));
+    const int64_t max_rss = child.max_rss;
     row["measurement"] = "dcp";
     row["rep"] = rep;
     row["peak_rss_bytes"] = max_rss;
@@ -642,10 +563,10 @@ absl::Status Bench::Dcp(const DcpConfig& config, int64_t size, int rep,
 
 absl::Status Bench::Torch(int64_t size, int rep) {
   DCP_ASSIGN_OR_RETURN(
-      json row,
-      RunJson({BenchFile("torch_env.sh"), BenchFile("torch_compare.py"), "run",
-               "--dir", work_, "--seed", absl::StrCat(flags_.seed), "--size",
-               absl::StrCat(size), "--json"}));
+      json row, RunJsonProcess({BenchFile("torch_env.sh"),
+                                BenchFile("torch_compare.py"), "run", "--dir",
+                                work_, "--seed", absl::StrCat(flags_.seed),
+                                "--size", absl::StrCat(size), "--json"}));
   row["measurement"] = "torch";
   row["rep"] = rep;
   torch_version_ = row.value("torch_version", "");
@@ -676,9 +597,10 @@ absl::Status Bench::Identity(int64_t size) {
   if (dir.empty()) return absl::OkStatus();
   DCP_ASSIGN_OR_RETURN(
       json row,
-      RunJson({BenchFile("torch_env.sh"), BenchFile("torch_compare.py"),
-               "check-dcp", "--dir", dir, "--seed", absl::StrCat(flags_.seed),
-               "--size", absl::StrCat(size), "--json"}));
+      RunJsonProcess({BenchFile("torch_env.sh"), BenchFile("torch_compare.py"),
+                      "check-dcp", "--dir", dir, "--seed",
+                      absl::StrCat(flags_.seed), "--size", absl::StrCat(size),
+                      "--json"}));
   row["measurement"] = "identity";
   const bool identical = row.value("identical", false);
   Log(absl::StrCat("  dcp's checkpoint ",
@@ -1004,18 +926,8 @@ absl::Status Bench::Run() {
       configs_.push_back(c);
     }
   }
-  std::vector<std::pair<std::string, int64_t>> sizes;
-  for (const std::string& text : flags_.sizes) {
-    DCP_ASSIGN_OR_RETURN(int64_t size, ParseSize(text));
-    sizes.push_back({text, size});
-  }
-  std::error_code ec;
-  fs::create_directories(flags_.dir, ec);
-  std::string pattern = absl::StrCat(flags_.dir, "/dcp-bench-io.XXXXXX");
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    return ErrnoError(errno, absl::StrCat("mkdtemp ", pattern));
-  }
-  work_ = pattern;
+  DCP_ASSIGN_OR_RETURN(auto sizes, ParseSizes(flags_.sizes));
+  DCP_ASSIGN_OR_RETURN(work_, MakeWorkDir(flags_.dir, "dcp-bench-io."));
   if (!flags_.out.empty()) {
     out_.open(flags_.out);
     if (!out_) return absl::PermissionDeniedError("cannot write " + flags_.out);
@@ -1052,16 +964,7 @@ absl::Status Bench::Run() {
                                : FileSystemReaderOptions{}.uncached_reads}}},
       {"sizes", json::array()}};
   // Which source tree this binary came from (through its runfiles).
-  const std::string root =
-      fs::path(BenchFile("torch_env.sh")).parent_path().parent_path().string();
-  absl::StatusOr<ChildRun> commit =
-      dcp::Run({"git", "-C", root, "rev-parse", "--short", "HEAD"});
-  absl::StatusOr<ChildRun> dirty = dcp::Run(
-      {"git", "-C", root, "status", "--porcelain", "--untracked-files=no"});
-  if (commit.ok() && commit->exit_code == 0) {
-    report["commit"] = std::string(absl::StripAsciiWhitespace(commit->out));
-    report["tree_modified"] = dirty.ok() && !dirty->out.empty();
-  }
+  report.update(SourceCommit());
   report["load_average_start"] = LoadAverage();
   const MachineInfo machine = DescribeMachine(work_);
   report["machine"] = {{"cpu_model", machine.cpu_model},
@@ -1082,6 +985,7 @@ absl::Status Bench::Run() {
     status = RunSize(text, size, report);
     if (!status.ok()) break;
   }
+  std::error_code ec;
   fs::remove_all(work_, ec);
   DCP_RETURN_IF_ERROR(status);
   report["finished"] = NowUtc();
@@ -1099,6 +1003,347 @@ absl::Status Bench::Run() {
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------------------
+// --ceiling: the software path where no disk limits (issue 19).
+
+// Issue 19's bar: dcp's save and load at least this share of the plain path.
+constexpr double kCeilingBar = 0.8;
+
+// The tensor memory of `state`, in flattened-name order (a sharded tensor's
+// local shards in their order); empty tensors are left out.
+absl::StatusOr<std::vector<iovec>> TensorMemory(StateDict& state) {
+  DCP_ASSIGN_OR_RETURN(auto leaves, FlattenStateDictInPlace(state));
+  std::vector<iovec> memory;
+  auto add = [&](const Tensor& t) {
+    if (t.nbytes() > 0) memory.push_back({t.data(), t.nbytes()});
+  };
+  for (const auto& [name, value] : leaves) {
+    if (value->is_tensor()) add(value->tensor());
+    if (value->is_sharded_tensor()) {
+      for (const Shard& shard : value->sharded_tensor().local_shards()) {
+        add(shard.tensor);
+      }
+    }
+  }
+  return memory;
+}
+
+// The plain path: one file written from `memory` (pwritev, then fsync) or
+// read into it (preadv), in order, IOV_MAX pieces per call, on this thread.
+absl::Status PlainVectorIo(const std::string& path,
+                           const std::vector<iovec>& memory, bool write) {
+  const int fd = ::open(
+      path.c_str(),
+      write ? O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC : O_RDONLY | O_CLOEXEC,
+      0644);
+  if (fd < 0) return ErrnoError(errno, absl::StrCat("open ", path));
+  std::vector<iovec> left = memory;  // Advanced past what is transferred.
+  size_t next = 0;
+  off_t offset = 0;
+  absl::Status status;
+  while (next < left.size()) {
+    const int count =
+        static_cast<int>(std::min<size_t>(IOV_MAX, left.size() - next));
+    const ssize_t n = write ? ::pwritev(fd, &left[next], count, offset)
+                            : ::preadv(fd, &left[next], count, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = ErrnoError(
+          errno, absl::StrFormat("%s %s offset=%d",
+                                 write ? "pwritev" : "preadv", path, offset));
+      break;
+    }
+    if (n == 0) {
+      status = absl::DataLossError(
+          absl::StrCat(path, " ends at ", offset, " bytes, before the state"));
+      break;
+    }
+    offset += n;
+    for (size_t done = n; done > 0;) {
+      if (done >= left[next].iov_len) {
+        done -= left[next].iov_len;
+        ++next;
+      } else {
+        left[next].iov_base = static_cast<char*>(left[next].iov_base) + done;
+        left[next].iov_len -= done;
+        done = 0;
+      }
+    }
+  }
+  if (status.ok() && write && ::fsync(fd) != 0) {
+    status = ErrnoError(errno, absl::StrCat("fsync ", path));
+  }
+  ::close(fd);
+  return status;
+}
+
+// OK when every tensor byte of `actual` equals `expected`'s (same layout);
+// then zeroes `actual`, so the next load into it is checked afresh (its
+// pages stay touched).
+absl::Status CheckAndZero(const std::vector<iovec>& expected,
+                          const std::vector<iovec>& actual,
+                          const std::string& what) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::memcmp(expected[i].iov_base, actual[i].iov_base,
+                    expected[i].iov_len) != 0) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " differs after the read"));
+    }
+    std::memset(actual[i].iov_base, 0, actual[i].iov_len);
+  }
+  return absl::OkStatus();
+}
+
+// Times fn() on this thread and records a row of `variant` with its CPU
+// time (all threads of this process) per GB moved.
+template <typename Fn>
+absl::StatusOr<json> TimeCeiling(const std::string& variant, int rep,
+                                 int64_t bytes, Fn fn) {
+  ::sync();  // Nothing pending elsewhere lands inside the clock.
+  const ResourceMeter meter;
+  const Clock::time_point start = Clock::now();
+  DCP_RETURN_IF_ERROR(fn());
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  const ResourceMeter::Use use = meter.Elapsed();
+  const double gb = bytes / 1e9;
+  json row = {
+      {"measurement", "ceiling"},
+      {"variant", variant},
+      {"rep", rep},
+      {"bytes", bytes},
+      {"seconds", seconds},
+      {"gbps", gb / seconds},
+      {"user_seconds", use.user_seconds},
+      {"system_seconds", use.system_seconds},
+      {"cpu_seconds_per_gb", (use.user_seconds + use.system_seconds) / gb},
+      {"minor_faults", use.minor_faults}};
+  Log(absl::StrFormat("  %-11s %6.3f GB/s  %.3f CPU s/GB", variant,
+                      row.at("gbps").get<double>(),
+                      row.at("cpu_seconds_per_gb").get<double>()));
+  return row;
+}
+
+// Save and load of the synthetic state of `size` against the plain path,
+// `repeat` times, alternating which goes first; returns the size's summary.
+absl::StatusOr<json> CeilingSize(const BenchFlags& flags,
+                                 const std::string& work,
+                                 const std::string& size_text, int64_t size) {
+  SyntheticStateOptions options;
+  options.total_bytes = size;
+  options.seed = flags.seed;
+  StateDict source = MakeSyntheticState(options);
+  options.fill = false;  // Zero-filled: the destination's pages are touched.
+  StateDict dest = MakeSyntheticState(options);
+  const int64_t bytes = StateTensorBytes(source);
+  DCP_ASSIGN_OR_RETURN(std::vector<iovec> source_memory, TensorMemory(source));
+  DCP_ASSIGN_OR_RETURN(std::vector<iovec> dest_memory, TensorMemory(dest));
+  const std::string plain_file = absl::StrCat(work, "/plain.bin");
+  const std::string dcp_dir = absl::StrCat(work, "/dcp");
+  std::vector<json> rows;
+  auto plain = [&](int rep) -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(json w, TimeCeiling("plain_write", rep, bytes, [&] {
+                           return PlainVectorIo(plain_file, source_memory,
+                                                /*write=*/true);
+                         }));
+    DCP_ASSIGN_OR_RETURN(json r, TimeCeiling("plain_readv", rep, bytes, [&] {
+                           return PlainVectorIo(plain_file, dest_memory,
+                                                /*write=*/false);
+                         }));
+    rows.push_back(w);
+    rows.push_back(r);
+    fs::remove(plain_file);
+    return CheckAndZero(source_memory, dest_memory, "plain readv");
+  };
+  auto dcp = [&](int rep) -> absl::Status {
+    FileSystemWriterOptions writer_options;
+    FileSystemReaderOptions reader_options;
+    if (flags.storage_threads > 0) {
+      writer_options.thread_count = flags.storage_threads;
+      reader_options.thread_count = flags.storage_threads;
+    }
+    FileSystemWriter writer(dcp_dir, writer_options);
+    SaveOptions save_options;
+    save_options.storage_writer = &writer;
+    DCP_ASSIGN_OR_RETURN(json w, TimeCeiling("dcp_save", rep, bytes, [&] {
+                           return Save(source, save_options).status();
+                         }));
+    FileSystemReader reader(dcp_dir, reader_options);
+    LoadOptions load_options;
+    load_options.storage_reader = &reader;
+    DCP_ASSIGN_OR_RETURN(json r, TimeCeiling("dcp_load", rep, bytes, [&] {
+                           return Load(dest, load_options);
+                         }));
+    rows.push_back(w);
+    rows.push_back(r);
+    fs::remove_all(dcp_dir);
+    return CheckAndZero(source_memory, dest_memory, "dcp load");
+  };
+  std::vector<std::string> load_averages;
+  for (int rep = 1; rep <= flags.repeat; ++rep) {
+    load_averages.push_back(LoadAverage());
+    Log(absl::StrCat(size_text, " repetition ", rep, "/", flags.repeat,
+                     " (load average ", load_averages.back(), ", ", NowUtc(),
+                     ")"));
+    if (rep % 2 == 1) {
+      DCP_RETURN_IF_ERROR(plain(rep));
+      DCP_RETURN_IF_ERROR(dcp(rep));
+    } else {
+      DCP_RETURN_IF_ERROR(dcp(rep));
+      DCP_RETURN_IF_ERROR(plain(rep));
+    }
+  }
+  // Per phase: dcp against the plain path, per repetition, then the median.
+  json summary = {{"size", size_text},
+                  {"state_bytes", bytes},
+                  {"tensors", source_memory.size()},
+                  {"repetitions", flags.repeat},
+                  {"load_averages", load_averages},
+                  {"rows", rows}};
+  auto variant = [&](const std::string& name) {
+    std::map<int, const json*> by_rep;
+    for (const json& r : rows) {
+      if (r.at("variant") == name) by_rep[r.at("rep").get<int>()] = &r;
+    }
+    return by_rep;
+  };
+  auto stats = [](const std::map<int, const json*>& by_rep) {
+    std::vector<double> gbps, cpu;
+    for (const auto& [rep, r] : by_rep) {
+      gbps.push_back(r->at("gbps").get<double>());
+      cpu.push_back(r->at("cpu_seconds_per_gb").get<double>());
+    }
+    return json{{"median_gbps", Median(gbps)},
+                {"all_gbps", gbps},
+                {"median_cpu_seconds_per_gb", Median(cpu)},
+                {"all_cpu_seconds_per_gb", cpu}};
+  };
+  for (const auto& [phase, dcp_name, plain_name] :
+       {std::tuple<std::string, std::string, std::string>{"save", "dcp_save",
+                                                          "plain_write"},
+        {"load", "dcp_load", "plain_readv"}}) {
+    const auto d = variant(dcp_name);
+    const auto p = variant(plain_name);
+    std::vector<double> ratios;
+    int met = 0;
+    for (const auto& [rep, r] : d) {
+      ratios.push_back(r->at("gbps").get<double>() /
+                       p.at(rep)->at("gbps").get<double>());
+      if (ratios.back() >= kCeilingBar) ++met;
+    }
+    summary[phase] = {{"dcp", stats(d)},
+                      {"plain", stats(p)},
+                      {"plain_variant", plain_name},
+                      {"vs_plain_median", Median(ratios)},
+                      {"vs_plain_all", ratios},
+                      {"bar", kCeilingBar},
+                      {"met_in", met},
+                      {"pass", 3 * met >= 2 * flags.repeat}};
+  }
+  return summary;
+}
+
+void PrintCeiling(std::FILE* out, const json& s) {
+  std::fprintf(
+      out,
+      "\n%s (%.0f bytes in %d tensors), %d repetitions (load average "
+      "at their start: %s)\n",
+      s.at("size").get<std::string>().c_str(),
+      s.at("state_bytes").get<double>(), s.at("tensors").get<int>(),
+      s.at("repetitions").get<int>(),
+      absl::StrJoin(s.at("load_averages").get<std::vector<std::string>>(), "; ")
+          .c_str());
+  std::fprintf(out, "  %-5s %10s %10s %14s %14s %8s   %s\n", "phase",
+               "dcp GB/s", "plain GB/s", "dcp CPU s/GB", "plain CPU s/GB",
+               "x plain", "met (bar 0.8x)");
+  for (const char* phase : {"save", "load"}) {
+    const json& p = s.at(phase);
+    std::vector<std::string> all;
+    for (double r : p.at("vs_plain_all")) {
+      all.push_back(absl::StrFormat("%.2f", r));
+    }
+    std::fprintf(
+        out, "  %-5s %10.3f %10.3f %14.3f %14.3f %8.2f   %d of %zu (%s)\n",
+        phase, p.at("dcp").at("median_gbps").get<double>(),
+        p.at("plain").at("median_gbps").get<double>(),
+        p.at("dcp").at("median_cpu_seconds_per_gb").get<double>(),
+        p.at("plain").at("median_cpu_seconds_per_gb").get<double>(),
+        p.at("vs_plain_median").get<double>(), p.at("met_in").get<int>(),
+        all.size(), absl::StrJoin(all, " ").c_str());
+  }
+  std::fprintf(out,
+               "  (plain: one thread, pwritev of the tensors + fsync / preadv "
+               "into the preallocated, touched destination; x plain: dcp "
+               "GB/s over plain GB/s per repetition, median)\n");
+}
+
+// `dcp bench io --ceiling`: see the file comment.
+absl::Status RunCeiling(const BenchFlags& flags) {
+  DCP_ASSIGN_OR_RETURN(auto sizes, ParseSizes(flags.sizes));
+  DCP_ASSIGN_OR_RETURN(const std::string work,
+                       MakeWorkDir(flags.dir, "dcp-bench-ceiling."));
+  const MachineInfo machine = DescribeMachine(work);
+  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine({});
+  json report = {
+      {"mode", "ceiling"},
+      {"started", NowUtc()},
+      {"dir", work},
+      {"file_system", machine.file_system},
+      {"repeat", flags.repeat},
+      {"seed", flags.seed},
+      {"checksums", true},  // Always on: every block is hashed and checked.
+      {"checksum_block_size", FileSystemWriterOptions{}.checksum_block_size},
+      {"writer_threads", flags.storage_threads > 0
+                             ? flags.storage_threads
+                             : FileSystemWriterOptions{}.thread_count},
+      {"reader_threads", flags.storage_threads > 0
+                             ? flags.storage_threads
+                             : FileSystemReaderOptions{}.thread_count},
+      {"io_engine", engine.ok() ? std::string((*engine)->name()) : ""},
+      {"load_average_start", LoadAverage()},
+      {"machine",
+       {{"cpu_model", machine.cpu_model},
+        {"cpus", machine.cpus},
+        {"memory_bytes", machine.memory_bytes},
+        {"kernel", machine.kernel}}},
+      {"sizes", json::array()}};
+  report.update(SourceCommit());
+  Log(absl::StrCat("ceiling: started ", NowUtc(), " in ", work, " (",
+                   machine.file_system, "), load average ", LoadAverage(),
+                   ", commit ", report.value("commit", "?")));
+  if (machine.file_system != "tmpfs") {
+    Log(absl::StrCat("warning: ", work, " is on ", machine.file_system,
+                     ", not tmpfs: the storage is in the measurement"));
+  }
+  absl::Status status;
+  for (const auto& [text, size] : sizes) {
+    absl::StatusOr<json> summary = CeilingSize(flags, work, text, size);
+    if (!summary.ok()) {
+      status = summary.status();
+      break;
+    }
+    report["sizes"].push_back(*std::move(summary));
+  }
+  std::error_code ec;
+  fs::remove_all(work, ec);
+  DCP_RETURN_IF_ERROR(status);
+  report["finished"] = NowUtc();
+  report["load_average_end"] = LoadAverage();
+  std::FILE* table = flags.json ? stderr : stdout;
+  std::fprintf(table,
+               "dcp bench io --ceiling, %s - %s, %s (%s), checksums on, "
+               "writer/reader threads %d/%d, engine %s\n",
+               report.at("started").get<std::string>().c_str(),
+               report.at("finished").get<std::string>().c_str(), work.c_str(),
+               machine.file_system.c_str(),
+               report.at("writer_threads").get<int>(),
+               report.at("reader_threads").get<int>(),
+               report.at("io_engine").get<std::string>().c_str());
+  for (const json& s : report.at("sizes")) PrintCeiling(table, s);
+  if (flags.json) std::printf("%s\n", report.dump().c_str());
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace dcp
 
@@ -1110,9 +1355,10 @@ int main(int argc, char** argv) {
   app.add_option("--size", flags.sizes,
                  "State sizes, comma-separated (e.g. 1GiB,4GiB)")
       ->delimiter(',');
-  app.add_option("--dir", flags.dir,
-                 "Directory on the disk to measure (a fresh subdirectory is "
-                 "used and removed)");
+  CLI::Option* dir_opt = app.add_option(
+      "--dir", flags.dir,
+      "Directory on the disk to measure (a fresh subdirectory is used and "
+      "removed; default /tmp, with --ceiling /dev/shm)");
   app.add_option("--repeat", flags.repeat, "Repetitions per size")
       ->check(CLI::PositiveNumber);
   app.add_flag("--torch", flags.torch,
@@ -1146,6 +1392,15 @@ int main(int argc, char** argv) {
   app.add_option("--max-transfer", flags.max_transfer,
                  "Largest single I/O, e.g. 4MiB (0: the engine default)");
   app.add_option("--fio", flags.fio, "The fio program");
+  app.add_flag("--ceiling", flags.ceiling,
+               "The software ceiling: dcp save and load on tmpfs against a "
+               "plain pwritev/preadv of the same bytes, with CPU seconds per "
+               "GB (uses --size, --dir, --repeat, --seed, --json, "
+               "--storage-threads)");
+  app.add_option("--storage-threads", flags.storage_threads,
+                 "--ceiling: FileSystemWriter/Reader thread_count (0: their "
+                 "defaults)")
+      ->check(CLI::NonNegativeNumber);
   dcp::ChildFlags child;
   CLI::Option* child_opt =
       app.add_option("--child", child.phase, "Internal: measure one phase")
@@ -1180,6 +1435,9 @@ int main(int argc, char** argv) {
       child.max_buffered_read = *max_buffered_read;
       status = dcp::RunChild(child);
     }
+  } else if (flags.ceiling) {
+    if (dir_opt->count() == 0) flags.dir = "/dev/shm";
+    status = dcp::RunCeiling(flags);
   } else {
     status = dcp::Bench(flags).Run();
   }
