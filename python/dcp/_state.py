@@ -444,41 +444,48 @@ class Flat:
         """The DLTensor array (and shard array, or None) of the tensors."""
         objs = self.t_objs
         n = len(objs)
-        ptrs = [0] * n
-        dls = [0] * n
-        ndims = [0] * n
-        devs = [0] * n  # device_type | device_id << 32
+        ptrs: list[int] = []
+        dls: list[int] = []
+        ndims: list[int] = []
+        devs: list[int] = []  # device_type | device_id << 32
         dims: list[int] = []  # shape then strides, per tensor
+        add_ptr, add_dl, add_ndim, add_dev = (ptrs.append, dls.append,
+                                              ndims.append, devs.append)
+        add_dims = dims.extend
         torch_dl = _TORCH_DL
-        cpu = 1
-        for i, t in enumerate(objs):
+        cpu = _lib.DL_CPU
+        for t in objs:
             if type(t) is np.ndarray:
-                ptrs[i], dls[i], devs[i] = self._numpy_info(t, i)
-                dims.extend(t.shape)
+                ptr, dl, dev = self._numpy_info(t, len(ptrs))
+                add_ptr(ptr)
+                add_dl(dl)
+                add_dev(dev)
+                add_ndim(t.ndim)
+                add_dims(t.shape)
                 item = t.itemsize
-                dims.extend(s // item for s in t.strides)
-                ndims[i] = t.ndim
+                add_dims(s // item for s in t.strides)
                 continue
             dl = torch_dl.get(t.dtype)
             if dl is None:
-                raise TypeError(f"'{self.name(self.t_paths[i])}': dtype "
-                                f"{t.dtype} is not supported by dcp")
-            dls[i] = dl
-            ptrs[i] = t.data_ptr()
+                raise TypeError(f"'{self.name(self.t_paths[len(ptrs)])}': "
+                                f"dtype {t.dtype} is not supported by dcp")
+            add_dl(dl)
+            add_ptr(t.data_ptr())
             shape = t.shape
-            ndims[i] = len(shape)
-            dims.extend(shape)
-            dims.extend(t.stride())
-            if t.is_cuda:
+            add_ndim(len(shape))
+            add_dims(shape)
+            add_dims(t.stride())
+            if t.is_cpu:
+                add_dev(cpu)
+            elif t.is_cuda:
                 index = t.get_device()
-                devs[i] = _lib.DL_CUDA | (index << 32)
+                add_dev(_lib.DL_CUDA | (index << 32))
                 self.has_cuda = True
                 self.cuda_devices.add(index)
-            elif t.device.type == "cpu":
-                devs[i] = cpu
             else:
-                raise ValueError(f"'{self.name(self.t_paths[i])}': tensors "
-                                 f"on {t.device} are not supported by dcp")
+                raise ValueError(f"'{self.name(self.t_paths[len(devs)])}': "
+                                 f"tensors on {t.device} are not supported "
+                                 "by dcp")
         dims_arr = np.array(dims, dtype=np.int64) if dims else \
             np.zeros(1, np.int64)
         nd = np.array(ndims, dtype=np.int64)
