@@ -338,10 +338,8 @@ class _Writer:
                     self.conn.send(("exit",))
                 except OSError:
                     pass
-        self.proc.join(60)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        # Its queued saves finish first (the pipe is served in order).
+        self.proc.join()
 
 
 _writer: _Writer | None = None
@@ -461,11 +459,16 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
                 flat.v_paths, flat.v_vals)
     tensors = flat.t_objs
-    event = None
-    if any(not isinstance(t, np.ndarray) and t.is_cuda for t in tensors):
-        import torch
-        event = torch.cuda.Event()
-        event.record()
+    # CUDA tensors: staged after the work queued on the caller's current
+    # stream of their device, as of this call.
+    events = {}
+    for t in tensors:
+        if not isinstance(t, np.ndarray) and t.is_cuda:
+            device = t.get_device()
+            if device not in events:
+                import torch
+                events[device] = torch.cuda.Event()
+                events[device].record(torch.cuda.current_stream(device))
     hold = _debug_hold_next
     _debug_hold_next = False
     job = _Job(path)
@@ -473,16 +476,19 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
 
     def stage():
         nonlocal writer
+        import torch
         try:
             seg = _pool.acquire(total)
             job.segment = seg
-            if event is not None:
-                import torch
-                torch.cuda.current_stream().wait_event(event)
+            for device, event in events.items():
+                torch.cuda.current_stream(device).wait_event(event)
+            # Device-to-pageable-host copies return once copied.
             for (off, nbytes, _, _), t in zip(specs, tensors):
-                _copy_into(seg.mm, off, nbytes, t)
-            if event is not None:
-                torch.cuda.current_stream().synchronize()
+                if not isinstance(t, np.ndarray) and t.is_cuda:
+                    with torch.cuda.device(t.get_device()):
+                        _copy_into(seg.mm, off, nbytes, t)
+                else:
+                    _copy_into(seg.mm, off, nbytes, t)
         except BaseException as e:
             job.staging.set_exception(e)
             job.upload.set_exception(e)

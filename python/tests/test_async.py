@@ -153,3 +153,46 @@ def test_process_writer_killed_mid_save(tmp_path):
     again.upload_completion.result(WAIT)
     assert _process_writer.writer_pid() not in (None, pid)
     _check(str(tmp_path / "2"), 2)
+
+
+EXIT_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+import torch
+import dcp
+state = {"w": torch.full((1 << 20,), 3.0), "n": 5}
+dcp.async_save(state, checkpoint_id=sys.argv[1] + "/thread")
+dcp.async_save(state, checkpoint_id=sys.argv[1] + "/process",
+               async_checkpointer_type=dcp.AsyncCheckpointerType.PROCESS)
+# Exits at once: the uploads still in flight are finished at exit.
+"""
+
+
+def test_exit_waits_for_uploads(tmp_path):
+    import subprocess
+    import sys
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path),
+         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
+        capture_output=True, text=True, timeout=WAIT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for sub in ("thread", "process"):
+        got = {"w": torch.zeros(1 << 20), "n": 0}
+        dcp.load(got, checkpoint_id=str(tmp_path / sub))
+        assert torch.equal(got["w"], torch.full((1 << 20,), 3.0))
+        assert got["n"] == 5
+
+
+def test_world_of_one_under_torch_distributed(tmp_path):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store",
+                            rank=0, world_size=1)
+    try:
+        state = _state(6)
+        dcp.save(state, checkpoint_id=str(tmp_path / "s"))
+        dcp.async_save(state, checkpoint_id=str(tmp_path / "a")) \
+            .upload_completion.result(WAIT)
+        _check(str(tmp_path / "s"), 6)
+        _check(str(tmp_path / "a"), 6)
+    finally:
+        dist.destroy_process_group()
