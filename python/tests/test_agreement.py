@@ -1,0 +1,67 @@
+"""The store meeting before a distributed save/load (dcp.process_group):
+a rank that fails in Python makes every rank raise CheckpointException,
+and later rounds work. Ranks are threads over one HashStore here; the
+multi-process test covers it end to end."""
+
+import ctypes
+import threading
+
+import pytest
+import torch.distributed as dist
+
+import dcp
+from dcp.process_group import ProcessGroup
+
+
+def _groups(n, store):
+    groups = []
+    for rank in range(n):
+        g = ProcessGroup(ctypes.c_void_p(), rank, n, "test-agree",
+                         store=store)
+        g._instance = 0  # as if each were the first group of its process
+        groups.append(g)
+    return groups
+
+
+def _round(groups, errors):
+    results = [None] * len(groups)
+
+    def run(rank):
+        try:
+            groups[rank].agree("save", errors.get(rank))
+            results[rank] = "ok"
+        except BaseException as e:  # noqa: B902 - recorded for the test
+            results[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in
+               range(len(groups))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_one_failing_rank_fails_every_rank():
+    groups = _groups(3, dist.HashStore())
+    assert _round(groups, {}) == ["ok"] * 3
+    boom = TypeError("cannot save 'x'")
+    results = _round(groups, {1: boom})
+    for rank, r in enumerate(results):
+        assert isinstance(r, dcp.CheckpointValueError), r  # TypeError -> 3
+        assert list(r.failures) == [1]
+        assert "rank 1: TypeError: cannot save 'x'" in str(r)
+    assert results[1].__cause__ is boom
+    assert results[1].failures[1][0] is boom
+    assert isinstance(results[0].failures[1][0], dcp.CheckpointException)
+    # Two failing ranks, then a clean round again.
+    results = _round(groups, {0: RuntimeError("a"), 2: RuntimeError("b")})
+    assert all(sorted(r.failures) == [0, 2] for r in results)
+    assert _round(groups, {}) == ["ok"] * 3
+
+
+def test_single_rank_reraises_the_error_itself():
+    (g,) = _groups(1, dist.HashStore())
+    with pytest.raises(KeyError):
+        g.agree("load", KeyError("k"))
+    g.agree("load", None)
