@@ -39,8 +39,10 @@ try:
                              load_sharded_optimizer_state_dict,
                              set_model_state_dict, set_optimizer_state_dict,
                              set_state_dict)
-except ModuleNotFoundError as _e:  # being written alongside this package
-    if _e.name != __name__ + ".state_dict":
+except ModuleNotFoundError as _e:
+    # The helpers are for torch models: without torch, the rest of the
+    # package (numpy arrays) still works.
+    if _e.name != "torch":
         raise
 
 __version__ = "0.1.0"
