@@ -101,10 +101,12 @@ DCP_API const char* dcp_last_error_message(void);
 
 /* A failed save or load of several ranks (the seed's CheckpointException)
  * lists each failing rank: its rank, code and message. 0 failures for an
- * error of this process alone. `index` out of range: DCP_OUT_OF_RANGE. */
+ * error of this process alone. `index` out of range: DCP_OUT_OF_RANGE (and
+ * a NULL output DCP_INVALID_ARGUMENT); these four readers never record an
+ * error themselves, so the error being read stays. */
 DCP_API size_t dcp_last_error_num_rank_failures(void);
-DCP_API int dcp_last_error_rank_failure(size_t index, int32_t* rank,
-                                        int* code, const char** message);
+DCP_API int dcp_last_error_rank_failure(size_t index, int32_t* rank, int* code,
+                                        const char** message);
 
 /* ------------------------------------------------------------------------
  * Common types
@@ -153,8 +155,9 @@ typedef enum dcp_value_kind {
 } dcp_value_kind_t;
 
 /* One step of a path from the root of a state dict: a map key (key !=
- * NULL) or a list index (key == NULL, index >= 0). Lists grow to fit the
- * indices set; unset list elements are None. */
+ * NULL) or a list index (key == NULL, index >= 0); the first step is a key.
+ * Lists grow to fit the indices set; unset list elements are None, and a
+ * None on the way of a path becomes the map or list the path needs. */
 typedef struct dcp_path_elem {
   const char* key;
   int64_t index;
@@ -235,13 +238,17 @@ DCP_API int dcp_state_dict_set_tensors(dcp_state_dict_t* sd, size_t n,
                                        const dcp_shard_t* shards);
 
 /* A sharded tensor with several local chunks: chunks[i] starts at
- * offsets[i] (global_ndim entries) in the global shape. */
+ * offsets[i] (global_ndim entries) in the global shape. num_chunks >= 1
+ * (the chunks give the dtype). */
 DCP_API int dcp_state_dict_set_sharded_tensor(
     dcp_state_dict_t* sd, dcp_path_t path, int32_t global_ndim,
     const int64_t* global_shape, size_t num_chunks, const DLTensor* chunks,
     const int64_t* const* offsets);
 
-/* Managed DLPack tensors (ownership moves to the state dict). */
+/* Managed DLPack tensors (ownership moves to the state dict). A versioned
+ * tensor flagged read-only (DLPACK_FLAG_BITMASK_READ_ONLY) can be saved;
+ * a load into it is DCP_INVALID_ARGUMENT naming it. A versioned tensor of
+ * a major version other than 1 is DCP_INVALID_ARGUMENT. */
 DCP_API int dcp_state_dict_set_dlpack(dcp_state_dict_t* sd, dcp_path_t path,
                                       DLManagedTensor* tensor,
                                       const dcp_shard_t* shard);
@@ -286,8 +293,7 @@ DCP_API int dcp_state_dict_get(const dcp_state_dict_t* sd, dcp_path_t path,
 
 /* Leaves in flattened-name order ("model.layers.0.weight"): their count,
  * and the flattened name and value of leaf `index`. */
-DCP_API int dcp_state_dict_num_leaves(const dcp_state_dict_t* sd,
-                                      size_t* out);
+DCP_API int dcp_state_dict_num_leaves(const dcp_state_dict_t* sd, size_t* out);
 DCP_API int dcp_state_dict_leaf(const dcp_state_dict_t* sd, size_t index,
                                 const char** name, dcp_leaf_info_t* out);
 
@@ -410,9 +416,9 @@ typedef struct dcp_save_options {
   size_t struct_size;
   /* Where to save. With storage_writer too, the writer is pointed at it. */
   const char* checkpoint_id;
-  dcp_storage_writer_t* storage_writer;          /* NULL: a fs writer */
-  const dcp_save_planner_options_t* planner;     /* NULL: defaults */
-  dcp_process_group_t* process_group;            /* NULL: the default */
+  dcp_storage_writer_t* storage_writer;      /* NULL: a fs writer */
+  const dcp_save_planner_options_t* planner; /* NULL: defaults */
+  dcp_process_group_t* process_group;        /* NULL: the default */
   int32_t coordinator_rank;
   dcp_flag_t no_dist;         /* default false */
   dcp_flag_t use_collectives; /* default true */
@@ -502,9 +508,9 @@ DCP_API int dcp_metadata_free(dcp_metadata_t* md);
 
 typedef struct dcp_item_info {
   size_t struct_size;
-  const char* name;   /* flattened name */
-  int32_t is_tensor;  /* 0: a plain value stored as bytes */
-  int32_t dtype;      /* dcp_dtype_t */
+  const char* name;  /* flattened name */
+  int32_t is_tensor; /* 0: a plain value stored as bytes */
+  int32_t dtype;     /* dcp_dtype_t */
   int32_t ndim;
   const int64_t* shape; /* the global shape */
   size_t num_chunks;

@@ -1,0 +1,1190 @@
+/* Tests of the C ABI (dcp/dcp.h), compiled as C99 and linked against
+ * libdcp.so itself: what a C, Rust or ctypes caller sees. A tiny harness:
+ * every CHECK counts, failures print where and why, main returns 1 if any
+ * failed. Nothing here sleeps; async completions are waited for by
+ * dcp_async_save_wait or by a condition variable the callback signals.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dlpack/dlpack.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dcp/dcp.h"
+
+/* ------------------------------------------------------------------------
+ * Harness
+ * ---------------------------------------------------------------------- */
+
+static int g_checks = 0;
+static int g_failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    ++g_checks;                                                                \
+    if (!(cond)) {                                                             \
+      ++g_failures;                                                            \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
+  } while (0)
+
+/* `expr` returns DCP_OK. */
+#define CHECK_OK(expr)                                                   \
+  do {                                                                   \
+    int rc_ = (expr);                                                    \
+    ++g_checks;                                                          \
+    if (rc_ != DCP_OK) {                                                 \
+      ++g_failures;                                                      \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, \
+              #expr, dcp_status_name(rc_), dcp_last_error_message());    \
+    }                                                                    \
+  } while (0)
+
+/* `expr` fails with `code`, and the last error has that code and a message
+ * containing `needle`. */
+#define CHECK_ERROR(expr, code, needle) \
+  check_error((expr), (code), (needle), #expr, __FILE__, __LINE__)
+
+static void check_error(int rc, int code, const char* needle, const char* expr,
+                        const char* file, int line) {
+  ++g_checks;
+  if (rc != code || dcp_last_error_code() != code ||
+      strstr(dcp_last_error_message(), needle) == NULL) {
+    ++g_failures;
+    fprintf(stderr,
+            "%s:%d: %s returned %s (last error %s: \"%s\"); expected %s "
+            "with a message containing \"%s\"\n",
+            file, line, expr, dcp_status_name(rc),
+            dcp_status_name(dcp_last_error_code()), dcp_last_error_message(),
+            dcp_status_name(code), needle);
+  }
+}
+
+/* Paths: PATH(KEY("model"), KEY("layers"), IDX(0)). */
+#define KEY(k) \
+  { (k), -1 }
+#define IDX(i) \
+  { NULL, (i) }
+#define PATH(...)                             \
+  ((dcp_path_t){                              \
+      (const dcp_path_elem_t[]){__VA_ARGS__}, \
+      sizeof((dcp_path_elem_t[]){__VA_ARGS__}) / sizeof(dcp_path_elem_t)})
+
+static char g_root[4096];
+
+/* A fresh directory path under the test's temporary directory (not
+ * created: a save creates it). */
+static const char* dir_for(const char* name, char* buf, size_t size) {
+  snprintf(buf, size, "%s/%s", g_root, name);
+  return buf;
+}
+
+static DLTensor make_tensor(void* data, int32_t ndim, int64_t* shape,
+                            int64_t* strides, uint8_t code, uint8_t bits) {
+  DLTensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.device.device_id = 0;
+  t.ndim = ndim;
+  t.dtype.code = code;
+  t.dtype.bits = bits;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  t.strides = strides;
+  t.byte_offset = 0;
+  return t;
+}
+
+static dcp_save_options_t save_options(const char* dir) {
+  dcp_save_options_t o;
+  memset(&o, 0, sizeof(o));
+  o.struct_size = sizeof(o);
+  o.checkpoint_id = dir;
+  return o;
+}
+
+static dcp_load_options_t load_options(const char* dir) {
+  dcp_load_options_t o;
+  memset(&o, 0, sizeof(o));
+  o.struct_size = sizeof(o);
+  o.checkpoint_id = dir;
+  return o;
+}
+
+static dcp_leaf_info_t leaf_info(void) {
+  dcp_leaf_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  return info;
+}
+
+/* DLPack codes of each dcp dtype (dcp/dcp.h). */
+typedef struct dtype_case {
+  int dtype;
+  uint8_t code;
+  uint8_t bits;
+} dtype_case;
+
+static const dtype_case kDTypes[] = {
+    {DCP_DTYPE_BOOL, 6, 8},
+    {DCP_DTYPE_U8, kDLUInt, 8},
+    {DCP_DTYPE_I8, kDLInt, 8},
+    {DCP_DTYPE_U16, kDLUInt, 16},
+    {DCP_DTYPE_I16, kDLInt, 16},
+    {DCP_DTYPE_U32, kDLUInt, 32},
+    {DCP_DTYPE_I32, kDLInt, 32},
+    {DCP_DTYPE_U64, kDLUInt, 64},
+    {DCP_DTYPE_I64, kDLInt, 64},
+    {DCP_DTYPE_F16, kDLFloat, 16},
+    {DCP_DTYPE_BF16, kDLBfloat, 16},
+    {DCP_DTYPE_F32, kDLFloat, 32},
+    {DCP_DTYPE_F64, kDLFloat, 64},
+    {DCP_DTYPE_F8_E4M3, 10, 8},
+    {DCP_DTYPE_F8_E5M2, 12, 8},
+    {DCP_DTYPE_C64, kDLComplex, 64},
+    {DCP_DTYPE_C128, kDLComplex, 128},
+};
+#define NUM_DTYPES ((int)(sizeof(kDTypes) / sizeof(kDTypes[0])))
+
+/* ------------------------------------------------------------------------
+ * Version, names
+ * ---------------------------------------------------------------------- */
+
+static void test_version_and_names(void) {
+  char expected[32];
+  snprintf(expected, sizeof(expected), "%d.%d.%d", DCP_VERSION_MAJOR,
+           DCP_VERSION_MINOR, DCP_VERSION_PATCH);
+  CHECK(strcmp(dcp_version(), expected) == 0);
+  CHECK(strcmp(dcp_status_name(DCP_OK), "OK") == 0);
+  CHECK(strcmp(dcp_status_name(DCP_INVALID_ARGUMENT), "INVALID_ARGUMENT") == 0);
+  CHECK(strcmp(dcp_status_name(DCP_UNAUTHENTICATED), "UNAUTHENTICATED") == 0);
+  CHECK(strcmp(dcp_status_name(17), "UNKNOWN_CODE") == 0);
+  CHECK(strcmp(dcp_status_name(-1), "UNKNOWN_CODE") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_F32), "F32") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_BF16), "BF16") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_F8_E4M3), "F8_E4M3") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_C128), "C128") == 0);
+  CHECK(dcp_dtype_name(17) == NULL);
+  CHECK(dcp_dtype_name(-1) == NULL);
+}
+
+/* ------------------------------------------------------------------------
+ * Round trips
+ * ---------------------------------------------------------------------- */
+
+/* Every dtype, a 0-d tensor and a tensor with a byte_offset, byte-exact. */
+static void test_roundtrip_every_dtype(void) {
+  enum { kRows = 3, kCols = 5, kMaxBytes = kRows * kCols * 16 };
+  static unsigned char src[NUM_DTYPES][kMaxBytes];
+  static unsigned char dst[NUM_DTYPES][kMaxBytes];
+  int64_t shape[2] = {kRows, kCols};
+  char dir[4200];
+  dcp_state_dict_t* saved = NULL;
+  dcp_state_dict_t* loaded = NULL;
+  int i;
+  size_t b;
+  double scalar = 2.5, scalar_out = 0;
+  unsigned char offset_src[64], offset_dst[64];
+  int64_t offset_shape[1] = {4};
+  DLTensor t;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  dcp_leaf_info_t info = leaf_info();
+
+  CHECK_OK(dcp_state_dict_create(&saved));
+  CHECK_OK(dcp_state_dict_create(&loaded));
+  for (i = 0; i < NUM_DTYPES; ++i) {
+    const size_t bytes = (size_t)kRows * kCols * kDTypes[i].bits / 8;
+    const char* name = dcp_dtype_name(kDTypes[i].dtype);
+    for (b = 0; b < bytes; ++b) {
+      src[i][b] = kDTypes[i].dtype == DCP_DTYPE_BOOL
+                      ? (unsigned char)(b % 2)
+                      : (unsigned char)(b * 37 + (size_t)i * 11 + 1);
+    }
+    memset(dst[i], 0, sizeof(dst[i]));
+    t = make_tensor(src[i], 2, shape, NULL, kDTypes[i].code, kDTypes[i].bits);
+    CHECK_OK(
+        dcp_state_dict_set_tensor(saved, PATH(KEY("t"), KEY(name)), &t, NULL));
+    t.data = dst[i];
+    CHECK_OK(
+        dcp_state_dict_set_tensor(loaded, PATH(KEY("t"), KEY(name)), &t, NULL));
+  }
+  /* A 0-d tensor. */
+  t = make_tensor(&scalar, 0, NULL, NULL, kDLFloat, 64);
+  CHECK_OK(dcp_state_dict_set_tensor(saved, PATH(KEY("scalar")), &t, NULL));
+  t.data = &scalar_out;
+  CHECK_OK(dcp_state_dict_set_tensor(loaded, PATH(KEY("scalar")), &t, NULL));
+  /* byte_offset: the tensor starts 8 bytes into its buffer. */
+  for (b = 0; b < sizeof(offset_src); ++b) offset_src[b] = (unsigned char)b;
+  memset(offset_dst, 0, sizeof(offset_dst));
+  t = make_tensor(offset_src, 1, offset_shape, NULL, kDLUInt, 32);
+  t.byte_offset = 8;
+  CHECK_OK(dcp_state_dict_set_tensor(saved, PATH(KEY("offset")), &t, NULL));
+  t = make_tensor(offset_dst, 1, offset_shape, NULL, kDLUInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(loaded, PATH(KEY("offset")), &t, NULL));
+
+  so = save_options(dir_for("dtypes", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(saved, &so, NULL));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(loaded, &lo));
+  for (i = 0; i < NUM_DTYPES; ++i) {
+    const size_t bytes = (size_t)kRows * kCols * kDTypes[i].bits / 8;
+    const char* name = dcp_dtype_name(kDTypes[i].dtype);
+    CHECK(memcmp(src[i], dst[i], bytes) == 0);
+    CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("t"), KEY(name)), &info));
+    CHECK(info.kind == DCP_VALUE_TENSOR);
+    CHECK(info.dtype == kDTypes[i].dtype);
+    CHECK(info.ndim == 2 && info.shape[0] == kRows && info.shape[1] == kCols);
+  }
+  CHECK(scalar_out == 2.5);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("scalar")), &info));
+  CHECK(info.kind == DCP_VALUE_TENSOR && info.ndim == 0);
+  CHECK(memcmp(offset_src + 8, offset_dst, 16) == 0);
+  CHECK(offset_dst[16] == 0);
+  CHECK_OK(dcp_state_dict_free(saved));
+  CHECK_OK(dcp_state_dict_free(loaded));
+}
+
+/* Strided sources and destinations: a view of every other column. */
+static void test_strided(void) {
+  float src[4][6], gathered[4][3], strided_dst[4][6];
+  int64_t shape[2] = {4, 3};
+  int64_t strides[2] = {6, 2};
+  int64_t transposed_shape[2] = {6, 4};
+  int64_t transposed_strides[2] = {1, 6};
+  float transposed[6][4];
+  char dir[4200];
+  dcp_state_dict_t* saved = NULL;
+  dcp_state_dict_t* loaded = NULL;
+  DLTensor t;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  int r, c;
+
+  for (r = 0; r < 4; ++r) {
+    for (c = 0; c < 6; ++c) src[r][c] = (float)(r * 10 + c);
+  }
+  memset(gathered, 0, sizeof(gathered));
+  memset(strided_dst, 0, sizeof(strided_dst));
+  memset(transposed, 0, sizeof(transposed));
+  CHECK_OK(dcp_state_dict_create(&saved));
+  t = make_tensor(src, 2, shape, strides, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(saved, PATH(KEY("view")), &t, NULL));
+  t = make_tensor(src, 2, transposed_shape, transposed_strides, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(saved, PATH(KEY("transposed")), &t, NULL));
+  so = save_options(dir_for("strided", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(saved, &so, NULL));
+
+  /* Into a contiguous tensor, then into a strided one. */
+  CHECK_OK(dcp_state_dict_create(&loaded));
+  t = make_tensor(gathered, 2, shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(loaded, PATH(KEY("view")), &t, NULL));
+  t = make_tensor(transposed, 2, transposed_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(loaded, PATH(KEY("transposed")), &t, NULL));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(loaded, &lo));
+  for (r = 0; r < 4; ++r) {
+    for (c = 0; c < 3; ++c) CHECK(gathered[r][c] == src[r][2 * c]);
+  }
+  for (r = 0; r < 6; ++r) {
+    for (c = 0; c < 4; ++c) CHECK(transposed[r][c] == src[c][r]);
+  }
+  t = make_tensor(strided_dst, 2, shape, strides, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(loaded, PATH(KEY("view")), &t, NULL));
+  CHECK_OK(dcp_load(loaded, &lo));
+  for (r = 0; r < 4; ++r) {
+    for (c = 0; c < 6; ++c) {
+      CHECK(strided_dst[r][c] == (c % 2 == 0 ? src[r][c] : 0.0f));
+    }
+  }
+  CHECK_OK(dcp_state_dict_free(saved));
+  CHECK_OK(dcp_state_dict_free(loaded));
+}
+
+/* Nested maps and lists of plain values, read back by dcp_state_dict_get. */
+static void test_plain_values(void) {
+  static const char kString[] = {'a', '\0', 'b', 'c'};
+  static const unsigned char kBytes[] = {0, 255, 0, 7, 0};
+  char dir[4200];
+  dcp_state_dict_t* saved = NULL;
+  dcp_state_dict_t* loaded = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  dcp_leaf_info_t info = leaf_info();
+  size_t n = 0;
+  const char* name = NULL;
+
+  CHECK_OK(dcp_state_dict_create(&saved));
+  CHECK_OK(dcp_state_dict_set_int(saved, PATH(KEY("opt"), KEY("step")),
+                                  -1234567890123LL));
+  CHECK_OK(dcp_state_dict_set_float(saved, PATH(KEY("opt"), KEY("lr")), 0.125));
+  CHECK_OK(dcp_state_dict_set_bool(
+      saved, PATH(KEY("opt"), KEY("groups"), IDX(0), KEY("nesterov")), 1));
+  CHECK_OK(dcp_state_dict_set_string(saved,
+                                     PATH(KEY("opt"), KEY("groups"), IDX(2)),
+                                     kString, sizeof(kString)));
+  CHECK_OK(dcp_state_dict_set_bytes(saved, PATH(KEY("blob")), kBytes,
+                                    sizeof(kBytes)));
+  CHECK_OK(dcp_state_dict_set_none(saved, PATH(KEY("nothing"))));
+  /* Leaves in flattened-name order; groups.1 is an unset (None) element. */
+  CHECK_OK(dcp_state_dict_num_leaves(saved, &n));
+  CHECK(n == 7);
+  CHECK_OK(dcp_state_dict_leaf(saved, 0, &name, &info));
+  CHECK(strcmp(name, "blob") == 0 && info.kind == DCP_VALUE_BYTES);
+  CHECK_OK(dcp_state_dict_leaf(saved, 3, &name, &info));
+  CHECK(strcmp(name, "opt.groups.1") == 0 && info.kind == DCP_VALUE_NONE);
+  CHECK_OK(dcp_state_dict_leaf(saved, 6, &name, &info));
+  CHECK(strcmp(name, "opt.step") == 0 && info.kind == DCP_VALUE_INT);
+  CHECK_ERROR(dcp_state_dict_leaf(saved, 7, &name, &info), DCP_OUT_OF_RANGE,
+              "leaf index 7");
+
+  so = save_options(dir_for("values", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(saved, &so, NULL));
+
+  /* The destination holds other values at the same paths. */
+  CHECK_OK(dcp_state_dict_create(&loaded));
+  CHECK_OK(dcp_state_dict_set_none(loaded, PATH(KEY("opt"), KEY("step"))));
+  CHECK_OK(dcp_state_dict_set_int(loaded, PATH(KEY("opt"), KEY("lr")), 0));
+  CHECK_OK(dcp_state_dict_set_none(
+      loaded, PATH(KEY("opt"), KEY("groups"), IDX(0), KEY("nesterov"))));
+  CHECK_OK(
+      dcp_state_dict_set_none(loaded, PATH(KEY("opt"), KEY("groups"), IDX(2))));
+  CHECK_OK(dcp_state_dict_set_none(loaded, PATH(KEY("blob"))));
+  CHECK_OK(dcp_state_dict_set_int(loaded, PATH(KEY("nothing")), 5));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(loaded, &lo));
+
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("opt"), KEY("step")), &info));
+  CHECK(info.kind == DCP_VALUE_INT && info.int_value == -1234567890123LL);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("opt"), KEY("lr")), &info));
+  CHECK(info.kind == DCP_VALUE_FLOAT && info.float_value == 0.125);
+  CHECK_OK(dcp_state_dict_get(
+      loaded, PATH(KEY("opt"), KEY("groups"), IDX(0), KEY("nesterov")), &info));
+  CHECK(info.kind == DCP_VALUE_BOOL && info.bool_value == 1);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("opt"), KEY("groups"), IDX(2)),
+                              &info));
+  CHECK(info.kind == DCP_VALUE_STRING && info.size == sizeof(kString) &&
+        memcmp(info.data, kString, sizeof(kString)) == 0);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("opt"), KEY("groups"), IDX(1)),
+                              &info));
+  CHECK(info.kind == DCP_VALUE_NONE);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("blob")), &info));
+  CHECK(info.kind == DCP_VALUE_BYTES && info.size == sizeof(kBytes) &&
+        memcmp(info.data, kBytes, sizeof(kBytes)) == 0);
+  CHECK_OK(dcp_state_dict_get(loaded, PATH(KEY("nothing")), &info));
+  CHECK(info.kind == DCP_VALUE_NONE);
+  CHECK_OK(dcp_state_dict_free(saved));
+  CHECK_OK(dcp_state_dict_free(loaded));
+}
+
+/* A sharded tensor saved as two row chunks, loaded as three column chunks;
+ * another set through dcp_state_dict_set_tensors with one whole chunk. */
+static void test_resharding(void) {
+  float global[4][6], cols[3][4][2], whole[2][2], whole_out[2][2];
+  int64_t global_shape[2] = {4, 6};
+  int64_t row_shape[2] = {2, 6};
+  int64_t col_shape[2] = {4, 2};
+  int64_t row_offsets[2][2] = {{0, 0}, {2, 0}};
+  int64_t col_offsets[3][2] = {{0, 0}, {0, 2}, {0, 4}};
+  const int64_t* row_offset_ptrs[2] = {row_offsets[0], row_offsets[1]};
+  const int64_t* col_offset_ptrs[3] = {col_offsets[0], col_offsets[1],
+                                       col_offsets[2]};
+  int64_t whole_shape[2] = {2, 2};
+  int64_t zero[2] = {0, 0};
+  DLTensor rows[2], col_tensors[3], plain[2];
+  dcp_shard_t shards[2];
+  dcp_path_t paths[2];
+  char dir[4200];
+  dcp_state_dict_t* saved = NULL;
+  dcp_state_dict_t* loaded = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  dcp_leaf_info_t info = leaf_info();
+  float scalar = 3.0f, scalar_out = 0.0f;
+  int r, c, k;
+
+  for (r = 0; r < 4; ++r) {
+    for (c = 0; c < 6; ++c) global[r][c] = (float)(r * 100 + c);
+  }
+  for (r = 0; r < 2; ++r) {
+    for (c = 0; c < 2; ++c) whole[r][c] = (float)(r * 2 + c + 1);
+  }
+  memset(cols, 0, sizeof(cols));
+  memset(whole_out, 0, sizeof(whole_out));
+  CHECK_OK(dcp_state_dict_create(&saved));
+  rows[0] = make_tensor(global[0], 2, row_shape, NULL, kDLFloat, 32);
+  rows[1] = make_tensor(global[2], 2, row_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_sharded_tensor(
+      saved, PATH(KEY("w")), 2, global_shape, 2, rows, row_offset_ptrs));
+  /* set_tensors: a sharded tensor of one whole chunk, and a plain one. */
+  paths[0] = PATH(KEY("whole"));
+  paths[1] = PATH(KEY("plain"));
+  plain[0] = make_tensor(whole, 2, whole_shape, NULL, kDLFloat, 32);
+  plain[1] = make_tensor(&scalar, 0, NULL, NULL, kDLFloat, 32);
+  shards[0].ndim = 2;
+  shards[0].global_shape = whole_shape;
+  shards[0].offsets = zero;
+  shards[1].ndim = 0;
+  shards[1].global_shape = NULL;
+  shards[1].offsets = NULL;
+  CHECK_OK(dcp_state_dict_set_tensors(saved, 2, paths, plain, shards));
+  CHECK_OK(dcp_state_dict_get(saved, PATH(KEY("w")), &info));
+  CHECK(info.kind == DCP_VALUE_SHARDED_TENSOR && info.ndim == 2 &&
+        info.shape[0] == 4 && info.shape[1] == 6 &&
+        info.dtype == DCP_DTYPE_F32);
+  CHECK_OK(dcp_state_dict_get(saved, PATH(KEY("whole")), &info));
+  CHECK(info.kind == DCP_VALUE_SHARDED_TENSOR);
+  CHECK_OK(dcp_state_dict_get(saved, PATH(KEY("plain")), &info));
+  CHECK(info.kind == DCP_VALUE_TENSOR && info.ndim == 0);
+  so = save_options(dir_for("sharded", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(saved, &so, NULL));
+
+  CHECK_OK(dcp_state_dict_create(&loaded));
+  for (k = 0; k < 3; ++k) {
+    col_tensors[k] = make_tensor(cols[k], 2, col_shape, NULL, kDLFloat, 32);
+  }
+  CHECK_OK(dcp_state_dict_set_sharded_tensor(loaded, PATH(KEY("w")), 2,
+                                             global_shape, 3, col_tensors,
+                                             col_offset_ptrs));
+  /* The sharded "whole" loads into a plain tensor, and back. */
+  plain[0].data = whole_out;
+  plain[1].data = &scalar_out;
+  CHECK_OK(dcp_state_dict_set_tensors(loaded, 2, paths, plain, NULL));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(loaded, &lo));
+  for (k = 0; k < 3; ++k) {
+    for (r = 0; r < 4; ++r) {
+      for (c = 0; c < 2; ++c) CHECK(cols[k][r][c] == global[r][2 * k + c]);
+    }
+  }
+  CHECK(memcmp(whole, whole_out, sizeof(whole)) == 0);
+  CHECK(scalar_out == 3.0f);
+  CHECK_OK(dcp_state_dict_free(saved));
+  CHECK_OK(dcp_state_dict_free(loaded));
+}
+
+/* What a checkpoint holds, from dcp_save's result and from disk. */
+static void test_metadata(void) {
+  float a[2][3] = {{1, 2, 3}, {4, 5, 6}};
+  int64_t a_shape[2] = {2, 3};
+  int64_t half_shape[2] = {1, 3};
+  int64_t offsets[2][2] = {{0, 0}, {1, 0}};
+  const int64_t* offset_ptrs[2] = {offsets[0], offsets[1]};
+  DLTensor chunks[2];
+  char dir[4200];
+  dcp_state_dict_t* sd = NULL;
+  dcp_metadata_t* from_save = NULL;
+  dcp_metadata_t* from_disk = NULL;
+  dcp_metadata_t* both[2];
+  dcp_save_options_t so;
+  dcp_item_info_t item;
+  dcp_path_elem_t elem;
+  size_t n = 0, index = 99;
+  const int64_t* chunk_offsets = NULL;
+  const int64_t* chunk_sizes = NULL;
+  const char* checkpoint_id = NULL;
+  const char* save_id = NULL;
+  int m;
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  chunks[0] = make_tensor(a[0], 2, half_shape, NULL, kDLFloat, 32);
+  chunks[1] = make_tensor(a[1], 2, half_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_sharded_tensor(
+      sd, PATH(KEY("model"), KEY("layers"), IDX(1), KEY("w")), 2, a_shape, 2,
+      chunks, offset_ptrs));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("step")), 7));
+  so = save_options(dir_for("metadata", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, &from_save));
+  CHECK(from_save != NULL);
+  CHECK_OK(dcp_metadata_read(dir, &from_disk));
+  both[0] = from_save;
+  both[1] = from_disk;
+  for (m = 0; m < 2; ++m) {
+    const dcp_metadata_t* md = both[m];
+    /* layers.0 is the None the list was padded with. */
+    CHECK_OK(dcp_metadata_num_items(md, &n));
+    CHECK(n == 3);
+    memset(&item, 0, sizeof(item));
+    item.struct_size = sizeof(item);
+    CHECK_OK(dcp_metadata_item(md, 0, &item));
+    CHECK(strcmp(item.name, "model.layers.0") == 0 && item.is_tensor == 0);
+    CHECK_OK(dcp_metadata_item(md, 1, &item));
+    CHECK(strcmp(item.name, "model.layers.1.w") == 0);
+    CHECK(item.is_tensor == 1 && item.dtype == DCP_DTYPE_F32);
+    CHECK(item.ndim == 2 && item.shape[0] == 2 && item.shape[1] == 3);
+    CHECK(item.num_chunks == 2 && item.requires_grad == 0);
+    CHECK(item.path_len == 4);
+    if (dcp_metadata_chunk(md, 1, 1, &chunk_offsets, &chunk_sizes) == DCP_OK) {
+      CHECK(chunk_offsets[0] == 1 && chunk_offsets[1] == 0);
+      CHECK(chunk_sizes[0] == 1 && chunk_sizes[1] == 3);
+    } else {
+      CHECK(0 && "dcp_metadata_chunk");
+    }
+    CHECK_OK(dcp_metadata_item_path(md, 1, 0, &elem));
+    CHECK(elem.key != NULL && strcmp(elem.key, "model") == 0);
+    CHECK_OK(dcp_metadata_item_path(md, 1, 2, &elem));
+    CHECK(elem.key == NULL && elem.index == 1);
+    CHECK_ERROR(dcp_metadata_item_path(md, 1, 4, &elem), DCP_OUT_OF_RANGE,
+                "model.layers.1.w");
+    CHECK_ERROR(dcp_metadata_chunk(md, 1, 2, &chunk_offsets, &chunk_sizes),
+                DCP_OUT_OF_RANGE, "model.layers.1.w");
+    CHECK_OK(dcp_metadata_item(md, 2, &item));
+    CHECK(strcmp(item.name, "step") == 0 && item.is_tensor == 0);
+    CHECK(item.num_chunks == 0 && item.path_len == 1);
+    CHECK_ERROR(dcp_metadata_chunk(md, 2, 0, &chunk_offsets, &chunk_sizes),
+                DCP_INVALID_ARGUMENT, "\"step\" is a plain value");
+    CHECK_ERROR(dcp_metadata_item(md, 3, &item), DCP_OUT_OF_RANGE, "index 3");
+    CHECK_OK(dcp_metadata_find(md, "step", &index));
+    CHECK(index == 2);
+    CHECK_ERROR(dcp_metadata_find(md, "model", &index), DCP_NOT_FOUND,
+                "\"model\"");
+    CHECK_OK(dcp_metadata_ids(md, &checkpoint_id, &save_id));
+    CHECK(strcmp(checkpoint_id, dir) == 0);
+    CHECK(strlen(save_id) > 0);
+  }
+  CHECK_OK(dcp_metadata_free(from_save));
+  CHECK_OK(dcp_metadata_free(from_disk));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+/* A storage writer and reader of the caller's, pointed at checkpoint_id. */
+static void test_writer_and_reader_handles(void) {
+  int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8];
+  int64_t shape[1] = {8};
+  char dir[4200], other[4200];
+  dcp_fs_writer_options_t wo;
+  dcp_fs_reader_options_t ro;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_metadata_t* md = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+
+  memset(&wo, 0, sizeof(wo));
+  wo.struct_size = sizeof(wo);
+  wo.sync_files = DCP_FALSE;
+  wo.direct_io = DCP_FALSE;
+  wo.thread_count = 2;
+  memset(&ro, 0, sizeof(ro));
+  ro.struct_size = sizeof(ro);
+  ro.direct_io = DCP_FALSE;
+  dir_for("writer-first", other, sizeof(other));
+  CHECK_OK(dcp_fs_writer_create(other, &wo, &writer));
+  CHECK_OK(dcp_fs_reader_create(other, &ro, &reader));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(src, 1, shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  /* checkpoint_id with a writer: the writer is pointed at it. */
+  so = save_options(dir_for("writer-second", dir, sizeof(dir)));
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_metadata_read(dir, &md));
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_ERROR(dcp_metadata_read(other, &md), DCP_NOT_FOUND, other);
+  /* The same writer again, at its (new) location: a fresh save id. */
+  so.checkpoint_id = NULL;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+
+  memset(dst, 0, sizeof(dst));
+  t.data = dst;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  lo = load_options(dir);
+  lo.storage_reader = reader;
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(src, dst, sizeof(src)) == 0);
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_storage_reader_free(reader));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+/* ------------------------------------------------------------------------
+ * Async save
+ * ---------------------------------------------------------------------- */
+
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int calls;
+  int status;
+} gate;
+
+static void gate_init(gate* g) {
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  g->calls = 0;
+  g->status = -1;
+}
+
+static void gate_destroy(gate* g) {
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}
+
+static void on_done(void* user, int status) {
+  gate* g = (gate*)user;
+  pthread_mutex_lock(&g->mu);
+  ++g->calls;
+  g->status = status;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Waits for the callback; the deadline only bounds a hang. */
+static int gate_wait(gate* g) {
+  struct timespec deadline;
+  int calls;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += 120;
+  pthread_mutex_lock(&g->mu);
+  while (g->calls == 0) {
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) break;
+  }
+  calls = g->calls;
+  pthread_mutex_unlock(&g->mu);
+  return calls;
+}
+
+static void test_async_save(void) {
+  double src[16], dst[16];
+  int64_t shape[1] = {16};
+  char dir[4200], dir2[4200];
+  dcp_state_dict_t* sd = NULL;
+  dcp_async_save_t* save = NULL;
+  dcp_async_save_t* save2 = NULL;
+  dcp_metadata_t* md = NULL;
+  dcp_process_group_t* group = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+  int32_t done = -1, rank = -1, size = -1;
+  size_t n = 0;
+  gate upload_gate, now_gate;
+  int i;
+
+  for (i = 0; i < 16; ++i) src[i] = i * 0.5;
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(src, 1, shape, NULL, kDLFloat, 64);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+
+  /* Through a process group from the environment (one rank here), made
+   * the default. */
+  CHECK_OK(dcp_process_group_create_from_env(NULL, &group));
+  CHECK_OK(dcp_process_group_rank(group, &rank));
+  CHECK_OK(dcp_process_group_size(group, &size));
+  CHECK(rank == 0 && size == 1);
+  CHECK_OK(dcp_set_default_process_group(group));
+
+  so = save_options(dir_for("async", dir, sizeof(dir)));
+  CHECK_OK(dcp_async_save(sd, &so, &save));
+  /* Poll, then wait forever: the result is the same completion. */
+  CHECK_OK(dcp_async_save_wait(save, DCP_UPLOAD, 0, &done));
+  CHECK(done == 0 || done == 1);
+  CHECK_OK(dcp_async_save_wait(save, DCP_STAGING, -1, &done));
+  CHECK(done == 1);
+  CHECK_OK(dcp_async_save_wait(save, DCP_UPLOAD, -1, &done));
+  CHECK(done == 1);
+  CHECK_OK(dcp_async_save_wait(save, DCP_UPLOAD, 0, &done));
+  CHECK(done == 1);
+  CHECK_OK(dcp_async_save_metadata(save, &md));
+  CHECK_OK(dcp_metadata_num_items(md, &n));
+  CHECK(n == 1);
+  CHECK_OK(dcp_metadata_free(md));
+  /* A callback on a finished completion runs at once, on this thread. */
+  gate_init(&now_gate);
+  CHECK_OK(dcp_async_save_on_done(save, DCP_STAGING, on_done, &now_gate));
+  CHECK(now_gate.calls == 1 && now_gate.status == DCP_OK);
+  gate_destroy(&now_gate);
+  CHECK_ERROR(dcp_async_save_wait(save, 2, 0, &done), DCP_INVALID_ARGUMENT,
+              "completion 2");
+  CHECK_OK(dcp_async_save_free(save));
+
+  /* A callback, registered at once; the handle is freed before the upload
+   * is known to be done, which does not cancel it. */
+  gate_init(&upload_gate);
+  so = save_options(dir_for("async-callback", dir2, sizeof(dir2)));
+  CHECK_OK(dcp_async_save(sd, &so, &save2));
+  CHECK_OK(dcp_async_save_on_done(save2, DCP_UPLOAD, on_done, &upload_gate));
+  CHECK_OK(dcp_async_save_free(save2));
+  CHECK(gate_wait(&upload_gate) == 1);
+  CHECK(upload_gate.status == DCP_OK);
+  gate_destroy(&upload_gate);
+  CHECK_OK(dcp_shutdown());
+
+  /* Both checkpoints load. */
+  memset(dst, 0, sizeof(dst));
+  t.data = dst;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  lo = load_options(dir2);
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(src, dst, sizeof(src)) == 0);
+  memset(dst, 0, sizeof(dst));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(src, dst, sizeof(src)) == 0);
+
+  /* The default group cannot be freed; unset, it can. */
+  CHECK_ERROR(dcp_process_group_free(group), DCP_FAILED_PRECONDITION,
+              "default group");
+  CHECK_OK(dcp_set_default_process_group(NULL));
+  CHECK_OK(dcp_process_group_free(group));
+  CHECK_ERROR(dcp_process_group_rank(group, &rank), DCP_INVALID_ARGUMENT,
+              "dcp_process_group_t");
+
+  /* The process checkpointer is not in this library. */
+  so.async_checkpointer_type = DCP_ASYNC_PROCESS;
+  save = NULL;
+  CHECK_ERROR(dcp_async_save(sd, &so, &save), DCP_UNIMPLEMENTED,
+              "DCP_ASYNC_PROCESS");
+  CHECK(save == NULL);
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+/* ------------------------------------------------------------------------
+ * Managed DLPack tensors
+ * ---------------------------------------------------------------------- */
+
+/* DLPack 1.x's DLManagedTensorVersioned (Debian's DLPack 0.6 header has
+ * none; dcp/dcp.h only declares it). */
+struct DLManagedTensorVersioned {
+  struct {
+    uint32_t major;
+    uint32_t minor;
+  } version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+
+typedef struct managed_float {
+  DLManagedTensor legacy;
+  struct DLManagedTensorVersioned versioned;
+  float data[6];
+  int64_t shape[2];
+  int deletes;
+} managed_float;
+
+static void legacy_deleter(DLManagedTensor* self) {
+  ((managed_float*)self->manager_ctx)->deletes++;
+}
+
+static void versioned_deleter(struct DLManagedTensorVersioned* self) {
+  ((managed_float*)self->manager_ctx)->deletes++;
+}
+
+static void managed_init(managed_float* m, float first) {
+  int i;
+  memset(m, 0, sizeof(*m));
+  for (i = 0; i < 6; ++i) m->data[i] = first + (float)i;
+  m->shape[0] = 2;
+  m->shape[1] = 3;
+  m->legacy.dl_tensor = make_tensor(m->data, 2, m->shape, NULL, kDLFloat, 32);
+  m->legacy.manager_ctx = m;
+  m->legacy.deleter = legacy_deleter;
+  m->versioned.version.major = 1;
+  m->versioned.version.minor = 1;
+  m->versioned.dl_tensor = m->legacy.dl_tensor;
+  m->versioned.manager_ctx = m;
+  m->versioned.deleter = versioned_deleter;
+}
+
+static void test_managed_dlpack(void) {
+  managed_float a, b, c, d, e, f;
+  char dir[4200];
+  dcp_state_dict_t* sd = NULL;
+  dcp_state_dict_t* dest = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLManagedTensor* exported = NULL;
+  int i;
+
+  managed_init(&a, 1);
+  managed_init(&b, 10);
+  CHECK_OK(dcp_state_dict_create(&sd));
+  CHECK_OK(dcp_state_dict_set_dlpack(sd, PATH(KEY("legacy")), &a.legacy, NULL));
+  CHECK_OK(dcp_state_dict_set_dlpack_versioned(sd, PATH(KEY("versioned")),
+                                               &b.versioned, NULL));
+  CHECK(a.deletes == 0 && b.deletes == 0);
+  so = save_options(dir_for("managed", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, NULL));
+
+  /* Export shares the memory; the export keeps it alive past the leaf. */
+  CHECK_OK(dcp_state_dict_get_dlpack(sd, PATH(KEY("legacy")), &exported));
+  CHECK(exported->dl_tensor.data == a.data);
+  CHECK(exported->dl_tensor.ndim == 2 && exported->dl_tensor.shape[1] == 3);
+  CHECK(exported->dl_tensor.dtype.code == kDLFloat &&
+        exported->dl_tensor.dtype.bits == 32);
+  /* Replacing a leaf releases its tensor (once the export is gone too). */
+  CHECK_OK(dcp_state_dict_set_none(sd, PATH(KEY("legacy"))));
+  CHECK(a.deletes == 0);
+  exported->deleter(exported);
+  CHECK(a.deletes == 1);
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK(a.deletes == 1 && b.deletes == 1);
+
+  /* Load into managed tensors. */
+  managed_init(&c, 0);
+  managed_init(&d, 0);
+  memset(c.data, 0, sizeof(c.data));
+  memset(d.data, 0, sizeof(d.data));
+  CHECK_OK(dcp_state_dict_create(&dest));
+  CHECK_OK(
+      dcp_state_dict_set_dlpack(dest, PATH(KEY("legacy")), &c.legacy, NULL));
+  CHECK_OK(dcp_state_dict_set_dlpack_versioned(dest, PATH(KEY("versioned")),
+                                               &d.versioned, NULL));
+  lo = load_options(dir);
+  CHECK_OK(dcp_load(dest, &lo));
+  for (i = 0; i < 6; ++i) {
+    CHECK(c.data[i] == 1 + i);
+    CHECK(d.data[i] == 10 + i);
+  }
+  /* A read-only versioned tensor cannot be loaded into. */
+  managed_init(&e, 0);
+  e.versioned.flags = 1; /* DLPACK_FLAG_BITMASK_READ_ONLY */
+  CHECK_OK(dcp_state_dict_set_dlpack_versioned(dest, PATH(KEY("versioned")),
+                                               &e.versioned, NULL));
+  CHECK(d.deletes == 1);
+  CHECK_ERROR(dcp_load(dest, &lo), DCP_INVALID_ARGUMENT,
+              "\"versioned\": the tensor is read-only");
+  CHECK_OK(dcp_state_dict_free(dest));
+  CHECK(c.deletes == 1 && d.deletes == 1 && e.deletes == 1);
+
+  /* Every error path calls the deleter once. */
+  managed_init(&f, 0);
+  CHECK_OK(dcp_state_dict_create(&sd));
+  f.versioned.version.major = 2;
+  CHECK_ERROR(dcp_state_dict_set_dlpack_versioned(sd, PATH(KEY("v2")),
+                                                  &f.versioned, NULL),
+              DCP_INVALID_ARGUMENT, "DLPack version 2.1");
+  CHECK(f.deletes == 1);
+  managed_init(&f, 0);
+  f.legacy.dl_tensor.dtype.code = 7; /* kDLFloat8_e3m4 */
+  f.legacy.dl_tensor.dtype.bits = 8;
+  CHECK_ERROR(dcp_state_dict_set_dlpack(sd, PATH(KEY("e3m4")), &f.legacy, NULL),
+              DCP_INVALID_ARGUMENT, "\"e3m4\"");
+  CHECK(f.deletes == 1);
+  managed_init(&f, 0);
+  CHECK_ERROR(dcp_state_dict_set_dlpack(NULL, PATH(KEY("x")), &f.legacy, NULL),
+              DCP_INVALID_ARGUMENT, "dcp_state_dict_t");
+  CHECK(f.deletes == 1);
+  managed_init(&f, 0);
+  CHECK_ERROR(
+      dcp_state_dict_set_dlpack_versioned(sd, PATH(IDX(0)), &f.versioned, NULL),
+      DCP_INVALID_ARGUMENT, "first element must be a key");
+  CHECK(f.deletes == 1);
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK(f.deletes == 1);
+}
+
+/* ------------------------------------------------------------------------
+ * Error paths
+ * ---------------------------------------------------------------------- */
+
+static void test_bad_handles(void) {
+  struct {
+    uint64_t a, b, c, d;
+  } not_a_handle = {1, 2, 3, 4};
+  dcp_state_dict_t* sd = NULL;
+  dcp_state_dict_t* freed = NULL;
+  dcp_metadata_t* md = NULL;
+  size_t n = 0;
+  char dir[4200];
+  dcp_save_options_t so;
+  dcp_leaf_info_t info = leaf_info();
+
+  CHECK_ERROR(dcp_state_dict_num_leaves(NULL, &n), DCP_INVALID_ARGUMENT,
+              "dcp_state_dict_t handle is NULL");
+  CHECK_OK(dcp_state_dict_create(&freed));
+  CHECK_OK(dcp_state_dict_free(freed));
+  CHECK_ERROR(dcp_state_dict_num_leaves(freed, &n), DCP_INVALID_ARGUMENT,
+              "is not a live dcp_state_dict_t handle");
+  CHECK_ERROR(dcp_state_dict_free(freed), DCP_INVALID_ARGUMENT,
+              "is not a live dcp_state_dict_t handle");
+  CHECK_ERROR(dcp_state_dict_set_int((dcp_state_dict_t*)&not_a_handle,
+                                     PATH(KEY("x")), 1),
+              DCP_INVALID_ARGUMENT, "is not a live dcp_state_dict_t handle");
+  CHECK_ERROR(dcp_metadata_num_items((dcp_metadata_t*)&not_a_handle, &n),
+              DCP_INVALID_ARGUMENT, "is not a live dcp_metadata_t handle");
+  CHECK_ERROR(dcp_async_save_free((dcp_async_save_t*)&not_a_handle),
+              DCP_INVALID_ARGUMENT, "dcp_async_save_t");
+
+  /* A handle of another type. */
+  CHECK_OK(dcp_state_dict_create(&sd));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("x")), 1));
+  so = save_options(dir_for("handles", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, &md));
+  CHECK_ERROR(dcp_state_dict_get((dcp_state_dict_t*)md, PATH(KEY("x")), &info),
+              DCP_INVALID_ARGUMENT,
+              "is a dcp_metadata_t handle, not a dcp_state_dict_t");
+  CHECK_ERROR(dcp_metadata_num_items((dcp_metadata_t*)sd, &n),
+              DCP_INVALID_ARGUMENT,
+              "is a dcp_state_dict_t handle, not a dcp_metadata_t");
+  so.storage_writer = (dcp_storage_writer_t*)sd;
+  CHECK_ERROR(dcp_save(sd, &so, NULL), DCP_INVALID_ARGUMENT,
+              "not a dcp_storage_writer_t");
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  /* Freeing NULL is a no-op. */
+  CHECK_OK(dcp_state_dict_free(NULL));
+  CHECK_OK(dcp_metadata_free(NULL));
+  CHECK_OK(dcp_storage_writer_free(NULL));
+  CHECK_OK(dcp_storage_reader_free(NULL));
+  CHECK_OK(dcp_process_group_free(NULL));
+  CHECK_OK(dcp_async_save_free(NULL));
+}
+
+static void test_struct_sizes(void) {
+  /* Room for a struct larger than the library's. */
+  union {
+    dcp_save_options_t options;
+    unsigned char bytes[sizeof(dcp_save_options_t) + 64];
+  } big;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  dcp_leaf_info_t info;
+  dcp_item_info_t item;
+  dcp_fs_writer_options_t wo;
+  dcp_storage_writer_t* writer = NULL;
+  char dir[4200];
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("x")), 42));
+  so = save_options(dir_for("sizes", dir, sizeof(dir)));
+  so.struct_size = 0;
+  CHECK_ERROR(dcp_save(sd, &so, NULL), DCP_INVALID_ARGUMENT,
+              "dcp_save_options_t.struct_size is 0");
+  memset(&big, 0, sizeof(big));
+  big.options = save_options(dir);
+  big.options.struct_size = sizeof(big);
+  CHECK_ERROR(dcp_save(sd, &big.options, NULL), DCP_INVALID_ARGUMENT,
+              "dcp_save_options_t.struct_size");
+  memset(&wo, 0, sizeof(wo));
+  CHECK_ERROR(dcp_fs_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_fs_writer_options_t.struct_size is 0");
+  wo.struct_size = sizeof(wo);
+  wo.overwrite = 5;
+  CHECK_ERROR(dcp_fs_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_fs_writer_options_t.overwrite is 5");
+
+  /* An output struct: 0 and too large fail; an older, smaller one gets
+   * only the fields it has. */
+  memset(&info, 0, sizeof(info));
+  CHECK_ERROR(dcp_state_dict_get(sd, PATH(KEY("x")), &info),
+              DCP_INVALID_ARGUMENT, "dcp_leaf_info_t.struct_size is 0");
+  info.struct_size = sizeof(info) + 1;
+  CHECK_ERROR(dcp_state_dict_get(sd, PATH(KEY("x")), &info),
+              DCP_INVALID_ARGUMENT, "dcp_leaf_info_t.struct_size");
+  memset(&info, 0xab, sizeof(info));
+  info.struct_size = offsetof(dcp_leaf_info_t, int_value) + sizeof(int64_t);
+  CHECK_OK(dcp_state_dict_get(sd, PATH(KEY("x")), &info));
+  CHECK(info.kind == DCP_VALUE_INT && info.int_value == 42);
+  CHECK(info.struct_size ==
+        offsetof(dcp_leaf_info_t, int_value) + sizeof(int64_t));
+  CHECK(info.bool_value == (int32_t)0xabababab); /* Beyond its size. */
+
+  /* A NULL options pointer means defaults, which name no checkpoint. */
+  so = save_options(dir);
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_ERROR(dcp_save(sd, NULL, NULL), DCP_INVALID_ARGUMENT, "checkpoint_id");
+  CHECK_ERROR(dcp_load(sd, NULL), DCP_INVALID_ARGUMENT, "checkpoint_id");
+  CHECK_ERROR(dcp_metadata_item(NULL, 0, NULL), DCP_INVALID_ARGUMENT,
+              "dcp_item_info_t");
+  memset(&item, 0, sizeof(item));
+  CHECK_ERROR(dcp_metadata_item(NULL, 0, &item), DCP_INVALID_ARGUMENT,
+              "dcp_item_info_t.struct_size is 0");
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+static void test_tensor_errors(void) {
+  float data[6] = {0};
+  float wrong[8] = {0};
+  int64_t shape[2] = {2, 3};
+  int64_t wrong_shape[2] = {2, 4};
+  int64_t bad_shape[1] = {-1};
+  int64_t global[2] = {4, 3};
+  int64_t outside[2] = {3, 0};
+  dcp_shard_t shard;
+  dcp_state_dict_t* sd = NULL;
+  dcp_state_dict_t* dest = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  dcp_leaf_info_t info = leaf_info();
+  DLTensor t, tensors[2];
+  dcp_path_t paths[2];
+  char dir[4200], missing[4200];
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  /* An unknown dtype: float8_e3m4 (code 7). */
+  t = make_tensor(data, 2, shape, NULL, 7, 8);
+  CHECK_ERROR(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL),
+      DCP_INVALID_ARGUMENT,
+      "state dict path \"model.w\": DLPack dtype (code 7");
+  t = make_tensor(data, 2, shape, NULL, kDLFloat, 32);
+  t.dtype.lanes = 4;
+  CHECK_ERROR(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL),
+      DCP_INVALID_ARGUMENT, "lanes 4");
+  /* A device dcp does not take. */
+  t = make_tensor(data, 2, shape, NULL, kDLFloat, 32);
+  t.device.device_type = kDLMetal;
+  CHECK_ERROR(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL),
+      DCP_INVALID_ARGUMENT, "\"model.w\": DLPack device type 8");
+  t = make_tensor(data, 1, bad_shape, NULL, kDLFloat, 32);
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("neg")), &t, NULL),
+              DCP_INVALID_ARGUMENT, "\"neg\"");
+  t = make_tensor(NULL, 2, shape, NULL, kDLFloat, 32);
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("null")), &t, NULL),
+              DCP_INVALID_ARGUMENT, "NULL data");
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("null")), NULL, NULL),
+              DCP_INVALID_ARGUMENT, "the DLTensor is NULL");
+  /* A shard outside its global shape; a 0-d sharded tensor. */
+  t = make_tensor(data, 2, shape, NULL, kDLFloat, 32);
+  shard.ndim = 2;
+  shard.global_shape = global;
+  shard.offsets = outside;
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("s")), &t, &shard),
+              DCP_INVALID_ARGUMENT, "\"s\"");
+  paths[0] = PATH(KEY("ok"));
+  paths[1] = PATH(KEY("bad"));
+  tensors[0] = t;
+  tensors[1] = t;
+  tensors[1].device.device_type = kDLMetal;
+  CHECK_ERROR(dcp_state_dict_set_tensors(sd, 2, paths, tensors, NULL),
+              DCP_INVALID_ARGUMENT, "\"bad\"");
+  CHECK_OK(dcp_state_dict_get(sd, PATH(KEY("ok")), &info)); /* Stays set. */
+  CHECK(info.kind == DCP_VALUE_TENSOR);
+
+  /* Paths. */
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("step")), 1));
+  CHECK_ERROR(dcp_state_dict_set_int(sd, PATH(KEY("step"), KEY("x")), 2),
+              DCP_INVALID_ARGUMENT, "goes through \"step\", a int leaf");
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("m"), KEY("a")), 1));
+  CHECK_ERROR(dcp_state_dict_set_int(sd, PATH(KEY("m"), IDX(0)), 2),
+              DCP_INVALID_ARGUMENT, "uses the map at \"m\" as a list");
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("l"), IDX(1)), 1));
+  CHECK_ERROR(dcp_state_dict_set_int(sd, PATH(KEY("l"), KEY("k")), 2),
+              DCP_INVALID_ARGUMENT, "uses the list at \"l\" as a map");
+  CHECK_ERROR(dcp_state_dict_get(sd, PATH(KEY("m")), &info),
+              DCP_INVALID_ARGUMENT, "ends at a map");
+  CHECK_ERROR(dcp_state_dict_get(sd, PATH(KEY("m"), KEY("b")), &info),
+              DCP_NOT_FOUND, "\"m.b\"");
+  CHECK_ERROR(dcp_state_dict_get(sd, PATH(KEY("step"), KEY("x")), &info),
+              DCP_INVALID_ARGUMENT, "goes through \"step\"");
+  CHECK_ERROR(dcp_state_dict_set_int(sd, PATH(KEY("l"), IDX(-2)), 1),
+              DCP_INVALID_ARGUMENT, "index -2");
+  {
+    dcp_path_t empty = {NULL, 0};
+    CHECK_ERROR(dcp_state_dict_set_int(sd, empty, 1), DCP_INVALID_ARGUMENT,
+                "empty");
+  }
+
+  /* A missing checkpoint. */
+  dir_for("no-such-checkpoint", missing, sizeof(missing));
+  lo = load_options(missing);
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_NOT_FOUND, missing);
+
+  /* Save; load into a wrong shape, a wrong dtype, a missing key. */
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(data, 2, shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL));
+  so = save_options(dir_for("errors", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_state_dict_create(&dest));
+  t = make_tensor(wrong, 2, wrong_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(dest, PATH(KEY("model"), KEY("w")), &t, NULL));
+  lo = load_options(dir);
+  CHECK_ERROR(dcp_load(dest, &lo), DCP_INVALID_ARGUMENT, "model.w");
+  t = make_tensor(wrong, 2, shape, NULL, kDLInt, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(dest, PATH(KEY("model"), KEY("w")), &t, NULL));
+  CHECK_ERROR(dcp_load(dest, &lo), DCP_INVALID_ARGUMENT, "model.w");
+  t = make_tensor(wrong, 2, shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(dest, PATH(KEY("model"), KEY("w")), &t, NULL));
+  CHECK_OK(dcp_state_dict_set_int(dest, PATH(KEY("extra")), 1));
+  CHECK_ERROR(dcp_load(dest, &lo), DCP_NOT_FOUND, "extra");
+  /* A missing key with allow_partial_load is skipped. */
+  {
+    dcp_load_planner_options_t po;
+    memset(&po, 0, sizeof(po));
+    po.struct_size = sizeof(po);
+    po.allow_partial_load = DCP_TRUE;
+    lo.planner = &po;
+    CHECK_OK(dcp_load(dest, &lo));
+  }
+  CHECK_OK(dcp_state_dict_free(dest));
+  CHECK_ERROR(dcp_metadata_read(missing, NULL), DCP_INVALID_ARGUMENT,
+              "output pointer");
+  {
+    dcp_metadata_t* md = NULL;
+    CHECK_ERROR(dcp_metadata_read(missing, &md), DCP_NOT_FOUND, missing);
+    CHECK(md == NULL);
+  }
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+/* The last error: kept by successful calls; rank failures. */
+static void test_last_error(void) {
+  dcp_state_dict_t* sd = NULL;
+  int32_t rank = -1;
+  int code = -1;
+  const char* message = NULL;
+
+  CHECK_ERROR(dcp_state_dict_free((dcp_state_dict_t*)&rank),
+              DCP_INVALID_ARGUMENT, "dcp_state_dict_t");
+  CHECK_OK(dcp_state_dict_create(&sd));
+  CHECK(dcp_last_error_code() == DCP_INVALID_ARGUMENT);
+  CHECK(strstr(dcp_last_error_message(), "dcp_state_dict_t") != NULL);
+  CHECK(dcp_last_error_num_rank_failures() == 0);
+  CHECK(dcp_last_error_rank_failure(0, &rank, &code, &message) ==
+        DCP_OUT_OF_RANGE);
+  /* Reading it does not replace it. */
+  CHECK(dcp_last_error_code() == DCP_INVALID_ARGUMENT);
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
+int main(void) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  char pattern[4096];
+  snprintf(pattern, sizeof(pattern), "%s/capi_XXXXXX",
+           tmp != NULL ? tmp : "/tmp");
+  if (mkdtemp(pattern) == NULL) {
+    perror("mkdtemp");
+    return 2;
+  }
+  snprintf(g_root, sizeof(g_root), "%s", pattern);
+
+  test_version_and_names();
+  test_roundtrip_every_dtype();
+  test_strided();
+  test_plain_values();
+  test_resharding();
+  test_metadata();
+  test_writer_and_reader_handles();
+  test_async_save();
+  test_managed_dlpack();
+  test_bad_handles();
+  test_struct_sizes();
+  test_tensor_errors();
+  test_last_error();
+  if (dcp_shutdown() != DCP_OK) ++g_failures;
+
+  printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,107 @@
+// The C ABI's handle types: what each opaque handle of dcp/dcp.h is inside
+// the library. Every handle starts with a HandleTag and is registered while
+// it lives (capi/internal/registry.h).
+//
+// Thread safety: as dcp/dcp.h says, one save or load at a time per state
+// dict, writer, reader or group handle; the caches of a state dict and the
+// users count of a process group are guarded for concurrent getters.
+#ifndef DCP_CAPI_INTERNAL_HANDLES_H_
+#define DCP_CAPI_INTERNAL_HANDLES_H_
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "capi/internal/registry.h"
+#include "comm/process_group.h"
+#include "core/future.h"
+#include "core/state_dict.h"
+#include "dcp/dcp.h"
+#include "io/file_system_storage.h"
+#include "planner/metadata.h"
+
+struct dcp_state_dict {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kStateDict;
+  dcp::capi::HandleTag tag{kType};
+
+  dcp::StateDict root;
+  // Paths of tensors whose DLPack producer marked them read-only: a load
+  // must not write into them.
+  std::set<dcp::ObjectPath> read_only;
+
+  // The flattened leaves (name, leaf in `root`), sorted by name, built on
+  // demand for the getters; reset by every change to `root`.
+  absl::Mutex cache_mu;
+  std::optional<std::vector<std::pair<std::string, dcp::StateValue*>>> leaves
+      ABSL_GUARDED_BY(cache_mu);
+
+  void Changed() {
+    absl::MutexLock lock(&cache_mu);
+    leaves.reset();
+  }
+};
+
+// One item of a checkpoint's metadata as dcp_metadata_item reports it.
+struct MetadataItem {
+  const std::string* name;                   // Key in the metadata.
+  const dcp::TensorStorageMetadata* tensor;  // NULL for bytes values.
+  dcp::ObjectPath path;                      // The nesting path.
+};
+
+struct dcp_metadata {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kMetadata;
+  dcp::capi::HandleTag tag{kType};
+
+  explicit dcp_metadata(dcp::Metadata metadata_in);
+
+  dcp::Metadata metadata;
+  std::vector<MetadataItem> items;  // In flattened-name order.
+  std::string checkpoint_id;
+  std::string save_id;
+};
+
+struct dcp_storage_writer {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kStorageWriter;
+  dcp::capi::HandleTag tag{kType};
+
+  // Shared with async saves still uploading through it.
+  std::shared_ptr<dcp::FileSystemWriter> writer;
+};
+
+struct dcp_storage_reader {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kStorageReader;
+  dcp::capi::HandleTag tag{kType};
+
+  std::shared_ptr<dcp::FileSystemReader> reader;
+};
+
+struct dcp_process_group {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kProcessGroup;
+  dcp::capi::HandleTag tag{kType};
+
+  std::unique_ptr<dcp::comm::ProcessGroup> group;
+  // Saves and loads using the group now (guarded by the library's group
+  // lock, see c_api.cc): a group in use cannot be freed.
+  int users = 0;
+};
+
+struct dcp_async_save {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kAsyncSave;
+  dcp::capi::HandleTag tag{kType};
+
+  dcp::Future<void> staging;
+  dcp::Future<dcp::Metadata> upload;
+};
+
+#endif  // DCP_CAPI_INTERNAL_HANDLES_H_

@@ -1,0 +1,199 @@
+#include "capi/internal/options.h"
+
+#include <string>
+
+#include "core/status.h"
+
+namespace dcp::capi {
+namespace {
+
+// A count or size field: 0 -> `default_value`; negative -> kInvalidArgument.
+template <typename Int>
+absl::StatusOr<Int> ReadCount(Int value, Int default_value, const char* field) {
+  if (value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", value, "; it must be >= 0 (0: default)"));
+  }
+  return value == 0 ? default_value : value;
+}
+
+absl::StatusOr<absl::Duration> ReadMilliseconds(int64_t ms,
+                                                absl::Duration default_value,
+                                                const char* field) {
+  DCP_ASSIGN_OR_RETURN(int64_t value, ReadCount<int64_t>(ms, 0, field));
+  return value == 0 ? default_value : absl::Milliseconds(value);
+}
+
+}  // namespace
+
+absl::Status CheckStructSize(size_t struct_size, size_t size,
+                             const char* type_name) {
+  if (struct_size == 0 || struct_size > size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        type_name, ".struct_size is ", struct_size, "; set it to sizeof(",
+        type_name, ") (", size,
+        " in this library; smaller sizes from older headers are accepted)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ReadFlag(dcp_flag_t flag, bool default_value,
+                              const char* field) {
+  switch (flag) {
+    case DCP_DEFAULT:
+      return default_value;
+    case DCP_TRUE:
+      return true;
+    case DCP_FALSE:
+      return false;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is ", flag,
+          "; a dcp_flag_t is DCP_DEFAULT (0), DCP_TRUE (1) or DCP_FALSE (-1)"));
+  }
+}
+
+absl::StatusOr<FileSystemWriterOptions> WriterOptionsFromC(
+    const dcp_fs_writer_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_fs_writer_options_t in,
+                       ReadVersioned(options, "dcp_fs_writer_options_t"));
+  FileSystemWriterOptions out;
+  DCP_ASSIGN_OR_RETURN(
+      out.single_file_per_rank,
+      ReadFlag(in.single_file_per_rank, out.single_file_per_rank,
+               "dcp_fs_writer_options_t.single_file_per_rank"));
+  DCP_ASSIGN_OR_RETURN(out.sync_files,
+                       ReadFlag(in.sync_files, out.sync_files,
+                                "dcp_fs_writer_options_t.sync_files"));
+  DCP_ASSIGN_OR_RETURN(out.thread_count,
+                       ReadCount<int32_t>(in.thread_count, 1,
+                                          "dcp_fs_writer_options_t."
+                                          "thread_count"));
+  DCP_ASSIGN_OR_RETURN(out.overwrite,
+                       ReadFlag(in.overwrite, out.overwrite,
+                                "dcp_fs_writer_options_t.overwrite"));
+  DCP_ASSIGN_OR_RETURN(
+      out.per_thread_copy_ahead,
+      ReadCount<int64_t>(in.per_thread_copy_ahead, out.per_thread_copy_ahead,
+                         "dcp_fs_writer_options_t.per_thread_copy_ahead"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_fs_writer_options_t.direct_io"));
+  return out;
+}
+
+absl::StatusOr<FileSystemReaderOptions> ReaderOptionsFromC(
+    const dcp_fs_reader_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_fs_reader_options_t in,
+                       ReadVersioned(options, "dcp_fs_reader_options_t"));
+  FileSystemReaderOptions out;
+  DCP_ASSIGN_OR_RETURN(out.thread_count,
+                       ReadCount<int32_t>(in.thread_count, 1,
+                                          "dcp_fs_reader_options_t."
+                                          "thread_count"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_fs_reader_options_t.direct_io"));
+  return out;
+}
+
+absl::StatusOr<DefaultSavePlannerOptions> SavePlannerOptionsFromC(
+    const dcp_save_planner_options_t* options, bool require_full_coverage) {
+  DCP_ASSIGN_OR_RETURN(dcp_save_planner_options_t in,
+                       ReadVersioned(options, "dcp_save_planner_options_t"));
+  DefaultSavePlannerOptions out;
+  DCP_ASSIGN_OR_RETURN(
+      out.flatten_state_dict,
+      ReadFlag(in.flatten_state_dict, out.flatten_state_dict,
+               "dcp_save_planner_options_t.flatten_state_dict"));
+  DCP_ASSIGN_OR_RETURN(
+      out.flatten_sharded_tensors,
+      ReadFlag(in.flatten_sharded_tensors, out.flatten_sharded_tensors,
+               "dcp_save_planner_options_t.flatten_sharded_tensors"));
+  DCP_ASSIGN_OR_RETURN(
+      out.dedup_save_to_lowest_rank,
+      ReadFlag(in.dedup_save_to_lowest_rank, out.dedup_save_to_lowest_rank,
+               "dcp_save_planner_options_t.dedup_save_to_lowest_rank"));
+  DCP_ASSIGN_OR_RETURN(
+      out.enable_plan_caching,
+      ReadFlag(in.enable_plan_caching, out.enable_plan_caching,
+               "dcp_save_planner_options_t.enable_plan_caching"));
+  out.require_full_coverage = require_full_coverage;
+  return out;
+}
+
+absl::StatusOr<DefaultLoadPlannerOptions> LoadPlannerOptionsFromC(
+    const dcp_load_planner_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_load_planner_options_t in,
+                       ReadVersioned(options, "dcp_load_planner_options_t"));
+  DefaultLoadPlannerOptions out;
+  DCP_ASSIGN_OR_RETURN(
+      out.flatten_state_dict,
+      ReadFlag(in.flatten_state_dict, out.flatten_state_dict,
+               "dcp_load_planner_options_t.flatten_state_dict"));
+  DCP_ASSIGN_OR_RETURN(
+      out.flatten_sharded_tensors,
+      ReadFlag(in.flatten_sharded_tensors, out.flatten_sharded_tensors,
+               "dcp_load_planner_options_t.flatten_sharded_tensors"));
+  DCP_ASSIGN_OR_RETURN(
+      out.allow_partial_load,
+      ReadFlag(in.allow_partial_load, out.allow_partial_load,
+               "dcp_load_planner_options_t.allow_partial_load"));
+  return out;
+}
+
+absl::StatusOr<comm::ProcessGroupOptions> ProcessGroupOptionsFromC(
+    const dcp_process_group_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_process_group_options_t in,
+                       ReadVersioned(options, "dcp_process_group_options_t"));
+  comm::ProcessGroupOptions out;
+  if (in.backend != nullptr) {
+    DCP_ASSIGN_OR_RETURN(out.backend, comm::ParseBackend(in.backend));
+  }
+  if (in.group_name != nullptr) {
+    if (in.group_name[0] == '\0') {
+      return absl::InvalidArgumentError(
+          "dcp_process_group_options_t.group_name is empty; pass NULL for "
+          "the default \"dcp-checkpoint\"");
+    }
+    out.group_name = in.group_name;
+  }
+  DCP_ASSIGN_OR_RETURN(
+      out.timeout, ReadMilliseconds(in.timeout_ms, out.timeout,
+                                    "dcp_process_group_options_t.timeout_ms"));
+  DCP_ASSIGN_OR_RETURN(
+      out.connect_timeout,
+      ReadMilliseconds(in.connect_timeout_ms, out.connect_timeout,
+                       "dcp_process_group_options_t.connect_timeout_ms"));
+  DCP_ASSIGN_OR_RETURN(
+      out.cuda_device,
+      ReadCount<int32_t>(in.cuda_device, -1,
+                         "dcp_process_group_options_t.cuda_device"));
+  return out;
+}
+
+absl::StatusOr<DeviceWait> DeviceWaitFromC(const dcp_device_wait_t& wait) {
+  if (wait.device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dcp_device_wait_t.device is ", wait.device, "; it must be >= 0"));
+  }
+  switch (wait.kind) {
+    case DCP_DEVICE_WAIT_NONE:
+      return DeviceWait{};
+    case DCP_DEVICE_WAIT_STREAM:
+      return DeviceWait::Stream(wait.device, wait.handle);
+    case DCP_DEVICE_WAIT_EVENT:
+      if (wait.handle == nullptr) {
+        return absl::InvalidArgumentError(
+            "dcp_device_wait_t of kind DCP_DEVICE_WAIT_EVENT has a NULL "
+            "event");
+      }
+      return DeviceWait::Event(wait.device, wait.handle);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_device_wait_t.kind is ", wait.kind,
+          "; use DCP_DEVICE_WAIT_NONE (0), _STREAM (1) or _EVENT (2)"));
+  }
+}
+
+}  // namespace dcp::capi
