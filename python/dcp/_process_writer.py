@@ -1,8 +1,12 @@
 """async_save(async_checkpointer_type=PROCESS): uploads in one persistent
 writer process.
 
-The writer is a `multiprocessing` spawn-context process started on the
-first PROCESS call and reused by every later one. Each call:
+The writer is a fresh interpreter (`python -c`, like multiprocessing's
+spawn start method but without re-running the caller's __main__, so
+scripts without an `if __name__ == "__main__"` guard work) started on the
+first PROCESS call and reused by every later one. It talks to this process
+over a Unix socket pair with multiprocessing's Connection framing. Each
+call:
 
 1. walks the state dict on the calling thread (dcp._state.Flat: validates
    and encodes the plain values, collects the tensors) and returns;
@@ -36,9 +40,12 @@ import atexit
 import ctypes
 import logging
 import mmap
-import multiprocessing
+import multiprocessing.connection
 import multiprocessing.reduction
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -117,8 +124,15 @@ _pool = _Pool()
 # -- the writer process (child side) -------------------------------------------
 
 
+def _child_entry():
+    """The writer process's main (argv[1]: its end of the socket pair)."""
+    conn = multiprocessing.connection.Connection(int(sys.argv[1]))
+    import torch  # noqa: F401 - imported before "ready", not in a save
+    _child_main(conn)
+
+
 def _child_main(conn):
-    """The writer process: serves saves until the pipe closes."""
+    """Serves saves until the socket closes."""
     from . import checkpoint, process_group
     from .checkpoint import prepare_save
     conn.send(("ready", os.getpid()))
@@ -232,13 +246,22 @@ class _Writer:
 
     def __init__(self):
         global startup_seconds
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe(duplex=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The child imports this very package, wherever it came from.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, env.get("PYTHONPATH")) if p)
         self._start = time.perf_counter()
-        self.proc = ctx.Process(target=_child_main, args=(child,),
-                                name="dcp-async-writer", daemon=True)
-        self.proc.start()
-        child.close()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c",
+                 "from dcp._process_writer import _child_entry; "
+                 "_child_entry()", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.conn = multiprocessing.connection.Connection(ours.detach())
         self.pid = self.proc.pid
         self.dead = False
         self.jobs: dict[int, _Job] = {}
@@ -291,8 +314,10 @@ class _Writer:
             self.dead = True
             jobs = list(self.jobs.values())
             self.jobs.clear()
-        self.proc.join(10)
-        code = self.proc.exitcode
+        try:
+            code = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            code = None
         for job in jobs:
             _pool.release(job.segment, None)
             job.upload.set_exception(errors.CheckpointException(
@@ -338,8 +363,8 @@ class _Writer:
                     self.conn.send(("exit",))
                 except OSError:
                     pass
-        # Its queued saves finish first (the pipe is served in order).
-        self.proc.join()
+        # Its queued saves finish first (the socket is served in order).
+        self.proc.wait()
 
 
 _writer: _Writer | None = None
@@ -352,7 +377,8 @@ _debug_hold_next = False  # test hook: the next save waits in the writer
 def _live_writer() -> _Writer:
     global _writer
     with _writer_lock:
-        if _writer is None or _writer.dead or not _writer.proc.is_alive():
+        if (_writer is None or _writer.dead or
+                _writer.proc.poll() is not None):
             if _writer is None:
                 atexit.register(shutdown_writer)
             _writer = _Writer()
