@@ -91,10 +91,12 @@ class _CopyStager:
         self.synced += 1
 
 
-def test_custom_async_stager(ckpt):
+@pytest.mark.parametrize("kind", list(dcp.AsyncCheckpointerType))
+def test_custom_async_stager(ckpt, kind):
     stager = _CopyStager()
     state = _state(4)
-    resp = dcp.async_save(state, checkpoint_id=ckpt, async_stager=stager)
+    resp = dcp.async_save(state, checkpoint_id=ckpt, async_stager=stager,
+                          async_checkpointer_type=kind)
     resp.staging_completion.result(WAIT)
     resp.upload_completion.result(WAIT)
     assert stager.staged == 1 and stager.synced == 1
