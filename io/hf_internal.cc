@@ -1,0 +1,367 @@
+#include "io/internal/hf_internal.h"
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "io/box_copy.h"
+#include "io/hf_storage.h"
+#include "io/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace dcp::internal_hf {
+namespace {
+
+using Json = nlohmann::json;
+
+// The most chunks of one tensor whose pairwise overlap is checked (n^2).
+constexpr size_t kMaxOverlapCheckedChunks = 4096;
+
+// One tensor entry of one file, as the headers describe it.
+struct Found {
+  DType dtype = DType::kF32;
+  Shape sizes;
+  Shape offsets;
+  bool sharded = false;  // Its offsets came from DCP_SHARDING_INFO.
+  size_t source = 0;
+  int64_t offset = 0;  // In the file.
+  int64_t length = 0;
+};
+
+// The file's DCP_SHARDING_INFO: tensor -> saved offsets, validated
+// against the header's shapes. Empty without one.
+absl::StatusOr<std::map<std::string, Shape>> ShardingInfo(
+    const SafetensorsHeader& header, const std::string& path) {
+  std::map<std::string, Shape> result;
+  auto it = header.metadata.find(kHfShardingInfoKey);
+  if (it == header.metadata.end()) return result;
+  const auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(path, ": __metadata__[\"",
+                                            kHfShardingInfoKey, "\"] ", why));
+  };
+  Json json;
+  try {
+    json = Json::parse(it->second);
+  } catch (const std::exception& e) {
+    return bad(absl::StrCat("is not valid JSON (", e.what(), ")"));
+  }
+  if (!json.is_object()) return bad("is not a JSON object");
+  std::map<std::string, const SafetensorsTensor*> tensors;
+  for (const SafetensorsTensor& t : header.tensors) tensors[t.name] = &t;
+  for (const auto& [fqn, entry] : json.items()) {
+    auto tensor = tensors.find(fqn);
+    if (tensor == tensors.end()) {
+      return bad(absl::StrCat("names \"", fqn, "\", which the file lacks"));
+    }
+    const Shape& sizes = tensor->second->shape;
+    if (!entry.is_object() || !entry.contains(kHfSavedOffsetsKey) ||
+        !entry[kHfSavedOffsetsKey].is_array() ||
+        entry[kHfSavedOffsetsKey].size() != sizes.size()) {
+      return bad(absl::StrCat("has no ", sizes.size(), " saved_offsets for \"",
+                              fqn, "\""));
+    }
+    Shape offsets;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const Json& v = entry[kHfSavedOffsetsKey][d];
+      if (!v.is_number_unsigned() ||
+          v.get<uint64_t>() >
+              static_cast<uint64_t>(std::numeric_limits<int64_t>::max() -
+                                    sizes[d])) {
+        return bad(absl::StrCat("gives \"", fqn, "\" the offsets ",
+                                entry[kHfSavedOffsetsKey].dump(),
+                                ", outside [0, 2^63) with its shape ",
+                                ShapeToString(sizes)));
+      }
+      offsets.push_back(static_cast<int64_t>(v.get<uint64_t>()));
+    }
+    result.emplace(fqn, std::move(offsets));
+  }
+  return result;
+}
+
+bool Overlap(const Found& a, const Found& b) {
+  for (size_t d = 0; d < a.sizes.size(); ++d) {
+    if (a.sizes[d] == 0 || b.sizes[d] == 0) return false;
+    if (a.offsets[d] + a.sizes[d] <= b.offsets[d] ||
+        b.offsets[d] + b.sizes[d] <= a.offsets[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+FileSystemBase* OrLocal(FileSystemBase* fs) {
+  return fs != nullptr ? fs : &LocalFileSystem();
+}
+
+IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
+                      std::unique_ptr<IoEngine>& owned, absl::Status& error) {
+  if (given != nullptr) return given;
+  IoEngineOptions options;
+  options.mode = mode;
+  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine(options);
+  if (!engine.ok()) {
+    error = engine.status();
+    return nullptr;
+  }
+  owned = *std::move(engine);
+  return owned.get();
+}
+
+absl::Status CheckPlainName(absl::string_view name) {
+  if (name.empty() || name == "." || name == ".." ||
+      name.find('/') != absl::string_view::npos ||
+      name.find('\0') != absl::string_view::npos) {
+    return absl::DataLossError(absl::StrCat(
+        "\"", name, "\" is not a plain file name inside the directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRelativePath(absl::string_view relative) {
+  const size_t slash = relative.find('/');
+  if (slash == absl::string_view::npos) return CheckPlainName(relative);
+  if (relative.substr(0, slash) != kHfShardedDirName) {
+    return absl::DataLossError(absl::StrCat(
+        "\"", relative, "\" is neither a file of the directory nor of ",
+        kHfShardedDirName, "/"));
+  }
+  return CheckPlainName(relative.substr(slash + 1));
+}
+
+std::string TempRelativePath(absl::string_view relative,
+                             absl::string_view save_id) {
+  const size_t slash = relative.rfind('/');
+  const absl::string_view dir =
+      slash == absl::string_view::npos ? "" : relative.substr(0, slash + 1);
+  const absl::string_view base = relative.substr(dir.size());
+  return absl::StrCat(dir, ".", base, ".tmp-", save_id);
+}
+
+void BoxRuns(absl::Span<const int64_t> sizes, absl::Span<const int64_t> offsets,
+             absl::Span<const int64_t> lengths, int64_t max_gap,
+             std::vector<std::pair<int64_t, int64_t>>& out) {
+  const size_t n = sizes.size();
+  for (int64_t length : lengths) {
+    if (length == 0) return;
+  }
+  if (n == 0) {
+    out.emplace_back(0, 1);
+    return;
+  }
+  const Shape strides = ContiguousStrides(sizes);
+  // The box's rows for fixed indices in dims [0, d) each lie in `span`
+  // elements; climb while the gaps between them are small.
+  size_t d = n - 1;
+  int64_t span = lengths[d];
+  while (d > 0 && (lengths[d - 1] == 1 || strides[d - 1] - span <= max_gap)) {
+    span += (lengths[d - 1] - 1) * strides[d - 1];
+    --d;
+  }
+  int64_t base = 0;
+  for (size_t j = d; j < n; ++j) base += offsets[j] * strides[j];
+  std::vector<int64_t> index(offsets.begin(), offsets.begin() + d);
+  while (true) {
+    int64_t start = base;
+    for (size_t j = 0; j < d; ++j) start += index[j] * strides[j];
+    out.emplace_back(start, start + span);
+    size_t j = d;
+    while (j > 0) {
+      --j;
+      if (++index[j] < offsets[j] + lengths[j]) break;
+      index[j] = offsets[j];
+      if (j == 0) return;
+    }
+    if (d == 0) return;
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> MergeAndSplit(
+    std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_gap,
+    int64_t piece) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& range : ranges) {
+    if (!merged.empty() && range.first - merged.back().second <= max_gap) {
+      merged.back().second = std::max(merged.back().second, range.second);
+    } else {
+      merged.push_back(range);
+    }
+  }
+  piece = std::max<int64_t>(1, piece);
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (const auto& [begin, end] : merged) {
+    for (int64_t e = begin; e < end; e += piece) {
+      pieces.emplace_back(e, std::min(end, e + piece));
+    }
+  }
+  return pieces;
+}
+
+absl::StatusOr<Metadata> BuildHfMetadata(
+    FileSystemBase& fs, const std::vector<HfSource>& sources,
+    const std::map<std::string, std::string>& weight_map) {
+  std::map<std::string, std::vector<Found>> found;
+  OpenOptions options;
+  options.exclusive = false;
+  options.no_follow = true;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const HfSource& source = sources[s];
+    DCP_RETURN_IF_ERROR(CheckRelativePath(source.relative));
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                         fs.OpenForRead(source.path, options));
+    DCP_ASSIGN_OR_RETURN(SafetensorsHeader header,
+                         ReadSafetensorsHeader(*file));
+    DCP_RETURN_IF_ERROR(file->Close());
+    DCP_ASSIGN_OR_RETURN(auto sharding, ShardingInfo(header, source.path));
+    for (const SafetensorsTensor& t : header.tensors) {
+      Found f;
+      f.dtype = t.dtype;
+      f.sizes = t.shape;
+      auto it = sharding.find(t.name);
+      f.sharded = it != sharding.end();
+      f.offsets = f.sharded ? it->second : Shape(t.shape.size(), 0);
+      f.source = s;
+      f.offset = header.data_start() + t.begin;
+      f.length = t.end - t.begin;
+      found[t.name].push_back(std::move(f));
+    }
+  }
+  for (const auto& [fqn, file] : weight_map) {
+    auto it = found.find(fqn);
+    const bool there =
+        it != found.end() &&
+        std::any_of(it->second.begin(), it->second.end(), [&](const Found& f) {
+          return sources[f.source].relative == file;
+        });
+    if (!there) {
+      return absl::DataLossError(
+          absl::StrCat("the index maps \"", fqn, "\" to ", file,
+                       ", whose header has no such tensor"));
+    }
+  }
+  Metadata metadata;
+  metadata.version = "safetensors";
+  for (auto& [fqn, chunks] : found) {
+    const Found& first = chunks.front();
+    const std::string& first_file = sources[first.source].path;
+    for (const Found& c : chunks) {
+      const std::string& file = sources[c.source].path;
+      if (chunks.size() > 1 && !c.sharded) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor \"", fqn, "\" is in both ", first_file, " and ",
+            file == first_file ? sources[chunks[1].source].path : file,
+            ", and not as shards (no ", kHfShardingInfoKey, " offsets)"));
+      }
+      if (c.dtype != first.dtype || c.sizes.size() != first.sizes.size()) {
+        return absl::DataLossError(absl::StrCat(
+            "the shards of tensor \"", fqn,
+            "\" disagree: ", DTypeName(first.dtype), ShapeToString(first.sizes),
+            " in ", first_file, ", ", DTypeName(c.dtype),
+            ShapeToString(c.sizes), " in ", file));
+      }
+    }
+    // The global shape: the chunks' extent (offsets checked to not
+    // overflow with their sizes).
+    Shape global(first.sizes.size(), 0);
+    for (const Found& c : chunks) {
+      for (size_t d = 0; d < global.size(); ++d) {
+        global[d] = std::max(global[d], c.offsets[d] + c.sizes[d]);
+      }
+    }
+    std::optional<int64_t> volume = CheckedNumBytes(first.dtype, global);
+    if (!volume.has_value()) {
+      return absl::DataLossError(absl::StrCat(
+          "the shards of tensor \"", fqn, "\" make a tensor of shape ",
+          ShapeToString(global), ", whose byte size overflows"));
+    }
+    int64_t covered = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (__builtin_add_overflow(covered, NumElements(chunks[i].sizes),
+                                 &covered)) {
+        return absl::DataLossError(
+            absl::StrCat("the shards of tensor \"", fqn,
+                         "\" hold more elements than fit "
+                         "in 64 bits"));
+      }
+      for (size_t j = 0; j < i && chunks.size() <= kMaxOverlapCheckedChunks;
+           ++j) {
+        if (chunks[i].offsets == chunks[j].offsets ||
+            Overlap(chunks[i], chunks[j])) {
+          return absl::DataLossError(
+              absl::StrCat("shards of tensor \"", fqn, "\" overlap: at ",
+                           ShapeToString(chunks[j].offsets), " in ",
+                           sources[chunks[j].source].path, " and at ",
+                           ShapeToString(chunks[i].offsets), " in ",
+                           sources[chunks[i].source].path));
+        }
+      }
+    }
+    if (covered != NumElements(global)) {
+      return absl::DataLossError(
+          absl::StrCat("the shards of tensor \"", fqn, "\" cover ", covered,
+                       " of the ", NumElements(global),
+                       " elements of its shape ", ShapeToString(global)));
+    }
+    TensorStorageMetadata tensor;
+    tensor.properties.dtype = first.dtype;
+    tensor.size = global;
+    for (const Found& c : chunks) {
+      tensor.chunks.push_back({c.offsets, c.sizes});
+      StorageInfo info;
+      info.relative_path = sources[c.source].relative;
+      info.offset = c.offset;
+      info.length = c.length;
+      metadata.storage_data.emplace(
+          MetadataIndex(fqn, c.offsets,
+                        static_cast<int64_t>(tensor.chunks.size() - 1)),
+          std::move(info));
+    }
+    metadata.state_dict_metadata.emplace(fqn, std::move(tensor));
+  }
+  return metadata;
+}
+
+absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
+                             absl::Span<const int64_t> sizes,
+                             size_t element_size,
+                             absl::Span<const int64_t> storage_offsets,
+                             absl::Span<const int64_t> lengths,
+                             const TensorView& dst,
+                             absl::Span<const int64_t> dst_offsets,
+                             AlignedBuffer& buffer, int64_t max_gap_bytes) {
+  // The box's checks, before any read.
+  DCP_RETURN_IF_ERROR(CopyBoxPart(nullptr, 0, 0, sizes, storage_offsets,
+                                  element_size, dst, dst_offsets, lengths));
+  const int64_t es = static_cast<int64_t>(element_size);
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  BoxRuns(sizes, storage_offsets, lengths, max_gap_bytes / es, runs);
+  for (const auto& [begin, end] :
+       MergeAndSplit(std::move(runs), 0, buffer.size / es)) {
+    const int64_t bytes = (end - begin) * es;
+    if (begin * es + bytes > length) {
+      return absl::DataLossError(absl::StrCat(
+          file.path(), ": a box needs bytes past the tensor's ", length));
+    }
+    DCP_ASSIGN_OR_RETURN(size_t got,
+                         file.PRead(offset + begin * es,
+                                    {buffer.data, static_cast<size_t>(bytes)}));
+    if (static_cast<int64_t>(got) != bytes) {
+      return absl::DataLossError(
+          absl::StrCat(file.path(), " is truncated: it ends at offset ",
+                       offset + begin * es + static_cast<int64_t>(got),
+                       ", inside a tensor that ends at ", offset + length));
+    }
+    DCP_RETURN_IF_ERROR(CopyBoxPart(buffer.data, begin, end, sizes,
+                                    storage_offsets, element_size, dst,
+                                    dst_offsets, lengths));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::internal_hf

@@ -1,0 +1,485 @@
+// HuggingFaceStorageReader (io/hf_storage.h): metadata from safetensors
+// headers, and reads through the I/O engine in windows of bounce buffers,
+// as FileSystemReader reads (without checksums, which safetensors lacks).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "io/box_copy.h"
+#include "io/device_box_upload.h"
+#include "io/hf_storage.h"
+#include "io/internal/hf_internal.h"
+#include "staging/device_staging.h"
+
+namespace dcp {
+namespace {
+
+using internal_hf::AlignedBuffer;
+using internal_hf::kBlock;
+
+constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
+constexpr int64_t kReadGapBytes = int64_t{64} << 10;
+constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
+
+int64_t AlignUp(int64_t v) { return (v + kBlock - 1) / kBlock * kBlock; }
+int64_t AlignDown(int64_t v) { return v / kBlock * kBlock; }
+
+struct IndexHash {
+  size_t operator()(const MetadataIndex& index) const {
+    size_t h = absl::Hash<std::string>()(index.fqn);
+    if (index.offset.has_value()) h = absl::HashOf(h, *index.offset);
+    return h;
+  }
+};
+
+// Each file opened once per ReadData, shared by the threads.
+class OpenFiles {
+ public:
+  struct Entry {
+    std::unique_ptr<File> file;
+    int64_t size = 0;
+  };
+  OpenFiles(FileSystemBase& fs, std::string dir, OpenOptions options)
+      : fs_(fs), dir_(std::move(dir)), options_(options) {}
+
+  absl::StatusOr<const Entry*> Get(const std::string& relative) {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(relative);
+    if (it != files_.end()) return &it->second;
+    DCP_RETURN_IF_ERROR(internal_hf::CheckRelativePath(relative));
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                         fs_.OpenForRead(JoinPath(dir_, relative), options_));
+    DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
+    return &files_.emplace(relative, Entry{std::move(file), size})
+                .first->second;
+  }
+
+ private:
+  FileSystemBase& fs_;
+  const std::string dir_;
+  const OpenOptions options_;
+  absl::Mutex mu_;
+  absl::node_hash_map<std::string, Entry> files_ ABSL_GUARDED_BY(mu_);
+};
+
+// A stored tensor chunk the plan reads, and its uses.
+struct Stored {
+  const MetadataIndex* index = nullptr;
+  const StorageInfo* info = nullptr;
+  const OpenFiles::Entry* file = nullptr;
+  Shape sizes;
+  size_t element_size = 1;
+  std::vector<const ReadItem*> uses;
+  std::vector<TensorView> dests;
+  std::unique_ptr<std::atomic<int64_t>> pieces_left;
+  DeviceStaging* staging = nullptr;  // Set when a destination is a device's.
+};
+
+// One read: chunk elements [first, end) of `stored`, straight into the
+// destination (zero copy) or through a bounce buffer.
+struct Piece {
+  Stored* stored = nullptr;
+  int64_t first = 0, end = 0;
+  bool zero_copy = false;
+  std::byte* target = nullptr;  // Where element `first` lands.
+  std::unique_ptr<AlignedBuffer> buffer;
+  int64_t lead = 0;  // Bytes before `target` in `buffer`.
+  int64_t body = 0;  // Zero copy with O_DIRECT: bytes read in place.
+  std::unique_ptr<AlignedBuffer> tail;
+  int64_t buffer_bytes = 0;  // Bounce bytes it will take.
+  std::vector<IoRequest> requests;
+  std::vector<Future<size_t>> reads;
+};
+
+bool AllZero(const Shape& shape) {
+  return std::all_of(shape.begin(), shape.end(),
+                     [](int64_t v) { return v == 0; });
+}
+
+// Builds the read requests of `piece`, allocating its buffers.
+void PreparePiece(bool direct, std::atomic<int64_t>& bounce_held,
+                  Piece& piece) {
+  const Stored& s = *piece.stored;
+  const int64_t es = static_cast<int64_t>(s.element_size);
+  File* file = s.file->file.get();
+  const int64_t offset = s.info->offset + piece.first * es;
+  const int64_t length = (piece.end - piece.first) * es;
+  if (piece.zero_copy) {
+    if (!direct) {
+      piece.requests.push_back(
+          IoRequest::Read(file, offset, piece.target, length));
+      return;
+    }
+    piece.body = AlignDown(length);
+    if (piece.body > 0) {
+      piece.requests.push_back(
+          IoRequest::Read(file, offset, piece.target, piece.body));
+    }
+    if (piece.body < length) {
+      piece.tail = std::make_unique<AlignedBuffer>(kBlock);
+      piece.requests.push_back(
+          IoRequest::Read(file, offset + piece.body, piece.tail->data, kBlock));
+    }
+    return;
+  }
+  const int64_t start = direct ? AlignDown(offset) : offset;
+  const int64_t end = direct ? AlignUp(offset + length) : offset + length;
+  piece.buffer = std::make_unique<AlignedBuffer>(end - start);
+  bounce_held += piece.buffer->size;
+  piece.lead = offset - start;
+  piece.target = piece.buffer->data + piece.lead;
+  piece.requests.push_back(
+      IoRequest::Read(file, start, piece.buffer->data, end - start));
+}
+
+// Waits for `piece`'s reads, checks they delivered every byte, and copies
+// its boxes out; the stored chunk's last piece commits its host uses.
+absl::Status FinishPiece(Piece& piece, LoadPlanner& planner,
+                         std::atomic<int64_t>& bytes_read) {
+  Stored& s = *piece.stored;
+  const int64_t es = static_cast<int64_t>(s.element_size);
+  const int64_t length = (piece.end - piece.first) * es;
+  std::vector<int64_t> got;
+  for (Future<size_t>& read : piece.reads) {
+    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
+    got.push_back(static_cast<int64_t>(n));
+  }
+  int64_t arrived = 0;
+  if (piece.tail != nullptr) {
+    const int64_t body_got = piece.body > 0 ? got.front() : 0;
+    arrived = body_got;
+    if (body_got == piece.body) {
+      const int64_t tail_got = std::min(got.back(), length - piece.body);
+      std::memcpy(piece.target + piece.body, piece.tail->data, tail_got);
+      arrived += tail_got;
+    }
+  } else if (!got.empty()) {
+    arrived = std::clamp<int64_t>(got.front() - piece.lead, 0, length);
+  }
+  bytes_read += arrived;
+  if (arrived != length) {
+    return absl::DataLossError(absl::StrCat(
+        s.file->file->path(), " is truncated: ", s.index->ToString(),
+        " needs bytes [", s.info->offset, ", ", s.info->offset + s.info->length,
+        ") but the file ends at offset ",
+        s.info->offset + piece.first * es + arrived));
+  }
+  if (!piece.zero_copy) {
+    for (size_t u = 0; u < s.uses.size(); ++u) {
+      const ReadItem& item = *s.uses[u];
+      const TensorView& dest = s.dests[u];
+      DCP_RETURN_IF_ERROR(Annotate(
+          dest.device().is_cpu()
+              ? CopyBoxPart(piece.target, piece.first, piece.end, s.sizes,
+                            item.storage_offsets, s.element_size, dest,
+                            item.dest_offsets, item.lengths)
+              : UploadBoxPart(*s.staging, piece.target, piece.first, piece.end,
+                              s.sizes, item.storage_offsets, s.element_size,
+                              dest, item.dest_offsets, item.lengths),
+          absl::StrCat("loading ", item.storage_index.ToString(), " into ",
+                       item.dest_index.ToString())));
+    }
+  }
+  piece.buffer.reset();
+  piece.tail.reset();
+  if (s.pieces_left->fetch_sub(1) != 1 || s.staging != nullptr) {
+    return absl::OkStatus();
+  }
+  for (size_t u = 0; u < s.uses.size(); ++u) {
+    DCP_RETURN_IF_ERROR(planner.CommitTensor(*s.uses[u], s.dests[u]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+HuggingFaceStorageReader::HuggingFaceStorageReader(
+    std::string path, HuggingFaceStorageReaderOptions options)
+    : path_(std::move(path)),
+      options_(options),
+      fs_(internal_hf::OrLocal(options.file_system)) {
+  options_.thread_count = std::max(1, options_.thread_count);
+  engine_ = internal_hf::EngineOrOwn(options_.io_engine, options_.io_mode,
+                                     owned_engine_, engine_error_);
+}
+
+HuggingFaceStorageReader::~HuggingFaceStorageReader() = default;
+
+absl::Status HuggingFaceStorageReader::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  metadata_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Metadata> HuggingFaceStorageReader::ReadMetadata() {
+  std::map<std::string, std::string> weight_map;
+  DCP_ASSIGN_OR_RETURN(std::vector<std::string> files,
+                       ResolveHfCheckpointFiles(*fs_, path_, &weight_map));
+  std::vector<internal_hf::HfSource> sources;
+  for (const std::string& relative : files) {
+    sources.push_back({relative, JoinPath(path_, relative)});
+  }
+  DCP_ASSIGN_OR_RETURN(Metadata metadata,
+                       internal_hf::BuildHfMetadata(*fs_, sources, weight_map));
+  metadata.storage_meta = StorageMeta{};
+  metadata.storage_meta->checkpoint_id = path_;
+  return metadata;
+}
+
+absl::Status HuggingFaceStorageReader::SetUp(const Metadata& metadata,
+                                             bool /*is_coordinator*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
+  metadata_ = metadata;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadPlan> HuggingFaceStorageReader::PrepareLocalPlan(
+    LoadPlan plan) {
+  return plan;
+}
+
+absl::StatusOr<std::vector<LoadPlan>>
+HuggingFaceStorageReader::PrepareGlobalPlan(std::vector<LoadPlan> plans) {
+  return plans;
+}
+
+Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
+                                                LoadPlanner& planner) {
+  if (!metadata_.has_value()) {
+    return Future<void>::Ready(absl::FailedPreconditionError(
+        "HuggingFaceStorageReader::ReadData before SetUp"));
+  }
+  const Metadata& metadata = *metadata_;
+  const bool direct = options_.direct_io;
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.direct = direct;
+  open_options.uncached = options_.uncached_reads;
+  open_options.no_follow = true;
+  OpenFiles files(*fs_, path_, open_options);
+  auto fail = [](absl::Status status) {
+    return Future<void>::Ready(std::move(status));
+  };
+
+  // Group the read items by the stored chunk they use; check each chunk
+  // against its file before anything is allocated for it.
+  absl::flat_hash_map<MetadataIndex, size_t, IndexHash> slot_of;
+  std::deque<Stored> stored;
+  for (const ReadItem& item : plan.items) {
+    auto [it, inserted] =
+        slot_of.try_emplace(item.storage_index, stored.size());
+    if (inserted) {
+      if (item.type != LoadItemType::kTensor) {
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("the Hugging Face checkpoint ", path_,
+                         " holds tensors only; the plan reads the value ",
+                         item.storage_index.ToString())));
+      }
+      auto info = metadata.storage_data.find(item.storage_index);
+      auto value = metadata.state_dict_metadata.find(item.storage_index.fqn);
+      const auto* tensor =
+          value == metadata.state_dict_metadata.end()
+              ? nullptr
+              : std::get_if<TensorStorageMetadata>(&value->second);
+      const ChunkStorageMetadata* chunk = nullptr;
+      if (tensor != nullptr) {
+        for (const ChunkStorageMetadata& c : tensor->chunks) {
+          if (c.offsets == item.storage_index.offset) chunk = &c;
+        }
+      }
+      if (info == metadata.storage_data.end() || chunk == nullptr) {
+        return fail(absl::DataLossError(
+            absl::StrCat("the metadata of ", path_, " has no tensor chunk ",
+                         item.storage_index.ToString())));
+      }
+      Stored s;
+      s.index = &info->first;
+      s.info = &info->second;
+      s.sizes = chunk->sizes;
+      s.element_size = ElementSize(tensor->properties.dtype);
+      const StorageInfo& where = info->second;
+      if (where.offset < 0 || where.length < 0 ||
+          where.offset > INT64_MAX - where.length ||
+          CheckedNumBytes(tensor->properties.dtype, s.sizes) != where.length) {
+        return fail(absl::DataLossError(absl::StrCat(
+            "the metadata of ", path_, " places ", s.index->ToString(),
+            " of shape ", ShapeToString(s.sizes), " at offset ", where.offset,
+            " length ", where.length, " of ", where.relative_path)));
+      }
+      absl::StatusOr<const OpenFiles::Entry*> file =
+          files.Get(where.relative_path);
+      if (!file.ok()) return fail(file.status());
+      if (where.offset + where.length > (*file)->size) {
+        return fail(absl::DataLossError(absl::StrCat(
+            (*file)->file->path(), " is truncated: ", s.index->ToString(),
+            " needs bytes [", where.offset, ", ", where.offset + where.length,
+            ") but the file ends at offset ", (*file)->size)));
+      }
+      s.file = *file;
+      stored.push_back(std::move(s));
+    }
+    stored[it->second].uses.push_back(&item);
+  }
+
+  // Plan the pieces: destinations resolved once, boxes checked.
+  auto device_staging = [&]() -> absl::StatusOr<DeviceStaging*> {
+    DeviceStaging* staging = options_.device_staging;
+    if (staging == nullptr) {
+      if (owned_staging_ == nullptr) {
+        DeviceStagingOptions staging_options;
+        staging_options.pool_bytes = kReadStagingPoolBytes;
+        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+      }
+      staging = owned_staging_.get();
+    }
+    DCP_RETURN_IF_ERROR(staging->Pool().status());
+    return staging;
+  };
+  DeviceStaging* staging_used = nullptr;
+  const int64_t piece_bytes = std::min(
+      kReadPieceBytes, std::max<int64_t>(1, options_.read_window_bytes));
+  std::vector<Piece> pieces;
+  for (Stored& s : stored) {
+    s.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
+    for (const ReadItem* item : s.uses) {
+      absl::StatusOr<TensorView> dest = planner.ResolveTensor(*item);
+      if (!dest.ok()) return fail(dest.status());
+      const std::string what =
+          absl::StrCat("loading ", item->storage_index.ToString(), " into ",
+                       item->dest_index.ToString());
+      if (!dest->device().is_cpu() && s.staging == nullptr) {
+        absl::StatusOr<DeviceStaging*> staging = device_staging();
+        if (!staging.ok()) return fail(Annotate(staging.status(), what));
+        s.staging = staging_used = *staging;
+      }
+      absl::Status box = CopyBoxPart(
+          nullptr, 0, 0, s.sizes, item->storage_offsets, s.element_size,
+          AsHostView(*dest), item->dest_offsets, item->lengths);
+      if (!box.ok()) return fail(Annotate(box, what));
+      s.dests.push_back(*std::move(dest));
+    }
+    const ReadItem& first = *s.uses.front();
+    const TensorView& dest = s.dests.front();
+    const int64_t length = s.info->length;
+    if (s.uses.size() == 1 && AllZero(first.storage_offsets) &&
+        AllZero(first.dest_offsets) && first.lengths == s.sizes &&
+        dest.device().is_cpu() && dest.is_contiguous() &&
+        dest.sizes() == first.lengths &&
+        static_cast<int64_t>(dest.nbytes()) == length && length > 0 &&
+        (!direct || (reinterpret_cast<uintptr_t>(dest.data()) % kBlock == 0 &&
+                     s.info->offset % kBlock == 0))) {
+      Piece& piece = pieces.emplace_back();
+      piece.stored = &s;
+      piece.end = NumElements(s.sizes);
+      piece.zero_copy = true;
+      piece.target = static_cast<std::byte*>(dest.data());
+      s.pieces_left->fetch_add(1);
+      continue;
+    }
+    const int64_t es = static_cast<int64_t>(s.element_size);
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (const ReadItem* item : s.uses) {
+      internal_hf::BoxRuns(s.sizes, item->storage_offsets, item->lengths,
+                           kReadGapBytes / es, runs);
+    }
+    for (const auto& [begin, end] : internal_hf::MergeAndSplit(
+             std::move(runs), kReadGapBytes / es, piece_bytes / es)) {
+      Piece& piece = pieces.emplace_back();
+      piece.stored = &s;
+      piece.first = begin;
+      piece.end = end;
+      piece.buffer_bytes = (end - begin) * es + 2 * kBlock;
+      s.pieces_left->fetch_add(1);
+    }
+    if (*s.pieces_left == 0) {  // Only empty boxes: nothing to read.
+      for (size_t u = 0; u < s.uses.size(); ++u) {
+        absl::Status committed = planner.CommitTensor(*s.uses[u], s.dests[u]);
+        if (!committed.ok()) return fail(committed);
+      }
+    }
+  }
+
+  // Windows of at most read_window_bytes of bounce buffers: window w + 1
+  // is read while window w is copied out on thread_count threads.
+  internal_hf::FirstError error;
+  std::atomic<int64_t> bounce_held{0};
+  std::atomic<int64_t> bytes_read{0};
+  int64_t peak = 0;
+  const int64_t window_bytes = std::max<int64_t>(1, options_.read_window_bytes);
+  size_t next = 0;
+  auto submit_window = [&]() -> std::pair<size_t, size_t> {
+    const size_t begin = next;
+    int64_t bytes = 0;
+    std::vector<IoRequest> batch;
+    std::vector<Piece*> owners;
+    while (next < pieces.size()) {
+      Piece& piece = pieces[next];
+      if (bytes > 0 && bytes + piece.buffer_bytes > window_bytes) break;
+      ++next;
+      bytes += piece.buffer_bytes;
+      PreparePiece(direct, bounce_held, piece);
+      for (const IoRequest& request : piece.requests) {
+        batch.push_back(request);
+        owners.push_back(&piece);
+      }
+    }
+    peak = std::max(peak, bounce_held.load());
+    std::vector<Future<size_t>> futures = engine_->Submit(batch);
+    for (size_t i = 0; i < futures.size(); ++i) {
+      owners[i]->reads.push_back(std::move(futures[i]));
+    }
+    return {begin, next};
+  };
+  auto finish_window = [&](std::pair<size_t, size_t> window) {
+    std::atomic<size_t> at{window.first};
+    internal_hf::RunOnThreads(
+        static_cast<int>(std::min<size_t>(options_.thread_count,
+                                          window.second - window.first)),
+        [&](int) {
+          for (size_t i = at++; i < window.second; i = at++) {
+            Piece& piece = pieces[i];
+            const int64_t held =
+                piece.buffer != nullptr ? piece.buffer->size : 0;
+            if (error.failed()) {
+              for (Future<size_t>& read : piece.reads) read.Wait();
+            } else {
+              error.Update(FinishPiece(piece, planner, bytes_read));
+            }
+            piece.buffer.reset();
+            bounce_held -= held;
+          }
+        });
+  };
+  std::pair<size_t, size_t> window = submit_window();
+  while (window.first < window.second) {
+    std::pair<size_t, size_t> following =
+        error.failed() ? std::pair<size_t, size_t>{next, next}
+                       : submit_window();
+    finish_window(window);
+    window = following;
+  }
+  if (staging_used != nullptr) {
+    // Device copies land before any device destination is committed.
+    error.Update(
+        Annotate(staging_used->Flush(),
+                 absl::StrCat("copying into device tensors from ", path_)));
+    for (Stored& s : stored) {
+      if (error.failed()) break;
+      if (s.staging == nullptr || *s.pieces_left != 0) continue;
+      for (size_t u = 0; u < s.uses.size() && !error.failed(); ++u) {
+        error.Update(planner.CommitTensor(*s.uses[u], s.dests[u]));
+      }
+    }
+  }
+  bytes_read_ = bytes_read.load();
+  peak_bounce_bytes_ = peak;
+  return Future<void>::Ready(error.status());
+}
+
+}  // namespace dcp

@@ -1,0 +1,943 @@
+#include "io/hf_storage.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/box_copy.h"
+#include "io/device_box_upload.h"
+#include "io/internal/hf_internal.h"
+#include "io/internal/sequential_writer.h"
+#include "io/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "staging/device_staging.h"
+
+namespace dcp {
+
+using internal_hf::CheckRelativePath;
+using internal_hf::EngineOrOwn;
+using internal_hf::OrLocal;
+using internal_hf::FirstError;
+using internal_hf::RunOnThreads;
+using internal_hf::TempRelativePath;
+using Json = nlohmann::json;
+
+namespace {
+
+// The most bytes a commit journal may have (it lists file names).
+constexpr int64_t kMaxJournalBytes = int64_t{64} << 20;
+// Every file's data section starts at a multiple of this (the header is
+// padded with spaces): O_DIRECT reads and writes of tensors need no bounce.
+constexpr int64_t kDataAlignment = 4096;
+
+int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+std::string FreshSaveId() {
+  uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
+    bits = static_cast<uint64_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  return absl::StrFormat("%016x", bits);
+}
+
+bool AllDigits(absl::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(),
+                                   [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "model-NNNNN-of-NNNNN.safetensors" (what HfFileName makes).
+bool IsModelFileName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "model-") ||
+      !absl::ConsumeSuffix(&name, ".safetensors")) {
+    return false;
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(name, "-of-");
+  return parts.size() == 2 && AllDigits(parts[0]) && AllDigits(parts[1]);
+}
+
+// "shard-NNNNN-model-NNNNN-of-NNNNN.safetensors".
+bool IsShardFileName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "shard-")) return false;
+  const size_t dash = name.find('-');
+  return dash != absl::string_view::npos && AllDigits(name.substr(0, dash)) &&
+         IsModelFileName(name.substr(dash + 1));
+}
+
+// Whether `name` is a temporary file of a save: ".NAME.tmp-<save id>".
+bool IsTempFileName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, ".")) return false;
+  const size_t at = name.rfind(".tmp-");
+  if (at == absl::string_view::npos) return false;
+  absl::string_view id = name.substr(at + 5);
+  return id.size() == 16 && std::all_of(id.begin(), id.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Reads the whole file at `path` if it has at most `limit` bytes.
+absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
+                                          const std::string& path,
+                                          int64_t limit) {
+  OpenOptions options;
+  options.exclusive = false;
+  options.no_follow = true;
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs.OpenForRead(path, options));
+  DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
+  if (size > limit) {
+    return absl::DataLossError(absl::StrCat(path, " is ", size,
+                                            " bytes, more than the ", limit,
+                                            " a reader accepts"));
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got, file->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
+                                  bytes.size()}));
+  bytes.resize(got);
+  DCP_RETURN_IF_ERROR(file->Close());
+  return bytes;
+}
+
+// Writes `bytes` to `path` (a new file), fsynced when `sync`.
+absl::Status WriteWholeFile(FileSystemBase& fs, const std::string& path,
+                            absl::string_view bytes, bool sync) {
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(path));
+  DCP_RETURN_IF_ERROR(file->PWrite(
+      0, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}));
+  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The commit journal: what a decided save still has to do.
+
+struct CommitJournal {
+  // (temporary, final) paths relative to the checkpoint directory, in the
+  // order they are renamed (the index last).
+  std::vector<std::pair<std::string, std::string>> renames;
+  // Files of the replaced checkpoint, relative to the directory.
+  std::vector<std::string> removals;
+};
+
+std::string EncodeJournal(const CommitJournal& journal) {
+  Json renames = Json::array();
+  for (const auto& [from, to] : journal.renames) renames.push_back({from, to});
+  return Json{{"renames", renames}, {"removals", journal.removals}}.dump(1);
+}
+
+// Whether `relative` may be a final name of a checkpoint file: a
+// safetensors file or the index.
+bool IsCheckpointFileName(absl::string_view relative) {
+  absl::string_view base = relative.substr(relative.rfind('/') + 1);
+  return absl::EndsWith(base, ".safetensors") || base == kHfIndexFileName;
+}
+
+// Decodes a journal found in `dir`; untrusted: every name is a relative
+// path inside the directory, renames go from a temporary name to a
+// checkpoint file name, removals name checkpoint files only.
+absl::StatusOr<CommitJournal> DecodeJournal(absl::string_view text,
+                                            const std::string& path) {
+  DCP_ASSIGN_OR_RETURN(Json json, ParseJson(text, path));
+  const auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("commit journal ", path, " is malformed: ", why));
+  };
+  if (!json.is_object() || !json.contains("renames") ||
+      !json.contains("removals") || !json["renames"].is_array() ||
+      !json["removals"].is_array()) {
+    return bad("expected {\"renames\": [...], \"removals\": [...]}");
+  }
+  CommitJournal journal;
+  for (const Json& pair : json["renames"]) {
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() ||
+        !pair[1].is_string()) {
+      return bad("a rename is not a pair of names");
+    }
+    std::string from = pair[0].get<std::string>();
+    std::string to = pair[1].get<std::string>();
+    const absl::string_view from_base =
+        absl::string_view(from).substr(from.rfind('/') + 1);
+    if (!CheckRelativePath(from).ok() || !CheckRelativePath(to).ok() ||
+        !IsTempFileName(from_base) || !IsCheckpointFileName(to)) {
+      return bad(absl::StrCat("rename \"", from, "\" -> \"", to, "\""));
+    }
+    journal.renames.emplace_back(std::move(from), std::move(to));
+  }
+  for (const Json& name : json["removals"]) {
+    if (!name.is_string() || !CheckRelativePath(name.get<std::string>()).ok() ||
+        !IsCheckpointFileName(name.get<std::string>())) {
+      return bad(absl::StrCat("removal ", name.dump()));
+    }
+    journal.removals.push_back(name.get<std::string>());
+  }
+  return journal;
+}
+
+// The directories a journal touches (the checkpoint's and sharded/).
+std::vector<std::string> JournalDirs(const std::string& dir,
+                                     const CommitJournal& journal) {
+  std::vector<std::string> dirs = {dir};
+  auto note = [&](const std::string& relative) {
+    if (absl::StrContains(relative, '/') && dirs.size() == 1) {
+      dirs.push_back(JoinPath(dir, kHfShardedDirName));
+    }
+  };
+  for (const auto& [from, to] : journal.renames) note(to);
+  for (const std::string& name : journal.removals) note(name);
+  return dirs;
+}
+
+// Carries out `journal` in `dir`: renames (a temporary file already gone
+// was renamed before), removals, directory syncs, then removes the journal.
+absl::Status ApplyJournal(FileSystemBase& fs, const std::string& dir,
+                          const CommitJournal& journal, bool sync) {
+  for (const auto& [from, to] : journal.renames) {
+    absl::Status renamed = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
+    if (!renamed.ok() && !absl::IsNotFound(renamed)) {
+      return Annotate(renamed, "completing the commit");
+    }
+  }
+  std::vector<std::string> dirs = JournalDirs(dir, journal);
+  if (sync) {
+    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
+  }
+  for (const std::string& name : journal.removals) {
+    absl::Status removed = fs.RemoveFile(JoinPath(dir, name));
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
+      return Annotate(removed, "removing a file of the replaced checkpoint");
+    }
+  }
+  if (sync) {
+    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
+  }
+  DCP_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(dir, kHfCommitJournalName)));
+  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
+  return absl::OkStatus();
+}
+
+// Completes the commit a journal in `dir` records, if there is one.
+absl::Status RollForward(FileSystemBase& fs, const std::string& dir,
+                         bool sync) {
+  const std::string path = JoinPath(dir, kHfCommitJournalName);
+  absl::StatusOr<std::string> text = ReadSmallFile(fs, path, kMaxJournalBytes);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();
+  if (!text.ok()) return text.status();
+  DCP_ASSIGN_OR_RETURN(CommitJournal journal, DecodeJournal(*text, path));
+  return ApplyJournal(fs, dir, journal, sync);
+}
+
+// Removes the temporary files of interrupted saves from `dir` (and
+// sharded/): names ".NAME.tmp-<save id>", nothing else.
+void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
+  for (const std::string& sub :
+       {std::string(), std::string(kHfShardedDirName)}) {
+    const std::string d = sub.empty() ? dir : JoinPath(dir, sub);
+    absl::StatusOr<std::vector<std::string>> names = fs.ListDir(d);
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      if (IsTempFileName(name)) fs.RemoveFile(JoinPath(d, name)).IgnoreError();
+    }
+  }
+}
+
+// The files of the checkpoint in `dir` that a new save replaces: the
+// single file, the index and what it names, the files a Hugging Face
+// writer names `model-N-of-M`, and the shards in sharded/. Never other
+// files (a LoRA adapter, a tokenizer).
+std::set<std::string> ReplaceableFiles(FileSystemBase& fs,
+                                       const std::string& dir) {
+  std::set<std::string> files;
+  absl::StatusOr<std::vector<std::string>> names = fs.ListDir(dir);
+  if (names.ok()) {
+    for (const std::string& name : *names) {
+      if (name == kHfSingleFileName || name == kHfIndexFileName ||
+          IsModelFileName(name)) {
+        files.insert(name);
+      }
+    }
+  }
+  std::map<std::string, std::string> weight_map;
+  if (files.contains(kHfIndexFileName) &&
+      ResolveHfCheckpointFiles(fs, dir, &weight_map).ok()) {
+    for (const auto& [fqn, file] : weight_map) {
+      if (absl::EndsWith(file, ".safetensors")) files.insert(file);
+    }
+  }
+  names = fs.ListDir(JoinPath(dir, kHfShardedDirName));
+  if (names.ok()) {
+    for (const std::string& name : *names) {
+      if (IsShardFileName(name)) {
+        files.insert(absl::StrCat(kHfShardedDirName, "/", name));
+      }
+    }
+  }
+  return files;
+}
+
+// Safetensors names of `dir`'s entries that are not hidden, sorted.
+absl::StatusOr<std::vector<std::string>> SafetensorsFilesIn(
+    FileSystemBase& fs, const std::string& dir) {
+  DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(dir));
+  std::vector<std::string> files;
+  for (const std::string& name : names) {
+    if (!absl::StartsWith(name, ".") && absl::EndsWith(name, ".safetensors")) {
+      files.push_back(name);
+    }
+  }
+  return files;
+}
+
+}  // namespace
+
+std::string HfFileName(int index, int count, std::optional<int> shard) {
+  std::string name =
+      absl::StrFormat("model-%05d-of-%05d.safetensors", index, count);
+  if (shard.has_value()) name = absl::StrFormat("shard-%05d-%s", *shard, name);
+  return name;
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
+    FileSystemBase& fs, const std::string& dir,
+    std::map<std::string, std::string>* weight_map) {
+  if (weight_map != nullptr) weight_map->clear();
+  DCP_ASSIGN_OR_RETURN(bool journal,
+                       fs.Exists(JoinPath(dir, kHfCommitJournalName)));
+  if (journal) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the commit of a save into ", dir, " was interrupted (",
+        JoinPath(dir, kHfCommitJournalName),
+        " is there); the next save into the directory completes it"));
+  }
+  DCP_ASSIGN_OR_RETURN(bool single,
+                       fs.Exists(JoinPath(dir, kHfSingleFileName)));
+  if (single) return std::vector<std::string>{kHfSingleFileName};
+  const std::string index_path = JoinPath(dir, kHfIndexFileName);
+  absl::StatusOr<std::string> index =
+      ReadSmallFile(fs, index_path, kHfMaxIndexBytes);
+  if (index.ok()) {
+    DCP_ASSIGN_OR_RETURN(Json json, ParseJson(*index, index_path));
+    if (!json.is_object() || !json.contains("weight_map") ||
+        !json["weight_map"].is_object()) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, " has no \"weight_map\" object"));
+    }
+    std::set<std::string> files;
+    for (const auto& [fqn, file] : json["weight_map"].items()) {
+      if (!file.is_string() ||
+          !internal_hf::CheckPlainName(file.get<std::string>()).ok()) {
+        return absl::DataLossError(
+            absl::StrCat(index_path, " maps \"", fqn, "\" to ", file.dump(),
+                         ", not a file name in the directory"));
+      }
+      files.insert(file.get<std::string>());
+      if (weight_map != nullptr) weight_map->emplace(fqn, file);
+    }
+    return std::vector<std::string>(files.begin(), files.end());
+  }
+  if (!absl::IsNotFound(index.status())) return index.status();
+  absl::StatusOr<std::vector<std::string>> top = SafetensorsFilesIn(fs, dir);
+  if (!top.ok()) {
+    if (absl::IsNotFound(top.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("no Hugging Face checkpoint in ", dir,
+                       " (the directory does not exist)"));
+    }
+    return top.status();
+  }
+  if (!top->empty()) return top;
+  const std::string sharded = JoinPath(dir, kHfShardedDirName);
+  absl::StatusOr<std::vector<std::string>> shards =
+      SafetensorsFilesIn(fs, sharded);
+  if (shards.ok() && !shards->empty()) {
+    for (std::string& name : *shards) {
+      name = absl::StrCat(kHfShardedDirName, "/", name);
+    }
+    return shards;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no Hugging Face checkpoint in ", dir, " (no ", kHfSingleFileName, ", ",
+      kHfIndexFileName, " or *.safetensors file, there or in ",
+      kHfShardedDirName, "/)"));
+}
+
+// ---------------------------------------------------------------------------
+// HuggingFaceStorageWriter
+
+// Which file a rank writes: its final name (relative to the directory).
+struct HuggingFaceStorageWriter::FileAssignment {
+  std::string relative;
+  bool sharded = false;
+};
+
+namespace {
+
+// The plan's storage_data: the coordinator's save id (temporary names), the
+// files this rank writes and which file each of its tensors goes to.
+struct RankFiles {
+  std::string save_id;
+  std::vector<std::string> files;
+  std::map<std::string, int> file_of;
+};
+
+std::string EncodeRankFiles(const RankFiles& r) {
+  return Json{
+      {"save_id", r.save_id}, {"files", r.files}, {"file_of", r.file_of}}
+      .dump();
+}
+
+absl::StatusOr<RankFiles> DecodeRankFiles(const std::string& text) {
+  RankFiles r;
+  try {
+    Json json = Json::parse(text);
+    r.save_id = json.at("save_id").get<std::string>();
+    r.files = json.at("files").get<std::vector<std::string>>();
+    r.file_of = json.at("file_of").get<std::map<std::string, int>>();
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("malformed storage_data in a save plan: ", e.what()));
+  }
+  return r;
+}
+
+int MappedIndex(const std::map<std::string, int>& mapping,
+                const std::string& fqn) {
+  if (mapping.empty()) return 1;
+  auto it = mapping.find(fqn);
+  return it == mapping.end() ? 1 : it->second;
+}
+
+int HighestIndex(const std::map<std::string, int>& mapping) {
+  int highest = 1;
+  for (const auto& [fqn, index] : mapping) highest = std::max(highest, index);
+  return highest;
+}
+
+}  // namespace
+
+HuggingFaceStorageWriter::HuggingFaceStorageWriter(
+    std::string path, HuggingFaceStorageWriterOptions options)
+    : path_(std::move(path)),
+      options_(std::move(options)),
+      fs_(OrLocal(options_.file_system)),
+      save_id_(FreshSaveId()) {
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
+  options_.thread_count = std::max(1, options_.thread_count);
+  options_.thread_count_consolidation =
+      std::max(1, options_.thread_count_consolidation);
+}
+
+HuggingFaceStorageWriter::~HuggingFaceStorageWriter() = default;
+
+absl::Status HuggingFaceStorageWriter::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  save_id_ = FreshSaveId();
+  directory_lock_.reset();
+  replaced_.clear();
+  weight_map_.clear();
+  total_size_ = 0;
+  decided_ = false;
+  committed_ = false;
+  device_wait_ = DeviceWait{};
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+StorageMeta HuggingFaceStorageWriter::GetStorageMeta() const {
+  StorageMeta meta;
+  meta.checkpoint_id = path_;
+  meta.save_id = save_id_;
+  return meta;
+}
+
+absl::Status HuggingFaceStorageWriter::SetDeviceWait(const DeviceWait& wait) {
+  device_wait_ = wait;
+  return absl::OkStatus();
+}
+
+void HuggingFaceStorageWriter::RecordCreated(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  created_.push_back(path);
+}
+
+std::string HuggingFaceStorageWriter::TempPath(
+    const std::string& relative) const {
+  return JoinPath(path_, TempRelativePath(relative, save_id_));
+}
+
+absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
+                                             bool /*use_collectives*/) {
+  DCP_RETURN_IF_ERROR(engine_error_);
+  is_coordinator_ = is_coordinator;
+  rank_ = rank;
+  const std::string where = absl::StrCat("rank ", rank);
+  DCP_RETURN_IF_ERROR(Annotate(
+      fs_->CreateDir(options_.save_distributed
+                         ? JoinPath(path_, kHfShardedDirName)
+                         : path_),
+      absl::StrCat(where, ": cannot create checkpoint directory ", path_)));
+  // Probe that the directory takes new files now, not after planning.
+  const std::string probe =
+      JoinPath(path_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
+  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
+  if (!file.ok()) {
+    return Annotate(file.status(), absl::StrCat(where,
+                                                ": checkpoint "
+                                                "directory ",
+                                                path_, " is not writable"));
+  }
+  RecordCreated(probe);  // Abort removes it if the removal below fails.
+  absl::Status closed = (*file)->Close();
+  absl::Status removed = fs_->RemoveFile(probe);
+  DCP_RETURN_IF_ERROR(closed);
+  DCP_RETURN_IF_ERROR(removed);
+  if (!is_coordinator_) return absl::OkStatus();
+  if (directory_lock_ == nullptr) {
+    DCP_ASSIGN_OR_RETURN(
+        directory_lock_,
+        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
+                                               " (save ", save_id_, ")")));
+  }
+  // Holding the lock: a decided commit an interrupted save left is
+  // completed first, then its temporary files are orphans.
+  absl::Status status = Annotate(RollForward(*fs_, path_, options_.sync_files),
+                                 absl::StrCat("checkpoint directory ", path_));
+  if (status.ok()) {
+    RemoveTemporaryFiles(*fs_, path_);
+    replaced_ = ReplaceableFiles(*fs_, path_);
+  } else {
+    directory_lock_.reset();
+  }
+  return status;
+}
+
+absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
+    SavePlan plan) {
+  std::set<std::string> seen;
+  for (const WriteItem& item : plan.items) {
+    const std::string& fqn = item.index.fqn;
+    if (!item.tensor_data.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", fqn,
+          "\" is not a tensor; a Hugging Face checkpoint (safetensors) "
+          "holds tensors only: drop it from the state dict or save it with "
+          "a FileSystemWriter"));
+    }
+    const TensorWriteData& data = *item.tensor_data;
+    if (data.properties.dtype == DType::kC128) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", fqn, "\" has dtype C128, which safetensors lacks"));
+    }
+    const bool whole =
+        data.chunk.sizes == data.size &&
+        std::all_of(data.chunk.offsets.begin(), data.chunk.offsets.end(),
+                    [](int64_t o) { return o == 0; });
+    if (!options_.save_distributed && !whole) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", fqn, "\" is saved as the chunk at ",
+          ShapeToString(data.chunk.offsets), " of shape ",
+          ShapeToString(data.chunk.sizes), " of a ", ShapeToString(data.size),
+          " tensor; without save_distributed a Hugging Face checkpoint holds "
+          "whole tensors (gather them first, or pass save_distributed)"));
+    }
+    if (options_.save_distributed && !seen.insert(fqn).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank_, " holds more than one chunk of tensor \"", fqn,
+          "\"; with save_distributed each rank stores one chunk per tensor"));
+    }
+    if (!options_.fqn_to_index_mapping.empty()) {
+      auto it = options_.fqn_to_index_mapping.find(fqn);
+      if (it == options_.fqn_to_index_mapping.end() || it->second < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("fqn_to_index_mapping ",
+                         it == options_.fqn_to_index_mapping.end()
+                             ? "has no file for tensor \""
+                             : "maps to a file index below 1 tensor \"",
+                         fqn, "\""));
+      }
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<SavePlan>>
+HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
+  const auto& mapping = options_.fqn_to_index_mapping;
+  const int highest = HighestIndex(mapping);
+  weight_map_.clear();
+  total_size_ = 0;
+  std::vector<RankFiles> ranks(plans.size());
+  for (RankFiles& r : ranks) r.save_id = save_id_;
+  auto file_number = [](RankFiles& r, const std::string& name) {
+    auto it = std::find(r.files.begin(), r.files.end(), name);
+    if (it != r.files.end()) return static_cast<int>(it - r.files.begin());
+    r.files.push_back(name);
+    return static_cast<int>(r.files.size() - 1);
+  };
+  if (options_.save_distributed) {
+    for (size_t r = 0; r < plans.size(); ++r) {
+      for (const WriteItem& item : plans[r].items) {
+        const std::string name =
+            absl::StrCat(kHfShardedDirName, "/",
+                         HfFileName(MappedIndex(mapping, item.index.fqn),
+                                    highest, static_cast<int>(r) + 1));
+        ranks[r].file_of[item.index.fqn] = file_number(ranks[r], name);
+      }
+    }
+  } else {
+    // Each file has one writer: a file index whose tensors lie on several
+    // ranks becomes one file per rank, and the files are renumbered.
+    std::map<int, std::set<size_t>> ranks_of;
+    for (size_t r = 0; r < plans.size(); ++r) {
+      for (const WriteItem& item : plans[r].items) {
+        ranks_of[MappedIndex(mapping, item.index.fqn)].insert(r);
+      }
+    }
+    const bool split =
+        std::any_of(ranks_of.begin(), ranks_of.end(),
+                    [](const auto& entry) { return entry.second.size() > 1; });
+    std::map<std::pair<int, size_t>, std::string> names;
+    int count = 0;
+    for (const auto& [index, holders] : ranks_of) count += holders.size();
+    int k = 0;
+    for (const auto& [index, holders] : ranks_of) {
+      for (size_t r : holders) {
+        names[{index, r}] =
+            split ? HfFileName(++k, count) : HfFileName(index, highest);
+      }
+    }
+    for (size_t r = 0; r < plans.size(); ++r) {
+      for (const WriteItem& item : plans[r].items) {
+        const std::string& name =
+            names[{MappedIndex(mapping, item.index.fqn), r}];
+        ranks[r].file_of[item.index.fqn] = file_number(ranks[r], name);
+        weight_map_[item.index.fqn] = name;
+        total_size_ += item.StorageBytes();
+      }
+    }
+  }
+  for (size_t r = 0; r < plans.size(); ++r) {
+    plans[r].storage_data = EncodeRankFiles(ranks[r]);
+  }
+  return plans;
+}
+
+absl::StatusOr<DeviceStaging*> HuggingFaceStorageWriter::Staging() {
+  absl::MutexLock lock(&mu_);
+  if (options_.device_staging != nullptr) return options_.device_staging;
+  if (owned_staging_ == nullptr) {
+    DeviceStagingOptions staging_options;
+    const int64_t chunk = static_cast<int64_t>(staging_options.chunk_bytes);
+    staging_options.pool_bytes = static_cast<size_t>(
+        AlignUp(std::max(options_.per_thread_copy_ahead, 2 * chunk), chunk) *
+        options_.thread_count);
+    owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+  }
+  return owned_staging_.get();
+}
+
+absl::Status HuggingFaceStorageWriter::WriteFile(
+    const FileAssignment& assignment,
+    const std::vector<const WriteItem*>& items, SavePlanner& planner,
+    std::vector<WriteResult*>& results) {
+  const std::string where = absl::StrCat("rank ", rank_);
+  // Resolve every item, then lay the file out as the reference does.
+  std::vector<Tensor> tensors(items.size());
+  std::vector<SafetensorsTensor> layout(items.size());
+  std::map<std::string, size_t> item_of;
+  bool on_device = false;
+  Json sharding = Json::object();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& item = *items[i];
+    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    if (!resolved.ok()) {
+      return Annotate(resolved.status(), absl::StrCat(where, ": resolving ",
+                                                      item.index.ToString()));
+    }
+    const Tensor* tensor = std::get_if<Tensor>(&*resolved);
+    if (tensor == nullptr || !tensor->view().is_contiguous() ||
+        static_cast<int64_t>(tensor->nbytes()) != item.StorageBytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", item.index.ToString(),
+                       " did not resolve to a contiguous tensor of ",
+                       item.StorageBytes(), " bytes"));
+    }
+    tensors[i] = *tensor;
+    on_device = on_device || !tensor->device().is_cpu();
+    layout[i] = {item.index.fqn, tensor->dtype(),
+                 item.tensor_data->chunk.sizes};
+    item_of[item.index.fqn] = i;
+    if (assignment.sharded) {
+      sharding[item.index.fqn] = {
+          {kHfSavedOffsetsKey, item.tensor_data->chunk.offsets}};
+    }
+  }
+  SortForSafetensors(layout);
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (assignment.sharded) {
+    metadata[kHfShardingInfoKey] = sharding.dump();
+    metadata["DCP_VERSION"] = "1.0";
+  }
+  absl::StatusOr<std::string> header =
+      EncodeSafetensorsHeader(layout, metadata, kDataAlignment);
+  if (!header.ok()) return Annotate(header.status(), where);
+  const int64_t data_start = static_cast<int64_t>(header->size());
+  const int64_t file_size =
+      data_start + (layout.empty() ? 0 : layout.back().end);
+
+  const std::string path = TempPath(assignment.relative);
+  OpenOptions open_options;
+  open_options.direct = options_.direct_io;
+  open_options.uncached = options_.uncached_writes;
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_->OpenForWrite(path, open_options);
+  if (!opened.ok()) return Annotate(opened.status(), where);
+  std::unique_ptr<File> file = *std::move(opened);
+  RecordCreated(path);
+  if (file->direct()) {
+    // ext4 runs O_DIRECT writes that allocate one at a time (as
+    // FileSystemWriter::WriteFile).
+    DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(file_size), where));
+  }
+  internal_io::SequentialWriterOptions writer_options;
+  writer_options.direct = file->direct();
+  writer_options.writeback_bytes =
+      options_.sync_files ? options_.writeback_bytes : 0;
+  absl::Status status;
+  {
+    internal_io::SequentialWriter writer(*engine_, *file, writer_options);
+    status = writer.Append(reinterpret_cast<const std::byte*>(header->data()),
+                           data_start);
+    if (!on_device) {
+      for (size_t k = 0; k < layout.size() && status.ok(); ++k) {
+        const Tensor& t = tensors[item_of[layout[k].name]];
+        status = writer.Append(static_cast<const std::byte*>(t.data()),
+                               static_cast<int64_t>(t.nbytes()));
+      }
+    } else if (status.ok()) {
+      // Every tensor of the file goes through the staging pool in file
+      // order (host ones are copied too); each piece is written from its
+      // pinned chunk, which returns to the pool once written.
+      std::vector<PipelineItem> staged;
+      for (size_t k = 0; k < layout.size(); ++k) {
+        staged.push_back(
+            {tensors[item_of[layout[k].name]].view(), k, layout[k].name});
+      }
+      absl::StatusOr<DeviceStaging*> staging = Staging();
+      status =
+          staging.ok()
+              ? (*staging)->Stage(
+                    staged,
+                    [&](StagedPiece piece) -> absl::Status {
+                      if (piece.length == 0) return absl::OkStatus();
+                      const std::byte* data = piece.chunk.data();
+                      auto lease =
+                          std::make_shared<PinnedChunk>(std::move(piece.chunk));
+                      return writer.Append(data,
+                                           static_cast<int64_t>(piece.length),
+                                           std::move(lease));
+                    },
+                    device_wait_)
+              : staging.status();
+    }
+    absl::Status finished = writer.Finish();
+    if (status.ok()) status = finished;
+  }
+  if (status.ok() && options_.sync_files) status = file->Sync();
+  absl::Status closed = file->Close();
+  if (status.ok()) status = closed;
+  if (!status.ok()) {
+    return Annotate(status, absl::StrCat(where, ": writing ", path));
+  }
+  for (const SafetensorsTensor& t : layout) {
+    const size_t i = item_of[t.name];
+    WriteResult& result = *results[i];
+    result.index = items[i]->index;
+    result.size_in_bytes = t.end - t.begin;
+    result.storage_data.relative_path = assignment.relative;
+    result.storage_data.offset = data_start + t.begin;
+    result.storage_data.length = t.end - t.begin;
+  }
+  return absl::OkStatus();
+}
+
+Future<std::vector<WriteResult>> HuggingFaceStorageWriter::WriteData(
+    const SavePlan& plan, SavePlanner& planner) {
+  using Result = Future<std::vector<WriteResult>>;
+  std::string storage_data = plan.storage_data;
+  if (storage_data.empty()) {
+    // Planned without PrepareGlobalPlan (a single rank driven by hand).
+    absl::StatusOr<std::vector<SavePlan>> planned = PrepareGlobalPlan({plan});
+    if (!planned.ok()) return Result::Ready(planned.status());
+    storage_data = planned->front().storage_data;
+  }
+  absl::StatusOr<RankFiles> rank_files = DecodeRankFiles(storage_data);
+  if (!rank_files.ok()) return Result::Ready(rank_files.status());
+  // Temporary names carry the coordinator's save id: its Finish renames
+  // every rank's files.
+  save_id_ = rank_files->save_id;
+  struct Work {
+    FileAssignment assignment;
+    std::vector<const WriteItem*> items;
+    std::vector<WriteResult*> results;
+  };
+  std::vector<Work> work(rank_files->files.size());
+  for (size_t f = 0; f < work.size(); ++f) {
+    const std::string& name = rank_files->files[f];
+    if (!CheckRelativePath(name).ok()) {
+      return Result::Ready(absl::InternalError(
+          absl::StrCat("save plan names the file \"", name, "\"")));
+    }
+    work[f].assignment.relative = name;
+    work[f].assignment.sharded = options_.save_distributed;
+  }
+  std::vector<WriteResult> results(plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    auto it = rank_files->file_of.find(plan.items[i].index.fqn);
+    if (it == rank_files->file_of.end() || it->second < 0 ||
+        it->second >= static_cast<int>(work.size())) {
+      return Result::Ready(absl::InternalError(absl::StrCat(
+          "the save plan gives ", plan.items[i].index.ToString(), " no file")));
+    }
+    work[it->second].items.push_back(&plan.items[i]);
+    work[it->second].results.push_back(&results[i]);
+  }
+  FirstError error;
+  std::atomic<size_t> next{0};
+  RunOnThreads(
+      static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
+      [&](int) {
+        for (size_t f = next++; f < work.size() && !error.failed();
+             f = next++) {
+          error.Update(WriteFile(work[f].assignment, work[f].items, planner,
+                                 work[f].results));
+        }
+      });
+  absl::Status status = error.status();
+  if (status.ok() && options_.sync_files && !work.empty()) {
+    status = fs_->SyncDir(
+        options_.save_distributed ? JoinPath(path_, kHfShardedDirName) : path_);
+  }
+  if (!status.ok()) return Result::Ready(status);
+  return Result::Ready(std::move(results));
+}
+
+absl::Status HuggingFaceStorageWriter::Finish(
+    const Metadata& /*metadata*/,
+    const std::vector<std::vector<WriteResult>>& results) {
+  std::set<std::string> written;
+  for (const std::vector<WriteResult>& rank : results) {
+    for (const WriteResult& result : rank) {
+      written.insert(result.storage_data.relative_path);
+    }
+  }
+  CommitJournal journal;
+  for (const std::string& relative : written) {
+    journal.renames.emplace_back(TempRelativePath(relative, save_id_),
+                                 relative);
+  }
+  std::set<std::string> committed = written;
+  std::map<std::string, std::string> weight_map = weight_map_;
+  int64_t total_size = total_size_;
+  const bool index =
+      !options_.save_distributed || options_.enable_consolidation;
+  if (options_.save_distributed && options_.enable_consolidation) {
+    std::vector<std::string> outputs;
+    DCP_RETURN_IF_ERROR(
+        Consolidate(std::vector<std::string>(written.begin(), written.end()),
+                    outputs, weight_map, total_size));
+    for (const std::string& relative : outputs) {
+      journal.renames.emplace_back(TempRelativePath(relative, save_id_),
+                                   relative);
+      committed.insert(relative);
+    }
+  }
+  if (index) {
+    Json json = {{"metadata", {{"total_size", total_size}}},
+                 {"weight_map", weight_map}};
+    const std::string temp = TempPath(kHfIndexFileName);
+    RecordCreated(temp);
+    DCP_RETURN_IF_ERROR(
+        WriteWholeFile(*fs_, temp, json.dump(2) + "\n", options_.sync_files));
+    journal.renames.emplace_back(TempRelativePath(kHfIndexFileName, save_id_),
+                                 kHfIndexFileName);
+    committed.insert(kHfIndexFileName);
+  }
+  for (const std::string& relative : replaced_) {
+    if (!committed.contains(relative)) journal.removals.push_back(relative);
+  }
+  // The decision: once the journal is durable under its name, the save
+  // completes whatever happens next.
+  const std::string temp_journal = JoinPath(
+      path_, absl::StrCat(".", kHfCommitJournalName + 1, ".tmp-", save_id_));
+  RecordCreated(temp_journal);
+  DCP_RETURN_IF_ERROR(WriteWholeFile(*fs_, temp_journal, EncodeJournal(journal),
+                                     options_.sync_files));
+  DCP_RETURN_IF_ERROR(
+      fs_->Rename(temp_journal, JoinPath(path_, kHfCommitJournalName)));
+  decided_ = true;
+  if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
+  DCP_RETURN_IF_ERROR(ApplyJournal(*fs_, path_, journal, options_.sync_files));
+  committed_ = true;
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status HuggingFaceStorageWriter::MarkCommitted() {
+  committed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    created_.clear();
+  }
+  directory_lock_.reset();
+  return absl::OkStatus();
+}
+
+void HuggingFaceStorageWriter::Abort() {
+  std::vector<std::string> created;
+  {
+    absl::MutexLock lock(&mu_);
+    created.swap(created_);
+  }
+  if (decided_ && !committed_) {
+    // The save was decided: complete it (best effort; the next save's SetUp
+    // does what is left).
+    RollForward(*fs_, path_, options_.sync_files).IgnoreError();
+  } else if (!committed_) {
+    for (const std::string& path : created) {
+      fs_->RemoveFile(path).IgnoreError();
+    }
+  }
+  directory_lock_.reset();
+}
+
+}  // namespace dcp

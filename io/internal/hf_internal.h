@@ -1,0 +1,149 @@
+// Internal to io/'s Hugging Face storage (io/hf_storage.h): what its
+// writer, reader and consolidation share. Names checked as untrusted input,
+// the element ranges a box of a stored chunk needs, dcp Metadata built from
+// safetensors headers, and a synchronous box read used by consolidation.
+#ifndef DCP_IO_INTERNAL_HF_INTERNAL_H_
+#define DCP_IO_INTERNAL_HF_INTERNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "core/tensor.h"
+#include "io/file_system.h"
+#include "io/io_engine.h"
+#include "planner/metadata.h"
+
+namespace dcp::internal_hf {
+
+inline constexpr int64_t kBlock = 4096;
+
+// A 4 KiB aligned heap buffer (ready for O_DIRECT).
+struct AlignedBuffer {
+  explicit AlignedBuffer(int64_t size_in)
+      : size(size_in),
+        data(static_cast<std::byte*>(
+            ::operator new[](static_cast<size_t>(std::max<int64_t>(size, 1)),
+                             std::align_val_t{kBlock}))) {}
+  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{kBlock}); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  int64_t size;
+  std::byte* data;
+};
+
+// Runs fn(worker) on `count` threads (inline for one) and joins them.
+template <typename Fn>
+void RunOnThreads(int count, Fn fn) {
+  if (count <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+// The first error of several workers (sticky).
+class FirstError {
+ public:
+  void Update(absl::Status status) {
+    if (status.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(status);
+  }
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return !status_.ok();
+  }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// `fs`, or the local file system when it is null.
+FileSystemBase* OrLocal(FileSystemBase* fs);
+
+// `given`, or a new engine of `mode` kept in `owned` (a set-up failure goes
+// to `error`, which the storage reports at SetUp).
+IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
+                      std::unique_ptr<IoEngine>& owned, absl::Status& error);
+
+// OK when `name` is a plain file name: not empty, ".", "..", no '/' or NUL.
+// kDataLoss otherwise.
+absl::Status CheckPlainName(absl::string_view name);
+
+// OK when `relative` is a plain name or "sharded/" and a plain name.
+absl::Status CheckRelativePath(absl::string_view relative);
+
+// The temporary name of checkpoint file `relative` in save `save_id`:
+// ".NAME.tmp-<save id>" in the same directory.
+std::string TempRelativePath(absl::string_view relative,
+                             absl::string_view save_id);
+
+// Appends to `out` the row-major element ranges [begin, end) of a chunk of
+// shape `sizes` that hold the box (`offsets`, `lengths`): every box element
+// lies in one, and a gap of at most `max_gap` elements between two rows of
+// the box is included rather than split (reading through a small gap costs
+// less than another read). Ranges come in increasing order and are more
+// than `max_gap` apart. Nothing for an empty box. The box must lie in the
+// chunk.
+void BoxRuns(absl::Span<const int64_t> sizes, absl::Span<const int64_t> offsets,
+             absl::Span<const int64_t> lengths, int64_t max_gap,
+             std::vector<std::pair<int64_t, int64_t>>& out);
+
+// Sorts `ranges`, merges those that overlap or lie at most `max_gap` apart,
+// and splits the result into pieces of at most `piece` elements (>= 1).
+std::vector<std::pair<int64_t, int64_t>> MergeAndSplit(
+    std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_gap,
+    int64_t piece);
+
+// A safetensors file to describe: `relative` is what the metadata records
+// (StorageInfo::relative_path), `path` what is opened.
+struct HfSource {
+  std::string relative;
+  std::string path;
+};
+
+// Builds dcp Metadata from the headers of `sources` (see
+// HuggingFaceStorageReader::ReadMetadata for the rules and errors).
+// `weight_map` (the index's, or empty) must agree with the headers.
+absl::StatusOr<Metadata> BuildHfMetadata(
+    FileSystemBase& fs, const std::vector<HfSource>& sources,
+    const std::map<std::string, std::string>& weight_map);
+
+// Copies the box (`storage_offsets`, `lengths`) of a stored chunk of shape
+// `sizes` and `element_size`, whose bytes are [offset, offset + length) of
+// `file`, into host view `dst` at `dst_offsets`, reading only the ranges
+// BoxRuns gives through `buffer` (its size bounds each read; at least one
+// element). kDataLoss when the file ends early; CopyBox's errors.
+absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
+                             absl::Span<const int64_t> sizes,
+                             size_t element_size,
+                             absl::Span<const int64_t> storage_offsets,
+                             absl::Span<const int64_t> lengths,
+                             const TensorView& dst,
+                             absl::Span<const int64_t> dst_offsets,
+                             AlignedBuffer& buffer, int64_t max_gap_bytes);
+
+}  // namespace dcp::internal_hf
+
+#endif  // DCP_IO_INTERNAL_HF_INTERNAL_H_
