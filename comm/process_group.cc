@@ -8,9 +8,9 @@
 #include "absl/strings/str_format.h"
 
 namespace dcp::comm {
-namespace {
+namespace {}  // namespace
 
-// Codes after which the ranks no longer agree on the collective sequence.
+// The ranks no longer agree on where the collective sequence stands.
 bool BreaksGroup(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kDeadlineExceeded:
@@ -23,8 +23,6 @@ bool BreaksGroup(const absl::Status& status) {
       return false;
   }
 }
-
-}  // namespace
 
 // Holds the group busy for the length of one call and records its outcome.
 class ProcessGroup::CallGuard {

@@ -2,7 +2,9 @@
 // to a root, scatter from a root, broadcast, all-gather, barrier) on byte
 // payloads of any size, with a deadline on every call. Implementations:
 // LocalProcessGroup (one rank, below), GlooProcessGroup (CPU, tcp;
-// gloo_process_group.h) and NcclProcessGroup (GPU; nccl_process_group.h).
+// gloo_process_group.h), NcclProcessGroup (GPU; nccl_process_group.h) and
+// the store group (any shared key-value store, e.g. torchrun's TCPStore;
+// store_process_group.h).
 // CreateProcessGroup (process_group_factory.h) picks one from the
 // environment.
 //
@@ -49,6 +51,10 @@
 
 namespace dcp::comm {
 
+// True for the codes after which a group is broken (see "Failure" above):
+// kDeadlineExceeded, kUnavailable, kInternal, kAborted, kDataLoss.
+bool BreaksGroup(const absl::Status& status);
+
 // Passed as `timeout` to use the group's default timeout.
 inline constexpr absl::Duration kGroupTimeout = absl::ZeroDuration();
 
@@ -61,7 +67,7 @@ class ProcessGroup {
   // This process's rank in [0, size()) and the number of ranks.
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // "local", "gloo" or "nccl".
+  // "local", "gloo", "nccl" or "store".
   virtual absl::string_view backend() const = 0;
   // The timeout used when a call passes kGroupTimeout.
   absl::Duration default_timeout() const { return default_timeout_; }

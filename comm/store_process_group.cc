@@ -76,16 +76,8 @@ absl::Status StoreError(absl::string_view what, absl::string_view verb,
                         absl::string_view key, const absl::Status& status) {
   const std::string context =
       absl::StrFormat("%s: store %s of key \"%s\" failed", what, verb, key);
-  switch (status.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kDataLoss:
-      return Annotate(status, context);
-    default:
-      return absl::AbortedError(absl::StrCat(context, ": ", status.ToString()));
-  }
+  if (BreaksGroup(status)) return Annotate(status, context);
+  return absl::AbortedError(absl::StrCat(context, ": ", status.ToString()));
 }
 
 // The store operations of one group (or of one creation), with errors that
