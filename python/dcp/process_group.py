@@ -76,6 +76,10 @@ class _StoreBridge:
                         [k], datetime.timedelta(milliseconds=timeout_ms))
                 except dist.DistStoreError:
                     return _lib.DEADLINE_EXCEEDED
+                except RuntimeError as e:  # FileStore: "Wait timeout"
+                    if "timeout" in str(e).lower():
+                        return _lib.DEADLINE_EXCEEDED
+                    raise
             value = self.store.get(k)
             sink(sink_ctx, value, len(value))
             return _lib.OK

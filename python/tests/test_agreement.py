@@ -65,3 +65,28 @@ def test_single_rank_reraises_the_error_itself():
     with pytest.raises(KeyError):
         g.agree("load", KeyError("k"))
     g.agree("load", None)
+
+
+@pytest.mark.parametrize("kind", ["hash", "file"])
+def test_store_bridge_callbacks(kind, tmp_path):
+    """The dcp_store_t handed to the library: set, get (waiting, and
+    timing out as DEADLINE_EXCEEDED), remove; errors become codes."""
+    from dcp import _lib
+    from dcp.process_group import _StoreBridge
+    store = dist.HashStore() if kind == "hash" else dist.FileStore(
+        str(tmp_path / "fs"), 1)
+    bridge = _StoreBridge(store)
+    s = bridge.struct
+    assert s.struct_size == ctypes.sizeof(_lib.Store)
+    assert s.set(None, b"g/key", b"va\0lue", 6) == _lib.OK
+    got = []
+    sink = _lib.SINK_FN(lambda ctx, data, size:
+                        got.append(ctypes.string_at(data, size)))
+    assert s.get(None, b"g/key", 1000, sink, None) == _lib.OK
+    assert got == [b"va\0lue"] and store.get("g/key") == b"va\0lue"
+    assert s.get(None, b"g/missing", 50, sink, None) == \
+        _lib.DEADLINE_EXCEEDED
+    assert s.get(None, b"g/missing", 0, sink, None) == _lib.DEADLINE_EXCEEDED
+    assert s.remove(None, b"g/key") == _lib.OK
+    assert not store.check(["g/key"])
+    assert s.set(None, b"\xff\xfe", b"x", 1) == _lib.UNAVAILABLE  # bad UTF-8
