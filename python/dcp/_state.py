@@ -260,7 +260,7 @@ class Flat:
     def _seq(self, seq, parent, key) -> None:
         path = self._path
         target = seq
-        if type(seq) is not list:  # a tuple: rebuilt after a load
+        if not isinstance(seq, list):  # a tuple: rebuilt after a load
             if self.load:
                 target = list(seq)
                 self._tuples.append((target, type(seq), parent, key))
