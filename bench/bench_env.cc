@@ -137,6 +137,24 @@ nlohmann::json SourceCommit() {
   return out;
 }
 
+int64_t PeakRssSelf() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+nlohmann::json MachineJson(const MachineInfo& machine) {
+  return {{"cpu_model", machine.cpu_model},
+          {"cpus", machine.cpus},
+          {"memory_bytes", machine.memory_bytes},
+          {"kernel", machine.kernel},
+          {"file_system", machine.file_system},
+          {"block_device", machine.block_device},
+          {"scheduler", machine.scheduler},
+          {"read_ahead_kb", machine.read_ahead_kb},
+          {"rotational", machine.rotational}};
+}
+
 std::string NowUtc() {
   std::time_t now = std::time(nullptr);
   char text[64];

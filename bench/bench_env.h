@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tools/machine_info.h"
 
 namespace dcp {
 
@@ -49,6 +50,12 @@ absl::StatusOr<std::string> MakeWorkDir(const std::string& parent,
 // {"commit": short hash, "tree_modified": bool} of the source tree the
 // program's runfiles point into; empty when git cannot tell.
 nlohmann::json SourceCommit();
+
+// This process's peak RSS so far in bytes (ru_maxrss).
+int64_t PeakRssSelf();
+
+// Every field of `machine`, for a report.
+nlohmann::json MachineJson(const MachineInfo& machine);
 
 // "2026-12-04 14:26:00 UTC".
 std::string NowUtc();

@@ -237,12 +237,6 @@ struct ChildFlags {
   std::string uncached = "default";  // "on", "off", or the defaults.
 };
 
-int64_t PeakRssSelf() {
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
-
 absl::Status RunChild(const ChildFlags& flags) {
   DCP_ASSIGN_OR_RETURN(DcpConfig config, FindConfig(flags.config));
   const bool save = flags.phase == "save";
@@ -967,15 +961,7 @@ absl::Status Bench::Run() {
   report.update(SourceCommit());
   report["load_average_start"] = LoadAverage();
   const MachineInfo machine = DescribeMachine(work_);
-  report["machine"] = {{"cpu_model", machine.cpu_model},
-                       {"cpus", machine.cpus},
-                       {"memory_bytes", machine.memory_bytes},
-                       {"kernel", machine.kernel},
-                       {"file_system", machine.file_system},
-                       {"block_device", machine.block_device},
-                       {"scheduler", machine.scheduler},
-                       {"read_ahead_kb", machine.read_ahead_kb},
-                       {"rotational", machine.rotational}};
+  report["machine"] = MachineJson(machine);
   Log(absl::StrCat("started ", NowUtc(), " in ", work_, ", load average ",
                    LoadAverage(), ", commit ", report.value("commit", "?")));
   Log(absl::StrCat("machine: ", MachineSummary(machine)));
@@ -1301,11 +1287,7 @@ absl::Status RunCeiling(const BenchFlags& flags) {
                              : FileSystemReaderOptions{}.thread_count},
       {"io_engine", engine.ok() ? std::string((*engine)->name()) : ""},
       {"load_average_start", LoadAverage()},
-      {"machine",
-       {{"cpu_model", machine.cpu_model},
-        {"cpus", machine.cpus},
-        {"memory_bytes", machine.memory_bytes},
-        {"kernel", machine.kernel}}},
+      {"machine", MachineJson(machine)},
       {"sizes", json::array()}};
   report.update(SourceCommit());
   Log(absl::StrCat("ceiling: started ", NowUtc(), " in ", work, " (",

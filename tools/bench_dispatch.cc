@@ -22,6 +22,7 @@ const std::map<std::string, std::pair<std::string, std::string>>& Benches() {
       new std::map<std::string, std::pair<std::string, std::string>>{
           {"planner", {"//bench:planner_bench", "bench/planner_bench"}},
           {"io", {"//bench:io_bench", "bench/io_bench"}},
+          {"layouts", {"//bench:layouts_bench", "bench/layouts_bench"}},
           {"staging", {"//bench:staging_bench", "bench/staging_bench"}},
           {"coord", {"//bench/coord:coord_bench", "bench/coord/coord_bench"}},
       };
