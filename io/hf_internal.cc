@@ -268,13 +268,21 @@ absl::StatusOr<Metadata> BuildHfMetadata(
     }
     // The global shape: the chunks' extent (offsets checked to not
     // overflow with their sizes).
+    const Found first_copy = first;
     Shape global(first.sizes.size(), 0);
     for (const Found& c : chunks) {
       for (size_t d = 0; d < global.size(); ++d) {
         global[d] = std::max(global[d], c.offsets[d] + c.sizes[d]);
       }
     }
-    std::optional<int64_t> volume = CheckedNumBytes(first.dtype, global);
+    // Chunks without elements (a rank that held none of a dimension) take
+    // part in the extent only; one is kept for a tensor without elements.
+    if (chunks.size() > 1) {
+      std::erase_if(chunks,
+                    [](const Found& c) { return NumElements(c.sizes) == 0; });
+      if (chunks.empty()) chunks.push_back(first_copy);
+    }
+    std::optional<int64_t> volume = CheckedNumBytes(first_copy.dtype, global);
     if (!volume.has_value()) {
       return absl::DataLossError(absl::StrCat(
           "the shards of tensor \"", fqn, "\" make a tensor of shape ",
@@ -309,7 +317,7 @@ absl::StatusOr<Metadata> BuildHfMetadata(
                        " elements of its shape ", ShapeToString(global)));
     }
     TensorStorageMetadata tensor;
-    tensor.properties.dtype = first.dtype;
+    tensor.properties.dtype = first_copy.dtype;
     tensor.size = global;
     for (const Found& c : chunks) {
       tensor.chunks.push_back({c.offsets, c.sizes});

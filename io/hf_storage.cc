@@ -33,8 +33,8 @@ namespace dcp {
 
 using internal_hf::CheckRelativePath;
 using internal_hf::EngineOrOwn;
-using internal_hf::OrLocal;
 using internal_hf::FirstError;
+using internal_hf::OrLocal;
 using internal_hf::RunOnThreads;
 using internal_hf::TempRelativePath;
 using Json = nlohmann::json;
@@ -782,7 +782,10 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
     WriteResult& result = *results[i];
     result.index = items[i]->index;
     result.size_in_bytes = t.end - t.begin;
-    result.storage_data.relative_path = assignment.relative;
+    // A plain name (what dcp metadata holds): files of save_distributed are
+    // in sharded/, Finish knows.
+    result.storage_data.relative_path =
+        assignment.relative.substr(assignment.relative.rfind('/') + 1);
     result.storage_data.offset = data_start + t.begin;
     result.storage_data.length = t.end - t.begin;
   }
@@ -856,7 +859,10 @@ absl::Status HuggingFaceStorageWriter::Finish(
   std::set<std::string> written;
   for (const std::vector<WriteResult>& rank : results) {
     for (const WriteResult& result : rank) {
-      written.insert(result.storage_data.relative_path);
+      written.insert(options_.save_distributed
+                         ? absl::StrCat(kHfShardedDirName, "/",
+                                        result.storage_data.relative_path)
+                         : result.storage_data.relative_path);
     }
   }
   CommitJournal journal;

@@ -157,6 +157,8 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   // Coordinator: consolidates (enable_consolidation), writes the index,
   // and commits (see the file comment). The checkpoint exists once this
   // returns OK; `metadata` is not stored (the headers describe the files).
+  // The results' relative paths are file names in the directory of their
+  // file (sharded/ for save_distributed).
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
