@@ -994,9 +994,16 @@ int dcp_async_save(const dcp_state_dict_t* sd,
     dcp::AsyncSaveResponse response =
         dcp::capi::LibraryCheckpointer().AsyncSave(h->root, async_options);
     // The job (writer, planner, pinned group) lives until the upload ends,
-    // whether or not the handle is freed first.
+    // whether or not the handle is freed first, and is released before
+    // anyone sees the upload done: a waiter may free the group at once.
+    dcp::Promise<dcp::Metadata> upload;
     response.upload_completion.OnReady(
-        [job](const absl::StatusOr<dcp::Metadata>&) {});
+        [job = std::move(job),
+         upload](const absl::StatusOr<dcp::Metadata>& result) mutable {
+          job.reset();
+          upload.Set(result);
+        });
+    response.upload_completion = upload.future();
     dcp::capi::TrackUpload(response.upload_completion);
     auto handle = std::make_unique<dcp_async_save_t>();
     handle->staging = std::move(response.staging_completion);
