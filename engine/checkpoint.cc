@@ -279,8 +279,8 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        SaveOptions options) {
   // As the seed's save_state_dict: a fresh save id per save, so a writer
   // reused for the next save never writes over the files of the checkpoint
-  // it committed before.
-  DCP_RETURN_IF_ERROR(storage_writer.Reset(""));
+  // it committed before; as its save, at checkpoint_id when one is given.
+  DCP_RETURN_IF_ERROR(storage_writer.Reset(options.checkpoint_id));
   DCP_RETURN_IF_ERROR(storage_writer.SetDeviceWait(options.device_wait));
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
@@ -334,6 +334,9 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
+  if (!options.checkpoint_id.empty()) {
+    DCP_RETURN_IF_ERROR(storage_reader.Reset(options.checkpoint_id));
+  }
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
   if (planner == nullptr) {
@@ -371,13 +374,13 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
     const std::string dir = RankLocalDir(options.checkpoint_id, group->rank());
     FileSystemReader reader(dir);
     LoadOptions alone = options;
+    alone.checkpoint_id = dir;
     alone.no_dist = true;
     absl::Status status = reader.Reset(dir);
     if (status.ok()) status = LoadStateDict(state_dict, reader, alone);
     return ShareOutcome(*group, "rank-local load", status);
   }
   FileSystemReader reader(options.checkpoint_id);
-  DCP_RETURN_IF_ERROR(reader.Reset(options.checkpoint_id));
   return LoadStateDict(state_dict, reader, options);
 }
 

@@ -33,8 +33,10 @@ void SetDefaultProcessGroup(comm::ProcessGroup* group);
 comm::ProcessGroup* DefaultProcessGroup();
 
 struct SaveOptions {
-  // Where to save: a directory for the default FileSystemWriter. Ignored
-  // when `storage_writer` is given (it was pointed at its location).
+  // Where to save: a directory for the default FileSystemWriter. With a
+  // `storage_writer`, a non-empty checkpoint_id points it there
+  // (StorageWriter::Reset(checkpoint_id), as the seed does); empty keeps the
+  // writer's own location.
   std::string checkpoint_id;
   // Not owned; default: a FileSystemWriter at checkpoint_id.
   StorageWriter* storage_writer = nullptr;
@@ -69,6 +71,9 @@ struct SaveOptions {
 };
 
 struct LoadOptions {
+  // What to load: a directory for the default FileSystemReader. With a
+  // `storage_reader`, a non-empty checkpoint_id points it there
+  // (StorageReader::Reset(checkpoint_id)); empty keeps its own location.
   std::string checkpoint_id;
   StorageReader* storage_reader = nullptr;      // Not owned.
   LoadPlanner* planner = nullptr;               // Not owned.
@@ -89,8 +94,10 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 
 // The seed's save_state_dict / load_state_dict: explicit storage.
-// SaveStateDict resets the writer first (a fresh save id, same location), so
-// one writer can serve consecutive saves.
+// SaveStateDict resets the writer first (a fresh save id; the location is
+// options.checkpoint_id when given, else the writer's own), so one writer
+// can serve consecutive saves. LoadStateDict resets the reader to
+// options.checkpoint_id when given.
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options = {});

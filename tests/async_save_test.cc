@@ -8,6 +8,7 @@
 
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
+#include "io/file_system_storage.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -97,6 +98,23 @@ TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
   ASSERT_TRUE(upload.ready());
   EXPECT_TRUE(upload.Wait().ok());
   ExpectSameState(LoadState(dir), MakeState(3));
+}
+
+// A checkpoint_id given with a storage writer points the writer there, as
+// it does for Save.
+TEST(AsyncSave, CheckpointIdRedirectsAGivenWriter) {
+  const std::string configured = MakeTempDir("async-writer-configured");
+  const std::string chosen = MakeTempDir("async-checkpoint-id");
+  FileSystemWriter writer(configured);
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions options;
+  options.save.checkpoint_id = chosen;
+  options.save.storage_writer = &writer;
+  absl::StatusOr<Metadata> committed =
+      checkpointer.AsyncSave(MakeState(6), options).upload_completion.Wait();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(testing::ListFiles(configured).empty());
+  ExpectSameState(LoadState(chosen), MakeState(6));
 }
 
 TEST(AsyncSave, WriteErrorReachesUploadFutureOnly) {

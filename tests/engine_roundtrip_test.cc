@@ -294,6 +294,31 @@ TEST(EngineSave, ReusedWriterNeverWritesOverTheCommittedFiles) {
   EXPECT_TRUE(loaded["a"].tensor().BytesEqual(second["a"].tensor()));
 }
 
+// As the seed's save and load: a checkpoint_id given with a storage writer
+// or reader points it there (Reset(checkpoint_id)) instead of being ignored.
+TEST(EngineSave, CheckpointIdRedirectsAGivenWriterAndReader) {
+  const std::string configured = MakeTempDir("writer-configured");
+  const std::string chosen = MakeTempDir("checkpoint-id");
+  StateDict saved{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  FileSystemWriter writer(configured);
+  SaveOptions save;
+  save.checkpoint_id = chosen;
+  save.storage_writer = &writer;
+  ASSERT_TRUE(Save(saved, save).ok());
+  EXPECT_TRUE(ListFiles(chosen).count(".metadata"));
+  EXPECT_TRUE(ListFiles(configured).empty());
+
+  // The reader is pointed at `chosen` too, away from its own (empty) path.
+  FileSystemReader reader(configured);
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  LoadOptions load;
+  load.checkpoint_id = chosen;
+  load.storage_reader = &reader;
+  absl::Status s = Load(loaded, load);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(loaded["a"].tensor().BytesEqual(saved["a"].tensor()));
+}
+
 // Metadata without its storage_meta, encoded (what a save's layout is).
 // The metadata without what differs per save (ids, file names, checksums).
 std::string Layout(Metadata metadata) {
