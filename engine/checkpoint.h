@@ -47,10 +47,14 @@ struct SaveOptions {
   int coordinator_rank = 0;
   // Save without any collective (every rank writes its own checkpoint).
   bool no_dist = false;
-  // false: no plan exchange; each rank saves an independent checkpoint
-  // under checkpoint_id/rank-R (rank-local metadata) and the ranks only
-  // share the outcome. Load finds such a checkpoint by itself; it loads on
-  // the same rank count only (each rank reads its own rank-R).
+  // false: no plan exchange; each rank saves an independent checkpoint of
+  // its own (StorageWriter::SelectRankLocal; FileSystemWriter: in
+  // checkpoint_id/rank-R, docs/FORMAT.md) and the ranks only share the
+  // outcome. The writer's own location is left as it was, so it can serve
+  // the next save. Load finds such a checkpoint by itself
+  // (StorageReader::DetectRankLocal); it loads on the same rank count only
+  // (each rank reads its own rank-R). With one rank, false saves as true
+  // does.
   bool use_collectives = true;
   // The stream rule for device tensors: dcp copies them on its own copy
   // streams, which know nothing of the caller's. A Save or AsyncSave issued
@@ -90,7 +94,10 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 
 // Loads a checkpoint into `state_dict` in place: tensors are filled in their
 // own memory (resharded as needed), plain values replaced. On failure the
-// Status says what and where; tensors may hold partial data.
+// Status says what and where; tensors may hold partial data. A location that
+// holds both a checkpoint of all ranks and rank-local ones (use_collectives)
+// is kFailedPrecondition naming both; rank-local ones on a single rank are
+// kFailedPrecondition too.
 absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 
 // The seed's save_state_dict / load_state_dict: explicit storage.

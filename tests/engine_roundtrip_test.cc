@@ -319,6 +319,23 @@ TEST(EngineSave, CheckpointIdRedirectsAGivenWriterAndReader) {
   EXPECT_TRUE(loaded["a"].tensor().BytesEqual(saved["a"].tensor()));
 }
 
+// A directory holding both a checkpoint saved by all ranks (DIR/.metadata)
+// and a rank-local one (DIR/rank-0): the load fails naming both instead of
+// taking one of them.
+TEST(EngineLoad, BothLayoutsInOneDirectoryFailNamingBoth) {
+  const std::string dir = MakeTempDir("both-layouts");
+  StateDict saved{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+  ASSERT_TRUE(SaveTo(dir + "/rank-0", saved).ok());
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  absl::Status s = LoadFrom(dir, loaded);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(dir + "/.metadata"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(dir + "/rank-0/.metadata"),
+            absl::string_view::npos)
+      << s;
+}
+
 // Metadata without its storage_meta, encoded (what a save's layout is).
 // The metadata without what differs per save (ids, file names, checksums).
 std::string Layout(Metadata metadata) {
