@@ -66,8 +66,6 @@ struct FileSystemWriterOptions {
   // 8 MiB chunks and at least two per thread. CPU tensors are written
   // straight from their memory.
   int64_t per_thread_copy_ahead = 10000000;
-  // Keep staged host copies between saves (staging layer).
-  bool cache_staged_state_dict = false;
   // false: SetUp fails with kAlreadyExists on a directory that holds a
   // committed checkpoint.
   bool overwrite = true;

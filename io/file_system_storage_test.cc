@@ -229,6 +229,22 @@ TEST(FileSystemStorageTest, NoMetadataMeansNoCheckpoint) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
+template <typename Options>
+concept HasCacheStagedStateDict = requires(Options options) {
+  options.cache_staged_state_dict;
+};
+
+// The writer stages nothing (AsyncSave's stager does, and
+// StagingOptions::cache_staged_state_dict keeps its memory): an option of
+// that name here would be read by nothing.
+TEST(FileSystemStorageTest, WriterOptionsHaveNoStagingCache) {
+  struct WithCache {
+    bool cache_staged_state_dict;
+  };
+  static_assert(HasCacheStagedStateDict<WithCache>);
+  EXPECT_FALSE(HasCacheStagedStateDict<FileSystemWriterOptions>);
+}
+
 // A rank-local save writes DIR/rank-R and leaves the writer's path alone;
 // the next Reset ends it. The reader finds rank-local checkpoints by rank
 // 0's and refuses a directory that also holds its own checkpoint.
