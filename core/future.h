@@ -7,6 +7,12 @@
 // ready future runs immediately on the registering thread; otherwise it runs
 // on the thread that fulfils the promise. Fulfilling twice is ignored (the
 // first result wins), so racing error paths cannot crash.
+//
+// Broken promises: copies of a Promise share one promise. When the last copy
+// is destroyed before the future was fulfilled (a task dropped by its
+// executor, an error path that forgot to Set), the future resolves with
+// kCancelled "promise destroyed without a value", so a Wait() never waits
+// for a value that nobody can give. Futures do not keep a promise alive.
 #ifndef DCP_CORE_FUTURE_H_
 #define DCP_CORE_FUTURE_H_
 
@@ -90,27 +96,46 @@ class SharedState {
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
+// Shared by the copies of one Promise: breaks the promise when the last
+// copy goes (see the file comment).
+template <typename T>
+class PromiseLink {
+ public:
+  PromiseLink() : state(std::make_shared<SharedState<T>>()) {}
+  ~PromiseLink() {
+    state->SetResult(absl::CancelledError("promise destroyed without a value"));
+  }
+  PromiseLink(const PromiseLink&) = delete;
+  PromiseLink& operator=(const PromiseLink&) = delete;
+
+  const std::shared_ptr<SharedState<T>> state;
+};
+
 }  // namespace internal_future
 
 template <typename T>
 class Future;
 
+// Copyable: copies share one promise, which breaks (the future resolves
+// with kCancelled) if the last copy is destroyed without a Set.
 template <typename T>
 class Promise {
  public:
   using Result = ResultOf<T>;
 
-  Promise() : state_(std::make_shared<internal_future::SharedState<T>>()) {}
+  Promise() : link_(std::make_shared<internal_future::PromiseLink<T>>()) {}
 
-  Future<T> future() const { return Future<T>(state_); }
+  Future<T> future() const { return Future<T>(link_->state); }
 
   // Fulfils the future; returns false if it was already fulfilled.
-  bool Set(Result result) const { return state_->SetResult(std::move(result)); }
+  bool Set(Result result) const {
+    return link_->state->SetResult(std::move(result));
+  }
 
-  bool ready() const { return state_->ready(); }
+  bool ready() const { return link_->state->ready(); }
 
  private:
-  std::shared_ptr<internal_future::SharedState<T>> state_;
+  std::shared_ptr<internal_future::PromiseLink<T>> link_;
 };
 
 template <typename T>

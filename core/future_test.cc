@@ -1,5 +1,6 @@
 #include "core/future.h"
 
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -52,6 +53,57 @@ TEST(WhenAll, FirstErrorInInputOrder) {
   b.Set(absl::UnavailableError("b"));
   EXPECT_EQ(all.Wait().message(), "b");
   EXPECT_TRUE(WhenAll(std::vector<Future<int>>{}).Wait().ok());
+}
+
+TEST(Future, DroppedPromiseResolvesWithCancelled) {
+  Future<int> future;
+  {
+    Promise<int> promise;
+    future = promise.future();
+  }
+  ASSERT_TRUE(future.ready());
+  EXPECT_EQ(future.Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(future.Wait().status().message(),
+            "promise destroyed without a value");
+}
+
+TEST(Future, BrokenOnlyWhenTheLastPromiseCopyGoes) {
+  Future<void> future;
+  Future<void> also;
+  std::optional<Promise<void>> copy;
+  {
+    Promise<void> promise;
+    future = promise.future();
+    also = future;  // Futures do not keep the promise alive.
+    copy = promise;
+  }
+  EXPECT_FALSE(future.ready());
+  copy.reset();
+  ASSERT_TRUE(also.ready());
+  EXPECT_EQ(also.Wait().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(Future, FulfilledPromiseKeepsItsValueWhenDropped) {
+  Future<int> future;
+  {
+    Promise<int> promise;
+    future = promise.future();
+    promise.Set(7);
+  }
+  EXPECT_EQ(*future.Wait(), 7);
+}
+
+TEST(Future, TaskDroppedByItsExecutorBreaksThen) {
+  // An executor that drops its tasks: the continuation's promise goes with
+  // the task, so the chained future resolves instead of waiting forever.
+  class DroppingExecutor final : public Executor {
+   public:
+    void Schedule(Task) override {}
+  } dropping;
+  Future<int> chained = Future<int>::Ready(1).Then<int>(
+      dropping, [](const absl::StatusOr<int>& r) { return r; });
+  ASSERT_TRUE(chained.ready());
+  EXPECT_EQ(chained.Wait().status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST(Future, WaitForTimesOut) {

@@ -1,20 +1,40 @@
 #include "engine/async_save.h"
 
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
 
 namespace dcp {
+namespace {
+
+absl::Status ShutDownError() {
+  return absl::CancelledError(
+      "AsyncSave: the AsyncCheckpointer was shut down (the process-wide one "
+      "at exit) before this save's work ran; nothing was written");
+}
+
+}  // namespace
 
 AsyncCheckpointer::AsyncCheckpointer() = default;
 AsyncCheckpointer::~AsyncCheckpointer() = default;  // Pools drain, then join.
+
+bool AsyncCheckpointer::shut_down() const {
+  absl::MutexLock lock(&mu_);
+  return shut_down_;
+}
 
 AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     const StateDict& state_dict, const AsyncSaveOptions& options) {
   Promise<void> staged_promise;
   Promise<Metadata> upload_promise;
   AsyncSaveResponse response{staged_promise.future(), upload_promise.future()};
+  if (shut_down()) {
+    staged_promise.Set(ShutDownError());
+    upload_promise.Set(ShutDownError());
+    return response;
+  }
   if (options.async_checkpointer_type == AsyncCheckpointerType::kProcess) {
     const absl::Status unimplemented = absl::UnimplementedError(
         "AsyncSave with AsyncCheckpointerType::kProcess is not implemented; "
@@ -37,36 +57,95 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
       stager->Stage(state_dict, options.save.device_wait);
 
   // Staging is complete when the staged dict is ready and, for non-blocking
-  // device copies, when the copies have landed.
-  staging_waiter_.Schedule([staged, stager, staged_promise] {
-    const absl::StatusOr<StateDict>& result = staged.Wait();
-    absl::Status status = result.status();
-    if (status.ok() && stager->should_synchronize_after_execute()) {
-      status = stager->SynchronizeStaging();
-    }
-    staged_promise.Set(status);
-  });
+  // device copies, when the copies have landed. The task shares the owned
+  // stager: Shutdown may drop the upload that also holds it.
+  staging_waiter_.Schedule(
+      [this, staged, stager, owned_stager, staged_promise] {
+        const absl::StatusOr<StateDict>& result = staged.Wait();
+        absl::Status status = result.status();
+        if (status.ok() && stager->should_synchronize_after_execute()) {
+          status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();
+        }
+        staged_promise.Set(status);
+      });
 
   SaveOptions save = options.save;
   save.device_wait = DeviceWait{};
-  uploader_.Schedule([staged, staged_done = response.staging_completion,
-                      upload_promise, save, owned_stager] {
-    absl::Status staging = staged_done.Wait();
-    if (!staging.ok()) {
-      upload_promise.Set(staging);
-    } else {
-      upload_promise.Set(Save(*staged.Wait(), save));
-    }
-    if (owned_stager != nullptr) owned_stager->Close();
-  });
+  {
+    absl::MutexLock lock(&mu_);
+    queued_.push_back(QueuedUpload{
+        upload_promise, [staged, staged_done = response.staging_completion,
+                         upload_promise, save, owned_stager] {
+          absl::Status staging = staged_done.Wait();
+          if (!staging.ok()) {
+            upload_promise.Set(staging);
+          } else {
+            upload_promise.Set(Save(*staged.Wait(), save));
+          }
+          if (owned_stager != nullptr) owned_stager->Close();
+        }});
+  }
+  uploader_.Schedule([this] { RunNextUpload(); });
   return response;
 }
 
+void AsyncCheckpointer::RunNextUpload() {
+  upload_thread_.store(std::this_thread::get_id());
+  Task upload;
+  {
+    absl::MutexLock lock(&mu_);
+    if (queued_.empty()) return;  // Shutdown took it.
+    upload = std::move(queued_.front().run);
+    queued_.pop_front();
+  }
+  std::move(upload)();
+}
+
+void AsyncCheckpointer::WaitForPending() {
+  // An upload's own callbacks run on the upload thread: it cannot wait for
+  // itself.
+  if (upload_thread_.load() == std::this_thread::get_id()) return;
+  // One upload thread, first in first out: the marker runs after every
+  // upload scheduled before it.
+  Promise<void> drained;
+  uploader_.Schedule([drained] { drained.Set(absl::OkStatus()); });
+  drained.future().Wait().IgnoreError();
+}
+
+void AsyncCheckpointer::Shutdown() {
+  std::deque<QueuedUpload> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    cancelled.swap(queued_);
+  }
+  for (QueuedUpload& upload : cancelled) upload.promise.Set(ShutDownError());
+  cancelled.clear();  // Releases their staged copies.
+  WaitForPending();
+}
+
+namespace {
+
+// Never destroyed: ~AsyncCheckpointer would run the queued uploads during
+// static destruction. At exit, Shutdown fails those not started instead.
+AsyncCheckpointer& ProcessCheckpointer() {
+  static AsyncCheckpointer* const checkpointer = [] {
+    auto* created = new AsyncCheckpointer;
+    std::atexit([] { ProcessCheckpointer().Shutdown(); });
+    return created;
+  }();
+  return *checkpointer;
+}
+
+}  // namespace
+
 AsyncSaveResponse AsyncSave(const StateDict& state_dict,
                             const AsyncSaveOptions& options) {
-  // Destroyed at exit, which waits for the uploads still queued.
-  static AsyncCheckpointer checkpointer;
-  return checkpointer.AsyncSave(state_dict, options);
+  return ProcessCheckpointer().AsyncSave(state_dict, options);
 }
+
+void WaitForPendingAsyncSaves() { ProcessCheckpointer().WaitForPending(); }
+
+void ShutdownAsyncCheckpointer() { ProcessCheckpointer().Shutdown(); }
 
 }  // namespace dcp

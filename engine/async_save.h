@@ -11,11 +11,26 @@
 //
 // Destruction: ~AsyncCheckpointer waits for every queued upload to finish
 // (their futures resolve); it never abandons a half-written checkpoint.
+//
+// The process-wide checkpointer (the free AsyncSave) is never destroyed, so
+// no upload runs during static destruction. Its drain point is
+// WaitForPendingAsyncSaves(): call it before the objects that
+// AsyncSaveOptions points at go away, and before the process exits. At
+// exit (std::exit, or a return from main) it shuts down as
+// ShutdownAsyncCheckpointer() does, from a std::atexit handler registered
+// by its first use: uploads that have not started fail with kCancelled and
+// never run (their options may point at objects the exit is destroying),
+// and the exit waits for the one already running, if any.
 #ifndef DCP_ENGINE_ASYNC_SAVE_H_
 #define DCP_ENGINE_ASYNC_SAVE_H_
 
+#include <atomic>
+#include <deque>
 #include <memory>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "core/executor.h"
 #include "core/future.h"
 #include "core/state_dict.h"
@@ -57,21 +72,55 @@ class AsyncCheckpointer {
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   // Thread-safe. The caller keeps the tensors of `state_dict` unchanged
-  // until staging_completion is ready.
+  // until staging_completion is ready. After Shutdown both futures fail at
+  // once with kCancelled and nothing is staged.
   AsyncSaveResponse AsyncSave(const StateDict& state_dict,
                               const AsyncSaveOptions& options);
 
+  // Blocks until every upload queued before the call has finished (its
+  // upload_completion is ready). Thread-safe. From an upload's own
+  // callbacks (they run on the upload thread) it returns at once: the
+  // thread cannot wait for itself.
+  void WaitForPending();
+
+  // Fails every upload that has not started with kCancelled at once (it
+  // never runs, and its staged copy is released) and every later
+  // AsyncSave, then waits as WaitForPending does for the upload already
+  // running. Thread-safe; idempotent.
+  void Shutdown();
+
  private:
+  struct QueuedUpload {
+    Promise<Metadata> promise;
+    Task run;
+  };
+  bool shut_down() const;
+  // Runs the oldest queued upload, unless Shutdown took it.
+  void RunNextUpload();
+
+  mutable absl::Mutex mu_;
+  std::deque<QueuedUpload> queued_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<std::thread::id> upload_thread_{};
+  // Declared last, destroyed first: their tasks use the members above.
   // Waits for staging (and non-blocking copies) to land.
   ThreadPool staging_waiter_{1};
   // Uploads, one at a time, in call order.
   ThreadPool uploader_{1};
 };
 
-// AsyncSave on a process-wide AsyncCheckpointer (which waits for pending
-// uploads at process exit).
+// AsyncSave on the process-wide AsyncCheckpointer (see the file comment for
+// its lifetime and what happens at exit).
 AsyncSaveResponse AsyncSave(const StateDict& state_dict,
                             const AsyncSaveOptions& options);
+
+// WaitForPending on the process-wide checkpointer: the drain point of the
+// free AsyncSave.
+void WaitForPendingAsyncSaves();
+
+// Shutdown of the process-wide checkpointer (done at exit by itself): later
+// free AsyncSave calls fail with kCancelled.
+void ShutdownAsyncCheckpointer();
 
 }  // namespace dcp
 

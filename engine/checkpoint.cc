@@ -1,7 +1,6 @@
 #include "engine/checkpoint.h"
 
 #include <atomic>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <utility>
@@ -27,12 +26,6 @@ std::atomic<comm::ProcessGroup*> default_group{nullptr};
 comm::ProcessGroup* GroupFor(comm::ProcessGroup* requested, bool no_dist) {
   if (no_dist) return nullptr;
   return requested != nullptr ? requested : DefaultProcessGroup();
-}
-
-// Where rank `rank` keeps its part of a rank-local (use_collectives=false)
-// checkpoint: an independent one-rank checkpoint under `dir`.
-std::string RankLocalDir(const std::string& dir, int rank) {
-  return absl::StrCat(dir, "/rank-", rank);
 }
 
 // After a step every rank ran on its own: every rank learns every rank's
@@ -279,8 +272,8 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        SaveOptions options) {
   // As the seed's save_state_dict: a fresh save id per save, so a writer
   // reused for the next save never writes over the files of the checkpoint
-  // it committed before.
-  DCP_RETURN_IF_ERROR(storage_writer.Reset(""));
+  // it committed before; as its save, at checkpoint_id when one is given.
+  DCP_RETURN_IF_ERROR(storage_writer.Reset(options.checkpoint_id));
   DCP_RETURN_IF_ERROR(storage_writer.SetDeviceWait(options.device_wait));
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
@@ -299,18 +292,17 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                      " is outside the ", dist.size(), "-rank group"));
   }
   if (!options.use_collectives && dist.size() > 1) {
-    // Rank-local: each rank saves an independent checkpoint under
-    // DIR/rank-R without exchanging plans; only the outcome is shared.
+    // Rank-local: each rank saves an independent checkpoint of its own
+    // (where, the writer decides) without exchanging plans; only the
+    // outcome is shared.
     comm::ProcessGroup& group = *GroupFor(options.process_group, false);
-    const std::string dir = storage_writer.GetStorageMeta().checkpoint_id;
     internal::DistWrapper alone(nullptr, 0);
-    absl::Status reset = storage_writer.Reset(RankLocalDir(dir, group.rank()));
-    if (reset.ok()) reset = storage_writer.SetDeviceWait(options.device_wait);
+    absl::Status selected = storage_writer.SelectRankLocal(group.rank());
     absl::StatusOr<Metadata> metadata =
-        reset.ok()
+        selected.ok()
             ? SaveWithCoordination(state_dict, storage_writer, *planner, alone,
                                    /*use_collectives=*/false)
-            : absl::StatusOr<Metadata>(reset);
+            : absl::StatusOr<Metadata>(selected);
     DCP_RETURN_IF_ERROR(
         ShareOutcome(group, "rank-local save", metadata.status()));
     return metadata;
@@ -334,6 +326,9 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
+  if (!options.checkpoint_id.empty()) {
+    DCP_RETURN_IF_ERROR(storage_reader.Reset(options.checkpoint_id));
+  }
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
   if (planner == nullptr) {
@@ -347,7 +342,26 @@ absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
         absl::StrCat("coordinator_rank ", options.coordinator_rank,
                      " is outside the ", dist.size(), "-rank group"));
   }
-  return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
+  // Every rank gets the same answer (the contract of DetectRankLocal), so
+  // all take the same path below.
+  DCP_ASSIGN_OR_RETURN(bool rank_local,
+                       storage_reader.DetectRankLocal(dist.rank()));
+  if (!rank_local) {
+    return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
+  }
+  if (dist.size() == 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.checkpoint_id.empty() ? "the location" : options.checkpoint_id,
+        " holds rank-local checkpoints (saved with use_collectives=false): "
+        "load them on the rank count that saved them, each rank its own"));
+  }
+  // Rank-local: each rank loads its own checkpoint, alone; only the outcome
+  // is shared.
+  internal::DistWrapper alone(nullptr, 0);
+  absl::Status status =
+      LoadWithCoordination(state_dict, storage_reader, *planner, alone);
+  return ShareOutcome(*GroupFor(options.process_group, options.no_dist),
+                      "rank-local load", status);
 }
 
 absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
@@ -358,26 +372,7 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
     return absl::InvalidArgumentError(
         "Load needs a checkpoint_id (a directory) or a storage_reader");
   }
-  comm::ProcessGroup* group = GroupFor(options.process_group, options.no_dist);
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (group != nullptr && group->size() > 1 &&
-      !fs::exists(fs::path(options.checkpoint_id) / kMetadataFileName, ec) &&
-      fs::exists(
-          fs::path(RankLocalDir(options.checkpoint_id, 0)) / kMetadataFileName,
-          ec)) {
-    // A rank-local checkpoint (saved with use_collectives=false): each rank
-    // loads its own part, which needs the rank count of the save.
-    const std::string dir = RankLocalDir(options.checkpoint_id, group->rank());
-    FileSystemReader reader(dir);
-    LoadOptions alone = options;
-    alone.no_dist = true;
-    absl::Status status = reader.Reset(dir);
-    if (status.ok()) status = LoadStateDict(state_dict, reader, alone);
-    return ShareOutcome(*group, "rank-local load", status);
-  }
   FileSystemReader reader(options.checkpoint_id);
-  DCP_RETURN_IF_ERROR(reader.Reset(options.checkpoint_id));
   return LoadStateDict(state_dict, reader, options);
 }
 

@@ -33,8 +33,10 @@ void SetDefaultProcessGroup(comm::ProcessGroup* group);
 comm::ProcessGroup* DefaultProcessGroup();
 
 struct SaveOptions {
-  // Where to save: a directory for the default FileSystemWriter. Ignored
-  // when `storage_writer` is given (it was pointed at its location).
+  // Where to save: a directory for the default FileSystemWriter. With a
+  // `storage_writer`, a non-empty checkpoint_id points it there
+  // (StorageWriter::Reset(checkpoint_id), as the seed does); empty keeps the
+  // writer's own location.
   std::string checkpoint_id;
   // Not owned; default: a FileSystemWriter at checkpoint_id.
   StorageWriter* storage_writer = nullptr;
@@ -45,10 +47,14 @@ struct SaveOptions {
   int coordinator_rank = 0;
   // Save without any collective (every rank writes its own checkpoint).
   bool no_dist = false;
-  // false: no plan exchange; each rank saves an independent checkpoint
-  // under checkpoint_id/rank-R (rank-local metadata) and the ranks only
-  // share the outcome. Load finds such a checkpoint by itself; it loads on
-  // the same rank count only (each rank reads its own rank-R).
+  // false: no plan exchange; each rank saves an independent checkpoint of
+  // its own (StorageWriter::SelectRankLocal; FileSystemWriter: in
+  // checkpoint_id/rank-R, docs/FORMAT.md) and the ranks only share the
+  // outcome. The writer's own location is left as it was, so it can serve
+  // the next save. Load finds such a checkpoint by itself
+  // (StorageReader::DetectRankLocal); it loads on the same rank count only
+  // (each rank reads its own rank-R). With one rank, false saves as true
+  // does.
   bool use_collectives = true;
   // The stream rule for device tensors: dcp copies them on its own copy
   // streams, which know nothing of the caller's. A Save or AsyncSave issued
@@ -69,6 +75,9 @@ struct SaveOptions {
 };
 
 struct LoadOptions {
+  // What to load: a directory for the default FileSystemReader. With a
+  // `storage_reader`, a non-empty checkpoint_id points it there
+  // (StorageReader::Reset(checkpoint_id)); empty keeps its own location.
   std::string checkpoint_id;
   StorageReader* storage_reader = nullptr;      // Not owned.
   LoadPlanner* planner = nullptr;               // Not owned.
@@ -85,12 +94,17 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 
 // Loads a checkpoint into `state_dict` in place: tensors are filled in their
 // own memory (resharded as needed), plain values replaced. On failure the
-// Status says what and where; tensors may hold partial data.
+// Status says what and where; tensors may hold partial data. A location that
+// holds both a checkpoint of all ranks and rank-local ones (use_collectives)
+// is kFailedPrecondition naming both; rank-local ones on a single rank are
+// kFailedPrecondition too.
 absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 
 // The seed's save_state_dict / load_state_dict: explicit storage.
-// SaveStateDict resets the writer first (a fresh save id, same location), so
-// one writer can serve consecutive saves.
+// SaveStateDict resets the writer first (a fresh save id; the location is
+// options.checkpoint_id when given, else the writer's own), so one writer
+// can serve consecutive saves. LoadStateDict resets the reader to
+// options.checkpoint_id when given.
 absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options = {});

@@ -322,6 +322,10 @@ std::string OrphanCleanup::Summary(absl::string_view dir) const {
   return absl::StrJoin(parts, "; ");
 }
 
+std::string RankLocalDirectory(absl::string_view dir, int rank) {
+  return JoinPath(dir, absl::StrCat("rank-", rank));
+}
+
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
   absl::StatusOr<std::set<std::string>> committed = CommittedFileNames(fs, dir);
   if (!committed.ok()) {
@@ -338,6 +342,7 @@ OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
 FileSystemWriter::FileSystemWriter(std::string path,
                                    FileSystemWriterOptions options)
     : path_(std::move(path)),
+      dir_(path_),
       options_(options),
       fs_(OrLocal(options.file_system)),
       save_id_(NewSaveId()) {
@@ -394,6 +399,7 @@ absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
 
 absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  dir_ = path_;
   save_id_ = NewSaveId();
   committed_ = false;
   replaceable_files_.clear();
@@ -406,6 +412,15 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   return absl::OkStatus();
 }
 
+absl::Status FileSystemWriter::SelectRankLocal(int rank) {
+  if (rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank-local save for rank ", rank));
+  }
+  dir_ = RankLocalDirectory(path_, rank);
+  return absl::OkStatus();
+}
+
 absl::Status FileSystemWriter::SetDeviceWait(const DeviceWait& wait) {
   device_wait_ = wait;
   return absl::OkStatus();
@@ -413,7 +428,7 @@ absl::Status FileSystemWriter::SetDeviceWait(const DeviceWait& wait) {
 
 StorageMeta FileSystemWriter::GetStorageMeta() const {
   StorageMeta meta;
-  meta.checkpoint_id = path_;
+  meta.checkpoint_id = dir_;
   meta.save_id = save_id_;
   return meta;
 }
@@ -435,19 +450,19 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   DCP_RETURN_IF_ERROR(
-      Annotate(fs_->CreateDir(path_), absl::StrCat("rank ", rank,
-                                                   ": cannot create checkpoint "
-                                                   "directory ",
-                                                   path_)));
+      Annotate(fs_->CreateDir(dir_), absl::StrCat("rank ", rank,
+                                                  ": cannot create checkpoint "
+                                                  "directory ",
+                                                  dir_)));
   // Probe that the directory takes new files now rather than failing after
   // planning: permission bits, read-only mounts and quotas all show here.
   const std::string probe =
-      JoinPath(path_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
+      JoinPath(dir_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
   absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
   if (!file.ok()) {
     return Annotate(file.status(),
-                    absl::StrCat("rank ", rank, ": checkpoint directory ",
-                                 path_, " is not writable"));
+                    absl::StrCat("rank ", rank, ": checkpoint directory ", dir_,
+                                 " is not writable"));
   }
   absl::Status closed = (*file)->Close();
   absl::Status removed = fs_->RemoveFile(probe);
@@ -459,8 +474,8 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   if (directory_lock_ == nullptr) {
     DCP_ASSIGN_OR_RETURN(
         directory_lock_,
-        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
-                                               " (save ", save_id_, ")")));
+        fs_->LockDirectory(dir_, absl::StrCat(ThisProcessDescription(),
+                                              " (save ", save_id_, ")")));
   }
   absl::Status status = SetUpLocked();
   if (!status.ok()) directory_lock_.reset();
@@ -468,12 +483,12 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
 }
 
 absl::Status FileSystemWriter::SetUpLocked() {
-  const std::string metadata_path = JoinPath(path_, kMetadataFileName);
+  const std::string metadata_path = JoinPath(dir_, kMetadataFileName);
   if (!options_.overwrite) {
     DCP_ASSIGN_OR_RETURN(bool exists, fs_->Exists(metadata_path));
     if (exists) {
       return absl::AlreadyExistsError(absl::StrCat(
-          path_, " already holds a committed checkpoint (", metadata_path,
+          dir_, " already holds a committed checkpoint (", metadata_path,
           "); pass overwrite=true to replace it or choose another directory"));
     }
   }
@@ -482,7 +497,7 @@ absl::Status FileSystemWriter::SetUpLocked() {
   // read names nothing, so nothing is removed, now or at the commit.
   replaceable_files_.clear();
   orphan_cleanup_ = OrphanCleanup();
-  absl::StatusOr<std::set<std::string>> named = CommittedFileNames(*fs_, path_);
+  absl::StatusOr<std::set<std::string>> named = CommittedFileNames(*fs_, dir_);
   if (!named.ok()) {
     orphan_cleanup_.status = named.status();
     return absl::OkStatus();
@@ -493,13 +508,13 @@ absl::Status FileSystemWriter::SetUpLocked() {
   // With the lock held no other save is writing here: the writer's files
   // that the committed metadata does not name are orphans of interrupted
   // saves. They go before this save reserves space for its own.
-  orphan_cleanup_ = RemoveOrphansExcept(*fs_, path_, *named);
+  orphan_cleanup_ = RemoveOrphansExcept(*fs_, dir_, *named);
   return absl::OkStatus();
 }
 
 absl::Status FileSystemWriter::WithOrphanNote(absl::Status status) const {
   if (!absl::IsResourceExhausted(status)) return status;
-  const std::string note = orphan_cleanup_.Summary(path_);
+  const std::string note = orphan_cleanup_.Summary(dir_);
   if (note.empty()) return status;
   return absl::Status(status.code(),
                       absl::StrCat(status.message(), " (", note, ")"));
@@ -521,7 +536,7 @@ absl::Status FileSystemWriter::WriteFile(
     const std::string& relative_path,
     const std::vector<const WriteItem*>& items, SavePlanner& planner,
     std::vector<WriteResult*>& results) {
-  const std::string path = JoinPath(path_, relative_path);
+  const std::string path = JoinPath(dir_, relative_path);
   OpenOptions open_options;
   open_options.direct = options_.direct_io;
   open_options.uncached = options_.uncached_writes;
@@ -950,7 +965,7 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
   if (status.ok() && options_.sync_files && !files.empty()) {
     // Make the new names durable (the commit's directory fsync covers the
     // coordinator's directory too; this covers every rank's).
-    status = Annotate(fs_->SyncDir(path_), absl::StrCat("rank ", rank_));
+    status = Annotate(fs_->SyncDir(dir_), absl::StrCat("rank ", rank_));
   }
   if (!status.ok()) {
     return Future<std::vector<WriteResult>>::Ready(WithOrphanNote(status));
@@ -983,9 +998,9 @@ absl::Status FileSystemWriter::CommitMetadata(
   }
   DCP_ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(committed));
 
-  const std::string final_path = JoinPath(path_, kMetadataFileName);
+  const std::string final_path = JoinPath(dir_, kMetadataFileName);
   const std::string temp_path =
-      JoinPath(path_, absl::StrCat(kTempMetadataPrefix, save_id_));
+      JoinPath(dir_, absl::StrCat(kTempMetadataPrefix, save_id_));
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                        fs_->OpenForWrite(temp_path));
   RecordCreated(temp_path);
@@ -1003,7 +1018,7 @@ absl::Status FileSystemWriter::CommitMetadata(
   }
   if (options_.sync_files) {
     DCP_RETURN_IF_ERROR(
-        Annotate(fs_->SyncDir(path_),
+        Annotate(fs_->SyncDir(dir_),
                  absl::StrCat("committed ", final_path,
                               " but could not make the rename durable")));
   }
@@ -1023,7 +1038,7 @@ absl::Status FileSystemWriter::MarkCommitted() {
   bool removed_any = false;
   for (const std::string& name : replaceable_files_) {
     if (committed_files_.contains(name)) continue;
-    absl::Status status = fs_->RemoveFile(JoinPath(path_, name));
+    absl::Status status = fs_->RemoveFile(JoinPath(dir_, name));
     if (status.ok()) {
       removed_any = true;
     } else if (!absl::IsNotFound(status) && first.ok()) {
@@ -1032,7 +1047,7 @@ absl::Status FileSystemWriter::MarkCommitted() {
   }
   replaceable_files_.clear();
   if (removed_any && options_.sync_files) {
-    absl::Status status = fs_->SyncDir(path_);
+    absl::Status status = fs_->SyncDir(dir_);
     if (first.ok()) first = status;
   }
   directory_lock_.reset();
@@ -1471,6 +1486,7 @@ absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
 FileSystemReader::FileSystemReader(std::string path,
                                    FileSystemReaderOptions options)
     : path_(std::move(path)),
+      dir_(path_),
       options_(options),
       fs_(OrLocal(options.file_system)) {
   options_.thread_count = std::max(1, options_.thread_count);
@@ -1482,14 +1498,39 @@ FileSystemReader::~FileSystemReader() = default;
 
 absl::Status FileSystemReader::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
+  dir_ = path_;
   metadata_.reset();
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> FileSystemReader::DetectRankLocal(int rank) {
+  if (rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank-local load for rank ", rank));
+  }
+  dir_ = path_;
+  // Rank 0's checkpoint marks the layout: every rank sees the same answer.
+  const std::string shared = JoinPath(path_, kMetadataFileName);
+  const std::string first_local =
+      JoinPath(RankLocalDirectory(path_, 0), kMetadataFileName);
+  DCP_ASSIGN_OR_RETURN(bool has_shared, fs_->Exists(shared));
+  DCP_ASSIGN_OR_RETURN(bool has_local, fs_->Exists(first_local));
+  if (has_shared && has_local) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, " holds both a checkpoint saved by all ranks together (", shared,
+        ") and rank-local checkpoints saved with "
+        "use_collectives=false (",
+        first_local,
+        "); which one is newer is unknown: move one of them away"));
+  }
+  if (has_local) dir_ = RankLocalDirectory(path_, rank);
+  return has_local;
+}
+
 absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFile(*fs_, path_));
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFile(*fs_, dir_));
   if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};
-  metadata.storage_meta->checkpoint_id = path_;
+  metadata.storage_meta->checkpoint_id = dir_;
   return metadata;
 }
 
@@ -1522,7 +1563,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   open_options.direct = direct;
   open_options.uncached = options_.uncached_reads;
   open_options.no_follow = true;
-  OpenFiles files(*fs_, path_, open_options);
+  OpenFiles files(*fs_, dir_, open_options);
   // Group the read items by the stored item they use: each is read once,
   // and checked against its data file before anything is allocated for it.
   absl::flat_hash_map<MetadataIndex, size_t, IndexHash> slot;
@@ -1532,9 +1573,9 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     if (inserted) {
       auto info = metadata.storage_data.find(item.storage_index);
       if (info == metadata.storage_data.end()) {
-        return Future<void>::Ready(absl::DataLossError(absl::StrCat(
-            "the metadata of ", path_, " has no storage entry for ",
-            item.storage_index.ToString())));
+        return Future<void>::Ready(absl::DataLossError(
+            absl::StrCat("the metadata of ", dir_, " has no storage entry for ",
+                         item.storage_index.ToString())));
       }
       absl::Status checked = CheckStoredItem(
           info->first, info->second, metadata.checksum_block_size, files);
@@ -1564,7 +1605,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
         }
         if (chunk == nullptr) {
           return Future<void>::Ready(absl::DataLossError(
-              absl::StrCat("the metadata of ", path_, " has no tensor chunk ",
+              absl::StrCat("the metadata of ", dir_, " has no tensor chunk ",
                            item.storage_index.ToString())));
         }
         s.chunk_sizes = chunk->sizes;
@@ -1574,7 +1615,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
         if (CheckedNumBytes(tensor->properties.dtype, s.chunk_sizes) !=
             s.info->length) {
           return Future<void>::Ready(absl::DataLossError(absl::StrCat(
-              "the metadata of ", path_, " stores ", s.info->length,
+              "the metadata of ", dir_, " stores ", s.info->length,
               " bytes for ", item.storage_index.ToString(), " of shape ",
               ShapeToString(s.chunk_sizes), " and dtype ",
               DTypeName(tensor->properties.dtype))));
@@ -1681,7 +1722,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     // Every copy to a device destination lands before any is committed.
     error.Update(
         Annotate(staging_used->Flush(),
-                 absl::StrCat("copying into device tensors from ", path_)));
+                 absl::StrCat("copying into device tensors from ", dir_)));
     for (StoredItem& item : stored) {
       if (error.failed()) break;
       if (item.staging == nullptr || item.pieces_left == nullptr ||

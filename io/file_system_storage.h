@@ -21,6 +21,10 @@
 //   out-of-bounds access or an unbounded allocation.
 // - Every stored item carries XXH3-64 checksums of its blocks; the reader
 //   verifies every byte it reads and rejects truncated files (kDataLoss).
+// - A rank-local save (SaveOptions::use_collectives=false) makes each rank
+//   an independent one-rank checkpoint in RankLocalDirectory(path, rank);
+//   the writer and reader select it (SelectRankLocal, DetectRankLocal)
+//   without changing the path they were given.
 //
 // Thread safety: one instance serves one save or load at a time, driven from
 // one thread (see io/storage.h); WriteData/ReadData use internal threads.
@@ -62,8 +66,6 @@ struct FileSystemWriterOptions {
   // 8 MiB chunks and at least two per thread. CPU tensors are written
   // straight from their memory.
   int64_t per_thread_copy_ahead = 10000000;
-  // Keep staged host copies between saves (staging layer).
-  bool cache_staged_state_dict = false;
   // false: SetUp fails with kAlreadyExists on a directory that holds a
   // committed checkpoint.
   bool overwrite = true;
@@ -146,17 +148,25 @@ struct OrphanCleanup {
 // is indistinguishable from a file a save running now is writing.
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir);
 
+// Where rank `rank` of a rank-local save keeps its checkpoint below `dir`:
+// `dir/rank-<rank>` (docs/FORMAT.md).
+std::string RankLocalDirectory(absl::string_view dir, int rank);
+
 class FileSystemWriter final : public StorageWriter {
  public:
   explicit FileSystemWriter(std::string path,
                             FileSystemWriterOptions options = {});
   ~FileSystemWriter() override;
 
-  // Resets per-save state and draws a fresh save id; a non-empty
-  // `checkpoint_id` replaces the directory.
   // Device tensors of the next WriteData are copied only after `wait`.
   absl::Status SetDeviceWait(const DeviceWait& wait) override;
+  // Resets per-save state (a rank-local selection included) and draws a
+  // fresh save id; a non-empty `checkpoint_id` replaces the directory.
   absl::Status Reset(const std::string& checkpoint_id) override;
+  // The save writes RankLocalDirectory(path(), rank) as a one-rank
+  // checkpoint, until the next Reset; path() stays as it is.
+  // kInvalidArgument for a negative rank.
+  absl::Status SelectRankLocal(int rank) override;
   StorageMeta GetStorageMeta() const override;
   // Creates the directory (and parents). The coordinator then takes the
   // directory's advisory lock (FileSystemBase::LockDirectory), held until
@@ -197,7 +207,10 @@ class FileSystemWriter final : public StorageWriter {
   // after a commit it removes nothing. Releases the directory lock.
   void Abort() override;
 
+  // The location the writer was given (at construction or by Reset).
   const std::string& path() const { return path_; }
+  // Where the current save writes: path(), or its rank-local directory.
+  const std::string& directory() const { return dir_; }
   const std::string& save_id() const { return save_id_; }
   // What the coordinator's last SetUp removed (empty on other ranks).
   const OrphanCleanup& orphan_cleanup() const { return orphan_cleanup_; }
@@ -224,6 +237,7 @@ class FileSystemWriter final : public StorageWriter {
   absl::StatusOr<DeviceStaging*> Staging();
 
   std::string path_;
+  std::string dir_;  // path_ or its rank-local directory.
   FileSystemWriterOptions options_;
   FileSystemBase* fs_;
   std::unique_ptr<IoEngine> owned_engine_;
@@ -297,7 +311,15 @@ class FileSystemReader final : public StorageReader {
                             FileSystemReaderOptions options = {});
   ~FileSystemReader() override;
 
+  // Clears the metadata and a rank-local selection; a non-empty
+  // `checkpoint_id` replaces the directory.
   absl::Status Reset(const std::string& checkpoint_id) override;
+  // True when path() holds rank-local checkpoints (RankLocalDirectory(
+  // path(), 0) has a metadata file): the reader then reads rank `rank`'s,
+  // until the next Reset or DetectRankLocal; path() stays as it is.
+  // kFailedPrecondition naming both metadata files when path() has its own
+  // too; kInvalidArgument for a negative rank.
+  absl::StatusOr<bool> DetectRankLocal(int rank) override;
   // kNotFound "no committed checkpoint in DIR" without a metadata file;
   // kDataLoss when it is torn, corrupt or not a dcp metadata file.
   absl::StatusOr<Metadata> ReadMetadata() override;
@@ -318,12 +340,17 @@ class FileSystemReader final : public StorageReader {
   // landed. The call blocks; the returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
+  // The location the reader was given (at construction or by Reset).
   const std::string& path() const { return path_; }
+  // Where it reads: path(), or the rank-local directory DetectRankLocal
+  // selected.
+  const std::string& directory() const { return dir_; }
   // The most bounce-buffer bytes the last ReadData held at once.
   int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
  private:
   std::string path_;
+  std::string dir_;  // path_ or its rank-local directory.
   FileSystemReaderOptions options_;
   FileSystemBase* fs_;
   std::unique_ptr<IoEngine> owned_engine_;

@@ -41,6 +41,7 @@ using ::dcp::testing::LoadOneRank;
 using ::dcp::testing::PatternTensor;
 using ::dcp::testing::SaveOneRank;
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsSupersetOf;
@@ -226,6 +227,62 @@ TEST(FileSystemStorageTest, NoMetadataMeansNoCheckpoint) {
               HasSubstr(absl::StrCat("no committed checkpoint in ", dir)));
   writer.Abort();
   EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+template <typename Options>
+concept HasCacheStagedStateDict = requires(Options options) {
+  options.cache_staged_state_dict;
+};
+
+// The writer stages nothing (AsyncSave's stager does, and
+// StagingOptions::cache_staged_state_dict keeps its memory): an option of
+// that name here would be read by nothing.
+TEST(FileSystemStorageTest, WriterOptionsHaveNoStagingCache) {
+  struct WithCache {
+    bool cache_staged_state_dict;
+  };
+  static_assert(HasCacheStagedStateDict<WithCache>);
+  EXPECT_FALSE(HasCacheStagedStateDict<FileSystemWriterOptions>);
+}
+
+// A rank-local save writes DIR/rank-R and leaves the writer's path alone;
+// the next Reset ends it. The reader finds rank-local checkpoints by rank
+// 0's and refuses a directory that also holds its own checkpoint.
+TEST(FileSystemStorageTest, RankLocalLayoutLeavesThePathAndIsDetected) {
+  const std::string dir = NewTestDir("rank-local");
+  const Sample sample = Sample::Make(3);
+  FileSystemWriter writer(dir);
+  for (int rank : {1, 0}) {
+    FakeSavePlanner planner = sample.SavePlanner();
+    ASSERT_TRUE(SaveOneRank(writer, planner, true, rank).ok());
+    EXPECT_EQ(writer.path(), dir);
+    EXPECT_EQ(writer.directory(), RankLocalDirectory(dir, rank));
+  }
+  EXPECT_THAT(List(dir), ElementsAre("rank-0", "rank-1"));
+  EXPECT_EQ(RankLocalDirectory(dir, 1), dir + "/rank-1");
+
+  FileSystemReader reader(dir);
+  absl::StatusOr<bool> rank_local = reader.DetectRankLocal(1);
+  ASSERT_TRUE(rank_local.ok()) << rank_local.status();
+  EXPECT_TRUE(*rank_local);
+  EXPECT_EQ(reader.path(), dir);
+  EXPECT_EQ(reader.directory(), dir + "/rank-1");
+  FakeLoadPlanner load_planner;
+  sample.Destinations(load_planner);
+  EXPECT_TRUE(LoadOneRank(reader, load_planner).ok());
+
+  // Reset ends the selection: this save is the directory's own.
+  FakeSavePlanner planner = sample.SavePlanner();
+  ASSERT_TRUE(SaveOneRank(writer, planner).ok());
+  EXPECT_EQ(writer.directory(), dir);
+  EXPECT_THAT(List(dir), Contains(kMetadataFileName));
+  ASSERT_TRUE(reader.Reset("").ok());
+  EXPECT_EQ(reader.directory(), dir);
+  rank_local = reader.DetectRankLocal(1);
+  EXPECT_EQ(rank_local.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(rank_local.status().message(),
+              AllOf(HasSubstr(dir + "/.metadata"),
+                    HasSubstr(dir + "/rank-0/.metadata")));
 }
 
 TEST(FileSystemStorageTest, OverwriteKeepsOldCheckpointUntilCommit) {

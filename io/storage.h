@@ -2,15 +2,16 @@
 // layer turns final plans into bytes on some medium and back. The engine
 // drives a writer as
 //
-//   Reset(checkpoint_id) -> SetUp(is_coordinator, rank, use_collectives) ->
+//   Reset(checkpoint_id) -> [SelectRankLocal(rank)] ->
+//   SetUp(is_coordinator, rank, use_collectives) ->
 //   PrepareLocalPlan -> (coordinator) PrepareGlobalPlan -> WriteData ->
 //   (coordinator) Finish(metadata, all ranks' results) -> MarkCommitted
 //   or, on any failure, Abort()
 //
 // and a reader as
 //
-//   Reset(checkpoint_id) -> ReadMetadata -> SetUp -> PrepareLocalPlan ->
-//   (coordinator) PrepareGlobalPlan -> ReadData
+//   Reset(checkpoint_id) -> DetectRankLocal(rank) -> ReadMetadata -> SetUp ->
+//   PrepareLocalPlan -> (coordinator) PrepareGlobalPlan -> ReadData
 //
 // One instance serves one save or load at a time; calls come from one thread
 // (the engine's), except that WriteData/ReadData may complete on I/O threads.
@@ -39,6 +40,19 @@ class StorageWriter {
 
   // Describes this save (checkpoint id, a fresh save id).
   virtual StorageMeta GetStorageMeta() const = 0;
+
+  // Makes the next save rank-local (SaveOptions::use_collectives=false on
+  // more than one rank): this rank saves an independent checkpoint of its
+  // own, which it commits as its own coordinator, kept apart from the other
+  // ranks' below the writer's location. Called after Reset and before
+  // SetUp; the next Reset ends it. The location the writer was given stays
+  // as it was. Writers without a rank-local layout fail with kUnimplemented
+  // (the default).
+  virtual absl::Status SelectRankLocal(int /*rank*/) {
+    return absl::UnimplementedError(
+        "this storage writer has no rank-local layout "
+        "(SaveOptions::use_collectives=false)");
+  }
 
   // Called on every rank before planning. Fails early when the location
   // cannot be written (kPermissionDenied, kAlreadyExists with overwrite off).
@@ -89,6 +103,16 @@ class StorageReader {
   virtual ~StorageReader() = default;
 
   virtual absl::Status Reset(const std::string& checkpoint_id) = 0;
+
+  // Called by every rank of a load after Reset, before ReadMetadata. True
+  // when the location holds rank-local checkpoints (saved with
+  // SaveOptions::use_collectives=false): the reader then reads rank
+  // `rank`'s. False for a checkpoint saved by all ranks together, or none.
+  // The answer must not depend on `rank`, so that every rank of a load
+  // takes the same path. kFailedPrecondition, naming both, when the
+  // location holds both layouts. Readers without a rank-local layout
+  // return false (the default).
+  virtual absl::StatusOr<bool> DetectRankLocal(int /*rank*/) { return false; }
 
   // kNotFound when the location holds no committed checkpoint; kDataLoss
   // when the metadata does not parse.

@@ -68,8 +68,9 @@ struct StagingOptions {
   bool coalesce_device_copies = true;
   // Threads that memcpy CPU tensors (0: min(4, hardware threads)).
   int cpu_copy_threads = 0;
-  // Keep the staging memory between Stage calls (the seed's
-  // cache_staged_state_dict of FileSystemWriter).
+  // Keep the staging memory between Stage calls: the seed's
+  // cache_staged_state_dict, an argument of its FileSystemWriter (which
+  // stages there); here the stager stages, so it holds the option.
   bool cache_staged_state_dict = true;
   // How many staging buffers the cache keeps. A Stage while the previous
   // staged dict is still in use (its upload is running) needs a second

@@ -5,14 +5,18 @@
 
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
+#include "io/file_system_storage.h"
+#include "tests/held_stager.h"
 #include "tests/test_util.h"
 
 namespace dcp {
 namespace {
 
+using ::dcp::testing::HeldStager;
 using ::dcp::testing::MakeTempDir;
 using ::dcp::testing::SeededTensor;
 
@@ -97,6 +101,83 @@ TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
   ASSERT_TRUE(upload.ready());
   EXPECT_TRUE(upload.Wait().ok());
   ExpectSameState(LoadState(dir), MakeState(3));
+}
+
+// A checkpoint_id given with a storage writer points the writer there, as
+// it does for Save.
+TEST(AsyncSave, CheckpointIdRedirectsAGivenWriter) {
+  const std::string configured = MakeTempDir("async-writer-configured");
+  const std::string chosen = MakeTempDir("async-checkpoint-id");
+  FileSystemWriter writer(configured);
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions options;
+  options.save.checkpoint_id = chosen;
+  options.save.storage_writer = &writer;
+  absl::StatusOr<Metadata> committed =
+      checkpointer.AsyncSave(MakeState(6), options).upload_completion.Wait();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_TRUE(testing::ListFiles(configured).empty());
+  ExpectSameState(LoadState(chosen), MakeState(6));
+}
+
+TEST(AsyncSave, WaitForPendingReturnsOnceEveryQueuedUploadFinished) {
+  const std::string dir1 = MakeTempDir("async-drain1");
+  const std::string dir2 = MakeTempDir("async-drain2");
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions o1, o2;
+  o1.save.checkpoint_id = dir1;
+  o2.save.checkpoint_id = dir2;
+  Future<Metadata> u1 =
+      checkpointer.AsyncSave(MakeState(11), o1).upload_completion;
+  Future<Metadata> u2 =
+      checkpointer.AsyncSave(MakeState(12), o2).upload_completion;
+  checkpointer.WaitForPending();
+  ASSERT_TRUE(u1.ready());
+  ASSERT_TRUE(u2.ready());
+  EXPECT_TRUE(u1.Wait().ok()) << u1.Wait().status();
+  EXPECT_TRUE(u2.Wait().ok()) << u2.Wait().status();
+}
+
+// Shutdown fails what has not started at once and runs none of it, waits
+// for what runs, and refuses later saves without staging them.
+TEST(AsyncSave, ShutdownCancelsUploadsNotStartedAndRefusesNewOnes) {
+  const std::string held_dir = MakeTempDir("async-shutdown-held");
+  const std::string queued_dir = MakeTempDir("async-shutdown-queued");
+  const StateDict state = MakeState(13);
+  HeldStager held;
+  AsyncCheckpointer checkpointer;
+  AsyncSaveOptions first;
+  first.save.checkpoint_id = held_dir;
+  first.async_stager = &held;
+  Future<Metadata> held_upload =
+      checkpointer.AsyncSave(state, first).upload_completion;
+  AsyncSaveOptions second;
+  second.save.checkpoint_id = queued_dir;
+  Future<Metadata> queued_upload =
+      checkpointer.AsyncSave(state, second).upload_completion;
+
+  std::thread shutdown([&] { checkpointer.Shutdown(); });
+  // Resolved by Shutdown while the first upload still waits for staging.
+  absl::Status queued = queued_upload.Wait().status();
+  EXPECT_EQ(queued.code(), absl::StatusCode::kCancelled) << queued;
+  held.Release(state);
+  shutdown.join();
+  // Shutdown returned after the first upload: committed if it had started,
+  // cancelled if not.
+  ASSERT_TRUE(held_upload.ready());
+  EXPECT_FALSE(testing::ListFiles(queued_dir).count(".metadata"));
+
+  HeldStager never;
+  AsyncSaveOptions later;
+  later.save.checkpoint_id = queued_dir;
+  later.async_stager = &never;
+  AsyncSaveResponse refused = checkpointer.AsyncSave(state, later);
+  ASSERT_TRUE(refused.staging_completion.ready());
+  EXPECT_EQ(refused.staging_completion.Wait().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(refused.upload_completion.Wait().status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(never.stage_calls.load(), 0);
 }
 
 TEST(AsyncSave, WriteErrorReachesUploadFutureOnly) {

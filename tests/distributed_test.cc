@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/process_group_factory.h"
 #include "core/checkpoint_exception.h"
@@ -486,6 +488,80 @@ TEST(Distributed, RankLocalSaveAndLoadWithoutCollectives) {
         testing::ListFiles(absl::StrCat(dir, "/rank-", r)).count(".metadata"))
         << "rank " << r;
   }
+}
+
+// One writer per rank reused for rank-local saves: each lands in DIR/rank-R
+// and the writer keeps DIR as its location (never DIR/rank-R/rank-R).
+TEST(Distributed, RankLocalSavesLeaveTheWritersLocationAlone) {
+  const std::string dir = FreshTestDir("dist-local-reuse");
+  ExpectAllExitedCleanly(RunGroupRanks(2, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    const Layout layout = SaveLayout(rank);
+    FileSystemWriter writer(dir);
+    SaveOptions save;
+    save.process_group = &group;
+    save.use_collectives = false;
+    for (int64_t step : {1, 2}) {
+      absl::Status s =
+          SaveStateDict(BuildState(layout, true, step), writer, save).status();
+      if (int rc = Check(s.ok(), rank,
+                         absl::StrCat("save ", step, ": ", s.ToString()))) {
+        return rc;
+      }
+      if (int rc = Check(writer.path() == dir, rank,
+                         "the writer moved to " + writer.path())) {
+        return rc;
+      }
+    }
+    StateDict state = BuildState(layout, false, 0);
+    absl::Status s = LoadOnRank(&group, dir, state);
+    if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
+    const std::string problem = CheckState(state, layout, 2);
+    return Check(problem.empty(), rank, problem);
+  }));
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank_dir = absl::StrCat(dir, "/rank-", r);
+    EXPECT_TRUE(testing::ListFiles(rank_dir).count(".metadata")) << rank_dir;
+    EXPECT_FALSE(std::filesystem::exists(absl::StrCat(rank_dir, "/rank-", r)))
+        << "nested rank directory under " << rank_dir;
+  }
+}
+
+// A directory holding a checkpoint of all ranks and rank-local ones: which
+// is newer is unknown, so every rank's load fails naming both.
+TEST(Distributed, LoadRefusesBothLayoutsInOneDirectory) {
+  const std::string dir = FreshTestDir("dist-both-layouts");
+  ExpectAllExitedCleanly(RunGroupRanks(4, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    const Layout layout = SaveLayout(rank);
+    absl::Status s = SaveOnRank(&group, dir, BuildState(layout, true, 1));
+    if (int rc = Check(s.ok(), rank, "shared save: " + s.ToString())) {
+      return rc;
+    }
+    SaveOptions save;
+    save.checkpoint_id = dir;
+    save.process_group = &group;
+    save.use_collectives = false;
+    s = Save(BuildState(layout, true, 2), save).status();
+    if (int rc = Check(s.ok(), rank, "rank-local save: " + s.ToString())) {
+      return rc;
+    }
+    StateDict state = BuildState(layout, false, 0);
+    s = LoadOnRank(&group, dir, state);
+    if (int rc = Check(s.code() == absl::StatusCode::kFailedPrecondition, rank,
+                       "load: " + s.ToString())) {
+      return rc;
+    }
+    for (const std::string& path : {absl::StrCat(dir, "/.metadata"),
+                                    absl::StrCat(dir, "/rank-0/.metadata")}) {
+      if (int rc = Check(absl::StrContains(s.message(), path), rank,
+                         absl::StrCat("load error does not name ", path, ": ",
+                                      s.ToString()))) {
+        return rc;
+      }
+    }
+    return 0;
+  }));
 }
 
 }  // namespace

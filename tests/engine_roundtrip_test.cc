@@ -314,6 +314,48 @@ TEST(EngineSave, ReusedWriterNeverWritesOverTheCommittedFiles) {
   EXPECT_TRUE(loaded["a"].tensor().BytesEqual(second["a"].tensor()));
 }
 
+// As the seed's save and load: a checkpoint_id given with a storage writer
+// or reader points it there (Reset(checkpoint_id)) instead of being ignored.
+TEST(EngineSave, CheckpointIdRedirectsAGivenWriterAndReader) {
+  const std::string configured = MakeTempDir("writer-configured");
+  const std::string chosen = MakeTempDir("checkpoint-id");
+  StateDict saved{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  FileSystemWriter writer(configured);
+  SaveOptions save;
+  save.checkpoint_id = chosen;
+  save.storage_writer = &writer;
+  ASSERT_TRUE(Save(saved, save).ok());
+  EXPECT_TRUE(ListFiles(chosen).count(".metadata"));
+  EXPECT_TRUE(ListFiles(configured).empty());
+
+  // The reader is pointed at `chosen` too, away from its own (empty) path.
+  FileSystemReader reader(configured);
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  LoadOptions load;
+  load.checkpoint_id = chosen;
+  load.storage_reader = &reader;
+  absl::Status s = Load(loaded, load);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(loaded["a"].tensor().BytesEqual(saved["a"].tensor()));
+}
+
+// A directory holding both a checkpoint saved by all ranks (DIR/.metadata)
+// and a rank-local one (DIR/rank-0): the load fails naming both instead of
+// taking one of them.
+TEST(EngineLoad, BothLayoutsInOneDirectoryFailNamingBoth) {
+  const std::string dir = MakeTempDir("both-layouts");
+  StateDict saved{{"a", SeededTensor(DType::kF32, {64}, 1)}};
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+  ASSERT_TRUE(SaveTo(dir + "/rank-0", saved).ok());
+  StateDict loaded{{"a", Tensor::Empty(DType::kF32, {64})}};
+  absl::Status s = LoadFrom(dir, loaded);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(dir + "/.metadata"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(dir + "/rank-0/.metadata"),
+            absl::string_view::npos)
+      << s;
+}
+
 // Metadata without its storage_meta, encoded (what a save's layout is).
 // The metadata without what differs per save (ids, file names, checksums).
 std::string Layout(Metadata metadata) {

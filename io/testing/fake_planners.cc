@@ -125,9 +125,12 @@ LoadPlan WholeItemLoadPlan(const Metadata& metadata) {
 }
 
 absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner,
-                         bool abort_on_failure) {
+                         bool abort_on_failure, std::optional<int> rank_local) {
   auto run = [&]() -> absl::Status {
     DCP_RETURN_IF_ERROR(writer.Reset(""));
+    if (rank_local.has_value()) {
+      DCP_RETURN_IF_ERROR(writer.SelectRankLocal(*rank_local));
+    }
     DCP_RETURN_IF_ERROR(writer.SetUp(/*is_coordinator=*/true, /*rank=*/0,
                                      /*use_collectives=*/false));
     DCP_ASSIGN_OR_RETURN(SavePlan local, planner.CreateLocalPlan());

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,12 +93,13 @@ class FakeLoadPlanner final : public LoadPlanner {
 // destination with the same index (tensors) or the same fqn (bytes).
 LoadPlan WholeItemLoadPlan(const Metadata& metadata);
 
-// Drives `writer` through Reset (keeping its path), SetUp (coordinator, rank
-// 0), the plan steps, WriteData, Finish and MarkCommitted; on any failure
-// calls Abort (unless `abort_on_failure` is false: a simulated crash) and
-// returns the error.
+// Drives `writer` through Reset (keeping its path), SelectRankLocal (with
+// `rank_local`), SetUp (coordinator, rank 0), the plan steps, WriteData,
+// Finish and MarkCommitted; on any failure calls Abort (unless
+// `abort_on_failure` is false: a simulated crash) and returns the error.
 absl::Status SaveOneRank(StorageWriter& writer, FakeSavePlanner& planner,
-                         bool abort_on_failure = true);
+                         bool abort_on_failure = true,
+                         std::optional<int> rank_local = std::nullopt);
 
 // ReadMetadata, SetUp and ReadData of `plan` (the whole-item plan when null).
 absl::Status LoadOneRank(StorageReader& reader, LoadPlanner& planner,
