@@ -95,6 +95,10 @@ absl::Status ExitGatedWriter::SetDeviceWait(const DeviceWait& wait) {
   return inner_->SetDeviceWait(wait);
 }
 
+absl::Status ExitGatedWriter::SelectRankLocal(int rank) {
+  return inner_->SelectRankLocal(rank);
+}
+
 Future<std::vector<WriteResult>> ExitGatedWriter::WriteData(
     const SavePlan& plan, SavePlanner& planner) {
   return inner_->WriteData(plan, planner);

@@ -68,6 +68,7 @@ class ExitGatedWriter final : public StorageWriter {
   absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
       std::vector<SavePlan> plans) override;
   absl::Status SetDeviceWait(const DeviceWait& wait) override;
+  absl::Status SelectRankLocal(int rank) override;
   Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
                                              SavePlanner& planner) override;
   absl::Status Finish(
