@@ -1,0 +1,203 @@
+"""One rank of test_distributed.py's multi-process jobs (torch.distributed
+over gloo, rendezvous through a FileStore).
+
+    python _dist_worker.py SCENARIO RANK WORLD STORE_FILE CKPT_DIR
+
+Exits 0 when every check of the scenario passed; prints the failure
+otherwise.
+"""
+
+import faulthandler
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import (DTensor, Replicate, Shard,  # noqa: E402
+                                      distribute_tensor)
+
+import dcp  # noqa: E402
+
+WAIT = 120
+
+
+def full_tensors():
+    """The global tensors every scenario saves or checks (deterministic)."""
+    g = torch.Generator().manual_seed(1234)
+    return {
+        "w": torch.randn(13, 7, generator=g),  # uneven row split
+        "b": torch.arange(10, dtype=torch.int64),
+        "e": torch.randn(9, 4, generator=g).to(torch.bfloat16),
+        "v": torch.arange(35, dtype=torch.float64).view(7, 5),
+        "r": torch.randn(6, generator=g),  # replicated everywhere
+    }
+
+
+def rows(n, rank, world):
+    """This rank's [start, stop) of n rows split as evenly as possible."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def sharded_state(mesh, full, rank, world, placements):
+    """The model state as DTensors with `placements` on `mesh`, plus one
+    tensor sharded with the dcp.ShardedTensor wrapper."""
+    a, b = rows(7, rank, world)
+    return {
+        "model": {
+            "w": distribute_tensor(full["w"], mesh, placements),
+            "b": distribute_tensor(full["b"], mesh, [Shard(0)]),  # 1-d
+            "e": distribute_tensor(full["e"], mesh, placements),
+            "r": distribute_tensor(full["r"], mesh, [Replicate()]),
+        },
+        "v": dcp.ShardedTensor(full["v"][a:b].clone(), (7, 5), (a, 0)),
+        "step": 11,
+        "cfg": {"name": "run", "sizes": (13, 10)},
+    }
+
+
+def blank_like(state):
+    """Zeroed copies with the same sharding."""
+    def blank(v):
+        if isinstance(v, DTensor):
+            return DTensor.from_local(torch.zeros_like(v.to_local()),
+                                      v.device_mesh, v.placements,
+                                      shape=v.shape, stride=v.stride())
+        if isinstance(v, dcp.ShardedTensor):
+            return dcp.ShardedTensor(torch.zeros_like(v.local),
+                                     v.global_shape, v.offsets)
+        if isinstance(v, dict):
+            return {k: blank(x) for k, x in v.items()}
+        if isinstance(v, tuple):
+            return tuple(0 for _ in v)
+        if isinstance(v, str):
+            return ""
+        if isinstance(v, int):
+            return 0
+        raise TypeError(type(v))
+    return blank(state)
+
+
+def check(state, full):
+    for name in ("w", "b", "e", "r"):
+        got = state["model"][name].full_tensor()
+        assert torch.equal(got, full[name]), name
+    v = state["v"]
+    a = v.offsets[0]
+    assert torch.equal(v.local, full["v"][a:a + v.local.shape[0]]), "v"
+    assert state["step"] == 11
+    assert state["cfg"] == {"name": "run", "sizes": (13, 10)}
+
+
+class Exploding:
+    """A Stateful whose state_dict() raises on one rank."""
+
+    def __init__(self, rank, bad_rank):
+        self.rank, self.bad_rank = rank, bad_rank
+
+    def state_dict(self):
+        if self.rank == self.bad_rank:
+            raise RuntimeError(f"rank {self.rank} exploded")
+        return {"x": torch.ones(2)}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def main():
+    scenario, rank, world, store, ckpt = sys.argv[1:6]
+    # A hang shows where: every thread's stack, before the harness's kill.
+    faulthandler.dump_traceback_later(float(os.environ.get(
+        "DCP_TEST_HANG_DUMP_S", "150")), exit=True)
+    rank, world = int(rank), int(world)
+    dist.init_process_group("gloo", init_method=f"file://{store}",
+                            rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    full = full_tensors()
+    if scenario == "save":
+        state = sharded_state(mesh, full, rank, world, [Shard(0)])
+        md = dcp.save(state, checkpoint_id=os.path.join(ckpt, "sync"))
+        assert md.state_dict_metadata["model.w"].size == (13, 7)
+        assert len(md.state_dict_metadata["model.w"].chunks) == world
+        assert len(md.state_dict_metadata["model.r"].chunks) == 1
+        # Reload in the same job with another sharding (columns).
+        other = blank_like(sharded_state(mesh, full, rank, world,
+                                         [Shard(1)]))
+        dcp.load(other, checkpoint_id=os.path.join(ckpt, "sync"))
+        check(other, full)
+        # Rank-local checkpoints (no plan exchange), reloaded by the same
+        # ranks; and the seed's save_state_dict with rank 1 coordinating.
+        local = os.path.join(ckpt, "local")
+        dcp.save(state, checkpoint_id=local, use_collectives=False)
+        back = blank_like(sharded_state(mesh, full, rank, world, [Shard(0)]))
+        dcp.load(back, checkpoint_id=local)
+        check(back, full)
+        writer = dcp.FileSystemWriter(os.path.join(ckpt, "coord1"))
+        dcp.save_state_dict(state, writer, coordinator_rank=1)
+        back = blank_like(sharded_state(mesh, full, rank, world, [Shard(1)]))
+        dcp.load_state_dict(back, dcp.FileSystemReader(
+            os.path.join(ckpt, "coord1")), coordinator_rank=1)
+        check(back, full)
+        # async_save THREAD, then PROCESS, from every rank.
+        resp = dcp.async_save(state, checkpoint_id=os.path.join(ckpt, "thr"))
+        resp.upload_completion.result(WAIT)
+        resp = dcp.async_save(
+            state, checkpoint_id=os.path.join(ckpt, "proc"),
+            async_checkpointer_type=dcp.AsyncCheckpointerType.PROCESS)
+        resp.upload_completion.result(WAIT)
+        for sub in ("thr", "proc"):
+            back = blank_like(sharded_state(mesh, full, rank, world,
+                                            [Shard(0)]))
+            dcp.load(back, checkpoint_id=os.path.join(ckpt, sub))
+            check(back, full)
+        # A rank that raises before its save: every rank raises.
+        bad = 1
+        try:
+            dcp.save({"x": Exploding(rank, bad), "y": torch.ones(3)},
+                     checkpoint_id=os.path.join(ckpt, "bad"))
+        except dcp.CheckpointException as e:
+            assert list(e.failures) == [bad], e.failures
+            assert f"rank {bad} exploded" in str(e), str(e)
+            if rank == bad:
+                assert isinstance(e.__cause__, RuntimeError)
+        else:
+            raise AssertionError("the save did not fail")
+        assert not os.path.exists(os.path.join(ckpt, "bad", ".metadata"))
+        # The group still works after the failure.
+        dcp.save({"ok": torch.full((2,), float(rank))},
+                 checkpoint_id=os.path.join(ckpt, f"after-rank{rank}"),
+                 no_dist=True)
+        dcp.save({"x": torch.ones(3)},
+                 checkpoint_id=os.path.join(ckpt, "after_all"))
+    elif scenario == "load":
+        state = blank_like(sharded_state(mesh, full, rank, world,
+                                         [Shard(0)]))
+        dcp.load(state, checkpoint_id=os.path.join(ckpt, "sync"))
+        check(state, full)
+        state = blank_like(sharded_state(mesh, full, rank, world,
+                                         [Shard(1)]))
+        dcp.load(state, checkpoint_id=os.path.join(ckpt, "proc"))
+        check(state, full)
+        # A shape mismatch on every rank: every rank raises, naming it.
+        wrong = {"model": {"w": distribute_tensor(torch.zeros(13, 8), mesh,
+                                                  [Shard(0)])}}
+        try:
+            dcp.load(wrong, checkpoint_id=os.path.join(ckpt, "sync"))
+        except dcp.CheckpointValueError as e:
+            assert "model.w" in str(e), str(e)
+        else:
+            raise AssertionError("the load did not fail")
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
