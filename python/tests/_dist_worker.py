@@ -111,12 +111,17 @@ class Exploding:
 
 def main():
     scenario, rank, world, store, ckpt = sys.argv[1:6]
+    if rank == "env":  # under torchrun
+        rank, world = os.environ["RANK"], os.environ["WORLD_SIZE"]
     # A hang shows where: every thread's stack, before the harness's kill.
     faulthandler.dump_traceback_later(float(os.environ.get(
         "DCP_TEST_HANG_DUMP_S", "150")), exit=True)
     rank, world = int(rank), int(world)
-    dist.init_process_group("gloo", init_method=f"file://{store}",
-                            rank=rank, world_size=world)
+    if store == "env":  # torchrun's TCPStore
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{store}",
+                                rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     full = full_tensors()
     if scenario == "save":
@@ -183,6 +188,16 @@ def main():
                                          [Shard(1)]))
         dcp.load(state, checkpoint_id=os.path.join(ckpt, "proc"))
         check(state, full)
+        # Save again from this sharding, through the writer process (its
+        # group reaches torchrun's TCPStore by address), and reload.
+        resp = dcp.async_save(
+            state, checkpoint_id=os.path.join(ckpt, "proc2"),
+            async_checkpointer_type=dcp.AsyncCheckpointerType.PROCESS)
+        resp.upload_completion.result(WAIT)
+        back = blank_like(sharded_state(mesh, full, rank, world,
+                                        [Shard(0)]))
+        dcp.load(back, checkpoint_id=os.path.join(ckpt, "proc2"))
+        check(back, full)
         # A shape mismatch on every rank: every rank raises, naming it.
         wrong = {"model": {"w": distribute_tensor(torch.zeros(13, 8), mesh,
                                                   [Shard(0)])}}

@@ -1,8 +1,9 @@
-"""Multi-process saves and loads under torch.distributed (gloo, FileStore
-rendezvous): row-sharded DTensors and dcp.ShardedTensor chunks saved by 3
-ranks, reloaded with other shardings by 3 and 2 ranks and by one process,
-every value checked; a rank that raises makes every rank raise. The ranks
-run _dist_worker.py as subprocesses."""
+"""Multi-process saves and loads under torch.distributed (gloo):
+row-sharded DTensors and dcp.ShardedTensor chunks saved by 3 ranks
+(FileStore rendezvous), reloaded with other shardings by the same 3 ranks,
+by 2 ranks under torchrun (its TCPStore, no other setup) and by one
+process, every value checked; a rank that raises makes every rank raise.
+The ranks run _dist_worker.py as subprocesses."""
 
 import os
 import subprocess
@@ -20,14 +21,23 @@ from _dist_worker import full_tensors  # noqa: E402
 TIMEOUT = 240  # bounds a hang
 
 
-def _run(scenario, world, tmp_path, ckpt):
+def _run(scenario, world, tmp_path, ckpt, torchrun=False):
+    """Runs `world` ranks of _dist_worker.py: each its own process over a
+    FileStore, or (torchrun) one torchrun job, ranks meeting at its
+    TCPStore with no other setup."""
     store = str(tmp_path / f"store-{scenario}-{world}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "_dist_worker.py"), scenario,
-         str(rank), str(world), store, ckpt],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        for rank in range(world)]
+    worker = os.path.join(HERE, "_dist_worker.py")
+    if torchrun:
+        cmds = [[sys.executable, "-m", "torch.distributed.run",
+                 "--standalone", f"--nproc-per-node={world}", worker,
+                 scenario, "env", "env", "env", ckpt]]
+    else:
+        cmds = [[sys.executable, worker, scenario, str(rank), str(world),
+                 store, ckpt] for rank in range(world)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=env)
+             for cmd in cmds]
     outputs = []
     for p in procs:
         try:
@@ -37,15 +47,17 @@ def _run(scenario, world, tmp_path, ckpt):
                 q.kill()
             out = p.communicate()[0]
         outputs.append(out.decode(errors="replace"))
-    for rank, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {rank} of {scenario}:\n{out[-6000:]}"
-        assert f"rank {rank}: ok" in out
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, f"{scenario}:\n{out[-6000:]}"
+    text = "".join(outputs)
+    for rank in range(world):
+        assert f"rank {rank}: ok" in text, text[-6000:]
 
 
 def test_sharded_save_and_reshard(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     _run("save", 3, tmp_path, ckpt)
-    _run("load", 2, tmp_path, ckpt)
+    _run("load", 2, tmp_path, ckpt, torchrun=True)
     # One process reads the whole tensors back (no torch.distributed).
     full = full_tensors()
     for sub in ("sync", "thr", "proc"):
