@@ -26,6 +26,7 @@
 #include "capi/internal/options.h"
 #include "capi/internal/registry.h"
 #include "capi/internal/state_tree.h"
+#include "capi/internal/store_adapter.h"
 #include "comm/process_group_factory.h"
 #include "core/dtype.h"
 #include "core/sharded_tensor.h"
@@ -36,10 +37,6 @@
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
 #include "planner/default_planner.h"
-
-#ifdef DCP_CAPI_HAS_STORE_PROCESS_GROUP
-#include "capi/internal/store_adapter.h"
-#endif
 
 namespace dcp::capi {
 namespace {
@@ -853,13 +850,8 @@ int dcp_process_group_create_from_store(
     const dcp_process_group_options_t* options, dcp_process_group_t** out) {
   return Guard([&]() -> absl::Status {
     DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_process_group_t**"));
-#ifdef DCP_CAPI_HAS_STORE_PROCESS_GROUP
     return dcp::capi::PublishGroup(
         dcp::capi::CreateGroupOverStore(store, rank, size, options), out);
-#else
-    return absl::UnimplementedError(
-        "dcp_process_group_create_from_store is not in this build");
-#endif
   });
 }
 

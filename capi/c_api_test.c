@@ -750,6 +750,282 @@ static void test_async_save(void) {
 }
 
 /* ------------------------------------------------------------------------
+ * Two ranks in one process, coordinating through a C key-value store
+ * ---------------------------------------------------------------------- */
+
+typedef struct kv_entry {
+  char* key;
+  void* value;
+  size_t size;
+  struct kv_entry* next;
+} kv_entry;
+
+/* What torchrun's TCPStore is to a Python caller: a store every rank
+ * reaches. Thread-safe; get waits on a condition variable. */
+typedef struct mem_store {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  kv_entry* head;
+  int sets;
+} mem_store;
+
+static kv_entry* store_find(mem_store* s, const char* key) {
+  kv_entry* e;
+  for (e = s->head; e != NULL; e = e->next) {
+    if (strcmp(e->key, key) == 0) return e;
+  }
+  return NULL;
+}
+
+static int store_set(void* user, const char* key, const void* value,
+                     size_t size) {
+  mem_store* s = (mem_store*)user;
+  kv_entry* e;
+  void* copy = malloc(size > 0 ? size : 1);
+  if (copy == NULL) return DCP_RESOURCE_EXHAUSTED;
+  if (size > 0) memcpy(copy, value, size);
+  pthread_mutex_lock(&s->mu);
+  e = store_find(s, key);
+  if (e == NULL) {
+    e = (kv_entry*)calloc(1, sizeof(*e));
+    e->key = (char*)malloc(strlen(key) + 1);
+    strcpy(e->key, key);
+    e->next = s->head;
+    s->head = e;
+  } else {
+    free(e->value);
+  }
+  e->value = copy;
+  e->size = size;
+  ++s->sets;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return DCP_OK;
+}
+
+static int store_get(void* user, const char* key, int64_t timeout_ms,
+                     void (*sink)(void* sink_ctx, const void* data,
+                                  size_t size),
+                     void* sink_ctx) {
+  mem_store* s = (mem_store*)user;
+  kv_entry* e;
+  struct timespec deadline;
+  const int64_t day_ms = 86400000;
+  if (timeout_ms > day_ms) timeout_ms = day_ms;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += (time_t)(timeout_ms / 1000);
+  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec += 1;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&s->mu);
+  while ((e = store_find(s, key)) == NULL) {
+    if (timeout_ms == 0 ||
+        pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == ETIMEDOUT) {
+      e = store_find(s, key);
+      break;
+    }
+  }
+  if (e == NULL) {
+    pthread_mutex_unlock(&s->mu);
+    return DCP_DEADLINE_EXCEEDED;
+  }
+  sink(sink_ctx, e->value, e->size);
+  pthread_mutex_unlock(&s->mu);
+  return DCP_OK;
+}
+
+static int store_remove(void* user, const char* key) {
+  mem_store* s = (mem_store*)user;
+  kv_entry** link;
+  pthread_mutex_lock(&s->mu);
+  for (link = &s->head; *link != NULL; link = &(*link)->next) {
+    if (strcmp((*link)->key, key) == 0) {
+      kv_entry* e = *link;
+      *link = e->next;
+      free(e->key);
+      free(e->value);
+      free(e);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return DCP_OK;
+}
+
+static void store_destroy(mem_store* s) {
+  while (s->head != NULL) {
+    kv_entry* e = s->head;
+    s->head = e->next;
+    free(e->key);
+    free(e->value);
+    free(e);
+  }
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+}
+
+typedef struct rank_run {
+  mem_store* store;
+  int32_t rank;
+  const char* dir;
+  /* Results, checked on the main thread. */
+  int checks;
+  int failures;
+  int save_status;
+  size_t num_rank_failures;
+  int32_t failed_rank;
+  int failed_code;
+  char failed_message[512];
+  float loaded[4];
+  float expected[4];
+} rank_run;
+
+/* Counts a failed check of a rank thread (CHECK is for the main thread). */
+#define RANK_CHECK(run, cond)                                               \
+  do {                                                                      \
+    ++(run)->checks;                                                        \
+    if (!(cond)) {                                                          \
+      ++(run)->failures;                                                    \
+      fprintf(stderr, "%s:%d: rank %d: CHECK failed: %s (last error %s)\n", \
+              __FILE__, __LINE__, (int)(run)->rank, #cond,                  \
+              dcp_last_error_message());                                    \
+    }                                                                       \
+  } while (0)
+
+static void* rank_main(void* arg) {
+  rank_run* run = (rank_run*)arg;
+  float rows[2][2], column[4];
+  int64_t global[2] = {4, 2};
+  int64_t row_shape[2] = {2, 2};
+  int64_t row_offsets[2];
+  int64_t column_shape[2] = {4, 1};
+  int64_t column_offsets[2];
+  dcp_shard_t shard;
+  dcp_store_t store;
+  dcp_process_group_options_t go;
+  dcp_process_group_t* group = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+  int32_t size = 0;
+  int r, c;
+  const char* message = NULL;
+
+  memset(&store, 0, sizeof(store));
+  store.struct_size = sizeof(store);
+  store.user = run->store;
+  store.set = store_set;
+  store.get = store_get;
+  store.remove = store_remove;
+  memset(&go, 0, sizeof(go));
+  go.struct_size = sizeof(go);
+  go.group_name = "capi-test";
+  go.timeout_ms = 120000;
+  RANK_CHECK(run, dcp_process_group_create_from_store(&store, run->rank, 2, &go,
+                                                      &group) == DCP_OK);
+  if (group == NULL) return NULL;
+  RANK_CHECK(run, dcp_process_group_size(group, &size) == DCP_OK && size == 2);
+
+  /* Rank r holds rows [2r, 2r+2) of a 4x2 tensor; loads column r. */
+  for (r = 0; r < 2; ++r) {
+    for (c = 0; c < 2; ++c) rows[r][c] = (float)((2 * run->rank + r) * 10 + c);
+  }
+  row_offsets[0] = 2 * run->rank;
+  row_offsets[1] = 0;
+  shard.ndim = 2;
+  shard.global_shape = global;
+  shard.offsets = row_offsets;
+  RANK_CHECK(run, dcp_state_dict_create(&sd) == DCP_OK);
+  t = make_tensor(rows, 2, row_shape, NULL, kDLFloat, 32);
+  RANK_CHECK(
+      run, dcp_state_dict_set_tensor(sd, PATH(KEY("w")), &t, &shard) == DCP_OK);
+  so = save_options(run->dir);
+  so.process_group = group;
+  RANK_CHECK(run, dcp_save(sd, &so, NULL) == DCP_OK);
+
+  memset(column, 0, sizeof(column));
+  column_offsets[0] = 0;
+  column_offsets[1] = run->rank;
+  shard.offsets = column_offsets;
+  t = make_tensor(column, 2, column_shape, NULL, kDLFloat, 32);
+  RANK_CHECK(
+      run, dcp_state_dict_set_tensor(sd, PATH(KEY("w")), &t, &shard) == DCP_OK);
+  lo = load_options(run->dir);
+  lo.process_group = group;
+  RANK_CHECK(run, dcp_load(sd, &lo) == DCP_OK);
+  for (r = 0; r < 4; ++r) {
+    run->loaded[r] = column[r];
+    run->expected[r] = (float)(r * 10 + run->rank);
+  }
+
+  /* Rank 1 fails its local plan ("a.b" twice); every rank gets the same
+   * error, listing rank 1's failure. */
+  if (run->rank == 1) {
+    RANK_CHECK(run, dcp_state_dict_set_int(sd, PATH(KEY("a.b")), 1) == DCP_OK);
+    RANK_CHECK(
+        run, dcp_state_dict_set_int(sd, PATH(KEY("a"), KEY("b")), 2) == DCP_OK);
+  }
+  run->save_status = dcp_save(sd, &so, NULL);
+  run->num_rank_failures = dcp_last_error_num_rank_failures();
+  if (dcp_last_error_rank_failure(0, &run->failed_rank, &run->failed_code,
+                                  &message) == DCP_OK) {
+    snprintf(run->failed_message, sizeof(run->failed_message), "%s", message);
+  }
+  RANK_CHECK(run, dcp_state_dict_free(sd) == DCP_OK);
+  RANK_CHECK(run, dcp_process_group_free(group) == DCP_OK);
+  return NULL;
+}
+
+static void test_store_process_group(void) {
+  mem_store store;
+  rank_run runs[2];
+  pthread_t threads[2];
+  char dir[4200];
+  int i, r;
+  dcp_process_group_t* group = NULL;
+  dcp_store_t bad;
+
+  memset(&store, 0, sizeof(store));
+  pthread_mutex_init(&store.mu, NULL);
+  pthread_cond_init(&store.cv, NULL);
+  dir_for("store-group", dir, sizeof(dir));
+  for (i = 0; i < 2; ++i) {
+    memset(&runs[i], 0, sizeof(runs[i]));
+    runs[i].store = &store;
+    runs[i].rank = i;
+    runs[i].dir = dir;
+    CHECK(pthread_create(&threads[i], NULL, rank_main, &runs[i]) == 0);
+  }
+  for (i = 0; i < 2; ++i) {
+    CHECK(pthread_join(threads[i], NULL) == 0);
+    g_checks += runs[i].checks;
+    g_failures += runs[i].failures;
+    for (r = 0; r < 4; ++r) CHECK(runs[i].loaded[r] == runs[i].expected[r]);
+    CHECK(runs[i].save_status == DCP_INVALID_ARGUMENT);
+    CHECK(runs[i].num_rank_failures == 1);
+    CHECK(runs[i].failed_rank == 1);
+    CHECK(runs[i].failed_code == DCP_INVALID_ARGUMENT);
+    CHECK(strstr(runs[i].failed_message, "a.b") != NULL);
+  }
+  CHECK(store.sets > 0); /* The ranks met through the store. */
+  store_destroy(&store);
+
+  /* Store errors. */
+  memset(&bad, 0, sizeof(bad));
+  CHECK_ERROR(dcp_process_group_create_from_store(&bad, 0, 2, NULL, &group),
+              DCP_INVALID_ARGUMENT, "dcp_store_t.struct_size is 0");
+  bad.struct_size = sizeof(bad);
+  CHECK_ERROR(dcp_process_group_create_from_store(&bad, 0, 2, NULL, &group),
+              DCP_INVALID_ARGUMENT, "set and get");
+  CHECK_ERROR(dcp_process_group_create_from_store(NULL, 0, 2, NULL, &group),
+              DCP_INVALID_ARGUMENT, "store is NULL");
+  CHECK(group == NULL);
+}
+
+/* ------------------------------------------------------------------------
  * Managed DLPack tensors
  * ---------------------------------------------------------------------- */
 
@@ -1178,6 +1454,7 @@ int main(void) {
   test_metadata();
   test_writer_and_reader_handles();
   test_async_save();
+  test_store_process_group();
   test_managed_dlpack();
   test_bad_handles();
   test_struct_sizes();

@@ -368,7 +368,9 @@ typedef struct dcp_store {
 } dcp_store_t;
 
 /* A group of `size` ranks coordinating through `store` (copied; `user`
- * must outlive the group). Keys are prefixed with the group name. */
+ * must outlive the group). Keys are prefixed with the group name. Of the
+ * options, group_name and timeout_ms count (the timeout also bounds
+ * joining); backend must be NULL, "auto" or "store". */
 DCP_API int dcp_process_group_create_from_store(
     const dcp_store_t* store, int32_t rank, int32_t size,
     const dcp_process_group_options_t* options, dcp_process_group_t** out);
