@@ -22,8 +22,8 @@ plain Python errors keeps working:
 `.code` is the dcp status code (absl::StatusCode's number), `.code_name` its
 name, and `.failures` maps each failing rank to (exception, StackSummary) as
 in the seed; the StackSummary is empty for a failure inside the engine (no
-Python frames). A failure of this process alone has {rank: ...} of its own
-rank when known, else {}.
+Python frames). A failure of this process alone (a single-process save, or
+a local error the engine did not share with other ranks) has {}.
 
 Errors found in Python before the engine is called (an object that cannot
 be saved without allow_pickle, a key that is not a str or int) raise plain
