@@ -131,7 +131,7 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
           std::get<TensorStorageMetadata>(metadata.state_dict_metadata[fqn]);
       layout.push_back({fqn, tensor.properties.dtype, tensor.size});
     }
-    SortForSafetensors(layout);
+    SortForSafetensors(layout, internal_hf::kBlock);
     DCP_ASSIGN_OR_RETURN(std::string header,
                          EncodeSafetensorsHeader(layout, {{"format", "pt"}},
                                                  internal_hf::kBlock));

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 
 #include "absl/container/flat_hash_map.h"
@@ -68,6 +69,41 @@ class OpenFiles {
   absl::node_hash_map<std::string, Entry> files_ ABSL_GUARDED_BY(mu_);
 };
 
+// Bounce buffers in power-of-two sizes, reused from piece to piece: a fresh
+// 16 MiB buffer per piece costs page faults and the kernel's zeroing of
+// every page, as much CPU as the copy out of it.
+class BouncePool {
+ public:
+  static int64_t SizeFor(int64_t bytes) {
+    int64_t size = 2 * kBlock;
+    while (size < bytes) size <<= 1;
+    return size;
+  }
+  std::unique_ptr<AlignedBuffer> Get(int64_t bytes) {
+    const int64_t size = SizeFor(bytes);
+    {
+      absl::MutexLock lock(&mu_);
+      auto& free = free_[size];
+      if (!free.empty()) {
+        std::unique_ptr<AlignedBuffer> buffer = std::move(free.back());
+        free.pop_back();
+        return buffer;
+      }
+    }
+    return std::make_unique<AlignedBuffer>(size);
+  }
+  void Put(std::unique_ptr<AlignedBuffer> buffer) {
+    if (buffer == nullptr) return;
+    absl::MutexLock lock(&mu_);
+    free_[buffer->size].push_back(std::move(buffer));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int64_t, std::vector<std::unique_ptr<AlignedBuffer>>> free_
+      ABSL_GUARDED_BY(mu_);
+};
+
 // A stored tensor chunk the plan reads, and its uses.
 struct Stored {
   const MetadataIndex* index = nullptr;
@@ -87,6 +123,9 @@ struct Piece {
   Stored* stored = nullptr;
   int64_t first = 0, end = 0;
   bool zero_copy = false;
+  // Zero copy through the page cache: O_DIRECT cannot move a tensor that
+  // does not start 4 KiB aligned in its file into its destination.
+  File* buffered = nullptr;
   std::byte* target = nullptr;  // Where element `first` lands.
   std::unique_ptr<AlignedBuffer> buffer;
   int64_t lead = 0;  // Bytes before `target` in `buffer`.
@@ -103,17 +142,18 @@ bool AllZero(const Shape& shape) {
 }
 
 // Builds the read requests of `piece`, allocating its buffers.
-void PreparePiece(bool direct, std::atomic<int64_t>& bounce_held,
-                  Piece& piece) {
+void PreparePiece(bool direct, BouncePool& pool,
+                  std::atomic<int64_t>& bounce_held, Piece& piece) {
   const Stored& s = *piece.stored;
   const int64_t es = static_cast<int64_t>(s.element_size);
   File* file = s.file->file.get();
   const int64_t offset = s.info->offset + piece.first * es;
   const int64_t length = (piece.end - piece.first) * es;
   if (piece.zero_copy) {
-    if (!direct) {
+    if (!direct || piece.buffered != nullptr) {
       piece.requests.push_back(
-          IoRequest::Read(file, offset, piece.target, length));
+          IoRequest::Read(piece.buffered != nullptr ? piece.buffered : file,
+                          offset, piece.target, length));
       return;
     }
     piece.body = AlignDown(length);
@@ -130,7 +170,7 @@ void PreparePiece(bool direct, std::atomic<int64_t>& bounce_held,
   }
   const int64_t start = direct ? AlignDown(offset) : offset;
   const int64_t end = direct ? AlignUp(offset + length) : offset + length;
-  piece.buffer = std::make_unique<AlignedBuffer>(end - start);
+  piece.buffer = pool.Get(end - start);
   bounce_held += piece.buffer->size;
   piece.lead = offset - start;
   piece.target = piece.buffer->data + piece.lead;
@@ -186,7 +226,6 @@ absl::Status FinishPiece(Piece& piece, LoadPlanner& planner,
                        item.dest_index.ToString())));
     }
   }
-  piece.buffer.reset();
   piece.tail.reset();
   if (s.pieces_left->fetch_sub(1) != 1 || s.staging != nullptr) {
     return absl::OkStatus();
@@ -263,6 +302,9 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   open_options.uncached = options_.uncached_reads;
   open_options.no_follow = true;
   OpenFiles files(*fs_, path_, open_options);
+  OpenOptions buffered_options = open_options;
+  buffered_options.direct = false;
+  OpenFiles buffered_files(*fs_, path_, buffered_options);
   auto fail = [](absl::Status status) {
     return Future<void>::Ready(std::move(status));
   };
@@ -371,13 +413,20 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
         AllZero(first.dest_offsets) && first.lengths == s.sizes &&
         dest.device().is_cpu() && dest.is_contiguous() &&
         dest.sizes() == first.lengths &&
-        static_cast<int64_t>(dest.nbytes()) == length && length > 0 &&
-        (!direct || (reinterpret_cast<uintptr_t>(dest.data()) % kBlock == 0 &&
-                     s.info->offset % kBlock == 0))) {
+        static_cast<int64_t>(dest.nbytes()) == length && length > 0) {
+      File* buffered = nullptr;
+      if (direct && (reinterpret_cast<uintptr_t>(dest.data()) % kBlock != 0 ||
+                     s.info->offset % kBlock != 0)) {
+        absl::StatusOr<const OpenFiles::Entry*> file =
+            buffered_files.Get(s.info->relative_path);
+        if (!file.ok()) return fail(file.status());
+        buffered = (*file)->file.get();
+      }
       Piece& piece = pieces.emplace_back();
       piece.stored = &s;
       piece.end = NumElements(s.sizes);
       piece.zero_copy = true;
+      piece.buffered = buffered;
       piece.target = static_cast<std::byte*>(dest.data());
       s.pieces_left->fetch_add(1);
       continue;
@@ -388,13 +437,15 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       internal_hf::BoxRuns(s.sizes, item->storage_offsets, item->lengths,
                            kReadGapBytes / es, runs);
     }
+    // Pieces whose 4 KiB aligned extent fits a piece_bytes buffer.
     for (const auto& [begin, end] : internal_hf::MergeAndSplit(
-             std::move(runs), kReadGapBytes / es, piece_bytes / es)) {
+             std::move(runs), kReadGapBytes / es,
+             std::max<int64_t>(piece_bytes - 2 * kBlock, 1) / es)) {
       Piece& piece = pieces.emplace_back();
       piece.stored = &s;
       piece.first = begin;
       piece.end = end;
-      piece.buffer_bytes = (end - begin) * es + 2 * kBlock;
+      piece.buffer_bytes = BouncePool::SizeFor((end - begin) * es + 2 * kBlock);
       s.pieces_left->fetch_add(1);
     }
     if (*s.pieces_left == 0) {  // Only empty boxes: nothing to read.
@@ -408,6 +459,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   // Windows of at most read_window_bytes of bounce buffers: window w + 1
   // is read while window w is copied out on thread_count threads.
   internal_hf::FirstError error;
+  BouncePool pool;
   std::atomic<int64_t> bounce_held{0};
   std::atomic<int64_t> bytes_read{0};
   int64_t peak = 0;
@@ -423,7 +475,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       if (bytes > 0 && bytes + piece.buffer_bytes > window_bytes) break;
       ++next;
       bytes += piece.buffer_bytes;
-      PreparePiece(direct, bounce_held, piece);
+      PreparePiece(direct, pool, bounce_held, piece);
       for (const IoRequest& request : piece.requests) {
         batch.push_back(request);
         owners.push_back(&piece);
@@ -451,7 +503,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
             } else {
               error.Update(FinishPiece(piece, planner, bytes_read));
             }
-            piece.buffer.reset();
+            pool.Put(std::move(piece.buffer));
             bounce_held -= held;
           }
         });

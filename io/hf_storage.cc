@@ -700,7 +700,7 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
           {kHfSavedOffsetsKey, item.tensor_data->chunk.offsets}};
     }
   }
-  SortForSafetensors(layout);
+  SortForSafetensors(layout, kDataAlignment);
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
   if (assignment.sharded) {
     metadata[kHfShardingInfoKey] = sharding.dump();

@@ -95,8 +95,10 @@ struct HuggingFaceStorageWriterOptions {
   // is not promised).
   bool sync_files = true;
   // Write with O_DIRECT where the file system takes it (as
-  // FileSystemWriterOptions::direct_io); each file's data section starts
-  // 4 KiB aligned, the header padded with spaces.
+  // FileSystemWriterOptions::direct_io). Each file's data section starts
+  // 4 KiB aligned (the header padded with spaces) and the tensors whose
+  // sizes are whole 4 KiB blocks come first (SortForSafetensors), so they
+  // are written from their own memory; the rest go through bounce buffers.
   bool direct_io = true;
   // Buffered files leave the page cache as they reach the disk
   // (FileSystemWriterOptions::uncached_writes).
@@ -271,7 +273,9 @@ class HuggingFaceStorageReader final : public StorageReader {
   absl::StatusOr<std::vector<LoadPlan>> PrepareGlobalPlan(
       std::vector<LoadPlan> plans) override;
   // Reads what the plan needs: a whole tensor into a whole contiguous host
-  // destination straight into it; any other box (a resharded slice, a
+  // destination straight into it (through the page cache, uncached, where
+  // O_DIRECT cannot: a tensor that does not start 4 KiB aligned in its
+  // file, as in files the reference library writes); any other box (a resharded slice, a
   // strided or device destination) in pieces covering only the rows of the
   // box, copied out piece by piece (see read_window_bytes). kDataLoss
   // naming the file when it is shorter than its header said. The call

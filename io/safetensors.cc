@@ -360,9 +360,17 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(File& file) {
   return ParseSafetensorsHeader(json, size - 8 - static_cast<int64_t>(n), path);
 }
 
-void SortForSafetensors(std::vector<SafetensorsTensor>& tensors) {
+void SortForSafetensors(std::vector<SafetensorsTensor>& tensors,
+                        int64_t block) {
+  auto odd = [block](const SafetensorsTensor& t) {
+    if (block <= 0) return false;
+    std::optional<int64_t> bytes = CheckedNumBytes(t.dtype, t.shape);
+    return !bytes.has_value() || *bytes % block != 0;
+  };
   std::sort(tensors.begin(), tensors.end(),
-            [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+            [&](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+              const bool oa = odd(a), ob = odd(b);
+              if (oa != ob) return ob;
               const size_t sa = ElementSize(a.dtype), sb = ElementSize(b.dtype);
               if (sa != sb) return sa > sb;
               return a.name < b.name;

@@ -96,10 +96,16 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view bytes,
 // file's own errors, or the parser's.
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(File& file);
 
-// The order the reference writer lays tensors out in: larger elements
-// first (so every tensor of an aligned data section is aligned to its
-// element size), then by name.
-void SortForSafetensors(std::vector<SafetensorsTensor>& tensors);
+// The order to lay tensors out in. block = 0: the reference writer's,
+// larger elements first (so every tensor of an aligned data section is
+// aligned to its element size), then by name. block > 0 (a power of two):
+// first the tensors whose byte size is a multiple of `block`, then the
+// rest, each group in the reference's order; with the data section
+// `block`-aligned, every tensor of the first group starts `block`-aligned
+// (O_DIRECT moves it without a bounce copy) and every tensor stays aligned
+// to its element size. Readers do not depend on the order.
+void SortForSafetensors(std::vector<SafetensorsTensor>& tensors,
+                        int64_t block = 0);
 
 // Assigns data offsets to `tensors` in their order (contiguous from 0) and
 // returns the bytes that precede the data: the 8-byte length and the JSON

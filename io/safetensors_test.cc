@@ -261,6 +261,25 @@ TEST(Safetensors, EncoderOutputParsesWithEveryDType) {
   for (size_t i = 1; i < tensors.size(); ++i) {
     EXPECT_GE(ElementSize(tensors[i - 1].dtype), ElementSize(tensors[i].dtype));
   }
+  // Sorted for 4 KiB blocks, the tensors of whole blocks come first, and
+  // with a 4 KiB aligned data section each of them starts aligned.
+  {
+    std::vector<SafetensorsTensor> blocks = tensors;
+    blocks.push_back({"page", DType::kF32, {1024}, 0, 0});
+    blocks.push_back({"pages", DType::kBF16, {3, 2048}, 0, 0});
+    SortForSafetensors(blocks, 4096);
+    ASSERT_TRUE(EncodeSafetensorsHeader(blocks, {}, 4096).ok());
+    bool odd_seen = false;
+    for (const SafetensorsTensor& t : blocks) {
+      const bool whole_blocks = (t.end - t.begin) % 4096 == 0;
+      EXPECT_FALSE(whole_blocks && odd_seen) << t.name;
+      odd_seen = odd_seen || !whole_blocks;
+      if (whole_blocks) EXPECT_EQ(t.begin % 4096, 0) << t.name;
+      EXPECT_EQ(t.begin % ElementSize(t.dtype), 0) << t.name;
+    }
+    EXPECT_EQ(blocks[1].name, "page");
+    EXPECT_EQ(blocks[2].name, "pages");
+  }
   for (int64_t alignment : {8, 4096}) {
     std::vector<SafetensorsTensor> laid_out = tensors;
     absl::StatusOr<std::string> head =
