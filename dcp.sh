@@ -2,7 +2,12 @@
 # The one entry point for a newcomer. On a fresh Debian 12 machine it installs
 # the missing Debian packages, builds what is needed, then:
 #   ./dcp.sh demo [flags]      checkpoint and restore a synthetic model
-#   ./dcp.sh test [targets]    run the test suite (default: everything)
+#   ./dcp.sh test [targets]    run the test suite (default: everything,
+#                              the Python package's pytest suite included)
+#   ./dcp.sh install --prefix DIR   install libdcp.so, dcp/dcp.h, CMake and
+#                              pkg-config files into DIR
+#   ./dcp.sh wheel             build the Python wheel under dist/ (its path
+#                              is the last line printed)
 #   ./dcp.sh bench KIND [..]   run a benchmark (dcp bench KIND)
 #   ./dcp.sh gpu-bundle        build the GPU checks for a GPU machine
 #   ./dcp.sh <subcommand> ...  run the dcp command line (inspect, verify, ...)
@@ -13,7 +18,7 @@ PACKAGES=(
   bazel-bootstrap g++ libabsl-dev liburing-dev libxxhash-dev libzstd-dev
   libprotobuf-dev protobuf-compiler libcli11-dev libgloo-dev libdlpack-dev
   nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev fio
-  redis-server
+  redis-server cmake pkg-config python3-venv patchelf
 )
 
 install_missing_packages() {
@@ -56,13 +61,55 @@ run_bench() {
   run_dcp bench "$@"
 }
 
+# The Python venv of the test suite and the benchmarks (.venv, git-ignored):
+# torch, numpy, safetensors and pytest from PyPI, installed once.
+VENV="$PWD/.venv"
+ensure_venv() {
+  if ! "$VENV/bin/python" -c 'import torch, numpy, safetensors, pytest' \
+      2>/dev/null; then
+    echo "dcp.sh: installing torch, numpy, safetensors, pytest into $VENV" \
+      "(once; torch is a large download)" >&2
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q -r python/requirements-test.txt >&2
+  fi
+}
+
+# The Python package's tests, against the libdcp.so of this build; then the
+# wheel, installed into a fresh venv and smoke-tested there.
+run_python_tests() {
+  ensure_venv
+  bazel build //capi:libdcp.so >&2
+  DCP_LIBRARY="$PWD/bazel-bin/capi/libdcp.so" \
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests
+  local wheel
+  wheel=$(tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so |
+    tail -1)
+  tools/wheel_smoke_test.sh "$wheel"
+}
+
 install_missing_packages
 cmd="${1:-help}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
   test)
-    if [[ $# -eq 0 ]]; then set -- //...; fi
-    exec bazel test "$@"
+    if [[ $# -gt 0 ]]; then exec bazel test "$@"; fi
+    bazel_rc=0
+    bazel test //... || bazel_rc=$?
+    python_rc=0
+    run_python_tests || python_rc=$?
+    if ((bazel_rc != 0 || python_rc != 0)); then
+      echo "dcp.sh test: FAILED (bazel exit $bazel_rc, pytest exit $python_rc)" >&2
+      exit 1
+    fi
+    ;;
+  install)
+    bazel build //capi:libdcp.so >&2
+    exec tools/install.sh "$@" --lib bazel-bin/capi/libdcp.so --headers capi
+    ;;
+  wheel)
+    ensure_venv
+    bazel build //capi:libdcp.so >&2
+    exec tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so
     ;;
   bench)
     run_bench "$@"

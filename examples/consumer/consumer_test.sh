@@ -21,19 +21,22 @@ for f in include/dcp/dcp.h include/dcp/dcp.hpp lib/libdcp.so \
   [[ -e "$prefix/$f" ]] || fail "install left out $f"
 done
 
-# Only the C ABI is exported, and nothing of the build's -dev packages is
-# needed at run time except Gloo (no static archive in Debian).
+# Only the C ABI is exported, and what the library needs at run time comes
+# from Debian runtime packages (libgloo0, libprotobuf32, libabsl20220623,
+# the C/C++ runtime), never from a -dev package.
 exported=$(nm -D --defined-only "$prefix/lib/libdcp.so" | awk '{print $3}' |
   grep -v '^dcp_' | grep -v '^$' || true)
 [[ -z "$exported" ]] || fail "exports non-dcp_ symbols: $(echo $exported | head -c 300)"
-needed=$(readelf -d "$prefix/lib/libdcp.so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
-for n in $needed; do
-  case "$n" in
-    libgloo.so.0 | libstdc++.so.6 | libm.so.6 | libgcc_s.so.1 | libc.so.6 | \
-      ld-linux-x86-64.so.2) ;;
-    *) fail "libdcp.so needs $n at run time" ;;
+while read -r name _ path _; do
+  [[ "$path" == /* ]] || continue
+  owner=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1 ||
+    true)
+  [[ -n "$owner" ]] ||
+    owner=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1 || true)
+  case "$owner" in
+    *-dev) fail "libdcp.so needs $name, which only $owner provides" ;;
   esac
-done
+done < <(ldd "$prefix/lib/libdcp.so")
 
 # CMake: find_package(dcp) from the installed prefix. The source is copied so
 # that the build cannot pick up headers from the repository.
