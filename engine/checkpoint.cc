@@ -108,11 +108,15 @@ void AddStorageData(const std::vector<std::vector<WriteResult>>& results,
 // (ReduceScatter), every rank writes, the write results travel to the
 // coordinator, which commits (AllReduce); on any failure every rank aborts
 // its writer, so nothing half-written stays behind.
+// `prepared`: how this rank's preparation of the writer went (Reset,
+// SetDeviceWait). A failure is this rank's local step's failure, so every
+// rank of the exchange fails with it instead of waiting for this one.
 absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                                               StorageWriter& writer,
                                               SavePlanner& planner,
                                               internal::DistWrapper& dist,
-                                              bool use_collectives) {
+                                              bool use_collectives,
+                                              const absl::Status& prepared) {
   const bool is_coordinator = dist.is_coordinator();
   // Shared, not copied: with plan caching it is the planner's cached
   // metadata itself, so a cached re-plan costs O(ranks) on the critical
@@ -123,6 +127,7 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
   Metadata returned_metadata;
 
   auto local_step = [&]() -> absl::StatusOr<SavePlan> {
+    DCP_RETURN_IF_ERROR(prepared);
     DCP_RETURN_IF_ERROR(
         planner.SetUp(state_dict, writer.GetStorageMeta(), is_coordinator));
     DCP_RETURN_IF_ERROR(
@@ -273,8 +278,12 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
   // As the seed's save_state_dict: a fresh save id per save, so a writer
   // reused for the next save never writes over the files of the checkpoint
   // it committed before; as its save, at checkpoint_id when one is given.
-  DCP_RETURN_IF_ERROR(storage_writer.Reset(options.checkpoint_id));
-  DCP_RETURN_IF_ERROR(storage_writer.SetDeviceWait(options.device_wait));
+  // A rank whose writer refuses either fails inside the coordinated steps
+  // below, so the other ranks learn it rather than wait for it.
+  absl::Status prepared = storage_writer.Reset(options.checkpoint_id);
+  if (prepared.ok()) {
+    prepared = storage_writer.SetDeviceWait(options.device_wait);
+  }
   internal::DistWrapper dist(GroupFor(options.process_group, options.no_dist),
                              options.coordinator_rank);
   std::unique_ptr<DefaultSavePlanner> default_planner;
@@ -297,18 +306,19 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
     // outcome is shared.
     comm::ProcessGroup& group = *GroupFor(options.process_group, false);
     internal::DistWrapper alone(nullptr, 0);
-    absl::Status selected = storage_writer.SelectRankLocal(group.rank());
+    absl::Status selected =
+        prepared.ok() ? storage_writer.SelectRankLocal(group.rank()) : prepared;
     absl::StatusOr<Metadata> metadata =
         selected.ok()
             ? SaveWithCoordination(state_dict, storage_writer, *planner, alone,
-                                   /*use_collectives=*/false)
+                                   /*use_collectives=*/false, selected)
             : absl::StatusOr<Metadata>(selected);
     DCP_RETURN_IF_ERROR(
         ShareOutcome(group, "rank-local save", metadata.status()));
     return metadata;
   }
   return SaveWithCoordination(state_dict, storage_writer, *planner, dist,
-                              options.use_collectives);
+                              options.use_collectives, prepared);
 }
 
 absl::StatusOr<Metadata> Save(const StateDict& state_dict,

@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/file_system_storage.h"
 
 namespace dcp {
 namespace {
@@ -81,6 +82,71 @@ void OnRanks(std::shared_ptr<comm::KeyValueStore> store,
     });
   }
   for (std::thread& t : threads) t.join();
+}
+
+// A writer that cannot order device copies after the caller's stream (the
+// StorageWriter default for SetDeviceWait); everything else forwards.
+class NoDeviceWaitWriter final : public StorageWriter {
+ public:
+  explicit NoDeviceWaitWriter(const std::string& dir) : inner_(dir) {}
+  absl::Status Reset(const std::string& checkpoint_id) override {
+    return inner_.Reset(checkpoint_id);
+  }
+  StorageMeta GetStorageMeta() const override {
+    return inner_.GetStorageMeta();
+  }
+  absl::Status SetUp(bool is_coordinator, int rank,
+                     bool use_collectives) override {
+    return inner_.SetUp(is_coordinator, rank, use_collectives);
+  }
+  absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) override {
+    return inner_.PrepareLocalPlan(std::move(plan));
+  }
+  absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
+      std::vector<SavePlan> plans) override {
+    return inner_.PrepareGlobalPlan(std::move(plans));
+  }
+  Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
+                                             SavePlanner& planner) override {
+    return inner_.WriteData(plan, planner);
+  }
+  absl::Status Finish(
+      const Metadata& metadata,
+      const std::vector<std::vector<WriteResult>>& results) override {
+    return inner_.Finish(metadata, results);
+  }
+  absl::Status MarkCommitted() override { return inner_.MarkCommitted(); }
+  void Abort() override { inner_.Abort(); }
+
+ private:
+  FileSystemWriter inner_;
+};
+
+// One rank's writer refuses the save's device wait: that rank fails inside
+// the plan exchange, so every rank fails naming it (none waits for it until
+// the group's timeout), and nothing is committed.
+TEST(StoreProcessGroupSaveTest, ARankThatRefusesTheDeviceWaitFailsEveryRank) {
+  const std::string dir = FreshDir("store-group-refused-wait");
+  auto store = std::make_shared<comm::InMemoryKeyValueStore>();
+  OnRanks(store, "refused", [&](int rank, comm::ProcessGroup& group) {
+    StateDict state;
+    state["bias"] = Bias(/*fill=*/true);
+    NoDeviceWaitWriter refusing(dir);
+    FileSystemWriter accepting(dir);
+    SaveOptions options;
+    options.process_group = &group;
+    options.storage_writer =
+        rank == 1 ? static_cast<StorageWriter*>(&refusing) : &accepting;
+    options.device_wait = DeviceWait::Stream(/*device=*/0, /*stream=*/nullptr);
+    absl::StatusOr<Metadata> metadata = Save(state, options);
+    ASSERT_FALSE(metadata.ok()) << "rank " << rank;
+    EXPECT_EQ(metadata.status().code(), absl::StatusCode::kUnimplemented)
+        << "rank " << rank << ": " << metadata.status();
+    EXPECT_THAT(std::string(metadata.status().message()),
+                ContainsRegex("rank 1.*device"))
+        << "rank " << rank << ": " << metadata.status();
+  });
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.metadata"));
 }
 
 TEST(StoreProcessGroupSaveTest, TwoRanksSaveByRowsAndLoadByColumns) {
