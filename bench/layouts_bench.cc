@@ -4,7 +4,7 @@
 //   dcp bench layouts [--json] [--dir /tmp] [--reps 3] [--torch]
 //                     [--layouts llama,moe,tiny] [--quick] [--seed N]
 //                     [--llama_bytes 2GiB] [--moe_bytes 1GiB]
-//                     [--tiny_count 100000]
+//                     [--tiny_count 100000] [--out FILE]
 //
 // Layouts (host tensors, their bytes generated from the seed):
 //   llama  a Llama-style decoder with Qwen2.5-0.5B's dimensions (hidden 896,
@@ -48,8 +48,10 @@
 // least 2 of 3 repetitions (two thirds of --reps).
 //
 // Prints a table (to stderr with --json, which prints one JSON object to
-// stdout). The exit status is non-zero when a save or load fails or a load
-// does not verify; the targets are reported, not enforced.
+// stdout); --out FILE keeps every measurement as a JSON line as it is taken
+// (a run cut short keeps them), then a last line with the report. The exit
+// status is non-zero when a save or load fails or a load does not verify; the
+// targets are reported, not enforced.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -466,6 +468,7 @@ struct BenchFlags {
   bool torch = false;
   bool json = false;
   bool quick = false;
+  std::string out;  // --out: every row as a JSON line, then the report.
   uint64_t seed = 1;
   std::string llama_bytes = "2GiB";
   std::string moe_bytes = "1GiB";
@@ -484,6 +487,9 @@ class Bench {
   absl::Status SaveAndLoad(const std::string& engine, const Layout& layout,
                            int rep);
   json Summarize() const;
+  // Keeps `row` for the report and, with --out, writes it out at once, so
+  // a run cut short keeps what it measured.
+  void Record(json row);
 
   BenchFlags flags_;
   LayoutSizes sizes_;
@@ -492,6 +498,7 @@ class Bench {
   std::map<std::string, std::string> spec_files_;  // Layout -> its JSON.
   std::vector<json> rows_;
   std::string torch_version_;
+  std::ofstream out_;
 };
 
 absl::Status Bench::SaveAndLoad(const std::string& engine, const Layout& layout,
@@ -554,7 +561,7 @@ absl::Status Bench::SaveAndLoad(const std::string& engine, const Layout& layout,
         row.at("items_per_s").get<double>(),
         row.at("peak_rss_bytes").get<double>() / kMiB,
         verified ? "" : "  NOT VERIFIED"));
-    rows_.push_back(row);
+    Record(row);
     if (!verified) {
       return absl::DataLossError(
           absl::StrCat(engine, " load of ", layout.name,
@@ -565,7 +572,16 @@ absl::Status Bench::SaveAndLoad(const std::string& engine, const Layout& layout,
   return absl::OkStatus();
 }
 
+void Bench::Record(json row) {
+  if (out_.is_open()) out_ << row.dump() << "\n" << std::flush;
+  rows_.push_back(std::move(row));
+}
+
 absl::Status Bench::Run() {
+  if (!flags_.out.empty()) {
+    out_.open(flags_.out);
+    if (!out_) return absl::PermissionDeniedError("cannot write " + flags_.out);
+  }
   for (const std::string& name : flags_.layouts) {
     DCP_ASSIGN_OR_RETURN(Layout layout, MakeLayout(name, sizes_));
     layouts_.push_back(std::move(layout));
@@ -608,9 +624,9 @@ absl::Status Bench::Run() {
   for (int rep = 1; rep <= flags_.reps && status.ok(); ++rep) {
     Log(absl::StrCat("repetition ", rep, "/", flags_.reps, " (load average ",
                      LoadAverage(), ", ", NowUtc(), ")"));
-    rows_.push_back({{"measurement", "load_average"},
-                     {"rep", rep},
-                     {"value", LoadAverage()}});
+    Record({{"measurement", "load_average"},
+            {"rep", rep},
+            {"value", LoadAverage()}});
     std::vector<const Layout*> order;
     for (const Layout& l : layouts_) {
       if (l.name != kTinyOne) order.push_back(&l);
@@ -640,6 +656,8 @@ absl::Status Bench::Run() {
   if (!torch_version_.empty()) report["torch_version"] = torch_version_;
   report.update(Summarize());
   report["rows"] = rows_;
+  if (out_.is_open())
+    out_ << json{{"measurement", "report"}, {"value", report}}.dump() << "\n";
   std::FILE* table = flags_.json ? stderr : stdout;
   std::fprintf(table, "dcp bench layouts, %s - %s, %s (%s), %d repetitions\n",
                report.at("started").get<std::string>().c_str(),
@@ -829,6 +847,9 @@ int main(int argc, char** argv) {
                "Also save and load every layout with "
                "torch.distributed.checkpoint (creates .venv the first time)");
   app.add_flag("--json", flags.json, "Print one JSON object");
+  app.add_option("--out", flags.out,
+                 "Write every measurement as a JSON line when it is taken, "
+                 "then the report");
   app.add_flag("--quick", flags.quick,
                "Small sizes (llama 8MiB, moe 2MiB, tiny 2000 tensors) unless "
                "given: a smoke test in seconds");
