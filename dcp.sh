@@ -54,7 +54,7 @@ run_dcp() {
 run_bench() {
   local kind="${1:-}"
   case "$kind" in
-    planner | io | staging) bazel build "//bench:${kind}_bench" >&2 ;;
+    planner | io | staging | layouts) bazel build "//bench:${kind}_bench" >&2 ;;
     coord) bazel build //bench/coord:coord_bench >&2 ;;
     *) ;;  # dcp bench reports unknown kinds.
   esac
