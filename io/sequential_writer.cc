@@ -118,17 +118,19 @@ absl::Status SequentialWriter::Append(const std::byte* data, int64_t length,
     if (open_ == nullptr && length >= kMinStraightWrite &&
         (!direct || (position_ % kBlock == 0 && Aligned(data)))) {
       const int64_t body = direct ? AlignDown(length) : length;
-      const bool kept = keepalive != nullptr;
-      while (kept && options_.max_kept_bytes > 0 && !kept_.empty() &&
-             kept_bytes_ + body > options_.max_kept_bytes) {
-        kept_.front().first.Wait();
-        kept_bytes_ -= kept_.front().second;
-        kept_.pop_front();
-      }
-      Future<size_t> write = Submit(position_, data, body, keepalive);
-      if (kept) {
-        kept_.emplace_back(std::move(write), body);
+      if (keepalive != nullptr && options_.max_kept_bytes > 0) {
+        while (!kept_.empty() &&
+               (kept_bytes_ + body > options_.max_kept_bytes ||
+                kept_.front().write.ready())) {
+          kept_.front().write.Wait();  // Its error is seen with the others.
+          kept_bytes_ -= kept_.front().bytes;
+          kept_.pop_front();
+        }
+        kept_.push_back(
+            {Submit(position_, data, body, nullptr), body, keepalive});
         kept_bytes_ += body;
+      } else {
+        Submit(position_, data, body, keepalive);
       }
       position_ += body;
       data += body;
@@ -178,6 +180,8 @@ absl::Status SequentialWriter::Finish() {
     if (!result.ok() && status.ok()) status = result.status();
   }
   in_flight_.clear();
+  kept_.clear();
+  kept_bytes_ = 0;
   open_.reset();
   bounce_bytes_ = 0;
   if (status.ok() && options_.direct && position_ % kBlock != 0) {

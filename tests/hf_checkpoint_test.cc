@@ -131,8 +131,8 @@ TEST_P(HfRoundTrip, EveryDTypeAndTheDirectoryLayout) {
     const Tensor& want = saved.at(t.name).tensor();
     EXPECT_EQ(t.dtype, want.dtype()) << t.name;
     EXPECT_EQ(t.shape, want.sizes()) << t.name;
-    EXPECT_EQ(0, std::memcmp(bytes.data() + header.data_start() + t.begin,
-                             want.data(), want.nbytes()))
+    EXPECT_EQ(std::string(bytes, header.data_start() + t.begin, want.nbytes()),
+              std::string(static_cast<const char*>(want.data()), want.nbytes()))
         << t.name;
     total += t.end - t.begin;
   }

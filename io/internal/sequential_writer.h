@@ -96,8 +96,15 @@ class SequentialWriter {
   int64_t submitted_end_ = 0;
   int64_t written_back_ = 0;
   std::deque<Future<size_t>> writebacks_;
-  // Writes of kept memory in flight, and their bytes.
-  std::deque<std::pair<Future<size_t>, int64_t>> kept_;
+  // With max_kept_bytes: writes of kept memory in flight, their bytes and
+  // the memory (dropped once the write is seen complete, so the bound holds
+  // when Append returns).
+  struct Kept {
+    Future<size_t> write;
+    int64_t bytes = 0;
+    std::shared_ptr<void> keepalive;
+  };
+  std::deque<Kept> kept_;
   int64_t kept_bytes_ = 0;
   bool finished_ = false;
 };
