@@ -57,6 +57,12 @@ absl::StatusOr<FlattenMapping> MappingFromProto(
       for (const pb::PathElement& element : entry.path()) {
         if (element.kind_case() == pb::PathElement::kKey) {
           path.emplace_back(element.key());
+        } else if (element.index() < 0) {
+          // No state dict has one, and PathFromListMask refuses it: a
+          // mapping holding one would re-encode to bytes that do not decode.
+          return absl::DataLossError(
+              absl::StrCat("flatten path of \"", entry.name(),
+                           "\" has negative list index ", element.index()));
         } else {
           path.emplace_back(element.index());
         }

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -226,6 +227,24 @@ TEST(PlanCodecTest, ListMasksRoundTripAndRejectWhatDoesNotFit) {
         << name << " " << mask;
     EXPECT_THAT(status.message(), HasSubstr(name)) << name << " " << mask;
   }
+}
+
+// An explicit path with a negative list index decodes to kDataLoss, as a
+// derived one does (PathFromListMask). Accepted, "a.-5" -> ["a", -5]
+// re-encoded in the mask form, which its decoder refused: the round trip of
+// fuzz/plan_codec_fuzzer.cc failed on fuzz/corpus/plan_codec/
+// negative_list_index.
+TEST(PlanCodecTest, NegativeListIndexIsRejected) {
+  const FlattenMapping explicit_path = {{"x", {std::string("a"), int64_t{-5}}}};
+  absl::Status status =
+      DecodeFlattenMapping(EncodeFlattenMapping(explicit_path)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("negative list index -5"));
+  // {version 1, entries {name "a.-5", path [{key "a"}, {index -5}]}}.
+  const std::string reproducer = absl::HexStringToBytes(
+      "080112180a04612e2d3522030a0161220b10fbffffffffffffffff01");
+  EXPECT_EQ(DecodeFlattenMapping(reproducer).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(PlanCodecTest, NewerVersionIsRejected) {
