@@ -27,6 +27,7 @@
 #include "io/internal/sequential_writer.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "planner/plan_cache.h"
 #include "staging/device_staging.h"
 
 namespace dcp {
@@ -592,6 +593,28 @@ absl::StatusOr<std::vector<SavePlan>>
 HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
   const auto& mapping = options_.fqn_to_index_mapping;
   const int highest = HighestIndex(mapping);
+  // With plan caching a rank whose plan is unchanged sends a marker without
+  // items: its items are those of its plan in this writer's previous save.
+  // (A marker for an older plan fails that rank's WriteData, or Finish's
+  // check of the index against the results, before anything commits.)
+  std::vector<std::vector<PlannedItem>> items(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    if (IsUnchangedSavePlan(plans[r])) {
+      if (r >= last_items_.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r,
+            " sent an unchanged-plan marker, but this "
+            "HuggingFaceStorageWriter has not seen its plan (reuse the "
+            "writer across saves with enable_plan_caching)"));
+      }
+      items[r] = last_items_[r];
+      continue;
+    }
+    for (const WriteItem& item : plans[r].items) {
+      items[r].push_back({item.index.fqn, item.StorageBytes()});
+    }
+  }
+  last_items_ = items;
   weight_map_.clear();
   total_size_ = 0;
   std::vector<RankFiles> ranks(plans.size());
@@ -604,12 +627,12 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
   };
   if (options_.save_distributed) {
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const WriteItem& item : plans[r].items) {
+      for (const PlannedItem& item : items[r]) {
         const std::string name =
             absl::StrCat(kHfShardedDirName, "/",
-                         HfFileName(MappedIndex(mapping, item.index.fqn),
-                                    highest, static_cast<int>(r) + 1));
-        ranks[r].file_of[item.index.fqn] = file_number(ranks[r], name);
+                         HfFileName(MappedIndex(mapping, item.fqn), highest,
+                                    static_cast<int>(r) + 1));
+        ranks[r].file_of[item.fqn] = file_number(ranks[r], name);
       }
     }
   } else {
@@ -617,8 +640,8 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
     // ranks becomes one file per rank, and the files are renumbered.
     std::map<int, std::set<size_t>> ranks_of;
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const WriteItem& item : plans[r].items) {
-        ranks_of[MappedIndex(mapping, item.index.fqn)].insert(r);
+      for (const PlannedItem& item : items[r]) {
+        ranks_of[MappedIndex(mapping, item.fqn)].insert(r);
       }
     }
     const bool split =
@@ -635,12 +658,11 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
       }
     }
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const WriteItem& item : plans[r].items) {
-        const std::string& name =
-            names[{MappedIndex(mapping, item.index.fqn), r}];
-        ranks[r].file_of[item.index.fqn] = file_number(ranks[r], name);
-        weight_map_[item.index.fqn] = name;
-        total_size_ += item.StorageBytes();
+      for (const PlannedItem& item : items[r]) {
+        const std::string& name = names[{MappedIndex(mapping, item.fqn), r}];
+        ranks[r].file_of[item.fqn] = file_number(ranks[r], name);
+        weight_map_[item.fqn] = name;
+        total_size_ += item.bytes;
       }
     }
   }
@@ -872,6 +894,28 @@ absl::Status HuggingFaceStorageWriter::Finish(
   }
   std::set<std::string> committed = written;
   std::map<std::string, std::string> weight_map = weight_map_;
+  if (!options_.save_distributed) {
+    // The index must name exactly the tensors written (a cached plan that
+    // is not the one this writer last saw would make them differ).
+    size_t results_count = 0;
+    for (const std::vector<WriteResult>& rank : results) {
+      for (const WriteResult& result : rank) {
+        ++results_count;
+        auto it = weight_map.find(result.index.fqn);
+        if (it == weight_map.end() ||
+            it->second != result.storage_data.relative_path) {
+          return absl::InternalError(absl::StrCat(
+              "tensor \"", result.index.fqn,
+              "\" was written to a file the planned index does not give it"));
+        }
+      }
+    }
+    if (results_count != weight_map.size()) {
+      return absl::InternalError(absl::StrCat("the planned index names ",
+                                              weight_map.size(), " tensors, ",
+                                              results_count, " were written"));
+    }
+  }
   int64_t total_size = total_size_;
   const bool index =
       !options_.save_distributed || options_.enable_consolidation;

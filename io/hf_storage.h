@@ -203,6 +203,13 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   std::unique_ptr<DirectoryLock> directory_lock_;
   // Files (relative to path_) of the checkpoint this save replaces.
   std::set<std::string> replaced_;
+  // The coordinator's view of each rank's items in the last global plan
+  // (kept across saves: plan caching sends markers for unchanged plans).
+  struct PlannedItem {
+    std::string fqn;
+    int64_t bytes = 0;
+  };
+  std::vector<std::vector<PlannedItem>> last_items_;
   // The coordinator's plan: the weight map of the index it will write.
   std::map<std::string, std::string> weight_map_;
   int64_t total_size_ = 0;
@@ -275,9 +282,9 @@ class HuggingFaceStorageReader final : public StorageReader {
   // Reads what the plan needs: a whole tensor into a whole contiguous host
   // destination straight into it (through the page cache, uncached, where
   // O_DIRECT cannot: a tensor that does not start 4 KiB aligned in its
-  // file, as in files the reference library writes); any other box (a resharded slice, a
-  // strided or device destination) in pieces covering only the rows of the
-  // box, copied out piece by piece (see read_window_bytes). kDataLoss
+  // file, as in files the reference library writes); any other box (a resharded
+  // slice, a strided or device destination) in pieces covering only the rows of
+  // the box, copied out piece by piece (see read_window_bytes). kDataLoss
   // naming the file when it is shorter than its header said. The call
   // blocks; the returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;

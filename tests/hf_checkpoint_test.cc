@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "io/testing/fake_planners.h"
 #include "nlohmann/json.hpp"
+#include "planner/default_planner.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -460,6 +461,31 @@ TEST(HfCheckpoint, ConsolidationStreamsWithinItsBudget) {
     ASSERT_TRUE(LoadHf(dir, loaded).ok());
     ExpectEqualStates(saved, loaded);
   }
+}
+
+TEST(HfCheckpoint, RepeatedSavesWithPlanCaching) {
+  const std::string dir = MakeTempDir("hf_plan_cache");
+  DefaultSavePlannerOptions planner_options;
+  planner_options.enable_plan_caching = true;
+  DefaultSavePlanner planner(planner_options);
+  HuggingFaceStorageWriterOptions options;
+  options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}};
+  HuggingFaceStorageWriter writer(dir, options);
+  SaveOptions save;
+  save.planner = &planner;
+  for (uint64_t seed : {1, 2, 3}) {
+    StateDict state;
+    state["a"] = SeededTensor(DType::kF32, {16}, seed);
+    state["b"] = SeededTensor(DType::kBF16, {8, 2}, seed + 10);
+    absl::StatusOr<Metadata> saved = SaveStateDict(state, writer, save);
+    ASSERT_TRUE(saved.ok()) << "save " << seed << ": " << saved.status();
+    StateDict loaded = ZerosLike(state);
+    ASSERT_TRUE(LoadHf(dir, loaded).ok());
+    ExpectEqualStates(state, loaded);
+  }
+  EXPECT_EQ(ListFiles(dir),
+            (std::set<std::string>{HfFileName(1, 2), HfFileName(2, 2),
+                                   kHfIndexFileName}));
 }
 
 // Sorted names of every file under `dir` (sharded/ too).
