@@ -72,6 +72,21 @@ for label in "${targets[@]}"; do
   done < <(ldd "$exe" | awk '/=>/ {print $1, $3} !/=>/ {print $1, $1}')
 done
 
+# The Python package, unpacked from the wheel (libdcp.so and the libraries it
+# needs inside): run_gpu_checks.sh puts bundle/python on PYTHONPATH.
+venv_python="$PWD/.venv/bin/python"
+if [[ -x "$venv_python" ]]; then
+  bazel build //capi:libdcp.so >&2
+  wheel="$(tools/build_wheel.sh "$venv_python" \
+    "$(bazel info bazel-bin 2>/dev/null)/capi/libdcp.so" | tail -1)"
+  mkdir -p "$bundle/python"
+  (cd "$bundle/python" && "$venv_python" -m zipfile -e "$wheel" .)
+  rm -rf "$bundle/python"/*.dist-info
+else
+  echo "build_gpu_bundle: no .venv: the Python parts will be skipped" \
+    "(./dcp.sh test creates it)" >&2
+fi
+
 # Smaller to carry; symbols are not needed to run.
 strip --strip-unneeded "$bundle"/lib/*.so* 2>/dev/null || true
 

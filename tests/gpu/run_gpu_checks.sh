@@ -34,6 +34,12 @@
 #                        (and dcp's Python package, once it exists) on a
 #                        Llama-style CUDA state (default: --gib 4 --reps 2
 #                        --budget_s 120); run with $PYTHON (python3)
+#   PYTHON_ARGS          tests/gpu/python_cuda_check.py: the dcp Python
+#                        package on CUDA tensors (round trips of every
+#                        dtype, the stream rule, async THREAD/PROCESS, the
+#                        state-dict helpers; default: --device cuda)
+#   The package comes from the bundle (python/, unpacked from the wheel with
+#   libdcp.so and its libraries) through PYTHONPATH, for both Python parts.
 #   Each of the four is one part: empty skips it, PART_TIMEOUT_S bounds it
 #   (default 150), and its JSON lines land in parts/NAME.jsonl and in the
 #   summary under parts.NAME.rows, partial if it was cut short.
@@ -63,6 +69,7 @@ stager_args="${STAGER_ARGS---budget_s=110 stager --sizes_mib=1024,4096,16384 --s
 async_args="${ASYNC_ARGS---budget_s=60 async --mib=4096 --reps=3 --dir=/dev/shm}"
 shm_args="${SHM_ARGS---budget_s=90 shm --mib=4096 --threads=1,4,8,16 --reps=2 --dir=/dev/shm}"
 torch_args="${TORCH_ARGS---gib 4 --reps 2 --budget_s 120}"
+python_args="${PYTHON_ARGS---device cuda}"
 part_timeout="${PART_TIMEOUT_S:-150}"
 python="${PYTHON:-python3}"
 
@@ -231,6 +238,16 @@ if [[ -n "$torch_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
   echo "run_gpu_checks: part torch skipped: $python cannot import torch" >&2
   torch_args=""
 fi
+if [[ -d "$bundle/python/dcp" ]]; then
+  export PYTHONPATH="$bundle/python${PYTHONPATH:+:$PYTHONPATH}"
+elif [[ -n "$python_args" ]]; then
+  echo "run_gpu_checks: part python skipped: no python/ in the bundle" >&2
+  python_args=""
+fi
+if [[ -n "$python_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
+  python_args=""
+fi
+run_part python "$python_args" "$python" "$(dirname "$0")/python_cuda_check.py"
 run_part torch "$torch_args" "$python" "$torch_script"
 {
   echo "{"

@@ -1,0 +1,189 @@
+"""The dcp Python package on CUDA tensors (run by run_gpu_checks.sh, part
+"python"; with --device cpu it runs anywhere, which is how it is tested
+before a GPU run).
+
+Checks, each printed as one JSON line {"check": ..., "ok": ..., ...}:
+  roundtrip     every dtype torch checkpoints use (bf16, fp8 e4m3fn/e5m2,
+                bool, complex, 0-d, strided) saved from and loaded into
+                device tensors, bit-exact, loads in place (same data_ptr)
+  stream_order  the save is issued right after a long kernel chain on the
+                caller's current (non-default) stream writes the tensor; the
+                saved bytes must be the chain's final values (dcp waits on
+                that stream), never an intermediate
+  async_thread  async_save THREAD from device tensors; the tensors are
+                overwritten once staging_completion is done; the checkpoint
+                holds the values at the call
+  async_process the same with AsyncCheckpointerType.PROCESS
+  state_dict    get_state_dict / set_state_dict of a CUDA model + AdamW
+                through dcp.save / dcp.load
+
+Exit status 0 when every check passed.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+
+def emit(**row):
+    print(json.dumps(row), flush=True)
+    return row["ok"]
+
+
+def same_bytes(torch, a, b):
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8).cpu(),
+                       b.reshape(-1).view(torch.uint8).cpu())
+
+
+def filled(torch, dtype, shape, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 1
+    for s in shape:
+        n *= s
+    raw = torch.randint(0, 256, (n * torch.empty((), dtype=dtype)
+                                 .element_size(),), generator=g,
+                        dtype=torch.uint8)
+    if dtype.is_floating_point or dtype.is_complex:
+        # Random bytes can be NaN patterns; equal-bytes checks handle them.
+        pass
+    if dtype == torch.bool:
+        raw = raw % 2
+    return raw.view(dtype).reshape(shape).to(device)
+
+
+def check_roundtrip(torch, dcp, device, base):
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+              torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+              torch.bool, torch.complex64, torch.float8_e4m3fn,
+              torch.float8_e5m2]
+    saved = {str(dt).replace("torch.", ""): filled(torch, dt, (33, 17), device,
+                                                   i)
+             for i, dt in enumerate(dtypes)}
+    saved["scalar"] = torch.tensor(3.5, device=device)
+    saved["strided"] = filled(torch, torch.float32, (16, 24), device, 99).t()
+    path = os.path.join(base, "roundtrip")
+    dcp.save({"t": saved}, checkpoint_id=path)
+    dest = {k: torch.zeros_like(v) for k, v in saved.items()}
+    ptrs = {k: v.data_ptr() for k, v in dest.items()}
+    dcp.load({"t": dest}, checkpoint_id=path)
+    bad = [k for k in saved if not same_bytes(torch, saved[k], dest[k])]
+    moved = [k for k in dest if dest[k].data_ptr() != ptrs[k]]
+    return emit(check="roundtrip", ok=not bad and not moved, mismatched=bad,
+                not_in_place=moved, tensors=len(saved))
+
+
+def check_stream_order(torch, dcp, device, base):
+    if device == "cpu":
+        return emit(check="stream_order", ok=True, skipped="cpu")
+    n = 64 << 20  # 256 MiB of fp32: long enough to be in flight at save
+    x = torch.zeros(n, device=device)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(50):  # 50 dependent kernels: x ends at 50.0
+            x.add_(1.0)
+        path = os.path.join(base, "stream_order")
+        dcp.save({"x": x}, checkpoint_id=path)
+    torch.cuda.synchronize()
+    got = torch.empty(n, device="cpu")
+    dcp.load({"x": got}, checkpoint_id=path)
+    values = torch.unique(got).tolist()
+    return emit(check="stream_order", ok=values == [50.0],
+                distinct_values=values[:8])
+
+
+def check_async(torch, dcp, device, base, kind_name):
+    kind = getattr(dcp.AsyncCheckpointerType, kind_name)
+    t = filled(torch, torch.bfloat16, (1024, 1024), device, 7)
+    expected = t.clone()
+    path = os.path.join(base, f"async_{kind_name.lower()}")
+    start = time.perf_counter()
+    resp = dcp.async_save({"w": t}, checkpoint_id=path,
+                          async_checkpointer_type=kind)
+    returned = time.perf_counter() - start
+    resp.staging_completion.result()
+    staged = time.perf_counter() - start
+    t.fill_(0)  # Allowed once staged: must not reach the checkpoint.
+    resp.upload_completion.result()
+    got = torch.zeros_like(expected)
+    dcp.load({"w": got}, checkpoint_id=path)
+    return emit(check=f"async_{kind_name.lower()}",
+                ok=same_bytes(torch, expected, got),
+                return_seconds=returned, staged_seconds=staged)
+
+
+def check_state_dict(torch, dcp, device, base):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 8)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 64, device=device)).sum().backward()
+    opt.step()
+    msd, osd = dcp.get_state_dict(model, opt)
+    path = os.path.join(base, "state_dict")
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    torch.manual_seed(1)
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 8)).to(device)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    fmsd, fosd = dcp.get_state_dict(fresh, fresh_opt)
+    state = {"model": fmsd, "optim": fosd}
+    dcp.load(state, checkpoint_id=path)
+    dcp.set_state_dict(fresh, fresh_opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    params_ok = all(torch.equal(a, b) for a, b in
+                    zip(model.parameters(), fresh.parameters()))
+    s1 = opt.state_dict()["state"]
+    s2 = fresh_opt.state_dict()["state"]
+    state_ok = all(torch.equal(torch.as_tensor(s1[i][k]).cpu(),
+                               torch.as_tensor(s2[i][k]).cpu())
+                   for i in s1 for k in s1[i])
+    return emit(check="state_dict", ok=params_ok and state_ok,
+                params=params_ok, optimizer_state=state_ok)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dir", default=None)
+    args = p.parse_args()
+    import torch
+    import dcp
+    device = args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        emit(check="setup", ok=False, error="torch sees no CUDA device")
+        return 1
+    emit(check="setup", ok=True, torch=torch.__version__,
+         dcp=getattr(dcp, "version", "?"), device=device,
+         dcp_file=dcp.__file__)
+    base = tempfile.mkdtemp(prefix="dcp-py-cuda-", dir=args.dir)
+    ok = True
+    try:
+        for check in (check_roundtrip, check_stream_order):
+            try:
+                ok &= check(torch, dcp, device, base)
+            except Exception as e:  # One check's failure is its row.
+                ok &= emit(check=check.__name__[6:], ok=False, error=repr(e))
+        for kind in ("THREAD", "PROCESS"):
+            try:
+                ok &= check_async(torch, dcp, device, base, kind)
+            except Exception as e:
+                ok &= emit(check=f"async_{kind.lower()}", ok=False,
+                           error=repr(e))
+        try:
+            ok &= check_state_dict(torch, dcp, device, base)
+        except Exception as e:
+            ok &= emit(check="state_dict", ok=False, error=repr(e))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
