@@ -7,6 +7,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
+#include "io/hf_storage.h"
 #include "planner/default_planner.h"
 
 namespace dcp::capi {
@@ -81,6 +83,31 @@ absl::Status PublishGroup(
   if (!group.ok()) return group.status();
   auto handle = std::make_unique<dcp_process_group>();
   handle->group = *std::move(group);
+  *out = Publish(handle.release());
+  return absl::OkStatus();
+}
+
+// A new storage handle in *out (a dcp_storage_writer or _reader) holding a
+// `Storage` made from `path` and the converted `options`; `function` names
+// the C call in errors.
+template <typename Storage, typename Options, typename Handle>
+absl::Status CreateStorage(const char* function, const char* path,
+                           absl::StatusOr<Options> options, Handle** out) {
+  constexpr bool kWriter = std::is_same_v<Handle, dcp_storage_writer>;
+  DCP_RETURN_IF_ERROR(CheckOut(
+      out, kWriter ? "dcp_storage_writer_t**" : "dcp_storage_reader_t**"));
+  if (path == nullptr || path[0] == '\0') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": the path is NULL or empty"));
+  }
+  if (!options.ok()) return options.status();
+  auto handle = std::make_unique<Handle>();
+  auto storage = std::make_shared<Storage>(path, *std::move(options));
+  if constexpr (kWriter) {
+    handle->writer = std::move(storage);
+  } else {
+    handle->reader = std::move(storage);
+  }
   *out = Publish(handle.release());
   return absl::OkStatus();
 }
@@ -788,18 +815,9 @@ int dcp_fs_writer_create(const char* path,
                          const dcp_fs_writer_options_t* options,
                          dcp_storage_writer_t** out) {
   return Guard([&]() -> absl::Status {
-    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_storage_writer_t**"));
-    if (path == nullptr || path[0] == '\0') {
-      return absl::InvalidArgumentError(
-          "dcp_fs_writer_create: the path is NULL or empty");
-    }
-    DCP_ASSIGN_OR_RETURN(dcp::FileSystemWriterOptions writer_options,
-                         dcp::capi::WriterOptionsFromC(options));
-    auto handle = std::make_unique<dcp_storage_writer>();
-    handle->writer =
-        std::make_shared<dcp::FileSystemWriter>(path, writer_options);
-    *out = Publish(handle.release());
-    return absl::OkStatus();
+    return dcp::capi::CreateStorage<dcp::FileSystemWriter>(
+        "dcp_fs_writer_create", path, dcp::capi::WriterOptionsFromC(options),
+        out);
   });
 }
 
@@ -812,23 +830,34 @@ int dcp_fs_reader_create(const char* path,
                          const dcp_fs_reader_options_t* options,
                          dcp_storage_reader_t** out) {
   return Guard([&]() -> absl::Status {
-    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_storage_reader_t**"));
-    if (path == nullptr || path[0] == '\0') {
-      return absl::InvalidArgumentError(
-          "dcp_fs_reader_create: the path is NULL or empty");
-    }
-    DCP_ASSIGN_OR_RETURN(dcp::FileSystemReaderOptions reader_options,
-                         dcp::capi::ReaderOptionsFromC(options));
-    auto handle = std::make_unique<dcp_storage_reader>();
-    handle->reader =
-        std::make_shared<dcp::FileSystemReader>(path, reader_options);
-    *out = Publish(handle.release());
-    return absl::OkStatus();
+    return dcp::capi::CreateStorage<dcp::FileSystemReader>(
+        "dcp_fs_reader_create", path, dcp::capi::ReaderOptionsFromC(options),
+        out);
   });
 }
 
 int dcp_storage_reader_free(dcp_storage_reader_t* reader) {
   return dcp::capi::FreeHandle(reader);
+}
+
+int dcp_hf_writer_create(const char* path,
+                         const dcp_hf_writer_options_t* options,
+                         dcp_storage_writer_t** out) {
+  return Guard([&]() -> absl::Status {
+    return dcp::capi::CreateStorage<dcp::HuggingFaceStorageWriter>(
+        "dcp_hf_writer_create", path, dcp::capi::HfWriterOptionsFromC(options),
+        out);
+  });
+}
+
+int dcp_hf_reader_create(const char* path,
+                         const dcp_hf_reader_options_t* options,
+                         dcp_storage_reader_t** out) {
+  return Guard([&]() -> absl::Status {
+    return dcp::capi::CreateStorage<dcp::HuggingFaceStorageReader>(
+        "dcp_hf_reader_create", path, dcp::capi::HfReaderOptionsFromC(options),
+        out);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -938,7 +967,7 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
         dcp::capi::ReadVersioned(options, "dcp_load_options_t"));
     dcp::LoadOptions load;
     load.checkpoint_id = in.checkpoint_id == nullptr ? "" : in.checkpoint_id;
-    std::shared_ptr<dcp::FileSystemReader> reader;
+    std::shared_ptr<dcp::StorageReader> reader;
     if (in.storage_reader != nullptr) {
       DCP_ASSIGN_OR_RETURN(dcp_storage_reader * r, Resolve(in.storage_reader));
       reader = r->reader;

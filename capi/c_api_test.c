@@ -608,6 +608,215 @@ static void test_writer_and_reader_handles(void) {
 }
 
 /* ------------------------------------------------------------------------
+ * Hugging Face storage
+ * ---------------------------------------------------------------------- */
+
+/* The whole file at `path` into `buf` (NUL-terminated); its size, or -1. */
+static long read_file(const char* path, char* buf, size_t size) {
+  FILE* f = fopen(path, "rb");
+  size_t n;
+  if (f == NULL) return -1;
+  n = fread(buf, 1, size - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  return (long)n;
+}
+
+static dcp_hf_writer_options_t hf_writer_options(void) {
+  dcp_hf_writer_options_t o;
+  memset(&o, 0, sizeof(o));
+  o.struct_size = sizeof(o);
+  o.sync_files = DCP_FALSE;
+  return o;
+}
+
+/* A save through the HF writer with a mapping into two files, then a load
+ * through the HF reader into another sharding. */
+static void test_hf_roundtrip(void) {
+  int32_t a[4][6], a_cols[3][4][2];
+  float b[5], b_out[5];
+  uint8_t c[3] = {1, 0, 1}, c_out[3] = {0, 0, 0};
+  int64_t a_shape[2] = {4, 6}, col_shape[2] = {4, 2};
+  int64_t b_shape[1] = {5}, c_shape[1] = {3};
+  int64_t col_offsets[3][2] = {{0, 0}, {0, 2}, {0, 4}};
+  const int64_t* col_offset_ptrs[3] = {col_offsets[0], col_offsets[1],
+                                       col_offsets[2]};
+  const char* fqns[3] = {"a", "b", "c"};
+  const int32_t files[3] = {1, 2, 2};
+  char dir[4200], file[4400], text[8192];
+  dcp_hf_writer_options_t wo = hf_writer_options();
+  dcp_hf_reader_options_t ro;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t, cols[3];
+  uint64_t header_len = 0;
+  int r, k, i;
+
+  for (r = 0; r < 4; ++r) {
+    for (k = 0; k < 6; ++k) a[r][k] = r * 10 + k;
+  }
+  for (i = 0; i < 5; ++i) b[i] = 0.5f * (float)i - 1.0f;
+  wo.fqns = fqns;
+  wo.file_indices = files;
+  wo.num_mappings = 3;
+  wo.thread_count = 2;
+  dir_for("hf", dir, sizeof(dir));
+  CHECK_OK(dcp_hf_writer_create(dir, &wo, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(a, 2, a_shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("a")), &t, NULL));
+  t = make_tensor(b, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  t = make_tensor(c, 1, c_shape, NULL, 6 /* kDLBool */, 8);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("c")), &t, NULL));
+  so = save_options(NULL);
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  /* The files of a Hugging Face directory; the index maps each tensor. */
+  snprintf(file, sizeof(file), "%s/model.safetensors.index.json", dir);
+  CHECK(read_file(file, text, sizeof(text)) > 0);
+  CHECK(strstr(text, "\"weight_map\"") != NULL);
+  CHECK(strstr(text, "\"total_size\"") != NULL);
+  CHECK(strstr(text, "model-00001-of-00002.safetensors") != NULL);
+  CHECK(strstr(text, "model-00002-of-00002.safetensors") != NULL);
+  snprintf(file, sizeof(file), "%s/model-00002-of-00002.safetensors", dir);
+  CHECK(read_file(file, text, sizeof(text)) > 8);
+  for (i = 7; i >= 0; --i) {
+    header_len = (header_len << 8) | (uint8_t)text[i];
+  }
+  CHECK(header_len % 8 == 0 && header_len < sizeof(text) - 8);
+  CHECK(strstr(text + 8, "\"format\":\"pt\"") != NULL);
+  CHECK(strstr(text + 8, "\"BOOL\"") != NULL);
+  CHECK(strstr(text + 8, "\"F32\"") != NULL);
+  CHECK(strstr(text + 8, "\"I32\"") == NULL); /* "a" is in file 1. */
+
+  /* Load: "a" as three column chunks, the others whole. */
+  memset(&ro, 0, sizeof(ro));
+  ro.struct_size = sizeof(ro);
+  ro.thread_count = 2;
+  ro.read_window_bytes = 4096;
+  CHECK_OK(dcp_hf_reader_create(dir, &ro, &reader));
+  memset(a_cols, 0, sizeof(a_cols));
+  memset(b_out, 0, sizeof(b_out));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  for (k = 0; k < 3; ++k) {
+    cols[k] = make_tensor(a_cols[k], 2, col_shape, NULL, kDLInt, 32);
+  }
+  CHECK_OK(dcp_state_dict_set_sharded_tensor(sd, PATH(KEY("a")), 2, a_shape, 3,
+                                             cols, col_offset_ptrs));
+  t = make_tensor(b_out, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  t = make_tensor(c_out, 1, c_shape, NULL, 6 /* kDLBool */, 8);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("c")), &t, NULL));
+  lo = load_options(NULL);
+  lo.storage_reader = reader;
+  CHECK_OK(dcp_load(sd, &lo));
+  for (k = 0; k < 3; ++k) {
+    for (r = 0; r < 4; ++r) {
+      for (i = 0; i < 2; ++i) CHECK(a_cols[k][r][i] == a[r][2 * k + i]);
+    }
+  }
+  CHECK(memcmp(b, b_out, sizeof(b)) == 0);
+  CHECK(memcmp(c, c_out, sizeof(c)) == 0);
+  /* A shape that differs from the file's is refused naming the tensor. */
+  t = make_tensor(b_out, 1, c_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_INVALID_ARGUMENT, "b");
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_storage_reader_free(reader));
+}
+
+static void test_hf_errors(void) {
+  union {
+    dcp_hf_writer_options_t options;
+    unsigned char bytes[sizeof(dcp_hf_writer_options_t) + 64];
+  } big;
+  float x[2] = {1.0f, 2.0f};
+  int64_t shape[1] = {2};
+  const char* fqns[2] = {"x", "x"};
+  const int32_t files[3] = {0, 1, 1};
+  char dir[4200], file[4400], text[64];
+  dcp_hf_writer_options_t wo;
+  dcp_hf_reader_options_t ro;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+
+  dir_for("hf-errors", dir, sizeof(dir));
+  /* Versioned structs: 0 and larger than the library's are refused. */
+  memset(&wo, 0, sizeof(wo));
+  CHECK_ERROR(dcp_hf_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_hf_writer_options_t.struct_size is 0");
+  memset(&big, 0, sizeof(big));
+  big.options.struct_size = sizeof(big);
+  CHECK_ERROR(dcp_hf_writer_create(dir, &big.options, &writer),
+              DCP_INVALID_ARGUMENT, "dcp_hf_writer_options_t.struct_size");
+  memset(&ro, 0, sizeof(ro));
+  ro.struct_size = sizeof(ro) + 8;
+  CHECK_ERROR(dcp_hf_reader_create(dir, &ro, &reader), DCP_INVALID_ARGUMENT,
+              "dcp_hf_reader_options_t.struct_size");
+  /* Bad options. */
+  wo = hf_writer_options();
+  wo.save_distributed = 7;
+  CHECK_ERROR(dcp_hf_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_hf_writer_options_t.save_distributed is 7");
+  wo = hf_writer_options();
+  wo.fqns = fqns;
+  wo.file_indices = files;
+  wo.num_mappings = 1;
+  CHECK_ERROR(dcp_hf_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "file indices start at 1");
+  wo.file_indices = files + 1;
+  wo.num_mappings = 2;
+  CHECK_ERROR(dcp_hf_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "appears twice");
+  wo.fqns = NULL;
+  CHECK_ERROR(dcp_hf_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "num_mappings is 2");
+  CHECK_ERROR(dcp_hf_writer_create("", NULL, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_hf_writer_create");
+  CHECK_ERROR(dcp_hf_reader_create(NULL, NULL, &reader), DCP_INVALID_ARGUMENT,
+              "dcp_hf_reader_create");
+  CHECK(writer == NULL && reader == NULL);
+
+  /* A non-tensor value is refused with its key named; nothing is written
+   * (no index). An older, smaller struct gets defaults for the rest. */
+  wo = hf_writer_options();
+  wo.struct_size = offsetof(dcp_hf_writer_options_t, thread_count);
+  CHECK_OK(dcp_hf_writer_create(dir, &wo, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(x, 1, shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("opt"), KEY("step")), 3));
+  so = save_options(NULL);
+  so.storage_writer = writer;
+  CHECK_ERROR(dcp_save(sd, &so, NULL), DCP_INVALID_ARGUMENT, "opt.step");
+  snprintf(file, sizeof(file), "%s/model.safetensors.index.json", dir);
+  CHECK(read_file(file, text, sizeof(text)) < 0);
+
+  /* Reading a directory without a checkpoint: DCP_NOT_FOUND. */
+  CHECK_OK(dcp_hf_reader_create(dir, NULL, &reader));
+  lo = load_options(NULL);
+  lo.storage_reader = reader;
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  CHECK(dcp_load(sd, &lo) != DCP_OK);
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_storage_reader_free(reader));
+}
+
+/* ------------------------------------------------------------------------
  * Async save
  * ---------------------------------------------------------------------- */
 
@@ -1453,6 +1662,8 @@ int main(void) {
   test_resharding();
   test_metadata();
   test_writer_and_reader_handles();
+  test_hf_roundtrip();
+  test_hf_errors();
   test_async_save();
   test_store_process_group();
   test_managed_dlpack();

@@ -333,6 +333,58 @@ DCP_API int dcp_fs_reader_create(const char* path,
 DCP_API int dcp_storage_reader_free(dcp_storage_reader_t* reader);
 
 /* ------------------------------------------------------------------------
+ * Storage: Hugging Face directories (safetensors files and
+ * model.safetensors.index.json; docs/FORMAT.md section 6)
+ *
+ * The seed's HuggingFaceStorageWriter / HuggingFaceStorageReader. Their
+ * handles are ordinary dcp_storage_writer_t / dcp_storage_reader_t, freed
+ * with dcp_storage_writer_free / dcp_storage_reader_free and passed to
+ * dcp_save / dcp_load as storage_writer / storage_reader.
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_hf_writer_options {
+  size_t struct_size;
+  /* The seed's fqn_to_index_mapping: tensor fqns[i] goes to the 1-based
+   * file file_indices[i] (model-0000I-of-0000N.safetensors). Both arrays
+   * have num_mappings entries; num_mappings 0 puts every tensor in one
+   * file. With a mapping, a saved tensor it lacks fails the save. */
+  const char* const* fqns;
+  const int32_t* file_indices;
+  size_t num_mappings;
+  int32_t thread_count;               /* 0: 1 */
+  dcp_flag_t save_distributed;        /* default false */
+  dcp_flag_t enable_consolidation;    /* default false */
+  int32_t thread_count_consolidation; /* 0: 1 */
+  dcp_flag_t sync_files;              /* default true */
+  dcp_flag_t direct_io;               /* default true */
+  int64_t consolidation_buffer_bytes; /* 0: 256 MiB */
+} dcp_hf_writer_options_t;
+
+/* A writer of Hugging Face checkpoints into directory `path`. A save
+ * through it fails with DCP_INVALID_ARGUMENT naming the value for what
+ * safetensors cannot hold: a non-tensor value, a complex128 tensor, a
+ * tensor the mapping lacks. DCP_INVALID_ARGUMENT here for a bad option (a
+ * file index below 1, a NULL or duplicate fqn, a negative count). */
+DCP_API int dcp_hf_writer_create(const char* path,
+                                 const dcp_hf_writer_options_t* options,
+                                 dcp_storage_writer_t** out);
+
+typedef struct dcp_hf_reader_options {
+  size_t struct_size;
+  int32_t thread_count;      /* 0: 1 */
+  dcp_flag_t direct_io;      /* default true */
+  int64_t read_window_bytes; /* 0: 64 MiB */
+} dcp_hf_reader_options_t;
+
+/* A reader of the Hugging Face checkpoint in directory `path` (one
+ * model.safetensors, an index naming several files, or the sharded/ files
+ * of a distributed save), with resharding. Malformed files fail the load
+ * with DCP_DATA_LOSS naming the file. */
+DCP_API int dcp_hf_reader_create(const char* path,
+                                 const dcp_hf_reader_options_t* options,
+                                 dcp_storage_reader_t** out);
+
+/* ------------------------------------------------------------------------
  * Process groups (coordination of the ranks of a save or load)
  * ---------------------------------------------------------------------- */
 

@@ -22,7 +22,7 @@
 #include "core/future.h"
 #include "core/state_dict.h"
 #include "dcp/dcp.h"
-#include "io/file_system_storage.h"
+#include "io/storage.h"
 #include "planner/metadata.h"
 
 struct dcp_state_dict {
@@ -72,8 +72,9 @@ struct dcp_storage_writer {
       dcp::capi::HandleType::kStorageWriter;
   dcp::capi::HandleTag tag{kType};
 
-  // Shared with async saves still uploading through it.
-  std::shared_ptr<dcp::FileSystemWriter> writer;
+  // A FileSystemWriter or HuggingFaceStorageWriter; shared with async
+  // saves still uploading through it.
+  std::shared_ptr<dcp::StorageWriter> writer;
 };
 
 struct dcp_storage_reader {
@@ -81,7 +82,8 @@ struct dcp_storage_reader {
       dcp::capi::HandleType::kStorageReader;
   dcp::capi::HandleTag tag{kType};
 
-  std::shared_ptr<dcp::FileSystemReader> reader;
+  // A FileSystemReader or HuggingFaceStorageReader.
+  std::shared_ptr<dcp::StorageReader> reader;
 };
 
 struct dcp_process_group {

@@ -97,6 +97,82 @@ absl::StatusOr<FileSystemReaderOptions> ReaderOptionsFromC(
   return out;
 }
 
+absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
+    const dcp_hf_writer_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_hf_writer_options_t in,
+                       ReadVersioned(options, "dcp_hf_writer_options_t"));
+  HuggingFaceStorageWriterOptions out;
+  if (in.num_mappings > 0 &&
+      (in.fqns == nullptr || in.file_indices == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp_hf_writer_options_t.num_mappings is ",
+                     in.num_mappings, " but fqns or file_indices is NULL"));
+  }
+  for (size_t i = 0; i < in.num_mappings; ++i) {
+    if (in.fqns[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcp_hf_writer_options_t.fqns[", i, "] is NULL"));
+    }
+    if (in.file_indices[i] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_hf_writer_options_t.file_indices[", i, "] (for \"", in.fqns[i],
+          "\") is ", in.file_indices[i], "; file indices start at 1"));
+    }
+    if (!out.fqn_to_index_mapping.emplace(in.fqns[i], in.file_indices[i])
+             .second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcp_hf_writer_options_t.fqns[", i, "] \"", in.fqns[i],
+                       "\" appears twice in the mapping"));
+    }
+  }
+  DCP_ASSIGN_OR_RETURN(out.thread_count,
+                       ReadCount<int32_t>(in.thread_count, 1,
+                                          "dcp_hf_writer_options_t."
+                                          "thread_count"));
+  DCP_ASSIGN_OR_RETURN(out.save_distributed,
+                       ReadFlag(in.save_distributed, out.save_distributed,
+                                "dcp_hf_writer_options_t.save_distributed"));
+  DCP_ASSIGN_OR_RETURN(
+      out.enable_consolidation,
+      ReadFlag(in.enable_consolidation, out.enable_consolidation,
+               "dcp_hf_writer_options_t.enable_consolidation"));
+  DCP_ASSIGN_OR_RETURN(
+      out.thread_count_consolidation,
+      ReadCount<int32_t>(in.thread_count_consolidation, 1,
+                         "dcp_hf_writer_options_t.thread_count_consolidation"));
+  DCP_ASSIGN_OR_RETURN(out.sync_files,
+                       ReadFlag(in.sync_files, out.sync_files,
+                                "dcp_hf_writer_options_t.sync_files"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_hf_writer_options_t.direct_io"));
+  DCP_ASSIGN_OR_RETURN(
+      out.consolidation_buffer_bytes,
+      ReadCount<int64_t>(in.consolidation_buffer_bytes,
+                         out.consolidation_buffer_bytes,
+                         "dcp_hf_writer_options_t.consolidation_buffer_bytes"));
+  return out;
+}
+
+absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
+    const dcp_hf_reader_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_hf_reader_options_t in,
+                       ReadVersioned(options, "dcp_hf_reader_options_t"));
+  HuggingFaceStorageReaderOptions out;
+  DCP_ASSIGN_OR_RETURN(out.thread_count,
+                       ReadCount<int32_t>(in.thread_count, 1,
+                                          "dcp_hf_reader_options_t."
+                                          "thread_count"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_hf_reader_options_t.direct_io"));
+  DCP_ASSIGN_OR_RETURN(
+      out.read_window_bytes,
+      ReadCount<int64_t>(in.read_window_bytes, out.read_window_bytes,
+                         "dcp_hf_reader_options_t.read_window_bytes"));
+  return out;
+}
+
 absl::StatusOr<DefaultSavePlannerOptions> SavePlannerOptionsFromC(
     const dcp_save_planner_options_t* options, bool require_full_coverage) {
   DCP_ASSIGN_OR_RETURN(dcp_save_planner_options_t in,

@@ -19,6 +19,7 @@
 #include "core/device.h"
 #include "dcp/dcp.h"
 #include "io/file_system_storage.h"
+#include "io/hf_storage.h"
 #include "planner/default_planner.h"
 
 namespace dcp::capi {
@@ -69,6 +70,12 @@ absl::StatusOr<FileSystemWriterOptions> WriterOptionsFromC(
     const dcp_fs_writer_options_t* options);
 absl::StatusOr<FileSystemReaderOptions> ReaderOptionsFromC(
     const dcp_fs_reader_options_t* options);
+// The mapping's fqns are copied; kInvalidArgument naming the field for a
+// NULL array with entries, a NULL or duplicate fqn, a file index below 1.
+absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
+    const dcp_hf_writer_options_t* options);
+absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
+    const dcp_hf_reader_options_t* options);
 // `require_full_coverage` is the engine's choice (see Save), not the C
 // caller's.
 absl::StatusOr<DefaultSavePlannerOptions> SavePlannerOptionsFromC(
