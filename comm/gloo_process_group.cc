@@ -39,12 +39,29 @@ class GlooProcessGroup::Impl {
 
   absl::Status Connect(const GlooOptions& options) {
     DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
-    prefix_ =
-        absl::StrCat(options.group_name, "/", NextInstance(options.group_name));
+    const std::string name =
+        options.job_id.empty()
+            ? options.group_name
+            : absl::StrCat(options.group_name, "/job-", options.job_id);
+    prefix_ = absl::StrCat(name, "/", NextInstance(name));
     const std::string& prefix = prefix_;
+    const std::string where =
+        absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
+                        rank_, size_, prefix, options.store.ToString());
+    // Gloo refuses to set a key twice; say whose key it is before it does.
+    if (const std::string own = absl::StrCat(prefix, "/", HostKey(rank_));
+        internal::KeyExists(*store_, own)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          where, ": key \"", own, "\" is already set, by ",
+          options.job_id.empty() ? std::string("a job without a job id")
+                                 : absl::StrCat("job \"", options.job_id, "\""),
+          " that is still joining or crashed before its ranks met; give "
+          "this job another job id (DCP_JOB_ID) or delete the keys"));
+    }
     prefix_store_ =
         std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
-    DeadlineStore store(*prefix_store_, absl::Now() + options.connect_timeout);
+    const absl::Time deadline = absl::Now() + options.connect_timeout;
+    DeadlineStore store(*prefix_store_, deadline);
     try {
       gloo::transport::tcp::attr attr;
       attr.hostname = options.listen_address;
@@ -63,9 +80,6 @@ class GlooProcessGroup::Impl {
           std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))));
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      const std::string where =
-          absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
-                          rank_, size_, prefix, options.store.ToString());
       if (absl::StrContains(what, "already exists")) {
         return absl::AlreadyExistsError(absl::StrCat(
             where,
@@ -87,8 +101,28 @@ class GlooProcessGroup::Impl {
       }
       return absl::UnavailableError(absl::StrCat(where, ": ", what));
     }
+    // Every rank has read every address once all have passed this barrier;
+    // then each removes its own, leaving the prefix empty for the next job.
+    std::vector<int> peers;
+    std::vector<Send> sends;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      peers.push_back(r);
+      sends.push_back({r, ""});
+    }
+    std::vector<std::string> received;
+    DCP_RETURN_IF_ERROR(
+        Exchange("joined", /*root=*/-1, sends, peers, &received, deadline));
+    for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
+      internal::RemoveKey(*store_, absl::StrCat(prefix, "/", key));
+    }
     return absl::OkStatus();
   }
+
+  // The keys Gloo's connectFullMesh sets for a rank: its addresses ("<r>")
+  // and its host name ("rank_<r>", set first).
+  static std::string AddressKey(int rank) { return absl::StrCat(rank); }
+  static std::string HostKey(int rank) { return absl::StrCat("rank_", rank); }
 
   struct Send {
     int peer;

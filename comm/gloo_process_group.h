@@ -32,8 +32,18 @@
 // "rank 0 gave up first: gather on rank 0 ...: lost connection to rank 1",
 // with rank 0's code, instead of timing out on rank 0. A rank that dies
 // without a record costs its peers up to 250 ms of looking for one.
-// The rendezvous directory must not hold keys of an earlier job with the
-// same group name: the launcher gives each job a fresh directory.
+//
+// Reusing a rendezvous: the prefix is "<group_name>/job-<job_id>/<instance>"
+// when the membership names a job (see rendezvous.h), so concurrent jobs
+// sharing a store never meet each other's keys. Once the mesh is up the
+// ranks pass a barrier and each removes its own address key, so the next
+// job with the same name and store (a 2-rank load after a 3-rank save, a
+// SLURM step after the previous one) starts from an empty prefix. A job
+// that crashed before its ranks met leaves keys behind: a rank that finds
+// its key already set fails at once with kAlreadyExists naming the job id
+// and the key (give the next job another job id, e.g. a fresh DCP_JOB_ID,
+// or delete the keys). Abort records of a failed group stay in the store;
+// nothing reads them after the group is gone.
 #ifndef DCP_COMM_GLOO_PROCESS_GROUP_H_
 #define DCP_COMM_GLOO_PROCESS_GROUP_H_
 

@@ -17,6 +17,7 @@ GroupMembership Membership(const RendezvousInfo& info,
   m.world_size = info.world_size;
   if (info.store.has_value()) m.store = *info.store;
   m.group_name = options.group_name;
+  m.job_id = info.job_id;
   m.timeout = options.timeout;
   m.connect_timeout = options.connect_timeout;
   return m;
@@ -82,6 +83,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
     case Backend::kNccl: {
       NcclOptions nccl;
       static_cast<GroupMembership&>(nccl) = Membership(info, options);
+      // The NCCL group does not read job_id: keep jobs apart by the name.
+      if (!nccl.job_id.empty()) {
+        nccl.group_name = absl::StrCat(nccl.group_name, "/job-", nccl.job_id);
+      }
       nccl.cuda_device = options.cuda_device >= 0 ? options.cuda_device
                          : info.local_rank >= 0   ? info.local_rank
                                                   : 0;

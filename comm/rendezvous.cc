@@ -97,8 +97,28 @@ EnvLookup MapEnvironment(std::map<std::string, std::string> vars) {
       };
 }
 
+std::string JobIdFromEnvironment(const EnvLookup& env) {
+  auto get = [&](const char* name) {
+    std::optional<std::string> value = env(name);
+    return value.has_value() ? *value : std::string();
+  };
+  if (std::string id = get("DCP_JOB_ID"); !id.empty()) return id;
+  if (std::string job = get("SLURM_JOB_ID"); !job.empty()) {
+    const std::string step = get("SLURM_STEP_ID");
+    return absl::StrCat("slurm-", job, step.empty() ? "" : ".", step);
+  }
+  if (std::string id = get("TORCHELASTIC_RUN_ID"); !id.empty()) {
+    return absl::StrCat("torch-", id);
+  }
+  if (std::string id = get("OMPI_MCA_ess_base_jobid"); !id.empty()) {
+    return absl::StrCat("ompi-", id);
+  }
+  return "";
+}
+
 absl::StatusOr<RendezvousInfo> RendezvousFromEnvironment(const EnvLookup& env) {
   RendezvousInfo info;
+  info.job_id = JobIdFromEnvironment(env);
   for (const RankVariables& vars : kRankVariables) {
     std::optional<std::string> rank = env(vars.rank);
     std::optional<std::string> size = env(vars.size);

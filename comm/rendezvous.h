@@ -13,6 +13,11 @@
 // world has more than one rank.
 // Address this rank listens on for collectives: DCP_COMM_ADDR (default
 // 127.0.0.1, enough for ranks on one machine).
+// Job identity (keeps the rendezvous keys of different jobs sharing one
+// store apart), first set wins: DCP_JOB_ID (dcp launch sets it),
+// SLURM_JOB_ID with SLURM_STEP_ID, TORCHELASTIC_RUN_ID (torchrun),
+// OMPI_MCA_ess_base_jobid (Open MPI). None set: "" (jobs then rely on the
+// keys being removed once each group has formed).
 #ifndef DCP_COMM_RENDEZVOUS_H_
 #define DCP_COMM_RENDEZVOUS_H_
 
@@ -50,6 +55,7 @@ struct RendezvousInfo {
   std::string rank_source;  // e.g. "DCP_RANK/DCP_WORLD_SIZE"; "" if none.
   std::optional<StoreAddress> store;  // Absent only for world_size == 1.
   std::string listen_address = "127.0.0.1";
+  std::string job_id;  // "" when the environment names no job.
 };
 
 // Who joins which group, and where: what the Gloo and NCCL backends share.
@@ -61,6 +67,10 @@ struct GroupMembership {
   // Keys of this group live under "<group_name>/<instance>/" in the store,
   // <instance> counting the groups of that name this process made before.
   std::string group_name = "dcp-checkpoint";
+  // The job this group belongs to (RendezvousInfo::job_id). When not empty,
+  // keys live under "<group_name>/job-<job_id>/<instance>/" instead, so
+  // jobs sharing a store never read each other's keys.
+  std::string job_id;
   // Default per-call timeout.
   absl::Duration timeout = absl::Minutes(5);
   // How long joining waits for every rank.
@@ -76,6 +86,11 @@ EnvLookup ProcessEnvironment();
 // A fixed set of variables (for tests, or for a caller that passes the
 // rendezvous explicitly instead of through the process environment).
 EnvLookup MapEnvironment(std::map<std::string, std::string> vars);
+
+// The job identity described above, read through `env`; "" when none is
+// set. Ids from launchers are prefixed by their source ("slurm-", "torch-",
+// "ompi-"); DCP_JOB_ID is taken as is.
+std::string JobIdFromEnvironment(const EnvLookup& env = ProcessEnvironment());
 
 // Reads the variables above through `env`. With no rank variables at all,
 // returns a single-rank world (rank 0 of 1, no store). kInvalidArgument when

@@ -109,5 +109,27 @@ TEST(StoreAddressTest, Parses) {
   EXPECT_FALSE(ParseStoreAddress("").ok());
 }
 
+TEST(JobIdTest, FirstSourceWins) {
+  EXPECT_EQ(JobIdFromEnvironment(MapEnvironment({})), "");
+  EXPECT_EQ(JobIdFromEnvironment(MapEnvironment(
+                {{"DCP_JOB_ID", "mine"}, {"SLURM_JOB_ID", "17"}})),
+            "mine");
+  EXPECT_EQ(
+      JobIdFromEnvironment(MapEnvironment({{"SLURM_JOB_ID", "17"},
+                                           {"SLURM_STEP_ID", "2"},
+                                           {"TORCHELASTIC_RUN_ID", "r"}})),
+      "slurm-17.2");
+  EXPECT_EQ(
+      JobIdFromEnvironment(MapEnvironment({{"TORCHELASTIC_RUN_ID", "r"}})),
+      "torch-r");
+  EXPECT_EQ(JobIdFromEnvironment(
+                MapEnvironment({{"OMPI_MCA_ess_base_jobid", "3456"}})),
+            "ompi-3456");
+  auto info = RendezvousFromEnvironment(MapEnvironment(
+      {{"DCP_RANK", "0"}, {"DCP_WORLD_SIZE", "1"}, {"DCP_JOB_ID", "j1"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->job_id, "j1");
+}
+
 }  // namespace
 }  // namespace dcp::comm

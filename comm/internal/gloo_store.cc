@@ -26,7 +26,29 @@ class CheckableFileStore final : public gloo::rendezvous::FileStore {
  public:
   using FileStore::check;
   using FileStore::FileStore;
+
+  bool Remove(const std::string& key) {
+    std::error_code ec;
+    std::filesystem::remove(objectPath(key), ec);
+    return !ec;
+  }
 };
+
+#if GLOO_USE_REDIS
+// RedisStore with a DEL.
+class RemovableRedisStore final : public gloo::rendezvous::RedisStore {
+ public:
+  using RedisStore::RedisStore;
+
+  bool Remove(const std::string& key) {
+    void* reply = redisCommand(redis_, "DEL %b", key.data(), key.size());
+    if (reply == nullptr) return false;
+    const bool ok = static_cast<redisReply*>(reply)->type != REDIS_REPLY_ERROR;
+    freeReplyObject(reply);
+    return ok;
+  }
+};
+#endif
 
 }  // namespace
 
@@ -59,7 +81,7 @@ absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
     if (address.kind == StoreAddress::Kind::kRedis) {
 #if GLOO_USE_REDIS
       return std::unique_ptr<gloo::rendezvous::Store>(
-          new gloo::rendezvous::RedisStore(address.host, address.port));
+          new RemovableRedisStore(address.host, address.port));
 #else
       return absl::UnimplementedError(absl::StrCat(
           "rendezvous ", address.ToString(),
@@ -91,6 +113,21 @@ bool KeyExists(gloo::rendezvous::Store& store, const std::string& key) {
 #if GLOO_USE_REDIS
     if (auto* redis = dynamic_cast<gloo::rendezvous::RedisStore*>(&store)) {
       return redis->check({key});
+    }
+#endif
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+bool RemoveKey(gloo::rendezvous::Store& store, const std::string& key) {
+  try {
+    if (auto* file = dynamic_cast<CheckableFileStore*>(&store)) {
+      return file->Remove(key);
+    }
+#if GLOO_USE_REDIS
+    if (auto* redis = dynamic_cast<RemovableRedisStore*>(&store)) {
+      return redis->Remove(key);
     }
 #endif
   } catch (const std::exception&) {

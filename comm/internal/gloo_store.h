@@ -80,6 +80,11 @@ absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(
 // Works on stores made by OpenStore; false for other stores or on error.
 bool KeyExists(gloo::rendezvous::Store& store, const std::string& key);
 
+// Removes `key` (the full key) from a store made by OpenStore; a missing
+// key is not an error. False when the store cannot remove keys or the
+// removal failed. Throws nothing.
+bool RemoveKey(gloo::rendezvous::Store& store, const std::string& key);
+
 }  // namespace dcp::comm::internal
 
 #endif  // DCP_COMM_INTERNAL_GLOO_STORE_H_

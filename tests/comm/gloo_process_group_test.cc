@@ -487,8 +487,8 @@ TEST(GlooProcessGroupTest, MismatchedCollectivesAreDataLoss) {
       });
 }
 
-TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
-  const std::string dir = FreshTestDir("stale");
+TEST(GlooProcessGroupTest, ConsecutiveJobsReuseADirectory) {
+  const std::string dir = FreshTestDir("reuse");
   auto job = [&](int rank) -> int {
     auto group =
         GlooProcessGroup::Create(Options(dir, rank, 2, absl::Seconds(5)));
@@ -496,12 +496,50 @@ TEST(GlooProcessGroupTest, StaleDirectoryIsReported) {
     return (*group)->Barrier().ok() ? 0 : 3;
   };
   ExpectAllExitedZero(RunRanks(2, job, absl::Seconds(30)));
-  // A second job in the same directory finds the first job's keys.
-  std::vector<RankExit> second = RunRanks(2, job, absl::Seconds(30));
-  for (const RankExit& e : second) {
-    EXPECT_EQ(e.exit_code,
-              10 + static_cast<int>(absl::StatusCode::kAlreadyExists));
-  }
+  // The first job removed its keys once it had formed.
+  ExpectAllExitedZero(RunRanks(2, job, absl::Seconds(30)));
+}
+
+// A job that never formed (rank 1 never came) leaves rank 0's key: the next
+// job with the same job id is told whose key it is; one with another job id
+// is not disturbed.
+TEST(GlooProcessGroupTest, CrashedJobsKeyNamesTheJob) {
+  const std::string dir = FreshTestDir("crashed");
+  auto join = [&](int rank, int size, const std::string& job_id,
+                  absl::Duration connect) -> absl::Status {
+    GlooOptions options = Options(dir, rank, size, absl::Seconds(5));
+    options.job_id = job_id;
+    options.connect_timeout = connect;
+    auto group = GlooProcessGroup::Create(options);
+    if (!group.ok()) return group.status();
+    return (*group)->Barrier();
+  };
+  std::vector<RankExit> crashed = RunRanks(
+      1,
+      [&](int) -> int {
+        absl::Status s = join(0, 2, "train-1", absl::Milliseconds(300));
+        return Check(absl::IsDeadlineExceeded(s), 0, s.ToString());
+      },
+      absl::Seconds(30));
+  ExpectAllExitedZero(crashed);
+  std::vector<RankExit> again = RunRanks(
+      1,
+      [&](int) -> int {
+        absl::Status s = join(0, 2, "train-1", absl::Seconds(5));
+        return Check(absl::IsAlreadyExists(s) &&
+                         absl::StrContains(s.message(), "job \"train-1\"") &&
+                         absl::StrContains(s.message(), "/rank_0"),
+                     0, s.ToString());
+      },
+      absl::Seconds(30));
+  ExpectAllExitedZero(again);
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        absl::Status s = join(rank, 2, "train-2", absl::Seconds(10));
+        return Check(s.ok(), rank, s.ToString());
+      },
+      absl::Seconds(30)));
 }
 
 // The same over Gloo's RedisStore, with a private redis-server.
