@@ -31,7 +31,9 @@ from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
 from .planner import DefaultLoadPlanner, DefaultSavePlanner
 from .process_group import ProcessGroup
 from .stateful import Stateful
-from .storage import FileSystemReader, FileSystemWriter, SerializationFormat
+from .storage import (FileSystemReader, FileSystemWriter,
+                      HuggingFaceStorageReader, HuggingFaceStorageWriter,
+                      SerializationFormat)
 
 try:
     from .state_dict import (StateDictOptions, get_model_state_dict,
@@ -51,7 +53,8 @@ version = __version__
 __all__ = [
     "save", "load", "async_save", "save_state_dict", "load_state_dict",
     "AsyncCheckpointerType", "AsyncSaveResponse", "FileSystemWriter",
-    "FileSystemReader", "SerializationFormat", "DefaultSavePlanner",
+    "FileSystemReader", "SerializationFormat", "HuggingFaceStorageWriter",
+    "HuggingFaceStorageReader", "DefaultSavePlanner",
     "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",
     "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
     "MetadataIndex", "StorageMeta", "read_metadata", "Stateful",

@@ -129,6 +129,22 @@ class FsReaderOptions(Structure):
                 ("direct_io", c_int32)]
 
 
+class HfWriterOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("fqns", POINTER(c_char_p)),
+                ("file_indices", POINTER(c_int32)),
+                ("num_mappings", c_size_t), ("thread_count", c_int32),
+                ("save_distributed", c_int32),
+                ("enable_consolidation", c_int32),
+                ("thread_count_consolidation", c_int32),
+                ("sync_files", c_int32), ("direct_io", c_int32),
+                ("consolidation_buffer_bytes", c_int64)]
+
+
+class HfReaderOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("thread_count", c_int32),
+                ("direct_io", c_int32), ("read_window_bytes", c_int64)]
+
+
 class ProcessGroupOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("backend", c_char_p),
                 ("group_name", c_char_p), ("timeout_ms", c_int64),
@@ -240,6 +256,10 @@ _PROTOTYPES = {
     "dcp_fs_reader_create": (
         c_int, [c_char_p, POINTER(FsReaderOptions), _PP]),
     "dcp_storage_reader_free": (c_int, [_P]),
+    "dcp_hf_writer_create": (
+        c_int, [c_char_p, POINTER(HfWriterOptions), _PP]),
+    "dcp_hf_reader_create": (
+        c_int, [c_char_p, POINTER(HfReaderOptions), _PP]),
     "dcp_process_group_create_from_env": (
         c_int, [POINTER(ProcessGroupOptions), _PP]),
     "dcp_process_group_create_from_store": (

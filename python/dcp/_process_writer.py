@@ -448,16 +448,17 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
     from .planner import save_options
     from .process_group import resolve
-    from .storage import FileSystemWriter
+    from .storage import WRITERS
     global _debug_hold_next, _stager
     where = resolve(process_group, no_dist)
     error = None
     try:
         if storage_writer is not None and not isinstance(storage_writer,
-                                                         FileSystemWriter):
+                                                         WRITERS):
             raise TypeError(
                 f"storage_writer {type(storage_writer).__name__} is not "
-                "supported; dcp writes through FileSystemWriter")
+                "supported; dcp writes through FileSystemWriter or "
+                "HuggingFaceStorageWriter")
         path = _checkpoint_path(checkpoint_id, storage_writer, "save")
         save_options(planner)  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
@@ -475,7 +476,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     total = offset
     writer_spec = None
     if storage_writer is not None:
-        writer_spec = FileSystemWriter(**storage_writer._spec())
+        writer_spec = type(storage_writer)(**storage_writer._spec())
     from .planner import DefaultSavePlanner
     spec = dict(checkpoint_id=path, storage_writer=writer_spec,
                 planner=(DefaultSavePlanner(**planner._spec())

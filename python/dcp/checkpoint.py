@@ -17,7 +17,7 @@ from .metadata import Metadata
 from .planner import load_options, save_options
 from .process_group import resolve
 from .stateful import is_stateful
-from .storage import FileSystemReader, FileSystemWriter
+from .storage import READERS, WRITERS
 
 __all__ = ["save", "load", "save_state_dict", "load_state_dict"]
 
@@ -77,9 +77,10 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
     """The C state dict and options of a save (raises on bad input).
     `flat`: an already walked state dict (state_dict is then ignored)."""
     if storage_writer is not None and not isinstance(storage_writer,
-                                                     FileSystemWriter):
+                                                     WRITERS):
         raise TypeError(f"storage_writer {type(storage_writer).__name__} is "
-                        "not supported; dcp writes through FileSystemWriter")
+                        "not supported; dcp writes through FileSystemWriter "
+                        "or HuggingFaceStorageWriter")
     path = _checkpoint_path(checkpoint_id, storage_writer, "save")
     planner_options = save_options(planner)
     p = _Prepared()
@@ -145,7 +146,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None,
       their state_dict(). Nothing is copied: do not change the tensors
       until save returns.
     checkpoint_id: the checkpoint directory (or storage_writer's path).
-    storage_writer: a FileSystemWriter (its options).
+    storage_writer: a FileSystemWriter or HuggingFaceStorageWriter (its
+      options).
     planner: a DefaultSavePlanner (its options).
     process_group: None (torch.distributed's group when initialized, else
       a single process), a torch ProcessGroup or a dcp.ProcessGroup.
@@ -190,10 +192,11 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
             raise TypeError(f"state_dict must be a dict, not "
                             f"{type(state_dict).__name__}")
         if storage_reader is not None and not isinstance(storage_reader,
-                                                         FileSystemReader):
+                                                         READERS):
             raise TypeError(
                 f"storage_reader {type(storage_reader).__name__} is not "
-                "supported; dcp reads through FileSystemReader")
+                "supported; dcp reads through FileSystemReader or "
+                "HuggingFaceStorageReader")
         path = _checkpoint_path(checkpoint_id, storage_reader, "load")
         planner_options = load_options(planner)
         target = state_dict

@@ -1,5 +1,6 @@
-"""FileSystemWriter / FileSystemReader: the seed's storage classes, as
-option holders for the C ABI's file-system writer and reader.
+"""FileSystemWriter / FileSystemReader and HuggingFaceStorageWriter /
+HuggingFaceStorageReader: the seed's storage classes, as option holders
+for the C ABI's file-system and Hugging Face writers and readers.
 
 Each save or load creates its own C writer/reader from these options (and
 frees it afterwards), so one Python object may serve consecutive and
@@ -15,7 +16,8 @@ import os
 
 from . import _lib
 
-__all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat"]
+__all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
+           "HuggingFaceStorageWriter", "HuggingFaceStorageReader"]
 
 _SEED_COPY_AHEAD = 10_000_000
 
@@ -176,3 +178,163 @@ class FileSystemReader:
 
     def __repr__(self):
         return f"FileSystemReader({self.path!r})"
+
+
+class HuggingFaceStorageWriter:
+    """Writes a Hugging Face checkpoint (safetensors files and
+    model.safetensors.index.json) into the directory `path`.
+
+    fqn_to_index_mapping: tensor name -> 1-based file index; the files are
+      model-0000I-of-0000N.safetensors. None or empty: every tensor in one
+      file. A tensor the (non-empty) mapping lacks fails the save.
+    thread_count: files written in parallel per rank.
+    save_distributed: each rank writes its own shards under sharded/ (their
+      offsets in the files' __metadata__), with no index.
+    enable_consolidation: with save_distributed, the coordinator then
+      streams the shards into full tensors and writes the index.
+    thread_count_consolidation: output files consolidated in parallel.
+    sync_files, direct_io, consolidation_buffer_bytes (dcp only, keywords):
+      None = the engine's defaults (fsync on, O_DIRECT with a buffered
+      fallback, 256 MiB of consolidation buffers).
+
+    Only tensors can be saved: any other value raises CheckpointValueError
+    naming its key. A save commits atomically (the index last).
+    """
+
+    def __init__(self, path, fqn_to_index_mapping=None,
+                 thread_count: int = 1, save_distributed: bool = False,
+                 enable_consolidation: bool = False,
+                 thread_count_consolidation: int = 1, *, sync_files=None,
+                 direct_io=None, consolidation_buffer_bytes=None):
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        if thread_count_consolidation < 1:
+            raise ValueError("thread_count_consolidation must be >= 1, not "
+                             f"{thread_count_consolidation}")
+        if consolidation_buffer_bytes is not None and \
+                consolidation_buffer_bytes < 1:
+            raise ValueError("consolidation_buffer_bytes must be >= 1, not "
+                             f"{consolidation_buffer_bytes}")
+        mapping = dict(fqn_to_index_mapping or {})
+        for fqn, index in mapping.items():
+            if not isinstance(fqn, str):
+                raise TypeError(f"fqn_to_index_mapping key {fqn!r} is not a "
+                                "str")
+            if isinstance(index, bool) or not isinstance(index, int) or \
+                    index < 1:
+                raise ValueError(f"fqn_to_index_mapping[{fqn!r}] is "
+                                 f"{index!r}; file indices are ints >= 1")
+        self.path = os.fspath(path)
+        self.fqn_to_index_mapping = mapping or None
+        self.thread_count = int(thread_count)
+        self.save_distributed = bool(save_distributed)
+        self.enable_consolidation = bool(enable_consolidation)
+        self.thread_count_consolidation = int(thread_count_consolidation)
+        self.sync_files = sync_files
+        self.direct_io = direct_io
+        self.consolidation_buffer_bytes = consolidation_buffer_bytes
+
+    @property
+    def checkpoint_id(self):
+        return self.path
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return FileSystemWriter.validate_checkpoint_id(checkpoint_id)
+
+    def _create(self, path=None) -> ctypes.c_void_p:
+        """A new dcp_storage_writer_t (the caller frees it)."""
+        mapping = self.fqn_to_index_mapping or {}
+        fqns = (ctypes.c_char_p * max(len(mapping), 1))(
+            *[k.encode() for k in mapping])
+        indices = (ctypes.c_int32 * max(len(mapping), 1))(*mapping.values())
+        options = _lib.sized(
+            _lib.HfWriterOptions, fqns=fqns, file_indices=indices,
+            num_mappings=len(mapping), thread_count=self.thread_count,
+            save_distributed=_lib.flag(self.save_distributed),
+            enable_consolidation=_lib.flag(self.enable_consolidation),
+            thread_count_consolidation=self.thread_count_consolidation,
+            sync_files=_lib.flag(self.sync_files),
+            direct_io=_lib.flag(self.direct_io),
+            consolidation_buffer_bytes=self.consolidation_buffer_bytes or 0)
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.lib().dcp_hf_writer_create(
+            os.fspath(path if path is not None else self.path).encode(),
+            ctypes.byref(options), ctypes.byref(handle)))
+        return handle
+
+    def _spec(self):
+        """Picklable options (the PROCESS writer rebuilds the writer)."""
+        return dict(path=self.path,
+                    fqn_to_index_mapping=self.fqn_to_index_mapping,
+                    thread_count=self.thread_count,
+                    save_distributed=self.save_distributed,
+                    enable_consolidation=self.enable_consolidation,
+                    thread_count_consolidation=(
+                        self.thread_count_consolidation),
+                    sync_files=self.sync_files, direct_io=self.direct_io,
+                    consolidation_buffer_bytes=(
+                        self.consolidation_buffer_bytes))
+
+    def __repr__(self):
+        return f"HuggingFaceStorageWriter({self.path!r})"
+
+
+class HuggingFaceStorageReader:
+    """Reads the Hugging Face checkpoint in directory `path`: one
+    model.safetensors, an index naming several files (as transformers and
+    the `safetensors` library write them), or the sharded/ files of a
+    distributed save. Global shapes come from the file headers; a rank
+    asking for a slice of a tensor reads only that slice.
+
+    thread_count: threads copying read bytes into the destinations.
+    direct_io, read_window_bytes (dcp only, keywords): None = the engine's
+    defaults (O_DIRECT where it applies, 64 MiB bounce windows).
+    """
+
+    def __init__(self, path, thread_count: int = 1, *, direct_io=None,
+                 read_window_bytes=None):
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        if read_window_bytes is not None and read_window_bytes < 1:
+            raise ValueError(
+                f"read_window_bytes must be >= 1, not {read_window_bytes}")
+        self.path = os.fspath(path)
+        self.thread_count = int(thread_count)
+        self.direct_io = direct_io
+        self.read_window_bytes = read_window_bytes
+
+    @property
+    def checkpoint_id(self):
+        return self.path
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return FileSystemWriter.validate_checkpoint_id(checkpoint_id)
+
+    def _create(self, path=None) -> ctypes.c_void_p:
+        handle = ctypes.c_void_p()
+        options = _lib.sized(_lib.HfReaderOptions,
+                             thread_count=self.thread_count,
+                             direct_io=_lib.flag(self.direct_io),
+                             read_window_bytes=self.read_window_bytes or 0)
+        _lib.check(_lib.lib().dcp_hf_reader_create(
+            os.fspath(path if path is not None else self.path).encode(),
+            ctypes.byref(options), ctypes.byref(handle)))
+        return handle
+
+    def __repr__(self):
+        return f"HuggingFaceStorageReader({self.path!r})"
+
+
+# The storage classes dcp.save / dcp.load take.
+WRITERS = (FileSystemWriter, HuggingFaceStorageWriter)
+READERS = (FileSystemReader, HuggingFaceStorageReader)
