@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "comm/rendezvous.h"
 
 extern char** environ;
 
@@ -111,16 +113,25 @@ struct Rank {
   std::string prefix;
 };
 
-// The environment of rank `rank`: the launcher's, with the rendezvous
-// variables replaced.
-std::vector<std::string> RankEnvironment(int rank, int size,
-                                         const std::string& rendezvous) {
-  const std::string ours[] = {
+// The environment of local rank `local` of node `options.node_rank`: the
+// launcher's, with the rendezvous variables replaced.
+std::vector<std::string> RankEnvironment(const LaunchOptions& options,
+                                         int local,
+                                         const std::string& rendezvous,
+                                         const std::string& job_id) {
+  const int rank = options.node_rank * options.num_ranks + local;
+  const int size = options.num_nodes * options.num_ranks;
+  std::vector<std::string> ours = {
       absl::StrCat("DCP_RANK=", rank),
       absl::StrCat("DCP_WORLD_SIZE=", size),
+      absl::StrCat("RANK=", rank),
+      absl::StrCat("WORLD_SIZE=", size),
       absl::StrCat("DCP_RENDEZVOUS=", rendezvous),
-      absl::StrCat("LOCAL_RANK=", rank),
+      absl::StrCat("LOCAL_RANK=", local),
+      absl::StrCat("LOCAL_WORLD_SIZE=", options.num_ranks),
+      absl::StrCat("GROUP_RANK=", options.node_rank),
   };
+  if (!job_id.empty()) ours.push_back(absl::StrCat("DCP_JOB_ID=", job_id));
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view entry(*e);
@@ -132,8 +143,15 @@ std::vector<std::string> RankEnvironment(int rank, int size,
     }
     if (!replaced) env.emplace_back(entry);
   }
-  env.insert(env.end(), std::begin(ours), std::end(ours));
+  env.insert(env.end(), ours.begin(), ours.end());
   return env;
+}
+
+// A job id no other job has: 64 random bits and this process's id.
+std::string RandomJobId() {
+  std::random_device random;
+  const uint64_t bits = (uint64_t{random()} << 32) | random();
+  return absl::StrFormat("%016x-%d", bits, getpid());
 }
 
 std::vector<char*> CStrings(std::vector<std::string>& strings) {
@@ -152,12 +170,22 @@ void SignalRank(const Rank& rank, int sig) {
 }  // namespace
 
 void AddLaunchOptions(CLI::App& app, LaunchOptions* options) {
-  app.add_option("-n,--nproc", options->num_ranks, "number of ranks")
+  app.add_option("-n,--nproc,--nproc-per-node", options->num_ranks,
+                 "number of ranks on this node")
       ->required()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", options->num_nodes, "number of nodes (default 1)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--node-rank", options->node_rank,
+                 "this node's index in [0, nnodes) (default 0)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--rendezvous", options->rendezvous,
-                 "shared rendezvous directory, fresh for each job (default: "
-                 "a temporary directory, removed afterwards)");
+                 "where the ranks meet: a directory every node shares or "
+                 "redis://HOST:PORT (default on one node: a temporary "
+                 "directory, removed afterwards)");
+  app.add_option("--job-id", options->job_id,
+                 "the job's id, the same on every node (default: from the "
+                 "environment, or random on one node)");
   app.add_option_function<double>(
       "--grace-seconds",
       [options](double seconds) { options->grace = absl::Seconds(seconds); },
@@ -192,9 +220,30 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         "dcp_launch: no program given (dcp_launch -n N -- PROGRAM ARGS)");
   }
 
-  // The rendezvous directory.
+  if (options.node_rank < 0 || options.node_rank >= options.num_nodes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dcp_launch: --node-rank %d is outside [0, --nnodes %d)",
+        options.node_rank, options.num_nodes));
+  }
+  if (options.num_nodes > 1 && options.rendezvous.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dcp_launch: --nnodes %d needs --rendezvous: a directory every node "
+        "shares or redis://HOST:PORT",
+        options.num_nodes));
+  }
+  std::string job_id = options.job_id;
+  if (job_id.empty()) job_id = comm::JobIdFromEnvironment();
+  if (job_id.empty() && options.num_nodes == 1) job_id = RandomJobId();
+
+  // The rendezvous.
   std::string rendezvous = options.rendezvous;
   bool remove_rendezvous = false;
+  absl::StatusOr<comm::StoreAddress> address =
+      comm::ParseStoreAddress(rendezvous);
+  if (!rendezvous.empty() && !address.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp_launch: --rendezvous: ", address.status().message()));
+  }
   if (rendezvous.empty()) {
     const char* tmp = getenv("TMPDIR");
     std::string pattern = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
@@ -205,7 +254,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     }
     rendezvous = pattern;
     remove_rendezvous = true;
-  } else {
+  } else if (address->kind == comm::StoreAddress::Kind::kFile) {
     std::error_code ec;
     std::filesystem::create_directories(rendezvous, ec);
     if (ec) {
@@ -219,7 +268,8 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   absl::Status start_error;
   for (int r = 0; r < options.num_ranks && start_error.ok(); ++r) {
     Rank& rank = ranks[r];
-    rank.prefix = absl::StrCat("[rank ", r, "] ");
+    rank.prefix =
+        absl::StrCat("[rank ", options.node_rank * options.num_ranks + r, "] ");
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0) {
       start_error =
@@ -234,7 +284,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       break;
     }
     std::vector<std::string> env =
-        RankEnvironment(r, options.num_ranks, rendezvous);
+        RankEnvironment(options, r, rendezvous, job_id);
     std::vector<std::string> args = options.command;
     std::vector<char*> envp = CStrings(env);
     std::vector<char*> argp = CStrings(args);
@@ -318,7 +368,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         WriteAll(options.stderr_fd,
                  absl::StrFormat("[dcp_launch] rank %d exited with code %d; "
                                  "stopping the other ranks\n",
-                                 r, code));
+                                 options.node_rank * options.num_ranks +
+                                     static_cast<int>(r),
+                                 code));
         stop_started = absl::Now();
         stop_all(SIGTERM);
       }

@@ -1,14 +1,27 @@
-// The local launcher: `dcp_launch -n N [--rendezvous DIR] -- PROGRAM ARGS`
-// (to become `dcp launch`). Starts N ranks of PROGRAM on this machine with
-// DCP_RANK, DCP_WORLD_SIZE, DCP_RENDEZVOUS and LOCAL_RANK set (what
-// comm/rendezvous.h reads), prefixes every line a rank prints with
-// "[rank K] " (stdout to stdout, stderr to stderr), stops every rank when
-// one fails (SIGTERM, then SIGKILL after a grace period) and exits with the
-// first failure's exit code (128 + signal for a rank killed by a signal).
-// Without --rendezvous it makes a fresh temporary directory and removes it
-// afterwards; a directory given with --rendezvous is kept and must be fresh
-// for each job (Gloo's FileStore refuses keys left by an earlier job).
-// SIGINT/SIGTERM sent to the launcher are passed on to the ranks.
+// The launcher: `dcp launch -n P [--nnodes N --node-rank R] [--rendezvous
+// DIR|redis://HOST:PORT] [--job-id ID] -- PROGRAM ARGS` (also built as
+// dcp_launch). Starts P ranks of PROGRAM on this machine, node R of N,
+// with global ranks R*P .. R*P+P-1 of a world of N*P. Each rank gets
+// DCP_RANK/RANK, DCP_WORLD_SIZE/WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK (the node), DCP_RENDEZVOUS and DCP_JOB_ID (what
+// comm/rendezvous.h reads). Every line a rank prints is prefixed with
+// "[rank K] " (K global; stdout to stdout, stderr to stderr). When one
+// local rank fails, every local rank is stopped (SIGTERM, then SIGKILL
+// after a grace period) and the launcher exits with the first failure's
+// exit code (128 + signal for a rank killed by a signal); ranks on other
+// nodes then fail at their next collective, naming the lost ranks, and
+// their launchers exit non-zero the same way. SIGINT/SIGTERM sent to the
+// launcher are passed on to its ranks.
+//
+// Rendezvous: on one node without --rendezvous, a fresh temporary directory,
+// removed afterwards. Across nodes --rendezvous is required: a directory
+// every node shares, or a redis server every node reaches. Either may be
+// reused by later jobs (see comm/gloo_process_group.h).
+// Job id: --job-id, else the one the environment names (DCP_JOB_ID, SLURM,
+// torchrun, Open MPI; see comm/rendezvous.h), else on one node a random
+// one. Across nodes without either, DCP_JOB_ID is left unset: consecutive
+// jobs still work, but jobs sharing the rendezvous at the same time need
+// distinct ids, so pass the same --job-id to every node's launcher.
 #ifndef DCP_TOOLS_LAUNCH_H_
 #define DCP_TOOLS_LAUNCH_H_
 
@@ -22,9 +35,16 @@
 namespace dcp::tools {
 
 struct LaunchOptions {
+  // Ranks on this node (--nproc-per-node).
   int num_ranks = 1;
-  // Shared directory for the rendezvous; empty: a fresh temporary one.
+  // Nodes in the job, and which one this is.
+  int num_nodes = 1;
+  int node_rank = 0;
+  // A shared directory or redis://host:port; empty: a fresh temporary
+  // directory (one node only).
   std::string rendezvous;
+  // The job's id; empty: from the environment, or random (see above).
+  std::string job_id;
   // PROGRAM and its arguments; PROGRAM is looked up on PATH.
   std::vector<std::string> command;
   // Between SIGTERM and SIGKILL when stopping the ranks.
@@ -36,9 +56,10 @@ struct LaunchOptions {
 
 // One-line description of the launcher, for help texts.
 inline constexpr char kLaunchDescription[] =
-    "Starts N local ranks of PROGRAM with DCP_RANK, DCP_WORLD_SIZE, "
-    "DCP_RENDEZVOUS and LOCAL_RANK set; prefixes their output with "
-    "[rank K]; stops all when one fails and exits with its code.";
+    "Starts P ranks of PROGRAM on this node (node R of N) with DCP_RANK, "
+    "DCP_WORLD_SIZE, DCP_RENDEZVOUS, DCP_JOB_ID and LOCAL_RANK set; "
+    "prefixes their output with [rank K]; stops all when one fails and "
+    "exits with its code.";
 
 // Adds the launcher's options and the PROGRAM ARGS positional to `app`,
 // filling `*options` when `app` parses (for `dcp launch` as a CLI11
@@ -54,9 +75,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
 
 // Runs the ranks to completion. Returns the launcher's exit code: 0 when
 // every rank exited 0, otherwise the first failure's code. kInvalidArgument
-// for bad options; kInternal when pipes, fork or the temporary directory
-// fail. Not thread-safe with itself (it installs SIGINT/SIGTERM handlers
-// for its duration and reaps its own children).
+// for bad options (node rank outside [0, nodes), several nodes without
+// --rendezvous, a bad rendezvous address); kInternal when pipes, fork or the
+// temporary directory fail. Not thread-safe with itself (it installs
+// SIGINT/SIGTERM handlers for its duration and reaps its own children).
 absl::StatusOr<int> Launch(const LaunchOptions& options);
 
 // ParseLaunchArgs + Launch, printing errors to stderr; returns the exit

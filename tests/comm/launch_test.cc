@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -156,6 +157,162 @@ TEST(LaunchTest, LostRankFailsTheJobWithItsCode) {
   ASSERT_TRUE(c.code.ok()) << c.code.status();
   EXPECT_EQ(*c.code, 3) << ::testing::PrintToString(c.err);
   EXPECT_LT(c.took, absl::Seconds(10));
+}
+
+// Runs `nodes` launchers (node 0 .. nodes-1, each in its own process, as on
+// separate machines) of `per_node` ranks each; returns each launcher's exit
+// code (-1 if Launch itself failed or the node did not exit) and the lines
+// all of them printed to stdout.
+struct Nodes {
+  std::vector<int> codes;
+  std::vector<std::string> out;
+  std::vector<std::string> err;
+};
+
+Nodes RunNodes(const std::string& name, int nodes, int per_node,
+               const std::string& rendezvous, const std::string& job_id,
+               const std::vector<std::string>& command) {
+  const std::string dir = dcp::testing::FreshTestDir(name);
+  std::vector<dcp::testing::RankExit> exits = dcp::testing::RunRanks(
+      nodes,
+      [&](int node) -> int {
+        const std::string base = dir + "/node" + std::to_string(node);
+        LaunchOptions options;
+        options.num_ranks = per_node;
+        options.num_nodes = nodes;
+        options.node_rank = node;
+        options.rendezvous = rendezvous;
+        options.job_id = job_id;
+        options.command = command;
+        options.stdout_fd =
+            open((base + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        options.stderr_fd =
+            open((base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        absl::StatusOr<int> code = Launch(options);
+        if (!code.ok()) {
+          dprintf(options.stderr_fd, "%s\n", code.status().ToString().c_str());
+          return 100;
+        }
+        return *code;
+      },
+      absl::Seconds(90));
+  Nodes result;
+  for (int node = 0; node < nodes; ++node) {
+    const std::string base = dir + "/node" + std::to_string(node);
+    result.codes.push_back(exits[node].exited ? exits[node].exit_code : -1);
+    for (std::string& line : ReadLines(base + ".out")) {
+      result.out.push_back(std::move(line));
+    }
+    for (std::string& line : ReadLines(base + ".err")) {
+      result.err.push_back(std::move(line));
+    }
+  }
+  return result;
+}
+
+TEST(LaunchTest, NodesGetGlobalRanks) {
+  const std::string rendezvous = dcp::testing::FreshTestDir("global_rv");
+  Nodes n = RunNodes(
+      "global", 2, 2, rendezvous, "global-ranks",
+      {"/bin/sh", "-c",
+       "echo \"$DCP_RANK $RANK $DCP_WORLD_SIZE $WORLD_SIZE $LOCAL_RANK "
+       "$LOCAL_WORLD_SIZE $GROUP_RANK $DCP_JOB_ID $DCP_RENDEZVOUS\""});
+  EXPECT_EQ(n.codes, (std::vector<int>{0, 0}))
+      << ::testing::PrintToString(n.err);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(n.out, Contains(absl::StrFormat(
+                           "[rank %d] %d %d 4 4 %d 2 %d global-ranks %s", rank,
+                           rank, rank, rank % 2, rank / 2, rendezvous)));
+  }
+}
+
+TEST(LaunchTest, MultiNodeFlagsAreChecked) {
+  LaunchOptions options;
+  options.num_ranks = 2;
+  options.num_nodes = 2;
+  options.command = {"/bin/true"};
+  EXPECT_THAT(std::string(Launch(options).status().message()),
+              HasSubstr("--nnodes 2 needs --rendezvous"));
+  options.rendezvous = "/tmp/unused";
+  options.node_rank = 2;
+  EXPECT_THAT(std::string(Launch(options).status().message()),
+              HasSubstr("--node-rank 2 is outside [0, --nnodes 2)"));
+  const char* argv[] = {"dcp",
+                        "--nnodes",
+                        "2",
+                        "--node-rank",
+                        "1",
+                        "--nproc-per-node",
+                        "4",
+                        "--rendezvous",
+                        "redis://h:7000",
+                        "--job-id",
+                        "j",
+                        "--",
+                        "prog"};
+  auto parsed = ParseLaunchArgs(13, argv);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->num_nodes, 2);
+  EXPECT_EQ(parsed->node_rank, 1);
+  EXPECT_EQ(parsed->num_ranks, 4);
+  EXPECT_EQ(parsed->rendezvous, "redis://h:7000");
+  EXPECT_EQ(parsed->job_id, "j");
+}
+
+// Two launchers as node 0 and node 1 of a 2 x 2 job save a checkpoint;
+// then two launchers load it (every element checked), meeting in the same
+// rendezvous directory under another job id, and 4 x 1 loads it again with
+// no job id at all.
+TEST(LaunchTest, TwoNodesSaveAndLoadThroughADirectory) {
+  const std::string rendezvous = dcp::testing::FreshTestDir("nodes_rv");
+  const std::string checkpoint = dcp::testing::FreshTestDir("nodes_ckpt");
+  const std::string rank_main = "tests/comm/save_rank_main";
+  Nodes save = RunNodes("nodes_save", 2, 2, rendezvous, "save-job",
+                        {rank_main, "save", checkpoint});
+  ASSERT_EQ(save.codes, (std::vector<int>{0, 0}))
+      << ::testing::PrintToString(save.err);
+  EXPECT_THAT(save.out, Contains("[rank 3] saved as rank 3 of 4"));
+  Nodes load = RunNodes("nodes_load", 2, 2, rendezvous, "load-job",
+                        {rank_main, "load", checkpoint});
+  EXPECT_EQ(load.codes, (std::vector<int>{0, 0}))
+      << ::testing::PrintToString(load.err);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(load.out,
+                Contains(absl::StrFormat("[rank %d] loaded ok as rank %d of 4",
+                                         rank, rank)));
+  }
+  Nodes again = RunNodes("nodes_again", 4, 1, rendezvous, "",
+                         {rank_main, "load", checkpoint});
+  EXPECT_EQ(again.codes, (std::vector<int>{0, 0, 0, 0}))
+      << ::testing::PrintToString(again.err);
+}
+
+// The same over redis: 2 x 2 save, then 3 x 1 load.
+TEST(LaunchTest, NodesSaveAndLoadThroughRedis) {
+  std::string why_not;
+  auto redis = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+  if (redis == nullptr) GTEST_SKIP() << why_not;
+  const std::string checkpoint = dcp::testing::FreshTestDir("redis_ckpt");
+  const std::string rank_main = "tests/comm/save_rank_main";
+  Nodes save = RunNodes("redis_save", 2, 2, redis->address(), "",
+                        {rank_main, "save", checkpoint});
+  ASSERT_EQ(save.codes, (std::vector<int>{0, 0}))
+      << ::testing::PrintToString(save.err);
+  Nodes load = RunNodes("redis_load", 3, 1, redis->address(), "",
+                        {rank_main, "load", checkpoint});
+  EXPECT_EQ(load.codes, (std::vector<int>{0, 0, 0}))
+      << ::testing::PrintToString(load.err);
+  EXPECT_THAT(load.out, Contains("[rank 2] loaded ok as rank 2 of 3"));
+}
+
+// A rank of node 1 fails: node 1's launcher exits with its code, and node
+// 0's ranks fail naming it, so node 0's launcher exits non-zero too.
+TEST(LaunchTest, LostRankOnOneNodeFailsBothNodes) {
+  const std::string rendezvous = dcp::testing::FreshTestDir("lost_rv");
+  Nodes n = RunNodes("nodes_lost", 2, 2, rendezvous, "lost-job",
+                     {"tests/comm/comm_rank_main", "lose", "3"});
+  EXPECT_EQ(n.codes[1], 3) << ::testing::PrintToString(n.err);
+  EXPECT_NE(n.codes[0], 0) << ::testing::PrintToString(n.err);
 }
 
 }  // namespace
