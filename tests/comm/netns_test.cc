@@ -1,0 +1,239 @@
+// Ranks on separate "nodes": network namespaces joined by veth pairs to a
+// bridge in a namespace of their own (issue 26). Each node's launcher runs
+// in its namespace with DCP_COMM_ADDR set to that node's address, so Gloo
+// traffic crosses the veth links, and redis runs in node 0's namespace.
+//   - 2 nodes x 2 ranks save a checkpoint split by rows; 3 nodes x 1 rank
+//     load it split by columns (every element checked); then a second save
+//     and load against the same redis succeed.
+//   - the same through a shared rendezvous directory.
+// The test makes its namespaces and removes them afterwards; it skips,
+// saying why, where namespaces cannot be made (not root, no `ip`).
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
+#include "tools/launch.h"
+
+namespace dcp::testing {
+namespace {
+
+constexpr int kNodes = 3;
+
+// Runs `command` through the shell; its exit code, and its output in *out.
+int Shell(const std::string& command, std::string* out = nullptr) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;)
+    text.append(buf, n);
+  const int status = pclose(pipe);
+  if (out != nullptr) *out = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Three node namespaces and a bridge namespace, named after this process.
+class Namespaces {
+ public:
+  Namespaces() : tag_(absl::StrCat("dcp", getpid())) {}
+  ~Namespaces() {
+    for (const std::string& ns : made_) Shell("ip netns del " + ns);
+  }
+
+  // Makes them; false with the reason in *why_not.
+  bool Make(std::string* why_not) {
+    if (geteuid() != 0) {
+      *why_not = "network namespaces need root";
+      return false;
+    }
+    std::string out;
+    if (Shell("ip -V", &out) != 0) {
+      *why_not = "the `ip` tool (iproute2) is not installed: " + out;
+      return false;
+    }
+    const std::string bridge = Bridge();
+    std::vector<std::string> steps = {
+        "ip netns add " + bridge,
+        "ip -n " + bridge + " link add br0 type bridge",
+        "ip -n " + bridge + " link set br0 up",
+    };
+    for (int i = 0; i < kNodes; ++i) {
+      const std::string node = Node(i);
+      const std::string veth = absl::StrCat("v", i),
+                        peer = absl::StrCat("p", i);
+      steps.push_back("ip netns add " + node);
+      steps.push_back(absl::StrCat("ip -n ", node, " link add ", veth,
+                                   " type veth peer name ", peer, " netns ",
+                                   bridge));
+      steps.push_back(
+          absl::StrCat("ip -n ", bridge, " link set ", peer, " master br0"));
+      steps.push_back(
+          absl::StrCat("ip -n ", bridge, " link set ", peer, " up"));
+      steps.push_back(absl::StrCat("ip -n ", node, " addr add ", Address(i),
+                                   "/24 dev ", veth));
+      steps.push_back(absl::StrCat("ip -n ", node, " link set ", veth, " up"));
+      steps.push_back(absl::StrCat("ip -n ", node, " link set lo up"));
+    }
+    for (const std::string& step : steps) {
+      if (Shell(step, &out) != 0) {
+        *why_not = absl::StrCat("cannot make network namespaces (`", step,
+                                "`): ", out);
+        return false;
+      }
+      if (step.rfind("ip netns add ", 0) == 0) made_.push_back(step.substr(13));
+    }
+    return true;
+  }
+
+  std::string Node(int i) const { return absl::StrCat(tag_, "n", i); }
+  std::string Bridge() const { return tag_ + "b"; }
+  static std::string Address(int i) { return absl::StrCat("10.77.0.", i + 1); }
+
+ private:
+  const std::string tag_;
+  std::vector<std::string> made_;
+};
+
+// Enters namespace `ns` (in a child process). 0, or an error code.
+int EnterNamespace(const std::string& ns) {
+  const int fd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    std::perror(("setns " + ns).c_str());
+    return 90;
+  }
+  close(fd);
+  return 0;
+}
+
+// redis-server in node 0's namespace, on node 0's address.
+class NamespacedRedis {
+ public:
+  NamespacedRedis(const Namespaces& ns) : ns_(ns) {}
+  ~NamespacedRedis() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  bool Start(std::string* why_not) {
+    if (access("/usr/bin/redis-server", X_OK) != 0) {
+      *why_not = "redis-server is not installed";
+      return false;
+    }
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (EnterNamespace(ns_.Node(0)) != 0) _exit(90);
+      const int null_fd = open("/dev/null", O_WRONLY);
+      dup2(null_fd, STDOUT_FILENO);
+      // Protected mode refuses peers off loopback; this server is reachable
+      // only from the test's namespaces (the bridge has no uplink).
+      const std::string bind = Namespaces::Address(0);
+      execl("/usr/bin/redis-server", "redis-server", "--port", "6379", "--bind",
+            bind.c_str(), "--save", "", "--appendonly", "no", "--daemonize",
+            "no", "--protected-mode", "no", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Ready once it answers a ping from another node (which also shows the
+    // link works); the deadline only bounds a hang.
+    const std::string ping =
+        absl::StrCat("ip netns exec ", ns_.Node(1), " redis-cli -h ",
+                     Namespaces::Address(0), " ping");
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    std::string out;
+    while (Shell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
+      if (absl::Now() > deadline) {
+        *why_not = "redis in the namespace did not answer: " + out;
+        return false;
+      }
+      usleep(20000);
+    }
+    return true;
+  }
+
+  std::string address() const {
+    return absl::StrCat("redis://", Namespaces::Address(0), ":6379");
+  }
+
+ private:
+  const Namespaces& ns_;
+  pid_t pid_ = -1;
+};
+
+// Runs `nodes` launchers of `per_node` ranks each of save_rank_main MODE
+// CHECKPOINT, node i in namespace i; expects every launcher to exit 0.
+void RunJob(const Namespaces& ns, int nodes, int per_node,
+            const std::string& rendezvous, const std::string& mode,
+            const std::string& checkpoint) {
+  std::vector<RankExit> exits = RunRanks(
+      nodes,
+      [&](int node) -> int {
+        if (int rc = EnterNamespace(ns.Node(node))) return rc;
+        setenv("DCP_COMM_ADDR", Namespaces::Address(node).c_str(), 1);
+        unsetenv("DCP_JOB_ID");
+        tools::LaunchOptions options;
+        options.num_ranks = per_node;
+        options.num_nodes = nodes;
+        options.node_rank = node;
+        options.rendezvous = rendezvous;
+        options.command = {"tests/comm/save_rank_main", mode, checkpoint};
+        absl::StatusOr<int> code = tools::Launch(options);
+        if (!code.ok()) {
+          std::fprintf(stderr, "%s\n", code.status().ToString().c_str());
+          return 100;
+        }
+        return *code;
+      },
+      absl::Seconds(90));
+  for (int node = 0; node < nodes; ++node) {
+    EXPECT_TRUE(exits[node].exited && exits[node].exit_code == 0)
+        << mode << " on " << nodes << " x " << per_node << ": node " << node
+        << " exited " << exits[node].exit_code << " signal "
+        << exits[node].signal << (exits[node].timed_out ? " (timed out)" : "");
+  }
+}
+
+class NetnsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    if (!ns_.Make(&why_not)) GTEST_SKIP() << why_not;
+  }
+  Namespaces ns_;
+};
+
+TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverRedis) {
+  NamespacedRedis redis(ns_);
+  std::string why_not;
+  ASSERT_TRUE(redis.Start(&why_not)) << why_not;
+  const std::string checkpoint = FreshTestDir("netns-redis-ckpt");
+  RunJob(ns_, 2, 2, redis.address(), "save", checkpoint);
+  RunJob(ns_, 3, 1, redis.address(), "load", checkpoint);
+  // Later jobs against the same redis.
+  RunJob(ns_, 2, 2, redis.address(), "save", checkpoint + "-2");
+  RunJob(ns_, 3, 1, redis.address(), "load", checkpoint + "-2");
+}
+
+TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverADirectory) {
+  const std::string rendezvous = FreshTestDir("netns-rendezvous");
+  const std::string checkpoint = FreshTestDir("netns-dir-ckpt");
+  RunJob(ns_, 2, 2, rendezvous, "save", checkpoint);
+  RunJob(ns_, 3, 1, rendezvous, "load", checkpoint);
+  RunJob(ns_, 2, 2, rendezvous, "save", checkpoint + "-2");
+  RunJob(ns_, 3, 1, rendezvous, "load", checkpoint + "-2");
+}
+
+}  // namespace
+}  // namespace dcp::testing
