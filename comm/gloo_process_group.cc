@@ -64,12 +64,21 @@ class GlooProcessGroup::Impl {
     DeadlineStore store(*prefix_store_, deadline);
     try {
       gloo::transport::tcp::attr attr;
-      attr.hostname = options.listen_address;
+      if (options.listen_interface.empty()) {
+        attr.hostname = options.listen_address;
+      } else {
+        attr.iface = options.listen_interface;
+      }
       device_ = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "gloo: cannot listen on ", options.listen_address,
-          " (set DCP_COMM_ADDR to this host's address): ", e.what()));
+          "gloo: cannot listen on ",
+          options.listen_interface.empty()
+              ? options.listen_address
+              : absl::StrCat("interface ", options.listen_interface),
+          " (set DCP_COMM_ADDR to this host's address or DCP_SOCKET_IFNAME "
+          "to its interface): ",
+          e.what()));
     }
     try {
       context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);

@@ -61,6 +61,8 @@ namespace dcp::comm {
 struct GlooOptions : GroupMembership {
   // Address of this rank's tcp listener; peers connect to it.
   std::string listen_address = "127.0.0.1";
+  // When not empty, listen on this network interface's address instead.
+  std::string listen_interface;
 };
 
 class GlooProcessGroup final : public ProcessGroup {

@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
       GlooOptions gloo;
       static_cast<GroupMembership&>(gloo) = Membership(info, options);
       gloo.listen_address = info.listen_address;
+      gloo.listen_interface = info.listen_interface;
       DCP_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
                            GlooProcessGroup::Create(gloo));
       return std::unique_ptr<ProcessGroup>(std::move(group));

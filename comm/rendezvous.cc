@@ -157,6 +157,13 @@ absl::StatusOr<RendezvousInfo> RendezvousFromEnvironment(const EnvLookup& env) {
   if (std::optional<std::string> addr = env("DCP_COMM_ADDR");
       addr.has_value() && !addr->empty()) {
     info.listen_address = *addr;
+  } else {
+    for (const char* name : {"DCP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+      std::optional<std::string> iface = env(name);
+      if (!iface.has_value() || iface->empty()) continue;
+      info.listen_interface = *iface;
+      break;
+    }
   }
   std::optional<std::string> store = env("DCP_RENDEZVOUS");
   if (store.has_value() && !store->empty()) {

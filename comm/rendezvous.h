@@ -12,7 +12,9 @@
 // FileStore) or redis://host[:port] (Gloo's RedisStore). Required when the
 // world has more than one rank.
 // Address this rank listens on for collectives: DCP_COMM_ADDR (default
-// 127.0.0.1, enough for ranks on one machine).
+// 127.0.0.1, enough for ranks on one machine), or, when DCP_COMM_ADDR is
+// unset, the first address of the network interface named by
+// DCP_SOCKET_IFNAME or Gloo's GLOO_SOCKET_IFNAME.
 // Job identity (keeps the rendezvous keys of different jobs sharing one
 // store apart), first set wins: DCP_JOB_ID (dcp launch sets it),
 // SLURM_JOB_ID with SLURM_STEP_ID, TORCHELASTIC_RUN_ID (torchrun),
@@ -55,6 +57,8 @@ struct RendezvousInfo {
   std::string rank_source;  // e.g. "DCP_RANK/DCP_WORLD_SIZE"; "" if none.
   std::optional<StoreAddress> store;  // Absent only for world_size == 1.
   std::string listen_address = "127.0.0.1";
+  // Interface to listen on instead of listen_address; "" for none.
+  std::string listen_interface;
   std::string job_id;  // "" when the environment names no job.
 };
 

@@ -131,5 +131,20 @@ TEST(JobIdTest, FirstSourceWins) {
   EXPECT_EQ(info->job_id, "j1");
 }
 
+TEST(RendezvousTest, InterfaceFromEnvironment) {
+  auto info = RendezvousFromEnvironment(
+      MapEnvironment({{"GLOO_SOCKET_IFNAME", "eth1"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->listen_interface, "eth1");
+  info = RendezvousFromEnvironment(MapEnvironment(
+      {{"DCP_SOCKET_IFNAME", "ib0"}, {"GLOO_SOCKET_IFNAME", "eth1"}}));
+  EXPECT_EQ(info->listen_interface, "ib0");
+  // An explicit address wins.
+  info = RendezvousFromEnvironment(MapEnvironment(
+      {{"DCP_COMM_ADDR", "10.0.0.2"}, {"DCP_SOCKET_IFNAME", "ib0"}}));
+  EXPECT_EQ(info->listen_address, "10.0.0.2");
+  EXPECT_EQ(info->listen_interface, "");
+}
+
 }  // namespace
 }  // namespace dcp::comm

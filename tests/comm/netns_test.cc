@@ -5,7 +5,8 @@
 //   - 2 nodes x 2 ranks save a checkpoint split by rows; 3 nodes x 1 rank
 //     load it split by columns (every element checked); then a second save
 //     and load against the same redis succeed.
-//   - the same through a shared rendezvous directory.
+//   - the same through a shared rendezvous directory, the second time
+//     with ranks choosing their interface by name (DCP_SOCKET_IFNAME).
 // The test makes its namespaces and removes them afterwards; it skips,
 // saying why, where namespaces cannot be made (not root, no `ip`).
 #include <fcntl.h>
@@ -173,15 +174,22 @@ class NamespacedRedis {
 };
 
 // Runs `nodes` launchers of `per_node` ranks each of save_rank_main MODE
-// CHECKPOINT, node i in namespace i; expects every launcher to exit 0.
+// CHECKPOINT, node i in namespace i, listening on node i's address (given
+// as DCP_COMM_ADDR, or `by_interface` as DCP_SOCKET_IFNAME); expects every
+// launcher to exit 0.
 void RunJob(const Namespaces& ns, int nodes, int per_node,
             const std::string& rendezvous, const std::string& mode,
-            const std::string& checkpoint) {
+            const std::string& checkpoint, bool by_interface = false) {
   std::vector<RankExit> exits = RunRanks(
       nodes,
       [&](int node) -> int {
         if (int rc = EnterNamespace(ns.Node(node))) return rc;
-        setenv("DCP_COMM_ADDR", Namespaces::Address(node).c_str(), 1);
+        if (by_interface) {
+          unsetenv("DCP_COMM_ADDR");
+          setenv("DCP_SOCKET_IFNAME", absl::StrCat("v", node).c_str(), 1);
+        } else {
+          setenv("DCP_COMM_ADDR", Namespaces::Address(node).c_str(), 1);
+        }
         unsetenv("DCP_JOB_ID");
         tools::LaunchOptions options;
         options.num_ranks = per_node;
@@ -231,8 +239,11 @@ TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverADirectory) {
   const std::string checkpoint = FreshTestDir("netns-dir-ckpt");
   RunJob(ns_, 2, 2, rendezvous, "save", checkpoint);
   RunJob(ns_, 3, 1, rendezvous, "load", checkpoint);
-  RunJob(ns_, 2, 2, rendezvous, "save", checkpoint + "-2");
-  RunJob(ns_, 3, 1, rendezvous, "load", checkpoint + "-2");
+  // Ranks that choose their interface by name instead of address.
+  RunJob(ns_, 2, 2, rendezvous, "save", checkpoint + "-2",
+         /*by_interface=*/true);
+  RunJob(ns_, 3, 1, rendezvous, "load", checkpoint + "-2",
+         /*by_interface=*/true);
 }
 
 }  // namespace
