@@ -135,6 +135,8 @@ def _child_main(conn):
     """Serves saves until the socket closes."""
     from . import checkpoint, process_group
     from .checkpoint import prepare_save
+    from .metadata import Metadata
+    from .storage import HuggingFaceStorageWriter
     conn.send(("ready", os.getpid()))
     segments = {}
     groups = {}
@@ -173,16 +175,32 @@ def _child_main(conn):
                     md = ctypes.c_void_p()
                     _lib.check(_lib.lib().dcp_save(
                         p.sd, ctypes.byref(p.options), ctypes.byref(md)))
-                    _lib.lib().dcp_metadata_free(md)
+                    # A Hugging Face directory stores no dcp metadata for
+                    # the parent to read back: send it, as plain values.
+                    sent = None
+                    if isinstance(spec["storage_writer"],
+                                  HuggingFaceStorageWriter):
+                        sent = _plain_metadata(Metadata._from_handle(md))
+                    else:
+                        _lib.lib().dcp_metadata_free(md)
                 finally:
                     p.free()
                 del flat
-                conn.send(("done", job_id, None))
+                conn.send(("done", job_id, None, sent))
             except BaseException as e:  # report, keep serving
                 if not isinstance(e, errors.CheckpointException):
                     e = errors.CheckpointException(
                         f"{type(e).__name__}: {e}", None, _lib.UNKNOWN)
-                conn.send(("done", job_id, e))
+                conn.send(("done", job_id, e, None))
+
+
+def _plain_metadata(md):
+    """Metadata(**result) rebuilds `md` without its C handle (picklable,
+    for the parent)."""
+    return dict(state_dict_metadata=dict(md.state_dict_metadata),
+                planner_data=dict(md.planner_data),
+                storage_data=md.storage_data,
+                storage_meta=md.storage_meta, version=md.version)
 
 
 def _rebuild_flat(manifest, mm):
@@ -291,16 +309,19 @@ class _Writer:
             elif msg[0] == "held":
                 self.held.set()
             elif msg[0] == "done":
-                _, job_id, error = msg
+                _, job_id, error, metadata = msg
                 with self.lock:
                     job = self.jobs.pop(job_id, None)
                 if job is not None:
-                    self._finish(job, error)
+                    self._finish(job, error, metadata)
         self._died()
 
-    def _finish(self, job, error):
+    def _finish(self, job, error, metadata=None):
         _pool.release(job.segment, None if self.dead else self)
-        if error is None:
+        if error is None and metadata is not None:
+            from .metadata import Metadata
+            job.upload.set_result(Metadata(**metadata))
+        elif error is None:
             try:
                 from .metadata import read_metadata
                 job.upload.set_result(read_metadata(job.path))

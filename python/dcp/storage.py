@@ -30,7 +30,32 @@ class SerializationFormat(enum.Enum):
     SAFETENSORS = "safetensors"
 
 
-class FileSystemWriter:
+class _Storage:
+    """What every storage class shares: the directory `path`, which is the
+    checkpoint_id, and the seed's reset / validate_checkpoint_id."""
+
+    path: str
+
+    @property
+    def checkpoint_id(self):
+        return self.path
+
+    def reset(self, checkpoint_id=None) -> None:
+        """The seed's reset: points the storage at `checkpoint_id` when
+        given. (Each save draws a fresh save id anyway.)"""
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        try:
+            os.fspath(checkpoint_id)
+            return True
+        except TypeError:
+            return False
+
+
+class FileSystemWriter(_Storage):
     """Writes a checkpoint into the directory `path`.
 
     single_file_per_rank: one data file per rank and writer thread (True)
@@ -77,24 +102,6 @@ class FileSystemWriter:
         self.serialization_format = serialization_format
         self.direct_io = direct_io
 
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    def reset(self, checkpoint_id=None) -> None:
-        """The seed's reset: points the writer at `checkpoint_id` when
-        given. (Each save draws a fresh save id anyway.)"""
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        try:
-            os.fspath(checkpoint_id)
-            return True
-        except TypeError:
-            return False
-
     def _options(self) -> _lib.FsWriterOptions:
         copy_ahead = self.per_thread_copy_ahead
         return _lib.sized(
@@ -129,7 +136,7 @@ class FileSystemWriter:
         return f"FileSystemWriter({self.path!r})"
 
 
-class FileSystemReader:
+class FileSystemReader(_Storage):
     """Reads the checkpoint in directory `path`.
 
     _extension_registry: must be None. thread_count and direct_io (dcp only,
@@ -148,18 +155,6 @@ class FileSystemReader:
         self.path = os.fspath(path)
         self.thread_count = int(thread_count)
         self.direct_io = direct_io
-
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return FileSystemWriter.validate_checkpoint_id(checkpoint_id)
 
     def read_metadata(self):
         """The checkpoint's Metadata (see dcp.read_metadata)."""
@@ -180,7 +175,7 @@ class FileSystemReader:
         return f"FileSystemReader({self.path!r})"
 
 
-class HuggingFaceStorageWriter:
+class HuggingFaceStorageWriter(_Storage):
     """Writes a Hugging Face checkpoint (safetensors files and
     model.safetensors.index.json) into the directory `path`.
 
@@ -234,18 +229,6 @@ class HuggingFaceStorageWriter:
         self.direct_io = direct_io
         self.consolidation_buffer_bytes = consolidation_buffer_bytes
 
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return FileSystemWriter.validate_checkpoint_id(checkpoint_id)
-
     def _create(self, path=None) -> ctypes.c_void_p:
         """A new dcp_storage_writer_t (the caller frees it)."""
         mapping = self.fqn_to_index_mapping or {}
@@ -284,7 +267,7 @@ class HuggingFaceStorageWriter:
         return f"HuggingFaceStorageWriter({self.path!r})"
 
 
-class HuggingFaceStorageReader:
+class HuggingFaceStorageReader(_Storage):
     """Reads the Hugging Face checkpoint in directory `path`: one
     model.safetensors, an index naming several files (as transformers and
     the `safetensors` library write them), or the sharded/ files of a
@@ -307,18 +290,6 @@ class HuggingFaceStorageReader:
         self.thread_count = int(thread_count)
         self.direct_io = direct_io
         self.read_window_bytes = read_window_bytes
-
-    @property
-    def checkpoint_id(self):
-        return self.path
-
-    def reset(self, checkpoint_id=None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return FileSystemWriter.validate_checkpoint_id(checkpoint_id)
 
     def _create(self, path=None) -> ctypes.c_void_p:
         handle = ctypes.c_void_p()

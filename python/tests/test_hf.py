@@ -125,6 +125,30 @@ def test_roundtrip_through_dcp(ckpt):
         assert _same_bytes(dest[key], t), key
 
 
+@pytest.mark.parametrize("kind", list(dcp.AsyncCheckpointerType))
+def test_async_save(tmp_path, kind):
+    state = _state()
+    path = str(tmp_path / "hf")
+    resp = dcp.async_save(state, async_checkpointer_type=kind,
+                          storage_writer=dcp.HuggingFaceStorageWriter(
+                              path, fqn_to_index_mapping=_MAPPING))
+    resp.staging_completion.result(120)
+    md = resp.upload_completion.result(120)
+    assert md.state_dict_metadata["embed.weight"].size == (16, 8)
+    loaded = {}
+    for i in (1, 2):
+        loaded.update(safetensors_torch.load_file(
+            os.path.join(path, f"model-0000{i}-of-00002.safetensors")))
+    for key, t in state.items():
+        assert _same_bytes(loaded[key], t), key
+
+
+def test_load_without_checkpoint(tmp_path):
+    with pytest.raises(dcp.CheckpointFileNotFoundError):
+        dcp.load({"w": torch.ones(1)},
+                 storage_reader=dcp.HuggingFaceStorageReader(str(tmp_path)))
+
+
 def test_non_tensor_value_names_its_key(ckpt):
     state = {"w": torch.ones(2), "optim": {"step": 3}}
     with pytest.raises(dcp.CheckpointValueError, match=r"optim\.step"):
