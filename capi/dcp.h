@@ -334,7 +334,7 @@ DCP_API int dcp_storage_reader_free(dcp_storage_reader_t* reader);
 
 /* ------------------------------------------------------------------------
  * Storage: Hugging Face directories (safetensors files and
- * model.safetensors.index.json; docs/FORMAT.md section 6)
+ * model.safetensors.index.json; docs/FORMAT.md section 7)
  *
  * The seed's HuggingFaceStorageWriter / HuggingFaceStorageReader. Their
  * handles are ordinary dcp_storage_writer_t / dcp_storage_reader_t, freed
