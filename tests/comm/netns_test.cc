@@ -7,15 +7,21 @@
 //     and load against the same redis succeed.
 //   - the same through a shared rendezvous directory, the second time
 //     with ranks choosing their interface by name (DCP_SOCKET_IFNAME).
+//   - node 1's link cut before a save: every rank fails naming the other
+//     node's ranks, both launchers exit non-zero, the previous checkpoint
+//     still loads.
 // The test makes its namespaces and removes them afterwards; it skips,
 // saying why, where namespaces cannot be made (not root, no `ip`).
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,6 +47,13 @@ int Shell(const std::string& command, std::string* out = nullptr) {
   const int status = pclose(pipe);
   if (out != nullptr) *out = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 // Three node namespaces and a bridge namespace, named after this process.
@@ -173,36 +186,52 @@ class NamespacedRedis {
   pid_t pid_ = -1;
 };
 
+// In a child process: enters node `node`'s namespace and runs its launcher
+// of `per_node` ranks of save_rank_main MODE CHECKPOINT, listening on the
+// node's address (given as DCP_COMM_ADDR, or `by_interface` as
+// DCP_SOCKET_IFNAME). The launcher's output goes to `out_fd`/`err_fd`.
+// Returns the launcher's exit code.
+int RunNode(const Namespaces& ns, int node, int nodes, int per_node,
+            const std::string& rendezvous, const std::string& mode,
+            const std::string& checkpoint, bool by_interface,
+            const std::string& job_id, int out_fd = 1, int err_fd = 2) {
+  if (int rc = EnterNamespace(ns.Node(node))) return rc;
+  if (by_interface) {
+    unsetenv("DCP_COMM_ADDR");
+    setenv("DCP_SOCKET_IFNAME", absl::StrCat("v", node).c_str(), 1);
+  } else {
+    setenv("DCP_COMM_ADDR", Namespaces::Address(node).c_str(), 1);
+  }
+  unsetenv("DCP_JOB_ID");
+  tools::LaunchOptions options;
+  options.num_ranks = per_node;
+  options.num_nodes = nodes;
+  options.node_rank = node;
+  options.rendezvous = rendezvous;
+  options.job_id = job_id;
+  options.grace = absl::Seconds(2);
+  options.stdout_fd = out_fd;
+  options.stderr_fd = err_fd;
+  options.command = {"tests/comm/save_rank_main", mode, checkpoint};
+  absl::StatusOr<int> code = tools::Launch(options);
+  if (!code.ok()) {
+    std::fprintf(stderr, "%s\n", code.status().ToString().c_str());
+    return 100;
+  }
+  return *code;
+}
+
 // Runs `nodes` launchers of `per_node` ranks each of save_rank_main MODE
-// CHECKPOINT, node i in namespace i, listening on node i's address (given
-// as DCP_COMM_ADDR, or `by_interface` as DCP_SOCKET_IFNAME); expects every
-// launcher to exit 0.
+// CHECKPOINT, node i in namespace i (see RunNode); expects every launcher
+// to exit 0.
 void RunJob(const Namespaces& ns, int nodes, int per_node,
             const std::string& rendezvous, const std::string& mode,
             const std::string& checkpoint, bool by_interface = false) {
   std::vector<RankExit> exits = RunRanks(
       nodes,
       [&](int node) -> int {
-        if (int rc = EnterNamespace(ns.Node(node))) return rc;
-        if (by_interface) {
-          unsetenv("DCP_COMM_ADDR");
-          setenv("DCP_SOCKET_IFNAME", absl::StrCat("v", node).c_str(), 1);
-        } else {
-          setenv("DCP_COMM_ADDR", Namespaces::Address(node).c_str(), 1);
-        }
-        unsetenv("DCP_JOB_ID");
-        tools::LaunchOptions options;
-        options.num_ranks = per_node;
-        options.num_nodes = nodes;
-        options.node_rank = node;
-        options.rendezvous = rendezvous;
-        options.command = {"tests/comm/save_rank_main", mode, checkpoint};
-        absl::StatusOr<int> code = tools::Launch(options);
-        if (!code.ok()) {
-          std::fprintf(stderr, "%s\n", code.status().ToString().c_str());
-          return 100;
-        }
-        return *code;
+        return RunNode(ns, node, nodes, per_node, rendezvous, mode, checkpoint,
+                       by_interface, /*job_id=*/"");
       },
       absl::Seconds(90));
   for (int node = 0; node < nodes; ++node) {
@@ -244,6 +273,72 @@ TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverADirectory) {
          /*by_interface=*/true);
   RunJob(ns_, 3, 1, rendezvous, "load", checkpoint + "-2",
          /*by_interface=*/true);
+}
+
+// Node 1's link goes down after every rank has joined and before the save:
+// every rank's save fails naming a rank of the other node, both launchers
+// exit non-zero, and the checkpoint saved before still loads (link back
+// up). Over a shared directory, which both nodes still reach.
+TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
+  const std::string rendezvous = FreshTestDir("netns-cut-rendezvous");
+  const std::string checkpoint = FreshTestDir("netns-cut-ckpt");
+  const std::string gate = FreshTestDir("netns-cut-gate");
+  const std::string logs = FreshTestDir("netns-cut-logs");
+  RunJob(ns_, 2, 2, rendezvous, "save", checkpoint);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_EQ(mkfifo(absl::StrCat(gate, "/rank", rank).c_str(), 0600), 0);
+  }
+  // Processes 0 and 1 are the nodes; process 2 opens each rank's gate (which
+  // returns once that rank has joined), cuts node 1's link, then lets every
+  // rank go on into its save.
+  std::vector<RankExit> exits = RunRanks(
+      3,
+      [&](int i) -> int {
+        if (i < 2) {
+          setenv("DCP_TEST_GATE_DIR", gate.c_str(), 1);
+          setenv("DCP_TEST_TIMEOUT_MS", "3000", 1);
+          const std::string base = absl::StrCat(logs, "/node", i);
+          const int out =
+              open((base + ".out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          const int err =
+              open((base + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+          return RunNode(ns_, i, 2, 2, rendezvous, "save", checkpoint,
+                         /*by_interface=*/false, "cut-job", out, err);
+        }
+        std::vector<int> fds;
+        for (int rank = 0; rank < 4; ++rank) {
+          fds.push_back(
+              open(absl::StrCat(gate, "/rank", rank).c_str(), O_WRONLY));
+        }
+        std::string out;
+        if (Shell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 down"),
+                  &out) != 0) {
+          std::fprintf(stderr, "cannot cut the link: %s\n", out.c_str());
+          return 1;
+        }
+        for (int fd : fds) {
+          if (fd < 0 || write(fd, "g", 1) != 1) return 2;
+          close(fd);
+        }
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(exits[2].exited && exits[2].exit_code == 0);
+  for (int node = 0; node < 2; ++node) {
+    const std::string err = ReadFile(absl::StrCat(logs, "/node", node, ".err"));
+    EXPECT_TRUE(exits[node].exited && exits[node].exit_code != 0)
+        << "node " << node << " exited " << exits[node].exit_code << ": "
+        << err;
+    // Each node's ranks name a rank of the other node.
+    const std::vector<int> lost =
+        node == 0 ? std::vector<int>{2, 3} : std::vector<int>{0, 1};
+    EXPECT_TRUE(err.find(absl::StrCat("rank ", lost[0])) != std::string::npos ||
+                err.find(absl::StrCat("rank ", lost[1])) != std::string::npos)
+        << "node " << node << ": " << err;
+    EXPECT_NE(err.find("save: "), std::string::npos) << err;
+  }
+  ASSERT_EQ(Shell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 up")), 0);
+  RunJob(ns_, 3, 1, rendezvous, "load", checkpoint);
 }
 
 }  // namespace

@@ -7,8 +7,16 @@
 //                             element; prints "loaded ok".
 // Exit codes: 0 done, 2 cannot join, 3 save/load failed, 4 wrong bytes.
 // The world size must divide 12.
+// With DCP_TEST_GATE_DIR set, a rank opens the FIFO <dir>/rank<R> once it
+// has joined and reads one byte before it saves or loads: the test learns
+// that the rank joined and decides when it goes on (e.g. after cutting a
+// link). DCP_TEST_TIMEOUT_MS sets the group's collective timeout.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +65,9 @@ int main(int argc, char** argv) {
   dcp::comm::ProcessGroupOptions options;
   options.timeout = absl::Seconds(20);
   options.connect_timeout = absl::Seconds(20);
+  if (const char* ms = std::getenv("DCP_TEST_TIMEOUT_MS")) {
+    options.timeout = absl::Milliseconds(std::atoi(ms));
+  }
   auto group = dcp::comm::CreateProcessGroupFromEnvironment(options);
   if (!group.ok()) {
     std::fprintf(stderr, "cannot join: %s\n",
@@ -66,6 +77,16 @@ int main(int argc, char** argv) {
   dcp::comm::ProcessGroup& pg = **group;
   const int rank = pg.rank();
   const int64_t part = kSide / pg.size();
+  if (const char* gate = std::getenv("DCP_TEST_GATE_DIR")) {
+    const std::string fifo = absl::StrCat(gate, "/rank", rank);
+    const int fd = open(fifo.c_str(), O_RDONLY);
+    char byte = 0;
+    if (fd < 0 || read(fd, &byte, 1) != 1) {
+      std::perror(fifo.c_str());
+      return 1;
+    }
+    close(fd);
+  }
   if (mode == "save") {
     dcp::StateDict state;
     state["weight"] =
