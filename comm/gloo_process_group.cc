@@ -89,11 +89,13 @@ class GlooProcessGroup::Impl {
           std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))));
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      if (absl::StrContains(what, "already exists")) {
+      if (absl::StrContains(what, "already exists") ||
+          absl::StrContains(what, "already set")) {
         return absl::AlreadyExistsError(absl::StrCat(
             where,
-            ": the store holds this rank's key from an earlier job; "
-            "use a fresh rendezvous directory or another group name: ",
+            ": the store holds this rank's key from a job with the same job "
+            "id that never formed; give this job another job id "
+            "(DCP_JOB_ID) or delete the keys: ",
             what));
       }
       if (absl::StrContains(what, "Wait timeout") ||
