@@ -7,8 +7,8 @@
 //     and load against the same redis succeed.
 //   - the same through a shared rendezvous directory, the second time
 //     with ranks choosing their interface by name (DCP_SOCKET_IFNAME).
-//   - node 1's link cut before a save: every rank fails naming the other
-//     node's ranks, both launchers exit non-zero, the previous checkpoint
+//   - node 1's link cut before a save: the saves fail within the timeout,
+//     both launchers exit non-zero, the previous checkpoint
 //     still loads.
 // The test makes its namespaces and removes them afterwards; it skips,
 // saying why, where namespaces cannot be made (not root, no `ip`).
@@ -276,9 +276,9 @@ TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverADirectory) {
 }
 
 // Node 1's link goes down after every rank has joined and before the save:
-// every rank's save fails naming a rank of the other node, both launchers
-// exit non-zero, and the checkpoint saved before still loads (link back
-// up). Over a shared directory, which both nodes still reach.
+// the saves fail within the timeout, both launchers exit non-zero, and the
+// checkpoint saved before still loads (link back up). Over a shared directory,
+// which both nodes still reach.
 TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
   const std::string rendezvous = FreshTestDir("netns-cut-rendezvous");
   const std::string checkpoint = FreshTestDir("netns-cut-ckpt");
@@ -329,11 +329,13 @@ TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
     EXPECT_TRUE(exits[node].exited && exits[node].exit_code != 0)
         << "node " << node << " exited " << exits[node].exit_code << ": "
         << err;
-    // Each node's ranks name a rank of the other node.
-    const std::vector<int> lost =
-        node == 0 ? std::vector<int>{2, 3} : std::vector<int>{0, 1};
-    EXPECT_TRUE(err.find(absl::StrCat("rank ", lost[0])) != std::string::npos ||
-                err.find(absl::StrCat("rank ", lost[1])) != std::string::npos)
+    // The first rank to fail on each node reports a timeout or a lost
+    // connection from its save. Which rank it names depends on timing: a
+    // rank waiting on a same-node rank that waits on the cut node may time
+    // out first and name its neighbour (the neighbour is then stopped by
+    // the launcher before it reports), so the names are not asserted.
+    EXPECT_TRUE(err.find("DEADLINE_EXCEEDED") != std::string::npos ||
+                err.find("UNAVAILABLE") != std::string::npos)
         << "node " << node << ": " << err;
     EXPECT_NE(err.find("save: "), std::string::npos) << err;
   }
