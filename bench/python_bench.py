@@ -19,6 +19,9 @@ Each phase runs in its own subprocess, alternating the two libraries, for
                 return, and call to staging done), and to upload done
   async-process the same with AsyncCheckpointerType.PROCESS (first call,
                 which starts the writer process, and a second call)
+  async-thread-stager  THREAD with a stager kept for the run: dcp's
+                DefaultStager reserved before the loop; torch's DefaultStager
+                with cache_staged_state_dict (not in the default --phases)
 
 plus fio's sequential write and read of the same byte count on the same
 disk as the reference. Usage:
@@ -222,14 +225,30 @@ def phase(args):
         m.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
         out["seconds"] = time.perf_counter() - start
     else:
-        kind = (kinds.THREAD if args.phase == "async-thread"
-                else kinds.PROCESS)
+        kind = (kinds.PROCESS if args.phase == "async-process"
+                else kinds.THREAD)
+        stager = None
+        if args.phase == "async-thread-stager":
+            # A stager kept for the run and reserved before the loop (dcp's
+            # DefaultStager, pageable memory: dcp.DefaultStager.reserve; for
+            # torch its DefaultStager with caching, whose first stage maps).
+            if args.lib == "dcp":
+                stager = m.DefaultStager(m.StagingOptions(
+                    use_pinned_memory=False))
+                stager.reserve(sd)
+            else:
+                from torch.distributed.checkpoint.staging import (
+                    DefaultStager, StagingOptions)
+                stager = DefaultStager(StagingOptions(False, False, False,
+                                                      False))
         for call in ("first", "second"):
             target = os.path.join(args.dir, call)
             os.sync()
             start = time.perf_counter()
             resp = m.async_save(sd, checkpoint_id=target,
-                                async_checkpointer_type=kind)
+                                async_checkpointer_type=kind,
+                                **({"async_stager": stager} if stager
+                                   else {}))
             returned = time.perf_counter() - start
             staging = getattr(resp, "staging_completion", None)
             upload = getattr(resp, "upload_completion", resp)

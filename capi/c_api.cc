@@ -390,6 +390,7 @@ absl::Status CheckWritable(dcp_state_dict& sd) {
 // save, until its upload is done).
 struct SaveJob {
   SaveOptions options;
+  std::shared_ptr<DefaultStager> stager;  // dcp_save_options_t.async_stager
   std::unique_ptr<ExitGatedWriter> writer;
   std::unique_ptr<DefaultSavePlanner> planner;
   GroupPin group;
@@ -415,6 +416,14 @@ absl::StatusOr<std::unique_ptr<SaveJob>> PrepareSave(
                        in.async_checkpointer_type,
                        "; use DCP_ASYNC_THREAD (0) or DCP_ASYNC_PROCESS (1)"));
     }
+    if (in.async_stager != nullptr) {
+      DCP_ASSIGN_OR_RETURN(dcp_stager * stager, Resolve(in.async_stager));
+      job->stager = stager->stager;
+    }
+  } else if (in.async_stager != nullptr) {
+    return absl::InvalidArgumentError(
+        "dcp_save_options_t.async_stager is for dcp_async_save; dcp_save "
+        "writes from the tensors' own memory");
   }
   if (in.storage_writer != nullptr) {
     DCP_ASSIGN_OR_RETURN(dcp_storage_writer * writer,
@@ -1012,6 +1021,7 @@ int dcp_async_save(const dcp_state_dict_t* sd,
     std::shared_ptr<dcp::capi::SaveJob> job = std::move(prepared);
     dcp::AsyncSaveOptions async_options;
     async_options.save = job->options;
+    async_options.async_stager = job->stager.get();
     dcp::AsyncSaveResponse response =
         dcp::capi::LibraryCheckpointer().AsyncSave(h->root, async_options);
     // The job (writer, planner, pinned group) lives until the upload ends,
@@ -1032,6 +1042,31 @@ int dcp_async_save(const dcp_state_dict_t* sd,
     *out = Publish(handle.release());
     return absl::OkStatus();
   });
+}
+
+int dcp_stager_create(const dcp_stager_options_t* options, dcp_stager_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_stager_t**"));
+    DCP_ASSIGN_OR_RETURN(dcp::StagingOptions staging,
+                         dcp::capi::StagingOptionsFromC(options));
+    auto handle = std::make_unique<dcp_stager_t>();
+    handle->stager = std::make_shared<dcp::DefaultStager>(staging);
+    *out = Publish(handle.release());
+    return absl::OkStatus();
+  });
+}
+
+int dcp_stager_reserve(dcp_stager_t* stager, const dcp_state_dict_t* sd) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_stager_t * h, Resolve(stager));
+    DCP_ASSIGN_OR_RETURN(dcp_state_dict * state, Resolve(sd));
+    return h->stager->Reserve(state->root).Wait();
+  });
+}
+
+int dcp_stager_free(dcp_stager_t* stager) {
+  // Saves still staging through it hold the stager itself.
+  return dcp::capi::FreeHandle(stager);
 }
 
 int dcp_async_save_wait(dcp_async_save_t* save, int32_t which,

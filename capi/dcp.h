@@ -195,6 +195,7 @@ typedef struct dcp_storage_writer dcp_storage_writer_t;
 typedef struct dcp_storage_reader dcp_storage_reader_t;
 typedef struct dcp_process_group dcp_process_group_t;
 typedef struct dcp_async_save dcp_async_save_t;
+typedef struct dcp_stager dcp_stager_t;
 
 /* ------------------------------------------------------------------------
  * State dicts
@@ -479,6 +480,12 @@ typedef struct dcp_save_options {
   dcp_device_wait_t device_wait;
   /* dcp_async_save only. */
   int32_t async_checkpointer_type; /* dcp_async_checkpointer_type_t */
+  /* The stager that stages the state dict (the seed's async_stager); NULL:
+   * a new one per save with the seed's async_save defaults (pageable
+   * memory, synchronous staging), whose first use in a process maps and
+   * faults in fresh memory. A stager kept across saves (and reserved with
+   * dcp_stager_reserve) does that once. */
+  dcp_stager_t* async_stager;
 } dcp_save_options_t;
 
 typedef struct dcp_load_options {
@@ -545,6 +552,32 @@ DCP_API int dcp_async_save_metadata(dcp_async_save_t* save,
                                     dcp_metadata_t** out);
 
 DCP_API int dcp_async_save_free(dcp_async_save_t* save);
+
+/* A DefaultStager kept across async saves (the seed's DefaultStager and its
+ * StagingOptions; defaults are the seed's: every switch on). With
+ * cache_staged_state_dict (default on) it keeps its staging memory between
+ * saves (two buffers, so a save while the previous upload runs needs no new
+ * memory either). */
+typedef struct dcp_stager_options {
+  size_t struct_size;
+  dcp_flag_t use_pinned_memory;       /* default true */
+  dcp_flag_t use_shared_memory;       /* default true */
+  dcp_flag_t use_async_staging;       /* default true */
+  dcp_flag_t use_non_blocking_copy;   /* default true */
+  dcp_flag_t cache_staged_state_dict; /* default true */
+} dcp_stager_options_t;
+
+DCP_API int dcp_stager_create(const dcp_stager_options_t* options,
+                              dcp_stager_t** out);
+/* Makes the staging memory a save of `sd` (or of any state with the same
+ * tensors) will use, mapped and faulted in, so that the first
+ * dcp_async_save with this stager blocks no longer than later ones. Call it
+ * when the training loop starts. Blocks until the memory is ready; reads
+ * only the tensors' sizes and places, never their bytes. */
+DCP_API int dcp_stager_reserve(dcp_stager_t* stager,
+                               const dcp_state_dict_t* sd);
+/* Saves still using the stager keep it until their uploads end. */
+DCP_API int dcp_stager_free(dcp_stager_t* stager);
 
 /* Waits for every upload of this process's async saves to finish. Call it
  * before the process exits. Returns DCP_OK (each save reports its own

@@ -24,6 +24,7 @@
 #include "dcp/dcp.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
+#include "staging/stager.h"
 
 struct dcp_state_dict {
   static constexpr dcp::capi::HandleType kType =
@@ -104,6 +105,14 @@ struct dcp_async_save {
 
   dcp::Future<void> staging;
   dcp::Future<dcp::Metadata> upload;
+};
+
+struct dcp_stager {
+  static constexpr dcp::capi::HandleType kType = dcp::capi::HandleType::kStager;
+  dcp::capi::HandleTag tag{kType};
+
+  // Shared with the async saves staging through it, until their uploads end.
+  std::shared_ptr<dcp::DefaultStager> stager;
 };
 
 #endif  // DCP_CAPI_INTERNAL_HANDLES_H_

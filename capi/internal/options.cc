@@ -154,6 +154,33 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
   return out;
 }
 
+absl::StatusOr<StagingOptions> StagingOptionsFromC(
+    const dcp_stager_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_stager_options_t in,
+                       ReadVersioned(options, "dcp_stager_options_t"));
+  StagingOptions out;
+  const struct {
+    dcp_flag_t flag;
+    bool* field;
+    const char* name;
+  } flags[] = {
+      {in.use_pinned_memory, &out.use_pinned_memory,
+       "dcp_stager_options_t.use_pinned_memory"},
+      {in.use_shared_memory, &out.use_shared_memory,
+       "dcp_stager_options_t.use_shared_memory"},
+      {in.use_async_staging, &out.use_async_staging,
+       "dcp_stager_options_t.use_async_staging"},
+      {in.use_non_blocking_copy, &out.use_non_blocking_copy,
+       "dcp_stager_options_t.use_non_blocking_copy"},
+      {in.cache_staged_state_dict, &out.cache_staged_state_dict,
+       "dcp_stager_options_t.cache_staged_state_dict"},
+  };
+  for (const auto& f : flags) {
+    DCP_ASSIGN_OR_RETURN(*f.field, ReadFlag(f.flag, *f.field, f.name));
+  }
+  return out;
+}
+
 absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
     const dcp_hf_reader_options_t* options) {
   DCP_ASSIGN_OR_RETURN(dcp_hf_reader_options_t in,

@@ -21,6 +21,7 @@
 #include "io/file_system_storage.h"
 #include "io/hf_storage.h"
 #include "planner/default_planner.h"
+#include "staging/stager.h"
 
 namespace dcp::capi {
 
@@ -76,6 +77,9 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
     const dcp_hf_writer_options_t* options);
 absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
     const dcp_hf_reader_options_t* options);
+// The seed's DefaultStager defaults (every switch on) for DCP_DEFAULT.
+absl::StatusOr<StagingOptions> StagingOptionsFromC(
+    const dcp_stager_options_t* options);
 // `require_full_coverage` is the engine's choice (see Save), not the C
 // caller's.
 absl::StatusOr<DefaultSavePlannerOptions> SavePlannerOptionsFromC(

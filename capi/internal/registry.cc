@@ -58,6 +58,8 @@ const char* HandleTypeName(HandleType type) {
       return "dcp_process_group_t";
     case HandleType::kAsyncSave:
       return "dcp_async_save_t";
+    case HandleType::kStager:
+      return "dcp_stager_t";
   }
   return "dcp handle";
 }

@@ -29,6 +29,7 @@ enum class HandleType : uint32_t {
   kStorageReader,
   kProcessGroup,
   kAsyncSave,
+  kStager,
 };
 
 // The C type name, "dcp_state_dict_t", for messages.

@@ -19,6 +19,7 @@ from . import errors
 from ._lib import version as library_version
 from ._state import ShardedTensor
 from .async_save import AsyncCheckpointerType, AsyncSaveResponse, async_save
+from .stager import DefaultStager, StagingOptions
 from .checkpoint import load, load_state_dict, save, save_state_dict
 from .errors import (CheckpointCorruptError, CheckpointException,
                      CheckpointExistsError, CheckpointFileNotFoundError,
@@ -52,7 +53,8 @@ version = __version__
 
 __all__ = [
     "save", "load", "async_save", "save_state_dict", "load_state_dict",
-    "AsyncCheckpointerType", "AsyncSaveResponse", "FileSystemWriter",
+    "AsyncCheckpointerType", "AsyncSaveResponse", "DefaultStager",
+    "StagingOptions", "FileSystemWriter",
     "FileSystemReader", "SerializationFormat", "HuggingFaceStorageWriter",
     "HuggingFaceStorageReader", "DefaultSavePlanner",
     "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",

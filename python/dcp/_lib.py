@@ -187,7 +187,16 @@ class SaveOptions(Structure):
                 ("process_group", c_void_p), ("coordinator_rank", c_int32),
                 ("no_dist", c_int32), ("use_collectives", c_int32),
                 ("device_wait", DeviceWait),
-                ("async_checkpointer_type", c_int32)]
+                ("async_checkpointer_type", c_int32),
+                ("async_stager", c_void_p)]
+
+
+class StagerOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("use_pinned_memory", c_int32),
+                ("use_shared_memory", c_int32),
+                ("use_async_staging", c_int32),
+                ("use_non_blocking_copy", c_int32),
+                ("cache_staged_state_dict", c_int32)]
 
 
 class LoadOptions(Structure):
@@ -277,6 +286,9 @@ _PROTOTYPES = {
     "dcp_async_save_on_done": (c_int, [_P, c_int32, DONE_FN, c_void_p]),
     "dcp_async_save_metadata": (c_int, [_P, _PP]),
     "dcp_async_save_free": (c_int, [_P]),
+    "dcp_stager_create": (c_int, [POINTER(StagerOptions), _PP]),
+    "dcp_stager_reserve": (c_int, [_P, _P]),
+    "dcp_stager_free": (c_int, [_P]),
     "dcp_shutdown": (c_int, []),
     "dcp_metadata_read": (c_int, [c_char_p, _PP]),
     "dcp_metadata_free": (c_int, [_P]),

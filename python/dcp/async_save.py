@@ -171,7 +171,8 @@ class _EngineJob:
 
 
 def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
-                       process_group, no_dist, use_collectives, allow_pickle):
+                       process_group, no_dist, use_collectives, allow_pickle,
+                       stager=None):
     where = resolve(process_group, no_dist)
     p = None
     error = None
@@ -182,8 +183,12 @@ def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                          where=where, coordinator_rank=0,
                          use_collectives=use_collectives,
                          allow_pickle=allow_pickle)
+        if stager is not None:  # Before the ranks agree: a closed one fails.
+            p.options.async_stager = stager._c_handle()
     except BaseException as e:
         error = e
+        if p is not None:
+            p.free()
     where.agree("async_save", error)
     L = _lib.lib()
     handle = ctypes.c_void_p()
@@ -267,6 +272,12 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
                   planner=planner, process_group=process_group,
                   no_dist=no_dist, use_collectives=use_collectives,
                   allow_pickle=allow_pickle)
+    from .stager import DefaultStager
+    engine_stager = None
+    if isinstance(async_stager, DefaultStager):
+        # The engine's stager: THREAD stages through it; PROCESS stages
+        # into the writer process's shared memory instead.
+        engine_stager, async_stager = async_stager, None
     if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
         from . import _process_writer
         if async_stager is not None:
@@ -278,7 +289,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     if async_stager is not None:
         return _stager_async_save(state_dict, async_stager,
                                   lambda sd: save(sd, **kwargs))
-    return _engine_async_save(state_dict, **kwargs)
+    return _engine_async_save(state_dict, stager=engine_stager, **kwargs)
 
 
 def _at_exit():

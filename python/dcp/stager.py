@@ -1,0 +1,92 @@
+"""The seed's DefaultStager and StagingOptions, backed by the engine's stager.
+
+Pass a DefaultStager as ``async_stager=`` to :func:`dcp.async_save` (THREAD)
+and keep it for every save of the run: it keeps its staging memory between
+saves, so only its first use maps fresh memory, and ``reserve(state_dict)``
+moves even that off the training loop's critical path::
+
+    stager = dcp.DefaultStager()
+    stager.reserve(state)                # when the loop starts
+    for step in ...:
+        ...
+        r = dcp.async_save(state, checkpoint_id=..., async_stager=stager)
+        r.staging_completion.result()
+
+With ``AsyncCheckpointerType.PROCESS`` the writer process stages into its
+own shared memory and a DefaultStager is not used.
+"""
+
+import ctypes
+import dataclasses
+import threading
+
+from . import _lib, _state
+
+
+@dataclasses.dataclass(frozen=True)
+class StagingOptions:
+    """The seed's StagingOptions (defaults: every switch on).
+
+    ``use_pinned_memory`` page-locks the staging memory (fast device-to-host
+    copies; limited by RLIMIT_MEMLOCK), ``use_shared_memory`` puts it in a
+    memfd, ``use_async_staging`` stages on a background thread,
+    ``use_non_blocking_copy`` returns before device copies finish.
+    ``cache_staged_state_dict`` (dcp's) keeps the memory between saves.
+    """
+    use_pinned_memory: bool = True
+    use_shared_memory: bool = True
+    use_async_staging: bool = True
+    use_non_blocking_copy: bool = True
+    cache_staged_state_dict: bool = True
+
+
+class DefaultStager:
+    """The engine's DefaultStager (see the module docstring)."""
+
+    def __init__(self, config: StagingOptions = StagingOptions()):
+        if not isinstance(config, StagingOptions):
+            raise TypeError("config must be a dcp.StagingOptions, not "
+                            f"{type(config).__name__}")
+        self.config = config
+        self._lock = threading.Lock()
+        options = _lib.sized(
+            _lib.StagerOptions,
+            **{f.name: _lib.flag(getattr(config, f.name))
+               for f in dataclasses.fields(StagingOptions)})
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.lib().dcp_stager_create(ctypes.byref(options),
+                                                ctypes.byref(handle)))
+        self._handle = handle
+
+    def reserve(self, state_dict):
+        """Makes the staging memory a save of ``state_dict`` will use
+        (mapped, faulted in), so that the first async_save with this stager
+        blocks no longer than later ones. Reads only the tensors' sizes and
+        places. Blocks until the memory is ready."""
+        flat = _state.Flat(load=False, allow_pickle=True)
+        flat.add(state_dict)
+        sd = flat.build()
+        try:
+            _lib.check(_lib.lib().dcp_stager_reserve(self._c_handle(), sd))
+        finally:
+            _lib.lib().dcp_state_dict_free(sd)
+
+    def close(self):
+        """Releases the stager; saves still staging through it keep it
+        until their uploads end. Idempotent."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle is not None and _lib._lib is not None:
+            _lib.lib().dcp_stager_free(handle)
+
+    def _c_handle(self):
+        with self._lock:
+            if self._handle is None:
+                raise ValueError("this DefaultStager is closed")
+            return self._handle
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

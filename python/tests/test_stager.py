@@ -1,0 +1,68 @@
+"""dcp.DefaultStager: the engine's stager kept across async saves."""
+
+import numpy as np
+import pytest
+
+import dcp
+
+
+def _state(value):
+    return {"model": {"w": np.full((256, 64), value, dtype=np.float32),
+                      "b": np.arange(7, dtype=np.int64) + int(value)},
+            "step": int(value)}
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_saves_through_a_reserved_stager_keep_the_values_of_the_call(
+        tmp_path, pinned):
+    stager = dcp.DefaultStager(dcp.StagingOptions(use_pinned_memory=pinned))
+    state = _state(1.0)
+    stager.reserve(state)
+    dirs = []
+    for i in range(3):
+        d = tmp_path / f"step-{i}"
+        dirs.append(d)
+        r = dcp.async_save(state, checkpoint_id=str(d), async_stager=stager)
+        r.staging_completion.result()
+        # Staged: the loop may change its tensors now.
+        state["model"]["w"][:] = -1.0
+        state["model"]["b"][:] = -1
+        r.upload_completion.result()
+        state = _state(float(i + 2))
+    stager.close()
+    for i, d in enumerate(dirs):
+        into = _state(0.0)
+        dcp.load(into, checkpoint_id=str(d))
+        want = _state(float(i + 1))
+        np.testing.assert_array_equal(into["model"]["w"], want["model"]["w"])
+        np.testing.assert_array_equal(into["model"]["b"], want["model"]["b"])
+        assert into["step"] == i + 1
+
+
+def test_a_closed_stager_is_refused_and_close_is_idempotent(tmp_path):
+    stager = dcp.DefaultStager()
+    stager.close()
+    stager.close()
+    with pytest.raises(ValueError, match="closed"):
+        dcp.async_save(_state(1.0), checkpoint_id=str(tmp_path / "x"),
+                       async_stager=stager)
+    with pytest.raises(ValueError, match="closed"):
+        stager.reserve(_state(1.0))
+
+
+def test_process_saves_ignore_the_engine_stager(tmp_path):
+    stager = dcp.DefaultStager()
+    r = dcp.async_save(_state(5.0), checkpoint_id=str(tmp_path / "p"),
+                       async_stager=stager,
+                       async_checkpointer_type=dcp.AsyncCheckpointerType
+                       .PROCESS)
+    r.upload_completion.result()
+    into = _state(0.0)
+    dcp.load(into, checkpoint_id=str(tmp_path / "p"))
+    assert into["step"] == 5
+    stager.close()
+
+
+def test_config_must_be_staging_options():
+    with pytest.raises(TypeError, match="StagingOptions"):
+        dcp.DefaultStager({"use_pinned_memory": False})
