@@ -1,5 +1,7 @@
 #include "engine/internal/write_results_codec.h"
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/internal/coordination.pb.h"
@@ -37,7 +39,9 @@ std::string EncodeWriteResults(const std::vector<WriteResult>& results) {
 absl::StatusOr<std::vector<WriteResult>> DecodeWriteResults(
     absl::string_view bytes) {
   engine_wire::WriteResults message;
-  if (!message.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  // Protobuf takes an int length: longer input must not wrap around.
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !message.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::DataLossError(
         absl::StrCat("write results of ", bytes.size(), " bytes do not parse"));
   }
