@@ -22,12 +22,17 @@
 #include "core/tensor.h"
 #include "io/box_copy.h"
 #include "io/device_box_upload.h"
+#include "io/internal/parallel_work.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
 #include "staging/device_staging.h"
 
 namespace dcp {
 namespace {
+
+using internal_io::AlignedBuffer;
+using internal_io::FirstError;
+using internal_io::RunOnThreads;
 
 constexpr int64_t kPayloadAlignment = 4096;
 // O_DIRECT writes of unaligned memory: bounce chunk size and the most bounce
@@ -195,53 +200,6 @@ std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
   }
   return sums;
 }
-
-// A 4 KiB aligned heap buffer (ready for O_DIRECT reads).
-struct AlignedBuffer {
-  explicit AlignedBuffer(size_t size_in)
-      : size(static_cast<int64_t>(size_in)),
-        data(static_cast<std::byte*>(::operator new[](
-            std::max<size_t>(size, 1), std::align_val_t{4096}))) {}
-  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  int64_t size;
-  std::byte* data;
-};
-
-// Runs fn(worker) on `count` threads (inline for one) and waits.
-template <typename Fn>
-void RunOnThreads(int count, Fn fn) {
-  if (count <= 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(count);
-  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
-  for (std::thread& t : threads) t.join();
-}
-
-// Keeps the first error of several workers.
-class FirstError {
- public:
-  void Update(absl::Status status) {
-    if (status.ok()) return;
-    absl::MutexLock lock(&mu_);
-    if (status_.ok()) status_ = std::move(status);
-    failed_.store(true, std::memory_order_relaxed);
-  }
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
-  absl::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> failed_{false};
-};
 
 // The data file names the committed metadata of `dir` uses; none when there
 // is no `.metadata`; its error when it cannot be read or decoded.

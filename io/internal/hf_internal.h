@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "core/tensor.h"
 #include "io/file_system.h"
+#include "io/internal/parallel_work.h"
 #include "io/io_engine.h"
 #include "planner/metadata.h"
 
@@ -30,54 +31,9 @@ namespace dcp::internal_hf {
 
 inline constexpr int64_t kBlock = 4096;
 
-// A 4 KiB aligned heap buffer (ready for O_DIRECT).
-struct AlignedBuffer {
-  explicit AlignedBuffer(int64_t size_in)
-      : size(size_in),
-        data(static_cast<std::byte*>(
-            ::operator new[](static_cast<size_t>(std::max<int64_t>(size, 1)),
-                             std::align_val_t{kBlock}))) {}
-  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{kBlock}); }
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  int64_t size;
-  std::byte* data;
-};
-
-// Runs fn(worker) on `count` threads (inline for one) and joins them.
-template <typename Fn>
-void RunOnThreads(int count, Fn fn) {
-  if (count <= 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(count);
-  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
-  for (std::thread& t : threads) t.join();
-}
-
-// The first error of several workers (sticky).
-class FirstError {
- public:
-  void Update(absl::Status status) {
-    if (status.ok()) return;
-    absl::MutexLock lock(&mu_);
-    if (status_.ok()) status_ = std::move(status);
-  }
-  bool failed() {
-    absl::MutexLock lock(&mu_);
-    return !status_.ok();
-  }
-  absl::Status status() {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-};
+using internal_io::AlignedBuffer;
+using internal_io::FirstError;
+using internal_io::RunOnThreads;
 
 // `fs`, or the local file system when it is null.
 FileSystemBase* OrLocal(FileSystemBase* fs);

@@ -1,0 +1,70 @@
+// Internal to io/: what the storage writers and readers use to run work on
+// several threads and to hold O_DIRECT-ready memory.
+#ifndef DCP_IO_INTERNAL_PARALLEL_WORK_H_
+#define DCP_IO_INTERNAL_PARALLEL_WORK_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+
+namespace dcp::internal_io {
+
+// A 4 KiB aligned heap buffer (ready for O_DIRECT reads and writes).
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t size_in)
+      : size(static_cast<int64_t>(size_in)),
+        data(static_cast<std::byte*>(::operator new[](
+            std::max<size_t>(size_in, 1), std::align_val_t{4096}))) {}
+  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  int64_t size;
+  std::byte* data;
+};
+
+// Runs fn(worker) on `count` threads (inline for one) and joins them.
+template <typename Fn>
+void RunOnThreads(int count, Fn fn) {
+  if (count <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(count);
+  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
+// The first error of several workers (sticky). Thread-safe.
+class FirstError {
+ public:
+  void Update(absl::Status status) {
+    if (status.ok()) return;
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(status);
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  absl::Status status() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace dcp::internal_io
+
+#endif  // DCP_IO_INTERNAL_PARALLEL_WORK_H_
