@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
+#include "comm/store_process_group.h"
 #include "core/status.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
@@ -43,24 +44,24 @@ class GlooProcessGroup::Impl {
         options.job_id.empty()
             ? options.group_name
             : absl::StrCat(options.group_name, "/job-", options.job_id);
-    prefix_ = absl::StrCat(name, "/", NextInstance(name));
-    const std::string& prefix = prefix_;
+    const std::string base = absl::StrCat(name, "/", NextInstance(name));
     const std::string where =
         absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
-                        rank_, size_, prefix, options.store.ToString());
-    // Gloo refuses to set a key twice; say whose key it is before it does.
-    if (const std::string own = absl::StrCat(prefix, "/", HostKey(rank_));
-        internal::KeyExists(*store_, own)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          where, ": key \"", own, "\" is already set, by ",
-          options.job_id.empty() ? std::string("a job without a job id")
-                                 : absl::StrCat("job \"", options.job_id, "\""),
-          " that is still joining or crashed before its ranks met; give "
-          "this job another job id (DCP_JOB_ID) or delete the keys"));
+                        rank_, size_, base, options.store.ToString());
+    const absl::Time deadline = absl::Now() + options.connect_timeout;
+    // A fresh generation per group: keys a crashed job with the same job id
+    // left under `base` belong to another generation and are never read.
+    std::unique_ptr<KeyValueStore> keys = internal::AsKeyValueStore(*store_);
+    if (keys == nullptr) {
+      return absl::InternalError(absl::StrCat(where, ": unknown store type"));
     }
+    absl::StatusOr<std::string> generation =
+        JoinGeneration(*keys, base, rank_, size_, deadline);
+    if (!generation.ok()) return Annotate(generation.status(), where);
+    prefix_ = absl::StrCat(base, "/", *generation);
+    const std::string& prefix = prefix_;
     prefix_store_ =
         std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
-    const absl::Time deadline = absl::Now() + options.connect_timeout;
     DeadlineStore store(*prefix_store_, deadline);
     try {
       gloo::transport::tcp::attr attr;
@@ -89,15 +90,6 @@ class GlooProcessGroup::Impl {
           std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))));
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      if (absl::StrContains(what, "already exists") ||
-          absl::StrContains(what, "already set")) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            where,
-            ": the store holds this rank's key from a job with the same job "
-            "id that never formed; give this job another job id "
-            "(DCP_JOB_ID) or delete the keys: ",
-            what));
-      }
       if (absl::StrContains(what, "Wait timeout") ||
           absl::StrContains(absl::AsciiStrToLower(what), "timed out") ||
           absl::StrContains(absl::AsciiStrToLower(what), "timeout")) {
@@ -126,6 +118,9 @@ class GlooProcessGroup::Impl {
         Exchange("joined", /*root=*/-1, sends, peers, &received, deadline));
     for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
       internal::RemoveKey(*store_, absl::StrCat(prefix, "/", key));
+    }
+    if (rank_ == 0) {
+      ForgetGeneration(*keys, base, *generation).IgnoreError();
     }
     return absl::OkStatus();
   }

@@ -33,17 +33,17 @@
 // with rank 0's code, instead of timing out on rank 0. A rank that dies
 // without a record costs its peers up to 250 ms of looking for one.
 //
-// Reusing a rendezvous: the prefix is "<group_name>/job-<job_id>/<instance>"
-// when the membership names a job (see rendezvous.h), so concurrent jobs
-// sharing a store never meet each other's keys. Once the mesh is up the
-// ranks pass a barrier and each removes its own address key, so the next
-// job with the same name and store (a 2-rank load after a 3-rank save, a
-// SLURM step after the previous one) starts from an empty prefix. A job
-// that crashed before its ranks met leaves keys behind: a rank that finds
-// its key already set fails at once with kAlreadyExists naming the job id
-// and the key (give the next job another job id, e.g. a fresh DCP_JOB_ID,
-// or delete the keys). Abort records of a failed group stay in the store;
-// nothing reads them after the group is gone.
+// Reusing a rendezvous: groups meet under "<group_name>/job-<job_id>/
+// <instance>" when the membership names a job (see rendezvous.h), so
+// concurrent jobs sharing a store never meet each other's keys. Under it
+// the ranks first agree on a fresh random generation (JoinGeneration in
+// store_process_group.h: rank 0 draws it and hands it to each rank) and
+// Gloo's mesh keys live under ".../<instance>/<generation>". Keys a crashed
+// job with the same job id left (addresses, join state, abort records)
+// belong to another generation and are never read, so the restarted job
+// forms a fresh mesh. Once the mesh is up the ranks pass a barrier and each
+// removes its own address keys, and rank 0 the generation's ready key, so
+// a job that formed leaves only abort records of a failed group behind.
 #ifndef DCP_COMM_GLOO_PROCESS_GROUP_H_
 #define DCP_COMM_GLOO_PROCESS_GROUP_H_
 
@@ -71,8 +71,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // connects to every other rank. Blocks until all `world_size` ranks have
   // joined or `connect_timeout` passes (kDeadlineExceeded). kInvalidArgument
   // for bad rank/size or an unusable store directory; kUnavailable when the
-  // redis server cannot be reached or a connection fails; kAlreadyExists
-  // when the store already holds this rank's key (a stale directory).
+  // redis server cannot be reached or a connection fails.
   // The first call in a process sets SIGPIPE to ignored when it has its
   // default action (a write to a lost rank would otherwise kill this one);
   // a handler or disposition the program set is left alone.

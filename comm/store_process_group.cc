@@ -556,6 +556,27 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateStoreProcessGroup(
       std::move(store), rank, size, options, generation, can_remove));
 }
 
+absl::StatusOr<std::string> JoinGeneration(KeyValueStore& store,
+                                           const std::string& group_name,
+                                           int rank, int size,
+                                           absl::Time deadline) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("join of \"%s\": rank %d out of range for %d ranks",
+                        group_name, rank, size));
+  }
+  StoreClient client(store, absl::StrCat("join on rank ", rank));
+  return rank == 0 ? AdmitRanks(client, group_name, size, deadline)
+                   : JoinGroup(client, group_name, rank, size, deadline);
+}
+
+absl::Status ForgetGeneration(KeyValueStore& store,
+                              const std::string& group_name,
+                              const std::string& generation) {
+  StoreClient client(store, "forgetting a joined generation");
+  return client.Remove(KeyScheme(group_name, generation).Key(0, "ready", 0));
+}
+
 absl::Status InMemoryKeyValueStore::Set(const std::string& key,
                                         absl::string_view value) {
   absl::MutexLock lock(&mu_);

@@ -128,6 +128,28 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateStoreProcessGroup(
     std::shared_ptr<KeyValueStore> store, int rank, int size,
     const StoreProcessGroupOptions& options);
 
+// Joining alone, for backends that meet through a store and then connect
+// by themselves (Gloo's mesh, NCCL's unique id): the ranks agree on a fresh
+// generation under "<group_name>/" by the joining protocol above and each
+// gets it back. Keys an earlier or crashed job of the same name left are
+// never taken for this job's: they carry another generation, and a stale
+// join/<rank> is replaced as described. kDeadlineExceeded naming the ranks
+// that did not join by `deadline`; kInvalidArgument for a rank outside
+// [0, size) or a size that differs from rank 0's; store errors as above.
+// Leaves one key, the generation's ready key: once every rank has read it
+// (every rank has passed a barrier after joining), rank 0 removes it with
+// ForgetGeneration. Call it on every rank with size > 1.
+absl::StatusOr<std::string> JoinGeneration(KeyValueStore& store,
+                                           const std::string& group_name,
+                                           int rank, int size,
+                                           absl::Time deadline);
+
+// Removes the key JoinGeneration leaves for `generation` (rank 0, once
+// every rank has read it). OK when the store cannot remove keys.
+absl::Status ForgetGeneration(KeyValueStore& store,
+                              const std::string& group_name,
+                              const std::string& generation);
+
 // An in-memory KeyValueStore for tests and single-process use: every rank
 // of a group runs in one process (threads) and holds the same instance.
 // Thread-safe; Get waits on a condition variable (no polling).

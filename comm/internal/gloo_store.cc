@@ -1,13 +1,22 @@
 #include "comm/internal/gloo_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <system_error>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
@@ -32,6 +41,46 @@ class CheckableFileStore final : public gloo::rendezvous::FileStore {
     std::filesystem::remove(objectPath(key), ec);
     return !ec;
   }
+
+  // Sets `key`, replacing a value: written beside and renamed over it, so
+  // a reader sees the old bytes or the new, never part of them.
+  absl::Status Put(const std::string& key, absl::string_view value) {
+    const std::string path = objectPath(key);
+    const std::string tmp = absl::StrFormat("%s.%d.%p.tmp", path, ::getpid(),
+                                            static_cast<void*>(&value));
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(value.data(), static_cast<std::streamsize>(value.size()));
+      out.close();
+      if (!out) {
+        std::filesystem::remove(tmp);
+        return absl::UnavailableError(
+            absl::StrCat("rendezvous directory: cannot write ", tmp));
+      }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      std::filesystem::remove(tmp);
+      return absl::UnavailableError(absl::StrCat(
+          "rendezvous directory: rename to ", path, ": ", std::strerror(err)));
+    }
+    return absl::OkStatus();
+  }
+
+  // The value of `key`, nullopt when it is not set.
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) {
+    const std::string path = objectPath(key);
+    std::ifstream in(path, std::ios::binary);
+    if (!in.is_open()) {
+      if (errno == ENOENT) return std::optional<std::string>();
+      return absl::UnavailableError(
+          absl::StrCat("rendezvous directory: cannot read ", path, ": ",
+                       std::strerror(errno)));
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    return std::optional<std::string>(text.str());
+  }
 };
 
 #if GLOO_USE_REDIS
@@ -47,10 +96,111 @@ class RemovableRedisStore final : public gloo::rendezvous::RedisStore {
     freeReplyObject(reply);
     return ok;
   }
+
+  // SET: replaces a value (Gloo's set refuses to).
+  absl::Status Put(const std::string& key, absl::string_view value) {
+    auto* reply = static_cast<redisReply*>(
+        redisCommand(redis_, "SET %b %b", key.data(), key.size(), value.data(),
+                     value.size()));
+    absl::Status status = ReplyStatus("SET", key, reply);
+    if (reply != nullptr) freeReplyObject(reply);
+    return status;
+  }
+
+  absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key) {
+    auto* reply = static_cast<redisReply*>(
+        redisCommand(redis_, "GET %b", key.data(), key.size()));
+    absl::Status status = ReplyStatus("GET", key, reply);
+    std::optional<std::string> value;
+    if (status.ok() && reply->type == REDIS_REPLY_STRING) {
+      value.emplace(reply->str, reply->len);
+    }
+    if (reply != nullptr) freeReplyObject(reply);
+    if (!status.ok()) return status;
+    return value;
+  }
+
+ private:
+  absl::Status ReplyStatus(absl::string_view command, const std::string& key,
+                           const redisReply* reply) const {
+    if (reply == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("redis ", command, " \"", key,
+                       "\": ", redis_->err != 0 ? redis_->errstr : "no reply"));
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return absl::UnavailableError(
+          absl::StrCat("redis ", command, " \"", key,
+                       "\": ", absl::string_view(reply->str, reply->len)));
+    }
+    return absl::OkStatus();
+  }
 };
 #endif
 
+// The KeyValueStore face of a store made by OpenStore.
+template <typename Backend>
+class KeyValueView final : public KeyValueStore {
+ public:
+  explicit KeyValueView(Backend& store) : store_(store) {}
+
+  absl::Status Set(const std::string& key, absl::string_view value) override {
+    try {
+      return store_.Put(key, value);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("rendezvous set \"", key, "\": ", e.what()));
+    }
+  }
+
+  // Polls every 10 ms, as Gloo's stores do: neither a directory on a
+  // shared file system nor Gloo's redis client can wait for a key.
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      absl::StatusOr<std::optional<std::string>> value;
+      try {
+        value = store_.TryGet(key);
+      } catch (const std::exception& e) {
+        value = absl::UnavailableError(
+            absl::StrCat("rendezvous get \"", key, "\": ", e.what()));
+      }
+      if (!value.ok()) return value.status();
+      if (value->has_value()) return **std::move(value);
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("rendezvous key \"", key, "\" not set within ",
+                         absl::FormatDuration(timeout)));
+      }
+      absl::SleepFor(std::min(left, absl::Milliseconds(10)));
+    }
+  }
+
+  absl::Status Remove(const std::string& key) override {
+    if (store_.Remove(key)) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("rendezvous: cannot remove key \"", key, "\""));
+  }
+
+ private:
+  Backend& store_;
+};
+
 }  // namespace
+
+std::unique_ptr<KeyValueStore> AsKeyValueStore(gloo::rendezvous::Store& store) {
+  if (auto* file = dynamic_cast<CheckableFileStore*>(&store)) {
+    return std::make_unique<KeyValueView<CheckableFileStore>>(*file);
+  }
+#if GLOO_USE_REDIS
+  if (auto* redis = dynamic_cast<RemovableRedisStore*>(&store)) {
+    return std::make_unique<KeyValueView<RemovableRedisStore>>(*redis);
+  }
+#endif
+  return nullptr;
+}
 
 Millis Remaining(absl::Time deadline) {
   const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "comm/rendezvous.h"
+#include "comm/store_process_group.h"
 #include "gloo/rendezvous/store.h"
 
 namespace dcp::comm::internal {
@@ -84,6 +85,12 @@ bool KeyExists(gloo::rendezvous::Store& store, const std::string& key);
 // key is not an error. False when the store cannot remove keys or the
 // removal failed. Throws nothing.
 bool RemoveKey(gloo::rendezvous::Store& store, const std::string& key);
+
+// The KeyValueStore face of a store made by OpenStore (nullptr for any
+// other store): Set replaces a value (a file renamed into place, a redis
+// SET), Get polls every 10 ms until its timeout, Remove deletes. Borrows
+// `store`, which must outlive it.
+std::unique_ptr<KeyValueStore> AsKeyValueStore(gloo::rendezvous::Store& store);
 
 }  // namespace dcp::comm::internal
 
