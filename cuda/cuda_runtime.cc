@@ -378,6 +378,20 @@ class CudaRuntime final : public DeviceRuntime {
     return DeviceAllocation{reinterpret_cast<const std::byte*>(base), size};
   }
 
+  void* NativeStream(DeviceStream* stream) override {
+    return stream == nullptr ? nullptr : AsRecord(stream)->stream;
+  }
+
+  absl::StatusOr<int> SetCurrentDevice(int device) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "SetCurrentDevice"));
+    int previous = 0;
+    DCP_CUDA_CHECK(cudaGetDevice(&previous), "SetCurrentDevice: cudaGetDevice");
+    if (previous != device) {
+      DCP_RETURN_IF_ERROR(SetDevice(device, "SetCurrentDevice"));
+    }
+    return previous;
+  }
+
  private:
   absl::Status CheckDevice(int device, absl::string_view what) const {
     if (device < 0 || device >= device_count_) {

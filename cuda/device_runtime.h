@@ -178,6 +178,17 @@ class DeviceRuntime {
   // the runtime can place (callers then copy each buffer by itself).
   virtual absl::StatusOr<DeviceAllocation> FindAllocation(int device,
                                                           const void* ptr) = 0;
+
+  // ---- For libraries that take native handles (NCCL) ----------------------
+  // The native handle of `stream`: its cudaStream_t on CUDA, the
+  // DeviceStream* itself on the host runtime (as in core/device.h's
+  // DeviceWait). Valid while `stream` is.
+  virtual void* NativeStream(DeviceStream* stream) = 0;
+  // Makes `device` current on the calling thread, for libraries that read
+  // the current device instead of taking one (ncclCommInitRank); returns
+  // the device current before. kInvalidArgument for an ordinal outside
+  // [0, DeviceCount()).
+  virtual absl::StatusOr<int> SetCurrentDevice(int device) = 0;
 };
 
 // Number of usable CUDA devices. 0 when the driver is missing or too old, or

@@ -424,6 +424,14 @@ class HostRuntime final : public DeviceRuntime {
         "FindAllocation %p: not in an AllocateDevice allocation", ptr));
   }
 
+  void* NativeStream(DeviceStream* stream) override { return stream; }
+
+  // One pretend device: always current.
+  absl::StatusOr<int> SetCurrentDevice(int device) override {
+    DCP_RETURN_IF_ERROR(CheckDevice(device, "SetCurrentDevice"));
+    return 0;
+  }
+
   absl::Status FreeDevice(void* ptr) override {
     if (ptr == nullptr) return absl::OkStatus();
     size_t size;

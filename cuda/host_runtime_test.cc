@@ -384,5 +384,17 @@ TEST(HostRuntimeLifetimeTest, DestroyingRuntimeDrainsPendingWork) {
   EXPECT_EQ(dst, src);
 }
 
+// Native handles on the host runtime are its own handles, and its one
+// pretend device is the current device.
+TEST(HostRuntimeNativeTest, NativeStreamIsTheHandleAndDeviceZeroIsCurrent) {
+  std::unique_ptr<DeviceRuntime> rt = CreateHostRuntime();
+  auto stream = MakeOwnedStream(*rt, 0);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  EXPECT_EQ(rt->NativeStream(stream->get()), stream->get());
+  EXPECT_EQ(rt->SetCurrentDevice(0).value_or(-1), 0);
+  EXPECT_EQ(rt->SetCurrentDevice(1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dcp
