@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "capi/internal/handles.h"
 #include "capi/internal/last_error.h"
 #include "capi/internal/options.h"
+#include "capi/internal/ordered_reader.h"
 #include "capi/internal/registry.h"
 #include "capi/internal/state_tree.h"
 #include "capi/internal/store_adapter.h"
@@ -102,11 +104,14 @@ absl::Status CreateStorage(const char* function, const char* path,
   }
   if (!options.ok()) return options.status();
   auto handle = std::make_unique<Handle>();
-  auto storage = std::make_shared<Storage>(path, *std::move(options));
   if constexpr (kWriter) {
-    handle->writer = std::move(storage);
+    handle->writer = std::make_shared<Storage>(path, *std::move(options));
   } else {
-    handle->reader = std::move(storage);
+    // The reader's device staging is the handle's, so a load can order its
+    // copies (OrderedReader). Its defaults are the readers' own.
+    handle->staging = std::make_shared<DeviceStaging>();
+    options->device_staging = handle->staging.get();
+    handle->reader = std::make_shared<Storage>(path, *std::move(options));
   }
   *out = Publish(handle.release());
   return absl::OkStatus();
@@ -182,6 +187,7 @@ absl::Status SetLeaf(dcp_state_dict& sd, const ObjectPath& path,
   } else {
     sd.read_only.erase(path);
   }
+  sd.requires_grad.erase(path);
   sd.Changed();
   return absl::OkStatus();
 }
@@ -396,8 +402,21 @@ struct SaveJob {
   GroupPin group;
 };
 
+// The flattened names of the tensors `sd` marks with requires_grad (marks
+// whose path no longer holds a tensor are dropped).
+std::set<std::string> RequiresGradNames(dcp_state_dict& sd) {
+  std::set<std::string> names;
+  for (const ObjectPath& path : sd.requires_grad) {
+    absl::StatusOr<StateValue*> leaf = FindLeaf(sd.root, path);
+    if (leaf.ok() && ((*leaf)->is_tensor() || (*leaf)->is_sharded_tensor())) {
+      names.insert(PathToString(path));
+    }
+  }
+  return names;
+}
+
 absl::StatusOr<std::unique_ptr<SaveJob>> PrepareSave(
-    const dcp_save_options_t* c_options, bool async) {
+    dcp_state_dict& sd, const dcp_save_options_t* c_options, bool async) {
   DCP_ASSIGN_OR_RETURN(dcp_save_options_t in,
                        ReadVersioned(c_options, "dcp_save_options_t"));
   auto job = std::make_unique<SaveJob>();
@@ -459,6 +478,7 @@ absl::StatusOr<std::unique_ptr<SaveJob>> PrepareSave(
   DCP_ASSIGN_OR_RETURN(DefaultSavePlannerOptions planner_options,
                        SavePlannerOptionsFromC(
                            in.planner, options.use_collectives || ranks == 1));
+  planner_options.requires_grad = RequiresGradNames(sd);
   job->planner = std::make_unique<DefaultSavePlanner>(planner_options);
   options.planner = job->planner.get();
   return job;
@@ -713,6 +733,30 @@ int dcp_state_dict_set_dlpack_versioned(dcp_state_dict_t* sd, dcp_path_t path,
   });
 }
 
+int dcp_state_dict_mark_requires_grad(dcp_state_dict_t* sd, size_t n,
+                                      const dcp_path_t* paths) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_state_dict * h, Resolve(sd));
+    if (n > 0 && paths == nullptr) {
+      return absl::InvalidArgumentError(
+          "dcp_state_dict_mark_requires_grad: paths is NULL");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      DCP_ASSIGN_OR_RETURN(dcp::ObjectPath p, dcp::capi::PathFromC(paths[i]));
+      DCP_ASSIGN_OR_RETURN(dcp::StateValue * leaf,
+                           dcp::capi::FindLeaf(h->root, p));
+      if (!leaf->is_tensor() && !leaf->is_sharded_tensor()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dcp::capi::PathPrefix(p), ": holds a ",
+                         dcp::StateKindName(leaf->kind()),
+                         ", not a tensor; only tensors require grad"));
+      }
+      h->requires_grad.insert(std::move(p));
+    }
+    return absl::OkStatus();
+  });
+}
+
 int dcp_state_dict_set_none(dcp_state_dict_t* sd, dcp_path_t path) {
   return Guard([&] { return dcp::capi::SetPlain(sd, path, {}); });
 }
@@ -958,7 +1002,7 @@ int dcp_save(const dcp_state_dict_t* sd, const dcp_save_options_t* options,
     if (metadata_out != nullptr) *metadata_out = nullptr;
     DCP_ASSIGN_OR_RETURN(dcp_state_dict * h, Resolve(sd));
     DCP_ASSIGN_OR_RETURN(std::unique_ptr<dcp::capi::SaveJob> job,
-                         dcp::capi::PrepareSave(options, /*async=*/false));
+                         dcp::capi::PrepareSave(*h, options, /*async=*/false));
     DCP_ASSIGN_OR_RETURN(dcp::Metadata metadata,
                          dcp::Save(h->root, job->options));
     if (metadata_out != nullptr) {
@@ -976,19 +1020,29 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
         dcp::capi::ReadVersioned(options, "dcp_load_options_t"));
     dcp::LoadOptions load;
     load.checkpoint_id = in.checkpoint_id == nullptr ? "" : in.checkpoint_id;
+    std::shared_ptr<dcp::DeviceStaging> staging;  // Outlives the reader.
     std::shared_ptr<dcp::StorageReader> reader;
     if (in.storage_reader != nullptr) {
       DCP_ASSIGN_OR_RETURN(dcp_storage_reader * r, Resolve(in.storage_reader));
       reader = r->reader;
-      if (!load.checkpoint_id.empty()) {
-        DCP_RETURN_IF_ERROR(reader->Reset(load.checkpoint_id));
-      }
-      load.storage_reader = reader.get();
+      staging = r->staging;
     } else if (load.checkpoint_id.empty()) {
       return absl::InvalidArgumentError(
           "a load needs dcp_load_options_t.checkpoint_id (a directory) or "
           "storage_reader");
+    } else {
+      staging = std::make_shared<dcp::DeviceStaging>();
+      dcp::FileSystemReaderOptions reader_options;
+      reader_options.device_staging = staging.get();
+      reader = std::make_shared<dcp::FileSystemReader>(load.checkpoint_id,
+                                                       reader_options);
     }
+    // The engine points the reader at checkpoint_id (Reset) and passes the
+    // wait, each rank inside the load's shared setup step.
+    dcp::capi::OrderedReader ordered(reader, staging);
+    load.storage_reader = &ordered;
+    DCP_ASSIGN_OR_RETURN(load.device_wait,
+                         dcp::capi::DeviceWaitFromC(in.device_wait));
     DCP_ASSIGN_OR_RETURN(
         bool no_dist,
         dcp::capi::ReadFlag(in.no_dist, false, "dcp_load_options_t.no_dist"));
@@ -1017,7 +1071,7 @@ int dcp_async_save(const dcp_state_dict_t* sd,
     DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_async_save_t**"));
     DCP_ASSIGN_OR_RETURN(dcp_state_dict * h, Resolve(sd));
     DCP_ASSIGN_OR_RETURN(std::unique_ptr<dcp::capi::SaveJob> prepared,
-                         dcp::capi::PrepareSave(options, /*async=*/true));
+                         dcp::capi::PrepareSave(*h, options, /*async=*/true));
     std::shared_ptr<dcp::capi::SaveJob> job = std::move(prepared);
     dcp::AsyncSaveOptions async_options;
     async_options.save = job->options;
@@ -1255,6 +1309,72 @@ int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index, size_t elem,
       out->key = nullptr;
       out->index = std::get<int64_t>(element);
     }
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_version(const dcp_metadata_t* md, const char** version) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(version, "const char** version"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    *version = h->metadata.version.c_str();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_num_storage(const dcp_metadata_t* md, size_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "size_t*"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    *out = h->storage.size();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_storage(const dcp_metadata_t* md, size_t index,
+                         dcp_storage_info_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(dcp::capi::CheckOutStruct(out, "dcp_storage_info_t"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (index >= h->storage.size()) {
+      return absl::OutOfRangeError(absl::StrCat("storage entry index ", index,
+                                                " is out of range; there are ",
+                                                h->storage.size(), " entries"));
+    }
+    const auto& [key, where] = *h->storage[index];
+    dcp_storage_info_t info = {};
+    info.name = key.fqn.c_str();
+    if (key.offset.has_value()) {
+      info.has_offsets = 1;
+      info.ndim = static_cast<int32_t>(key.offset->size());
+      info.offsets = key.offset->data();
+    }
+    info.relative_path = where.relative_path.c_str();
+    info.offset = where.offset;
+    info.length = where.length;
+    dcp::capi::WriteVersioned(info, out);
+    return absl::OkStatus();
+  });
+}
+
+int dcp_storage_reader_read_metadata(dcp_storage_reader_t* reader,
+                                     const char* checkpoint_id,
+                                     dcp_metadata_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_metadata_t**"));
+    DCP_ASSIGN_OR_RETURN(dcp_storage_reader * r, Resolve(reader));
+    if (checkpoint_id != nullptr) {
+      if (checkpoint_id[0] == '\0') {
+        return absl::InvalidArgumentError(
+            "dcp_storage_reader_read_metadata: checkpoint_id is empty (pass "
+            "NULL to keep the reader's location)");
+      }
+      DCP_RETURN_IF_ERROR(r->reader->Reset(checkpoint_id));
+    } else {
+      DCP_RETURN_IF_ERROR(r->reader->Reset(""));
+    }
+    DCP_ASSIGN_OR_RETURN(dcp::Metadata metadata, r->reader->ReadMetadata());
+    *out = Publish(new dcp_metadata(std::move(metadata)));
     return absl::OkStatus();
   });
 }

@@ -555,6 +555,146 @@ static void test_metadata(void) {
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
+/* requires_grad marks, the format version and storage data of a save, a
+ * reader's own metadata read (native and Hugging Face), and the load's
+ * device wait with host tensors (nothing to order: accepted). */
+static void test_metadata_extras(void) {
+  float w[4] = {1, 2, 3, 4}, b[2] = {5, 6}, w_out[4], b_out[2];
+  int64_t w_shape[1] = {4}, b_shape[1] = {2};
+  const dcp_path_t marked[1] = {PATH(KEY("model"), KEY("w"))};
+  const dcp_path_t step_path[1] = {PATH(KEY("step"))};
+  const dcp_path_t missing[1] = {PATH(KEY("model"), KEY("x"))};
+  char dir[4200], hf_dir[4200];
+  dcp_state_dict_t* sd = NULL;
+  dcp_metadata_t* md = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  dcp_item_info_t item;
+  dcp_storage_info_t where;
+  const char* version = NULL;
+  size_t n = 0, index = 0, i;
+  int found_w = 0, found_step = 0;
+  DLTensor t;
+
+  memset(&item, 0, sizeof(item));
+  item.struct_size = sizeof(item);
+  memset(&where, 0, sizeof(where));
+  where.struct_size = sizeof(where);
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(w, 1, w_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL));
+  t = make_tensor(b, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("b")), &t, NULL));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("step")), 3));
+  CHECK_OK(dcp_state_dict_mark_requires_grad(sd, 1, marked));
+  CHECK_ERROR(dcp_state_dict_mark_requires_grad(sd, 1, step_path),
+              DCP_INVALID_ARGUMENT, "\"step\"");
+  CHECK_ERROR(dcp_state_dict_mark_requires_grad(sd, 1, missing), DCP_NOT_FOUND,
+              "model.x");
+  CHECK_ERROR(dcp_state_dict_mark_requires_grad(sd, 1, NULL),
+              DCP_INVALID_ARGUMENT, "paths is NULL");
+  so = save_options(dir_for("extras", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, &md));
+
+  /* requires_grad as marked, version, storage data. */
+  CHECK_OK(dcp_metadata_find(md, "model.w", &index));
+  CHECK_OK(dcp_metadata_item(md, index, &item));
+  CHECK(item.requires_grad == 1);
+  CHECK_OK(dcp_metadata_find(md, "model.b", &index));
+  CHECK_OK(dcp_metadata_item(md, index, &item));
+  CHECK(item.requires_grad == 0);
+  CHECK_OK(dcp_metadata_version(md, &version));
+  CHECK(strcmp(version, "dcp-1") == 0);
+  CHECK_ERROR(dcp_metadata_version(md, NULL), DCP_INVALID_ARGUMENT, "version");
+  CHECK_OK(dcp_metadata_num_storage(md, &n));
+  CHECK(n == 3);
+  for (i = 0; i < n; ++i) {
+    CHECK_OK(dcp_metadata_storage(md, i, &where));
+    CHECK(where.relative_path != NULL && strlen(where.relative_path) > 0);
+    if (strcmp(where.name, "model.w") == 0) {
+      found_w = 1;
+      CHECK(where.has_offsets == 1 && where.ndim == 1 && where.offsets[0] == 0);
+      CHECK(where.length == (int64_t)sizeof(w) && where.offset >= 0);
+    } else if (strcmp(where.name, "step") == 0) {
+      found_step = 1;
+      CHECK(where.has_offsets == 0 && where.ndim == 0 && where.length > 0);
+    }
+  }
+  CHECK(found_w && found_step);
+  CHECK_ERROR(dcp_metadata_storage(md, 3, &where), DCP_OUT_OF_RANGE, "index 3");
+  CHECK_OK(dcp_metadata_free(md));
+
+  /* The same metadata, read through a reader handle. */
+  CHECK_OK(dcp_fs_reader_create(dir, NULL, &reader));
+  CHECK_OK(dcp_storage_reader_read_metadata(reader, NULL, &md));
+  CHECK_OK(dcp_metadata_find(md, "model.w", &index));
+  CHECK_OK(dcp_metadata_item(md, index, &item));
+  CHECK(item.requires_grad == 1);
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_ERROR(dcp_storage_reader_read_metadata(reader, "", &md),
+              DCP_INVALID_ARGUMENT, "empty");
+  CHECK_ERROR(dcp_storage_reader_read_metadata(reader, NULL, NULL),
+              DCP_INVALID_ARGUMENT, "dcp_metadata_t**");
+  CHECK_ERROR(dcp_storage_reader_read_metadata(
+                  reader, dir_for("extras-none", hf_dir, sizeof(hf_dir)), &md),
+              DCP_NOT_FOUND, "extras-none");
+  CHECK_OK(dcp_storage_reader_free(reader));
+
+  /* A leaf set again loses its mark. */
+  t = make_tensor(w, 1, w_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL));
+  CHECK_OK(dcp_save(sd, &so, &md));
+  CHECK_OK(dcp_metadata_find(md, "model.w", &index));
+  CHECK_OK(dcp_metadata_item(md, index, &item));
+  CHECK(item.requires_grad == 0);
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  /* A load with a device wait but no device tensor: nothing to order. */
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(w_out, 1, w_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("w")), &t, NULL));
+  t = make_tensor(b_out, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(
+      dcp_state_dict_set_tensor(sd, PATH(KEY("model"), KEY("b")), &t, NULL));
+  lo = load_options(dir);
+  lo.device_wait.kind = DCP_DEVICE_WAIT_STREAM;
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(w, w_out, sizeof(w)) == 0 && memcmp(b, b_out, sizeof(b)) == 0);
+  lo.device_wait.kind = 7;
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_INVALID_ARGUMENT, "kind");
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  /* A Hugging Face directory's metadata through its reader. */
+  CHECK_OK(dcp_hf_writer_create(dir_for("extras-hf", hf_dir, sizeof(hf_dir)),
+                                NULL, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(w, 1, w_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("w")), &t, NULL));
+  so = save_options(NULL);
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_hf_reader_create(hf_dir, NULL, &reader));
+  CHECK_OK(dcp_storage_reader_read_metadata(reader, NULL, &md));
+  CHECK_OK(dcp_metadata_num_items(md, &n));
+  CHECK(n == 1);
+  CHECK_OK(dcp_metadata_item(md, 0, &item));
+  CHECK(strcmp(item.name, "w") == 0 && item.is_tensor == 1);
+  CHECK(item.dtype == DCP_DTYPE_F32 && item.ndim == 1 && item.shape[0] == 4);
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_ERROR(dcp_storage_reader_read_metadata(reader, dir, &md), DCP_NOT_FOUND,
+              "extras");
+  CHECK_OK(dcp_storage_reader_free(reader));
+}
+
 /* A storage writer and reader of the caller's, pointed at checkpoint_id. */
 static void test_writer_and_reader_handles(void) {
   int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8];
@@ -1742,6 +1882,7 @@ int main(void) {
   test_plain_values();
   test_resharding();
   test_metadata();
+  test_metadata_extras();
   test_writer_and_reader_handles();
   test_hf_roundtrip();
   test_hf_errors();

@@ -258,6 +258,16 @@ DCP_API int dcp_state_dict_set_dlpack_versioned(
     dcp_state_dict_t* sd, dcp_path_t path,
     struct DLManagedTensorVersioned* tensor, const dcp_shard_t* shard);
 
+/* Marks the n tensor leaves at paths[i] as tensors that require grad (the
+ * seed's TensorProperties.requires_grad, read off a torch parameter): the
+ * next save records it in the metadata, and dcp_item_info_t.requires_grad
+ * reports it. Leaves set without a mark (and a leaf set again later) are
+ * recorded as not requiring grad. A path that holds no tensor or sharded
+ * tensor is DCP_INVALID_ARGUMENT naming it; the entries before it stay
+ * marked. */
+DCP_API int dcp_state_dict_mark_requires_grad(dcp_state_dict_t* sd, size_t n,
+                                              const dcp_path_t* paths);
+
 DCP_API int dcp_state_dict_set_none(dcp_state_dict_t* sd, dcp_path_t path);
 DCP_API int dcp_state_dict_set_int(dcp_state_dict_t* sd, dcp_path_t path,
                                    int64_t value);
@@ -496,6 +506,15 @@ typedef struct dcp_load_options {
   dcp_process_group_t* process_group;        /* NULL: the default */
   int32_t coordinator_rank;
   dcp_flag_t no_dist; /* default false */
+  /* The stream rule for a load into device tensors: the caller's stream
+   * (or an event recorded on it) whose work so far must finish before dcp
+   * writes the tensors (kernels still reading them, an allocator's fill).
+   * dcp's copy streams wait for it on the device; the host never blocks
+   * for it. The load returns once the bytes are on the device, so work the
+   * caller enqueues afterwards sees them. Every device tensor of the load
+   * must be on `device_wait.device` (DCP_INVALID_ARGUMENT naming it
+   * otherwise); ignored when the state dict has no device tensor. */
+  dcp_device_wait_t device_wait;
 } dcp_load_options_t;
 
 /* Saves `sd` and commits the checkpoint. `metadata_out` (may be NULL)
@@ -623,6 +642,40 @@ DCP_API int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index,
 /* The save's identity: checkpoint_id and save_id strings. */
 DCP_API int dcp_metadata_ids(const dcp_metadata_t* md,
                              const char** checkpoint_id, const char** save_id);
+
+/* The format of the checkpoint: "dcp-1" (docs/FORMAT.md) for dcp's own,
+ * "safetensors" for a Hugging Face directory. */
+DCP_API int dcp_metadata_version(const dcp_metadata_t* md,
+                                 const char** version);
+
+/* Where one stored item lives (the seed's storage_data, keyed by its
+ * MetadataIndex: the item's name and, for a tensor chunk, the chunk's
+ * offsets in the tensor). */
+typedef struct dcp_storage_info {
+  size_t struct_size;
+  const char* name;          /* the item's flattened name */
+  int32_t has_offsets;       /* 1: a tensor chunk; 0: a plain value */
+  int32_t ndim;              /* entries of `offsets` */
+  const int64_t* offsets;    /* the chunk's offsets in its tensor */
+  const char* relative_path; /* the data file, relative to the checkpoint */
+  int64_t offset;            /* byte offset of the item in that file */
+  int64_t length;            /* bytes of the item */
+} dcp_storage_info_t;
+
+/* Entries of the storage data, ordered by name then offsets. */
+DCP_API int dcp_metadata_num_storage(const dcp_metadata_t* md, size_t* out);
+DCP_API int dcp_metadata_storage(const dcp_metadata_t* md, size_t index,
+                                 dcp_storage_info_t* out);
+
+/* Reads the metadata of the checkpoint a storage reader points at (a
+ * Hugging Face reader's directory, whose tensors, dtypes and shapes come
+ * from the safetensors headers; or a file-system reader's), without
+ * loading. `checkpoint_id` NULL keeps the reader's own location, else the
+ * reader is pointed there first. DCP_NOT_FOUND naming the directory when
+ * it holds no checkpoint. */
+DCP_API int dcp_storage_reader_read_metadata(dcp_storage_reader_t* reader,
+                                             const char* checkpoint_id,
+                                             dcp_metadata_t** out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -264,6 +264,35 @@ absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
       .status();
 }
 
+// The wait a load passes its reader: `wait` when the state dict holds a
+// device tensor (all of them on wait.device), else none.
+absl::StatusOr<DeviceWait> DeviceWaitForLoad(StateDict& state_dict,
+                                             const DeviceWait& wait) {
+  if (wait.empty()) return wait;
+  DCP_ASSIGN_OR_RETURN(auto leaves, FlattenStateDictInPlace(state_dict));
+  bool any_device = false;
+  auto check = [&](const std::string& name, const Tensor& t) -> absl::Status {
+    if (!t.device().is_cuda()) return absl::OkStatus();
+    any_device = true;
+    if (t.device().index == wait.device) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", name, "\" is on ", t.device().ToString(),
+        ", but the caller's stream to wait for (LoadOptions::device_wait) is "
+        "on cuda:",
+        wait.device));
+  };
+  for (const auto& [name, value] : leaves) {
+    if (value->is_tensor()) {
+      DCP_RETURN_IF_ERROR(check(name, value->tensor()));
+    } else if (value->is_sharded_tensor()) {
+      for (const Shard& shard : value->sharded_tensor().local_shards()) {
+        DCP_RETURN_IF_ERROR(check(name, shard.tensor));
+      }
+    }
+  }
+  return any_device ? wait : DeviceWait{};
+}
+
 }  // namespace
 
 void SetDefaultProcessGroup(comm::ProcessGroup* group) {
@@ -352,10 +381,29 @@ absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
         absl::StrCat("coordinator_rank ", options.coordinator_rank,
                      " is outside the ", dist.size(), "-rank group"));
   }
+  // Preparing the reader is this rank's own step: with several ranks its
+  // outcome is shared, so a rank whose reader fails here fails every rank
+  // (naming it) instead of leaving the others waiting in the plan exchange.
+  absl::Status prepared = options.checkpoint_id.empty()
+                              ? absl::OkStatus()
+                              : storage_reader.Reset(options.checkpoint_id);
+  if (prepared.ok()) {
+    absl::StatusOr<DeviceWait> wait =
+        DeviceWaitForLoad(state_dict, options.device_wait);
+    prepared = wait.ok() ? storage_reader.SetDeviceWait(*wait) : wait.status();
+  }
+  absl::StatusOr<bool> detected =
+      prepared.ok() ? storage_reader.DetectRankLocal(dist.rank())
+                    : absl::StatusOr<bool>(prepared);
+  if (dist.size() > 1) {
+    DCP_RETURN_IF_ERROR(
+        ShareOutcome(*GroupFor(options.process_group, options.no_dist),
+                     "load setup", detected.status()));
+  }
+  DCP_RETURN_IF_ERROR(detected.status());
   // Every rank gets the same answer (the contract of DetectRankLocal), so
   // all take the same path below.
-  DCP_ASSIGN_OR_RETURN(bool rank_local,
-                       storage_reader.DetectRankLocal(dist.rank()));
+  const bool rank_local = *detected;
   if (!rank_local) {
     return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
   }

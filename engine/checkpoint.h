@@ -84,6 +84,17 @@ struct LoadOptions {
   comm::ProcessGroup* process_group = nullptr;  // Not owned.
   int coordinator_rank = 0;
   bool no_dist = false;
+  // The stream rule for a load into device tensors: the caller's stream (or
+  // an event recorded after its work) whose work so far must finish before
+  // dcp writes the tensors (kernels still reading them, an allocator's
+  // fill). The reader's copy streams wait for it on the device
+  // (StorageReader::SetDeviceWait); the host never blocks for it. Load
+  // returns once the bytes are on the device, so work enqueued afterwards
+  // on any stream sees them. Every device tensor must be on `device`
+  // (kInvalidArgument naming it); ignored when the state dict holds no
+  // device tensor. A reader that cannot order its copies fails the load
+  // with kUnimplemented. Empty: the caller has synchronized.
+  DeviceWait device_wait;
 };
 
 // Saves `state_dict` and returns the committed metadata. On failure nothing
@@ -97,7 +108,9 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
 // Status says what and where; tensors may hold partial data. A location that
 // holds both a checkpoint of all ranks and rank-local ones (use_collectives)
 // is kFailedPrecondition naming both; rank-local ones on a single rank are
-// kFailedPrecondition too.
+// kFailedPrecondition too. With several ranks, a rank whose reader fails
+// before planning (Reset, SetDeviceWait, DetectRankLocal) fails the load on
+// every rank with a CheckpointException naming it.
 absl::Status Load(StateDict& state_dict, const LoadOptions& options);
 
 // The seed's save_state_dict / load_state_dict: explicit storage.

@@ -10,8 +10,9 @@
 //
 // and a reader as
 //
-//   Reset(checkpoint_id) -> DetectRankLocal(rank) -> ReadMetadata -> SetUp ->
-//   PrepareLocalPlan -> (coordinator) PrepareGlobalPlan -> ReadData
+//   Reset(checkpoint_id) -> SetDeviceWait -> DetectRankLocal(rank) ->
+//   ReadMetadata -> SetUp -> PrepareLocalPlan -> (coordinator)
+//   PrepareGlobalPlan -> ReadData
 //
 // One instance serves one save or load at a time; calls come from one thread
 // (the engine's), except that WriteData/ReadData may complete on I/O threads.
@@ -113,6 +114,18 @@ class StorageReader {
   // location holds both layouts. Readers without a rank-local layout
   // return false (the default).
   virtual absl::StatusOr<bool> DetectRankLocal(int /*rank*/) { return false; }
+
+  // The caller's device work the next ReadData must let finish before it
+  // writes any device tensor (LoadOptions::device_wait; the engine passes
+  // an empty wait when the state dict has no device tensor). Readers that
+  // cannot order their device copies fail a non-empty wait with
+  // kUnimplemented (the default) rather than write too early.
+  virtual absl::Status SetDeviceWait(const DeviceWait& wait) {
+    if (wait.empty()) return absl::OkStatus();
+    return absl::UnimplementedError(
+        "this storage reader cannot order its device copies after the "
+        "caller's stream (LoadOptions::device_wait)");
+  }
 
   // kNotFound when the location holds no committed checkpoint; kDataLoss
   // when the metadata does not parse.

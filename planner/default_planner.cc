@@ -106,6 +106,8 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
       WriteItem item =
           TensorItem(name, WriteItemType::kTensor, Zeros(t.sizes().size()),
                      t.sizes(), t.dtype(), t.sizes());
+      item.tensor_data->properties.requires_grad =
+          options_.requires_grad.count(name) > 0;
       chunks_.emplace(item.index, t);
       plan.items.push_back(std::move(item));
     } else if (value.is_sharded_tensor()) {
@@ -121,6 +123,8 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
         WriteItem item =
             TensorItem(name, WriteItemType::kShard, shard.offsets,
                        shard.tensor.sizes(), st.dtype(), st.global_sizes());
+        item.tensor_data->properties.requires_grad =
+            options_.requires_grad.count(name) > 0;
         if (!chunks_.emplace(item.index, shard.tensor).second) {
           return absl::InvalidArgumentError(absl::StrCat(
               "sharded tensor \"", name, "\" has two local shards at offsets ",

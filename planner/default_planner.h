@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,10 @@ struct DefaultSavePlannerOptions {
   // this off for rank-local saves (use_collectives=false), where each rank's
   // checkpoint holds only its own shards.
   bool require_full_coverage = true;
+  // Flattened names of the tensors whose metadata records requires_grad
+  // (the seed reads it off torch tensors; dcp's Tensor carries no autograd
+  // state, so callers that have it, like the C ABI, name them here).
+  std::set<std::string> requires_grad;
   // The cache used when enable_plan_caching is on, one per rank (tests
   // simulating many ranks in one process give each its own). When null, a
   // process-wide cache is used.

@@ -107,21 +107,28 @@ absl::Status DeviceStaging::Upload(PinnedChunk chunk, size_t length, void* dst,
   return UploadRuns(std::move(chunk), {&run, 1}, device);
 }
 
+absl::StatusOr<DeviceUploader*> DeviceStaging::Uploader() {
+  absl::MutexLock lock(&mu_);
+  DCP_RETURN_IF_ERROR(EnsureLocked());
+  if (uploader_ == nullptr) {
+    StagingPipelineOptions uploader_options;
+    uploader_options.num_streams = options_.num_streams;
+    uploader_ = std::make_unique<DeviceUploader>(runtime_, uploader_options);
+  }
+  return uploader_.get();
+}
+
 absl::Status DeviceStaging::UploadRuns(PinnedChunk chunk,
                                        absl::Span<const UploadRun> runs,
                                        Device device) {
-  DeviceUploader* uploader;
-  {
-    absl::MutexLock lock(&mu_);
-    DCP_RETURN_IF_ERROR(EnsureLocked());
-    if (uploader_ == nullptr) {
-      StagingPipelineOptions uploader_options;
-      uploader_options.num_streams = options_.num_streams;
-      uploader_ = std::make_unique<DeviceUploader>(runtime_, uploader_options);
-    }
-    uploader = uploader_.get();
-  }
+  DCP_ASSIGN_OR_RETURN(DeviceUploader * uploader, Uploader());
   return uploader->UploadRuns(std::move(chunk), runs, device);
+}
+
+absl::Status DeviceStaging::OrderUploadsAfter(const DeviceWait& wait) {
+  if (wait.empty()) return absl::OkStatus();
+  DCP_ASSIGN_OR_RETURN(DeviceUploader * uploader, Uploader());
+  return uploader->WaitFor(wait);
 }
 
 absl::Status DeviceStaging::Flush() {

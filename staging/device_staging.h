@@ -85,6 +85,11 @@ class DeviceStaging {
   // Waits for every Upload so far; the first error of any of them. After an
   // error the next Upload starts clean. Call it when no Upload is running.
   absl::Status Flush();
+  // The load side's stream rule: every copy that Upload enqueues from now
+  // on (until a failed Flush) starts on the device only after the caller's
+  // work `wait` names (DeviceUploader::WaitFor); the host does not block.
+  // A no-op for an empty wait; the runtime's error otherwise.
+  absl::Status OrderUploadsAfter(const DeviceWait& wait);
 
   // Devices the runtime has (creating the runtime if needed; 0 on error).
   int DeviceCount();
@@ -92,6 +97,8 @@ class DeviceStaging {
 
  private:
   absl::Status EnsureLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The uploader, created on first use.
+  absl::StatusOr<DeviceUploader*> Uploader();
   absl::StatusOr<std::unique_ptr<StagingPipeline>> TakePipeline();
   void ReturnPipeline(std::unique_ptr<StagingPipeline> pipeline);
 

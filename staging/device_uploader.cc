@@ -98,6 +98,17 @@ absl::Status DeviceUploader::Flush() {
   return error_;
 }
 
+absl::Status DeviceUploader::WaitFor(const DeviceWait& wait) {
+  if (wait.empty()) return absl::OkStatus();
+  if (wait.device < 0 || wait.device >= runtime_->DeviceCount()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the caller's stream to wait for is on cuda:%d; the %s runtime has "
+        "%d device(s)",
+        wait.device, runtime_->name(), runtime_->DeviceCount()));
+  }
+  return Annotate(streams_->WaitFor(wait), "waiting for the caller's stream");
+}
+
 void DeviceUploader::CompletionLoop() {
   while (true) {
     Pending pending;

@@ -67,6 +67,12 @@ class DeviceUploader {
   // error of any of them (and keeps it).
   absl::Status Flush();
 
+  // Makes every stream of wait.device wait, on the device, for the caller's
+  // work `wait` names (a stream's work so far, or an event's latest
+  // record): copies enqueued afterwards start after it. The host does not
+  // block. A no-op for an empty wait; the runtime's error otherwise.
+  absl::Status WaitFor(const DeviceWait& wait);
+
  private:
   struct Pending {
     PinnedChunk chunk;

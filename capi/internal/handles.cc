@@ -13,6 +13,8 @@ dcp_metadata::dcp_metadata(dcp::Metadata metadata_in)
         mapped != metadata.flatten_mapping.end() ? mapped->second
                                                  : dcp::ObjectPath{name}});
   }
+  storage.reserve(metadata.storage_data.size());
+  for (const auto& entry : metadata.storage_data) storage.push_back(&entry);
   if (metadata.storage_meta.has_value()) {
     checkpoint_id = metadata.storage_meta->checkpoint_id;
     save_id = metadata.storage_meta->save_id;

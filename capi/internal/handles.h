@@ -24,6 +24,7 @@
 #include "dcp/dcp.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
+#include "staging/device_staging.h"
 #include "staging/stager.h"
 
 struct dcp_state_dict {
@@ -35,6 +36,9 @@ struct dcp_state_dict {
   // Paths of tensors whose DLPack producer marked them read-only: a load
   // must not write into them.
   std::set<dcp::ObjectPath> read_only;
+  // Paths of tensors marked with dcp_state_dict_mark_requires_grad; a leaf
+  // set again loses its mark.
+  std::set<dcp::ObjectPath> requires_grad;
 
   // The flattened leaves (name, leaf in `root`), sorted by name, built on
   // demand for the getters; reset by every change to `root`.
@@ -64,6 +68,9 @@ struct dcp_metadata {
 
   dcp::Metadata metadata;
   std::vector<MetadataItem> items;  // In flattened-name order.
+  // The entries of metadata.storage_data, in its order.
+  std::vector<const std::pair<const dcp::MetadataIndex, dcp::StorageInfo>*>
+      storage;
   std::string checkpoint_id;
   std::string save_id;
 };
@@ -83,6 +90,10 @@ struct dcp_storage_reader {
       dcp::capi::HandleType::kStorageReader;
   dcp::capi::HandleTag tag{kType};
 
+  // The reader's device staging (its options' device_staging), so that a
+  // load can order the reader's device copies after the caller's stream
+  // (dcp_load_options_t.device_wait). Declared first: outlives the reader.
+  std::shared_ptr<dcp::DeviceStaging> staging;
   // A FileSystemReader or HuggingFaceStorageReader.
   std::shared_ptr<dcp::StorageReader> reader;
 };

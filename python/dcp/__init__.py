@@ -27,7 +27,8 @@ from .errors import (CheckpointCorruptError, CheckpointException,
                      CheckpointPermissionError, CheckpointTimeoutError,
                      CheckpointValueError)
 from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                       MetadataIndex, StorageMeta, TensorProperties,
+                       MetadataIndex, StorageInfo, StorageMeta,
+                       TensorProperties,
                        TensorStorageMetadata, read_metadata)
 from .planner import DefaultLoadPlanner, DefaultSavePlanner
 from .process_group import ProcessGroup
@@ -59,7 +60,8 @@ __all__ = [
     "HuggingFaceStorageReader", "DefaultSavePlanner",
     "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",
     "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
-    "MetadataIndex", "StorageMeta", "read_metadata", "Stateful",
+    "MetadataIndex", "StorageMeta", "StorageInfo", "read_metadata",
+    "Stateful",
     "ShardedTensor", "ProcessGroup", "CheckpointException",
     "CheckpointValueError", "CheckpointNotFoundError",
     "CheckpointFileNotFoundError", "CheckpointExistsError",

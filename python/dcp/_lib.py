@@ -204,7 +204,14 @@ class LoadOptions(Structure):
                 ("storage_reader", c_void_p),
                 ("planner", POINTER(LoadPlannerOptions)),
                 ("process_group", c_void_p), ("coordinator_rank", c_int32),
-                ("no_dist", c_int32)]
+                ("no_dist", c_int32), ("device_wait", DeviceWait)]
+
+
+class StorageInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("name", c_char_p),
+                ("has_offsets", c_int32), ("ndim", c_int32),
+                ("offsets", POINTER(c_int64)), ("relative_path", c_char_p),
+                ("offset", c_int64), ("length", c_int64)]
 
 
 class ItemInfo(Structure):
@@ -248,6 +255,7 @@ _PROTOTYPES = {
     "dcp_state_dict_set_dlpack": (c_int, [_P, Path, _P, POINTER(Shard)]),
     "dcp_state_dict_set_dlpack_versioned": (
         c_int, [_P, Path, _P, POINTER(Shard)]),
+    "dcp_state_dict_mark_requires_grad": (c_int, [_P, c_size_t, _P]),
     "dcp_state_dict_set_none": (c_int, [_P, Path]),
     "dcp_state_dict_set_int": (c_int, [_P, Path, c_int64]),
     "dcp_state_dict_set_float": (c_int, [_P, Path, c_double]),
@@ -301,6 +309,10 @@ _PROTOTYPES = {
     "dcp_metadata_item_path": (
         c_int, [_P, c_size_t, c_size_t, POINTER(PathElem)]),
     "dcp_metadata_ids": (c_int, [_P, POINTER(c_char_p), POINTER(c_char_p)]),
+    "dcp_metadata_version": (c_int, [_P, POINTER(c_char_p)]),
+    "dcp_metadata_num_storage": (c_int, [_P, POINTER(c_size_t)]),
+    "dcp_metadata_storage": (c_int, [_P, c_size_t, POINTER(StorageInfo)]),
+    "dcp_storage_reader_read_metadata": (c_int, [_P, c_char_p, _PP]),
 }
 
 _lock = threading.Lock()

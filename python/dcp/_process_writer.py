@@ -199,17 +199,19 @@ def _plain_metadata(md):
     for the parent)."""
     return dict(state_dict_metadata=dict(md.state_dict_metadata),
                 planner_data=dict(md.planner_data),
-                storage_data=md.storage_data,
+                storage_data=(dict(md.storage_data)
+                              if md.storage_data is not None else None),
                 storage_meta=md.storage_meta, version=md.version)
 
 
 def _rebuild_flat(manifest, mm):
-    keys, t_paths, t_specs, t_shards, v_paths, v_vals = manifest
+    keys, t_paths, t_specs, t_shards, v_paths, v_vals, t_grad = manifest
     import torch
     flat = _state.Flat(load=False, allow_pickle=True)
     flat._keys = keys
     flat.t_paths = t_paths
     flat.t_shards = t_shards
+    flat.t_grad = t_grad
     flat.v_paths = v_paths
     flat.v_vals = v_vals
     objs = []
@@ -505,7 +507,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                 use_collectives=use_collectives, allow_pickle=allow_pickle,
                 no_dist=where.no_dist, group=group)
     manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
-                flat.v_paths, flat.v_vals)
+                flat.v_paths, flat.v_vals, flat.t_grad)
     tensors = flat.t_objs
     # CUDA tensors: staged after the work queued on the caller's current
     # stream of their device, as of this call.

@@ -195,6 +195,9 @@ class Flat:
         self.t_paths: list[tuple] = []
         self.t_objs: list = []
         self.t_shards: list = []
+        # Save only: indices (into t_paths) of tensors with requires_grad,
+        # recorded in the metadata's TensorProperties.
+        self.t_grad: list[int] = []
         # Plain leaves: path, (kind, payload) to set.
         self.v_paths: list[tuple] = []
         self.v_vals: list = []
@@ -305,8 +308,11 @@ class Flat:
     def _tensor(self, t, shard) -> None:
         if self.load:
             t = self._load_destination(t)
-        elif not SAVE_STRIDED_CPU and not isinstance(t, np.ndarray):
-            if not t.is_cuda and not t.is_contiguous():
+        elif not isinstance(t, np.ndarray):
+            if t.requires_grad:
+                self.t_grad.append(len(self.t_paths))
+            if not SAVE_STRIDED_CPU and not t.is_cuda and \
+                    not t.is_contiguous():
                 t = t.contiguous()
         self.t_paths.append(tuple(self._path))
         self.t_objs.append(t)
@@ -425,6 +431,11 @@ class Flat:
             _lib.check(L.dcp_state_dict_set_tensors(
                 sd, nt, _addr(paths), _addr(tensors),
                 None if shards is None else _addr(shards)))
+            if self.t_grad:
+                marked = paths[np.asarray(self.t_grad, dtype=np.int64)]
+                self._arrays.append(marked)
+                _lib.check(L.dcp_state_dict_mark_requires_grad(
+                    sd, len(self.t_grad), _addr(marked)))
         setters = {
             _lib.VALUE_NONE: lambda p, _: L.dcp_state_dict_set_none(sd, p),
             _lib.VALUE_BOOL: lambda p, v: L.dcp_state_dict_set_bool(sd, p, v),
@@ -611,10 +622,11 @@ _SKIP = object()
 
 
 def current_streams(flat: Flat):
-    """The dcp_device_wait_t for a save of `flat`'s tensors: the current
-    torch stream of their CUDA device. Tensors on several devices: each
-    device's current stream is synchronized and no wait is passed (the
-    engine orders against one device's stream)."""
+    """The dcp_device_wait_t for a save or load of `flat`'s tensors: the
+    current torch stream of their CUDA device (a save's copies start after
+    the work queued on it; a load writes the tensors after it). Tensors on
+    several devices: each device's current stream is synchronized and no
+    wait is passed (the engine orders against one device's stream)."""
     wait = _lib.DeviceWait()
     if not flat.has_cuda:
         return wait
@@ -628,12 +640,3 @@ def current_streams(flat: Flat):
     for d in devices:
         torch.cuda.current_stream(d).synchronize()
     return wait
-
-
-def sync_for_load(flat: Flat) -> None:
-    """Work queued on the caller's current streams may still write the
-    destination tensors (an allocation's zero fill): the load waits for it,
-    since dcp_load has no device-wait option."""
-    if flat.has_cuda:
-        for d in sorted(flat.cuda_devices):
-            torch.cuda.current_stream(d).synchronize()

@@ -218,7 +218,8 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,
             coordinator_rank=coordinator_rank,
-            no_dist=_lib.flag(where.no_dist))
+            no_dist=_lib.flag(where.no_dist),
+            device_wait=_state.current_streams(flat))
         if planner_options is not None:
             options.planner = ctypes.pointer(planner_options)
         p.keep += [options, planner_options]
@@ -227,7 +228,6 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
         error = e
     where.agree("load", error)
     try:
-        _state.sync_for_load(flat)
         code = _lib.lib().dcp_load(p.sd, ctypes.byref(options))
         if code == _lib.NOT_FOUND and not os.path.exists(
                 os.path.join(path, ".metadata")):

@@ -22,11 +22,11 @@ from ._state import torch, torch_dtype
 __all__ = [
     "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
     "BytesStorageMetadata", "TensorProperties", "MetadataIndex",
-    "StorageMeta", "read_metadata",
+    "StorageMeta", "StorageInfo", "read_metadata",
 ]
 
-# Every metadata file this library reads is format "dcp-1" (a reader
-# refuses any other dcp-N; docs/FORMAT.md). The C ABI does not report it.
+# The format this library writes (docs/FORMAT.md); a checkpoint's own is
+# Metadata.version.
 FORMAT_VERSION = "dcp-1"
 
 
@@ -79,6 +79,15 @@ class MetadataIndex:
 
 
 @dataclass(frozen=True)
+class StorageInfo:
+    """Where one stored item lives (the seed's _StorageInfo): its data
+    file relative to the checkpoint directory, byte offset and length."""
+    relative_path: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class StorageMeta:
     checkpoint_id: Any = None
     save_id: Optional[str] = None
@@ -94,8 +103,10 @@ class Metadata:
     planner_data: flattened name -> the nesting path in the saver's state
     dict (a tuple of str keys and int list indices).
     storage_meta: StorageMeta(checkpoint_id, save_id).
-    storage_data: None (dcp does not expose where items are stored).
-    version: the on-disk format, "dcp-1".
+    storage_data: MetadataIndex -> StorageInfo(relative_path, offset,
+      length): where each stored item (tensor chunk or plain value) lives.
+    version: the checkpoint's format: "dcp-1" (dcp's own), "safetensors"
+      (a Hugging Face directory).
     """
 
     def __init__(self, state_dict_metadata=None, planner_data=None,
@@ -117,13 +128,15 @@ class Metadata:
         self._sdm = None
         self._planner_data = None
         self._storage_data = None
-        self._version = FORMAT_VERSION
         L = _lib.lib()
         self._finalizer = weakref.finalize(self, L.dcp_metadata_free,
                                            handle.value)
         ckpt, save = ctypes.c_char_p(), ctypes.c_char_p()
         _lib.check(L.dcp_metadata_ids(handle, ctypes.byref(ckpt),
                                       ctypes.byref(save)))
+        version = ctypes.c_char_p()
+        _lib.check(L.dcp_metadata_version(handle, ctypes.byref(version)))
+        self._version = (version.value or b"").decode() or None
         self._storage_meta = StorageMeta(
             checkpoint_id=(ckpt.value or b"").decode() or None,
             save_id=(save.value or b"").decode() or None)
@@ -143,6 +156,8 @@ class Metadata:
 
     @property
     def storage_data(self):
+        if self._storage_data is None and self._handle is not None:
+            self._read_storage()
         return self._storage_data
 
     @property
@@ -157,6 +172,21 @@ class Metadata:
         n = len(self.state_dict_metadata)
         return (f"Metadata({n} items, version={self._version!r}, "
                 f"storage_meta={self._storage_meta!r})")
+
+    def _read_storage(self) -> None:
+        L = _lib.lib()
+        h = self._handle
+        n = ctypes.c_size_t()
+        _lib.check(L.dcp_metadata_num_storage(h, ctypes.byref(n)))
+        info = _lib.sized(_lib.StorageInfo)
+        out = {}
+        for i in range(n.value):
+            _lib.check(L.dcp_metadata_storage(h, i, ctypes.byref(info)))
+            offset = (tuple(info.offsets[:info.ndim]) if info.has_offsets
+                      else None)
+            out[MetadataIndex(info.name.decode(), offset)] = StorageInfo(
+                info.relative_path.decode(), info.offset, info.length)
+        self._storage_data = types.MappingProxyType(out)
 
     def _read_items(self) -> None:
         L = _lib.lib()
@@ -198,16 +228,51 @@ class Metadata:
         self._planner_data = types.MappingProxyType(planner_data)
 
 
-def read_metadata(checkpoint_id) -> Metadata:
-    """The metadata of the checkpoint in directory `checkpoint_id`, without
-    loading anything else. CheckpointFileNotFoundError when there is none;
-    CheckpointCorruptError when it does not decode."""
-    path = os.fspath(checkpoint_id)
-    L = _lib.lib()
-    handle = ctypes.c_void_p()
-    code = L.dcp_metadata_read(path.encode(), ctypes.byref(handle))
+def _metadata_or_raise(code: int, handle: ctypes.c_void_p) -> Metadata:
     if code == _lib.NOT_FOUND:
         _, message, _ = _lib.last_error()
         raise errors.CheckpointFileNotFoundError(message, None, code)
     _lib.check(code)
     return Metadata._from_handle(handle)
+
+
+def _is_hf_directory(path: str) -> bool:
+    """No dcp .metadata, but safetensors files (or a distributed save's
+    sharded/ directory): a Hugging Face checkpoint."""
+    if os.path.exists(os.path.join(path, ".metadata")):
+        return False
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return any(n.endswith(".safetensors") for n in names) or \
+        os.path.isdir(os.path.join(path, "sharded"))
+
+
+def read_metadata(checkpoint_id) -> Metadata:
+    """The metadata of the checkpoint in directory `checkpoint_id`, without
+    loading anything else: a dcp checkpoint, or a Hugging Face directory
+    (safetensors files; read as HuggingFaceStorageReader(checkpoint_id)
+    .read_metadata() does). CheckpointFileNotFoundError when there is none;
+    CheckpointCorruptError when it does not decode."""
+    path = os.fspath(checkpoint_id)
+    if _is_hf_directory(path):
+        from .storage import HuggingFaceStorageReader
+        return read_metadata_through(HuggingFaceStorageReader(path))
+    handle = ctypes.c_void_p()
+    code = _lib.lib().dcp_metadata_read(path.encode(), ctypes.byref(handle))
+    return _metadata_or_raise(code, handle)
+
+
+def read_metadata_through(storage_reader) -> Metadata:
+    """The metadata of the checkpoint `storage_reader` (a FileSystemReader
+    or HuggingFaceStorageReader) points at, read by its C reader."""
+    L = _lib.lib()
+    reader = storage_reader._create()
+    try:
+        handle = ctypes.c_void_p()
+        code = L.dcp_storage_reader_read_metadata(reader, None,
+                                                  ctypes.byref(handle))
+        return _metadata_or_raise(code, handle)
+    finally:
+        L.dcp_storage_reader_free(reader)

@@ -302,6 +302,13 @@ class HuggingFaceStorageReader(_Storage):
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
+    def read_metadata(self):
+        """The checkpoint's Metadata: every tensor's dtype and global shape
+        from the safetensors headers, one chunk per file holding it (a
+        distributed save's shards), without reading tensor data."""
+        from .metadata import read_metadata_through
+        return read_metadata_through(self)
+
     def __repr__(self):
         return f"HuggingFaceStorageReader({self.path!r})"
 

@@ -199,3 +199,33 @@ def test_declared_functions_match_header():
         text = f.read()
     declared = set(re.findall(r"DCP_API\s[^;(]*?\b(dcp_\w+)\s*\(", text))
     assert declared == set(_lib._PROTOTYPES)
+
+
+def test_read_metadata_of_a_safetensors_directory(tmp_path):
+    state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+             "e": torch.zeros(2, 5, dtype=torch.bfloat16),
+             "s": torch.tensor(7, dtype=torch.int64)}
+    safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"),
+                                metadata={"format": "pt"})
+    for md in (dcp.HuggingFaceStorageReader(str(tmp_path)).read_metadata(),
+               dcp.read_metadata(str(tmp_path))):
+        sdm = md.state_dict_metadata
+        assert set(sdm) == set(state)
+        for key, t in state.items():
+            assert sdm[key].properties.dtype == t.dtype, key
+            assert sdm[key].size == tuple(t.shape), key
+            assert sdm[key].chunks == (dcp.ChunkStorageMetadata(
+                (0,) * t.dim(), tuple(t.shape)),), key
+        assert md.version == "safetensors"
+    with pytest.raises(dcp.CheckpointFileNotFoundError):
+        dcp.HuggingFaceStorageReader(str(tmp_path / "none")).read_metadata()
+
+
+def test_read_metadata_of_a_dcp_hf_save(ckpt):
+    state = _state()
+    dcp.save(state, storage_writer=dcp.HuggingFaceStorageWriter(
+        ckpt, fqn_to_index_mapping=_MAPPING))
+    sdm = dcp.read_metadata(ckpt).state_dict_metadata
+    assert set(sdm) == set(state)
+    for key, t in state.items():
+        assert sdm[key].size == tuple(t.shape), key

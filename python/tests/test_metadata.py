@@ -56,3 +56,60 @@ def test_metadata_index():
 
 def test_library_version():
     assert dcp.library_version().count(".") == 2
+
+
+def test_requires_grad_round_trips_through_the_metadata(ckpt):
+    model = torch.nn.Linear(3, 2)
+    model.bias.requires_grad_(False)  # a frozen parameter
+    state = {"model": dict(model.named_parameters()),
+             "buf": torch.ones(2), "np": __import__("numpy").zeros(3),
+             "shard": dcp.ShardedTensor(
+                 torch.zeros(4, requires_grad=True), (4,), (0,))}
+    returned = dcp.save(state, checkpoint_id=ckpt)
+    for md in (returned, dcp.read_metadata(ckpt)):
+        sdm = md.state_dict_metadata
+        assert sdm["model.weight"].properties.requires_grad is True
+        assert sdm["model.bias"].properties.requires_grad is False
+        assert sdm["buf"].properties.requires_grad is False
+        assert sdm["np"].properties.requires_grad is False
+        assert sdm["shard"].properties.requires_grad is True
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_requires_grad_through_async_save(ckpt, kind):
+    state = {"w": torch.nn.Parameter(torch.ones(3)), "b": torch.ones(2)}
+    md = dcp.async_save(
+        state, checkpoint_id=ckpt,
+        async_checkpointer_type=getattr(dcp.AsyncCheckpointerType, kind),
+    ).upload_completion.result(timeout=120)
+    for m in (md, dcp.read_metadata(ckpt)):
+        assert m.state_dict_metadata["w"].properties.requires_grad is True
+        assert m.state_dict_metadata["b"].properties.requires_grad is False
+
+
+def test_version_and_storage_data(ckpt):
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+             "step": 3}
+    returned = dcp.save(state, checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    assert md.version == returned.version == "dcp-1"
+    for m in (returned, md):
+        data = m.storage_data
+        assert set(data) == {dcp.MetadataIndex("w", (0, 0)),
+                             dcp.MetadataIndex("step")}
+        w = data[dcp.MetadataIndex("w", (0, 0))]
+        assert isinstance(w, dcp.StorageInfo)
+        assert w.length == 24 and w.offset >= 0
+        # The bytes are where the storage data says.
+        with open(f"{ckpt}/{w.relative_path}", "rb") as f:
+            f.seek(w.offset)
+            assert f.read(w.length) == state["w"].numpy().tobytes()
+        assert data[dcp.MetadataIndex("step")].length > 0
+    with pytest.raises(TypeError):
+        md.storage_data[dcp.MetadataIndex("x")] = None
+    # The seed's constructor: Metadata(state_dict_metadata, planner_data,
+    # storage_data, storage_meta, version).
+    made = dcp.Metadata(md.state_dict_metadata, md.planner_data,
+                        dict(md.storage_data), md.storage_meta, md.version)
+    assert made.version == "dcp-1"
+    assert made.storage_data == dict(md.storage_data)

@@ -149,6 +149,108 @@ TEST(StoreProcessGroupSaveTest, ARankThatRefusesTheDeviceWaitFailsEveryRank) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/.metadata"));
 }
 
+// A reader whose DetectRankLocal fails (as one that cannot list its
+// directory would), or that cannot order device copies (the StorageReader
+// default for SetDeviceWait); everything else forwards.
+class FaultyReader final : public StorageReader {
+ public:
+  FaultyReader(const std::string& dir, bool fail_detect)
+      : inner_(dir), fail_detect_(fail_detect) {}
+  absl::Status Reset(const std::string& checkpoint_id) override {
+    return inner_.Reset(checkpoint_id);
+  }
+  absl::StatusOr<bool> DetectRankLocal(int rank) override {
+    if (fail_detect_) {
+      return absl::PermissionDeniedError("cannot list the checkpoint");
+    }
+    return inner_.DetectRankLocal(rank);
+  }
+  absl::StatusOr<Metadata> ReadMetadata() override {
+    return inner_.ReadMetadata();
+  }
+  absl::Status SetUp(const Metadata& metadata, bool is_coordinator) override {
+    return inner_.SetUp(metadata, is_coordinator);
+  }
+  absl::StatusOr<LoadPlan> PrepareLocalPlan(LoadPlan plan) override {
+    return inner_.PrepareLocalPlan(std::move(plan));
+  }
+  absl::StatusOr<std::vector<LoadPlan>> PrepareGlobalPlan(
+      std::vector<LoadPlan> plans) override {
+    return inner_.PrepareGlobalPlan(std::move(plans));
+  }
+  Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override {
+    return inner_.ReadData(plan, planner);
+  }
+
+ private:
+  FileSystemReader inner_;
+  const bool fail_detect_;
+};
+
+void SaveBias(const std::string& dir,
+              std::shared_ptr<comm::KeyValueStore> store) {
+  OnRanks(store, "bias", [&](int rank, comm::ProcessGroup& group) {
+    StateDict state;
+    state["bias"] = Bias(/*fill=*/true);
+    SaveOptions options;
+    options.checkpoint_id = dir;
+    options.process_group = &group;
+    absl::StatusOr<Metadata> metadata = Save(state, options);
+    ASSERT_TRUE(metadata.ok()) << "rank " << rank << ": " << metadata.status();
+  });
+}
+
+// One rank's reader fails before the plan exchange: that rank fails inside
+// the load's shared setup step, so every rank fails naming it (none waits
+// for it until the group's timeout).
+TEST(StoreProcessGroupSaveTest, ARankWhoseReaderFailsDetectionFailsEveryRank) {
+  const std::string dir = FreshDir("store-group-failed-detect");
+  auto store = std::make_shared<comm::InMemoryKeyValueStore>();
+  SaveBias(dir, store);
+  OnRanks(store, "detect", [&](int rank, comm::ProcessGroup& group) {
+    StateDict state;
+    state["bias"] = Bias(/*fill=*/false);
+    FaultyReader reader(dir, /*fail_detect=*/rank == 1);
+    LoadOptions options;
+    options.process_group = &group;
+    options.storage_reader = &reader;
+    absl::Status loaded = Load(state, options);
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kPermissionDenied)
+        << "rank " << rank << ": " << loaded;
+    EXPECT_THAT(std::string(loaded.message()),
+                ContainsRegex("rank 1.*cannot list the checkpoint"))
+        << "rank " << rank << ": " << loaded;
+  });
+}
+
+// Only rank 1 loads into a device tensor, through a reader that cannot
+// order its copies after the caller's stream: rank 1 refuses the wait, and
+// every rank fails naming it. (The tensor's memory is never touched.)
+TEST(StoreProcessGroupSaveTest,
+     ARankThatRefusesTheLoadDeviceWaitFailsEveryRank) {
+  const std::string dir = FreshDir("store-group-refused-load-wait");
+  auto store = std::make_shared<comm::InMemoryKeyValueStore>();
+  SaveBias(dir, store);
+  OnRanks(store, "load-wait", [&](int rank, comm::ProcessGroup& group) {
+    Tensor host = Bias(/*fill=*/false);
+    StateDict state;
+    state["bias"] = rank == 1
+                        ? Tensor::Wrap(TensorView(host.data(), DType::kI64, {5},
+                                                  Device::Cuda(0)))
+                        : host;
+    FaultyReader reader(dir, /*fail_detect=*/false);
+    LoadOptions options;
+    options.process_group = &group;
+    options.storage_reader = &reader;
+    options.device_wait = DeviceWait::Stream(/*device=*/0, /*stream=*/nullptr);
+    absl::Status loaded = Load(state, options);
+    EXPECT_EQ(loaded.code(), absl::StatusCode::kUnimplemented)
+        << "rank " << rank << ": " << loaded;
+    EXPECT_THAT(std::string(loaded.message()), ContainsRegex("rank 1.*device"))
+        << "rank " << rank << ": " << loaded;
+  });
+}
+
 TEST(StoreProcessGroupSaveTest, TwoRanksSaveByRowsAndLoadByColumns) {
   const std::string dir = FreshDir("store-group-checkpoint");
   auto store = std::make_shared<comm::InMemoryKeyValueStore>();
