@@ -2,6 +2,9 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <utility>
+
 namespace dcp {
 
 struct StreamingChecksum::State {
@@ -27,6 +30,38 @@ void StreamingChecksum::Update(const void* data, size_t size) {
 
 uint64_t StreamingChecksum::Digest() const {
   return XXH3_64bits_digest(state_->xxh);
+}
+
+std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
+                                     int64_t block_size) {
+  std::vector<uint64_t> sums;
+  sums.reserve((length + block_size - 1) / block_size);
+  for (int64_t pos = 0; pos < length; pos += block_size) {
+    sums.push_back(Checksum(data + pos, std::min(block_size, length - pos)));
+  }
+  return sums;
+}
+
+void BlockChecksummer::Update(const std::byte* data, int64_t length) {
+  while (length > 0) {
+    const int64_t take = std::min(length, block_size_ - filled_);
+    block_.Update(data, take);
+    filled_ += take;
+    data += take;
+    length -= take;
+    if (filled_ == block_size_) {
+      sums_.push_back(block_.Digest());
+      block_ = StreamingChecksum();
+      filled_ = 0;
+    }
+  }
+}
+
+std::vector<uint64_t> BlockChecksummer::Finish() {
+  if (filled_ > 0) sums_.push_back(block_.Digest());
+  filled_ = 0;
+  block_ = StreamingChecksum();
+  return std::exchange(sums_, {});
 }
 
 }  // namespace dcp

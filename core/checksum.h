@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace dcp {
 
@@ -27,6 +28,32 @@ class StreamingChecksum {
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// Checksums of consecutive `block_size`-byte blocks of `length` bytes at
+// `data` (the last block may be shorter): one per block, none for length 0.
+// The form every stored item's checksums take (Metadata::
+// checksum_block_size). `block_size` > 0.
+std::vector<uint64_t> BlockChecksums(const std::byte* data, int64_t length,
+                                     int64_t block_size);
+
+// BlockChecksums of bytes that arrive in pieces, in order (staged device
+// tensors): Update with each piece, then Finish gives the same values as
+// BlockChecksums of the whole. Not thread-safe.
+class BlockChecksummer {
+ public:
+  explicit BlockChecksummer(int64_t block_size) : block_size_(block_size) {}
+
+  void Update(const std::byte* data, int64_t length);
+  // The checksums so far, a partial last block included; the checksummer is
+  // then empty, ready for the next item.
+  std::vector<uint64_t> Finish();
+
+ private:
+  const int64_t block_size_;
+  StreamingChecksum block_;
+  int64_t filled_ = 0;
+  std::vector<uint64_t> sums_;
 };
 
 }  // namespace dcp

@@ -28,6 +28,12 @@
 //
 // Thread safety: one instance serves one save or load at a time, driven from
 // one thread (see io/storage.h); WriteData/ReadData use internal threads.
+//
+// The implementation's units (internal to io/): io/fs_layout.h (names,
+// placement, a data file's layout), io/fs_file_writer.h (one data file's
+// writes), io/fs_commit.h (the metadata commit and the crash-safety
+// invariant), io/fs_read_plan.h (what a load reads) and io/fs_read_window.h
+// (how it reads, verifies and delivers it).
 #ifndef DCP_IO_FILE_SYSTEM_STORAGE_H_
 #define DCP_IO_FILE_SYSTEM_STORAGE_H_
 
@@ -49,6 +55,9 @@
 namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
+namespace internal_fs {
+class CreatedFiles;  // io/fs_commit.h
+}  // namespace internal_fs
 
 // The seed's FileSystemWriter keyword arguments.
 struct FileSystemWriterOptions {
@@ -216,11 +225,6 @@ class FileSystemWriter final : public StorageWriter {
   const OrphanCleanup& orphan_cleanup() const { return orphan_cleanup_; }
 
  private:
-  absl::Status WriteFile(const std::string& relative_path,
-                         const std::vector<const WriteItem*>& items,
-                         SavePlanner& planner,
-                         std::vector<WriteResult*>& results);
-  void RecordCreated(const std::string& path);
   // Finish without WithOrphanNote.
   absl::Status CommitMetadata(
       const Metadata& metadata,
@@ -257,9 +261,10 @@ class FileSystemWriter final : public StorageWriter {
   // Data files the committed metadata references.
   std::set<std::string> committed_files_;
   OrphanCleanup orphan_cleanup_;
+  // What this save created (Abort removes it until the commit).
+  std::unique_ptr<internal_fs::CreatedFiles> created_;
 
   absl::Mutex mu_;
-  std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
   bool staging_registered_ ABSL_GUARDED_BY(mu_) = false;
 };

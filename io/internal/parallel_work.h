@@ -1,5 +1,5 @@
 // Internal to io/: what the storage writers and readers use to run work on
-// several threads and to hold O_DIRECT-ready memory.
+// several threads, keep the first error, and hold O_DIRECT-ready memory.
 #ifndef DCP_IO_INTERNAL_PARALLEL_WORK_H_
 #define DCP_IO_INTERNAL_PARALLEL_WORK_H_
 
@@ -18,13 +18,29 @@
 
 namespace dcp::internal_io {
 
-// A 4 KiB aligned heap buffer (ready for O_DIRECT reads and writes).
+// The alignment of O_DIRECT transfers (file offset, length and memory) that
+// every file system dcp writes accepts: the largest logical block size in
+// use. Data files place tensors on multiples of it (docs/FORMAT.md).
+inline constexpr int64_t kDirectIoAlignment = 4096;
+
+inline constexpr int64_t AlignUp(int64_t value, int64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+inline constexpr int64_t AlignDown(int64_t value, int64_t alignment) {
+  return value / alignment * alignment;
+}
+
+// A kDirectIoAlignment aligned heap buffer (ready for O_DIRECT reads and
+// writes).
 struct AlignedBuffer {
   explicit AlignedBuffer(size_t size_in)
       : size(static_cast<int64_t>(size_in)),
-        data(static_cast<std::byte*>(::operator new[](
-            std::max<size_t>(size_in, 1), std::align_val_t{4096}))) {}
-  ~AlignedBuffer() { ::operator delete[](data, std::align_val_t{4096}); }
+        data(static_cast<std::byte*>(
+            ::operator new[](std::max<size_t>(size_in, 1),
+                             std::align_val_t{kDirectIoAlignment}))) {}
+  ~AlignedBuffer() {
+    ::operator delete[](data, std::align_val_t{kDirectIoAlignment});
+  }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
   int64_t size;

@@ -1,0 +1,105 @@
+#include "io/fs_commit.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "io/fs_layout.h"
+#include "io/internal/parallel_work.h"
+#include "io/metadata_format.h"
+
+namespace dcp::internal_fs {
+
+absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
+                                          const std::string& dir) {
+  const std::string metadata_path = JoinPath(dir, kMetadataFileName);
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(metadata_path);
+  if (absl::IsNotFound(file.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        "no committed checkpoint in ", dir, " (", metadata_path,
+        " does not exist; a save that did not finish leaves none)"));
+  }
+  if (!file.ok()) return file.status();
+  DCP_ASSIGN_OR_RETURN(int64_t size, (*file)->Size());
+  if (size > kMaxMetadataFileSize) {
+    return absl::DataLossError(absl::StrCat(
+        metadata_path, " is ", size,
+        " bytes, more than any dcp metadata file (", kMaxMetadataFileSize,
+        "); the directory holds no readable dcp "
+        "checkpoint"));
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got, (*file)->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
+                                     bytes.size()}));
+  bytes.resize(got);
+  DCP_RETURN_IF_ERROR((*file)->Close());
+  return DecodeMetadata(bytes, metadata_path);
+}
+
+absl::StatusOr<std::set<std::string>> CommittedFileNames(
+    FileSystemBase& fs, const std::string& dir) {
+  absl::StatusOr<Metadata> committed = ReadMetadataFile(fs, dir);
+  if (absl::IsNotFound(committed.status())) return std::set<std::string>();
+  if (!committed.ok()) return committed.status();
+  std::set<std::string> names;
+  for (const auto& [index, info] : committed->storage_data) {
+    names.insert(info.relative_path);
+  }
+  return names;
+}
+
+absl::Status WriteMetadataFile(FileSystemBase& fs, const std::string& dir,
+                               absl::string_view save_id,
+                               absl::string_view encoded, bool sync,
+                               CreatedFiles& created) {
+  const std::string temp_path = JoinPath(dir, TempMetadataFileName(save_id));
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(temp_path));
+  created.Record(temp_path);
+  DCP_RETURN_IF_ERROR(file->PWrite(
+      0, {reinterpret_cast<const std::byte*>(encoded.data()), encoded.size()}));
+  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
+  DCP_RETURN_IF_ERROR(file->Close());
+  return fs.Rename(temp_path, JoinPath(dir, kMetadataFileName));
+}
+
+absl::Status RemoveReplacedFiles(FileSystemBase& fs, const std::string& dir,
+                                 const std::set<std::string>& replaceable,
+                                 const std::set<std::string>& committed,
+                                 bool sync) {
+  internal_io::FirstError error;
+  bool removed_any = false;
+  for (const std::string& name : replaceable) {
+    if (committed.contains(name)) continue;
+    absl::Status status = fs.RemoveFile(JoinPath(dir, name));
+    if (status.ok()) {
+      removed_any = true;
+    } else if (!absl::IsNotFound(status)) {
+      error.Update(std::move(status));
+    }
+  }
+  if (removed_any && sync) error.Update(fs.SyncDir(dir));
+  return error.status();
+}
+
+void CreatedFiles::Record(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  paths_.push_back(path);
+}
+
+void CreatedFiles::Forget() {
+  absl::MutexLock lock(&mu_);
+  paths_.clear();
+}
+
+void CreatedFiles::RemoveAll(FileSystemBase& fs) {
+  std::vector<std::string> paths;
+  {
+    absl::MutexLock lock(&mu_);
+    paths.swap(paths_);
+  }
+  for (const std::string& path : paths) fs.RemoveFile(path).IgnoreError();
+}
+
+}  // namespace dcp::internal_fs

@@ -1,0 +1,374 @@
+#include "io/fs_file_writer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "core/checksum.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/fs_layout.h"
+#include "staging/device_staging.h"
+
+namespace dcp::internal_fs {
+namespace {
+
+using internal_io::AlignedBuffer;
+using internal_io::AlignUp;
+using internal_io::kDirectIoAlignment;
+
+// An item resolved to the bytes to write.
+struct ResolvedItem {
+  const std::byte* bytes = nullptr;
+  int64_t length = 0;
+  bool tensor = false;
+  bool on_device = false;
+};
+
+// Resolves every item through the planner into `held` (which keeps the
+// values alive) and describes it in `resolved`. Strided host tensors are
+// gathered into contiguous copies; strided device tensors are refused.
+absl::Status ResolveItems(const std::vector<const WriteItem*>& items,
+                          SavePlanner& planner, int rank,
+                          std::vector<dcp::WriteData>& held,
+                          std::vector<ResolvedItem>& resolved) {
+  held.reserve(items.size());
+  resolved.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& item = *items[i];
+    absl::StatusOr<dcp::WriteData> value = planner.ResolveData(item);
+    if (!value.ok()) {
+      return Annotate(
+          value.status(),
+          absl::StrCat("rank ", rank, ": resolving ", item.index.ToString()));
+    }
+    held.push_back(*std::move(value));
+    ResolvedItem& r = resolved[i];
+    if (Tensor* strided = std::get_if<Tensor>(&held.back());
+        strided != nullptr && !strided->view().is_contiguous()) {
+      // A strided host view (a transposed weight, a slice) is gathered into
+      // a contiguous copy that lives as long as `held`. Device tensors are
+      // copied by the device path, which takes contiguous memory: stage
+      // strided ones first (AsyncSave's stager gathers them).
+      if (!strided->device().is_cpu()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": tensor ", item.index.ToString(), " on ",
+            strided->device().ToString(),
+            " is not contiguous; the file writer copies contiguous device "
+            "tensors (make it contiguous, or save it with AsyncSave, whose "
+            "stager gathers it)"));
+      }
+      absl::StatusOr<Tensor> gathered = strided->ContiguousHostCopy();
+      if (!gathered.ok()) {
+        return Annotate(
+            gathered.status(),
+            absl::StrCat("rank ", rank, ": gathering ", item.index.ToString()));
+      }
+      held.back() = *std::move(gathered);
+    }
+    if (const Tensor* tensor = std::get_if<Tensor>(&held.back())) {
+      r.bytes = static_cast<const std::byte*>(tensor->data());
+      r.length = static_cast<int64_t>(tensor->nbytes());
+      if (r.length != item.StorageBytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": tensor ", item.index.ToString(), " resolved to ",
+            r.length, " bytes, the plan says ", item.StorageBytes()));
+      }
+      r.tensor = true;
+      r.on_device = !tensor->device().is_cpu();
+    } else {
+      const std::string& value = std::get<std::string>(held.back());
+      r.bytes = reinterpret_cast<const std::byte*>(value.data());
+      r.length = static_cast<int64_t>(value.size());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Streams the device tensors `device_items` through pinned staging chunks
+// into `queue`: each piece is written straight from its chunk (aligned:
+// O_DIRECT needs no bounce; the last piece is zero-padded to a whole
+// block) while the next is copied, and the chunk returns to the pool when
+// its write completes. The pool bounds the memory, whatever the tensors'
+// size. Fills the items' block checksums.
+absl::Status WriteDeviceItems(const DataFileContext& context,
+                              const std::string& path,
+                              const std::vector<PipelineItem>& device_items,
+                              const std::vector<WriteResult*>& results,
+                              FileWriteQueue& queue) {
+  absl::StatusOr<DeviceStaging*> staging = context.staging();
+  if (!staging.ok()) {
+    return Annotate(staging.status(), absl::StrCat("rank ", context.rank));
+  }
+  BlockChecksummer checksums(context.checksum_block_size);
+  absl::Status status = (*staging)->Stage(
+      device_items,
+      [&](StagedPiece piece) -> absl::Status {
+        if (queue.failed()) {
+          return absl::AbortedError("an earlier write of this file failed");
+        }
+        const size_t i = piece.destination;
+        checksums.Update(piece.chunk.data(),
+                         static_cast<int64_t>(piece.length));
+        if (piece.length > 0) {
+          size_t length = piece.length;
+          if (context.direct_io) {
+            length = AlignUp(length, kDirectIoAlignment);
+            std::memset(piece.chunk.data() + piece.length, 0,
+                        length - piece.length);
+          }
+          auto lease = std::make_shared<PinnedChunk>(std::move(piece.chunk));
+          queue
+              .Write(i, results[i]->storage_data.offset + piece.offset,
+                     lease->data(), length)
+              .OnReady([lease](const absl::Status&) { lease->Release(); });
+        }
+        if (piece.last) {
+          results[i]->storage_data.block_checksums = checksums.Finish();
+        }
+        return absl::OkStatus();
+      },
+      context.device_wait);
+  // A failed write stopped the pipeline: its own error (ENOSPC, EIO) is
+  // reported with the others.
+  if (status.ok() || queue.failed()) return absl::OkStatus();
+  return Annotate(
+      status, absl::StrCat("rank ", context.rank, ": staging ",
+                           device_items.size(), " device tensor(s) of ", path));
+}
+
+}  // namespace
+
+FileWriteQueue::FileWriteQueue(IoEngine& engine, File& file,
+                               int64_t writeback_bytes)
+    : engine_(engine),
+      file_(file),
+      writeback_bytes_(writeback_bytes),
+      failed_(std::make_shared<std::atomic<bool>>(false)) {}
+
+FileWriteQueue::~FileWriteQueue() { WaitForWrites(); }
+
+void FileWriteQueue::Track(size_t item, Future<size_t> f) {
+  f.OnReady([failed = failed_](const absl::StatusOr<size_t>& r) {
+    if (!r.ok()) failed->store(true);
+  });
+  futures_.push_back(std::move(f));
+  future_item_.push_back(item);
+}
+
+Future<void> FileWriteQueue::Write(size_t item, int64_t offset,
+                                   const std::byte* data, size_t length) {
+  std::vector<Future<size_t>> pieces;
+  if (writeback_bytes_ <= 0) {
+    Track(item,
+          engine_.Submit({IoRequest::Write(&file_, offset, data, length)})[0]);
+    pieces.push_back(futures_.back());
+    return WhenAll(pieces);
+  }
+  for (size_t pos = 0; pos < length;) {
+    const int64_t at = offset + static_cast<int64_t>(pos);
+    const size_t n = std::min<size_t>(
+        length - pos,
+        static_cast<size_t>(std::max<int64_t>(
+            written_back_ + writeback_bytes_ - at, kDirectIoAlignment)));
+    Track(item,
+          engine_.Submit({IoRequest::Write(&file_, at, data + pos, n)})[0]);
+    pieces.push_back(futures_.back());
+    pos += n;
+    const int64_t end = at + static_cast<int64_t>(n);
+    if (end - written_back_ >= writeback_bytes_) {
+      Track(item, engine_.Submit({IoRequest::Writeback(
+                      &file_, written_back_,
+                      static_cast<size_t>(end - written_back_))})[0]);
+      written_back_ = end;
+      writebacks_.push_back(futures_.back());
+      while (writebacks_.size() > kWritebacksAhead) {
+        writebacks_.front().Wait();  // Its error is seen with the others.
+        writebacks_.pop_front();
+      }
+    }
+  }
+  return WhenAll(pieces);
+}
+
+AlignedBuffer* FileWriteQueue::TakeBounce(int64_t size) {
+  while (!bounce_.empty() && bounce_bytes_ + size > kBounceBudget) {
+    bounce_.front().written.Wait();  // Its error is seen with the others.
+    bounce_bytes_ -= bounce_.front().buffer->size;
+    bounce_.pop_front();
+  }
+  bounce_.push_back({std::make_unique<AlignedBuffer>(size), Future<void>()});
+  bounce_bytes_ += size;
+  return bounce_.back().buffer.get();
+}
+
+void FileWriteQueue::SetBounceWritten(Future<void> written) {
+  bounce_.back().written = std::move(written);
+}
+
+void FileWriteQueue::WaitForWrites() {
+  for (Future<size_t>& f : futures_) f.Wait();
+}
+
+void FileWriteQueue::Fsync() {
+  Track(SIZE_MAX, engine_.Submit({IoRequest::Fsync(&file_)})[0]);
+}
+
+absl::Status FileWriteQueue::Finish(
+    int rank, absl::FunctionRef<std::string(size_t item)> describe) {
+  internal_io::FirstError error;
+  for (size_t f = 0; f < futures_.size(); ++f) {
+    const absl::StatusOr<size_t>& r = futures_[f].Wait();
+    if (r.ok() || error.failed()) continue;
+    error.Update(
+        Annotate(r.status(), future_item_[f] == SIZE_MAX
+                                 ? absl::StrCat("rank ", rank)
+                                 : absl::StrCat("rank ", rank, ": writing ",
+                                                describe(future_item_[f]))));
+  }
+  return error.status();
+}
+
+absl::Status WriteDataFile(const DataFileContext& context,
+                           const std::string& relative_path,
+                           const std::vector<const WriteItem*>& items,
+                           SavePlanner& planner,
+                           const std::vector<WriteResult*>& results) {
+  const std::string rank_note = absl::StrCat("rank ", context.rank);
+  const std::string path = JoinPath(context.dir, relative_path);
+  OpenOptions open_options;
+  open_options.direct = context.direct_io;
+  open_options.uncached = context.uncached_writes;
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      context.fs->OpenForWrite(path, open_options);
+  if (!opened.ok()) return Annotate(opened.status(), rank_note);
+  std::unique_ptr<File> file = *std::move(opened);
+  context.record_created(path);
+  // Every item resolved first: whether it is on the device and how long it
+  // is decide where it goes.
+  std::vector<dcp::WriteData> held;
+  std::vector<ResolvedItem> resolved;
+  DCP_RETURN_IF_ERROR(
+      ResolveItems(items, planner, context.rank, held, resolved));
+  std::vector<LayoutItem> layout_items(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    layout_items[i] = {resolved[i].length, resolved[i].tensor,
+                       resolved[i].on_device};
+  }
+  const FileLayout layout = LayOutFile(layout_items, context.direct_io);
+  // Only for O_DIRECT: buffered writes gain nothing from it on ext4
+  // (delayed allocation lays the file out at writeback), and on tmpfs
+  // fallocate zeroes every page before the write copies over it.
+  const bool preallocate = file->direct();
+  if (preallocate) {
+    DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(layout.end), rank_note));
+  }
+
+  // Declared after `held` and `file`: its destructor waits for the writes
+  // reading from them.
+  FileWriteQueue queue(
+      *context.engine, *file,
+      context.sync_files && !file->direct() ? context.writeback_bytes : 0);
+  std::vector<PipelineItem> device_items;  // Staged after the host items.
+  // The open pack's buffer (zero-filled: the gaps read as zeros), written
+  // once its last item is in.
+  AlignedBuffer* pack_buffer = nullptr;
+  int open_pack = -1;
+  auto flush_pack = [&]() {
+    if (open_pack < 0) return;
+    const FilePack& pack = layout.packs[open_pack];
+    const int64_t length =
+        context.direct_io ? AlignUp(pack.used, kDirectIoAlignment) : pack.used;
+    queue.SetBounceWritten(
+        queue.Write(pack.first_item, pack.start, pack_buffer->data, length));
+    open_pack = -1;
+    pack_buffer = nullptr;
+  };
+  int64_t offset = 0;
+  for (size_t i = 0; i < items.size() && !queue.failed(); ++i) {
+    const WriteItem& item = *items[i];
+    const std::byte* bytes = resolved[i].bytes;
+    const int64_t length = resolved[i].length;
+    offset = layout.offset[i];
+    WriteResult& result = *results[i];
+    result.index = item.index;
+    result.size_in_bytes = length;
+    result.storage_data.relative_path = relative_path;
+    result.storage_data.offset = offset;
+    result.storage_data.length = length;
+    if (resolved[i].on_device) {
+      device_items.push_back(
+          {std::get<Tensor>(held[i]).view(), i, item.index.ToString()});
+      offset += length;
+      continue;
+    }
+    if (layout.pack[i] >= 0) {
+      if (layout.pack[i] != open_pack) {
+        flush_pack();
+        open_pack = layout.pack[i];
+        pack_buffer = queue.TakeBounce(
+            AlignUp(layout.packs[open_pack].used, kDirectIoAlignment));
+        std::memset(pack_buffer->data, 0, pack_buffer->size);
+      }
+      std::memcpy(pack_buffer->data + (offset - layout.packs[open_pack].start),
+                  bytes, length);
+    } else {
+      flush_pack();
+      if (!context.direct_io) {
+        if (length > 0) queue.Write(i, offset, bytes, length);
+      } else {
+        // The aligned body straight from the caller's memory when it is
+        // aligned; the rest through a zero-padded aligned bounce block (the
+        // padding lies before the next item's aligned start).
+        int64_t body = 0;
+        if (reinterpret_cast<uintptr_t>(bytes) % kDirectIoAlignment == 0) {
+          body = internal_io::AlignDown(length, kDirectIoAlignment);
+          if (body > 0) queue.Write(i, offset, bytes, body);
+        }
+        for (int64_t pos = body; pos < length; pos += kBounceChunk) {
+          const int64_t n = std::min(kBounceChunk, length - pos);
+          const int64_t padded = AlignUp(n, kDirectIoAlignment);
+          AlignedBuffer* buffer = queue.TakeBounce(padded);
+          std::memcpy(buffer->data, bytes + pos, n);
+          std::memset(buffer->data + n, 0, padded - n);
+          queue.SetBounceWritten(
+              queue.Write(i, offset + pos, buffer->data, padded));
+        }
+      }
+    }
+    // Checksums while the item's writes are in flight (the memory stays
+    // unchanged until they complete): the CPU work overlaps the I/O instead
+    // of delaying it, which a buffered save, finished by one fsync, feels.
+    result.storage_data.block_checksums =
+        BlockChecksums(bytes, length, context.checksum_block_size);
+    offset += length;
+  }
+  if (!queue.failed()) flush_pack();
+  absl::Status status;
+  if (!device_items.empty() && !queue.failed()) {
+    status = WriteDeviceItems(context, path, device_items, results, queue);
+  }
+  // A value that resolved to other bytes than planned leaves reserved space
+  // past the end: cut it before the fsync.
+  const int64_t end =
+      context.direct_io ? AlignUp(offset, kDirectIoAlignment) : offset;
+  if (status.ok() && preallocate && end < layout.end && !queue.failed()) {
+    queue.WaitForWrites();  // Writes land first.
+    status = Annotate(file->Truncate(end), rank_note);
+  }
+  if (status.ok() && context.sync_files && !queue.failed()) queue.Fsync();
+  // Wait for everything in flight before the buffers and the file go away.
+  absl::Status written = queue.Finish(
+      context.rank, [&](size_t item) { return items[item]->index.ToString(); });
+  if (status.ok()) status = written;
+  absl::Status closed = file->Close();
+  if (status.ok()) status = Annotate(closed, rank_note);
+  return status;
+}
+
+}  // namespace dcp::internal_fs

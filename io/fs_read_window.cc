@@ -1,0 +1,379 @@
+#include "io/fs_read_window.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "core/checksum.h"
+#include "core/status.h"
+#include "io/box_copy.h"
+#include "io/device_box_upload.h"
+#include "io/metadata_format.h"
+#include "staging/device_staging.h"
+
+namespace dcp::internal_fs {
+namespace {
+
+using internal_io::AlignDown;
+using internal_io::AlignUp;
+using internal_io::FirstError;
+using internal_io::kDirectIoAlignment;
+using internal_io::RunOnThreads;
+
+// Plans `stored`'s reads, appending slots to `out`: one zero-copy slot when
+// it can be read in place (CanReadInPlace), otherwise PlanPieces' pieces.
+// Resolves each tensor use's destination once and checks its box; commits
+// the uses at once when there is nothing to read.
+absl::Status PlanItem(
+    StoredItem& stored, LoadPlanner& planner, const ReadWindowOptions& options,
+    const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
+    std::deque<ReadSlot>& out) {
+  const int64_t block_size = options.block_size;
+  const int64_t length = stored.info->length;
+  const int64_t blocks = ChecksumBlockCount(length, block_size);
+  stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
+  auto add = [&](const ReadPiece& piece) -> ReadSlot& {
+    ReadSlot& slot = out.emplace_back();
+    slot.stored = &stored;
+    slot.first_block = piece.first_block;
+    slot.end_block = piece.end_block;
+    slot.begin = piece.first_block * block_size;
+    slot.end = std::min(piece.end_block * block_size, length);
+    slot.first_element = piece.first_element;
+    slot.end_element = piece.end_element;
+    stored.pieces_left->fetch_add(1);
+    return slot;
+  };
+  if (!stored.is_tensor) {  // Bytes: delivered whole.
+    add({0, blocks, 0, 0}).buffer_bytes = length;
+    return absl::OkStatus();
+  }
+  for (const ReadItem* item : stored.uses) {
+    DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(*item));
+    const std::string what =
+        absl::StrCat("loading ", item->storage_index.ToString(), " into ",
+                     item->dest_index.ToString());
+    if (dest.device().is_cuda() && stored.staging == nullptr) {
+      absl::StatusOr<DeviceStaging*> staging = device_staging();
+      if (!staging.ok()) return Annotate(staging.status(), what);
+      stored.staging = *staging;
+    }
+    // Checks the box against the chunk and the destination.
+    DCP_RETURN_IF_ERROR(Annotate(
+        CopyBoxPart(nullptr, 0, 0, stored.chunk_sizes, item->storage_offsets,
+                    stored.element_size, AsHostView(dest), item->dest_offsets,
+                    item->lengths),
+        what));
+    stored.dests.push_back(std::move(dest));
+  }
+  if (CanReadInPlace(stored, stored.dests.front(), options.direct)) {
+    ReadSlot& slot = add({0, blocks, 0, NumElements(stored.chunk_sizes)});
+    slot.zero_copy = true;
+    slot.target = static_cast<std::byte*>(stored.dests.front().data());
+    return absl::OkStatus();
+  }
+  for (const ReadPiece& piece :
+       PlanPieces(stored, block_size, options.piece_bytes)) {
+    ReadSlot& slot = add(piece);
+    slot.buffer_bytes = slot.end - slot.begin;
+  }
+  if (*stored.pieces_left == 0) {  // Only empty boxes: nothing to read.
+    for (size_t u = 0; u < stored.uses.size(); ++u) {
+      DCP_RETURN_IF_ERROR(
+          planner.CommitTensor(*stored.uses[u], stored.dests[u]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Builds `slot`'s read requests, allocating its bounce buffers.
+absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
+                         ReadSlot& slot) {
+  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
+                       files.Get(slot.stored->info->relative_path));
+  slot.file = entry->file.get();
+  const int64_t offset = slot.stored->info->offset + slot.begin;
+  const int64_t length = slot.end - slot.begin;
+  if (length == 0) return absl::OkStatus();
+  if (slot.zero_copy) {
+    if (!direct) {
+      slot.requests.push_back(
+          IoRequest::Read(slot.file, offset, slot.target, length));
+      return absl::OkStatus();
+    }
+    slot.body = AlignDown(length, kDirectIoAlignment);
+    if (slot.body > 0) {
+      slot.requests.push_back(
+          IoRequest::Read(slot.file, offset, slot.target, slot.body));
+    }
+    if (slot.body < length) {
+      slot.tail = std::make_unique<BounceBuffer>(kDirectIoAlignment, meter);
+      slot.requests.push_back(IoRequest::Read(slot.file, offset + slot.body,
+                                              slot.tail->data(),
+                                              kDirectIoAlignment));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t start = direct ? AlignDown(offset, kDirectIoAlignment) : offset;
+  const int64_t end =
+      direct ? AlignUp(offset + length, kDirectIoAlignment) : offset + length;
+  slot.buffer = std::make_unique<BounceBuffer>(end - start, meter);
+  slot.lead = offset - start;
+  slot.target = slot.buffer->data() + slot.lead;
+  slot.requests.push_back(
+      IoRequest::Read(slot.file, start, slot.buffer->data(), end - start));
+  return absl::OkStatus();
+}
+
+// Verifies what was read into `slot` and hands it to the planner: bytes
+// whole, tensor boxes piece by piece; the item's last piece commits each
+// tensor use (device ones are committed after the staging's flush).
+absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
+                        LoadPlanner& planner) {
+  StoredItem& stored = *slot.stored;
+  DCP_ASSIGN_OR_RETURN(int64_t got, AwaitSlot(slot));
+  DCP_RETURN_IF_ERROR(VerifySlot(slot, got, block_size));
+  if (!stored.is_tensor) {
+    for (const ReadItem* item : stored.uses) {
+      DCP_RETURN_IF_ERROR(planner.LoadBytes(
+          *item, absl::string_view(reinterpret_cast<const char*>(slot.target),
+                                   static_cast<size_t>(slot.end))));
+    }
+    return absl::OkStatus();
+  }
+  if (!slot.zero_copy) {
+    const int64_t es = static_cast<int64_t>(stored.element_size);
+    const std::byte* window =
+        slot.target + (slot.first_element * es - slot.begin);
+    for (size_t u = 0; u < stored.uses.size(); ++u) {
+      const ReadItem& item = *stored.uses[u];
+      const TensorView& dest = stored.dests[u];
+      DCP_RETURN_IF_ERROR(Annotate(
+          dest.device().is_cpu()
+              ? CopyBoxPart(window, slot.first_element, slot.end_element,
+                            stored.chunk_sizes, item.storage_offsets,
+                            stored.element_size, dest, item.dest_offsets,
+                            item.lengths)
+              : UploadBoxPart(*stored.staging, window, slot.first_element,
+                              slot.end_element, stored.chunk_sizes,
+                              item.storage_offsets, stored.element_size, dest,
+                              item.dest_offsets, item.lengths),
+          absl::StrCat("loading ", item.storage_index.ToString(), " into ",
+                       item.dest_index.ToString())));
+    }
+  }
+  if (stored.pieces_left->fetch_sub(1) != 1) return absl::OkStatus();
+  if (stored.staging != nullptr) return absl::OkStatus();
+  for (size_t u = 0; u < stored.uses.size(); ++u) {
+    DCP_RETURN_IF_ERROR(planner.CommitTensor(*stored.uses[u], stored.dests[u]));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<const OpenFiles::Entry*> OpenFiles::Get(
+    const std::string& relative_path) {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(relative_path);
+  if (it != files_.end()) return &it->second;
+  DCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<File> file,
+      fs_.OpenForRead(JoinPath(dir_, relative_path), options_));
+  DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
+  return &files_.emplace(relative_path, Entry{std::move(file), size})
+              .first->second;
+}
+
+absl::Status CheckStoredItem(const MetadataIndex& index,
+                             const StorageInfo& info, int64_t block_size,
+                             OpenFiles& files) {
+  if (block_size <= 0 || block_size > kMaxChecksumBlockSize) {
+    return absl::DataLossError(absl::StrCat("checksum_block_size ", block_size,
+                                            " is outside (0, ",
+                                            kMaxChecksumBlockSize, "]"));
+  }
+  if (info.offset < 0 || info.length < 0 ||
+      info.offset > INT64_MAX - info.length) {
+    return absl::DataLossError(
+        absl::StrCat(index.ToString(), " in data file ", info.relative_path,
+                     " has offset ", info.offset, " and length ", info.length));
+  }
+  const int64_t blocks = ChecksumBlockCount(info.length, block_size);
+  if (static_cast<int64_t>(info.block_checksums.size()) != blocks) {
+    return absl::DataLossError(absl::StrCat(
+        "metadata lists ", info.block_checksums.size(), " checksums for ",
+        index.ToString(), " (", info.length, " bytes in ", blocks, " blocks)"));
+  }
+  DCP_RETURN_IF_ERROR(CheckDataFileName(info.relative_path));
+  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
+                       files.Get(info.relative_path));
+  if (info.offset + info.length > entry->size) {
+    return absl::DataLossError(absl::StrCat(
+        "data file ", entry->file->path(), " is truncated: ", index.ToString(),
+        " needs bytes [", info.offset, ", ", info.offset + info.length,
+        ") but the file ends at offset ", entry->size));
+  }
+  return absl::OkStatus();
+}
+
+void BounceMeter::Add(int64_t bytes) {
+  const int64_t now = held_.fetch_add(bytes) + bytes;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+absl::StatusOr<int64_t> AwaitSlot(ReadSlot& slot) {
+  std::vector<int64_t> got;
+  for (Future<size_t>& read : slot.reads) {
+    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
+    got.push_back(static_cast<int64_t>(n));
+  }
+  const int64_t length = slot.end - slot.begin;
+  if (slot.tail != nullptr) {
+    const int64_t body_got = slot.body > 0 ? got.front() : 0;
+    if (body_got < slot.body) return body_got;
+    const int64_t tail_got = std::min(got.back(), length - slot.body);
+    std::memcpy(slot.target + slot.body, slot.tail->data(), tail_got);
+    return slot.body + tail_got;
+  }
+  if (got.empty()) return 0;
+  return std::clamp<int64_t>(got.front() - slot.lead, 0, length);
+}
+
+absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size) {
+  const StoredItem& stored = *slot.stored;
+  const StorageInfo& info = *stored.info;
+  const std::string& file_path = slot.file->path();
+  if (got != slot.end - slot.begin) {
+    return absl::DataLossError(absl::StrCat(
+        "data file ", file_path, " is truncated: ", stored.index->ToString(),
+        " needs bytes [", info.offset, ", ", info.offset + info.length,
+        ") but the file ends at offset ", info.offset + slot.begin + got));
+  }
+  // CheckStoredItem matched the checksums to the blocks.
+  for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
+    const int64_t start = b * block_size;
+    const int64_t size = std::min(block_size, info.length - start);
+    const uint64_t actual = Checksum(slot.target + (start - slot.begin), size);
+    if (actual != info.block_checksums[b]) {
+      return absl::DataLossError(absl::StrFormat(
+          "checksum mismatch in %s: file %s offset %d length %d (xxh3 %016x, "
+          "expected %016x); the checkpoint is corrupt",
+          stored.index->ToString(), file_path, info.offset + start, size,
+          actual, info.block_checksums[b]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStoredItems(
+    std::vector<StoredItem>& stored, const ReadWindowOptions& options,
+    IoEngine& engine, OpenFiles& files, LoadPlanner& planner,
+    const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
+    BounceMeter& meter, const std::string& dir) {
+  FirstError error;
+  DeviceStaging* staging_used = nullptr;
+  const std::function<absl::StatusOr<DeviceStaging*>()> staging =
+      [&]() -> absl::StatusOr<DeviceStaging*> {
+    DCP_ASSIGN_OR_RETURN(DeviceStaging * s, device_staging());
+    staging_used = s;
+    return s;
+  };
+  std::deque<ReadSlot> slots;  // Slots [done, done + slots.size()).
+  size_t done = 0;
+  size_t next_item = 0;
+  size_t next_slot = 0;
+  // Plans items and prepares slots until the window's bounce bytes are
+  // reached, then submits the window's reads in one batch.
+  auto submit_window = [&]() -> std::pair<size_t, size_t> {
+    const size_t begin = next_slot;
+    int64_t bounce_bytes = 0;
+    std::vector<IoRequest> batch;
+    std::vector<ReadSlot*> batch_slots;
+    while (!error.failed()) {
+      if (next_slot == done + slots.size()) {
+        if (next_item == stored.size()) break;
+        error.Update(
+            PlanItem(stored[next_item++], planner, options, staging, slots));
+        continue;
+      }
+      ReadSlot& slot = slots[next_slot - done];
+      if (bounce_bytes > 0 &&
+          bounce_bytes + slot.buffer_bytes > options.window_bytes) {
+        break;
+      }
+      ++next_slot;
+      absl::Status prepared = PrepareSlot(files, options.direct, meter, slot);
+      if (!prepared.ok()) {
+        slot.reads.push_back(Future<size_t>::Ready(prepared));
+        error.Update(prepared);
+        break;
+      }
+      bounce_bytes += slot.buffer_bytes;
+      for (const IoRequest& request : slot.requests) {
+        batch.push_back(request);
+        batch_slots.push_back(&slot);
+      }
+    }
+    std::vector<Future<size_t>> futures = engine.Submit(batch);
+    for (size_t i = 0; i < futures.size(); ++i) {
+      batch_slots[i]->reads.push_back(std::move(futures[i]));
+    }
+    return {begin, next_slot};
+  };
+  // Verifies and delivers the window's slots, then frees them.
+  auto finish_window = [&](std::pair<size_t, size_t> window) {
+    std::atomic<size_t> next{window.first};
+    const int threads = static_cast<int>(
+        std::min<size_t>(options.thread_count, window.second - window.first));
+    RunOnThreads(threads, [&](int) {
+      for (size_t i = next++; i < window.second; i = next++) {
+        ReadSlot& slot = slots[i - done];
+        if (error.failed()) {
+          // Keep the buffers until their reads are done.
+          for (Future<size_t>& read : slot.reads) read.Wait();
+        } else {
+          error.Update(FinishSlot(slot, options.block_size, planner));
+        }
+      }
+    });
+    // Windows finish in order: this one's slots are the oldest.
+    for (size_t i = window.first; i < window.second; ++i) slots.pop_front();
+    done = window.second;
+  };
+  std::pair<size_t, size_t> window = submit_window();
+  while (window.first < window.second) {
+    std::pair<size_t, size_t> following = submit_window();
+    finish_window(window);
+    window = following;
+  }
+  // A failed PrepareSlot leaves a window that was never finished.
+  for (ReadSlot& slot : slots) {
+    for (Future<size_t>& read : slot.reads) read.Wait();
+  }
+  if (staging_used != nullptr) {
+    // Every copy to a device destination lands before any is committed.
+    error.Update(
+        Annotate(staging_used->Flush(),
+                 absl::StrCat("copying into device tensors from ", dir)));
+    for (StoredItem& item : stored) {
+      if (error.failed()) break;
+      if (item.staging == nullptr || item.pieces_left == nullptr ||
+          *item.pieces_left != 0) {
+        continue;
+      }
+      for (size_t u = 0; u < item.uses.size() && !error.failed(); ++u) {
+        error.Update(planner.CommitTensor(*item.uses[u], item.dests[u]));
+      }
+    }
+  }
+  return error.status();
+}
+
+}  // namespace dcp::internal_fs

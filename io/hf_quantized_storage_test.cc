@@ -1,0 +1,386 @@
+// QuantizedHuggingFaceStorageReader against hand-computed values: fp8 bytes
+// whose values are known exactly, scales chosen so every product is exact in
+// bf16 and f16, loaded whole, as resharded slices, in one-row windows, into
+// device tensors (host runtime), and malformed checkpoints.
+#include "io/hf_quantized_storage.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/state_dict.h"
+#include "cuda/host_runtime.h"
+#include "engine/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/quantized_dequant.h"
+#include "io/safetensors.h"
+#include "staging/device_staging.h"
+
+namespace dcp {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+#define ASSERT_LOADS(expr)          \
+  do {                              \
+    const absl::Status s_ = (expr); \
+    ASSERT_TRUE(s_.ok()) << s_;     \
+  } while (false)
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::string bytes;
+};
+
+template <typename T>
+std::string Bytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(T));
+}
+
+std::string TempDir(const std::string& tag) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  std::string dir =
+      absl::StrCat(root != nullptr ? root : "/tmp", "/", tag, "-XXXXXX");
+  return mkdtemp(dir.data());
+}
+
+void WriteSafetensors(const std::string& path,
+                      const std::vector<Entry>& entries) {
+  std::vector<SafetensorsTensor> tensors;
+  for (const Entry& e : entries) tensors.push_back({e.name, e.dtype, e.shape});
+  absl::StatusOr<std::string> header =
+      EncodeSafetensorsHeader(tensors, {{"format", "pt"}});
+  ASSERT_TRUE(header.ok()) << header.status();
+  std::ofstream out(path, std::ios::binary);
+  out << *header;
+  for (const SafetensorsTensor& t : tensors) {
+    for (const Entry& e : entries) {
+      if (e.name == t.name) out << e.bytes;
+    }
+  }
+}
+
+// W [3, 5] in blocks of 2: scale [2, 3].
+const std::vector<uint8_t> kW = {0x38, 0x40, 0x3c, 0xb8, 0x30,   //
+                                 0x00, 0x01, 0x7e, 0x44, 0x48,   //
+                                 0xc0, 0x34, 0x38, 0x38, 0x38};  //
+const std::vector<float> kWScale = {2, 0.5f, 10, -1, 4, 0.25f};
+// float(W) * scale, by hand: 1*2, 2*2, 1.5*.5, -1*.5, .5*10 / 0*2, 2^-9*2,
+// 448*.5, 3*.5, 4*10 / -2*-1, .75*-1, 1*4, 1*4, 1*.25.
+const std::vector<float> kWValue = {2, 4,           0.75f, -0.5f, 5,   //
+                                    0, 0.00390625f, 224,   1.5f,  40,  //
+                                    2, -0.75f,      4,     4,     0.25f};
+
+// E [2, 3, 5]: expert 0 is W, expert 1 is W with every scale doubled.
+std::vector<uint8_t> ExpertBytes() {
+  std::vector<uint8_t> e = kW;
+  e.insert(e.end(), kW.begin(), kW.end());
+  return e;
+}
+std::vector<float> ExpertScales() {
+  std::vector<float> s = kWScale;
+  for (float v : kWScale) s.push_back(2 * v);
+  return s;
+}
+std::vector<float> ExpertValues() {
+  std::vector<float> v = kWValue;
+  for (float x : kWValue) v.push_back(2 * x);
+  return v;
+}
+
+// A checkpoint with W, E (and their scales) and a plain F32 bias.
+std::string QuantizedCheckpoint() {
+  const std::string dir = TempDir("quantized");
+  WriteSafetensors(
+      dir + "/model.safetensors",
+      {{"w.weight", DType::kF8E4M3, {3, 5}, Bytes(kW)},
+       {"w.weight_scale_inv", DType::kF32, {2, 3}, Bytes(kWScale)},
+       {"experts.weight", DType::kF8E4M3, {2, 3, 5}, Bytes(ExpertBytes())},
+       {"experts.weight_scale_inv",
+        DType::kF32,
+        {2, 2, 3},
+        Bytes(ExpertScales())},
+       {"bias", DType::kF32, {3}, Bytes(std::vector<float>{1, 2, 3})}});
+  return dir;
+}
+
+// `values` as `dtype` bits.
+std::string Expected(const std::vector<float>& values, DType dtype) {
+  std::string out;
+  for (float v : values) {
+    if (dtype == DType::kF32) {
+      out.append(reinterpret_cast<const char*>(&v), 4);
+    } else {
+      const uint16_t bits =
+          dtype == DType::kBF16 ? FloatToBf16(v) : FloatToF16(v);
+      out.append(reinterpret_cast<const char*>(&bits), 2);
+    }
+  }
+  return out;
+}
+
+std::string BytesOf(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.data()), t.nbytes());
+}
+
+absl::Status LoadQuantized(const std::string& dir, StateDict& state,
+                           QuantizedHuggingFaceStorageReaderOptions options,
+                           QuantizedHuggingFaceStorageReader** out = nullptr) {
+  static QuantizedHuggingFaceStorageReader* last = nullptr;
+  delete last;
+  last = new QuantizedHuggingFaceStorageReader(dir, options);
+  if (out != nullptr) *out = last;
+  LoadOptions load;
+  load.storage_reader = last;
+  return Load(state, load);
+}
+
+TEST(Fp8Dequant, TableHoldsE4M3FnValues) {
+  const float* t = Fp8E4M3Table();
+  EXPECT_EQ(t[0x00], 0.0f);
+  EXPECT_TRUE(std::signbit(t[0x80]));
+  EXPECT_EQ(t[0x38], 1.0f);
+  EXPECT_EQ(t[0x3c], 1.5f);
+  EXPECT_EQ(t[0xb8], -1.0f);
+  EXPECT_EQ(t[0x01], std::ldexp(1.0f, -9));  // Smallest subnormal.
+  EXPECT_EQ(t[0x07], 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(t[0x08], std::ldexp(1.0f, -6));  // Smallest normal.
+  EXPECT_EQ(t[0x7e], 448.0f);
+  EXPECT_EQ(t[0xfe], -448.0f);
+  EXPECT_TRUE(std::isnan(t[0x7f]));
+  EXPECT_TRUE(std::isnan(t[0xff]));
+}
+
+TEST(Fp8Dequant, ConversionsRoundToNearestEven) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // Tie: even.
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(FloatToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToF16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToF16(448.0f), 0x5f00);
+  EXPECT_EQ(FloatToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // Tie: even.
+  EXPECT_EQ(Fp8ScaleShape({3, 5}, 2).value(), (Shape{2, 3}));
+  EXPECT_EQ(Fp8ScaleShape({4, 256, 300}, 128).value(), (Shape{4, 2, 3}));
+  EXPECT_EQ(Fp8ScaleShape({300}, 128).value(), (Shape{3}));
+  EXPECT_FALSE(Fp8ScaleShape({}, 128).ok());
+}
+
+TEST(Fp8Dequant, RowStartingInsideABlock) {
+  // Columns 3..7 of a row with blocks of 4: scales 2 (col 3), 3 (cols 4-7).
+  const std::vector<uint8_t> in = {0x38, 0x38, 0x40, 0x40, 0x3c};
+  const std::vector<float> scales = {2, 3};
+  std::vector<float> out(5);
+  DequantizeFp8Row(in.data(), 5, 3, scales.data(), 4, DType::kF32, out.data());
+  EXPECT_EQ(out, (std::vector<float>{2, 3, 6, 6, 4.5f}));
+}
+
+class QuantizedLoad : public ::testing::TestWithParam<DType> {};
+
+TEST_P(QuantizedLoad, WholeTensorsMatchHandComputedValues) {
+  const DType target = GetParam();
+  const std::string dir = QuantizedCheckpoint();
+  StateDict state;
+  state["w.weight"] = Tensor::Empty(target, {3, 5});
+  state["experts.weight"] = Tensor::Empty(target, {2, 3, 5});
+  state["bias"] = Tensor::Empty(DType::kF32, {3});
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = target;
+  options.block_size = 2;
+  QuantizedHuggingFaceStorageReader* reader = nullptr;
+  ASSERT_LOADS(LoadQuantized(dir, state, options, &reader));
+  EXPECT_EQ(BytesOf(state["w.weight"].tensor()), Expected(kWValue, target));
+  EXPECT_EQ(BytesOf(state["experts.weight"].tensor()),
+            Expected(ExpertValues(), target));
+  EXPECT_EQ(BytesOf(state["bias"].tensor()),
+            Bytes(std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(reader->quantized_bytes_read(), 15 + 30);
+  EXPECT_EQ(reader->scale_tensors_read(), 2);
+}
+
+TEST_P(QuantizedLoad, MetadataGivesTheTargetDtype) {
+  const std::string dir = QuantizedCheckpoint();
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = GetParam();
+  options.block_size = 2;
+  QuantizedHuggingFaceStorageReader reader(dir, options);
+  absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  auto dtype = [&](const std::string& name) {
+    return std::get<TensorStorageMetadata>(
+               metadata->state_dict_metadata.at(name))
+        .properties.dtype;
+  };
+  EXPECT_EQ(dtype("w.weight"), GetParam());
+  EXPECT_EQ(dtype("experts.weight"), GetParam());
+  EXPECT_EQ(dtype("w.weight_scale_inv"), DType::kF32);
+  EXPECT_EQ(dtype("bias"), DType::kF32);
+}
+
+TEST_P(QuantizedLoad, ReshardedSlicesReadOnlyTheirBytes) {
+  const DType target = GetParam();
+  const std::string dir = QuantizedCheckpoint();
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = target;
+  options.block_size = 2;
+  // Rows 1-2, columns 2-4 of W: two row segments 8 bytes apart.
+  StateDict slice;
+  slice["w.weight"] = ShardedTensor(
+      target, {3, 5}, {Shard{{1, 2}, Tensor::Empty(target, {2, 3})}});
+  QuantizedHuggingFaceStorageReader* reader = nullptr;
+  ASSERT_LOADS(LoadQuantized(dir, slice, options, &reader));
+  EXPECT_EQ(
+      BytesOf(slice["w.weight"].sharded_tensor().local_shards()[0].tensor),
+      Expected({224, 1.5f, 40, 4, 4, 0.25f}, target));
+  EXPECT_EQ(reader->quantized_bytes_read(), 5 + 3);
+  EXPECT_EQ(reader->scale_tensors_read(), 1);
+
+  // Expert 1, rows 1-2: 10 bytes, scaled by expert 1's scales only.
+  StateDict expert;
+  expert["experts.weight"] = ShardedTensor(
+      target, {2, 3, 5}, {Shard{{1, 1, 0}, Tensor::Empty(target, {1, 2, 5})}});
+  ASSERT_LOADS(LoadQuantized(dir, expert, options, &reader));
+  const std::vector<float> all = ExpertValues();
+  const std::vector<float> want(all.begin() + 20, all.end());
+  EXPECT_EQ(
+      BytesOf(
+          expert["experts.weight"].sharded_tensor().local_shards()[0].tensor),
+      Expected(want, target));
+  EXPECT_EQ(reader->quantized_bytes_read(), 10);
+}
+
+TEST_P(QuantizedLoad, OneRowWindowsReadEachScaleOnce) {
+  const DType target = GetParam();
+  const std::string dir = QuantizedCheckpoint();
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = target;
+  options.block_size = 2;
+  options.read_window_bytes = 1;  // One unit per row: 3 + 6 units.
+  options.thread_count = 3;
+  StateDict state;
+  state["w.weight"] = Tensor::Empty(target, {3, 5});
+  state["experts.weight"] = Tensor::Empty(target, {2, 3, 5});
+  QuantizedHuggingFaceStorageReader* reader = nullptr;
+  ASSERT_LOADS(LoadQuantized(dir, state, options, &reader));
+  EXPECT_EQ(BytesOf(state["w.weight"].tensor()), Expected(kWValue, target));
+  EXPECT_EQ(BytesOf(state["experts.weight"].tensor()),
+            Expected(ExpertValues(), target));
+  EXPECT_EQ(reader->scale_tensors_read(), 2);
+}
+
+TEST_P(QuantizedLoad, DeviceDestinationsGetTheCpuResult) {
+  const DType target = GetParam();
+  const std::string dir = QuantizedCheckpoint();
+  std::unique_ptr<DeviceRuntime> runtime = CreateHostRuntime();
+  DeviceStagingOptions staging_options;
+  staging_options.chunk_bytes = 64;
+  staging_options.pool_bytes = 128;
+  DeviceStaging staging(staging_options, runtime.get());
+  const size_t bytes = 30 * ElementSize(target);
+  void* data = *runtime->AllocateDevice(0, bytes);
+  StateDict state;
+  state["experts.weight"] =
+      Tensor::Wrap(TensorView(data, target, {2, 3, 5}, Device::Cuda(0)));
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = target;
+  options.block_size = 2;
+  options.read_window_bytes = 5;
+  options.base.device_staging = &staging;
+  ASSERT_LOADS(LoadQuantized(dir, state, options));
+  std::string host(bytes, '\0');
+  ASSERT_TRUE(
+      runtime->Copy(host.data(), data, bytes, CopyKind::kDeviceToHost).ok());
+  EXPECT_EQ(host, Expected(ExpertValues(), target));
+  ASSERT_TRUE(runtime->FreeDevice(data).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, QuantizedLoad,
+                         ::testing::Values(DType::kF32, DType::kBF16,
+                                           DType::kF16),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+absl::Status MetadataError(const std::vector<Entry>& entries,
+                           std::string& dir) {
+  dir = TempDir("bad");
+  WriteSafetensors(dir + "/model.safetensors", entries);
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.block_size = 2;
+  options.target_dtype = DType::kBF16;
+  QuantizedHuggingFaceStorageReader reader(dir, options);
+  return reader.ReadMetadata().status();
+}
+
+TEST(QuantizedErrors, MissingScale) {
+  std::string dir;
+  absl::Status status =
+      MetadataError({{"w.weight", DType::kF8E4M3, {3, 5}, Bytes(kW)}}, dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(dir + "/model.safetensors"),
+                    HasSubstr("F8_E4M3 tensor w.weight has no scale tensor "
+                              "w.weight_scale_inv")));
+}
+
+TEST(QuantizedErrors, ScaleShapeNotCeilOfBlocks) {
+  std::string dir;
+  absl::Status status =
+      MetadataError({{"w.weight", DType::kF8E4M3, {3, 5}, Bytes(kW)},
+                     {"w.weight_scale_inv",
+                      DType::kF32,
+                      {2, 2},
+                      Bytes(std::vector<float>(4, 1))}},
+                    dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(
+      status.message(),
+      AllOf(HasSubstr(dir + "/model.safetensors"),
+            HasSubstr("w.weight_scale_inv has shape [2, 2]"),
+            HasSubstr("w.weight of shape [3, 5]"), HasSubstr("needs [2, 3]")));
+}
+
+TEST(QuantizedErrors, ScaleBesideATensorThatIsNotFp8) {
+  std::string dir;
+  absl::Status status = MetadataError(
+      {{"w.weight", DType::kBF16, {3, 5}, std::string(30, '\0')},
+       {"w.weight_scale_inv", DType::kF32, {2, 3}, Bytes(kWScale)}},
+      dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(dir + "/model.safetensors"),
+                    HasSubstr("tensor w.weight is BF16 but has the scale "
+                              "w.weight_scale_inv")));
+}
+
+TEST(QuantizedErrors, ScaleThatIsNotF32) {
+  std::string dir;
+  absl::Status status = MetadataError(
+      {{"w.weight", DType::kF8E4M3, {3, 5}, Bytes(kW)},
+       {"w.weight_scale_inv", DType::kBF16, {2, 3}, std::string(12, '\0')}},
+      dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              HasSubstr("the scale w.weight_scale_inv of w.weight is BF16, "
+                        "not F32"));
+}
+
+TEST(QuantizedErrors, TargetThatCannotHoldDequantizedValues) {
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = DType::kI32;
+  QuantizedHuggingFaceStorageReader reader(QuantizedCheckpoint(), options);
+  absl::Status status = reader.ReadMetadata().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("not I32"));
+}
+
+}  // namespace
+}  // namespace dcp
