@@ -216,13 +216,18 @@ FaultInjectionFileSystem::Decision FaultInjectionFileSystem::Check(
   Decision d;
   for (Armed& armed : faults_) {
     const Fault& f = armed.fault;
+    if (armed.fired && f.crash) {
+      if (!d.fail) d = {true, false, f.error};
+      continue;
+    }
     if (f.op != FaultOp::kAny && f.op != op) continue;
     if (!f.path_contains.empty() && !absl::StrContains(path, f.path_contains)) {
       continue;
     }
     ++armed.seen;
-    if (!d.fail && (f.nth == 0 || armed.seen == f.nth)) {
-      d = {true, f.short_write && op == FaultOp::kWrite, f.error};
+    if (f.nth == 0 || armed.seen == f.nth) {
+      armed.fired = true;
+      if (!d.fail) d = {true, f.short_write && op == FaultOp::kWrite, f.error};
     }
   }
   if (!d.fail && one_in_ > 0 &&

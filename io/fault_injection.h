@@ -61,6 +61,11 @@ struct Fault {
   // kWrite only: the whole 4 KiB blocks of the first half of the bytes are
   // written before the error.
   bool short_write = false;
+  // A crash at this call: once it has failed, every later call of any
+  // operation (those above) on any path fails with `error` too: the
+  // process does no more I/O. Close still releases the descriptor. Follow
+  // with SimulateCrash.
+  bool crash = false;
 };
 
 class FaultInjectionFileSystem final : public FileSystemBase {
@@ -127,6 +132,7 @@ class FaultInjectionFileSystem final : public FileSystemBase {
   struct Armed {
     Fault fault;
     int64_t seen = 0;
+    bool fired = false;  // Its nth call has failed.
   };
   std::vector<Armed> faults_ ABSL_GUARDED_BY(mu_);
   int64_t one_in_ ABSL_GUARDED_BY(mu_) = 0;

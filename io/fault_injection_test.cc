@@ -423,6 +423,30 @@ TEST(FaultInjectionTest, CrashAtEveryStepLeavesOldOrNewCheckpoint) {
   EXPECT_GT(new_seen, 0);  // Crashes after the commit keep the new one.
 }
 
+TEST(FaultInjectionTest, ACrashFaultFailsEveryLaterCall) {
+  const std::string dir = NewTestDir("crash_fault");
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  Fault crash = F(FaultOp::kOpen, EIO, ".distcp", 2);
+  crash.crash = true;
+  faulty.Inject(crash);
+  // Calls before the crash, other operations included, go through.
+  ASSERT_TRUE(faulty.CreateDir(dir + "/sub").ok());
+  absl::StatusOr<std::unique_ptr<File>> first =
+      faulty.OpenForWrite(dir + "/a.distcp", OpenOptions{});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(
+      faulty.OpenForWrite(dir + "/b.distcp", OpenOptions{}).status().code(),
+      absl::StatusCode::kDataLoss);
+  // From then on every operation on every path fails.
+  EXPECT_FALSE(faulty.ListDir(dir).ok());
+  EXPECT_FALSE(faulty.SyncDir(dir).ok());
+  EXPECT_FALSE((*first)->Close().ok());
+  EXPECT_EQ(faulty.open_files(), 0);
+  EXPECT_EQ(ListNames(dir), (std::vector<std::string>{"a.distcp", "sub"}));
+  faulty.ClearFaults();
+  EXPECT_TRUE(faulty.SyncDir(dir).ok());
+}
+
 TEST(FaultInjectionTest, SeededRandomFailuresNeverLeaveAMixedState) {
   const SampleState old_state = SampleState::Make(1);
   const SampleState new_state = SampleState::Make(2);
