@@ -32,6 +32,7 @@ struct NameInfo {
   // The flatten path: a derived mask, or an explicit path (kExplicitPath).
   bool has_path = false;
   uint64_t mask = 0;
+  uint64_t joined = 0;  // DerivedPath::joined, with a derived mask.
   const ObjectPath* path = nullptr;
   uint32_t path_rank = 0;
 };
@@ -50,19 +51,19 @@ std::string PathRepr(const ObjectPath& path) {
   return out + "]";
 }
 
-std::string PathText(absl::string_view name, uint64_t mask,
+std::string PathText(absl::string_view name, uint64_t mask, uint64_t joined,
                      const ObjectPath* path) {
   if (mask != kExplicitPath) {
-    absl::StatusOr<ObjectPath> derived = PathFromListMask(name, mask);
+    absl::StatusOr<ObjectPath> derived = PathFromListMask(name, mask, joined);
     return derived.ok() ? PathRepr(*derived) : "(bad mask)";
   }
   return path != nullptr ? PathRepr(*path) : "(none)";
 }
 
-// Records rank `rank`'s path for `info` (mask, or explicit `path`), checking
-// it against what an earlier rank said.
+// Records rank `rank`'s path for `info` (masks, or explicit `path`),
+// checking it against what an earlier rank said.
 absl::Status NotePath(NameInfo& info, uint32_t rank, uint64_t mask,
-                      const ObjectPath* path) {
+                      uint64_t joined, const ObjectPath* path) {
   if (mask == kExplicitPath && path == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "\"", info.name, "\": rank ", rank, " sends no flatten path for it"));
@@ -70,26 +71,29 @@ absl::Status NotePath(NameInfo& info, uint32_t rank, uint64_t mask,
   if (!info.has_path) {
     info.has_path = true;
     info.mask = mask;
+    info.joined = joined;
     info.path = path;
     info.path_rank = rank;
     return absl::OkStatus();
   }
   if (mask != kExplicitPath && info.mask != kExplicitPath) {
-    if (mask == info.mask) return absl::OkStatus();
+    if (mask == info.mask && joined == info.joined) return absl::OkStatus();
   } else {
     // At least one explicit path: compare the paths themselves.
-    auto materialize = [&](uint64_t m, const ObjectPath* p) {
+    auto materialize = [&](uint64_t m, uint64_t j, const ObjectPath* p) {
       if (m == kExplicitPath) return absl::StatusOr<ObjectPath>(*p);
-      return PathFromListMask(info.name, m);
+      return PathFromListMask(info.name, m, j);
     };
-    absl::StatusOr<ObjectPath> a = materialize(info.mask, info.path);
-    absl::StatusOr<ObjectPath> b = materialize(mask, path);
+    absl::StatusOr<ObjectPath> a =
+        materialize(info.mask, info.joined, info.path);
+    absl::StatusOr<ObjectPath> b = materialize(mask, joined, path);
     if (a.ok() && b.ok() && *a == *b) return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "\"", info.name, "\": rank ", info.path_rank, " flattens it from path ",
-      PathText(info.name, info.mask, info.path), " but rank ", rank,
-      " from a different path ", PathText(info.name, mask, path)));
+      PathText(info.name, info.mask, info.joined, info.path), " but rank ",
+      rank, " from a different path ",
+      PathText(info.name, mask, joined, path)));
 }
 
 // The chunks of all groups in one flat array: for each, a header (the
@@ -310,7 +314,7 @@ absl::StatusOr<std::map<std::string, ObjectPath>> BuildMapping(
         // With masks, a planned name's path came from them; without, here.
         if (data[r].list_masks.empty()) {
           DCP_RETURN_IF_ERROR(
-              NotePath(names[id->second], r, kExplicitPath, &path));
+              NotePath(names[id->second], r, kExplicitPath, 0, &path));
         }
         continue;
       }
@@ -330,7 +334,8 @@ absl::StatusOr<std::map<std::string, ObjectPath>> BuildMapping(
     if (info.mask == kExplicitPath) {
       path = *info.path;
     } else {
-      DCP_ASSIGN_OR_RETURN(path, PathFromListMask(info.name, info.mask));
+      DCP_ASSIGN_OR_RETURN(path,
+                           PathFromListMask(info.name, info.mask, info.joined));
     }
     merged.emplace_hint(merged.end(), std::string(info.name), std::move(path));
   }
@@ -403,6 +408,15 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
         rank_data != nullptr && !rank_data->list_masks.empty()
             ? &rank_data->list_masks
             : nullptr;
+    const std::vector<uint64_t>* joined_masks =
+        masks != nullptr && !rank_data->joined_masks.empty()
+            ? &rank_data->joined_masks
+            : nullptr;
+    if (joined_masks != nullptr && joined_masks->size() != masks->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " sends ", joined_masks->size(),
+                       " joined masks for ", masks->size(), " list masks"));
+    }
     size_t run = 0;  // Runs of equal names, for `masks`.
     const std::string* previous = nullptr;
     // Ranks mostly plan the same names in the same order, and replicas the
@@ -447,13 +461,15 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
               absl::StrCat("rank ", r, " sends ", masks->size(),
                            " flatten paths for more item names"));
         }
+        const uint64_t joined =
+            joined_masks != nullptr ? (*joined_masks)[run] : 0;
         const uint64_t mask = (*masks)[run++];
         const ObjectPath* path = nullptr;
         if (mask == kExplicitPath) {
           auto it = rank_data->mapping.find(item.index.fqn);
           if (it != rank_data->mapping.end()) path = &it->second;
         }
-        DCP_RETURN_IF_ERROR(NotePath(names[name], r, mask, path));
+        DCP_RETURN_IF_ERROR(NotePath(names[name], r, mask, joined, path));
       }
       previous = &item.index.fqn;
       uint32_t group;

@@ -282,5 +282,51 @@ TEST(GlobalSavePlanTest, FlattenMappingsMergeAndConflict) {
                         "rank 1 from a different path [\"l\", \"0\"]"));
 }
 
+// A module's state dict under one key ("model" -> "layers.0.w") travels as
+// masks, not as explicit paths, and comes back whole in the metadata.
+TEST(GlobalSavePlanTest, DottedKeysTravelAsMasks) {
+  std::vector<SavePlan> plans(2);
+  plans[0].items = {Value("m.l.0.w", 1), Value("m.l.1.w", 1), Value("s", 1)};
+  plans[1].items = plans[0].items;
+  const FlattenMapping full = {{"m.l.0.w", {"m", "l.0.w"}},
+                               {"m.l.1.w", {"m", "l.1.w"}},
+                               {"s", {"s"}},
+                               {"x.y", {"x.y"}}};  // A leaf without items.
+  std::vector<SavePlannerData> data(2);
+  SetCompactMapping(plans[0].items, full, &data[0]);
+  EXPECT_EQ(data[0].list_masks, (std::vector<uint64_t>{0, 0, 0}));
+  EXPECT_EQ(data[0].joined_masks, (std::vector<uint64_t>{6, 6, 0}));
+  EXPECT_EQ(data[0].mapping, (FlattenMapping{{"x.y", {"x.y"}}}));
+  // Out of name order: the same data.
+  std::vector<WriteItem> reversed(plans[0].items.rbegin(),
+                                  plans[0].items.rend());
+  SavePlannerData unordered;
+  SetCompactMapping(reversed, full, &unordered);
+  EXPECT_EQ(unordered.list_masks, (std::vector<uint64_t>{0, 0, 0}));
+  EXPECT_EQ(unordered.joined_masks, (std::vector<uint64_t>{0, 6, 6}));
+  EXPECT_EQ(unordered.mapping, data[0].mapping);
+  // Rank 1 sends explicit paths: the same metadata.
+  data[1].mapping = full;
+  absl::StatusOr<GlobalSavePlan> plan =
+      BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->metadata.flatten_mapping, full);
+  // Rank 1 splits one name elsewhere.
+  data[1].mapping["m.l.1.w"] = {"m", "l", int64_t{1}, "w"};
+  EXPECT_THAT(BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes)
+                  .status()
+                  .message(),
+              HasSubstr("\"m.l.1.w\": rank 0 flattens it from path [\"m\", "
+                        "\"l.1.w\"] but rank 1 from a different path [\"m\", "
+                        "\"l\", 1, \"w\"]"));
+  // Masks for both ranks that disagree.
+  SetCompactMapping(plans[1].items, full, &data[1]);
+  data[1].joined_masks[1] = 2;
+  EXPECT_THAT(BuildGlobalSavePlan(plans, data, DedupPolicy::kBalanceBytes)
+                  .status()
+                  .message(),
+              HasSubstr("from a different path [\"m\", \"l.1\", \"w\"]"));
+}
+
 }  // namespace
 }  // namespace dcp

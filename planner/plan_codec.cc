@@ -16,10 +16,15 @@ namespace {
 
 namespace pb = ::dcp::planner_proto;
 
-absl::Status VersionError(absl::string_view what, uint32_t version) {
+// SavePlannerData with joined masks: readers of version 1 would split the
+// names at every dot, so such data says it needs a newer reader.
+constexpr uint32_t kJoinedMasksVersion = 2;
+
+absl::Status VersionError(absl::string_view what, uint32_t version,
+                          uint32_t newest = kPlanEncodingVersion) {
   return absl::DataLossError(absl::StrCat(
       what, " has encoding version ", version, " but this build reads up to ",
-      kPlanEncodingVersion, "; upgrade the reader"));
+      newest, "; upgrade the reader"));
 }
 
 void MappingToProto(const FlattenMapping& mapping, pb::FlattenMapping& proto) {
@@ -86,58 +91,89 @@ absl::Status Parse(absl::string_view bytes, absl::string_view what,
 
 }  // namespace
 
+std::optional<DerivedPath> DerivePath(absl::string_view name,
+                                      const ObjectPath& path) {
+  if (path.empty() || path.size() > 64) return std::nullopt;
+  DerivedPath out;
+  size_t pos = 0;  // Where the next element's text starts in `name`.
+  size_t dot = 0;  // How many of the name's dots lie before `pos`.
+  char digits[absl::numbers_internal::kFastToBufferSize];
+  for (size_t i = 0; i < path.size(); ++i) {
+    absl::string_view text;
+    if (const auto* key = std::get_if<std::string>(&path[i])) {
+      text = *key;
+    } else {
+      const int64_t index = std::get<int64_t>(path[i]);
+      // The root is a key; a negative index has no list to live in.
+      if (i == 0 || index < 0) return std::nullopt;
+      text = absl::string_view(
+          digits,
+          absl::numbers_internal::FastIntToBuffer(index, digits) - digits);
+      out.list |= uint64_t{1} << i;
+    }
+    if (name.substr(pos, text.size()) != text) return std::nullopt;
+    for (char c : text) {
+      if (c != '.') continue;
+      if (dot >= 64) return std::nullopt;
+      out.joined |= uint64_t{1} << dot++;
+    }
+    pos += text.size();
+    if (i + 1 < path.size()) {
+      if (pos >= name.size() || name[pos] != '.') return std::nullopt;
+      ++pos;
+      ++dot;
+    }
+  }
+  if (pos != name.size()) return std::nullopt;
+  return out;
+}
+
 std::optional<uint64_t> DerivedListMask(absl::string_view name,
                                         const ObjectPath& path) {
-  if (path.empty() || path.size() > 64) return std::nullopt;
-  uint64_t mask = 0;
-  size_t pos = 0;
-  for (size_t i = 0; i < path.size(); ++i) {
-    size_t end = name.find('.', pos);
-    if (end == absl::string_view::npos) end = name.size();
-    // Each segment must end where the path's next element starts.
-    if ((end == name.size()) != (i + 1 == path.size())) return std::nullopt;
-    const absl::string_view segment = name.substr(pos, end - pos);
-    if (const auto* key = std::get_if<std::string>(&path[i])) {
-      if (segment != *key) return std::nullopt;
-    } else {
-      if (i == 0 || segment != absl::StrCat(std::get<int64_t>(path[i]))) {
-        return std::nullopt;
-      }
-      mask |= uint64_t{1} << i;
-    }
-    pos = end + 1;
-  }
-  return mask;
+  std::optional<DerivedPath> derived = DerivePath(name, path);
+  if (!derived.has_value() || derived->joined != 0) return std::nullopt;
+  return derived->list;
 }
 
 absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
-                                            uint64_t mask) {
-  // `name` split on '.', empty segments included.
-  const size_t count =
-      static_cast<size_t>(std::count(name.begin(), name.end(), '.')) + 1;
-  if (count > 64 || (mask & 1) != 0 || (count < 64 && (mask >> count) != 0)) {
-    return absl::DataLossError(absl::StrCat("flatten path mask ", mask,
-                                            " does not fit \"", name, "\""));
-  }
+                                            uint64_t list, uint64_t joined) {
+  auto misfit = [&] {
+    return absl::DataLossError(absl::StrCat("flatten path masks ", list, "/",
+                                            joined, " do not fit \"", name,
+                                            "\""));
+  };
+  if ((list & 1) != 0) return misfit();
   ObjectPath path;
-  path.reserve(count);
-  size_t pos = 0;
-  for (size_t i = 0; i < count; ++i) {
-    size_t end = name.find('.', pos);
-    if (end == absl::string_view::npos) end = name.size();
-    const absl::string_view segment = name.substr(pos, end - pos);
-    pos = end + 1;
-    if ((mask >> i) & 1) {
+  size_t begin = 0;  // Of the segment being read.
+  size_t dot = 0;    // Dots seen.
+  size_t segment = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i < name.size()) {
+      if (name[i] != '.') continue;
+      const bool inside_key = dot < 64 && ((joined >> dot) & 1) != 0;
+      ++dot;
+      if (inside_key) continue;
+    }
+    if (segment >= 64) return misfit();
+    const absl::string_view text = name.substr(begin, i - begin);
+    if ((list >> segment) & 1) {
       int64_t index;
-      if (!absl::SimpleAtoi(segment, &index) || index < 0) {
+      if (!absl::SimpleAtoi(text, &index) || index < 0) {
         return absl::DataLossError(absl::StrCat("flatten path of \"", name,
-                                                "\": segment ", i,
+                                                "\": segment ", segment,
                                                 " is not a list index"));
       }
       path.emplace_back(index);
     } else {
-      path.emplace_back(std::string(segment));
+      path.emplace_back(std::string(text));
     }
+    ++segment;
+    begin = i + 1;
+  }
+  // No bit past the last segment or dot.
+  if ((segment < 64 && (list >> segment) != 0) ||
+      (dot < 64 && (joined >> dot) != 0)) {
+    return misfit();
   }
   return path;
 }
@@ -145,7 +181,44 @@ absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
 void SetCompactMapping(const std::vector<WriteItem>& items,
                        const FlattenMapping& mapping, SavePlannerData* data) {
   data->list_masks.clear();
+  data->joined_masks.clear();
   data->mapping.clear();
+  bool any_joined = false;
+  auto add_masks = [&](const std::optional<DerivedPath>& derived) {
+    const uint64_t joined = derived.has_value() ? derived->joined : 0;
+    if (joined != 0 && !any_joined) {
+      any_joined = true;
+      data->joined_masks.resize(data->list_masks.size(), 0);
+    }
+    data->list_masks.push_back(derived.has_value() ? derived->list
+                                                   : kExplicitPath);
+    if (any_joined) data->joined_masks.push_back(joined);
+  };
+  const bool in_order = std::is_sorted(
+      items.begin(), items.end(), [](const WriteItem& a, const WriteItem& b) {
+        return a.index.fqn < b.index.fqn;
+      });
+  if (in_order) {
+    // One merge of the two name-ordered sequences: no look-ups.
+    auto it = mapping.begin();
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string& name = items[i].index.fqn;
+      if (i > 0 && name == items[i - 1].index.fqn) continue;
+      while (it != mapping.end() && it->first < name) {
+        data->mapping.insert(data->mapping.end(), *it++);  // No items.
+      }
+      std::optional<DerivedPath> derived;
+      if (it != mapping.end() && it->first == name) {
+        derived = DerivePath(name, it->second);
+        if (!derived.has_value())
+          data->mapping.insert(data->mapping.end(), *it);
+        ++it;
+      }
+      add_masks(derived);
+    }
+    data->mapping.insert(it, mapping.end());
+    return;
+  }
   absl::string_view previous;
   absl::flat_hash_map<absl::string_view, bool> covered;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -153,10 +226,10 @@ void SetCompactMapping(const std::vector<WriteItem>& items,
     if (i > 0 && name == previous) continue;
     previous = name;
     auto it = mapping.find(name);
-    std::optional<uint64_t> mask;
-    if (it != mapping.end()) mask = DerivedListMask(name, it->second);
-    data->list_masks.push_back(mask.value_or(kExplicitPath));
-    if (!mask.has_value() && it != mapping.end()) {
+    std::optional<DerivedPath> derived;
+    if (it != mapping.end()) derived = DerivePath(name, it->second);
+    add_masks(derived);
+    if (!derived.has_value() && it != mapping.end()) {
       data->mapping.insert(*it);
     }
     covered[name] = true;
@@ -189,6 +262,11 @@ std::string EncodeSavePlannerData(const SavePlannerData& data) {
   proto.set_unchanged(data.unchanged);
   proto.mutable_list_masks()->Add(data.list_masks.begin(),
                                   data.list_masks.end());
+  if (!data.joined_masks.empty()) {
+    proto.set_version(kJoinedMasksVersion);
+    proto.mutable_joined_masks()->Add(data.joined_masks.begin(),
+                                      data.joined_masks.end());
+  }
   if (!data.mapping.empty())
     MappingToProto(data.mapping, *proto.mutable_mapping());
   return proto.SerializeAsString();
@@ -197,8 +275,15 @@ std::string EncodeSavePlannerData(const SavePlannerData& data) {
 absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
   pb::SavePlannerData proto;
   DCP_RETURN_IF_ERROR(Parse(bytes, "save planner data", proto));
-  if (proto.version() > kPlanEncodingVersion) {
-    return VersionError("save planner data", proto.version());
+  if (proto.version() > kJoinedMasksVersion) {
+    return VersionError("save planner data", proto.version(),
+                        kJoinedMasksVersion);
+  }
+  if (proto.joined_masks_size() != 0 &&
+      proto.joined_masks_size() != proto.list_masks_size()) {
+    return absl::DataLossError(absl::StrCat(
+        "save planner data has ", proto.joined_masks_size(),
+        " joined masks for ", proto.list_masks_size(), " list masks"));
   }
   SavePlannerData data;
   if (proto.has_digest()) {
@@ -206,6 +291,8 @@ absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
   }
   data.unchanged = proto.unchanged();
   data.list_masks.assign(proto.list_masks().begin(), proto.list_masks().end());
+  data.joined_masks.assign(proto.joined_masks().begin(),
+                           proto.joined_masks().end());
   if (proto.has_mapping()) {
     DCP_ASSIGN_OR_RETURN(data.mapping, MappingFromProto(proto.mapping()));
   }

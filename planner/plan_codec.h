@@ -52,32 +52,51 @@ struct PlanDigest {
 // "unchanged" marker standing for a cached plan.
 //
 // The mapping travels compactly: `list_masks` holds, for each run of equal
-// consecutive item names in the plan, the DerivedListMask of that name's
-// path, or kExplicitPath when the path is in `mapping`; `mapping` holds only
-// those paths and the leaves that have no items. (With `list_masks` empty,
+// consecutive item names in the plan, the DerivedPath list mask of that
+// name's path, or kExplicitPath when the path is in `mapping`;
+// `joined_masks` is empty (no path keeps a dot inside a key) or holds the
+// DerivedPath joined mask of each run; `mapping` holds only the explicit
+// paths and the leaves that have no items. (With `list_masks` empty,
 // `mapping` is the whole mapping.)
 struct SavePlannerData {
   std::optional<PlanDigest> digest;
   bool unchanged = false;
   FlattenMapping mapping;
   std::vector<uint64_t> list_masks;
+  std::vector<uint64_t> joined_masks;
 };
 
 // Never a derived mask: the root of a path is always a key (bit 0 clear).
 inline constexpr uint64_t kExplicitPath = ~uint64_t{0};
 
-// When `path` is `name` split on '.', the mask with bit i set where segment
-// i is a list index; nullopt otherwise.
+// A path that joins back into its name with '.': `list` has bit i set where
+// segment i is a list index; `joined` has bit j set where the name's j-th dot
+// lies inside a key rather than between two segments ({"model",
+// "layers.0.weight"} of "model.layers.0.weight" is list 0, joined 0b110).
+struct DerivedPath {
+  uint64_t list = 0;
+  uint64_t joined = 0;
+};
+
+// The DerivedPath of `path` when its elements joined by '.' spell `name`
+// (keys as they are, list indices in decimal, the first element a key), it
+// has at most 64 elements, and no dot inside a key is past the name's 64th;
+// nullopt otherwise (the path is then stored in full).
+std::optional<DerivedPath> DerivePath(absl::string_view name,
+                                      const ObjectPath& path);
+
+// DerivePath's list mask when `path` is `name` split on every '.'.
 std::optional<uint64_t> DerivedListMask(absl::string_view name,
                                         const ObjectPath& path);
 
-// The inverse: `name` split on '.', list indices where `mask` says.
-// kDataLoss when the mask does not fit the name.
+// The inverse of DerivePath: `name` split on the dots not in `joined`, list
+// indices where `list` says. kDataLoss when the masks do not fit the name.
 absl::StatusOr<ObjectPath> PathFromListMask(absl::string_view name,
-                                            uint64_t mask);
+                                            uint64_t list, uint64_t joined = 0);
 
-// Fills data->list_masks and data->mapping from the full `mapping` of a
-// plan's leaves, as described above.
+// Fills data->list_masks, data->joined_masks and data->mapping from the full
+// `mapping` of a plan's leaves, as described above. Linear when the items
+// are in name order (as DefaultSavePlanner plans them).
 void SetCompactMapping(const std::vector<WriteItem>& items,
                        const FlattenMapping& mapping, SavePlannerData* data);
 

@@ -229,6 +229,89 @@ TEST(PlanCodecTest, ListMasksRoundTripAndRejectWhatDoesNotFit) {
   }
 }
 
+// Keys holding dots (a module's state dict under "model") are derived too:
+// the joined mask says which dots lie inside keys.
+TEST(PlanCodecTest, DottedKeysDeriveJoinedMasks) {
+  struct Case {
+    std::string name;
+    ObjectPath path;
+    uint64_t list;
+    uint64_t joined;
+  };
+  const std::vector<Case> cases = {
+      {"model.layers.0.weight",
+       {std::string("model"), std::string("layers.0.weight")},
+       0,
+       0b110},
+      {"opt.state.3.exp.avg",
+       {std::string("opt"), std::string("state"), int64_t{3},
+        std::string("exp.avg")},
+       0b100,
+       0b1000},
+      {"k.v", {std::string("k.v")}, 0, 1},
+      {"a..b", {std::string("a."), std::string("b")}, 0, 1},
+      {"a.b", {std::string("a"), std::string("b")}, 0, 0},
+  };
+  for (const Case& c : cases) {
+    std::optional<DerivedPath> derived = DerivePath(c.name, c.path);
+    ASSERT_TRUE(derived.has_value()) << c.name;
+    EXPECT_EQ(derived->list, c.list) << c.name;
+    EXPECT_EQ(derived->joined, c.joined) << c.name;
+    absl::StatusOr<ObjectPath> back =
+        PathFromListMask(c.name, derived->list, derived->joined);
+    ASSERT_TRUE(back.ok()) << c.name << ": " << back.status();
+    EXPECT_EQ(*back, c.path) << c.name;
+    EXPECT_EQ(DerivedListMask(c.name, c.path).has_value(), c.joined == 0)
+        << c.name;
+  }
+  // Paths that do not spell their name, or cannot be derived.
+  for (const auto& [name, path] :
+       std::vector<std::pair<std::string, ObjectPath>>{
+           {"a.b", {std::string("a"), std::string("c")}},
+           {"a.b", {std::string("a")}},
+           {"a.b", {std::string("a.b"), std::string("")}},
+           {"0.a", {int64_t{0}, std::string("a")}},  // The root is a key.
+           {"a.-5", {std::string("a"), int64_t{-5}}},
+           {"a.05", {std::string("a"), int64_t{5}}}}) {
+    EXPECT_FALSE(DerivePath(name, path).has_value()) << name;
+  }
+  // A dot inside a key past the name's 64th cannot be marked.
+  std::string deep = "r";
+  for (int i = 0; i < 64; ++i) deep += ".x";
+  EXPECT_FALSE(DerivePath(deep + ".y.z", {deep, std::string("y.z")}));
+  // Masks that do not fit.
+  for (const auto& [name, joined] :
+       std::vector<std::pair<std::string, uint64_t>>{
+           {"a.b", 2},   // Past the last dot.
+           {"a", 1}}) {  // No dot at all.
+    absl::Status status = PathFromListMask(name, 0, joined).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << name;
+    EXPECT_THAT(status.message(), HasSubstr(name)) << name;
+  }
+}
+
+TEST(PlanCodecTest, JoinedMasksRoundTripAsVersion2) {
+  SavePlannerData data;
+  data.list_masks = {0, 4, kExplicitPath};
+  data.joined_masks = {6, 0, 0};
+  const std::string bytes = EncodeSavePlannerData(data);
+  ASSERT_EQ(bytes.substr(0, 2), std::string("\x08\x02", 2));
+  absl::StatusOr<SavePlannerData> back = DecodeSavePlannerData(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->list_masks, data.list_masks);
+  EXPECT_EQ(back->joined_masks, data.joined_masks);
+  // Without joined masks the data stays version 1.
+  data.joined_masks.clear();
+  EXPECT_EQ(EncodeSavePlannerData(data).substr(0, 2),
+            std::string("\x08\x01", 2));
+  // One joined mask per list mask, or none.
+  data.joined_masks = {1};
+  absl::Status status =
+      DecodeSavePlannerData(EncodeSavePlannerData(data)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("1 joined masks for 3 list masks"));
+}
+
 // An explicit path with a negative list index decodes to kDataLoss, as a
 // derived one does (PathFromListMask). Accepted, "a.-5" -> ["a", -5]
 // re-encoded in the mask form, which its decoder refused: the round trip of
