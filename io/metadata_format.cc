@@ -13,6 +13,7 @@
 #include "core/checksum.h"
 #include "core/status.h"
 #include "google/protobuf/arena.h"
+#include "io/extensions.h"
 #include "io/format.pb.h"
 
 namespace dcp {
@@ -241,10 +242,11 @@ absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
     // The geometry is checked: the chunk's byte size fits int64_t.
     const int64_t bytes =
         *CheckedNumBytes(tensor->properties.dtype, (*chunk)->sizes);
-    if (info.length != bytes) {
+    if (info.RawLength() != bytes) {
       return absl::DataLossError(absl::StrCat(
           "stored item ", index.ToString(), " in data file ",
-          info.relative_path, " has ", info.length, " bytes; its chunk of ",
+          info.relative_path, " has ", info.RawLength(),
+          info.extensions.empty() ? "" : " raw", " bytes; its chunk of ",
           "shape ", ShapeToString((*chunk)->sizes), " and dtype ",
           DTypeName(tensor->properties.dtype), " has ", bytes));
     }
@@ -252,8 +254,70 @@ absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
   return absl::OkStatus();
 }
 
+// Reads one item's extension record (`count` > 0 extensions) into `info`,
+// whose length and checksums are decoded: the descriptors, the raw length,
+// and one stored size per raw block, each in [1, the block's raw size], that
+// add up to the stored length, one checksum per block.
+absl::Status DecodeExtensionRecord(const format::Metadata& proto,
+                                   uint32_t count, int64_t block_size,
+                                   Cursor<uint32_t>& ids,
+                                   Cursor<int64_t>& raw_lengths,
+                                   Cursor<int64_t>& block_lengths,
+                                   StorageInfo& info) {
+  if (count > ids.remaining()) {
+    return absl::DataLossError(
+        absl::StrCat("lists ", count, " extensions, more than recorded"));
+  }
+  for (uint32_t e = 0; e < count; ++e) {
+    DCP_ASSIGN_OR_RETURN(uint32_t id, ids.Next());
+    if (id >= static_cast<uint32_t>(proto.extensions_size())) {
+      return absl::DataLossError(absl::StrCat("uses extension #", id, " of ",
+                                              proto.extensions_size()));
+    }
+    info.extensions.push_back(proto.extensions(static_cast<int>(id)));
+  }
+  DCP_ASSIGN_OR_RETURN(info.raw_length, raw_lengths.Next());
+  if (info.raw_length < 0) {
+    return absl::DataLossError(
+        absl::StrCat("has raw length ", info.raw_length));
+  }
+  const int64_t blocks = ChecksumBlockCount(info.raw_length, block_size);
+  if (static_cast<uint64_t>(blocks) > block_lengths.remaining() ||
+      static_cast<int64_t>(info.block_checksums.size()) != blocks) {
+    return absl::DataLossError(absl::StrCat(
+        "has ", info.raw_length, " raw bytes in ", blocks, " blocks but ",
+        info.block_checksums.size(), " checksums, or fewer stored sizes"));
+  }
+  info.block_lengths.reserve(static_cast<size_t>(blocks));
+  int64_t stored = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    DCP_ASSIGN_OR_RETURN(int64_t length, block_lengths.Next());
+    const int64_t raw = std::min(block_size, info.raw_length - b * block_size);
+    if (length <= 0 || length > raw) {
+      return absl::DataLossError(absl::StrCat(
+          "block ", b, " stores ", length, " bytes for ", raw, " raw bytes"));
+    }
+    stored += length;  // At most raw_length: no overflow.
+    info.block_lengths.push_back(length);
+  }
+  if (stored != info.length) {
+    return absl::DataLossError(absl::StrCat("has stored blocks of ", stored,
+                                            " bytes in all, but length ",
+                                            info.length));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
   metadata.version = proto.version();
+  if (metadata.version == kFormatVersion &&
+      (proto.storage_extension_count_size() > 0 ||
+       proto.extensions_size() > 0)) {
+    return absl::DataLossError(
+        absl::StrCat("version ", kFormatVersion,
+                     " metadata carries extension records (only ",
+                     kExtensionsFormatVersion, " may)"));
+  }
   metadata.checksum_block_size = proto.checksum_block_size();
   if (metadata.checksum_block_size <= 0 ||
       metadata.checksum_block_size > kMaxChecksumBlockSize) {
@@ -385,6 +449,26 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
     }
     DCP_CURSOR(storage_chunk_offset);
     DCP_CURSOR(storage_checksums);
+    // Extension records (dcp-2; DecodePayload checked the version).
+    const bool has_extensions = proto.storage_extension_count_size() > 0;
+    if (has_extensions && proto.storage_extension_count_size() != items) {
+      return absl::DataLossError(absl::StrCat(
+          "storage_extension_count has ", proto.storage_extension_count_size(),
+          " entries for ", items, " stored items"));
+    }
+    if (!has_extensions &&
+        (proto.extensions_size() > 0 || proto.storage_extension_size() > 0 ||
+         proto.storage_raw_length_size() > 0 ||
+         proto.storage_block_length_size() > 0)) {
+      return absl::DataLossError(
+          "extension records without storage_extension_count");
+    }
+    for (const std::string& descriptor : proto.extensions()) {
+      DCP_RETURN_IF_ERROR(ParseExtensionDescriptor(descriptor).status());
+    }
+    DCP_CURSOR(storage_extension);
+    DCP_CURSOR(storage_raw_length);
+    DCP_CURSOR(storage_block_length);
     for (int i = 0; i < items; ++i) {
       DCP_ASSIGN_OR_RETURN(absl::string_view fqn, name(proto.storage_name(i)));
       MetadataIndex index{std::string(fqn)};
@@ -417,11 +501,23 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
         DCP_ASSIGN_OR_RETURN(uint64_t sum, cursor_storage_checksums.Next());
         info.block_checksums.push_back(sum);
       }
+      if (has_extensions && proto.storage_extension_count(i) > 0) {
+        DCP_RETURN_IF_ERROR(Annotate(
+            DecodeExtensionRecord(
+                proto, proto.storage_extension_count(i),
+                metadata.checksum_block_size, cursor_storage_extension,
+                cursor_storage_raw_length, cursor_storage_block_length, info),
+            absl::StrCat("item ", index.ToString(), " in data file ",
+                         info.relative_path)));
+      }
       metadata.storage_data.emplace_hint(metadata.storage_data.end(),
                                          std::move(index), std::move(info));
     }
     DCP_RETURN_IF_ERROR(cursor_storage_chunk_offset.ExpectEnd());
     DCP_RETURN_IF_ERROR(cursor_storage_checksums.ExpectEnd());
+    DCP_RETURN_IF_ERROR(cursor_storage_extension.ExpectEnd());
+    DCP_RETURN_IF_ERROR(cursor_storage_raw_length.ExpectEnd());
+    DCP_RETURN_IF_ERROR(cursor_storage_block_length.ExpectEnd());
 
     return absl::OkStatus();
   };
@@ -452,6 +548,54 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
 }
 
 #undef DCP_CURSOR
+
+// Fills the extension records (and version dcp-2) when some item is stored
+// through extensions; leaves `proto` untouched otherwise. kInvalidArgument
+// for an item whose block sizes do not match its lengths.
+absl::Status EncodeExtensionRecords(const Metadata& metadata,
+                                    format::Metadata& proto) {
+  const bool any = std::any_of(
+      metadata.storage_data.begin(), metadata.storage_data.end(),
+      [](const auto& entry) { return !entry.second.extensions.empty(); });
+  if (!any) return absl::OkStatus();
+  if (metadata.checksum_block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checksum_block_size ", metadata.checksum_block_size));
+  }
+  proto.set_version(kExtensionsFormatVersion);
+  absl::flat_hash_map<absl::string_view, uint32_t> ids;
+  proto.mutable_storage_extension_count()->Reserve(
+      static_cast<int>(metadata.storage_data.size()));
+  for (const auto& [index, info] : metadata.storage_data) {
+    proto.add_storage_extension_count(
+        static_cast<uint32_t>(info.extensions.size()));
+    if (info.extensions.empty()) continue;
+    for (const std::string& descriptor : info.extensions) {
+      auto [it, inserted] =
+          ids.try_emplace(descriptor, static_cast<uint32_t>(ids.size()));
+      if (inserted) proto.add_extensions(descriptor);
+      proto.add_storage_extension(it->second);
+    }
+    const int64_t blocks =
+        ChecksumBlockCount(info.raw_length, metadata.checksum_block_size);
+    int64_t stored = 0;
+    for (int64_t length : info.block_lengths) stored += length;
+    if (info.raw_length < 0 ||
+        static_cast<int64_t>(info.block_lengths.size()) != blocks ||
+        static_cast<int64_t>(info.block_checksums.size()) != blocks ||
+        stored != info.length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stored item ", index.ToString(), " has ", info.raw_length,
+          " raw bytes, ", info.block_lengths.size(),
+          " block sizes adding up to ", stored, " of length ", info.length,
+          " and ", info.block_checksums.size(), " checksums"));
+    }
+    proto.add_storage_raw_length(info.raw_length);
+    proto.mutable_storage_block_length()->Add(info.block_lengths.begin(),
+                                              info.block_lengths.end());
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -546,6 +690,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
                                             info.block_checksums.end());
   }
   table.Emit(proto->mutable_names());
+  DCP_RETURN_IF_ERROR(EncodeExtensionRecords(metadata, *proto));
 
   if (metadata.storage_meta.has_value()) {
     format::StorageMeta* m = proto->mutable_storage_meta();
@@ -633,10 +778,12 @@ absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
     return absl::DataLossError(absl::StrCat(source, " has format version '",
                                             proto->version(), "', not dcp-N"));
   }
-  if (proto->version() != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        source, " has format version ", proto->version(), "; this dcp reads ",
-        kFormatVersion, " (use a newer dcp)"));
+  if (proto->version() != kFormatVersion &&
+      proto->version() != kExtensionsFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(source, " has format version ", proto->version(),
+                     "; this dcp reads ", kFormatVersion, " and ",
+                     kExtensionsFormatVersion, " (use a newer dcp)"));
   }
   Metadata metadata;
   absl::Status status = DecodePayload(*proto, metadata);

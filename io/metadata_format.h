@@ -57,8 +57,11 @@ inline int64_t ChecksumBlockCount(int64_t length, int64_t block_size) {
 absl::Status CheckDataFileName(absl::string_view name);
 
 // Encodes `metadata` as the complete bytes of a metadata file. The encoding
-// is deterministic (std::map order). kInvalidArgument for values the format
-// cannot hold (a tensor chunk whose rank differs from its tensor's).
+// is deterministic (std::map order). Version kFormatVersion (dcp-1) unless
+// some item is stored through extensions: then kExtensionsFormatVersion
+// (dcp-2) with the extension records. kInvalidArgument for values the format
+// cannot hold (a tensor chunk whose rank differs from its tensor's, an
+// extension record whose block sizes disagree with its lengths).
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
 
 // Decodes the bytes of a metadata file; `source` (a path) names the file in
@@ -75,8 +78,13 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
 // chunk lies inside its tensor's shape; every stored item has offset >= 0,
 // length >= 0 and offset + length <= INT64_MAX, and belongs to a value: a
 // chunk's item to that chunk, with exactly the chunk's bytes, a bytes
-// value's item to it. What needs the data files (offset + length within the
-// file, the checksum count against the length) is the reader's to check.
+// value's item to it (for an item stored through extensions, its raw
+// length). Extension records (version dcp-2 only) are well formed: known
+// descriptor syntax, one stored size per raw block within the block's raw
+// size, adding up to the item's length, one checksum per block; whether
+// this dcp knows the extensions is the reader's to check. What needs the
+// data files (offset + length within the file, the checksum count against
+// the length) is the reader's to check.
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                                         absl::string_view source);
 

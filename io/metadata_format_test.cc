@@ -1,10 +1,12 @@
 #include "io/metadata_format.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
@@ -85,6 +87,26 @@ TEST(MetadataFormatTest, RoundTripsEveryField) {
 TEST(MetadataFormatTest, EncodingIsDeterministic) {
   EXPECT_EQ(*EncodeMetadata(SampleMetadata()),
             *EncodeMetadata(SampleMetadata()));
+}
+
+// The bytes dcp-1 has always written for SampleMetadata(): a checkpoint
+// without extensions is encoded exactly as before they existed.
+constexpr char kSampleMetadataGolden[] =
+    "894443500d0a1a0a010000000000000023010000000000000fb3ccac4504a088"
+    "0a056463702d31108080401a290a20626164ff2e7574663865787472616d6f64"
+    "656c2e77737465706f7074696d2e30120509050704072204000102032a040000"
+    "010132020a083a020100420202004a020406520202015a040000020062040206"
+    "02066a020204720202027a04000204018201120a0b6d6f64656c776f7074696d"
+    "12030501058a010e5f5f315f615f302e6469737463708a010e5f5f305f615f30"
+    "2e64697374637092010500010202039a01050000030301a2010400000200aa01"
+    "050000010100b20106080800802000ba01050000181808c201050000020101ca"
+    "0120010000000000000002000000000000000300000000000000040000000000"
+    "0000d2011e0a072f636b70742ffe1205736176653122056d6f64656c22056f70"
+    "74696d";
+
+TEST(MetadataFormatTest, WithoutExtensionsTheEncodingIsTheGolden) {
+  EXPECT_EQ(absl::BytesToHexString(*EncodeMetadata(SampleMetadata())),
+            kSampleMetadataGolden);
 }
 
 TEST(MetadataFormatTest, EmptyMetadataRoundTrips) {
@@ -321,6 +343,138 @@ TEST(CraftedMetadataTest, ZeroDTensorClaimingBillionsOfChunksIsRejectedAtOnce) {
     }
   });
   ExpectDataLoss(status, {"tensor step", "4294967295 chunks"});
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// SampleMetadata() with model.w's first chunk (24 raw bytes) stored through
+// zstd in blocks of 16: one block encoded to 9 bytes, one stored as is.
+Metadata WithExtensions() {
+  Metadata m = SampleMetadata();
+  m.checksum_block_size = 16;
+  for (auto& [index, info] : m.storage_data) {
+    info.block_checksums.assign(
+        ChecksumBlockCount(info.length, m.checksum_block_size), 7);
+  }
+  StorageInfo& w = m.storage_data[MetadataIndex("model.w", Shape{0, 0})];
+  w.extensions = {"zstd/1.0"};
+  w.raw_length = 24;
+  w.block_lengths = {9, 8};
+  w.length = 17;
+  w.block_checksums = {5, 6};
+  return m;
+}
+
+TEST(MetadataExtensionsTest, RecordsRoundTripAsVersion2) {
+  const Metadata m = WithExtensions();
+  absl::StatusOr<std::string> bytes = EncodeMetadata(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<Metadata> decoded = DecodeMetadata(*bytes, "x/.metadata");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->version, kExtensionsFormatVersion);
+  EXPECT_EQ(decoded->storage_data, m.storage_data);
+  const StorageInfo& w =
+      decoded->storage_data.at(MetadataIndex("model.w", Shape{0, 0}));
+  EXPECT_EQ(w.RawLength(), 24);
+  EXPECT_EQ(w.length, 17);
+}
+
+TEST(MetadataExtensionsTest, ItemsWithoutExtensionsKeepVersion1) {
+  Metadata m = WithExtensions();
+  for (auto& [index, info] : m.storage_data) {
+    info.extensions.clear();
+    info.block_lengths.clear();
+    info.raw_length = 0;
+  }
+  m.storage_data[MetadataIndex("model.w", Shape{0, 0})].length = 24;
+  m.storage_data[MetadataIndex("model.w", Shape{0, 0})].block_checksums = {1,
+                                                                           2};
+  absl::StatusOr<Metadata> decoded =
+      DecodeMetadata(*EncodeMetadata(m), "x/.metadata");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->version, kFormatVersion);
+}
+
+TEST(MetadataExtensionsTest, EncoderRefusesInconsistentRecords) {
+  Metadata m = WithExtensions();
+  m.storage_data[MetadataIndex("model.w", Shape{0, 0})].block_lengths = {9};
+  EXPECT_EQ(EncodeMetadata(m).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+absl::Status DecodeCraftedExtensions(
+    absl::FunctionRef<void(format::Metadata&)> mutate) {
+  absl::StatusOr<std::string> bytes =
+      testing::RewritePayload(*EncodeMetadata(WithExtensions()), mutate);
+  if (!bytes.ok()) return bytes.status();
+  return DecodeMetadata(*bytes, "ckpt/.metadata").status();
+}
+
+TEST(MetadataExtensionsTest, CraftedRecordsAreDataLossNamingTheItem) {
+  ASSERT_TRUE(DecodeCraftedExtensions([](format::Metadata&) {}).ok());
+  struct Case {
+    const char* what;
+    std::function<void(format::Metadata&)> mutate;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"version 1 with records",
+       [](format::Metadata& p) { p.set_version(kFormatVersion); },
+       "carries extension records"},
+      {"count array too short",
+       [](format::Metadata& p) {
+         p.mutable_storage_extension_count()->RemoveLast();
+       },
+       "storage_extension_count has"},
+      {"unknown extension id",
+       [](format::Metadata& p) { p.set_storage_extension(0, 5); },
+       "uses extension #5"},
+      {"malformed descriptor",
+       [](format::Metadata& p) { p.set_extensions(0, "zstd"); },
+       "not name/MAJOR"},
+      {"block larger than raw",
+       [](format::Metadata& p) { p.set_storage_block_length(1, 9); },
+       "stores 9 bytes for 8 raw bytes"},
+      {"empty block",
+       [](format::Metadata& p) { p.set_storage_block_length(0, 0); },
+       "stores 0 bytes"},
+      {"sizes do not add up to length",
+       [](format::Metadata& p) { p.set_storage_block_length(0, 8); },
+       "16 bytes in all, but length 17"},
+      {"raw length not the chunk's",
+       [](format::Metadata& p) {
+         p.set_storage_raw_length(0, 40);
+         p.add_storage_block_length(1);
+       },
+       "3 blocks but 2 checksums"},
+      {"negative raw length",
+       [](format::Metadata& p) { p.set_storage_raw_length(0, -1); },
+       "raw length -1"},
+      {"stray block sizes",
+       [](format::Metadata& p) { p.add_storage_block_length(3); },
+       "storage_block_length"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = DecodeCraftedExtensions(c.mutate);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << c.what << status;
+    EXPECT_THAT(status.message(), HasSubstr(c.message)) << c.what;
+  }
+  // Messages about one item name it and its file.
+  absl::Status status = DecodeCraftedExtensions(
+      [](format::Metadata& p) { p.set_storage_block_length(1, 9); });
+  EXPECT_THAT(status.message(), HasSubstr("model.w"));
+  EXPECT_THAT(status.message(), HasSubstr("__0_a_0.distcp"));
+}
+
+TEST(MetadataExtensionsTest, RawLengthMustBeWhatTheChunkHolds) {
+  absl::Status status = DecodeCraftedExtensions(
+      [](format::Metadata& p) { p.set_storage_raw_length(0, 25); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("25 raw bytes"));
 }
 
 }  // namespace

@@ -97,15 +97,32 @@ using StorageMetadata =
 // read back at load. Checksums are XXH3-64 of consecutive blocks of
 // `Metadata::checksum_block_size` bytes of the item (the last block may be
 // shorter; an empty item has no blocks).
+//
+// An item stored through extensions (io/extensions.h; docs/FORMAT.md,
+// "Extensions") is cut into blocks of checksum_block_size raw bytes, each
+// stored encoded or as is; `length` and `block_checksums` then describe the
+// stored blocks, which follow each other from `offset`.
 struct StorageInfo {
   std::string relative_path;  // Data file, relative to the checkpoint dir.
   int64_t offset = 0;         // Byte offset of the item in the file.
-  int64_t length = 0;         // Bytes of the item.
-  std::vector<uint64_t> block_checksums;
+  int64_t length = 0;         // Bytes of the item in the file.
+  std::vector<uint64_t> block_checksums;  // Of the stored blocks.
+  // The descriptors ("name/MAJOR.MINOR") of the extensions applied to each
+  // block, in order; empty for an item stored as it is.
+  std::vector<std::string> extensions;
+  // With extensions: the item's own (raw) bytes, and each block's stored
+  // size (its raw size: stored as is; smaller: encoded).
+  int64_t raw_length = 0;
+  std::vector<int64_t> block_lengths;
+
+  // The item's own bytes: raw_length with extensions, else length.
+  int64_t RawLength() const { return extensions.empty() ? length : raw_length; }
 
   friend bool operator==(const StorageInfo& a, const StorageInfo& b) {
     return a.relative_path == b.relative_path && a.offset == b.offset &&
-           a.length == b.length && a.block_checksums == b.block_checksums;
+           a.length == b.length && a.block_checksums == b.block_checksums &&
+           a.extensions == b.extensions && a.raw_length == b.raw_length &&
+           a.block_lengths == b.block_lengths;
   }
 };
 
@@ -131,6 +148,10 @@ struct Metadata {
 
 // The format version this build writes.
 inline constexpr char kFormatVersion[] = "dcp-1";
+// The version of checkpoints with items stored through extensions (dcp-1
+// plus the extension records, docs/FORMAT.md): readers older than the
+// records refuse them instead of misreading encoded bytes.
+inline constexpr char kExtensionsFormatVersion[] = "dcp-2";
 
 }  // namespace dcp
 

@@ -32,6 +32,15 @@ std::string EncodeWriteResults(const std::vector<WriteResult>& results) {
     out->mutable_block_checksums()->Add(
         result.storage_data.block_checksums.begin(),
         result.storage_data.block_checksums.end());
+    for (const std::string& extension : result.storage_data.extensions) {
+      out->add_extensions(extension);
+    }
+    if (!result.storage_data.extensions.empty()) {
+      out->set_raw_length(result.storage_data.raw_length);
+      out->mutable_block_lengths()->Add(
+          result.storage_data.block_lengths.begin(),
+          result.storage_data.block_lengths.end());
+    }
   }
   return message.SerializeAsString();
 }
@@ -68,6 +77,11 @@ absl::StatusOr<std::vector<WriteResult>> DecodeWriteResults(
     result.storage_data.length = in.length();
     result.storage_data.block_checksums.assign(in.block_checksums().begin(),
                                                in.block_checksums().end());
+    result.storage_data.extensions.assign(in.extensions().begin(),
+                                          in.extensions().end());
+    result.storage_data.raw_length = in.raw_length();
+    result.storage_data.block_lengths.assign(in.block_lengths().begin(),
+                                             in.block_lengths().end());
     results.push_back(std::move(result));
   }
   return results;

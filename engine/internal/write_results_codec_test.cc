@@ -20,6 +20,9 @@ std::vector<WriteResult> SampleResults() {
   tensor.storage_data.offset = 8192;
   tensor.storage_data.length = 4096;
   tensor.storage_data.block_checksums = {1, 0xffffffffffffffffULL};
+  tensor.storage_data.extensions = {"zstd/1.0"};
+  tensor.storage_data.raw_length = 8192;
+  tensor.storage_data.block_lengths = {1000, 3096};
   WriteResult value;
   value.index = MetadataIndex("step");
   value.size_in_bytes = 8;
