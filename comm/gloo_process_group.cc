@@ -44,7 +44,7 @@ class GlooProcessGroup::Impl {
         options.job_id.empty()
             ? options.group_name
             : absl::StrCat(options.group_name, "/job-", options.job_id);
-    const std::string base = absl::StrCat(name, "/", NextInstance(name));
+    const std::string base = absl::StrCat(name, "/", NextInstance(name, rank_));
     const std::string where =
         absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
                         rank_, size_, base, options.store.ToString());

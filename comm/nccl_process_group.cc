@@ -3,79 +3,82 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
 #include "comm/internal/nccl_library.h"
+#include "comm/store_process_group.h"
 #include "core/status.h"
-#include "cuda_runtime_api.h"
-#include "gloo/rendezvous/prefix_store.h"
 
 namespace dcp::comm {
 namespace {
 
-using internal::DeadlineStore;
 using internal::NcclLibrary;
-
-absl::Status CudaError(cudaError_t rc, absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(rc)));
-}
 
 // Device memory that grows on demand and is freed with its owner.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
+  ~DeviceBuffer() { Release(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void Bind(DeviceRuntime* runtime, int device) {
+    runtime_ = runtime;
+    device_ = device;
+  }
 
   // Makes room for `bytes` (contents are not kept).
   absl::Status Reserve(size_t bytes) {
     if (bytes <= capacity_) return absl::OkStatus();
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    capacity_ = 0;
+    Release();
     const size_t want = std::max<size_t>(bytes, 4096);
-    if (cudaError_t rc = cudaMalloc(&ptr_, want); rc != cudaSuccess) {
-      ptr_ = nullptr;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cudaMalloc of ", want,
-                       " bytes for NCCL payloads: ", cudaGetErrorString(rc)));
+    absl::StatusOr<void*> ptr = runtime_->AllocateDevice(device_, want);
+    if (!ptr.ok()) {
+      return Annotate(
+          ptr.status(),
+          absl::StrCat("device memory for NCCL payloads (", want, " bytes)"));
     }
+    ptr_ = *ptr;
     capacity_ = want;
     return absl::OkStatus();
   }
   char* data() const { return static_cast<char*>(ptr_); }
 
  private:
+  void Release() {
+    if (ptr_ != nullptr) runtime_->FreeDevice(ptr_).IgnoreError();
+    ptr_ = nullptr;
+    capacity_ = 0;
+  }
+
+  DeviceRuntime* runtime_ = nullptr;
+  int device_ = 0;
   void* ptr_ = nullptr;
   size_t capacity_ = 0;
 };
 
 // Makes `device` current on the calling thread for a scope: collectives may
-// run on any thread (a background save thread), and CUDA's current device
-// is per thread.
+// run on any thread (a background save thread), and the current device is
+// per thread.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
+  DeviceScope(DeviceRuntime* runtime, int device) : runtime_(runtime) {
+    if (runtime_ == nullptr) return;
+    absl::StatusOr<int> previous = runtime_->SetCurrentDevice(device);
+    previous_ = previous.ok() && *previous != device ? *previous : -1;
   }
   ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+    if (previous_ >= 0) runtime_->SetCurrentDevice(previous_).IgnoreError();
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
+  DeviceRuntime* const runtime_;
   int previous_ = -1;
 };
 
@@ -90,20 +93,22 @@ class NcclProcessGroup::Impl {
   // unlike a destroy it cannot block on a lost peer.
   ~Impl() {
     if (comm_ != nullptr) nccl_->CommAbort(comm_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  absl::Status Init(const NcclOptions& options) {
+  absl::Status Init(const NcclOptions& options,
+                    const RuntimeMaker& make_runtime) {
     const absl::Time deadline = absl::Now() + options.connect_timeout;
     DCP_ASSIGN_OR_RETURN(std::string id, ExchangeId(options, deadline));
 
-    int devices = 0;
-    if (cudaError_t rc = cudaGetDeviceCount(&devices); rc != cudaSuccess) {
+    absl::StatusOr<std::unique_ptr<DeviceRuntime>> runtime = make_runtime();
+    if (!runtime.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "nccl process group, rank %d of %d: no usable GPU (%s); NCCL needs "
           "one GPU per rank: use the gloo backend on this machine",
-          rank_, size_, cudaGetErrorString(rc)));
+          rank_, size_, runtime.status().message()));
     }
+    runtime_ = *std::move(runtime);
+    const int devices = runtime_->DeviceCount();
     if (options.cuda_device < 0 || options.cuda_device >= devices) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "nccl process group, rank %d of %d: CUDA device %d does not exist "
@@ -111,14 +116,14 @@ class NcclProcessGroup::Impl {
           rank_, size_, options.cuda_device, devices));
     }
     device_ = options.cuda_device;
-    if (cudaError_t rc = cudaSetDevice(device_); rc != cudaSuccess) {
-      return CudaError(rc, absl::StrCat("cudaSetDevice(", device_, ")"));
+    for (DeviceBuffer* buffer : {&sizes_, &send_, &recv_}) {
+      buffer->Bind(runtime_.get(), device_);
     }
-    if (cudaError_t rc =
-            cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-        rc != cudaSuccess) {
-      return CudaError(rc, "cudaStreamCreateWithFlags");
-    }
+    // ncclCommInitRank joins on the current device.
+    DCP_RETURN_IF_ERROR(runtime_->SetCurrentDevice(device_).status());
+    DCP_ASSIGN_OR_RETURN(stream_, MakeOwnedStream(*runtime_, device_));
+    DCP_ASSIGN_OR_RETURN(done_, MakeOwnedEvent(*runtime_, device_,
+                                               /*enable_timing=*/false));
 
     ncclUniqueId unique_id;
     std::memcpy(unique_id.internal, id.data(), sizeof(unique_id.internal));
@@ -129,7 +134,16 @@ class NcclProcessGroup::Impl {
     if (rc != ncclSuccess && rc != ncclInProgress) {
       return NcclError("ncclCommInitRank", rc);
     }
-    return WaitForComm("ncclCommInitRank", deadline, options.connect_timeout);
+    DCP_RETURN_IF_ERROR(
+        WaitForComm("ncclCommInitRank", deadline, options.connect_timeout));
+    // Every rank joined the communicator, so every rank has read the id.
+    if (rank_ == 0 && keys_ != nullptr) {
+      keys_->Remove(id_key_).IgnoreError();
+      ForgetGeneration(*keys_, base_, generation_).IgnoreError();
+    }
+    keys_.reset();
+    store_.reset();
+    return absl::OkStatus();
   }
 
   // Sizes of every rank's payload (one 8-byte count each), all-gathered.
@@ -141,7 +155,7 @@ class NcclProcessGroup::Impl {
     DCP_RETURN_IF_ERROR(ToDevice(d_sizes + rank_, &own, sizeof(own)));
     DCP_RETURN_IF_ERROR(
         Check(op, nccl_->AllGather(d_sizes + rank_, d_sizes, 1, ncclUint64,
-                                   comm_, stream_)));
+                                   comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait(op, deadline));
     std::vector<uint64_t> sizes(size_);
     DCP_RETURN_IF_ERROR(
@@ -162,7 +176,7 @@ class NcclProcessGroup::Impl {
     DCP_RETURN_IF_ERROR(ToDevice(send_.data(), payload.data(), payload.size()));
     DCP_RETURN_IF_ERROR(
         Check(op, nccl_->AllGather(send_.data(), recv_.data(), max, ncclUint8,
-                                   comm_, stream_)));
+                                   comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait(op, deadline));
     for (int r = 0; r < size_; ++r) {
       all[r].resize(sizes[r]);
@@ -214,7 +228,7 @@ class NcclProcessGroup::Impl {
         ToDevice(sizes_.data(), sizes.data(), size_ * sizeof(uint64_t)));
     DCP_RETURN_IF_ERROR(
         Check("scatter", nccl_->Broadcast(sizes_.data(), sizes_.data(), size_,
-                                          ncclUint64, root, comm_, stream_)));
+                                          ncclUint64, root, comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait("scatter", deadline));
     DCP_RETURN_IF_ERROR(
         ToHost(sizes.data(), sizes_.data(), size_ * sizeof(uint64_t)));
@@ -242,9 +256,9 @@ class NcclProcessGroup::Impl {
     uint64_t size = rank_ == root ? payload.size() : 0;
     DCP_RETURN_IF_ERROR(sizes_.Reserve(sizeof(uint64_t)));
     DCP_RETURN_IF_ERROR(ToDevice(sizes_.data(), &size, sizeof(size)));
-    DCP_RETURN_IF_ERROR(
-        Check("broadcast", nccl_->Broadcast(sizes_.data(), sizes_.data(), 1,
-                                            ncclUint64, root, comm_, stream_)));
+    DCP_RETURN_IF_ERROR(Check(
+        "broadcast", nccl_->Broadcast(sizes_.data(), sizes_.data(), 1,
+                                      ncclUint64, root, comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
     DCP_RETURN_IF_ERROR(ToHost(&size, sizes_.data(), sizeof(size)));
     if (rank_ == root) {
@@ -257,7 +271,7 @@ class NcclProcessGroup::Impl {
     }
     DCP_RETURN_IF_ERROR(
         Check("broadcast", nccl_->Broadcast(recv_.data(), recv_.data(), size,
-                                            ncclUint8, root, comm_, stream_)));
+                                            ncclUint8, root, comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
     if (rank_ == root) return std::string(payload);
     std::string out(size, '\0');
@@ -270,6 +284,7 @@ class NcclProcessGroup::Impl {
   }
 
   int device() const { return device_; }
+  DeviceRuntime* runtime() const { return runtime_.get(); }
 
  private:
   // Point-to-point between `root` and every other rank r with sizes[r] > 0
@@ -286,14 +301,14 @@ class NcclProcessGroup::Impl {
       ncclResult_t rc = ncclSuccess;
       if (rank_ == root) {
         rc = to_root ? nccl_->Recv(recv_.data() + offsets[r], sizes[r],
-                                   ncclUint8, r, comm_, stream_)
+                                   ncclUint8, r, comm_, stream())
                      : nccl_->Send(send_.data() + offsets[r], sizes[r],
-                                   ncclUint8, r, comm_, stream_);
+                                   ncclUint8, r, comm_, stream());
       } else if (r == rank_) {
         rc = to_root ? nccl_->Send(send_.data(), sizes[r], ncclUint8, root,
-                                   comm_, stream_)
+                                   comm_, stream())
                      : nccl_->Recv(recv_.data(), sizes[r], ncclUint8, root,
-                                   comm_, stream_);
+                                   comm_, stream());
       }
       if (rc != ncclSuccess && rc != ncclInProgress) {
         nccl_->GroupEnd();
@@ -304,46 +319,57 @@ class NcclProcessGroup::Impl {
     return Wait(op, deadline);
   }
 
-  // Rank 0 makes the id and publishes it; the others wait for it.
+  // A fresh unique id as bytes.
+  absl::StatusOr<std::string> NewId() const {
+    ncclUniqueId id;
+    const ncclResult_t rc = nccl_->GetUniqueId(&id);
+    if (rc != ncclSuccess) {
+      return absl::UnavailableError(
+          absl::StrCat("ncclGetUniqueId: ", nccl_->GetErrorString(rc)));
+    }
+    return std::string(id.internal, sizeof(id.internal));
+  }
+
+  // The ranks join a fresh generation under "<group>/<instance>/nccl" (so
+  // keys a crashed job left are never read); rank 0 makes the id and
+  // publishes it under "<generation>/unique_id"; the others wait for it.
+  // The store stays open until Init removes the keys.
   absl::StatusOr<std::string> ExchangeId(const NcclOptions& options,
                                          absl::Time deadline) {
-    if (size_ == 1) return internal::NewNcclUniqueId();
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<gloo::rendezvous::Store> store,
-                         internal::OpenStore(options.store));
-    const std::string prefix =
-        absl::StrCat(options.group_name, "/",
-                     internal::NextInstance(options.group_name), "/nccl");
-    gloo::rendezvous::PrefixStore prefixed(prefix, *store);
-    DeadlineStore bounded(prefixed, deadline);
-    const std::string key = "unique_id_from_rank_0";
-    try {
-      if (rank_ == 0) {
-        DCP_ASSIGN_OR_RETURN(std::string id, internal::NewNcclUniqueId());
-        bounded.set(key, std::vector<char>(id.begin(), id.end()));
-        return id;
-      }
-      std::vector<char> id = bounded.get(key);
-      if (id.size() != sizeof(ncclUniqueId::internal)) {
-        return absl::DataLossError(
-            absl::StrFormat("nccl unique id in %s is %d bytes, expected %d",
-                            options.store.ToString(), id.size(),
-                            sizeof(ncclUniqueId::internal)));
-      }
-      return std::string(id.begin(), id.end());
-    } catch (const std::exception& e) {
-      if (absl::StrContains(e.what(), "already exists")) {
-        return absl::AlreadyExistsError(absl::StrFormat(
-            "nccl process group: %s holds a unique id under \"%s\" from an "
-            "earlier job; use a fresh rendezvous directory or another group "
-            "name: %s",
-            options.store.ToString(), prefix, e.what()));
-      }
-      return absl::DeadlineExceededError(absl::StrFormat(
-          "nccl process group, rank %d of %d: no unique id from rank 0 under "
-          "\"%s\" in %s within %s (is rank 0 running?): %s",
-          rank_, size_, prefix, options.store.ToString(),
-          absl::FormatDuration(options.connect_timeout), e.what()));
+    if (size_ == 1) return NewId();
+    DCP_ASSIGN_OR_RETURN(store_, internal::OpenStore(options.store));
+    keys_ = internal::AsKeyValueStore(*store_);
+    base_ = absl::StrCat(options.group_name, "/",
+                         internal::NextInstance(options.group_name, rank_),
+                         "/nccl");
+    const std::string where =
+        absl::StrFormat("nccl process group, rank %d of %d, under \"%s\" in %s",
+                        rank_, size_, base_, options.store.ToString());
+    absl::StatusOr<std::string> generation =
+        JoinGeneration(*keys_, base_, rank_, size_, deadline);
+    if (!generation.ok()) return Annotate(generation.status(), where);
+    generation_ = *generation;
+    id_key_ = absl::StrCat(base_, "/", generation_, "/unique_id");
+    if (rank_ == 0) {
+      DCP_ASSIGN_OR_RETURN(std::string id, NewId());
+      DCP_RETURN_IF_ERROR(Annotate(keys_->Set(id_key_, id), where));
+      return id;
     }
+    absl::StatusOr<std::string> id = keys_->Get(
+        id_key_, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (absl::IsDeadlineExceeded(id.status())) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s: no unique id from rank 0 within %s (is rank 0 running?): %s",
+          where, absl::FormatDuration(options.connect_timeout),
+          id.status().message()));
+    }
+    if (!id.ok()) return Annotate(id.status(), where);
+    if (id->size() != sizeof(ncclUniqueId::internal)) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: the unique id is %d bytes, expected %d", where,
+                          id->size(), sizeof(ncclUniqueId::internal)));
+    }
+    return *std::move(id);
   }
 
   absl::Status NcclError(absl::string_view op, ncclResult_t rc) {
@@ -374,6 +400,9 @@ class NcclProcessGroup::Impl {
 
   // Waits until the work queued on the stream completed.
   absl::Status Wait(absl::string_view op, absl::Time deadline) {
+    DCP_RETURN_IF_ERROR(
+        Annotate(runtime_->RecordEvent(done_.get(), stream_.get()),
+                 absl::StrCat(op, ": stream")));
     for (;;) {
       ncclResult_t state = ncclSuccess;
       nccl_->CommGetAsyncError(comm_, &state);
@@ -381,11 +410,11 @@ class NcclProcessGroup::Impl {
         return NcclError(op, state);
       }
       if (state == ncclSuccess) {
-        const cudaError_t rc = cudaStreamQuery(stream_);
-        if (rc == cudaSuccess) return absl::OkStatus();
-        if (rc != cudaErrorNotReady) {
-          return CudaError(rc, absl::StrCat(op, ": stream"));
+        absl::StatusOr<bool> done = runtime_->QueryEvent(done_.get());
+        if (!done.ok()) {
+          return Annotate(done.status(), absl::StrCat(op, ": stream"));
         }
+        if (*done) return absl::OkStatus();
       }
       if (absl::Now() >= deadline) return Abort(op, absl::ZeroDuration());
       absl::SleepFor(absl::Microseconds(200));
@@ -404,32 +433,46 @@ class NcclProcessGroup::Impl {
             : ""));
   }
 
+  // `src` must stay valid until the next Wait: every caller waits before
+  // it returns.
   absl::Status ToDevice(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
-    const cudaError_t rc =
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
-    return rc == cudaSuccess ? absl::OkStatus() : CudaError(rc, "copy to GPU");
+    return Annotate(runtime_->CopyAsync(dst, src, bytes,
+                                        CopyKind::kHostToDevice, stream_.get()),
+                    "copy to GPU");
   }
 
   // Called only after Wait, so the copy does not block on pending NCCL work.
   absl::Status ToHost(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
-    cudaError_t rc =
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_);
-    if (rc == cudaSuccess) rc = cudaStreamSynchronize(stream_);
-    return rc == cudaSuccess ? absl::OkStatus()
-                             : CudaError(rc, "copy from GPU");
+    absl::Status s = runtime_->CopyAsync(
+        dst, src, bytes, CopyKind::kDeviceToHost, stream_.get());
+    if (s.ok()) s = runtime_->SynchronizeStream(stream_.get());
+    return Annotate(s, "copy from GPU");
+  }
+
+  cudaStream_t stream() const {
+    return static_cast<cudaStream_t>(runtime_->NativeStream(stream_.get()));
   }
 
   const NcclLibrary* const nccl_;
   const int rank_;
   const int size_;
   int device_ = 0;
-  cudaStream_t stream_ = nullptr;
+  // Declared first among the device members: destroyed after them.
+  std::unique_ptr<DeviceRuntime> runtime_;
+  OwnedStream stream_;
+  OwnedEvent done_;  // Recorded after each call's work; polled by Wait.
   ncclComm_t comm_ = nullptr;
   DeviceBuffer sizes_;
   DeviceBuffer send_;
   DeviceBuffer recv_;
+  // The rendezvous, from the id exchange until the communicator formed.
+  std::unique_ptr<gloo::rendezvous::Store> store_;
+  std::unique_ptr<KeyValueStore> keys_;
+  std::string base_;
+  std::string generation_;
+  std::string id_key_;
 };
 
 absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
@@ -441,8 +484,22 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
                         options.rank, options.world_size));
   }
   DCP_ASSIGN_OR_RETURN(const NcclLibrary* nccl, internal::LoadNccl());
-  auto impl = std::make_unique<Impl>(nccl, options.rank, options.world_size);
-  DCP_RETURN_IF_ERROR(impl->Init(options));
+  return CreateWith(options, *nccl, [] {
+    return CreateDeviceRuntime(DeviceRuntimeMode::kCuda);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::CreateWith(
+    const NcclOptions& options, const internal::NcclLibrary& nccl,
+    const RuntimeMaker& make_runtime) {
+  if (options.world_size < 1 || options.rank < 0 ||
+      options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("nccl: rank %d outside a world of %d ranks",
+                        options.rank, options.world_size));
+  }
+  auto impl = std::make_unique<Impl>(&nccl, options.rank, options.world_size);
+  DCP_RETURN_IF_ERROR(impl->Init(options, make_runtime));
   return std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(
       options.rank, options.world_size, options.timeout, std::move(impl)));
 }
@@ -452,36 +509,36 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, absl::Duration timeout,
     : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
 
 NcclProcessGroup::~NcclProcessGroup() {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   impl_.reset();
 }
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoGather(
     absl::string_view payload, int root, absl::Time deadline) {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   return impl_->Gather(payload, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoScatter(
     absl::Span<const std::string> payloads, int root, absl::Time deadline) {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   return impl_->Scatter(payloads, root, deadline);
 }
 
 absl::StatusOr<std::string> NcclProcessGroup::DoBroadcast(
     absl::string_view payload, int root, absl::Time deadline) {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   return impl_->Broadcast(payload, root, deadline);
 }
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoAllGather(
     absl::string_view payload, absl::Time deadline) {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   return impl_->AllGather("allgather", payload, deadline);
 }
 
 absl::Status NcclProcessGroup::DoBarrier(absl::Time deadline) {
-  DeviceScope scope(impl_->device());
+  DeviceScope scope(impl_->runtime(), impl_->device());
   return impl_->Barrier(deadline);
 }
 

@@ -5,10 +5,16 @@
 // No CUDA or NCCL types in this header; NCCL is loaded with dlopen at
 // Create (see internal/nccl_library.h), so binaries run without it.
 //
-// Rendezvous: rank 0 makes the ncclUniqueId and publishes it in the store
-// (Gloo's FileStore or RedisStore, under "<group_name>/<instance>/"); the
-// other ranks read it there. Then each rank selects its CUDA device and
-// joins the communicator (non-blocking init, bounded by connect_timeout).
+// Rendezvous: the ranks join a fresh generation under
+// "<group_name>/<instance>/nccl" in the store (Gloo's FileStore or
+// RedisStore; JoinGeneration in store_process_group.h), rank 0 makes the
+// ncclUniqueId and publishes it under "<generation>/unique_id", and the
+// other ranks read it there, so keys a crashed job left are never read.
+// Then each rank selects its device and joins the communicator
+// (non-blocking init, bounded by connect_timeout). Once rank 0's
+// communicator has formed, every rank has read the id: rank 0 removes it
+// and the generation's ready key, and the store is left as it was found.
+// All device work goes through the DeviceRuntime (cuda/device_runtime.h).
 //
 // Variable payload sizes: sizes travel first (all-gather or broadcast of
 // 8-byte counts), then the bytes: all-gather pads to the largest payload;
@@ -24,6 +30,7 @@
 #ifndef DCP_COMM_NCCL_PROCESS_GROUP_H_
 #define DCP_COMM_NCCL_PROCESS_GROUP_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,8 +39,12 @@
 #include "absl/time/time.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "cuda/device_runtime.h"
 
 namespace dcp::comm {
+namespace internal {
+struct NcclLibrary;  // comm/internal/nccl_library.h
+}  // namespace internal
 
 // `store` is where rank 0 publishes the unique id; `connect_timeout` also
 // bounds the communicator's initialization.
@@ -51,6 +62,19 @@ class NcclProcessGroup final : public ProcessGroup {
   // within connect_timeout; kInvalidArgument for bad rank/size.
   static absl::StatusOr<std::unique_ptr<NcclProcessGroup>> Create(
       const NcclOptions& options);
+
+  // Makes the device runtime the group uses (after the unique id exchange;
+  // an error is reported as kFailedPrecondition, "no usable GPU").
+  using RuntimeMaker =
+      std::function<absl::StatusOr<std::unique_ptr<DeviceRuntime>>()>;
+
+  // Create with the NCCL entry points and the device runtime given: Create
+  // passes the dlopened NCCL and the CUDA runtime; tests pass a fake NCCL
+  // and the host runtime, which runs every path here without a GPU.
+  // `nccl` must outlive the group. Same errors as Create.
+  static absl::StatusOr<std::unique_ptr<NcclProcessGroup>> CreateWith(
+      const NcclOptions& options, const internal::NcclLibrary& nccl,
+      const RuntimeMaker& make_runtime);
 
   // Releases the communicator (ncclCommAbort: never blocks on a lost peer;
   // every call already waited for its own work).

@@ -217,12 +217,12 @@ int RankOfKey(absl::string_view key) {
   return rank;
 }
 
-int NextInstance(const std::string& group_name) {
+int NextInstance(const std::string& group_name, int rank) {
   static absl::Mutex mu(absl::kConstInit);
-  static std::map<std::string, int>* counts ABSL_GUARDED_BY(mu) =
-      new std::map<std::string, int>();
+  static std::map<std::pair<std::string, int>, int>* counts ABSL_GUARDED_BY(
+      mu) = new std::map<std::pair<std::string, int>, int>();
   absl::MutexLock lock(&mu);
-  return (*counts)[group_name]++;
+  return (*counts)[{group_name, rank}]++;
 }
 
 absl::StatusOr<std::unique_ptr<gloo::rendezvous::Store>> OpenStore(

@@ -66,10 +66,12 @@ class DeadlineStore final : public gloo::rendezvous::Store {
   std::vector<std::string> waiting_for_;
 };
 
-// How many groups named `group_name` this process created before: the
-// instance number that keeps successive groups of one name apart in the
-// store. Thread-safe.
-int NextInstance(const std::string& group_name);
+// How many groups named `group_name` this process created before as rank
+// `rank`: the instance number that keeps successive groups of one name
+// apart in the store. Counted per rank so that ranks run as threads of one
+// process (tests) number their groups as separate processes would.
+// Thread-safe.
+int NextInstance(const std::string& group_name, int rank);
 
 // Opens the store named by `address` (creating a missing directory).
 // kInvalidArgument for an unusable directory, kUnavailable for an
