@@ -22,6 +22,8 @@ Each phase runs in its own subprocess, alternating the two libraries, for
   async-thread-stager  THREAD with a stager kept for the run: dcp's
                 DefaultStager reserved before the loop; torch's DefaultStager
                 with cache_staged_state_dict (not in the default --phases)
+  async-process-stager the same with PROCESS (dcp: reserve(sd, PROCESS)
+                maps the shared memory and starts the writer process)
 
 plus fio's sequential write and read of the same byte count on the same
 disk as the reference. Usage:
@@ -225,17 +227,18 @@ def phase(args):
         m.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
         out["seconds"] = time.perf_counter() - start
     else:
-        kind = (kinds.PROCESS if args.phase == "async-process"
+        kind = (kinds.PROCESS if args.phase.startswith("async-process")
                 else kinds.THREAD)
         stager = None
-        if args.phase == "async-thread-stager":
+        if args.phase.endswith("-stager"):
             # A stager kept for the run and reserved before the loop (dcp's
-            # DefaultStager, pageable memory: dcp.DefaultStager.reserve; for
-            # torch its DefaultStager with caching, whose first stage maps).
+            # DefaultStager, pageable memory: dcp.DefaultStager.reserve, for
+            # PROCESS its shared memory and writer process; for torch its
+            # DefaultStager with caching, whose first stage maps).
             if args.lib == "dcp":
                 stager = m.DefaultStager(m.StagingOptions(
                     use_pinned_memory=False))
-                stager.reserve(sd)
+                stager.reserve(sd, kind)
             else:
                 from torch.distributed.checkpoint.staging import (
                     DefaultStager, StagingOptions)

@@ -337,6 +337,7 @@ class _Writer:
             self.dead = True
             jobs = list(self.jobs.values())
             self.jobs.clear()
+        self.ready.set()  # wakes reserve(); it checks `dead`
         try:
             code = self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -453,6 +454,43 @@ def _tensor_spec(t):
             tuple(t.shape))
 
 
+def _segment_bytes(tensors) -> tuple[list, int]:
+    """Each tensor's (offset, nbytes, dtype name, shape) in a staging
+    segment, and the segment's size."""
+    specs = []
+    offset = 0
+    for t in tensors:
+        nbytes, dtype_name, shape = _tensor_spec(t)
+        specs.append((offset, nbytes, dtype_name, shape))
+        offset += _round_up(nbytes, 64)
+    return specs, offset
+
+
+def reserve(state_dict, timeout=None) -> None:
+    """What the first PROCESS async_save of `state_dict` (or of any state
+    of that size) would otherwise do on its critical path, done now: a
+    shared-memory segment of its size is mapped and every page faulted in
+    (then kept in the pool that saves reuse), and the writer process is
+    started and waited for (up to `timeout` seconds, None: as long as it
+    takes). Reads only the tensors' sizes."""
+    flat = _state.Flat(load=False, allow_pickle=True)
+    flat.add(state_dict)
+    _, total = _segment_bytes(flat.t_objs)
+    writer = _live_writer()
+    seg = _pool.acquire(total)
+    try:
+        pages = np.frombuffer(seg.mm, dtype=np.uint8)
+        pages[::mmap.PAGESIZE] = 0  # one write per page faults it in
+        del pages
+    finally:
+        _pool.release(seg, None)
+    if writer.ready.wait(timeout) and writer.dead:
+        raise errors.CheckpointException(
+            f"the dcp async writer process (pid {writer.pid}) died while "
+            "starting; the next async_save starts a new one", None,
+            _lib.UNAVAILABLE)
+
+
 def _copy_into(mm, offset, nbytes, t):
     import torch
     if nbytes == 0:
@@ -486,12 +524,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
         save_options(planner)  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
         flat.add(_stateful_to_state_dict(state_dict))
-        specs = []
-        offset = 0
-        for t in flat.t_objs:
-            nbytes, dtype_name, shape = _tensor_spec(t)
-            specs.append((offset, nbytes, dtype_name, shape))
-            offset += _round_up(nbytes, 64)
+        specs, offset = _segment_bytes(flat.t_objs)
         group = _group_spec(where)
     except BaseException as e:
         error = e

@@ -17,7 +17,7 @@ from .metadata import Metadata
 from .planner import load_options, save_options
 from .process_group import resolve
 from .stateful import is_stateful
-from .storage import READERS, WRITERS
+from .storage import READERS, WRITERS, FileSystemReader
 
 __all__ = ["save", "load", "save_state_dict", "load_state_dict"]
 
@@ -212,8 +212,17 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
         flat.add(target)
         p.flat = flat
         p.sd = flat.build()
-        if storage_reader is not None:
-            p.reader = storage_reader._create(path)
+        if storage_reader is None:
+            storage_reader = FileSystemReader(path)
+        if isinstance(storage_reader, FileSystemReader) and \
+                storage_reader.direct_io is None and \
+                flat.prefers_buffered_reads():
+            # The engine's default, O_DIRECT, would bounce every byte of
+            # these unaligned destinations (see prefers_buffered_reads).
+            storage_reader = FileSystemReader(
+                storage_reader.path, thread_count=storage_reader.thread_count,
+                direct_io=False)
+        p.reader = storage_reader._create(path)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,

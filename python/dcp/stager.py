@@ -12,8 +12,10 @@ moves even that off the training loop's critical path::
         r = dcp.async_save(state, checkpoint_id=..., async_stager=stager)
         r.staging_completion.result()
 
-With ``AsyncCheckpointerType.PROCESS`` the writer process stages into its
-own shared memory and a DefaultStager is not used.
+With ``AsyncCheckpointerType.PROCESS`` saves stage into the writer
+process's shared memory instead; ``reserve(state_dict,
+AsyncCheckpointerType.PROCESS)`` maps and faults in that memory and starts
+the writer process ahead of the first save, for the same effect.
 """
 
 import ctypes
@@ -58,11 +60,23 @@ class DefaultStager:
                                                 ctypes.byref(handle)))
         self._handle = handle
 
-    def reserve(self, state_dict):
+    def reserve(self, state_dict, async_checkpointer_type=None):
         """Makes the staging memory a save of ``state_dict`` will use
         (mapped, faulted in), so that the first async_save with this stager
         blocks no longer than later ones. Reads only the tensors' sizes and
-        places. Blocks until the memory is ready."""
+        places. Blocks until the memory is ready.
+
+        ``async_checkpointer_type=AsyncCheckpointerType.PROCESS``: prepares
+        what the first PROCESS async_save needs instead (its shared-memory
+        segment, kept in the pool later PROCESS saves reuse, and the writer
+        process, started and waited for); this stager's own memory is not
+        made."""
+        from .async_save import AsyncCheckpointerType
+        if async_checkpointer_type is not None and AsyncCheckpointerType(
+                async_checkpointer_type) is AsyncCheckpointerType.PROCESS:
+            from . import _process_writer
+            _process_writer.reserve(state_dict)
+            return
         flat = _state.Flat(load=False, allow_pickle=True)
         flat.add(state_dict)
         sd = flat.build()

@@ -140,8 +140,10 @@ class FileSystemReader(_Storage):
     """Reads the checkpoint in directory `path`.
 
     _extension_registry: must be None. thread_count and direct_io (dcp only,
-    keywords): reader threads, and O_DIRECT reads (None: the engine's
-    default).
+    keywords): reader threads, and O_DIRECT reads (None: buffered reads
+    when most destination bytes are host memory that is not 4 KiB aligned,
+    as torch's CPU tensors are, which O_DIRECT cannot read into; else the
+    engine's default, O_DIRECT).
     """
 
     def __init__(self, path, _extension_registry=None, *,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 import dcp
 
@@ -66,3 +67,24 @@ def test_process_saves_ignore_the_engine_stager(tmp_path):
 def test_config_must_be_staging_options():
     with pytest.raises(TypeError, match="StagingOptions"):
         dcp.DefaultStager({"use_pinned_memory": False})
+
+
+def test_reserve_for_process_prepares_the_first_process_save(ckpt):
+    from dcp import _process_writer
+    state = {"w": torch.arange(300_000, dtype=torch.float32), "n": 1}
+    stager = dcp.DefaultStager(dcp.StagingOptions(use_pinned_memory=False))
+    stager.reserve(state, dcp.AsyncCheckpointerType.PROCESS)
+    assert _process_writer.writer_pid() is not None
+    reserved = {s.id for s in _process_writer._pool._idle
+                if s.size >= state["w"].numel() * 4}
+    assert reserved
+    r = dcp.async_save(state, checkpoint_id=ckpt, async_stager=stager,
+                       async_checkpointer_type=dcp.AsyncCheckpointerType
+                       .PROCESS)
+    r.upload_completion.result(timeout=120)
+    # The save staged into a reserved segment: no new one was made.
+    assert {s.id for s in _process_writer._pool._idle} >= reserved
+    out = {"w": torch.zeros(300_000), "n": 0}
+    dcp.load(out, checkpoint_id=ckpt)
+    assert out["w"].equal(state["w"]) and out["n"] == 1
+    stager.close()
