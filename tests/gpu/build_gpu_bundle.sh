@@ -20,6 +20,7 @@ bundle="${1:-.gpu_bundle}"
 # training_loop and device_bench.
 targets=(
   //cuda:cuda_runtime_gpu_test
+  //tests:fp8_dequant_gpu_test
   //staging:staging_gpu_test
   //tests:device_save_gpu_test
   //tests:stream_order_gpu_test
