@@ -15,6 +15,7 @@
 #include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
 #include "io/metadata_format.h"
+#include "io/storage_registry.h"
 #include "planner/default_planner.h"
 #include "planner/plan_codec.h"
 
@@ -359,15 +360,18 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
     return absl::InvalidArgumentError(
         "Save needs a checkpoint_id (a directory) or a storage_writer");
   }
-  FileSystemWriter writer(options.checkpoint_id);
-  return SaveStateDict(state_dict, writer, options);
+  // The storage the id names (io/storage_registry.h): native for a path.
+  // The backend's factory took the id; the writer keeps its location.
+  DCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<StorageWriter> writer,
+      StorageRegistry::Default().CreateWriter(options.checkpoint_id));
+  SaveOptions at_writer = options;
+  at_writer.checkpoint_id.clear();
+  return SaveStateDict(state_dict, *writer, at_writer);
 }
 
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
-  if (!options.checkpoint_id.empty()) {
-    DCP_RETURN_IF_ERROR(storage_reader.Reset(options.checkpoint_id));
-  }
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
   if (planner == nullptr) {
@@ -430,8 +434,14 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
     return absl::InvalidArgumentError(
         "Load needs a checkpoint_id (a directory) or a storage_reader");
   }
-  FileSystemReader reader(options.checkpoint_id);
-  return LoadStateDict(state_dict, reader, options);
+  // The storage the id names, or the one whose checkpoint the directory
+  // holds (io/storage_registry.h). The backend's factory took the id.
+  DCP_ASSIGN_OR_RETURN(
+      std::unique_ptr<StorageReader> reader,
+      StorageRegistry::Default().CreateReader(options.checkpoint_id));
+  LoadOptions at_reader = options;
+  at_reader.checkpoint_id.clear();
+  return LoadStateDict(state_dict, *reader, at_reader);
 }
 
 }  // namespace dcp

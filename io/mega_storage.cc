@@ -1,0 +1,912 @@
+#include "io/mega_storage.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "core/checksum.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/internal/hf_internal.h"
+#include "io/internal/parallel_work.h"
+#include "io/internal/sequential_writer.h"
+#include "io/mega_format.h"
+#include "nlohmann/json.hpp"
+#include "planner/plan_cache.h"
+#include "staging/device_staging.h"
+
+namespace dcp {
+
+using internal_hf::CheckPlainName;
+using internal_hf::EngineOrOwn;
+using internal_hf::OrLocal;
+using internal_hf::TempRelativePath;
+using internal_io::AlignedBuffer;
+using internal_io::FirstError;
+using internal_io::RunOnThreads;
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t kMaxJournalBytes = int64_t{64} << 20;
+
+std::string NewSaveId() {
+  uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
+    bits = static_cast<uint64_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  return absl::StrFormat("%016x", bits);
+}
+
+// ".NAME.tmp-<16 hex digits>".
+bool IsTemporaryName(absl::string_view name) {
+  const size_t at = name.rfind(".tmp-");
+  if (!absl::StartsWith(name, ".") || at == absl::string_view::npos) {
+    return false;
+  }
+  const absl::string_view id = name.substr(at + 5);
+  return id.size() == 16 &&
+         id.find_first_not_of("0123456789abcdef") == absl::string_view::npos;
+}
+
+absl::StatusOr<std::string> ReadWhole(FileSystemBase& fs,
+                                      const std::string& path, int64_t limit) {
+  OpenOptions options;
+  options.exclusive = false;
+  options.no_follow = true;
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs.OpenForRead(path, options));
+  DCP_ASSIGN_OR_RETURN(const int64_t size, file->Size());
+  if (size > limit) {
+    return absl::DataLossError(absl::StrCat(
+        path, " is ", size, " bytes, over the ", limit, " a reader accepts"));
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got,
+      file->PRead(0, {reinterpret_cast<std::byte*>(text.data()), text.size()}));
+  text.resize(got);
+  DCP_RETURN_IF_ERROR(file->Close());
+  return text;
+}
+
+absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
+                            absl::string_view text, bool sync) {
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(path));
+  DCP_RETURN_IF_ERROR(file->PWrite(
+      0, {reinterpret_cast<const std::byte*>(text.data()), text.size()}));
+  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+// The commit journal of a decided save: renames (temporary -> final, the
+// index last) and the replaced checkpoint's files to remove, all plain
+// names in the directory.
+struct Journal {
+  std::vector<std::pair<std::string, std::string>> renames;
+  std::vector<std::string> removals;
+};
+
+// Decodes a journal found on disk (untrusted: only temporary names may be
+// renamed, only to MEGA file names; only MEGA files may be removed).
+absl::StatusOr<Journal> ParseJournal(absl::string_view text,
+                                     const std::string& path) {
+  Journal journal;
+  try {
+    const Json json = Json::parse(text.begin(), text.end());
+    for (const Json& pair : json.at("renames")) {
+      journal.renames.emplace_back(pair.at(0).get<std::string>(),
+                                   pair.at(1).get<std::string>());
+    }
+    journal.removals = json.at("removals").get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("commit journal ", path, " is malformed: ", e.what()));
+  }
+  for (const auto& [from, to] : journal.renames) {
+    if (!CheckPlainName(from).ok() || !IsTemporaryName(from) ||
+        !IsMegaCheckpointFileName(to)) {
+      return absl::DataLossError(absl::StrCat(
+          "commit journal ", path, " renames \"", from, "\" to \"", to, "\""));
+    }
+  }
+  for (const std::string& name : journal.removals) {
+    if (!IsMegaCheckpointFileName(name)) {
+      return absl::DataLossError(
+          absl::StrCat("commit journal ", path, " removes \"", name, "\""));
+    }
+  }
+  return journal;
+}
+
+// Carries out `journal` in `dir` (a temporary file already gone was renamed
+// before), then removes it.
+absl::Status Apply(FileSystemBase& fs, const std::string& dir,
+                   const Journal& journal, bool sync) {
+  for (const auto& [from, to] : journal.renames) {
+    absl::Status status = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
+    if (!status.ok() && !absl::IsNotFound(status)) {
+      return Annotate(status, "completing the commit");
+    }
+  }
+  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
+  for (const std::string& name : journal.removals) {
+    absl::Status status = fs.RemoveFile(JoinPath(dir, name));
+    if (!status.ok() && !absl::IsNotFound(status)) {
+      return Annotate(status, "removing a file of the replaced checkpoint");
+    }
+  }
+  DCP_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(dir, kMegaCommitJournalName)));
+  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
+  return absl::OkStatus();
+}
+
+// Completes a decided commit left in `dir`, if any.
+absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
+                            bool sync) {
+  const std::string path = JoinPath(dir, kMegaCommitJournalName);
+  absl::StatusOr<std::string> text = ReadWhole(fs, path, kMaxJournalBytes);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();
+  if (!text.ok()) return text.status();
+  DCP_ASSIGN_OR_RETURN(Journal journal, ParseJournal(*text, path));
+  return Apply(fs, dir, journal, sync);
+}
+
+// The plan's storage_data: the coordinator's save id and, per file this
+// rank writes, its name and the values in it.
+struct RankFiles {
+  std::string save_id;
+  std::map<std::string, std::vector<std::string>> files;
+};
+
+int FileIndexOf(const std::map<std::string, int>& mapping,
+                const std::string& fqn) {
+  auto it = mapping.find(fqn);
+  return it == mapping.end() ? 1 : it->second;
+}
+
+const std::byte kZeros[kMegaAlignment] = {};
+
+}  // namespace
+
+absl::StatusOr<std::string> MegaPathFromId(absl::string_view id) {
+  const size_t colon = id.find("://");
+  if (colon == absl::string_view::npos) return std::string(id);
+  const absl::string_view scheme = id.substr(0, colon);
+  if (scheme != kMegaScheme) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", id, "\" is not a MEGA location (a directory or mega://DIR)"));
+  }
+  absl::string_view rest = id.substr(colon + 3);
+  if (rest.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", id,
+                     "\" names no directory (mega:///abs/dir or "
+                     "mega://rel/dir)"));
+  }
+  return std::string(rest);
+}
+
+// ---------------------------------------------------------------------------
+// MegaStorageWriter
+
+struct MegaStorageWriter::FileWork {
+  std::string name;
+  std::vector<const WriteItem*> items;
+  std::vector<WriteResult*> results;
+};
+
+MegaStorageWriter::MegaStorageWriter(std::string path,
+                                     MegaStorageWriterOptions options)
+    : options_(std::move(options)),
+      fs_(OrLocal(options_.file_system)),
+      save_id_(NewSaveId()) {
+  absl::StatusOr<std::string> dir = MegaPathFromId(path);
+  path_ = dir.ok() ? *dir : path;
+  path_error_ = dir.status();
+  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
+                        engine_error_);
+  options_.thread_count = std::max(1, options_.thread_count);
+}
+
+MegaStorageWriter::~MegaStorageWriter() = default;
+
+absl::Status MegaStorageWriter::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) {
+    DCP_ASSIGN_OR_RETURN(path_, MegaPathFromId(checkpoint_id));
+    path_error_ = absl::OkStatus();
+  }
+  save_id_ = NewSaveId();
+  directory_lock_.reset();
+  replaced_.clear();
+  weight_map_.clear();
+  total_size_ = 0;
+  decided_ = false;
+  committed_ = false;
+  device_wait_ = DeviceWait{};
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+StorageMeta MegaStorageWriter::GetStorageMeta() const {
+  StorageMeta meta;
+  meta.checkpoint_id = path_;
+  meta.save_id = save_id_;
+  return meta;
+}
+
+absl::Status MegaStorageWriter::SetDeviceWait(const DeviceWait& wait) {
+  device_wait_ = wait;
+  return absl::OkStatus();
+}
+
+void MegaStorageWriter::RecordCreated(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  created_.push_back(path);
+}
+
+std::string MegaStorageWriter::TempPath(const std::string& name) const {
+  return JoinPath(path_, TempRelativePath(name, save_id_));
+}
+
+absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
+                                      bool /*use_collectives*/) {
+  DCP_RETURN_IF_ERROR(path_error_);
+  DCP_RETURN_IF_ERROR(engine_error_);
+  rank_ = rank;
+  DCP_RETURN_IF_ERROR(Annotate(
+      fs_->CreateDir(path_),
+      absl::StrCat("rank ", rank, ": cannot create MEGA directory ", path_)));
+  if (!is_coordinator) return absl::OkStatus();
+  if (directory_lock_ == nullptr) {
+    DCP_ASSIGN_OR_RETURN(
+        directory_lock_,
+        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
+                                               " (save ", save_id_, ")")));
+  }
+  absl::Status status =
+      Annotate(CompleteCommit(*fs_, path_, options_.sync_files),
+               absl::StrCat("MEGA directory ", path_));
+  if (!status.ok()) {
+    directory_lock_.reset();
+    return status;
+  }
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(path_);
+  if (names.ok()) {
+    for (const std::string& name : *names) {
+      if (IsTemporaryName(name)) {
+        fs_->RemoveFile(JoinPath(path_, name)).IgnoreError();
+      } else if (IsMegaCheckpointFileName(name)) {
+        replaced_.insert(name);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {
+  MegaHeader probe;
+  probe.checksum_block_size = options_.checksum_block_size;
+  DCP_RETURN_IF_ERROR(LayOutMegaFile(probe));
+  const auto& mapping = options_.fqn_to_index_mapping;
+  if (mapping.empty()) return plan;
+  for (const WriteItem& item : plan.items) {
+    auto it = mapping.find(item.index.fqn);
+    if (it == mapping.end() || it->second < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fqn_to_index_mapping ",
+          it == mapping.end() ? "has no file for \"" : "maps below 1 \"",
+          item.index.fqn, "\""));
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<SavePlan>> MegaStorageWriter::PrepareGlobalPlan(
+    std::vector<SavePlan> plans) {
+  std::vector<std::vector<std::pair<std::string, int64_t>>> items(plans.size());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    if (IsUnchangedSavePlan(plans[r])) {
+      if (r >= last_items_.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "rank ", r,
+            " sent an unchanged-plan marker, but this MegaStorageWriter has "
+            "not seen its plan (reuse the writer across saves with "
+            "enable_plan_caching)"));
+      }
+      items[r] = last_items_[r];
+      continue;
+    }
+    for (const WriteItem& item : plans[r].items) {
+      items[r].emplace_back(item.index.fqn, item.StorageBytes());
+    }
+  }
+  last_items_ = items;
+  // (file index, rank) pairs that hold values: each becomes one file.
+  std::map<std::pair<int, size_t>, std::string> names;
+  for (size_t r = 0; r < items.size(); ++r) {
+    for (const auto& [fqn, bytes] : items[r]) {
+      names[{FileIndexOf(options_.fqn_to_index_mapping, fqn), r}];
+    }
+  }
+  int highest = 1;
+  for (const auto& [fqn, index] : options_.fqn_to_index_mapping) {
+    highest = std::max(highest, index);
+  }
+  std::set<int> indices;
+  for (const auto& [key, name] : names) indices.insert(key.first);
+  const bool renumber = indices.size() != names.size();
+  const int count = renumber ? static_cast<int>(names.size()) : highest;
+  int k = 0;
+  for (auto& [key, name] : names) {
+    name = MegaFileName(renumber ? ++k : key.first, count);
+  }
+  weight_map_.clear();
+  total_size_ = 0;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    RankFiles files{save_id_, {}};
+    for (const auto& [fqn, bytes] : items[r]) {
+      const std::string& name =
+          names[{FileIndexOf(options_.fqn_to_index_mapping, fqn), r}];
+      std::vector<std::string>& in_file = files.files[name];
+      if (std::find(in_file.begin(), in_file.end(), fqn) == in_file.end()) {
+        in_file.push_back(fqn);
+      }
+      weight_map_[fqn].insert(name);
+      total_size_ += bytes;
+    }
+    plans[r].storage_data =
+        Json{{"save_id", files.save_id}, {"files", files.files}}.dump();
+  }
+  return plans;
+}
+
+absl::StatusOr<DeviceStaging*> MegaStorageWriter::Staging() {
+  absl::MutexLock lock(&mu_);
+  if (options_.device_staging != nullptr) return options_.device_staging;
+  if (owned_staging_ == nullptr) {
+    DeviceStagingOptions staging_options;
+    const int64_t chunk = static_cast<int64_t>(staging_options.chunk_bytes);
+    const int64_t per_thread =
+        std::max(options_.per_thread_copy_ahead, 2 * chunk);
+    staging_options.pool_bytes = static_cast<size_t>(
+        (per_thread + chunk - 1) / chunk * chunk * options_.thread_count);
+    owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+  }
+  return owned_staging_.get();
+}
+
+absl::Status MegaStorageWriter::WriteFile(FileWork& work,
+                                          SavePlanner& planner) {
+  const std::string where = absl::StrCat("rank ", rank_);
+  const size_t n = work.items.size();
+  // Resolve every value and lay the file out.
+  std::vector<dcp::WriteData> data(n);
+  MegaHeader header;
+  header.checksum_block_size = options_.checksum_block_size;
+  header.entries.resize(n);
+  bool on_device = false;
+  for (size_t i = 0; i < n; ++i) {
+    const WriteItem& item = *work.items[i];
+    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    if (!resolved.ok()) {
+      return Annotate(resolved.status(), absl::StrCat(where, ": resolving ",
+                                                      item.index.ToString()));
+    }
+    data[i] = *std::move(resolved);
+    MegaEntry& e = header.entries[i];
+    e.name = item.index.fqn;
+    if (const Tensor* t = std::get_if<Tensor>(&data[i])) {
+      if (!item.tensor_data.has_value() || !t->view().is_contiguous() ||
+          static_cast<int64_t>(t->nbytes()) != item.StorageBytes()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", item.index.ToString(),
+                         " did not resolve to a contiguous tensor of ",
+                         item.StorageBytes(), " bytes"));
+      }
+      const TensorWriteData& td = *item.tensor_data;
+      e.dtype = t->dtype();
+      e.shape = td.size;
+      e.offsets = td.chunk.offsets;
+      e.sizes = td.chunk.sizes;
+      e.requires_grad = td.properties.requires_grad;
+      e.length = static_cast<int64_t>(t->nbytes());
+      on_device = on_device || !t->device().is_cpu();
+    } else {
+      e.is_tensor = false;
+      e.length = static_cast<int64_t>(std::get<std::string>(data[i]).size());
+    }
+  }
+  DCP_RETURN_IF_ERROR(LayOutMegaFile(header));
+  // The header goes first with zero checksums and is rewritten once the
+  // data (and so the checksums) are known; its size does not change.
+  const std::string placeholder = EncodeMegaHeader(header);
+
+  const std::string path = TempPath(work.name);
+  OpenOptions open_options;
+  open_options.direct = options_.direct_io;
+  open_options.uncached = options_.uncached_writes;
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_->OpenForWrite(path, open_options);
+  if (!opened.ok()) return Annotate(opened.status(), where);
+  std::unique_ptr<File> file = *std::move(opened);
+  RecordCreated(path);
+  absl::Status status;
+  if (file->direct()) status = file->Preallocate(header.file_size);
+  std::vector<BlockChecksummer> sums;
+  sums.reserve(n);
+  for (size_t i = 0; i < n; ++i) sums.emplace_back(header.checksum_block_size);
+  if (status.ok()) {
+    internal_io::SequentialWriterOptions writer_options;
+    writer_options.direct = file->direct();
+    writer_options.writeback_bytes =
+        options_.sync_files ? options_.writeback_bytes : 0;
+    internal_io::SequentialWriter writer(*engine_, *file, writer_options);
+    // Zero padding up to entry i's start.
+    auto pad_to = [&](size_t i) {
+      const int64_t gap =
+          header.data_start + header.entries[i].begin - writer.position();
+      return gap > 0 ? writer.Append(kZeros, gap) : absl::OkStatus();
+    };
+    status =
+        writer.Append(reinterpret_cast<const std::byte*>(placeholder.data()),
+                      static_cast<int64_t>(placeholder.size()));
+    if (!on_device) {
+      for (size_t i = 0; i < n && status.ok(); ++i) {
+        const std::byte* bytes;
+        if (const Tensor* t = std::get_if<Tensor>(&data[i])) {
+          bytes = static_cast<const std::byte*>(t->data());
+        } else {
+          bytes = reinterpret_cast<const std::byte*>(
+              std::get<std::string>(data[i]).data());
+        }
+        sums[i].Update(bytes, header.entries[i].length);
+        status = pad_to(i);
+        if (status.ok()) {
+          status = writer.Append(bytes, header.entries[i].length);
+        }
+      }
+    } else if (status.ok()) {
+      // Every value goes through the staging pool in file order; each
+      // piece is written from its pinned chunk, which returns to the pool
+      // once written.
+      std::vector<Tensor> staged_tensors(n);
+      std::vector<PipelineItem> staged;
+      for (size_t i = 0; i < n; ++i) {
+        if (const Tensor* t = std::get_if<Tensor>(&data[i])) {
+          staged_tensors[i] = *t;
+        } else {
+          const std::string& s = std::get<std::string>(data[i]);
+          staged_tensors[i] =
+              Tensor::Empty(DType::kU8, {static_cast<int64_t>(s.size())});
+          std::memcpy(staged_tensors[i].data(), s.data(), s.size());
+        }
+        staged.push_back({staged_tensors[i].view(), i, header.entries[i].name});
+      }
+      absl::StatusOr<DeviceStaging*> staging = Staging();
+      status =
+          staging.ok()
+              ? (*staging)->Stage(
+                    staged,
+                    [&](StagedPiece piece) -> absl::Status {
+                      if (piece.length == 0) return absl::OkStatus();
+                      const size_t i = piece.destination;
+                      DCP_RETURN_IF_ERROR(pad_to(i));
+                      const std::byte* bytes = piece.chunk.data();
+                      const auto length = static_cast<int64_t>(piece.length);
+                      sums[i].Update(bytes, length);
+                      auto lease =
+                          std::make_shared<PinnedChunk>(std::move(piece.chunk));
+                      return writer.Append(bytes, length, std::move(lease));
+                    },
+                    device_wait_)
+              : staging.status();
+    }
+    absl::Status finished = writer.Finish();
+    if (status.ok()) status = finished;
+  }
+  if (status.ok()) {
+    for (size_t i = 0; i < n; ++i) {
+      header.entries[i].checksums = sums[i].Finish();
+    }
+    const std::string final_header = EncodeMegaHeader(header);
+    AlignedBuffer buffer(final_header.size());
+    std::memcpy(buffer.data, final_header.data(), final_header.size());
+    status = file->PWrite(0, {buffer.data, final_header.size()});
+  }
+  if (status.ok() && options_.sync_files) status = file->Sync();
+  absl::Status closed = file->Close();
+  if (status.ok()) status = closed;
+  if (!status.ok()) {
+    return Annotate(status, absl::StrCat(where, ": writing ", path));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const MegaEntry& e = header.entries[i];
+    WriteResult& result = *work.results[i];
+    result.index = work.items[i]->index;
+    result.size_in_bytes = e.length;
+    result.storage_data.relative_path = work.name;
+    result.storage_data.offset = header.data_start + e.begin;
+    result.storage_data.length = e.length;
+    result.storage_data.block_checksums = e.checksums;
+  }
+  return absl::OkStatus();
+}
+
+Future<std::vector<WriteResult>> MegaStorageWriter::WriteData(
+    const SavePlan& plan, SavePlanner& planner) {
+  using Result = Future<std::vector<WriteResult>>;
+  std::string storage_data = plan.storage_data;
+  if (storage_data.empty()) {
+    // Planned without PrepareGlobalPlan (a single rank driven by hand).
+    absl::StatusOr<std::vector<SavePlan>> planned = PrepareGlobalPlan({plan});
+    if (!planned.ok()) return Result::Ready(planned.status());
+    storage_data = planned->front().storage_data;
+  }
+  RankFiles rank_files;
+  try {
+    const Json json = Json::parse(storage_data);
+    rank_files.save_id = json.at("save_id").get<std::string>();
+    rank_files.files =
+        json.at("files").get<std::map<std::string, std::vector<std::string>>>();
+  } catch (const std::exception& e) {
+    return Result::Ready(absl::InternalError(
+        absl::StrCat("malformed storage_data in a save plan: ", e.what())));
+  }
+  // Temporary names carry the coordinator's save id: its Finish renames
+  // every rank's files.
+  save_id_ = rank_files.save_id;
+  std::vector<FileWork> work;
+  std::map<std::string, size_t> file_of;
+  for (const auto& [name, fqns] : rank_files.files) {
+    if (!IsMegaCheckpointFileName(name) || name == kMegaIndexFileName) {
+      return Result::Ready(absl::InternalError(
+          absl::StrCat("save plan names the file \"", name, "\"")));
+    }
+    for (const std::string& fqn : fqns) file_of[fqn] = work.size();
+    work.push_back(FileWork{name, {}, {}});
+  }
+  std::vector<WriteResult> results(plan.items.size());
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    auto it = file_of.find(plan.items[i].index.fqn);
+    if (it == file_of.end()) {
+      return Result::Ready(absl::InternalError(absl::StrCat(
+          "the save plan gives ", plan.items[i].index.ToString(), " no file")));
+    }
+    work[it->second].items.push_back(&plan.items[i]);
+    work[it->second].results.push_back(&results[i]);
+  }
+  FirstError error;
+  std::atomic<size_t> next{0};
+  RunOnThreads(
+      static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
+      [&](int) {
+        for (size_t f = next++; f < work.size() && !error.failed();
+             f = next++) {
+          error.Update(WriteFile(work[f], planner));
+        }
+      });
+  absl::Status status = error.status();
+  if (status.ok() && options_.sync_files && !work.empty()) {
+    status = fs_->SyncDir(path_);
+  }
+  if (!status.ok()) return Result::Ready(status);
+  return Result::Ready(std::move(results));
+}
+
+absl::Status MegaStorageWriter::Finish(
+    const Metadata& /*metadata*/,
+    const std::vector<std::vector<WriteResult>>& results) {
+  // The index must name exactly the values written where they were written
+  // (a cached plan other than the one this writer saw would differ).
+  MegaIndex index;
+  index.total_size = total_size_;
+  std::map<std::string, std::set<std::string>> written;
+  std::set<std::string> files;
+  for (const std::vector<WriteResult>& rank : results) {
+    for (const WriteResult& result : rank) {
+      written[result.index.fqn].insert(result.storage_data.relative_path);
+      files.insert(result.storage_data.relative_path);
+    }
+  }
+  if (written != weight_map_) {
+    return absl::InternalError(
+        "the values written are not those the planned index names");
+  }
+  index.files.assign(files.begin(), files.end());
+  for (const auto& [fqn, in] : written) {
+    index.weight_map[fqn].assign(in.begin(), in.end());
+  }
+  Journal journal;
+  for (const std::string& name : files) {
+    journal.renames.emplace_back(TempRelativePath(name, save_id_), name);
+  }
+  const std::string temp_index = TempPath(kMegaIndexFileName);
+  RecordCreated(temp_index);
+  DCP_RETURN_IF_ERROR(WriteSmallFile(*fs_, temp_index, EncodeMegaIndex(index),
+                                     options_.sync_files));
+  journal.renames.emplace_back(TempRelativePath(kMegaIndexFileName, save_id_),
+                               kMegaIndexFileName);
+  for (const std::string& name : replaced_) {
+    if (!files.contains(name) && name != kMegaIndexFileName) {
+      journal.removals.push_back(name);
+    }
+  }
+  Json renames = Json::array();
+  for (const auto& [from, to] : journal.renames) renames.push_back({from, to});
+  const std::string text =
+      Json{{"renames", renames}, {"removals", journal.removals}}.dump(1);
+  // The decision: once the journal is durable under its name, the save
+  // completes whatever happens next.
+  const std::string temp_journal = TempPath(kMegaCommitJournalName);
+  RecordCreated(temp_journal);
+  DCP_RETURN_IF_ERROR(
+      WriteSmallFile(*fs_, temp_journal, text, options_.sync_files));
+  DCP_RETURN_IF_ERROR(
+      fs_->Rename(temp_journal, JoinPath(path_, kMegaCommitJournalName)));
+  decided_ = true;
+  if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
+  DCP_RETURN_IF_ERROR(Apply(*fs_, path_, journal, options_.sync_files));
+  committed_ = true;
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status MegaStorageWriter::MarkCommitted() {
+  committed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    created_.clear();
+  }
+  directory_lock_.reset();
+  return absl::OkStatus();
+}
+
+void MegaStorageWriter::Abort() {
+  std::vector<std::string> created;
+  {
+    absl::MutexLock lock(&mu_);
+    created.swap(created_);
+  }
+  if (decided_ && !committed_) {
+    // Decided: complete it (best effort; the next save's SetUp does what is
+    // left).
+    CompleteCommit(*fs_, path_, options_.sync_files).IgnoreError();
+  } else if (!committed_) {
+    for (const std::string& path : created) {
+      fs_->RemoveFile(path).IgnoreError();
+    }
+  }
+  directory_lock_.reset();
+}
+
+// ---------------------------------------------------------------------------
+// MegaStorageReader
+
+namespace {
+
+// Adds the entries of `file` (header `header`) to `metadata`; `seen` maps
+// each value to the files its entries were found in.
+absl::Status AddEntries(const std::string& file, const std::string& path,
+                        const MegaHeader& header, Metadata& metadata,
+                        std::map<std::string, std::set<std::string>>& seen) {
+  for (const MegaEntry& e : header.entries) {
+    seen[e.name].insert(file);
+    StorageInfo info{file, header.data_start + e.begin, e.length, e.checksums};
+    auto [it, inserted] = metadata.state_dict_metadata.try_emplace(
+        e.name, e.is_tensor ? StorageMetadata(TensorStorageMetadata{})
+                            : StorageMetadata(BytesStorageMetadata{}));
+    auto* tensor = std::get_if<TensorStorageMetadata>(&it->second);
+    if ((tensor != nullptr) != e.is_tensor) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": \"", e.name,
+                       "\" is a tensor in one file and a non-tensor "
+                       "value in another"));
+    }
+    if (!e.is_tensor) {
+      if (!inserted) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the value \"", e.name, "\" is stored twice"));
+      }
+      metadata.storage_data[MetadataIndex(e.name)] = std::move(info);
+      continue;
+    }
+    if (inserted) {
+      tensor->properties.dtype = e.dtype;
+      tensor->properties.requires_grad = e.requires_grad;
+      tensor->size = e.shape;
+    } else if (tensor->properties.dtype != e.dtype || tensor->size != e.shape) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": a chunk of tensor \"", e.name, "\" is ",
+                       DTypeName(e.dtype), " ", ShapeToString(e.shape),
+                       ", another ", DTypeName(tensor->properties.dtype), " ",
+                       ShapeToString(tensor->size)));
+    }
+    const int64_t position = static_cast<int64_t>(tensor->chunks.size());
+    tensor->chunks.push_back({e.offsets, e.sizes});
+    metadata.storage_data[MetadataIndex(e.name, e.offsets, position)] =
+        std::move(info);
+  }
+  return absl::OkStatus();
+}
+
+int64_t Volume(const Shape& sizes) {
+  int64_t v = 1;
+  for (int64_t s : sizes) v *= s;
+  return v;
+}
+
+// The chunks of every tensor cover it exactly once.
+absl::Status CheckCoverage(const Metadata& metadata, const std::string& dir) {
+  for (const auto& [name, value] : metadata.state_dict_metadata) {
+    const auto* tensor = std::get_if<TensorStorageMetadata>(&value);
+    if (tensor == nullptr) continue;
+    int64_t covered = 0;
+    const auto& chunks = tensor->chunks;
+    for (size_t a = 0; a < chunks.size(); ++a) {
+      covered += Volume(chunks[a].sizes);
+      for (size_t b = a + 1; b < chunks.size() && chunks.size() <= 4096; ++b) {
+        bool overlap =
+            Volume(chunks[a].sizes) > 0 && Volume(chunks[b].sizes) > 0;
+        for (size_t d = 0; d < tensor->size.size() && overlap; ++d) {
+          overlap =
+              chunks[a].offsets[d] <
+                  chunks[b].offsets[d] + chunks[b].sizes[d] &&
+              chunks[b].offsets[d] < chunks[a].offsets[d] + chunks[a].sizes[d];
+        }
+        if (overlap) {
+          return absl::DataLossError(
+              absl::StrCat(dir, ": chunks of tensor \"", name, "\" at ",
+                           ShapeToString(chunks[a].offsets), " and ",
+                           ShapeToString(chunks[b].offsets), " overlap"));
+        }
+      }
+    }
+    if (covered != Volume(tensor->size)) {
+      return absl::DataLossError(
+          absl::StrCat(dir, ": the chunks of tensor \"", name, "\" cover ",
+                       covered, " of its ", Volume(tensor->size), " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+MegaStorageReader::MegaStorageReader(std::string path,
+                                     MegaStorageReaderOptions options)
+    : options_(options), delegate_("", options) {
+  absl::StatusOr<std::string> dir = MegaPathFromId(path);
+  path_ = dir.ok() ? *dir : path;
+  path_error_ = dir.status();
+}
+
+MegaStorageReader::~MegaStorageReader() = default;
+
+absl::Status MegaStorageReader::Reset(const std::string& checkpoint_id) {
+  if (!checkpoint_id.empty()) {
+    DCP_ASSIGN_OR_RETURN(path_, MegaPathFromId(checkpoint_id));
+    path_error_ = absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
+  DCP_RETURN_IF_ERROR(path_error_);
+  FileSystemBase& fs = *OrLocal(options_.file_system);
+  DCP_ASSIGN_OR_RETURN(bool journal,
+                       fs.Exists(JoinPath(path_, kMegaCommitJournalName)));
+  if (journal) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the commit of a save into ", path_, " was interrupted (",
+        JoinPath(path_, kMegaCommitJournalName),
+        " is there); the next save into the directory completes it"));
+  }
+  const std::string index_path = JoinPath(path_, kMegaIndexFileName);
+  absl::StatusOr<std::string> text =
+      ReadWhole(fs, index_path, kMegaMaxHeaderBytes);
+  if (absl::IsNotFound(text.status())) {
+    return absl::NotFoundError(absl::StrCat("no MEGA checkpoint in ", path_,
+                                            " (no ", kMegaIndexFileName, ")"));
+  }
+  if (!text.ok()) return text.status();
+  DCP_ASSIGN_OR_RETURN(MegaIndex index, DecodeMegaIndex(*text, index_path));
+  Metadata metadata;
+  metadata.version = kFormatVersion;
+  std::map<std::string, std::set<std::string>> seen;
+  std::optional<int64_t> block;
+  OpenOptions open_options;
+  open_options.exclusive = false;
+  open_options.no_follow = true;
+  for (const std::string& name : index.files) {
+    const std::string path = JoinPath(path_, name);
+    absl::StatusOr<std::unique_ptr<File>> file =
+        fs.OpenForRead(path, open_options);
+    if (absl::IsNotFound(file.status())) {
+      return absl::DataLossError(absl::StrCat(
+          index_path, " lists ", name, ", which is not in the directory"));
+    }
+    if (!file.ok()) return file.status();
+    DCP_ASSIGN_OR_RETURN(MegaHeader header, ReadMegaHeader(**file, path));
+    DCP_RETURN_IF_ERROR((*file)->Close());
+    if (block.has_value() && *block != header.checksum_block_size) {
+      return absl::DataLossError(absl::StrCat(
+          path, " has checksum blocks of ", header.checksum_block_size,
+          " bytes, other files of ", path_, " of ", *block));
+    }
+    block = header.checksum_block_size;
+    DCP_RETURN_IF_ERROR(AddEntries(name, path, header, metadata, seen));
+  }
+  if (block.has_value()) metadata.checksum_block_size = *block;
+  // The index names exactly the files each value's entries are in.
+  for (const auto& [fqn, files] : seen) {
+    auto it = index.weight_map.find(fqn);
+    const std::set<std::string> listed =
+        it == index.weight_map.end()
+            ? std::set<std::string>()
+            : std::set<std::string>(it->second.begin(), it->second.end());
+    for (const std::string& file : files) {
+      if (!listed.contains(file)) {
+        return absl::DataLossError(
+            absl::StrCat(index_path, " does not map \"", fqn, "\" to ", file,
+                         ", which holds it (a wrong index)"));
+      }
+    }
+    if (listed.size() != files.size()) {
+      for (const std::string& file : listed) {
+        if (!files.contains(file)) {
+          return absl::DataLossError(
+              absl::StrCat(index_path, " maps \"", fqn, "\" to ", file,
+                           ", which does not hold it (a wrong index)"));
+        }
+      }
+    }
+  }
+  for (const auto& [fqn, files] : index.weight_map) {
+    if (!seen.contains(fqn)) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, " maps \"", fqn, "\" to ", files.front(),
+                       ", which does not hold it (a wrong index)"));
+    }
+  }
+  DCP_RETURN_IF_ERROR(CheckCoverage(metadata, path_));
+  StorageMeta meta;
+  meta.checkpoint_id = path_;
+  metadata.storage_meta = meta;
+  return metadata;
+}
+
+absl::Status MegaStorageReader::SetUp(const Metadata& metadata,
+                                      bool is_coordinator) {
+  DCP_RETURN_IF_ERROR(path_error_);
+  DCP_RETURN_IF_ERROR(delegate_.Reset(path_));
+  return delegate_.SetUp(metadata, is_coordinator);
+}
+
+absl::StatusOr<LoadPlan> MegaStorageReader::PrepareLocalPlan(LoadPlan plan) {
+  return plan;
+}
+
+absl::StatusOr<std::vector<LoadPlan>> MegaStorageReader::PrepareGlobalPlan(
+    std::vector<LoadPlan> plans) {
+  return plans;
+}
+
+Future<void> MegaStorageReader::ReadData(const LoadPlan& plan,
+                                         LoadPlanner& planner) {
+  return delegate_.ReadData(plan, planner);
+}
+
+}  // namespace dcp
