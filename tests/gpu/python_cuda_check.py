@@ -10,6 +10,10 @@ Checks, each printed as one JSON line {"check": ..., "ok": ..., ...}:
                 caller's current (non-default) stream writes the tensor; the
                 saved bytes must be the chain's final values (dcp waits on
                 that stream), never an intermediate
+  load_order    the load is issued right after a kernel chain on the
+                caller's current (non-default) stream writes the destination;
+                the tensor must end with the checkpoint's values (dcp's copies
+                wait for that stream), never the chain's
   async_thread  async_save THREAD from device tensors; the tensors are
                 overwritten once staging_completion is done; the checkpoint
                 holds the values at the call
@@ -98,6 +102,26 @@ def check_stream_order(torch, dcp, device, base):
                 distinct_values=values[:8])
 
 
+def check_load_order(torch, dcp, device, base):
+    if device == "cpu":
+        return emit(check="load_order", ok=True, skipped="cpu")
+    n = 64 << 20  # 256 MiB of fp32: the chain is still running at load
+    path = os.path.join(base, "load_order")
+    dcp.save({"x": torch.full((n,), 7.0)}, checkpoint_id=path)
+    x = torch.zeros(n, device=device)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(50):  # 50 dependent kernels still writing x
+            x.add_(1.0)
+        dcp.load({"x": x}, checkpoint_id=path)
+        after = x.clone()  # the caller's next work sees the loaded bytes
+    torch.cuda.synchronize()
+    values = torch.unique(after.cpu()).tolist()
+    return emit(check="load_order", ok=values == [7.0],
+                distinct_values=values[:8])
+
+
 def check_async(torch, dcp, device, base, kind_name):
     kind = getattr(dcp.AsyncCheckpointerType, kind_name)
     t = filled(torch, torch.bfloat16, (1024, 1024), device, 7)
@@ -165,7 +189,8 @@ def main():
     base = tempfile.mkdtemp(prefix="dcp-py-cuda-", dir=args.dir)
     ok = True
     try:
-        for check in (check_roundtrip, check_stream_order):
+        for check in (check_roundtrip, check_stream_order,
+                      check_load_order):
             try:
                 ok &= check(torch, dcp, device, base)
             except Exception as e:  # One check's failure is its row.
