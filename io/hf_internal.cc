@@ -234,10 +234,11 @@ absl::StatusOr<Metadata> BuildHfMetadata(
   }
   for (const auto& [fqn, file] : weight_map) {
     auto it = found.find(fqn);
+    const std::string& mapped = file;  // clang 14 captures no bindings.
     const bool there =
         it != found.end() &&
         std::any_of(it->second.begin(), it->second.end(), [&](const Found& f) {
-          return sources[f.source].relative == file;
+          return sources[f.source].relative == mapped;
         });
     if (!there) {
       return absl::DataLossError(
