@@ -387,7 +387,9 @@ TEST(Distributed, KilledRankIsReportedByTheOthersWithinTheTimeout) {
                       rank, "lost rank not named: " + s.ToString())) {
           return rc;
         }
-        return Check(took < timeout + absl::Seconds(5), rank,
+        // Reported through the timeout, not a hang: the bound is loose
+        // enough for any machine and far below the test's own limit.
+        return Check(took < timeout + absl::Seconds(60), rank,
                      absl::StrCat("took ", absl::FormatDuration(took)));
       },
       timeout);

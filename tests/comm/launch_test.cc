@@ -4,6 +4,7 @@
 #include "tools/launch.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -93,30 +95,47 @@ TEST(LaunchTest, SetsEnvironmentAndPrefixesEveryLine) {
   EXPECT_FALSE(std::filesystem::exists(rendezvous)) << rendezvous;
 }
 
+// The clock in these tests only bounds a hang: a rank left running sleeps
+// for kHang, far past kHangBound.
+constexpr char kHang[] = "600";
+constexpr absl::Duration kHangBound = absl::Seconds(120);
+
 TEST(LaunchTest, FirstFailureCodeStopsTheOthers) {
-  Captured c =
-      RunLauncher("fail", 3,
-                  {"/bin/sh", "-c",
-                   "echo started; if [ \"$DCP_RANK\" = 1 ]; then sleep 0.2; "
-                   "echo failing; exit 3; fi; sleep 30"});
+  Captured c = RunLauncher(
+      "fail", 3,
+      {"/bin/sh", "-c",
+       absl::StrCat("echo started; if [ \"$DCP_RANK\" = 1 ]; then ",
+                    "echo failing; exit 3; fi; exec sleep ", kHang)});
   ASSERT_TRUE(c.code.ok()) << c.code.status();
   EXPECT_EQ(*c.code, 3);
-  EXPECT_LT(c.took, absl::Seconds(10));
+  EXPECT_LT(c.took, kHangBound);
   EXPECT_THAT(c.out, Contains("[rank 1] failing"));
   EXPECT_THAT(c.err,
               Contains(HasSubstr("rank 1 exited with code 3; stopping")));
 }
 
 TEST(LaunchTest, RankIgnoringSigtermIsKilledAfterGrace) {
-  Captured c =
-      RunLauncher("stubborn", 2,
-                  {"/bin/sh", "-c",
-                   "if [ \"$DCP_RANK\" = 0 ]; then sleep 0.2; exit 7; fi; "
-                   "trap '' TERM; while true; do sleep 0.1; done"},
-                  /*grace=*/absl::Milliseconds(500));
+  // Rank 0 fails only once rank 1 ignores SIGTERM (it says so through a
+  // FIFO, whose open blocks rank 0 until then); the ignored disposition
+  // survives the exec.
+  const std::string ready =
+      dcp::testing::FreshTestDir("stubborn_fifo") + "/ready";
+  ASSERT_EQ(mkfifo(ready.c_str(), 0600), 0) << ready;
+  const absl::Duration grace = absl::Milliseconds(500);
+  Captured c = RunLauncher(
+      "stubborn", 2,
+      {"/bin/sh", "-c",
+       absl::StrCat("if [ \"$DCP_RANK\" = 0 ]; then read x < ", ready,
+                    "; exit 7; fi; trap '' TERM; echo ignoring; echo x > ",
+                    ready, "; exec sleep ", kHang)},
+      grace);
   ASSERT_TRUE(c.code.ok()) << c.code.status();
   EXPECT_EQ(*c.code, 7);
-  EXPECT_LT(c.took, absl::Seconds(5));
+  EXPECT_THAT(c.out, Contains("[rank 1] ignoring"));
+  // Killed, not waited for: the launcher sends SIGKILL only after the
+  // grace period (a lower bound holds on any machine).
+  EXPECT_GE(c.took, grace);
+  EXPECT_LT(c.took, kHangBound);
 }
 
 TEST(LaunchTest, MissingProgramIs127) {
