@@ -21,6 +21,7 @@
 #include "io/mega_storage.h"
 #include "io/testing/fake_planners.h"
 #include "nlohmann/json.hpp"
+#include "tests/crash_points.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -471,61 +472,59 @@ TEST(MegaCheckpoint, OutOfSpaceKeepsTheOldCheckpoint) {
   EXPECT_EQ(AllFiles(dir), files);
 }
 
-// A crash (power loss) after any number of a save's operations: what the
-// disk holds then loads as the old checkpoint, the new one, or is refused
-// as an interrupted commit, which the next save completes.
+// A crash (the process dies at a file-system call, then the power goes)
+// at every call of a save over an older checkpoint: the directory then
+// loads as the old checkpoint, the new one, or is refused as an
+// interrupted commit, which the next save's SetUp completes.
 TEST(MegaCheckpoint, ACrashAtAnyPointIsRecovered) {
   const StateDict old_state = SmallState(1), new_state = SmallState(80);
+  const std::string dir = MakeTempDir("mega_crash");
+  MegaStorageWriterOptions options;
+  options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}, {"c", 2}};
+  options.direct_io = false;  // The crash model drops unsynced bytes.
   auto planner_of = [](const StateDict& state) {
     testing::FakeSavePlanner planner;
-    for (const auto& [key, value] : state)
+    for (const auto& [key, value] : state) {
       planner.AddTensor(key, value.tensor());
+    }
     return planner;
   };
   int refused = 0, old_seen = 0, new_seen = 0;
-  for (int64_t nth = 1;; ++nth) {
-    const std::string dir = MakeTempDir("mega_crash");
-    FaultInjectionFileSystem faulty(LocalFileSystem());
-    MegaStorageWriterOptions options;
-    options.file_system = &faulty;
-    options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}, {"c", 2}};
-    options.direct_io = false;  // The crash model drops unsynced bytes.
-    {
-      MegaStorageWriter writer(dir, options);
-      testing::FakeSavePlanner planner = planner_of(old_state);
-      ASSERT_TRUE(testing::SaveOneRank(writer, planner).ok());
-    }
-    bool completed = false;
-    {
-      MegaStorageWriter writer(dir, options);
-      testing::FakeSavePlanner planner = planner_of(new_state);
-      const int64_t before = faulty.calls(FaultOp::kAny);
-      faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
-      completed = testing::SaveOneRank(writer, planner,
-                                       /*abort_on_failure=*/false)
-                      .ok() &&
-                  faulty.calls(FaultOp::kAny) - before < nth;
-    }
-    faulty.ClearFaults();
-    faulty.SimulateCrash();
-    if (completed) break;
-    StateDict loaded = EmptyLike(old_state);
-    absl::Status status = LoadMega(dir, loaded);
-    if (!status.ok()) {
-      EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition)
-          << "crash after call " << nth << ": " << status;
-      EXPECT_THAT(status.message(), HasSubstr(kMegaCommitJournalName));
-      ++refused;
-      MegaStorageWriter writer(dir);
-      ASSERT_TRUE(writer.SetUp(true, 0, true).ok());
-      writer.Abort();
-    }
-    const bool is_old = LoadsAs(dir, old_state);
-    const bool is_new = LoadsAs(dir, new_state);
-    EXPECT_TRUE(is_old || is_new) << "crash after call " << nth;
-    old_seen += is_old;
-    new_seen += is_new;
-  }
+  const int64_t points = testing::ForEachCrashPoint(
+      [&] {
+        std::filesystem::remove_all(dir);
+        ASSERT_TRUE(SaveMega(dir, old_state, options).ok());
+      },
+      [&](FileSystemBase& fs) {
+        MegaStorageWriterOptions faulty = options;
+        faulty.file_system = &fs;
+        MegaStorageWriter writer(dir, faulty);
+        testing::FakeSavePlanner planner = planner_of(new_state);
+        return testing::SaveOneRank(writer, planner,
+                                    /*abort_on_failure=*/false);
+      },
+      [&](const testing::CrashPoint& point) {
+        StateDict loaded = EmptyLike(old_state);
+        absl::Status status = LoadMega(dir, loaded);
+        if (!status.ok()) {
+          EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition)
+              << "crash at call " << point.call << ": " << status;
+          EXPECT_THAT(status.message(), HasSubstr(kMegaCommitJournalName));
+          ++refused;
+          MegaStorageWriter writer(dir);
+          ASSERT_TRUE(writer.SetUp(true, 0, true).ok());
+          writer.Abort();
+        }
+        const bool is_old = LoadsAs(dir, old_state);
+        const bool is_new = LoadsAs(dir, new_state);
+        EXPECT_TRUE(is_old || is_new) << "crash at call " << point.call;
+        if (point.completed) {
+          EXPECT_TRUE(is_new) << point.status;
+        }
+        old_seen += is_old;
+        new_seen += is_new;
+      });
+  EXPECT_GT(points, 10);
   EXPECT_GT(refused, 0);
   EXPECT_GT(old_seen, 0);
   EXPECT_GT(new_seen, 0);
