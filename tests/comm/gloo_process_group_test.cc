@@ -451,26 +451,46 @@ TEST(GlooProcessGroupTest, SeparateGroupsRunConcurrently) {
 }
 
 // A second call while one is in flight on the same group is refused at
-// once and does not disturb the first.
+// once and does not disturb the first. Rank 0 makes two identical calls on
+// two threads: whichever begins first is in flight (rank 1 holds back until
+// the other was refused, so it cannot finish early) and the other is
+// refused; the refusal releases rank 1, which completes the first.
 TEST(GlooProcessGroupTest, OverlappingCallIsFailedPrecondition) {
+  Gate refused;
   RunGlooRanks(
-      "overlap", 2, absl::Seconds(10),
+      "overlap", 2, absl::Seconds(30),
       [&](ProcessGroup& group, int rank) -> int {
         if (rank == 1) {
-          absl::SleepFor(absl::Milliseconds(500));
-          if (absl::Status s = group.Barrier(); !s.ok())
-            return Check(false, rank, s.ToString());
+          refused.Hold(1);
+          auto all = group.AllGather(Payload(1, 0, 10));
+          if (!all.ok()) return Check(false, rank, all.status().ToString());
         } else {
-          absl::Status first;
-          std::thread in_flight([&] { first = group.Barrier(); });
-          absl::SleepFor(absl::Milliseconds(200));
-          absl::Status second = group.AllGather("x").status();
-          in_flight.join();
-          if (int rc =
-                  Check(second.code() == absl::StatusCode::kFailedPrecondition,
-                        rank, second.ToString()))
+          auto call = [&] {
+            absl::StatusOr<std::vector<std::string>> all =
+                group.AllGather(Payload(0, 0, 10));
+            if (all.status().code() == absl::StatusCode::kFailedPrecondition) {
+              refused.Release();
+            }
+            return all;
+          };
+          absl::StatusOr<std::vector<std::string>> on_thread;
+          std::thread other([&] { on_thread = call(); });
+          absl::StatusOr<std::vector<std::string>> here = call();
+          other.join();
+          const bool thread_refused = !on_thread.ok();
+          const absl::StatusOr<std::vector<std::string>>& second =
+              thread_refused ? on_thread : here;
+          const absl::StatusOr<std::vector<std::string>>& first =
+              thread_refused ? here : on_thread;
+          if (int rc = Check(
+                  second.status().code() ==
+                          absl::StatusCode::kFailedPrecondition &&
+                      absl::StrContains(second.status().message(), "in flight"),
+                  rank, second.status().ToString()))
             return rc;
-          if (int rc = Check(first.ok(), rank, first.ToString())) return rc;
+          if (int rc = Check(first.ok() && (*first)[1] == Payload(1, 0, 10),
+                             rank, first.status().ToString()))
+            return rc;
         }
         auto all = group.AllGather(Payload(rank, 1, 10));
         return Check(all.ok() && (*all)[1 - rank] == Payload(1 - rank, 1, 10),
