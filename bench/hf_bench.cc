@@ -1,5 +1,5 @@
-// Hugging Face (safetensors) save and load against dcp's native format, in
-// one run, on one directory, with the same state:
+// Hugging Face (safetensors) and MEGA save and load against dcp's native
+// format, in one run, on one directory, with the same state:
 //
 //   bazel-bin/bench/hf_bench --size 1GiB --dir /tmp/hf_bench [--repeat 3]
 //                            [--layout aligned|odd] [--direct on|off]
@@ -11,13 +11,14 @@
 // aligned (every byte then goes through the writer's bounce buffers). Each
 // repetition, for each format (the order alternates between repetitions):
 // save into an empty directory (dcp::Save with a FileSystemWriter or a
-// HuggingFaceStorageWriter, files fsynced), drop the checkpoint from the
-// page cache, load into preallocated zero-filled tensors (dcp::Load with
-// the matching reader), and check every byte. A third row, "hub", loads a
-// file laid out as the reference writer lays it out (8-byte aligned data,
-// so no tensor starts 4 KiB aligned: every byte takes the reader's bounce
-// path), written plainly (its save time is not dcp's). Prints GB/s (1e9
-// bytes/s of tensor data) per repetition and the medians, and the ratios.
+// HuggingFaceStorageWriter or a MegaStorageWriter, files fsynced), drop the
+// checkpoint from the page cache, load into preallocated zero-filled tensors
+// (dcp::Load with the matching reader), and check every byte. A third row,
+// "hub", loads a file laid out as the reference writer lays it out (8-byte
+// aligned data, so no tensor starts 4 KiB aligned: every byte takes the
+// reader's bounce path), written plainly (its save time is not dcp's). Prints
+// GB/s (1e9 bytes/s of tensor data) per repetition and the medians, and the
+// ratios.
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
 #include "io/hf_storage.h"
+#include "io/mega_storage.h"
 #include "io/safetensors.h"
 #include "tools/machine_info.h"
 #include "tools/page_cache.h"
@@ -149,7 +151,7 @@ int Main(int argc, char** argv) {
       layout.c_str(), direct.c_str(), threads, source.size(), bytes / 1e9);
   std::map<std::string, std::vector<double>> save_gbs, load_gbs;
   for (int r = 0; r < repeat; ++r) {
-    std::vector<std::string> formats = {"native", "hf", "hub"};
+    std::vector<std::string> formats = {"native", "hf", "mega", "hub"};
     if (r % 2 == 1) std::reverse(formats.begin(), formats.end());
     for (const std::string& format : formats) {
       const std::string path = absl::StrCat(dir, "/", format);
@@ -168,12 +170,19 @@ int Main(int argc, char** argv) {
           hf_writer_options.fqn_to_index_mapping[name] = 1 + (i++ % threads);
         }
       }
+      MegaStorageWriterOptions mega_writer_options;
+      mega_writer_options.direct_io = use_direct;
+      mega_writer_options.thread_count = threads;
+      mega_writer_options.fqn_to_index_mapping =
+          hf_writer_options.fqn_to_index_mapping;
       FileSystemWriter native_writer(path, native_writer_options);
       HuggingFaceStorageWriter hf_writer(path, hf_writer_options);
+      MegaStorageWriter mega_writer(path, mega_writer_options);
       SaveOptions save;
-      save.storage_writer = format == "hf"
-                                ? static_cast<StorageWriter*>(&hf_writer)
-                                : &native_writer;
+      save.storage_writer =
+          format == "hf"     ? static_cast<StorageWriter*>(&hf_writer)
+          : format == "mega" ? static_cast<StorageWriter*>(&mega_writer)
+                             : &native_writer;
       auto start = std::chrono::steady_clock::now();
       absl::Status saved = format == "hub" ? WriteHubFile(path, source)
                                            : Save(source, save).status();
@@ -195,10 +204,12 @@ int Main(int argc, char** argv) {
       hf_reader_options.thread_count = threads;
       FileSystemReader native_reader(path, native_reader_options);
       HuggingFaceStorageReader hf_reader(path, hf_reader_options);
+      MegaStorageReader mega_reader(path, native_reader_options);
       LoadOptions load;
-      load.storage_reader = format != "native"
-                                ? static_cast<StorageReader*>(&hf_reader)
-                                : &native_reader;
+      load.storage_reader =
+          format == "native" ? static_cast<StorageReader*>(&native_reader)
+          : format == "mega" ? static_cast<StorageReader*>(&mega_reader)
+                             : &hf_reader;
       start = std::chrono::steady_clock::now();
       absl::Status loaded = Load(target, load);
       const double load_s = Seconds(start);
@@ -225,7 +236,7 @@ int Main(int argc, char** argv) {
       fs::remove_all(path);
     }
   }
-  for (const std::string format : {"native", "hf", "hub"}) {
+  for (const std::string format : {"native", "hf", "mega", "hub"}) {
     std::printf("median %-6s save %6.2f GB/s   load %6.2f GB/s\n",
                 format.c_str(), Median(save_gbs[format]),
                 Median(load_gbs[format]));
@@ -233,6 +244,9 @@ int Main(int argc, char** argv) {
   std::printf("hf/native     save %6.2fx       load %6.2fx\n",
               Median(save_gbs["hf"]) / Median(save_gbs["native"]),
               Median(load_gbs["hf"]) / Median(load_gbs["native"]));
+  std::printf("mega/native   save %6.2fx       load %6.2fx\n",
+              Median(save_gbs["mega"]) / Median(save_gbs["native"]),
+              Median(load_gbs["mega"]) / Median(load_gbs["native"]));
   std::printf("hub/native                        load %6.2fx\n",
               Median(load_gbs["hub"]) / Median(load_gbs["native"]));
   return 0;
