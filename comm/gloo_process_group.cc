@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -14,16 +15,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
+#include "comm/internal/peer_probe.h"
 #include "comm/store_process_group.h"
 #include "core/status.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 
@@ -90,9 +94,25 @@ class GlooProcessGroup::Impl {
           std::max<int64_t>(1, absl::ToInt64Milliseconds(options.timeout))));
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      if (absl::StrContains(what, "Wait timeout") ||
+      const bool timed_out =
+          absl::StrContains(what, "Wait timeout") ||
           absl::StrContains(absl::AsciiStrToLower(what), "timed out") ||
-          absl::StrContains(absl::AsciiStrToLower(what), "timeout")) {
+          absl::StrContains(absl::AsciiStrToLower(what), "timeout");
+      // Gloo connects to each peer right after reading its address: a
+      // failure then is that peer's address not answering.
+      if (const int peer = AddressKeyRank(store.last_key()); peer >= 0) {
+        return absl::Status(
+            timed_out ? absl::StatusCode::kDeadlineExceeded
+                      : absl::StatusCode::kUnavailable,
+            absl::StrFormat(
+                "%s: no connection with rank %d at %s (the address it "
+                "advertised) within the connect timeout of %s: is that "
+                "address reachable from this host (DCP_COMM_ADDR / "
+                "DCP_SOCKET_IFNAME on rank %d)? gloo: %s",
+                where, peer, PeerAddress(store.last_value(), peer),
+                absl::FormatDuration(options.connect_timeout), peer, what));
+      }
+      if (timed_out) {
         std::vector<int> missing = store.WaitingForRanks();
         return absl::DeadlineExceededError(absl::StrCat(
             where, ": not every rank joined within ",
@@ -106,16 +126,24 @@ class GlooProcessGroup::Impl {
     }
     // Every rank has read every address once all have passed this barrier;
     // then each removes its own, leaving the prefix empty for the next job.
+    // The barrier also hands every rank its peers' probe addresses.
+    timeout_ = options.timeout;
+    OpenProbeListener();
+    const std::string probe_address = probe_ ? probe_->address() : "";
     std::vector<int> peers;
     std::vector<Send> sends;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       peers.push_back(r);
-      sends.push_back({r, ""});
+      sends.push_back({r, probe_address});
     }
     std::vector<std::string> received;
     DCP_RETURN_IF_ERROR(
         Exchange("joined", /*root=*/-1, sends, peers, &received, deadline));
+    probe_addresses_.assign(size_, "");
+    for (size_t i = 0; i < peers.size(); ++i) {
+      probe_addresses_[peers[i]] = std::move(received[i]);
+    }
     for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
       internal::RemoveKey(*store_, absl::StrCat(prefix, "/", key));
     }
@@ -123,6 +151,71 @@ class GlooProcessGroup::Impl {
       ForgetGeneration(*keys, base, *generation).IgnoreError();
     }
     return absl::OkStatus();
+  }
+
+  // The rank whose address key `key` is ("<r>"); -1 for any other key.
+  static int AddressKeyRank(const std::string& key) {
+    int rank = -1;
+    if (key.empty() || !absl::SimpleAtoi(key, &rank)) return -1;
+    return rank;
+  }
+
+  // "host:port" of the address `peer` published for this rank, from the
+  // value of its address key: one serialized tcp address per other rank,
+  // in rank order.
+  std::string PeerAddress(const std::vector<char>& all, int peer) const {
+    const size_t each = all.size() / std::max(1, size_ - 1);
+    const size_t index = rank_ > peer ? rank_ - 1 : rank_;
+    if (each == 0 || (index + 1) * each > all.size()) {
+      return "(an address gloo could not read)";
+    }
+    try {
+      gloo::transport::tcp::Address address(std::vector<char>(
+          all.begin() + index * each, all.begin() + (index + 1) * each));
+      return internal::HostPortOf(address.getSockaddr());
+    } catch (const std::exception&) {
+      return "(an address gloo could not read)";
+    }
+  }
+
+  // Listens for peers' probes on the address this rank's Gloo pairs use.
+  // Without one (no address to be had) failures name no lost ranks.
+  void OpenProbeListener() {
+    for (int r = 0; r < size_ && probe_ == nullptr; ++r) {
+      if (r == rank_) continue;
+      try {
+        const auto* address =
+            dynamic_cast<const gloo::transport::tcp::Address*>(
+                &context_->getPair(r)->address());
+        if (address == nullptr) return;
+        absl::StatusOr<std::unique_ptr<internal::ProbeListener>> listener =
+            internal::ProbeListener::Open(
+                internal::HostOf(address->getSockaddr()), size_ + 8);
+        if (listener.ok()) probe_ = *std::move(listener);
+      } catch (const std::exception&) {
+      }
+      return;
+    }
+  }
+
+  // `status` with the peers this rank finds lost appended ("rank 2 at
+  // 10.0.0.3 (unreachable: no answer within 500ms)"), probing every peer
+  // at once; unchanged when every peer answers or none can be probed.
+  absl::Status NameLostPeers(const absl::Status& status,
+                             const std::vector<internal::ProbeResult>& probes) {
+    std::vector<std::string> lost;
+    for (int r = 0; r < static_cast<int>(probes.size()); ++r) {
+      if (probes[r].state == internal::ProbeResult::State::kAnswers) continue;
+      const std::string& address = probe_addresses_[r];
+      lost.push_back(absl::StrFormat("rank %d at %s (%s)", r,
+                                     address.substr(0, address.rfind(':')),
+                                     probes[r].detail));
+    }
+    if (lost.empty()) return status;
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(), "; lost as seen from rank ", rank_, ": ",
+                     absl::StrJoin(lost, ", ")));
   }
 
   // The keys Gloo's connectFullMesh sets for a rank: its addresses ("<r>")
@@ -262,7 +355,21 @@ class GlooProcessGroup::Impl {
   // this rank leaves its own record and closes its connections, so peers
   // blocked on it fail now instead of at their deadline.
   absl::Status GiveUp(absl::string_view op, int peer, absl::Status status) {
-    if (peer >= 0 && peer != rank_) {
+    // Which peers are lost, before anything else (see below).
+    std::vector<internal::ProbeResult> probes;
+    if (!probe_addresses_.empty()) {
+      if (probe_ != nullptr) probe_->Drain();
+      probes = internal::ProbePeers(
+          probe_addresses_,
+          std::clamp(timeout_ / 4, absl::Milliseconds(100), absl::Seconds(2)));
+    }
+    // A peer cut off from this rank may still reach the store, where its
+    // record would call this rank's side lost: read records only of peers
+    // that answer or whose process is gone (it may have left its reason).
+    const bool peer_cut_off =
+        peer >= 0 && peer < static_cast<int>(probes.size()) &&
+        probes[peer].state == internal::ProbeResult::State::kUnreachable;
+    if (peer >= 0 && peer != rank_ && !peer_cut_off) {
       // A peer closes its sockets right after writing its record (or Gloo
       // closes them just before): allow the record a moment to appear.
       const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
@@ -288,6 +395,7 @@ class GlooProcessGroup::Impl {
         // No record: the peer itself is what was lost.
       }
     }
+    status = NameLostPeers(status, probes);
     try {
       const std::string record = EncodeStatus(status);
       prefix_store_->set(AbortKey(rank_),
@@ -331,6 +439,11 @@ class GlooProcessGroup::Impl {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint64_t next_call_ = 0;
+  absl::Duration timeout_ = absl::Minutes(5);
+  // Peers' probe addresses by rank ("" for this rank), once the group
+  // formed; empty before.
+  std::vector<std::string> probe_addresses_;
+  std::unique_ptr<internal::ProbeListener> probe_;
 };
 
 namespace {

@@ -33,6 +33,22 @@
 // with rank 0's code, instead of timing out on rank 0. A rank that dies
 // without a record costs its peers up to 250 ms of looking for one.
 //
+// Naming the lost ranks: each rank keeps a listening socket beside its Gloo
+// pairs (comm/internal/peer_probe.h) and learns its peers' when the group
+// forms. A rank whose collective fails first connects to every peer's, for
+// at most a quarter of the group timeout (100 ms to 2 s), and appends
+// "lost as seen from rank R: rank K at HOST (unreachable: ...)" or "(...
+// its process is gone)" for every peer that does not answer, so after a
+// link cut every surviving rank names the ranks behind it, whichever rank
+// it was waiting for. A peer found unreachable is not asked for its abort
+// record (it may still reach the store, and its record would call this
+// rank's side lost).
+//
+// Joining: a peer whose advertised address does not answer fails Create
+// with "no connection with rank K at HOST:PORT (the address it
+// advertised) within the connect timeout of T" (kUnavailable when refused,
+// kDeadlineExceeded when nothing answered in time).
+//
 // Reusing a rendezvous: groups meet under "<group_name>/job-<job_id>/
 // <instance>" when the membership names a job (see rendezvous.h), so
 // concurrent jobs sharing a store never meet each other's keys. Under it

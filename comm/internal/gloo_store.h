@@ -41,15 +41,25 @@ class DeadlineStore final : public gloo::rendezvous::Store {
   }
   std::vector<char> get(const std::string& key) override {
     wait({key});
-    return inner_.get(key);
+    std::vector<char> value = inner_.get(key);
+    last_key_ = key;
+    last_value_ = value;
+    return value;
   }
   void wait(const std::vector<std::string>& keys) override {
     waiting_for_ = keys;
+    last_key_.clear();
     inner_.wait(keys, Remaining(deadline_));
   }
   void wait(const std::vector<std::string>& keys, const Millis&) override {
     wait(keys);
   }
+
+  // The key and value of the last get, when no wait began after it: what
+  // Gloo was acting on when it failed (a peer's address it connects to).
+  // Empty key otherwise.
+  const std::string& last_key() const { return last_key_; }
+  const std::vector<char>& last_value() const { return last_value_; }
 
   // The ranks of the keys of the last wait; empty if none could be told.
   std::vector<int> WaitingForRanks() const {
@@ -64,6 +74,8 @@ class DeadlineStore final : public gloo::rendezvous::Store {
   gloo::rendezvous::Store& inner_;
   const absl::Time deadline_;
   std::vector<std::string> waiting_for_;
+  std::string last_key_;
+  std::vector<char> last_value_;
 };
 
 // How many groups named `group_name` this process created before as rank

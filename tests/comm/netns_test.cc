@@ -8,8 +8,8 @@
 //   - the same through a shared rendezvous directory, the second time
 //     with ranks choosing their interface by name (DCP_SOCKET_IFNAME).
 //   - node 1's link cut before a save: the saves fail within the timeout,
-//     both launchers exit non-zero, the previous checkpoint
-//     still loads.
+//     every reporting rank names the other node's ranks and address, both
+//     launchers exit non-zero, the previous checkpoint still loads.
 // The test makes its namespaces and removes them afterwards; it skips,
 // saying why, where namespaces cannot be made (not root, no `ip`).
 #include <fcntl.h>
@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/comm/multiprocess.h"
@@ -329,15 +331,38 @@ TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
     EXPECT_TRUE(exits[node].exited && exits[node].exit_code != 0)
         << "node " << node << " exited " << exits[node].exit_code << ": "
         << err;
-    // The first rank to fail on each node reports a timeout or a lost
-    // connection from its save. Which rank it names depends on timing: a
-    // rank waiting on a same-node rank that waits on the cut node may time
-    // out first and name its neighbour (the neighbour is then stopped by
-    // the launcher before it reports), so the names are not asserted.
-    EXPECT_TRUE(err.find("DEADLINE_EXCEEDED") != std::string::npos ||
-                err.find("UNAVAILABLE") != std::string::npos)
-        << "node " << node << ": " << err;
-    EXPECT_NE(err.find("save: "), std::string::npos) << err;
+    // Every rank that reports (the launcher stops a node's other ranks
+    // after its first failure) fails its save with a timeout or a lost
+    // connection, and names the other node's ranks with their address,
+    // whichever rank it was waiting for: its probe of each peer finds the
+    // other node unreachable.
+    const int other = 1 - node;
+    int reports = 0;
+    for (absl::string_view line : absl::StrSplit(err, '\n')) {
+      if (!absl::StrContains(line, "save: ")) continue;
+      ++reports;
+      EXPECT_TRUE(absl::StrContains(line, "DEADLINE_EXCEEDED") ||
+                  absl::StrContains(line, "UNAVAILABLE"))
+          << "node " << node << ": " << line;
+      for (int rank : {2 * other, 2 * other + 1}) {
+        EXPECT_TRUE(absl::StrContains(
+            line, absl::StrCat("rank ", rank, " at ",
+                               Namespaces::Address(other), " (unreachable")))
+            << "node " << node << " does not name rank " << rank << ": "
+            << line;
+      }
+      // Its own node's ranks answer, or are gone once they reported and
+      // exited; they are never unreachable.
+      for (int rank : {2 * node, 2 * node + 1}) {
+        EXPECT_FALSE(absl::StrContains(
+            line, absl::StrCat("rank ", rank, " at ", Namespaces::Address(node),
+                               " (unreachable")))
+            << "node " << node << " finds its own rank " << rank
+            << " unreachable: " << line;
+      }
+    }
+    EXPECT_GE(reports, 1) << "node " << node << ": " << err;
+    std::fprintf(stderr, "node %d:\n%s\n", node, err.c_str());
   }
   ASSERT_EQ(Shell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 up")), 0);
   RunJob(ns_, 3, 1, rendezvous, "load", checkpoint);
