@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "tools/commands.h"
+#include "tools/convert.h"
 #include "tools/launch.h"
 
 int main(int argc, char** argv) {
@@ -55,6 +56,25 @@ int main(int argc, char** argv) {
       "First remove the files of interrupted saves (under the directory's "
       "lock: fails while a save runs) and print the bytes reclaimed");
 
+  std::string convert_src, convert_dst, convert_to, convert_shard,
+      convert_dtype;
+  int convert_threads = 4;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert",
+      "Convert a dcp checkpoint to a Hugging Face directory (safetensors "
+      "files and an index) or back");
+  convert_cmd->add_option("src", convert_src, "Source checkpoint")->required();
+  convert_cmd
+      ->add_option("dst", convert_dst, "Destination directory (new or empty)")
+      ->required();
+  convert_cmd->add_option("--to", convert_to, "safetensors | dcp")->required();
+  convert_cmd->add_option("--max-shard-size", convert_shard,
+                          "Largest safetensors file (default 5GB)");
+  convert_cmd->add_option("--dtype", convert_dtype,
+                          "Convert floating tensors: bf16 | f16 | f32");
+  convert_cmd->add_option("--threads", convert_threads,
+                          "Reader and writer threads (default 4)");
+
   std::string bench_kind;
   std::vector<std::string> bench_args;
   CLI::App* bench_cmd =
@@ -100,6 +120,11 @@ int main(int argc, char** argv) {
   } else if (*verify_cmd) {
     if (verify_clean) status = dcp::RunClean(verify_dir);
     if (status.ok()) status = dcp::RunVerify(verify_dir);
+  } else if (*convert_cmd) {
+    absl::StatusOr<dcp::ConvertOptions> options = dcp::ParseConvertFlags(
+        convert_to, convert_shard, convert_dtype, convert_threads);
+    status = options.ok() ? dcp::RunConvert(convert_src, convert_dst, *options)
+                          : options.status();
   } else if (*bench_cmd) {
     for (const std::string& extra : bench_cmd->remaining()) {
       bench_args.push_back(extra);

@@ -1,0 +1,276 @@
+// `dcp convert` (tools/convert.h): dcp -> Hugging Face -> dcp is bit for bit
+// for every dtype safetensors holds, with tensors split into row windows
+// and files; a checkpoint saved by three ranks converts to full tensors;
+// --dtype converts floating tensors only; bad arguments are named.
+#include "tools/convert.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "comm/process_group_factory.h"
+#include "core/state_dict.h"
+#include "engine/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/hf_storage.h"
+#include "io/quantized_dequant.h"
+#include "io/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "tests/comm/multiprocess.h"
+#include "tests/test_util.h"
+
+namespace dcp {
+namespace {
+
+using ::dcp::testing::ListFiles;
+using ::dcp::testing::MakeTempDir;
+using ::dcp::testing::SeededTensor;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+absl::Status SaveDcp(const StateDict& state, const std::string& dir) {
+  SaveOptions save;
+  save.checkpoint_id = dir;
+  save.no_dist = true;
+  return Save(state, save).status();
+}
+
+StateDict ZerosLike(const StateDict& state) {
+  StateDict out;
+  for (const auto& [name, value] : state) {
+    out[name] = Tensor::Empty(value.tensor().dtype(), value.tensor().sizes());
+    std::memset(out[name].tensor().data(), 0, out[name].tensor().nbytes());
+  }
+  return out;
+}
+
+absl::Status LoadDcp(StateDict& state, const std::string& dir) {
+  LoadOptions load;
+  load.checkpoint_id = dir;
+  load.no_dist = true;
+  return Load(state, load);
+}
+
+absl::Status LoadHf(StateDict& state, const std::string& dir) {
+  HuggingFaceStorageReader reader(dir);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  load.no_dist = true;
+  return Load(state, load);
+}
+
+ConvertOptions Options(const std::string& to) {
+  ConvertOptions options;
+  options.to = to;
+  options.threads = 2;
+  return options;
+}
+
+TEST(Convert, RoundTripIsBitIdenticalForEveryDtype) {
+  StateDict state;
+  uint64_t seed = 1;
+  for (DType dtype :
+       {DType::kBool, DType::kU8, DType::kI8, DType::kU16, DType::kI16,
+        DType::kU32, DType::kI32, DType::kU64, DType::kI64, DType::kF16,
+        DType::kBF16, DType::kF32, DType::kF64, DType::kF8E4M3, DType::kF8E5M2,
+        DType::kC64}) {
+    const std::string name(DTypeName(dtype));
+    state[name + ".rows"] = SeededTensor(dtype, {37, 11}, seed++);
+    state[name + ".scalar"] = SeededTensor(dtype, {}, seed++);
+  }
+  state["empty"] = SeededTensor(DType::kF32, {0, 4}, seed++);
+  state["big"] = SeededTensor(DType::kF32, {300, 129}, seed++);
+  const std::string root = MakeTempDir("convert");
+  const std::string src = root + "/src", hf = root + "/hf",
+                    back = root + "/back";
+  ASSERT_TRUE(SaveDcp(state, src).ok());
+
+  ConvertOptions options = Options("safetensors");
+  options.max_shard_bytes = 40000;  // Several files; "big" alone is 154800.
+  options.buffer_bytes = 20000;     // "big" in windows of 38 rows.
+  ASSERT_TRUE(RunConvert(src, hf, options).ok());
+
+  // Files the index names, each a valid safetensors file; nothing else.
+  std::ifstream in(hf + "/" + kHfIndexFileName);
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json index = Json::parse(text.str());
+  std::set<std::string> named;
+  for (const auto& [tensor, file] : index["weight_map"].items()) {
+    named.insert(file.get<std::string>());
+  }
+  EXPECT_GE(named.size(), 3u);  // "big" alone in one.
+  std::set<std::string> expected = named;
+  expected.insert(kHfIndexFileName);
+  EXPECT_EQ(ListFiles(hf), expected);
+  EXPECT_EQ(index["weight_map"].size(), state.size());
+  for (const std::string& file : named) {
+    std::ifstream f(hf + "/" + file, std::ios::binary);
+    std::stringstream bytes;
+    bytes << f.rdbuf();
+    absl::StatusOr<SafetensorsHeader> header =
+        ParseSafetensors(bytes.str(), file);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->metadata.at("format"), "pt");
+  }
+  StateDict from_hf = ZerosLike(state);
+  ASSERT_TRUE(LoadHf(from_hf, hf).ok());
+  for (const auto& [name, value] : state) {
+    EXPECT_TRUE(from_hf[name].tensor().BytesEqual(value.tensor())) << name;
+  }
+
+  ASSERT_TRUE(RunConvert(hf, back, Options("dcp")).ok());
+  StateDict loaded = ZerosLike(state);
+  ASSERT_TRUE(LoadDcp(loaded, back).ok());
+  for (const auto& [name, value] : state) {
+    EXPECT_TRUE(loaded[name].tensor().BytesEqual(value.tensor())) << name;
+  }
+}
+
+TEST(Convert, CheckpointOfThreeRanksBecomesFullTensors) {
+  const std::string root = MakeTempDir("convert3");
+  const std::string src = root + "/src", hf = root + "/hf";
+  const std::string rendezvous = root + "/rdv";
+  std::filesystem::create_directories(rendezvous);
+  const Tensor w = SeededTensor(DType::kBF16, {9, 70}, 7);
+  const Tensor b = SeededTensor(DType::kI64, {12}, 8);
+  std::vector<testing::RankExit> exits = testing::RunRanks(
+      3,
+      [&](int rank) {
+        comm::RendezvousInfo info;
+        info.rank = rank;
+        info.world_size = 3;
+        info.store =
+            comm::StoreAddress{comm::StoreAddress::Kind::kFile, rendezvous};
+        comm::ProcessGroupOptions group_options;
+        group_options.backend = comm::Backend::kGloo;
+        group_options.timeout = absl::Seconds(30);
+        group_options.connect_timeout = absl::Seconds(30);
+        auto group = comm::CreateProcessGroup(info, group_options);
+        if (int rc =
+                testing::Check(group.ok(), rank, group.status().ToString())) {
+          return rc;
+        }
+        // Rows [3r, 3r + 3) of w, elements [4r, 4r + 4) of b.
+        Tensor rows = Tensor::Empty(DType::kBF16, {3, 70});
+        std::memcpy(rows.data(),
+                    static_cast<const char*>(w.data()) + rank * 3 * 70 * 2,
+                    rows.nbytes());
+        Tensor part = Tensor::Empty(DType::kI64, {4});
+        std::memcpy(part.data(),
+                    static_cast<const char*>(b.data()) + rank * 4 * 8,
+                    part.nbytes());
+        StateDict state;
+        state["w"] =
+            ShardedTensor(DType::kBF16, {9, 70}, {Shard{{rank * 3, 0}, rows}});
+        state["b"] =
+            ShardedTensor(DType::kI64, {12}, {Shard{{rank * 4}, part}});
+        SaveOptions save;
+        save.checkpoint_id = src;
+        save.process_group = group->get();
+        absl::Status saved = Save(state, save).status();
+        return testing::Check(saved.ok(), rank, saved.ToString());
+      },
+      absl::Seconds(90));
+  for (const testing::RankExit& exit : exits) {
+    ASSERT_TRUE(exit.exited && exit.exit_code == 0);
+  }
+  ConvertOptions options = Options("safetensors");
+  options.buffer_bytes = 300;  // w in windows of two rows.
+  ASSERT_TRUE(RunConvert(src, hf, options).ok());
+  StateDict loaded;
+  loaded["w"] = Tensor::Empty(DType::kBF16, {9, 70});
+  loaded["b"] = Tensor::Empty(DType::kI64, {12});
+  ASSERT_TRUE(LoadHf(loaded, hf).ok());
+  EXPECT_TRUE(loaded["w"].tensor().BytesEqual(w));
+  EXPECT_TRUE(loaded["b"].tensor().BytesEqual(b));
+}
+
+TEST(Convert, DtypeConvertsFloatingTensorsOnly) {
+  const std::vector<float> values = {1.0f, 1.00390625f, 3.14159f, -2.5f};
+  Tensor f32 = Tensor::Empty(DType::kF32, {4});
+  std::memcpy(f32.data(), values.data(), 16);
+  StateDict state;
+  state["f32"] = f32;
+  state["i32"] = SeededTensor(DType::kI32, {5}, 3);
+  const std::string root = MakeTempDir("convert_dtype");
+  ASSERT_TRUE(SaveDcp(state, root + "/src").ok());
+  ConvertOptions options = Options("safetensors");
+  options.dtype = DType::kBF16;
+  ASSERT_TRUE(RunConvert(root + "/src", root + "/hf", options).ok());
+  StateDict hf;
+  hf["f32"] = Tensor::Empty(DType::kBF16, {4});
+  hf["i32"] = Tensor::Empty(DType::kI32, {5});
+  ASSERT_TRUE(LoadHf(hf, root + "/hf").ok());
+  std::vector<uint16_t> bf16(4);
+  std::memcpy(bf16.data(), hf["f32"].tensor().data(), 8);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bf16[i], FloatToBf16(values[i])) << i;
+  EXPECT_EQ(bf16[1], 0x3f80);  // The tie rounds to even: 1.0.
+  EXPECT_TRUE(hf["i32"].tensor().BytesEqual(state["i32"].tensor()));
+
+  // Back to dcp as f32: the bf16 values, exactly.
+  options = Options("dcp");
+  options.dtype = DType::kF32;
+  ASSERT_TRUE(RunConvert(root + "/hf", root + "/back", options).ok());
+  StateDict back;
+  back["f32"] = Tensor::Empty(DType::kF32, {4});
+  back["i32"] = Tensor::Empty(DType::kI32, {5});
+  ASSERT_TRUE(LoadDcp(back, root + "/back").ok());
+  std::vector<float> got(4);
+  std::memcpy(got.data(), back["f32"].tensor().data(), 16);
+  EXPECT_EQ(got, (std::vector<float>{1.0f, 1.0f, 3.140625f, -2.5f}));
+  EXPECT_TRUE(back["i32"].tensor().BytesEqual(state["i32"].tensor()));
+}
+
+TEST(Convert, BadArgumentsAreNamed) {
+  auto message = [](const absl::StatusOr<ConvertOptions>& r) {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(message(ParseConvertFlags("hf", "", "", 1)), HasSubstr("--to"));
+  EXPECT_THAT(message(ParseConvertFlags("dcp", "5XB", "", 1)),
+              HasSubstr("--max-shard-size \"5XB\""));
+  EXPECT_THAT(message(ParseConvertFlags("dcp", "0", "", 1)),
+              HasSubstr("--max-shard-size"));
+  EXPECT_THAT(message(ParseConvertFlags("dcp", "", "f8", 1)),
+              HasSubstr("--dtype must be bf16, f16 or f32, not \"f8\""));
+  EXPECT_THAT(message(ParseConvertFlags("dcp", "", "", 0)),
+              HasSubstr("--threads"));
+  absl::StatusOr<ConvertOptions> ok =
+      ParseConvertFlags("safetensors", "500MiB", "BF16", 3);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->max_shard_bytes, int64_t{500} << 20);
+  EXPECT_EQ(ok->dtype, DType::kBF16);
+
+  const std::string root = MakeTempDir("convert_bad");
+  StateDict state;
+  state["c"] = SeededTensor(DType::kC128, {2}, 1);
+  ASSERT_TRUE(SaveDcp(state, root + "/c128").ok());
+  absl::Status status =
+      RunConvert(root + "/c128", root + "/out", Options("safetensors"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("tensor c"));
+  EXPECT_THAT(status.message(), HasSubstr("C128"));
+
+  status =
+      RunConvert(root + "/nothing", root + "/out2", Options("safetensors"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  status = RunConvert(root + "/nothing", root + "/out3", Options("dcp"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+
+  state["c"] = SeededTensor(DType::kF32, {2}, 1);
+  ASSERT_TRUE(SaveDcp(state, root + "/f32").ok());
+  std::filesystem::create_directories(root + "/full");
+  std::ofstream(root + "/full/keep") << "x";
+  status = RunConvert(root + "/f32", root + "/full", Options("safetensors"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(status.message(), HasSubstr(root + "/full"));
+  EXPECT_EQ(ListFiles(root + "/full"), std::set<std::string>{"keep"});
+}
+
+}  // namespace
+}  // namespace dcp

@@ -1,0 +1,57 @@
+// `dcp convert SRC DST --to safetensors|dcp`: between dcp checkpoints and
+// Hugging Face directories (docs/FORMAT.md section 7).
+//
+// - To safetensors: the dcp checkpoint in SRC (saved by any number of
+//   ranks, sharded or not) becomes DST/model-0000I-of-0000N.safetensors and
+//   DST/model.safetensors.index.json. Tensors go to files in name order, a
+//   new file starting when the next tensor would take the current one past
+//   max_shard_bytes (a larger tensor gets a file of its own). The files are
+//   streamed: tensors are loaded in windows of whole rows, batched up to
+//   buffer_bytes, and appended, so memory stays near buffer_bytes (one
+//   window at least one row) whatever the model's size. Non-tensor values
+//   cannot be stored in safetensors: they are skipped, each named on stderr.
+// - To dcp: the Hugging Face directory SRC (any layout HuggingFaceStorage
+//   Reader reads) is loaded and saved as a dcp checkpoint in DST. This
+//   direction holds the whole state in memory.
+// - dtype (optional) converts floating tensors (F16, BF16, F32, F64) to
+//   F32, BF16 or F16 (round to nearest even); other tensors keep theirs.
+// - Files are written under temporary names and renamed at the end, the
+//   index last. DST must not exist or be empty (kAlreadyExists otherwise).
+//   A progress line is drawn on stdout when it is a terminal.
+#ifndef DCP_TOOLS_CONVERT_H_
+#define DCP_TOOLS_CONVERT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+
+namespace dcp {
+
+struct ConvertOptions {
+  std::string to;  // "safetensors" or "dcp".
+  int64_t max_shard_bytes = int64_t{5} << 30;
+  std::optional<DType> dtype;
+  int threads = 4;
+  int64_t buffer_bytes = int64_t{256} << 20;
+  bool progress = false;  // Draw the progress line.
+};
+
+// Parses `dcp convert`'s flags as typed: --to, --max-shard-size (ParseSize),
+// --dtype (bf16, f16, f32), --threads. kInvalidArgument naming the flag.
+absl::StatusOr<ConvertOptions> ParseConvertFlags(
+    const std::string& to, const std::string& max_shard_size,
+    const std::string& dtype, int threads);
+
+// Runs the conversion. kNotFound when SRC holds no checkpoint of the
+// expected kind, kAlreadyExists for a DST that is not empty,
+// kInvalidArgument for a tensor safetensors cannot hold (C128); the
+// loaders' and writers' errors otherwise.
+absl::Status RunConvert(const std::string& src, const std::string& dst,
+                        const ConvertOptions& options);
+
+}  // namespace dcp
+
+#endif  // DCP_TOOLS_CONVERT_H_
