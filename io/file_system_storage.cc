@@ -357,6 +357,7 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
   context.sync_files = options_.sync_files;
   context.writeback_bytes = options_.writeback_bytes;
   context.checksum_block_size = options_.checksum_block_size;
+  context.extensions = options_.extensions;
   context.device_wait = device_wait_;
   context.staging = [this] { return Staging(); };
   context.record_created = [this](const std::string& path) {
@@ -533,6 +534,9 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
   open_options.uncached = options_.uncached_reads;
   open_options.no_follow = true;
   internal_fs::OpenFiles files(*fs_, dir_, open_options);
+  const ExtensionRegistry& extensions = options_.extensions != nullptr
+                                            ? *options_.extensions
+                                            : ExtensionRegistry::Default();
   // Each stored item is checked against its data file before anything is
   // allocated for it.
   absl::StatusOr<std::vector<internal_fs::StoredItem>> stored =
@@ -540,11 +544,12 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
           plan, metadata, dir_,
           [&](const MetadataIndex& index, const StorageInfo& info) {
             return internal_fs::CheckStoredItem(
-                index, info, metadata.checksum_block_size, files);
+                index, info, metadata.checksum_block_size, extensions, files);
           });
   if (!stored.ok()) return Future<void>::Ready(stored.status());
 
   internal_fs::ReadWindowOptions window;
+  window.extensions = &extensions;
   window.direct = options_.direct_io;
   window.block_size = metadata.checksum_block_size;
   window.window_bytes = std::max<int64_t>(1, options_.read_window_bytes);

@@ -48,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/io_engine.h"
 #include "io/storage.h"
@@ -80,6 +81,14 @@ struct FileSystemWriterOptions {
   bool overwrite = true;
   // Bytes per checksum block (recorded as Metadata::checksum_block_size).
   int64_t checksum_block_size = int64_t{4} << 20;
+  // Stream extensions (io/extensions.h; ParseCompression("zstd:3")) applied
+  // to host tensors larger than 64 KiB, block by block (the checksum
+  // blocks): each block encoded on the writer's thread while earlier blocks
+  // are written, stored as is when it would not shrink, and recorded in the
+  // metadata (docs/FORMAT.md section 3.1; a checkpoint that uses them is
+  // version dcp-2). Device tensors and smaller items are stored as they
+  // are. Empty (the default): no extensions, the dcp-1 format.
+  ExtensionChain extensions;
   // The file system to use; nullptr means LocalFileSystem(). Not owned; must
   // outlive the writer.
   FileSystemBase* file_system = nullptr;
@@ -270,9 +279,15 @@ class FileSystemWriter final : public StorageWriter {
 };
 
 struct FileSystemReaderOptions {
-  // Threads verifying checksums and delivering items (reads themselves are
-  // all in flight in the I/O engine).
+  // Threads verifying checksums, decoding items stored through extensions
+  // and delivering items (reads themselves are all in flight in the I/O
+  // engine).
   int thread_count = 1;
+  // The extensions a load decodes; nullptr means ExtensionRegistry::
+  // Default() (zstd). An item stored through one it does not know fails
+  // the load before any read (kFailedPrecondition naming the item and the
+  // descriptor). Not owned; must outlive the reader.
+  const ExtensionRegistry* extensions = nullptr;
   // nullptr means LocalFileSystem(). Not owned; must outlive the reader.
   FileSystemBase* file_system = nullptr;
   // Bytes of bounce buffers per window of reads; two windows are in memory

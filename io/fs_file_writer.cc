@@ -12,6 +12,7 @@
 #include "core/checksum.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/fs_encoded_writer.h"
 #include "io/fs_layout.h"
 #include "staging/device_staging.h"
 
@@ -255,18 +256,32 @@ absl::Status WriteDataFile(const DataFileContext& context,
   std::vector<ResolvedItem> resolved;
   DCP_RETURN_IF_ERROR(
       ResolveItems(items, planner, context.rank, held, resolved));
+  // Host tensors too large to pack go through the extensions, if any. Their
+  // stored size is known once they are encoded: they follow the laid-out
+  // items, each from an aligned offset, within a reservation of their raw
+  // size (which they never exceed).
+  std::vector<bool> encode(items.size(), false);
+  int64_t encoded_reserve = 0;
+  for (size_t i = 0; i < items.size() && !context.extensions.empty(); ++i) {
+    encode[i] = resolved[i].tensor && !resolved[i].on_device &&
+                resolved[i].length > kPackItemBytes;
+    if (encode[i]) {
+      encoded_reserve += AlignUp(resolved[i].length, kDirectIoAlignment);
+    }
+  }
   std::vector<LayoutItem> layout_items(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    layout_items[i] = {resolved[i].length, resolved[i].tensor,
+    layout_items[i] = {encode[i] ? 0 : resolved[i].length, resolved[i].tensor,
                        resolved[i].on_device};
   }
   const FileLayout layout = LayOutFile(layout_items, context.direct_io);
+  const int64_t reserved = layout.end + encoded_reserve;
   // Only for O_DIRECT: buffered writes gain nothing from it on ext4
   // (delayed allocation lays the file out at writeback), and on tmpfs
   // fallocate zeroes every page before the write copies over it.
   const bool preallocate = file->direct();
   if (preallocate) {
-    DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(layout.end), rank_note));
+    DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(reserved), rank_note));
   }
 
   // Declared after `held` and `file`: its destructor waits for the writes
@@ -301,6 +316,7 @@ absl::Status WriteDataFile(const DataFileContext& context,
     result.storage_data.relative_path = relative_path;
     result.storage_data.offset = offset;
     result.storage_data.length = length;
+    if (encode[i]) continue;  // Written below.
     if (resolved[i].on_device) {
       device_items.push_back(
           {std::get<Tensor>(held[i]).view(), i, item.index.ToString()});
@@ -350,14 +366,32 @@ absl::Status WriteDataFile(const DataFileContext& context,
   }
   if (!queue.failed()) flush_pack();
   absl::Status status;
-  if (!device_items.empty() && !queue.failed()) {
+  if (encoded_reserve > 0) {
+    offset = AlignUp(std::max(offset, layout.end), kDirectIoAlignment);
+    for (size_t i = 0; i < items.size() && status.ok() && !queue.failed();
+         ++i) {
+      if (!encode[i]) continue;
+      absl::StatusOr<int64_t> end = WriteEncodedItem(
+          queue, i, context.extensions, resolved[i].bytes, resolved[i].length,
+          offset, context.checksum_block_size, context.direct_io,
+          results[i]->storage_data);
+      if (!end.ok()) {
+        status = Annotate(
+            end.status(),
+            absl::StrCat(rank_note, ": encoding ", items[i]->index.ToString()));
+        break;
+      }
+      offset = AlignUp(*end, kDirectIoAlignment);
+    }
+  }
+  if (status.ok() && !device_items.empty() && !queue.failed()) {
     status = WriteDeviceItems(context, path, device_items, results, queue);
   }
   // A value that resolved to other bytes than planned leaves reserved space
   // past the end: cut it before the fsync.
   const int64_t end =
       context.direct_io ? AlignUp(offset, kDirectIoAlignment) : offset;
-  if (status.ok() && preallocate && end < layout.end && !queue.failed()) {
+  if (status.ok() && preallocate && end < reserved && !queue.failed()) {
     queue.WaitForWrites();  // Writes land first.
     status = Annotate(file->Truncate(end), rank_note);
   }

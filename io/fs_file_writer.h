@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "core/future.h"
+#include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/internal/parallel_work.h"
 #include "io/io_engine.h"
@@ -120,6 +121,9 @@ struct DataFileContext {
   bool sync_files = true;
   int64_t writeback_bytes = 0;
   int64_t checksum_block_size = 0;
+  // Applied to host tensors larger than kPackItemBytes (io/
+  // fs_encoded_writer.h); empty: every item is stored as it is.
+  ExtensionChain extensions;
   // Device tensors are copied only after it.
   DeviceWait device_wait;
   // The staging for device tensors (created on first use); thread-safe.
@@ -130,8 +134,9 @@ struct DataFileContext {
 
 // Writes `items` into the new data file dir/`relative_path` and fills
 // `results` (one per item, same order): each item's offset, length and block
-// checksums. Errors name the rank and, for a failed write, the item; the
-// file is left for the caller's Abort to remove.
+// checksums, and for items stored through context.extensions their
+// extension records. Errors name the rank and, for a failed write, the item;
+// the file is left for the caller's Abort to remove.
 absl::Status WriteDataFile(const DataFileContext& context,
                            const std::string& relative_path,
                            const std::vector<const WriteItem*>& items,

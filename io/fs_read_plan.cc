@@ -95,12 +95,12 @@ absl::StatusOr<std::vector<StoredItem>> GroupReadItems(
         // DecodeMetadata checked this; metadata handed to SetUp by other
         // means is checked here, without overflow, before any box arithmetic.
         if (CheckedNumBytes(tensor->properties.dtype, s.chunk_sizes) !=
-            s.info->length) {
-          return absl::DataLossError(
-              absl::StrCat("the metadata of ", dir, " stores ", s.info->length,
-                           " bytes for ", item.storage_index.ToString(),
-                           " of shape ", ShapeToString(s.chunk_sizes),
-                           " and dtype ", DTypeName(tensor->properties.dtype)));
+            s.info->RawLength()) {
+          return absl::DataLossError(absl::StrCat(
+              "the metadata of ", dir, " stores ", s.info->RawLength(),
+              " bytes for ", item.storage_index.ToString(), " of shape ",
+              ShapeToString(s.chunk_sizes), " and dtype ",
+              DTypeName(tensor->properties.dtype)));
         }
       }
       stored.push_back(std::move(s));
@@ -113,10 +113,10 @@ absl::StatusOr<std::vector<StoredItem>> GroupReadItems(
 bool CanReadInPlace(const StoredItem& stored, const TensorView& dest,
                     bool direct) {
   const ReadItem& first = *stored.uses.front();
-  return stored.uses.size() == 1 && AllZero(first.storage_offsets) &&
-         AllZero(first.dest_offsets) && first.lengths == stored.chunk_sizes &&
-         dest.device().is_cpu() && dest.is_contiguous() &&
-         dest.sizes() == first.lengths &&
+  return stored.info->extensions.empty() && stored.uses.size() == 1 &&
+         AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
+         first.lengths == stored.chunk_sizes && dest.device().is_cpu() &&
+         dest.is_contiguous() && dest.sizes() == first.lengths &&
          static_cast<int64_t>(dest.nbytes()) == stored.info->length &&
          (!direct ||
           (reinterpret_cast<uintptr_t>(dest.data()) % kDirectIoAlignment == 0 &&
@@ -125,7 +125,7 @@ bool CanReadInPlace(const StoredItem& stored, const TensorView& dest,
 
 std::vector<ReadPiece> PlanPieces(const StoredItem& stored, int64_t block_size,
                                   int64_t piece_bytes) {
-  const int64_t length = stored.info->length;
+  const int64_t length = stored.info->RawLength();
   // The element ranges the boxes span, merged where they share a block.
   const int64_t es = static_cast<int64_t>(stored.element_size);
   std::vector<std::pair<int64_t, int64_t>> spans;

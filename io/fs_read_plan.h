@@ -23,8 +23,9 @@
 #include "planner/plan.h"
 
 namespace dcp {
-class DeviceStaging;  // staging/device_staging.h
-}
+class DeviceStaging;    // staging/device_staging.h
+class StreamExtension;  // io/extensions.h
+}  // namespace dcp
 
 namespace dcp::internal_fs {
 
@@ -44,6 +45,12 @@ struct StoredItem {
   // Some destination is device memory: filled through `staging`, committed
   // after the staging's copies have landed.
   DeviceStaging* staging = nullptr;
+  // Stored through extensions (info->extensions): their decoders in order
+  // of application, and where each stored block starts relative to
+  // info->offset (one entry more than the blocks: the last is info->length).
+  // Set when the reader reaches the item.
+  std::vector<const StreamExtension*> decoders;
+  std::vector<int64_t> block_starts;
 };
 
 // Groups `plan`'s items by the stored item they use, in order of first use,
@@ -51,7 +58,7 @@ struct StoredItem {
 // stored item as it is found (the reader checks it against its data file
 // there) and its error returned. kDataLoss naming `dir` when the metadata
 // has no storage entry or no tensor chunk for an item, or when a chunk's
-// dtype and shape do not make its stored length.
+// dtype and shape do not make its raw length (StorageInfo::RawLength).
 absl::StatusOr<std::vector<StoredItem>> GroupReadItems(
     const LoadPlan& plan, const Metadata& metadata, const std::string& dir,
     absl::FunctionRef<absl::Status(const MetadataIndex&, const StorageInfo&)>
@@ -68,9 +75,10 @@ struct ReadPiece {
 };
 
 // Whether tensor `stored` can be read in one piece straight into `dest`
-// (the destination of its only use): the use is the whole chunk into the
-// whole of a contiguous host tensor of the same size, and with `direct` the
-// destination memory and the file offset are kDirectIoAlignment aligned.
+// (the destination of its only use): the item is stored as it is (no
+// extensions), the use is the whole chunk into the whole of a contiguous
+// host tensor of the same size, and with `direct` the destination memory
+// and the file offset are kDirectIoAlignment aligned.
 bool CanReadInPlace(const StoredItem& stored, const TensorView& dest,
                     bool direct);
 

@@ -33,8 +33,19 @@ absl::Status PlanItem(
     const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
     std::deque<ReadSlot>& out) {
   const int64_t block_size = options.block_size;
-  const int64_t length = stored.info->length;
+  const int64_t length = stored.info->RawLength();
   const int64_t blocks = ChecksumBlockCount(length, block_size);
+  const bool encoded = !stored.info->extensions.empty();
+  if (encoded) {
+    DCP_ASSIGN_OR_RETURN(
+        stored.decoders,
+        ResolveExtensions(*options.extensions, stored.info->extensions,
+                          stored.index->ToString()));
+    stored.block_starts.assign(1, 0);
+    for (int64_t size : stored.info->block_lengths) {
+      stored.block_starts.push_back(stored.block_starts.back() + size);
+    }
+  }
   stored.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
   auto add = [&](const ReadPiece& piece) -> ReadSlot& {
     ReadSlot& slot = out.emplace_back();
@@ -43,13 +54,18 @@ absl::Status PlanItem(
     slot.end_block = piece.end_block;
     slot.begin = piece.first_block * block_size;
     slot.end = std::min(piece.end_block * block_size, length);
+    slot.io_begin =
+        encoded ? stored.block_starts[piece.first_block] : slot.begin;
+    slot.io_end = encoded ? stored.block_starts[piece.end_block] : slot.end;
     slot.first_element = piece.first_element;
     slot.end_element = piece.end_element;
+    slot.buffer_bytes =
+        (slot.io_end - slot.io_begin) + (encoded ? slot.end - slot.begin : 0);
     stored.pieces_left->fetch_add(1);
     return slot;
   };
   if (!stored.is_tensor) {  // Bytes: delivered whole.
-    add({0, blocks, 0, 0}).buffer_bytes = length;
+    add({0, blocks, 0, 0});
     return absl::OkStatus();
   }
   for (const ReadItem* item : stored.uses) {
@@ -73,13 +89,13 @@ absl::Status PlanItem(
   if (CanReadInPlace(stored, stored.dests.front(), options.direct)) {
     ReadSlot& slot = add({0, blocks, 0, NumElements(stored.chunk_sizes)});
     slot.zero_copy = true;
+    slot.buffer_bytes = 0;
     slot.target = static_cast<std::byte*>(stored.dests.front().data());
     return absl::OkStatus();
   }
   for (const ReadPiece& piece :
        PlanPieces(stored, block_size, options.piece_bytes)) {
-    ReadSlot& slot = add(piece);
-    slot.buffer_bytes = slot.end - slot.begin;
+    add(piece);
   }
   if (*stored.pieces_left == 0) {  // Only empty boxes: nothing to read.
     for (size_t u = 0; u < stored.uses.size(); ++u) {
@@ -96,8 +112,8 @@ absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
   DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
                        files.Get(slot.stored->info->relative_path));
   slot.file = entry->file.get();
-  const int64_t offset = slot.stored->info->offset + slot.begin;
-  const int64_t length = slot.end - slot.begin;
+  const int64_t offset = slot.stored->info->offset + slot.io_begin;
+  const int64_t length = slot.io_end - slot.io_begin;
   if (length == 0) return absl::OkStatus();
   if (slot.zero_copy) {
     if (!direct) {
@@ -129,14 +145,51 @@ absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
   return absl::OkStatus();
 }
 
-// Verifies what was read into `slot` and hands it to the planner: bytes
-// whole, tensor boxes piece by piece; the item's last piece commits each
-// tensor use (device ones are committed after the staging's flush).
+// Decodes the verified stored blocks of an encoded `slot` into a raw bounce
+// buffer and points slot.target at it. kDataLoss naming the item, the file
+// and the block's offset for a block that does not decode.
+absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
+                        BounceMeter& meter) {
+  const StoredItem& stored = *slot.stored;
+  const StorageInfo& info = *stored.info;
+  slot.decoded = std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
+  std::vector<std::byte> scratch;
+  for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
+    const int64_t raw_start = b * block_size;
+    const int64_t raw_size = std::min(block_size, info.raw_length - raw_start);
+    const int64_t start = stored.block_starts[b];
+    absl::Status status =
+        DecodeBlock(stored.decoders,
+                    {slot.target + (start - slot.io_begin),
+                     static_cast<size_t>(info.block_lengths[b])},
+                    {slot.decoded->data() + (raw_start - slot.begin),
+                     static_cast<size_t>(raw_size)},
+                    scratch);
+    if (!status.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("cannot decode ", stored.index->ToString(), ": file ",
+                       slot.file->path(), " offset ", info.offset + start,
+                       " length ", info.block_lengths[b], ": ",
+                       status.message(), "; the checkpoint is corrupt"));
+    }
+  }
+  slot.target = slot.decoded->data();
+  slot.buffer.reset();
+  return absl::OkStatus();
+}
+
+// Verifies what was read into `slot`, decodes it when it is stored through
+// extensions, and hands it to the planner: bytes whole, tensor boxes piece
+// by piece; the item's last piece commits each tensor use (device ones are
+// committed after the staging's flush).
 absl::Status FinishSlot(ReadSlot& slot, int64_t block_size,
-                        LoadPlanner& planner) {
+                        LoadPlanner& planner, BounceMeter& meter) {
   StoredItem& stored = *slot.stored;
   DCP_ASSIGN_OR_RETURN(int64_t got, AwaitSlot(slot));
   DCP_RETURN_IF_ERROR(VerifySlot(slot, got, block_size));
+  if (!stored.decoders.empty()) {
+    DCP_RETURN_IF_ERROR(DecodeSlot(slot, block_size, meter));
+  }
   if (!stored.is_tensor) {
     for (const ReadItem* item : stored.uses) {
       DCP_RETURN_IF_ERROR(planner.LoadBytes(
@@ -191,6 +244,7 @@ absl::StatusOr<const OpenFiles::Entry*> OpenFiles::Get(
 
 absl::Status CheckStoredItem(const MetadataIndex& index,
                              const StorageInfo& info, int64_t block_size,
+                             const ExtensionRegistry& extensions,
                              OpenFiles& files) {
   if (block_size <= 0 || block_size > kMaxChecksumBlockSize) {
     return absl::DataLossError(absl::StrCat("checksum_block_size ", block_size,
@@ -203,11 +257,36 @@ absl::Status CheckStoredItem(const MetadataIndex& index,
         absl::StrCat(index.ToString(), " in data file ", info.relative_path,
                      " has offset ", info.offset, " and length ", info.length));
   }
-  const int64_t blocks = ChecksumBlockCount(info.length, block_size);
+  const int64_t blocks = ChecksumBlockCount(info.RawLength(), block_size);
   if (static_cast<int64_t>(info.block_checksums.size()) != blocks) {
-    return absl::DataLossError(absl::StrCat(
-        "metadata lists ", info.block_checksums.size(), " checksums for ",
-        index.ToString(), " (", info.length, " bytes in ", blocks, " blocks)"));
+    return absl::DataLossError(
+        absl::StrCat("metadata lists ", info.block_checksums.size(),
+                     " checksums for ", index.ToString(), " (",
+                     info.RawLength(), " bytes in ", blocks, " blocks)"));
+  }
+  if (!info.extensions.empty()) {
+    // DecodeMetadata checked the record; metadata handed to SetUp by other
+    // means is checked here before the reader indexes blocks with it.
+    int64_t stored = 0;
+    bool sizes_ok = info.raw_length >= 0 &&
+                    static_cast<int64_t>(info.block_lengths.size()) == blocks;
+    for (int64_t b = 0; sizes_ok && b < blocks; ++b) {
+      const int64_t size = info.block_lengths[b];
+      sizes_ok = size > 0 &&
+                 size <= std::min(block_size, info.raw_length - b * block_size);
+      stored += size;
+    }
+    if (!sizes_ok || stored != info.length) {
+      return absl::DataLossError(
+          absl::StrCat("the extension record of ", index.ToString(),
+                       " in data file ", info.relative_path,
+                       " does not match its ", info.length, " stored bytes"));
+    }
+    DCP_RETURN_IF_ERROR(
+        Annotate(ResolveExtensions(extensions, info.extensions,
+                                   absl::StrCat("tensor ", index.ToString()))
+                     .status(),
+                 absl::StrCat("data file ", info.relative_path)));
   }
   DCP_RETURN_IF_ERROR(CheckDataFileName(info.relative_path));
   DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
@@ -234,7 +313,7 @@ absl::StatusOr<int64_t> AwaitSlot(ReadSlot& slot) {
     DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
     got.push_back(static_cast<int64_t>(n));
   }
-  const int64_t length = slot.end - slot.begin;
+  const int64_t length = slot.io_end - slot.io_begin;
   if (slot.tail != nullptr) {
     const int64_t body_got = slot.body > 0 ? got.front() : 0;
     if (body_got < slot.body) return body_got;
@@ -250,17 +329,20 @@ absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size) {
   const StoredItem& stored = *slot.stored;
   const StorageInfo& info = *stored.info;
   const std::string& file_path = slot.file->path();
-  if (got != slot.end - slot.begin) {
+  if (got != slot.io_end - slot.io_begin) {
     return absl::DataLossError(absl::StrCat(
         "data file ", file_path, " is truncated: ", stored.index->ToString(),
         " needs bytes [", info.offset, ", ", info.offset + info.length,
-        ") but the file ends at offset ", info.offset + slot.begin + got));
+        ") but the file ends at offset ", info.offset + slot.io_begin + got));
   }
   // CheckStoredItem matched the checksums to the blocks.
+  const bool encoded = !info.extensions.empty();
   for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
-    const int64_t start = b * block_size;
-    const int64_t size = std::min(block_size, info.length - start);
-    const uint64_t actual = Checksum(slot.target + (start - slot.begin), size);
+    const int64_t start = encoded ? stored.block_starts[b] : b * block_size;
+    const int64_t size = encoded ? info.block_lengths[b]
+                                 : std::min(block_size, info.length - start);
+    const uint64_t actual =
+        Checksum(slot.target + (start - slot.io_begin), size);
     if (actual != info.block_checksums[b]) {
       return absl::DataLossError(absl::StrFormat(
           "checksum mismatch in %s: file %s offset %d length %d (xxh3 %016x, "
@@ -339,7 +421,7 @@ absl::Status ReadStoredItems(
           // Keep the buffers until their reads are done.
           for (Future<size_t>& read : slot.reads) read.Wait();
         } else {
-          error.Update(FinishSlot(slot, options.block_size, planner));
+          error.Update(FinishSlot(slot, options.block_size, planner, meter));
         }
       }
     });

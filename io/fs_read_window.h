@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/future.h"
+#include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/fs_read_plan.h"
 #include "io/internal/parallel_work.h"
@@ -66,10 +67,14 @@ class OpenFiles {
 // Checks what the metadata says of the stored item `index` against what
 // backs it, before the reader allocates or reads anything for it: the
 // checksum block size is one a reader accepts, the item has one checksum
-// per block, and its data file (opened here, through `files`) holds its
-// bytes. kDataLoss naming the item and the file otherwise.
+// per block (of its raw bytes, with extensions), its extensions are ones
+// `extensions` decodes, and its data file (opened here, through `files`)
+// holds its bytes. kDataLoss naming the item and the file otherwise;
+// kFailedPrecondition naming the item and the descriptor for an extension
+// `extensions` does not know (ExtensionRegistry::Find).
 absl::Status CheckStoredItem(const MetadataIndex& index,
                              const StorageInfo& info, int64_t block_size,
+                             const ExtensionRegistry& extensions,
                              OpenFiles& files);
 
 // Bounce-buffer bytes held now and at most. Thread-safe.
@@ -101,21 +106,26 @@ class BounceBuffer {
 
 // One read on its way from a data file to the planner: a whole stored item
 // read straight into its destination (zero copy), or a piece of one (a run
-// of its checksum blocks) read into a bounce buffer, verified, and copied
-// out box by box.
+// of its checksum blocks) read into a bounce buffer, verified, decoded
+// (items stored through extensions), and copied out box by box.
 struct ReadSlot {
   StoredItem* stored = nullptr;
   File* file = nullptr;
-  // The item's checksum blocks [first_block, end_block) (bytes
-  // [begin, end) of the item), and for tensors the chunk elements
-  // [first_element, end_element) this slot delivers.
+  // The item's checksum blocks [first_block, end_block) (raw bytes
+  // [begin, end) of the item, stored as bytes [io_begin, io_end) from its
+  // offset: the same without extensions), and for tensors the chunk
+  // elements [first_element, end_element) this slot delivers.
   int64_t first_block = 0, end_block = 0;
   int64_t begin = 0, end = 0;
+  int64_t io_begin = 0, io_end = 0;
   int64_t first_element = 0, end_element = 0;
   bool zero_copy = false;
-  // Where byte `begin` lands: the destination (zero copy) or `lead` bytes
-  // into `buffer` (O_DIRECT reads start at an aligned offset).
+  // Where stored byte `io_begin` lands: the destination (zero copy) or
+  // `lead` bytes into `buffer` (O_DIRECT reads start at an aligned offset).
+  // Once an encoded slot is decoded: where raw byte `begin` is, in
+  // `decoded`.
   std::byte* target = nullptr;
+  std::unique_ptr<BounceBuffer> decoded;
   std::unique_ptr<BounceBuffer> buffer;
   int64_t lead = 0;
   // Zero copy with O_DIRECT: the aligned body is read in place, the last
@@ -136,6 +146,8 @@ absl::StatusOr<int64_t> AwaitSlot(ReadSlot& slot);
 absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size);
 
 struct ReadWindowOptions {
+  // Decodes items stored through extensions; not null.
+  const ExtensionRegistry* extensions = &ExtensionRegistry::Default();
   bool direct = true;        // Data files are opened with O_DIRECT.
   int64_t block_size = 0;    // Metadata::checksum_block_size.
   int64_t window_bytes = 1;  // Bounce bytes per window (at least one slot).

@@ -35,6 +35,7 @@ struct Fixture {
     slot.end_block = ChecksumBlocks();
     slot.begin = 0;
     slot.end = length;
+    slot.io_end = length;  // Stored as it is: the same bytes.
     slot.target = data.data();
   }
   int64_t ChecksumBlocks() const { return (info.length + kBlock - 1) / kBlock; }
