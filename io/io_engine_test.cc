@@ -21,6 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/fault_injection.h"
@@ -556,11 +558,14 @@ TEST(UringEngineTest, RingsAreCappedAndSharedBeyondMaxRings) {
       absl::StatusCode::kInvalidArgument);
 }
 
-// A File over a real one that reports its writes: how many run at once
-// (each holds the file for a millisecond, so overlap is seen), the most at
-// once, and their offsets in the order they started. `direct` is what
-// direct() reports: the POSIX engine serializes buffered writes per file
-// only.
+// A File over a real one that reports its writes: how many run at once,
+// the most at once, and their offsets in the order they started. `direct`
+// is what direct() reports: the POSIX engine serializes buffered writes per
+// file only. The first write to the file holds until a second write runs
+// beside it on a file sharing `shared` (this one, or another), so that
+// writes an engine runs in parallel are seen to overlap whatever the
+// machine's load; the hold ends after kOverlapBound without one (a
+// serializing engine), which only bounds the wait.
 class ProbedFile final : public File {
  public:
   ProbedFile(std::unique_ptr<File> base, bool direct, std::atomic<int>* shared)
@@ -577,7 +582,12 @@ class ProbedFile final : public File {
       max_shared_ = std::max(max_shared_, all);
       starts_.push_back(offset);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!held_.exchange(true)) {
+      const absl::Time until = absl::Now() + kOverlapBound;
+      while (shared_->load() < 2 && absl::Now() < until) {
+        std::this_thread::yield();
+      }
+    }
     absl::Status status = base_->PWrite(offset, data);
     --*shared_;
     --running_;
@@ -620,8 +630,10 @@ class ProbedFile final : public File {
  private:
   std::unique_ptr<File> base_;
   const bool direct_;
+  static constexpr absl::Duration kOverlapBound = absl::Seconds(10);
   std::atomic<int>* shared_;
   std::atomic<int> running_{0};
+  std::atomic<bool> held_{false};  // The first write has held.
   absl::Mutex mu_;
   int max_running_ = 0;
   int max_shared_ = 0;
