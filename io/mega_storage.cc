@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -463,20 +464,29 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
         writer.Append(reinterpret_cast<const std::byte*>(placeholder.data()),
                       static_cast<int64_t>(placeholder.size()));
     if (!on_device) {
-      for (size_t i = 0; i < n && status.ok(); ++i) {
-        const std::byte* bytes;
+      std::vector<const std::byte*> bytes(n);
+      for (size_t i = 0; i < n; ++i) {
         if (const Tensor* t = std::get_if<Tensor>(&data[i])) {
-          bytes = static_cast<const std::byte*>(t->data());
+          bytes[i] = static_cast<const std::byte*>(t->data());
         } else {
-          bytes = reinterpret_cast<const std::byte*>(
+          bytes[i] = reinterpret_cast<const std::byte*>(
               std::get<std::string>(data[i]).data());
         }
-        sums[i].Update(bytes, header.entries[i].length);
+      }
+      // Host memory stays as it is: its checksums are computed on a thread
+      // of their own while the writes are issued.
+      std::thread hasher([&] {
+        for (size_t i = 0; i < n; ++i) {
+          sums[i].Update(bytes[i], header.entries[i].length);
+        }
+      });
+      for (size_t i = 0; i < n && status.ok(); ++i) {
         status = pad_to(i);
         if (status.ok()) {
-          status = writer.Append(bytes, header.entries[i].length);
+          status = writer.Append(bytes[i], header.entries[i].length);
         }
       }
+      hasher.join();
     } else if (status.ok()) {
       // Every value goes through the staging pool in file order; each
       // piece is written from its pinned chunk, which returns to the pool
