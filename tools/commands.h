@@ -22,6 +22,8 @@ struct DemoFlags {
   std::string mode = "roundtrip";
   bool json = false;
   bool cold_load = true;
+  // ParseCompression's syntax (io/extensions.h): none, zstd, zstd:LEVEL.
+  std::string compression = "none";
 };
 
 // Parses "1GiB", "256MiB", "1.5TiB", "4G", "1000000" (bytes): digits, an

@@ -32,6 +32,11 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--mode", demo.mode, "roundtrip | save | load")
       ->check(CLI::IsMember({"roundtrip", "save", "load"}));
   demo_cmd->add_flag("--json", demo.json, "Print one JSON object");
+  demo_cmd
+      ->add_option("--compression", demo.compression,
+                   "none | zstd | zstd:LEVEL (stream extension of the "
+                   "saved tensors)")
+      ->capture_default_str();
   demo_cmd->add_flag("!--warm-load", demo.cold_load,
                      "Load from the page cache instead of dropping the "
                      "checkpoint's pages first");

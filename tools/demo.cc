@@ -226,6 +226,8 @@ absl::StatusOr<DemoResult> Combine(comm::ProcessGroup* group,
 
 absl::Status RunDemo(const DemoFlags& flags) {
   DCP_ASSIGN_OR_RETURN(const uint64_t seed, ParseSeed(flags.seed));
+  DCP_ASSIGN_OR_RETURN(const ExtensionChain compression,
+                       ParseCompression(flags.compression));
   int64_t size = kDefaultDemoBytes;
   if (!flags.size.empty()) {
     DCP_ASSIGN_OR_RETURN(size, ParseSize(flags.size));
@@ -285,6 +287,10 @@ absl::Status RunDemo(const DemoFlags& flags) {
       SaveOptions save;
       save.checkpoint_id = dir;
       save.process_group = group.get();
+      FileSystemWriterOptions writer_options;
+      writer_options.extensions = compression;
+      FileSystemWriter writer(dir, writer_options);
+      if (!compression.empty()) save.storage_writer = &writer;
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<Metadata> metadata = Save(expected, save);
       mine.save_seconds = Seconds(start);
@@ -335,12 +341,13 @@ absl::Status RunDemo(const DemoFlags& flags) {
         "\"file_bytes\": %lld, \"save_seconds\": %.6f, "
         "\"load_seconds\": %.6f, \"save_gbps\": %.4f, "
         "\"load_gbps\": %.4f, \"verified\": %s, \"mode\": \"%s\", "
-        "\"cold_load\": %s}\n",
+        "\"cold_load\": %s, \"compression\": \"%s\"}\n",
         static_cast<long long>(total.bytes), world_size,
         static_cast<long long>(stats.files),
         static_cast<long long>(stats.bytes), total.save_seconds,
         total.load_seconds, save_gbps, load_gbps, do_load ? "true" : "null",
-        flags.mode.c_str(), flags.cold_load ? "true" : "false");
+        flags.mode.c_str(), flags.cold_load ? "true" : "false",
+        flags.compression.c_str());
     return absl::OkStatus();
   }
   std::printf("dcp demo (%s, %d rank%s, dir %s%s)\n", flags.mode.c_str(),
@@ -349,9 +356,9 @@ absl::Status RunDemo(const DemoFlags& flags) {
   std::printf("  %-22s %s\n", "machine", MachineSummary(machine).c_str());
   std::printf("  %-22s %s\n", "state bytes",
               absl::StrFormat("%d (%.3f GB)", total.bytes, gb).c_str());
-  std::printf("  %-22s %lld files, %lld bytes\n", "checkpoint",
+  std::printf("  %-22s %lld files, %lld bytes (compression %s)\n", "checkpoint",
               static_cast<long long>(stats.files),
-              static_cast<long long>(stats.bytes));
+              static_cast<long long>(stats.bytes), flags.compression.c_str());
   if (do_save) {
     std::printf("  %-22s %.3f s  %.3f GB/s\n", "save", total.save_seconds,
                 save_gbps);

@@ -131,6 +131,25 @@ TEST(RunDemoTest, LoadTakesTheSizeFromTheCheckpoint) {
   EXPECT_EQ(RunDemo(load).code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(RunDemoTest, CompressionRoundTripsAndInspectShowsTheExtension) {
+  const std::string dir = NewTestDir("demo_zstd");
+  DemoFlags flags = Flags(dir, "roundtrip", "3MiB");
+  flags.compression = "zstd:1";
+  ASSERT_TRUE(RunDemo(flags).ok());  // Loads and checks every byte.
+  ::testing::internal::CaptureStdout();
+  absl::Status inspected = RunInspect(dir);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(inspected.ok()) << inspected;
+  EXPECT_THAT(out, HasSubstr("format dcp-2"));
+  EXPECT_THAT(out, HasSubstr("zstd/1.0 ratio "));
+  EXPECT_TRUE(RunVerify(dir).ok());
+
+  flags.compression = "zstd:99";
+  absl::Status status = RunDemo(flags);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("zstd level"));
+}
+
 TEST(RunDemoTest, LoadWithoutSizeNeedsADemoCheckpoint) {
   const std::string dir = NewTestDir("demo_load_other");
   ASSERT_TRUE(

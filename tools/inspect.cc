@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/checksum.h"
 #include "core/status.h"
@@ -45,8 +46,10 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
                                     File& file, int64_t file_size,
                                     std::string& buffer,
                                     int64_t& bytes_checked) {
-  // DecodeMetadata bounded block and offset + length.
-  const int64_t expected_blocks = ChecksumBlockCount(info.length, block);
+  // DecodeMetadata bounded block and offset + length, and checked the
+  // stored block sizes of an item stored through extensions.
+  const bool encoded = !info.extensions.empty();
+  const int64_t expected_blocks = ChecksumBlockCount(info.RawLength(), block);
   if (static_cast<int64_t>(info.block_checksums.size()) != expected_blocks) {
     return {absl::StrCat(index.ToString(), ": metadata has ",
                          info.block_checksums.size(),
@@ -59,9 +62,12 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
                          "), the file ends at ", file_size)};
   }
   std::vector<std::string> problems;
+  int64_t stored_start = 0;  // Of block b, with extensions.
   for (int64_t b = 0; b < expected_blocks; ++b) {
-    const int64_t start = b * block;
-    const int64_t size = std::min(block, info.length - start);
+    const int64_t start = encoded ? stored_start : b * block;
+    const int64_t size =
+        encoded ? info.block_lengths[b] : std::min(block, info.length - start);
+    stored_start += size;
     StreamingChecksum sum;
     for (int64_t done = 0; done < size;) {
       buffer.resize(std::min(kVerifyPieceBytes, size - done));
@@ -100,7 +106,20 @@ absl::Status RunInspect(const std::string& dir) {
     std::printf("save id %s\n", metadata.storage_meta->save_id.c_str());
   }
   std::map<std::string, int64_t> file_bytes;
+  // Tensors stored through extensions: their descriptors, raw and stored
+  // bytes.
+  struct Encoded {
+    std::string extensions;
+    int64_t raw = 0, stored = 0;
+  };
+  std::map<std::string, Encoded> encoded;
   for (const auto& [index, info] : metadata.storage_data) {
+    if (!info.extensions.empty()) {
+      Encoded& e = encoded[index.fqn];
+      e.extensions = absl::StrJoin(info.extensions, "+");
+      e.raw += info.raw_length;
+      e.stored += info.length;
+    }
     int64_t& total = file_bytes[info.relative_path];
     // Lengths are non-negative (DecodeMetadata); a crafted sum saturates.
     if (__builtin_add_overflow(total, info.length, &total)) total = INT64_MAX;
@@ -108,9 +127,19 @@ absl::Status RunInspect(const std::string& dir) {
   std::printf("\n%-48s %-6s %-20s %s\n", "key", "dtype", "shape", "chunks");
   for (const auto& [name, entry] : metadata.state_dict_metadata) {
     if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
-      std::printf("%-48s %-6s %-20s %zu\n", name.c_str(),
-                  std::string(DTypeName(t->properties.dtype)).c_str(),
-                  ShapeToString(t->size).c_str(), t->chunks.size());
+      auto e = encoded.find(name);
+      std::printf(
+          "%-48s %-6s %-20s %zu%s\n", name.c_str(),
+          std::string(DTypeName(t->properties.dtype)).c_str(),
+          ShapeToString(t->size).c_str(), t->chunks.size(),
+          e == encoded.end()
+              ? ""
+              : absl::StrFormat("  %s ratio %.2f", e->second.extensions,
+                                e->second.stored > 0
+                                    ? static_cast<double>(e->second.raw) /
+                                          static_cast<double>(e->second.stored)
+                                    : 1.0)
+                    .c_str());
       if (t->chunks.size() > 1) {
         for (const ChunkStorageMetadata& chunk : t->chunks) {
           std::printf("    %s\n", ChunkToString(chunk).c_str());
