@@ -54,8 +54,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "bench/coord/netns.h"
 #include "comm/process_group_factory.h"
 #include "core/state_dict.h"
+#include "core/status.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
 #include "io/storage.h"
@@ -174,19 +176,28 @@ StateDict MakeRankState(int rank, int world, const Config& config) {
 
 // One rank's body: joins the group, saves, writes one JSON line per save to
 // `out`. Returns the process exit code.
-int RankMain(int rank, int world, const std::string& root,
-             const Config& config) {
+int RankMain(int rank, int world, const std::string& root, const Config& config,
+             const NetworkNamespaces* namespaces, int node) {
   comm::RendezvousInfo info;
   info.rank = rank;
   info.world_size = world;
+  if (namespaces != nullptr) {
+    if (absl::Status s = namespaces->Enter(node); !s.ok()) {
+      std::fprintf(stderr, "[rank %d] %s\n", rank, s.ToString().c_str());
+      return 1;
+    }
+    info.listen_address = NetworkNamespaces::Address(node);
+  }
   info.store =
       comm::StoreAddress{comm::StoreAddress::Kind::kFile, root + "/rendezvous"};
   comm::ProcessGroupOptions group_options;
   group_options.backend = comm::Backend::kGloo;
   group_options.timeout = config.timeout;
   group_options.connect_timeout = config.timeout;
+  const int64_t join_start_ns = NowNs();
   absl::StatusOr<std::unique_ptr<comm::ProcessGroup>> group =
       comm::CreateProcessGroup(info, group_options);
+  const int64_t joined_ns = NowNs();
   if (!group.ok()) {
     std::fprintf(stderr, "[rank %d] join: %s\n", rank,
                  group.status().ToString().c_str());
@@ -219,6 +230,8 @@ int RankMain(int rank, int world, const std::string& root,
         return 1;
       }
       nlohmann::json line = {{"cached", cached},
+                             {"join_start_ns", join_start_ns},
+                             {"joined_ns", joined_ns},
                              {"save", s},
                              {"start_ns", start_ns},
                              {"end_ns", end_ns},
@@ -240,7 +253,7 @@ int RankMain(int rank, int world, const std::string& root,
 // Forks `world` ranks and waits (killing them all after `deadline`). Returns
 // true when every rank exited 0.
 bool RunRanks(int world, const std::string& root, const Config& config,
-              absl::Duration deadline) {
+              const NetworkNamespaces* namespaces, absl::Duration deadline) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids;
@@ -252,7 +265,9 @@ bool RunRanks(int world, const std::string& root, const Config& config,
       return false;
     }
     if (pid == 0) {
-      const int rc = RankMain(r, world, root, config);
+      const int node =
+          namespaces == nullptr ? 0 : r * namespaces->nodes() / world;
+      const int rc = RankMain(r, world, root, config, namespaces, node);
       std::fflush(nullptr);
       ::_exit(rc);
     }
@@ -366,7 +381,9 @@ ModeSummary Summarize(const std::vector<SaveSummary>& saves, bool skip_first) {
 
 // Reads the ranks' JSON lines into per-mode, per-save summaries.
 absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> Collect(
-    int world, const std::string& root, const Config& config) {
+    int world, const std::string& root, const Config& config,
+    double* rendezvous_ms) {
+  int64_t join_start_ns = INT64_MAX, joined_ns = 0;
   std::map<bool, std::vector<SaveSummary>> out;
   out[false].resize(config.saves);
   out[true].resize(config.saves);
@@ -376,6 +393,9 @@ absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> Collect(
     int lines = 0;
     while (std::getline(in, line)) {
       const nlohmann::json j = nlohmann::json::parse(line);
+      join_start_ns =
+          std::min(join_start_ns, j["join_start_ns"].get<int64_t>());
+      joined_ns = std::max(joined_ns, j["joined_ns"].get<int64_t>());
       SaveSummary& s = out[j["cached"].get<bool>()].at(j["save"].get<int>());
       s.start_ns = std::min(s.start_ns, j["start_ns"].get<int64_t>());
       s.end_ns = std::max(s.end_ns, j["end_ns"].get<int64_t>());
@@ -397,6 +417,7 @@ absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> Collect(
                                               2 * config.saves));
     }
   }
+  *rendezvous_ms = SaveSummary::Ms(joined_ns - join_start_ns);
   return out;
 }
 
@@ -422,50 +443,65 @@ absl::Status RunCoordBench(const CoordBenchFlags& config) {
     std::printf(
         "coordination per save (plan exchange + commit, data writes "
         "excluded), median of %d saves; %d items x %d B per rank; Gloo tcp "
-        "on 127.0.0.1, %u cores\n",
+        "on 127.0.0.1 (1 node) or over veth pairs and a bridge between "
+        "network namespaces (N nodes), %u cores\n",
         config.saves, config.items, config.item_bytes,
         std::thread::hardware_concurrency());
-    std::printf("%5s %7s %9s %8s %9s %9s %9s %9s %10s %10s %7s\n", "ranks",
-                "caching", "coord ms", "plan ms", "finish ms", "commit ms",
-                "writes ms", "total ms", "plans up B", "plans dn B", "meta B");
+    std::printf("%5s %5s %7s %7s %9s %8s %9s %9s %9s %9s %10s %10s %7s\n",
+                "ranks", "nodes", "join ms", "caching", "coord ms", "plan ms",
+                "finish ms", "commit ms", "writes ms", "total ms", "plans up B",
+                "plans dn B", "meta B");
   }
-  for (int world : ranks) {
-    const std::string dir = absl::StrCat(root, "/n", world);
-    fs::create_directories(dir + "/rendezvous");
-    if (!RunRanks(world, dir, config, absl::Minutes(5))) {
-      std::error_code ec;
-      fs::remove_all(root, ec);
-      return absl::InternalError(
-          absl::StrCat("coord bench: a rank failed or hung with ", world,
-                       " ranks (its message is on stderr)"));
+  for (int nodes : config.nodes) {
+    std::unique_ptr<NetworkNamespaces> namespaces;
+    if (nodes > 1) {
+      namespaces = std::make_unique<NetworkNamespaces>(nodes);
+      DCP_RETURN_IF_ERROR(namespaces->Make());
     }
-    absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> saves =
-        Collect(world, dir, config);
-    if (!saves.ok()) return saves.status();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    for (bool cached : {false, true}) {
-      // The first cached save fills the cache: report it apart.
-      const ModeSummary m = Summarize((*saves)[cached], cached);
-      rows.push_back({{"ranks", world},
-                      {"plan_caching", cached},
-                      {"coordination_ms", m.coordination_ms},
-                      {"plan_ms", m.plan_ms},
-                      {"finish_ms", m.finish_ms},
-                      {"first_save_coordination_ms", m.first_coordination_ms},
-                      {"commit_ms", m.commit_ms},
-                      {"write_ms", m.write_ms},
-                      {"total_ms", m.total_ms},
-                      {"saves_counted", m.counted},
-                      {"plan_bytes_up", m.plan_bytes_up},
-                      {"plan_bytes_down", m.plan_bytes_down},
-                      {"metadata_bytes", m.metadata_bytes}});
-      if (!json) {
-        std::printf(
-            "%5d %7s %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %10zu %10zu %7zu\n",
-            world, cached ? "on" : "off", m.coordination_ms, m.plan_ms,
-            m.finish_ms, m.commit_ms, m.write_ms, m.total_ms, m.plan_bytes_up,
-            m.plan_bytes_down, m.metadata_bytes);
+    for (int world : ranks) {
+      if (world < nodes) continue;
+      const std::string dir = absl::StrCat(root, "/n", world, "-", nodes);
+      fs::create_directories(dir + "/rendezvous");
+      if (!RunRanks(world, dir, config, namespaces.get(), absl::Minutes(5))) {
+        std::error_code ec;
+        fs::remove_all(root, ec);
+        return absl::InternalError(absl::StrCat(
+            "coord bench: a rank failed or hung with ", world, " ranks on ",
+            nodes, " nodes (its message is on stderr)"));
+      }
+      double rendezvous_ms = 0;
+      absl::StatusOr<std::map<bool, std::vector<SaveSummary>>> saves =
+          Collect(world, dir, config, &rendezvous_ms);
+      if (!saves.ok()) return saves.status();
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      for (bool cached : {false, true}) {
+        // The first cached save fills the cache: report it apart.
+        const ModeSummary m = Summarize((*saves)[cached], cached);
+        rows.push_back({{"ranks", world},
+                        {"nodes", nodes},
+                        {"rendezvous_ms", rendezvous_ms},
+                        {"plan_caching", cached},
+                        {"coordination_ms", m.coordination_ms},
+                        {"plan_ms", m.plan_ms},
+                        {"finish_ms", m.finish_ms},
+                        {"first_save_coordination_ms", m.first_coordination_ms},
+                        {"commit_ms", m.commit_ms},
+                        {"write_ms", m.write_ms},
+                        {"total_ms", m.total_ms},
+                        {"saves_counted", m.counted},
+                        {"plan_bytes_up", m.plan_bytes_up},
+                        {"plan_bytes_down", m.plan_bytes_down},
+                        {"metadata_bytes", m.metadata_bytes}});
+        if (!json) {
+          std::printf(
+              "%5d %5d %7.1f %7s %9.2f %8.2f %9.2f %9.2f %9.2f %9.2f %10zu "
+              "%10zu %7zu\n",
+              world, nodes, rendezvous_ms, cached ? "on" : "off",
+              m.coordination_ms, m.plan_ms, m.finish_ms, m.commit_ms,
+              m.write_ms, m.total_ms, m.plan_bytes_up, m.plan_bytes_down,
+              m.metadata_bytes);
+        }
       }
     }
   }
@@ -480,7 +516,12 @@ absl::Status RunCoordBench(const CoordBenchFlags& config) {
         "rank finishing WriteData to last rank returning); the window in "
         "which any rank wrote data (writes_ms) is excluded; median over "
         "saves; the cached mode leaves out its first (cache-filling) save";
-    out["transport"] = "gloo tcp 127.0.0.1, FileStore rendezvous";
+    out["transport"] =
+        "gloo tcp: 127.0.0.1 for 1 node; for N nodes, network namespaces "
+        "joined by veth pairs to a bridge (10.77.0.x); FileStore rendezvous";
+    out["rendezvous_ms"] =
+        "first rank starting to join to the last rank joined (group "
+        "creation: generation, Gloo mesh, joined barrier)";
     out["cores"] = std::thread::hardware_concurrency();
     out["items_per_rank"] = config.items;
     out["item_bytes"] = config.item_bytes;

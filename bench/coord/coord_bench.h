@@ -15,6 +15,12 @@ namespace dcp {
 struct CoordBenchFlags {
   // Rank counts to measure, each in its own set of forked processes.
   std::vector<int> ranks = {2, 4, 8, 16};
+  // "Node" counts to spread the ranks over: 1 runs every rank on
+  // 127.0.0.1; N > 1 makes N network namespaces joined by a bridge
+  // (bench/coord/netns.h; needs root) and puts contiguous blocks of ranks
+  // in each, listening on its node's address. Rank counts below N are
+  // skipped for it.
+  std::vector<int> nodes = {1};
   // The tiny per-rank state: `items` tensors of `item_bytes` each.
   int items = 64;
   int item_bytes = 1024;
@@ -29,10 +35,13 @@ struct CoordBenchFlags {
   absl::Duration timeout = absl::Seconds(60);
 };
 
-// Forks the ranks, measures, prints the table or JSON to stdout. Must be
+// Forks the ranks, measures (rendezvous: first rank starting to join to
+// last rank joined; then each save's coordination), prints the table or
+// JSON to stdout. Must be
 // called from a single-threaded process (it forks). kInvalidArgument for a
 // rank count below 1; kInternal when a rank fails or hangs (the rank's own
-// error is on stderr); kDataLoss when a rank's report is incomplete.
+// error is on stderr); kDataLoss when a rank's report is incomplete;
+// kFailedPrecondition when namespaces cannot be made.
 absl::Status RunCoordBench(const CoordBenchFlags& flags);
 
 }  // namespace dcp

@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
   app.add_option("--ranks,-n", flags.ranks, "rank counts, e.g. 2,4,8,16")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
+  app.add_option("--nodes", flags.nodes,
+                 "node counts, e.g. 1,2,4 (N > 1: network namespaces, root)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   app.add_option("--items", flags.items, "tensors per rank")
       ->check(CLI::Range(1, 1000000));
   app.add_option("--item_bytes", flags.item_bytes, "bytes per tensor")

@@ -12,6 +12,8 @@
 //     launchers exit non-zero, the previous checkpoint still loads.
 // The test makes its namespaces and removes them afterwards; it skips,
 // saying why, where namespaces cannot be made (not root, no `ip`).
+#include "bench/coord/netns.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -38,97 +40,13 @@ namespace {
 
 constexpr int kNodes = 3;
 
-// Runs `command` through the shell; its exit code, and its output in *out.
-int Shell(const std::string& command, std::string* out = nullptr) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  std::string text;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;)
-    text.append(buf, n);
-  const int status = pclose(pipe);
-  if (out != nullptr) *out = text;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using Namespaces = NetworkNamespaces;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-// Three node namespaces and a bridge namespace, named after this process.
-class Namespaces {
- public:
-  Namespaces() : tag_(absl::StrCat("dcp", getpid())) {}
-  ~Namespaces() {
-    for (const std::string& ns : made_) Shell("ip netns del " + ns);
-  }
-
-  // Makes them; false with the reason in *why_not.
-  bool Make(std::string* why_not) {
-    if (geteuid() != 0) {
-      *why_not = "network namespaces need root";
-      return false;
-    }
-    std::string out;
-    if (Shell("ip -V", &out) != 0) {
-      *why_not = "the `ip` tool (iproute2) is not installed: " + out;
-      return false;
-    }
-    const std::string bridge = Bridge();
-    std::vector<std::string> steps = {
-        "ip netns add " + bridge,
-        "ip -n " + bridge + " link add br0 type bridge",
-        "ip -n " + bridge + " link set br0 up",
-    };
-    for (int i = 0; i < kNodes; ++i) {
-      const std::string node = Node(i);
-      const std::string veth = absl::StrCat("v", i),
-                        peer = absl::StrCat("p", i);
-      steps.push_back("ip netns add " + node);
-      steps.push_back(absl::StrCat("ip -n ", node, " link add ", veth,
-                                   " type veth peer name ", peer, " netns ",
-                                   bridge));
-      steps.push_back(
-          absl::StrCat("ip -n ", bridge, " link set ", peer, " master br0"));
-      steps.push_back(
-          absl::StrCat("ip -n ", bridge, " link set ", peer, " up"));
-      steps.push_back(absl::StrCat("ip -n ", node, " addr add ", Address(i),
-                                   "/24 dev ", veth));
-      steps.push_back(absl::StrCat("ip -n ", node, " link set ", veth, " up"));
-      steps.push_back(absl::StrCat("ip -n ", node, " link set lo up"));
-    }
-    for (const std::string& step : steps) {
-      if (Shell(step, &out) != 0) {
-        *why_not = absl::StrCat("cannot make network namespaces (`", step,
-                                "`): ", out);
-        return false;
-      }
-      if (step.rfind("ip netns add ", 0) == 0) made_.push_back(step.substr(13));
-    }
-    return true;
-  }
-
-  std::string Node(int i) const { return absl::StrCat(tag_, "n", i); }
-  std::string Bridge() const { return tag_ + "b"; }
-  static std::string Address(int i) { return absl::StrCat("10.77.0.", i + 1); }
-
- private:
-  const std::string tag_;
-  std::vector<std::string> made_;
-};
-
-// Enters namespace `ns` (in a child process). 0, or an error code.
-int EnterNamespace(const std::string& ns) {
-  const int fd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-    std::perror(("setns " + ns).c_str());
-    return 90;
-  }
-  close(fd);
-  return 0;
 }
 
 // redis-server in node 0's namespace, on node 0's address.
@@ -151,7 +69,7 @@ class NamespacedRedis {
     std::fflush(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
-      if (EnterNamespace(ns_.Node(0)) != 0) _exit(90);
+      if (!ns_.Enter(0).ok()) _exit(90);
       const int null_fd = open("/dev/null", O_WRONLY);
       dup2(null_fd, STDOUT_FILENO);
       // Protected mode refuses peers off loopback; this server is reachable
@@ -169,7 +87,7 @@ class NamespacedRedis {
                      Namespaces::Address(0), " ping");
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
     std::string out;
-    while (Shell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
+    while (RunShell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
       if (absl::Now() > deadline) {
         *why_not = "redis in the namespace did not answer: " + out;
         return false;
@@ -197,7 +115,10 @@ int RunNode(const Namespaces& ns, int node, int nodes, int per_node,
             const std::string& rendezvous, const std::string& mode,
             const std::string& checkpoint, bool by_interface,
             const std::string& job_id, int out_fd = 1, int err_fd = 2) {
-  if (int rc = EnterNamespace(ns.Node(node))) return rc;
+  if (absl::Status s = ns.Enter(node); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 90;
+  }
   if (by_interface) {
     unsetenv("DCP_COMM_ADDR");
     setenv("DCP_SOCKET_IFNAME", absl::StrCat("v", node).c_str(), 1);
@@ -247,10 +168,9 @@ void RunJob(const Namespaces& ns, int nodes, int per_node,
 class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why_not;
-    if (!ns_.Make(&why_not)) GTEST_SKIP() << why_not;
+    if (absl::Status s = ns_.Make(); !s.ok()) GTEST_SKIP() << s.message();
   }
-  Namespaces ns_;
+  Namespaces ns_{kNodes};
 };
 
 TEST_F(NetnsTest, TwoByTwoSaveThreeByOneLoadOverRedis) {
@@ -313,8 +233,8 @@ TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
               open(absl::StrCat(gate, "/rank", rank).c_str(), O_WRONLY));
         }
         std::string out;
-        if (Shell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 down"),
-                  &out) != 0) {
+        if (RunShell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 down"),
+                     &out) != 0) {
           std::fprintf(stderr, "cannot cut the link: %s\n", out.c_str());
           return 1;
         }
@@ -364,7 +284,8 @@ TEST_F(NetnsTest, LinkCutMidSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
     EXPECT_GE(reports, 1) << "node " << node << ": " << err;
     std::fprintf(stderr, "node %d:\n%s\n", node, err.c_str());
   }
-  ASSERT_EQ(Shell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 up")), 0);
+  ASSERT_EQ(RunShell(absl::StrCat("ip -n ", ns_.Node(1), " link set v1 up")),
+            0);
   RunJob(ns_, 3, 1, rendezvous, "load", checkpoint);
 }
 
