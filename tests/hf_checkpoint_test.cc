@@ -22,6 +22,7 @@
 #include "io/testing/fake_planners.h"
 #include "nlohmann/json.hpp"
 #include "planner/default_planner.h"
+#include "tests/crash_points.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -572,9 +573,10 @@ TEST(HfCheckpoint, OutOfSpaceKeepsTheOldCheckpoint) {
   EXPECT_EQ(AllFiles(dir), files);
 }
 
-// A crash (power loss) after any number of a save's operations: what the
-// disk holds then loads as the old checkpoint, the new one, or is refused
-// as an interrupted commit, which the next save completes.
+// A crash (the process killed, then the power lost) at each of a save's
+// file-system calls: what the disk holds then loads as the old checkpoint,
+// the new one, or is refused as an interrupted commit, which the next save
+// completes.
 TEST(HfCheckpoint, ACrashAtAnyPointIsRecovered) {
   const StateDict old_state = SmallState(1), new_state = SmallState(80);
   auto planner_of = [](const StateDict& state) {
@@ -583,39 +585,34 @@ TEST(HfCheckpoint, ACrashAtAnyPointIsRecovered) {
       planner.AddTensor(key, value.tensor());
     return planner;
   };
+  HuggingFaceStorageWriterOptions options;
+  options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}, {"c", 2}};
+  options.direct_io = false;  // The crash model drops unsynced bytes.
+  std::string dir;
+  auto prepare = [&] {
+    dir = MakeTempDir("hf_crash");
+    HuggingFaceStorageWriter writer(dir, options);
+    testing::FakeSavePlanner planner = planner_of(old_state);
+    ASSERT_TRUE(testing::SaveOneRank(writer, planner).ok());
+  };
+  auto save = [&](FileSystemBase& fs) {
+    HuggingFaceStorageWriterOptions faulty = options;
+    faulty.file_system = &fs;
+    HuggingFaceStorageWriter writer(dir, faulty);
+    testing::FakeSavePlanner planner = planner_of(new_state);
+    // No Abort: the process is gone.
+    return testing::SaveOneRank(writer, planner, /*abort_on_failure=*/false);
+  };
   int refused = 0, old_seen = 0, new_seen = 0;
-  for (int64_t nth = 1;; ++nth) {
-    const std::string dir = MakeTempDir("hf_crash");
-    FaultInjectionFileSystem faulty(LocalFileSystem());
-    HuggingFaceStorageWriterOptions options;
-    options.file_system = &faulty;
-    options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}, {"c", 2}};
-    options.direct_io = false;  // The crash model drops unsynced bytes.
-    {
-      HuggingFaceStorageWriter writer(dir, options);
-      testing::FakeSavePlanner planner = planner_of(old_state);
-      ASSERT_TRUE(testing::SaveOneRank(writer, planner).ok());
+  auto check = [&](const testing::CrashPoint& point) {
+    if (point.completed) {
+      ASSERT_TRUE(point.status.ok()) << point.status;
     }
-    bool completed = false;
-    {
-      HuggingFaceStorageWriter writer(dir, options);
-      testing::FakeSavePlanner planner = planner_of(new_state);
-      const int64_t before = faulty.calls(FaultOp::kAny);
-      faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
-      // No Abort: the process is gone.
-      completed = testing::SaveOneRank(writer, planner,
-                                       /*abort_on_failure=*/false)
-                      .ok() &&
-                  faulty.calls(FaultOp::kAny) - before < nth;
-    }
-    faulty.ClearFaults();
-    faulty.SimulateCrash();
-    if (completed) break;
     StateDict loaded = ZerosLike(old_state);
     absl::Status status = LoadHf(dir, loaded);
     if (!status.ok()) {
       EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition)
-          << "crash after call " << nth << ": " << status;
+          << "crash at call " << point.call << ": " << status;
       EXPECT_THAT(status.message(), HasSubstr(kHfCommitJournalName));
       ++refused;
       // The next save's SetUp completes the commit.
@@ -625,10 +622,11 @@ TEST(HfCheckpoint, ACrashAtAnyPointIsRecovered) {
     }
     const bool is_old = LoadsAs(dir, old_state);
     const bool is_new = LoadsAs(dir, new_state);
-    EXPECT_TRUE(is_old || is_new) << "crash after call " << nth;
+    EXPECT_TRUE(is_old || is_new) << "crash at call " << point.call;
     old_seen += is_old;
     new_seen += is_new;
-  }
+  };
+  testing::ForEachCrashPoint(prepare, save, check);
   EXPECT_GT(refused, 0);
   EXPECT_GT(old_seen, 0);
   EXPECT_GT(new_seen, 0);
