@@ -40,6 +40,8 @@
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
 #include "io/hf_storage.h"
+#include "io/mega_storage.h"
+#include "io/storage_registry.h"
 #include "planner/default_planner.h"
 
 namespace dcp::capi {
@@ -455,8 +457,13 @@ absl::StatusOr<std::unique_ptr<SaveJob>> PrepareSave(
           "a save needs dcp_save_options_t.checkpoint_id (a directory) or "
           "storage_writer");
     }
+    // The storage the id names (io/storage_registry.h): native for a
+    // path, MEGA for mega://DIR.
+    DCP_ASSIGN_OR_RETURN(
+        std::unique_ptr<StorageWriter> writer,
+        StorageRegistry::Default().CreateWriter(checkpoint_id));
     job->writer = std::make_unique<ExitGatedWriter>(
-        std::make_shared<FileSystemWriter>(checkpoint_id), "");
+        std::shared_ptr<StorageWriter>(std::move(writer)), "");
   }
   options.checkpoint_id = checkpoint_id;
   options.storage_writer = job->writer.get();
@@ -1031,11 +1038,26 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
           "a load needs dcp_load_options_t.checkpoint_id (a directory) or "
           "storage_reader");
     } else {
+      // The storage the id names, or whose checkpoint the directory holds
+      // (io/storage_registry.h), sharing the staging the wait orders.
       staging = std::make_shared<dcp::DeviceStaging>();
       dcp::FileSystemReaderOptions reader_options;
       reader_options.device_staging = staging.get();
-      reader = std::make_shared<dcp::FileSystemReader>(load.checkpoint_id,
-                                                       reader_options);
+      DCP_ASSIGN_OR_RETURN(const std::string backend,
+                           dcp::StorageRegistry::Default().BackendFor(
+                               load.checkpoint_id, /*for_load=*/true));
+      if (backend == "mega") {
+        reader = std::make_shared<dcp::MegaStorageReader>(load.checkpoint_id,
+                                                          reader_options);
+      } else if (backend == "huggingface") {
+        dcp::HuggingFaceStorageReaderOptions hf_options;
+        hf_options.device_staging = staging.get();
+        reader = std::make_shared<dcp::HuggingFaceStorageReader>(
+            load.checkpoint_id, hf_options);
+      } else {
+        reader = std::make_shared<dcp::FileSystemReader>(load.checkpoint_id,
+                                                         reader_options);
+      }
     }
     // The engine points the reader at checkpoint_id (Reset) and passes the
     // wait, each rank inside the load's shared setup step.

@@ -212,8 +212,12 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
         flat.add(target)
         p.flat = flat
         p.sd = flat.build()
-        if storage_reader is None:
+        if storage_reader is None and "://" not in path and (
+                os.path.exists(os.path.join(path, ".metadata")) or
+                os.path.exists(os.path.join(path, "rank-0", ".metadata"))):
             storage_reader = FileSystemReader(path)
+        # Otherwise the library picks the storage from the id: mega://DIR,
+        # a MEGA or Hugging Face directory, else the native reader.
         if isinstance(storage_reader, FileSystemReader) and \
                 storage_reader.direct_io is None and \
                 flat.prefers_buffered_reads():
@@ -222,7 +226,8 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
             storage_reader = FileSystemReader(
                 storage_reader.path, thread_count=storage_reader.thread_count,
                 direct_io=False)
-        p.reader = storage_reader._create(path)
+        if storage_reader is not None:
+            p.reader = storage_reader._create(path)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,
