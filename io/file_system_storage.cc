@@ -27,7 +27,7 @@ using internal_fs::IsTempMetadataFileName;
 using internal_fs::ReadMetadataFile;
 using internal_io::AlignUp;
 using internal_io::FirstError;
-using internal_io::RunOnThreads;
+using internal_io::RunWorkers;
 
 // The pinned pool a reader creates for device destinations.
 constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
@@ -193,6 +193,14 @@ absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
   return staging;
 }
 
+Executor& FileSystemWriter::executor() {
+  if (options_.executor != nullptr) return *options_.executor;
+  if (owned_executor_ == nullptr) {
+    owned_executor_ = std::make_unique<ThreadPool>(options_.thread_count);
+  }
+  return *owned_executor_;
+}
+
 absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
   dir_ = path_;
@@ -334,20 +342,24 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
   const std::vector<std::vector<size_t>> assigned =
       internal_fs::AssignItemsToFiles(sizes, options_.thread_count,
                                       options_.single_file_per_rank);
-  std::vector<WriteResult> results(plan.items.size());
-  struct FileWork {
-    std::vector<const WriteItem*> items;
-    std::vector<WriteResult*> results;
+  // What the task writing the files shares with this call.
+  struct Write {
+    std::vector<WriteResult> results;
+    std::vector<std::vector<const WriteItem*>> file_items;
+    std::vector<std::vector<WriteResult*>> file_results;
+    internal_fs::DataFileContext context;
   };
-  std::vector<FileWork> files(assigned.size());
+  auto write = std::make_shared<Write>();
+  write->results.resize(plan.items.size());
+  write->file_items.resize(assigned.size());
+  write->file_results.resize(assigned.size());
   for (size_t f = 0; f < assigned.size(); ++f) {
     for (size_t i : assigned[f]) {
-      files[f].items.push_back(&plan.items[i]);
-      files[f].results.push_back(&results[i]);
+      write->file_items[f].push_back(&plan.items[i]);
+      write->file_results[f].push_back(&write->results[i]);
     }
   }
-
-  internal_fs::DataFileContext context;
+  internal_fs::DataFileContext& context = write->context;
   context.fs = fs_;
   context.engine = engine_;
   context.dir = dir_;
@@ -363,27 +375,36 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
   context.record_created = [this](const std::string& path) {
     created_->Record(path);
   };
-  FirstError error;
-  std::atomic<size_t> next{0};
-  const int threads =
-      static_cast<int>(std::min<size_t>(options_.thread_count, files.size()));
-  RunOnThreads(threads, [&](int) {
-    for (size_t f = next++; f < files.size() && !error.failed(); f = next++) {
-      error.Update(internal_fs::WriteDataFile(
-          context, internal_fs::DataFileName(prefix, f), files[f].items,
-          planner, files[f].results));
+  // The task writes the files, thread_count at a time (itself and up to
+  // thread_count - 1 more tasks of the executor).
+  Promise<std::vector<WriteResult>> promise;
+  Future<std::vector<WriteResult>> written = promise.future();
+  Executor& pool = executor();
+  pool.Schedule([this, write, prefix, promise, &planner, &pool] {
+    const size_t count = write->file_items.size();
+    FirstError error;
+    std::atomic<size_t> next{0};
+    RunWorkers(pool, std::min<int>(options_.thread_count, count), [&](int) {
+      for (size_t f = next++; f < count && !error.failed(); f = next++) {
+        error.Update(internal_fs::WriteDataFile(
+            write->context, internal_fs::DataFileName(prefix, f),
+            write->file_items[f], planner, write->file_results[f]));
+      }
+    });
+    absl::Status status = error.status();
+    if (status.ok() && options_.sync_files && count > 0) {
+      // Make the new names durable (the commit's directory fsync covers the
+      // coordinator's directory too; this covers every rank's).
+      status = Annotate(fs_->SyncDir(write->context.dir),
+                        absl::StrCat("rank ", write->context.rank));
+    }
+    if (status.ok()) {
+      promise.Set(std::move(write->results));
+    } else {
+      promise.Set(WithOrphanNote(status));
     }
   });
-  absl::Status status = error.status();
-  if (status.ok() && options_.sync_files && !files.empty()) {
-    // Make the new names durable (the commit's directory fsync covers the
-    // coordinator's directory too; this covers every rank's).
-    status = Annotate(fs_->SyncDir(dir_), absl::StrCat("rank ", rank_));
-  }
-  if (!status.ok()) {
-    return Future<std::vector<WriteResult>>::Ready(WithOrphanNote(status));
-  }
-  return Future<std::vector<WriteResult>>::Ready(std::move(results));
+  return written;
 }
 
 // The commit. A checkpoint is what `.metadata` names, and `.metadata`
@@ -467,6 +488,14 @@ FileSystemReader::FileSystemReader(std::string path,
 
 FileSystemReader::~FileSystemReader() = default;
 
+Executor& FileSystemReader::executor() {
+  if (options_.executor != nullptr) return *options_.executor;
+  if (owned_executor_ == nullptr) {
+    owned_executor_ = std::make_unique<ThreadPool>(options_.thread_count);
+  }
+  return *owned_executor_;
+}
+
 absl::Status FileSystemReader::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
   dir_ = path_;
@@ -523,9 +552,20 @@ absl::StatusOr<std::vector<LoadPlan>> FileSystemReader::PrepareGlobalPlan(
 
 Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
                                         LoadPlanner& planner) {
+  Promise<void> promise;
+  Future<void> read = promise.future();
+  Executor& pool = executor();
+  pool.Schedule([this, promise, &plan, &planner, &pool] {
+    promise.Set(Read(plan, planner, pool));
+  });
+  return read;
+}
+
+absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
+                                    Executor& pool) {
   if (!metadata_.has_value()) {
-    return Future<void>::Ready(absl::FailedPreconditionError(
-        "FileSystemReader::ReadData before SetUp"));
+    return absl::FailedPreconditionError(
+        "FileSystemReader::ReadData before SetUp");
   }
   const Metadata& metadata = *metadata_;
   OpenOptions open_options;
@@ -546,7 +586,7 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
             return internal_fs::CheckStoredItem(
                 index, info, metadata.checksum_block_size, extensions, files);
           });
-  if (!stored.ok()) return Future<void>::Ready(stored.status());
+  if (!stored.ok()) return stored.status();
 
   internal_fs::ReadWindowOptions window;
   window.extensions = &extensions;
@@ -570,10 +610,11 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
     return staging;
   };
   internal_fs::BounceMeter meter;
-  absl::Status status = internal_fs::ReadStoredItems(
-      *stored, window, *engine_, files, planner, device_staging, meter, dir_);
+  absl::Status status =
+      internal_fs::ReadStoredItems(*stored, window, *engine_, pool, files,
+                                   planner, device_staging, meter, dir_);
   peak_bounce_bytes_ = meter.peak();
-  return Future<void>::Ready(status);
+  return status;
 }
 
 }  // namespace dcp

@@ -27,7 +27,10 @@
 //   without changing the path they were given.
 //
 // Thread safety: one instance serves one save or load at a time, driven from
-// one thread (see io/storage.h); WriteData/ReadData use internal threads.
+// one thread (see io/storage.h). WriteData and ReadData return at once and
+// run on the instance's executor (options: `executor`, else a ThreadPool of
+// thread_count threads the instance creates on first use and keeps); their
+// futures resolve on its threads.
 //
 // The implementation's units (internal to io/): io/fs_layout.h (names,
 // placement, a data file's layout), io/fs_file_writer.h (one data file's
@@ -48,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 #include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/io_engine.h"
@@ -129,6 +133,13 @@ struct FileSystemWriterOptions {
   // device tensors must belong to it) or to share a pool between writers.
   // Not owned; must outlive the writer.
   DeviceStaging* device_staging = nullptr;
+  // Runs WriteData: one task per call, which writes files itself and with
+  // up to thread_count - 1 more tasks (RunWorkers in io/internal/
+  // parallel_work.h: it never waits for a free thread, so a one-thread pool
+  // works). nullptr: a ThreadPool of thread_count threads the writer creates
+  // on its first WriteData and keeps. Not owned; must outlive the writer.
+  // An InlineExecutor makes WriteData run on the calling thread.
+  Executor* executor = nullptr;
 };
 
 // What RemoveOrphans found in a checkpoint directory. Orphans are the files
@@ -207,8 +218,9 @@ class FileSystemWriter final : public StorageWriter {
   // Writes this rank's items into new data files (see the class comment)
   // through the I/O engine: thread_count threads resolve, checksum and
   // submit items of their files while earlier writes are in flight; each
-  // file is fsynced after its writes (sync_files). Resolves when the data is
-  // durable; the call blocks (the returned future is ready). Out of space
+  // file is fsynced after its writes (sync_files). Returns at once; the
+  // work runs on the executor and the future resolves when the data is
+  // durable. `plan` and `planner` must outlive the future. Out of space
   // (kResourceExhausted, here and in Finish), the coordinator's message
   // also says what orphan_cleanup() found, when it found anything.
   Future<std::vector<WriteResult>> WriteData(const SavePlan& plan,
@@ -248,6 +260,8 @@ class FileSystemWriter final : public StorageWriter {
   // writer's own, created on first use; its pool registered with an owned
   // engine).
   absl::StatusOr<DeviceStaging*> Staging();
+  // options_.executor, or the writer's own pool (created on first use).
+  Executor& executor();
 
   std::string path_;
   std::string dir_;  // path_ or its rank-local directory.
@@ -276,6 +290,9 @@ class FileSystemWriter final : public StorageWriter {
   absl::Mutex mu_;
   std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
   bool staging_registered_ ABSL_GUARDED_BY(mu_) = false;
+  // Declared last: destroyed first, it finishes its tasks while the rest
+  // of the writer is still there.
+  std::unique_ptr<ThreadPool> owned_executor_;
 };
 
 struct FileSystemReaderOptions {
@@ -323,6 +340,12 @@ struct FileSystemReaderOptions {
   // 64 MiB pool). Pass one to use a runtime of your own (the destinations
   // must belong to it). Not owned; must outlive the reader.
   DeviceStaging* device_staging = nullptr;
+  // Runs ReadData: one task per call, which submits the reads and verifies
+  // and delivers with up to thread_count - 1 more tasks (as the writer's
+  // `executor`). nullptr: a ThreadPool of thread_count threads the reader
+  // creates on its first ReadData and keeps. Not owned; must outlive the
+  // reader.
+  Executor* executor = nullptr;
 };
 
 class FileSystemReader final : public StorageReader {
@@ -357,7 +380,9 @@ class FileSystemReader final : public StorageReader {
   // I/O engine, in windows of `read_window_bytes` of bounce buffers, and
   // verification overlaps the next window's reads. Device destinations are
   // filled through device_staging and committed once every copy to them has
-  // landed. The call blocks; the returned future is ready.
+  // landed. Returns at once; the work runs on the executor (the planner is
+  // called from its threads) and the future resolves when every
+  // destination is committed. `plan` and `planner` must outlive the future.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   // The location the reader was given (at construction or by Reset).
@@ -369,6 +394,11 @@ class FileSystemReader final : public StorageReader {
   int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
  private:
+  // ReadData's work, on `pool`.
+  absl::Status Read(const LoadPlan& plan, LoadPlanner& planner, Executor& pool);
+  // options_.executor, or the reader's own pool (created on first use).
+  Executor& executor();
+
   std::string path_;
   std::string dir_;  // path_ or its rank-local directory.
   FileSystemReaderOptions options_;
@@ -379,6 +409,9 @@ class FileSystemReader final : public StorageReader {
   std::optional<Metadata> metadata_;
   int64_t peak_bounce_bytes_ = 0;
   std::unique_ptr<DeviceStaging> owned_staging_;
+  // Declared last: destroyed first, it finishes its tasks while the rest
+  // of the reader is still there.
+  std::unique_ptr<ThreadPool> owned_executor_;
 };
 
 }  // namespace dcp

@@ -22,7 +22,7 @@ using internal_io::AlignDown;
 using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::kDirectIoAlignment;
-using internal_io::RunOnThreads;
+using internal_io::RunWorkers;
 
 // Plans `stored`'s reads, appending slots to `out`: one zero-copy slot when
 // it can be read in place (CanReadInPlace), otherwise PlanPieces' pieces.
@@ -356,7 +356,8 @@ absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size) {
 
 absl::Status ReadStoredItems(
     std::vector<StoredItem>& stored, const ReadWindowOptions& options,
-    IoEngine& engine, OpenFiles& files, LoadPlanner& planner,
+    IoEngine& engine, Executor& executor, OpenFiles& files,
+    LoadPlanner& planner,
     const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
     BounceMeter& meter, const std::string& dir) {
   FirstError error;
@@ -414,7 +415,7 @@ absl::Status ReadStoredItems(
     std::atomic<size_t> next{window.first};
     const int threads = static_cast<int>(
         std::min<size_t>(options.thread_count, window.second - window.first));
-    RunOnThreads(threads, [&](int) {
+    RunWorkers(executor, threads, [&](int) {
       for (size_t i = next++; i < window.second; i = next++) {
         ReadSlot& slot = slots[i - done];
         if (error.failed()) {

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 #include "core/future.h"
 #include "io/extensions.h"
 #include "io/file_system.h"
@@ -157,12 +158,15 @@ struct ReadWindowOptions {
 
 // Reads every item of `stored` through `engine` and delivers it to
 // `planner`: the first error (planner's, I/O's, verification's), after
-// waiting for every read in flight. `device_staging` gives the staging for
+// waiting for every read in flight. The calling thread submits the windows
+// and verifies and delivers with up to thread_count - 1 tasks of `executor`
+// (RunWorkers). `device_staging` gives the staging for
 // device destinations (called on the first one; its copies are flushed and
 // those destinations committed at the end).
 absl::Status ReadStoredItems(
     std::vector<StoredItem>& stored, const ReadWindowOptions& options,
-    IoEngine& engine, OpenFiles& files, LoadPlanner& planner,
+    IoEngine& engine, Executor& executor, OpenFiles& files,
+    LoadPlanner& planner,
     const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
     BounceMeter& meter, const std::string& dir);
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 
 namespace dcp::internal_io {
 
@@ -58,6 +60,40 @@ void RunOnThreads(int count, Fn fn) {
   threads.reserve(count);
   for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
   for (std::thread& t : threads) t.join();
+}
+
+// Runs fn(0) on the calling thread and fn(1) .. fn(count - 1) as tasks of
+// `executor`, and returns once every call that started has returned. A task
+// the executor has not started by the time fn(0) returns is skipped, so fn
+// must be a worker loop that takes its work from shared state (an atomic
+// index) and leaves nothing undone when fewer workers run. Never waits for
+// a free executor thread: calling it from a task of the same executor (even
+// a one-thread pool) cannot deadlock.
+template <typename Fn>
+void RunWorkers(Executor& executor, int count, Fn fn) {
+  struct Gate {
+    absl::Mutex mu;
+    int active ABSL_GUARDED_BY(mu) = 0;
+    bool closed ABSL_GUARDED_BY(mu) = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  for (int i = 1; i < count; ++i) {
+    executor.Schedule([gate, &fn, i] {
+      {
+        absl::MutexLock lock(&gate->mu);
+        if (gate->closed) return;
+        ++gate->active;
+      }
+      fn(i);
+      absl::MutexLock lock(&gate->mu);
+      --gate->active;
+    });
+  }
+  fn(0);
+  absl::MutexLock lock(&gate->mu);
+  gate->closed = true;
+  gate->mu.Await(absl::Condition(
+      +[](int* active) { return *active == 0; }, &gate->active));
 }
 
 // The first error of several workers (sticky). Thread-safe.
