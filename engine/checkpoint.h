@@ -33,12 +33,14 @@ void SetDefaultProcessGroup(comm::ProcessGroup* group);
 comm::ProcessGroup* DefaultProcessGroup();
 
 struct SaveOptions {
-  // Where to save: a directory for the default FileSystemWriter. With a
+  // Where to save: without a `storage_writer`, the storage the id names
+  // (io/storage_registry.h: a directory saves natively, mega://DIR as MEGA;
+  // an unknown scheme is kInvalidArgument listing the known ones). With a
   // `storage_writer`, a non-empty checkpoint_id points it there
   // (StorageWriter::Reset(checkpoint_id), as the seed does); empty keeps the
   // writer's own location.
   std::string checkpoint_id;
-  // Not owned; default: a FileSystemWriter at checkpoint_id.
+  // Not owned; default: the registry's writer for checkpoint_id.
   StorageWriter* storage_writer = nullptr;
   // Not owned; default: a DefaultSavePlanner.
   SavePlanner* planner = nullptr;
@@ -75,8 +77,10 @@ struct SaveOptions {
 };
 
 struct LoadOptions {
-  // What to load: a directory for the default FileSystemReader. With a
-  // `storage_reader`, a non-empty checkpoint_id points it there
+  // What to load: without a `storage_reader`, the storage the id names or
+  // whose checkpoint the directory holds (io/storage_registry.h: dcp
+  // metadata, a MEGA index, Hugging Face files; else the native reader).
+  // With a `storage_reader`, a non-empty checkpoint_id points it there
   // (StorageReader::Reset(checkpoint_id)); empty keeps its own location.
   std::string checkpoint_id;
   StorageReader* storage_reader = nullptr;      // Not owned.
