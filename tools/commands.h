@@ -45,8 +45,22 @@ absl::StatusOr<uint64_t> ParseSeed(const std::string& text);
 // metadata (kInvalidArgument when it holds no synthetic state); with a size
 // that is not the checkpoint's, kInvalidArgument naming both.
 absl::Status RunDemo(const DemoFlags& flags);
+// `dcp inspect DIR` / `dcp verify DIR`: a dcp checkpoint, or a Hugging Face
+// directory (IsHfCheckpointDirectory) through the *Hf variants.
 absl::Status RunInspect(const std::string& dir);
 absl::Status RunVerify(const std::string& dir);
+// True when `dir` holds no dcp metadata file and ResolveHfCheckpointFiles
+// finds safetensors files there.
+bool IsHfCheckpointDirectory(const std::string& dir);
+// Lists tensors (dtype, shape, file), files and total sizes; kDataLoss
+// naming the file and the rule for a header that breaks the format.
+absl::Status RunInspectHf(const std::string& dir);
+// Checks every file against the safetensors rules (io/safetensors.h), the
+// index against the files (every tensor named where it lies, no file
+// missing), and the tensors across files; prints each problem, returns
+// kDataLoss naming the first. A total_size that differs from the tensors'
+// bytes is a note, not a problem (hub checkpoints disagree on it).
+absl::Status RunVerifyHf(const std::string& dir);
 // `dcp verify --clean DIR`, before the verification: takes the directory's
 // lock (kFailedPrecondition naming the holder while a save runs), removes
 // the orphans of interrupted saves (RemoveOrphans, io/

@@ -1,4 +1,5 @@
-// `dcp inspect DIR`, `dcp verify DIR` and `dcp verify --clean DIR`.
+// `dcp inspect DIR`, `dcp verify DIR` and `dcp verify --clean DIR` (Hugging
+// Face directories: tools/inspect_hf.cc).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -98,6 +99,7 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
 }  // namespace
 
 absl::Status RunInspect(const std::string& dir) {
+  if (IsHfCheckpointDirectory(dir)) return RunInspectHf(dir);
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(dir));
   std::printf("checkpoint %s (format %s, checksum block %lld bytes)\n",
               dir.c_str(), metadata.version.c_str(),
@@ -157,6 +159,7 @@ absl::Status RunInspect(const std::string& dir) {
 }
 
 absl::Status RunVerify(const std::string& dir) {
+  if (IsHfCheckpointDirectory(dir)) return RunVerifyHf(dir);
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(dir));
   std::vector<std::string> problems;
   int64_t items = 0, bytes = 0;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -14,10 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/state_dict.h"
+#include "engine/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
+#include "io/hf_storage.h"
 #include "io/metadata_format.h"
 #include "io/testing/metadata_surgery.h"
 #include "io/testing/sample_state.h"
@@ -210,6 +214,73 @@ TEST(VerifyCleanTest, RemovesNothingWhenTheMetadataCannotBeRead) {
               AllOf(HasSubstr("were not removed"), HasSubstr("checksum")));
   EXPECT_THAT(out, HasSubstr("0 orphaned files removed"));
   EXPECT_EQ(ListNames(dir), before);
+}
+
+// A Hugging Face directory of two files and an index, written by dcp.
+std::string SaveHfSample(const std::string& tag) {
+  const std::string dir = NewTestDir(tag);
+  StateDict state;
+  state["a.weight"] = Tensor::Empty(DType::kBF16, {4, 6});
+  state["b.bias"] = Tensor::Empty(DType::kI32, {5});
+  state["c"] = Tensor::Empty(DType::kF32, {});
+  for (auto& [name, value] : state) {
+    std::memset(value.tensor().data(), 7, value.tensor().nbytes());
+  }
+  HuggingFaceStorageWriterOptions options;
+  options.fqn_to_index_mapping = {{"a.weight", 1}, {"b.bias", 2}, {"c", 2}};
+  HuggingFaceStorageWriter writer(dir, options);
+  SaveOptions save;
+  save.storage_writer = &writer;
+  save.no_dist = true;
+  EXPECT_TRUE(Save(state, save).ok());
+  return dir;
+}
+
+TEST(InspectHfTest, ListsTensorsFilesAndSizes) {
+  const std::string dir = SaveHfSample("inspect_hf");
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunInspect(dir);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_THAT(out,
+              AllOf(HasSubstr("Hugging Face checkpoint"), HasSubstr("a.weight"),
+                    HasSubstr("BF16"), HasSubstr("[4, 6]"),
+                    HasSubstr("model-00001-of-00002.safetensors"),
+                    HasSubstr("model-00002-of-00002.safetensors"),
+                    HasSubstr("3 tensors, 72 bytes of tensors")));
+  ::testing::internal::CaptureStdout();
+  status = RunVerify(dir);
+  EXPECT_THAT(::testing::internal::GetCapturedStdout(),
+              HasSubstr("OK: 2 files, 3 tensors"));
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(InspectHfTest, VerifyNamesATruncatedFile) {
+  const std::string dir = SaveHfSample("verify_hf_truncated");
+  const std::string file = dir + "/model-00002-of-00002.safetensors";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1);
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunVerify(dir);
+  ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("model-00002-of-00002.safetensors"));
+}
+
+TEST(InspectHfTest, VerifyNamesIndexEntriesThatDisagreeWithTheFiles) {
+  const std::string dir = SaveHfSample("verify_hf_index");
+  // The index moves b.bias to file 1 and forgets c.
+  std::ofstream(dir + "/" + kHfIndexFileName, std::ios::trunc)
+      << R"({"metadata": {"total_size": 72}, "weight_map": {)"
+      << R"("a.weight": "model-00001-of-00002.safetensors",)"
+      << R"("b.bias": "model-00001-of-00002.safetensors"}})";
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunVerify(dir);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(out, AllOf(HasSubstr("maps b.bias to "
+                                   "model-00001-of-00002.safetensors, which "
+                                   "does not hold it"),
+                         HasSubstr("CORRUPT")));
 }
 
 }  // namespace
