@@ -126,15 +126,22 @@ absl::StatusOr<StateValue*> Descend(StateValue& node,
 
 absl::StatusOr<FlatStateDict> FlattenStateDict(const StateDict& state_dict) {
   FlatStateDict out;
-  absl::Status status = ForEachLeafOf(
-      state_dict, [&](const ObjectPath& path, const StateValue& value) {
-        std::string name = PathToString(path);
-        if (!out.mapping.emplace(name, path).second) {
-          return CollisionError(name);
-        }
-        out.leaves.emplace(std::move(name), value);
-        return absl::OkStatus();
-      });
+  absl::Status status = ForEachLeafOf(state_dict, [&](const ObjectPath& path,
+                                                      const StateValue& value) {
+    std::string name = PathToString(path);
+    // Names mostly come in order (dict keys are): appended in O(1).
+    const bool last = out.mapping.empty() || out.mapping.rbegin()->first < name;
+    if (last) {
+      out.mapping.emplace_hint(out.mapping.end(), name, path);
+      out.leaves.emplace_hint(out.leaves.end(), std::move(name), value);
+      return absl::OkStatus();
+    }
+    if (!out.mapping.emplace(name, path).second) {
+      return CollisionError(name);
+    }
+    out.leaves.emplace(std::move(name), value);
+    return absl::OkStatus();
+  });
   if (!status.ok()) return status;
   return out;
 }

@@ -70,6 +70,27 @@ TEST(FlattenStateDict, DottedKeyCollisionIsAnError) {
   }
 }
 
+// List indices flatten in numeric order, which is not name order ("l.10"
+// sorts before "l.2"): the leaves still come out sorted, and a collision
+// with a name inserted out of order is still found.
+TEST(FlattenStateDict, NamesOutOfOrderAndTheirCollisions) {
+  StateList list;
+  for (int i = 0; i < 12; ++i) list.push_back(StateValue(int64_t{i}));
+  StateDict sd;
+  sd["l"] = list;
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(sd);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  ASSERT_EQ(flat->leaves.size(), 12u);
+  EXPECT_EQ(flat->leaves.begin()->first, "l.0");
+  EXPECT_EQ(std::next(flat->leaves.begin(), 2)->first, "l.10");
+  EXPECT_EQ(flat->leaves.at("l.10").int_value(), 10);
+  EXPECT_EQ(std::get<int64_t>(flat->mapping.at("l.2")[1]), 2);
+  sd["l.10"] = 5;  // Flattened after "l.11".
+  absl::Status status = FlattenStateDict(sd).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("\"l.10\""), absl::string_view::npos);
+}
+
 TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
   StateDict sd;
   sd["layer.0"] = StateDict{{"w", 5}};

@@ -53,6 +53,31 @@ absl::StatusOr<std::vector<std::pair<std::string, StateValue*>>> LeavesInPlace(
 
 Shape Zeros(size_t rank) { return Shape(rank, 0); }
 
+// Whether a local shard of `st` is left out of the plan: an empty shard of
+// a non-empty tensor holds no bytes, and its offset may equal a
+// neighbour's (rank r holds columns [3, 3), rank r+1 holds [3, 5)):
+// planning it would look like a replica that disagrees in size.
+bool UnplannedShard(const ShardedTensor& st, const Shard& shard) {
+  return shard.tensor.numel() == 0 && NumElements(st.global_sizes()) > 0;
+}
+
+// The offsets two local shards of one tensor share, if any.
+std::optional<Shape> RepeatedOffsets(const ShardedTensor& st) {
+  const std::vector<Shard>& shards = st.local_shards();
+  if (shards.size() < 2) return std::nullopt;
+  std::vector<const Shape*> offsets;
+  offsets.reserve(shards.size());
+  for (const Shard& shard : shards) {
+    if (!UnplannedShard(st, shard)) offsets.push_back(&shard.offsets);
+  }
+  std::sort(offsets.begin(), offsets.end(),
+            [](const Shape* a, const Shape* b) { return *a < *b; });
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    if (*offsets[i] == *offsets[i - 1]) return *offsets[i];
+  }
+  return std::nullopt;
+}
+
 WriteItem TensorItem(const std::string& name, WriteItemType type,
                      const Shape& offsets, const Shape& sizes, DType dtype,
                      const Shape& global_size) {
@@ -91,47 +116,42 @@ absl::Status DefaultSavePlanner::SetUp(const StateDict& state_dict,
       options_.flatten_state_dict ? std::move(flat.mapping) : FlattenMapping{};
   storage_meta_ = storage_meta;
   is_coordinator_ = is_coordinator;
-  chunks_.clear();
+  planned_.clear();
   encoded_values_.clear();
   return absl::OkStatus();
 }
 
 absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
   SavePlan plan;
-  chunks_.clear();
+  plan.items.reserve(leaves_.size());
+  planned_.clear();
+  planned_.reserve(leaves_.size());
   encoded_values_.clear();
   for (const auto& [name, value] : leaves_) {
+    const bool requires_grad =
+        !options_.requires_grad.empty() && options_.requires_grad.count(name);
     if (value.is_tensor()) {
       const Tensor& t = value.tensor();
-      WriteItem item =
-          TensorItem(name, WriteItemType::kTensor, Zeros(t.sizes().size()),
-                     t.sizes(), t.dtype(), t.sizes());
-      item.tensor_data->properties.requires_grad =
-          options_.requires_grad.count(name) > 0;
-      chunks_.emplace(item.index, t);
-      plan.items.push_back(std::move(item));
+      plan.items.push_back(TensorItem(name, WriteItemType::kTensor,
+                                      Zeros(t.sizes().size()), t.sizes(),
+                                      t.dtype(), t.sizes()));
+      plan.items.back().tensor_data->properties.requires_grad = requires_grad;
+      planned_.emplace(name, &value);
     } else if (value.is_sharded_tensor()) {
       const ShardedTensor& st = value.sharded_tensor();
-      for (const Shard& shard : st.local_shards()) {
-        // An empty shard of a non-empty tensor holds no bytes, and its
-        // offset may equal a neighbour's (rank r holds columns [3, 3), rank
-        // r+1 holds [3, 5)): planning it would look like a replica that
-        // disagrees in size.
-        if (shard.tensor.numel() == 0 && NumElements(st.global_sizes()) > 0) {
-          continue;
-        }
-        WriteItem item =
-            TensorItem(name, WriteItemType::kShard, shard.offsets,
-                       shard.tensor.sizes(), st.dtype(), st.global_sizes());
-        item.tensor_data->properties.requires_grad =
-            options_.requires_grad.count(name) > 0;
-        if (!chunks_.emplace(item.index, shard.tensor).second) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "sharded tensor \"", name, "\" has two local shards at offsets ",
-              ShapeToString(shard.offsets)));
-        }
-        plan.items.push_back(std::move(item));
+      if (std::optional<Shape> repeated = RepeatedOffsets(st)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sharded tensor \"", name, "\" has two local shards at offsets ",
+            ShapeToString(*repeated)));
       }
+      for (const Shard& shard : st.local_shards()) {
+        if (UnplannedShard(st, shard)) continue;
+        plan.items.push_back(TensorItem(name, WriteItemType::kShard,
+                                        shard.offsets, shard.tensor.sizes(),
+                                        st.dtype(), st.global_sizes()));
+        plan.items.back().tensor_data->properties.requires_grad = requires_grad;
+      }
+      planned_.emplace(name, &value);
     } else {
       DCP_ASSIGN_OR_RETURN(std::string encoded, EncodeValue(value));
       WriteItem item;
@@ -357,12 +377,34 @@ absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
     }
     return WriteData(it->second);
   }
-  auto it = chunks_.find(item.index);
-  if (it == chunks_.end()) {
+  auto not_planned = [&] {
     return absl::NotFoundError(absl::StrCat(
         "tensor chunk ", item.index.ToString(), " is not in this rank's plan"));
+  };
+  auto it = planned_.find(item.index.fqn);
+  if (it == planned_.end() || !item.index.offset.has_value()) {
+    return not_planned();
   }
-  const Tensor& tensor = it->second;
+  const Shape& offset = *item.index.offset;
+  const Tensor* found = nullptr;
+  if (it->second->is_tensor()) {
+    const Tensor& t = it->second->tensor();
+    if (offset.size() == t.sizes().size() &&
+        std::all_of(offset.begin(), offset.end(),
+                    [](int64_t o) { return o == 0; })) {
+      found = &t;
+    }
+  } else {
+    const ShardedTensor& st = it->second->sharded_tensor();
+    for (const Shard& shard : st.local_shards()) {
+      if (shard.offsets == offset && !UnplannedShard(st, shard)) {
+        found = &shard.tensor;
+        break;
+      }
+    }
+  }
+  if (found == nullptr) return not_planned();
+  const Tensor& tensor = *found;
   if (tensor.view().is_contiguous()) return WriteData(tensor);
   if (!tensor.device().is_cpu()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -132,8 +132,9 @@ class DefaultSavePlanner : public SavePlanner {
   bool is_coordinator_ = false;
   std::map<std::string, StateValue> leaves_;
   FlattenMapping mapping_;
-  // Filled by CreateLocalPlan, read-only afterwards.
-  absl::flat_hash_map<MetadataIndex, Tensor> chunks_;
+  // Filled by CreateLocalPlan, read-only afterwards: the planned tensor and
+  // sharded tensor leaves by name (keys and values live in leaves_).
+  absl::flat_hash_map<absl::string_view, const StateValue*> planned_;
   absl::flat_hash_map<std::string, std::string> encoded_values_;
 };
 

@@ -145,6 +145,27 @@ TEST(DefaultPlannerTest, LocalPlanItemsAndMetadata) {
   unknown.index.fqn = "nope";
   EXPECT_EQ(planner.ResolveData(unknown).status().code(),
             absl::StatusCode::kNotFound);
+  // Chunks this rank did not plan: a tensor at another offset, a shard at
+  // none of the local shards' offsets.
+  WriteItem moved = plan->items[3];
+  moved.index.offset = Shape{0, 1};
+  EXPECT_EQ(planner.ResolveData(moved).status().code(),
+            absl::StatusCode::kNotFound);
+  WriteItem other_shard = plan->items[1];
+  other_shard.index.offset = Shape{0, 4};
+  absl::Status status = planner.ResolveData(other_shard).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("st@[0, 4]"));
+}
+
+TEST(DefaultPlannerTest, TwoLocalShardsAtOneOffsetAreRefused) {
+  Tensor full = RandomTensor(DType::kF32, {4, 6}, 3);
+  StateDict sd{{"st", Shards(full, {{{0, 2}, {4, 4}}, {{0, 2}, {4, 4}}})}};
+  DefaultSavePlannerOptions options;
+  DefaultSavePlanner planner(options);
+  absl::Status status = planner.SetUp(sd, StorageMeta{}, true);
+  if (status.ok()) status = planner.CreateLocalPlan().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DefaultPlannerTest, NonContiguousHostTensorIsCopiedContiguous) {

@@ -214,7 +214,7 @@ class SharedMetadataTest : public PlanCacheTest {
       EXPECT_TRUE(global.ok()) << global.status();
       round.global.plans = std::move(global->first);
       round.global.metadata =
-          std::make_shared<const Metadata>(std::move(global->second));
+          std::make_shared<Metadata>(std::move(global->second));
     } else {
       auto global = planners_[0]->CreateSharedGlobalPlan(round.local);
       EXPECT_TRUE(global.ok()) << global.status();

@@ -34,11 +34,13 @@ namespace dcp {
 // memory, owned by the state dict or the stager) or encoded bytes.
 using WriteData = std::variant<Tensor, std::string>;
 
-// A global save plan whose metadata is shared and immutable (see
-// SavePlanner::CreateSharedGlobalPlan).
+// A global save plan whose metadata is shared (see
+// SavePlanner::CreateSharedGlobalPlan). Nobody changes the metadata while
+// another holder (a plan cache) shares it; a caller holding the only
+// reference (use_count() == 1) owns it and may move it out.
 struct SharedGlobalSavePlan {
   std::vector<SavePlan> plans;
-  std::shared_ptr<const Metadata> metadata;
+  std::shared_ptr<Metadata> metadata;
 };
 
 class SavePlanner {
@@ -74,7 +76,7 @@ class SavePlanner {
     if (!global.ok()) return global.status();
     return SharedGlobalSavePlan{
         std::move(global->first),
-        std::make_shared<const Metadata>(std::move(global->second))};
+        std::make_shared<Metadata>(std::move(global->second))};
   }
 
   // Accepts the coordinator's plan for this rank.
