@@ -241,10 +241,7 @@ absl::StatusOr<size_t> EncodeBlock(const ExtensionChain& chain,
                                    absl::Span<const std::byte> in,
                                    absl::Span<std::byte> out,
                                    std::vector<std::byte>& scratch) {
-  auto stored_raw = [&]() -> size_t {
-    std::memcpy(out.data(), in.data(), in.size());
-    return in.size();
-  };
+  auto stored_raw = [&]() -> size_t { return in.size(); };
   if (chain.empty() || in.empty()) return stored_raw();
   // Stage k reads `from` and writes the buffer the last stage writes `out`
   // into; earlier stages alternate between the two halves of `scratch`.

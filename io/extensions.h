@@ -123,8 +123,9 @@ absl::StatusOr<ExtensionChain> ParseCompression(absl::string_view text);
 // Encodes one block through `chain` (each extension applied to the previous
 // one's output) into `out` (at least in.size() bytes) with `scratch` for
 // intermediate results, and returns the stored size: in.size() when the
-// block is stored as is (some extension did not shrink its input; `out`
-// then holds a copy of `in`), less when encoded.
+// block is stored as is (some extension did not shrink its input; what
+// `out` holds is unspecified: the stored bytes are `in`), less when
+// encoded.
 absl::StatusOr<size_t> EncodeBlock(const ExtensionChain& chain,
                                    absl::Span<const std::byte> in,
                                    absl::Span<std::byte> out,

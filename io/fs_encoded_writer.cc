@@ -74,9 +74,27 @@ absl::StatusOr<int64_t> WriteEncodedItem(FileWriteQueue& queue, size_t item,
       return encoded.status();
     }
     const size_t size = *encoded;
-    info.block_checksums.push_back(Checksum(out, size));
+    const std::byte* block = bytes + pos;
+    if (size < static_cast<size_t>(raw)) {
+      block = out;
+      fill += static_cast<int64_t>(size);
+    } else if (!direct_io ||
+               (fill % kDirectIoAlignment == 0 &&
+                raw % kDirectIoAlignment == 0 &&
+                reinterpret_cast<uintptr_t>(block) % kDirectIoAlignment == 0)) {
+      // Stored as is, and writable from the caller's memory where it stands
+      // (incompressible state costs no copy): what the buffer holds goes
+      // first.
+      if (fill > 0) flush(false);
+      queue.Write(item, buffer_start, block, static_cast<size_t>(raw));
+      buffer_start += raw;
+    } else {
+      std::memcpy(out, block, static_cast<size_t>(raw));
+      block = out;
+      fill += raw;
+    }
+    info.block_checksums.push_back(Checksum(block, size));
     info.block_lengths.push_back(static_cast<int64_t>(size));
-    fill += static_cast<int64_t>(size);
     stored += static_cast<int64_t>(size);
   }
   flush(true);

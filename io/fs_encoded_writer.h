@@ -17,9 +17,10 @@
 
 namespace dcp::internal_fs {
 
-// Writes the `length` (> 0) bytes at `bytes` (read during the call only:
-// blocks are encoded into the queue's buffers) through `chain` (not empty)
-// as item `item` of `queue`, starting at file offset `offset`
+// Writes the `length` (> 0) bytes at `bytes` (which must stay valid and
+// unchanged until the queue's writes complete: blocks stored as is are
+// written from there) through `chain` (not empty) as item `item` of
+// `queue`, starting at file offset `offset`
 // (kDirectIoAlignment aligned). Fills `info`'s offset, length (stored
 // bytes), extensions, raw_length, block_lengths and block_checksums (of the
 // stored blocks). With `direct_io` the last write is zero-padded to a whole

@@ -110,14 +110,18 @@ absl::StatusOr<std::vector<StoredItem>> GroupReadItems(
   return stored;
 }
 
+bool FillsWholeHostTensor(const StoredItem& stored, const TensorView& dest) {
+  const ReadItem& first = *stored.uses.front();
+  return stored.uses.size() == 1 && AllZero(first.storage_offsets) &&
+         AllZero(first.dest_offsets) && first.lengths == stored.chunk_sizes &&
+         dest.device().is_cpu() && dest.is_contiguous() &&
+         dest.sizes() == first.lengths &&
+         static_cast<int64_t>(dest.nbytes()) == stored.info->RawLength();
+}
+
 bool CanReadInPlace(const StoredItem& stored, const TensorView& dest,
                     bool direct) {
-  const ReadItem& first = *stored.uses.front();
-  return stored.info->extensions.empty() && stored.uses.size() == 1 &&
-         AllZero(first.storage_offsets) && AllZero(first.dest_offsets) &&
-         first.lengths == stored.chunk_sizes && dest.device().is_cpu() &&
-         dest.is_contiguous() && dest.sizes() == first.lengths &&
-         static_cast<int64_t>(dest.nbytes()) == stored.info->length &&
+  return !NeedsDecoding(*stored.info) && FillsWholeHostTensor(stored, dest) &&
          (!direct ||
           (reinterpret_cast<uintptr_t>(dest.data()) % kDirectIoAlignment == 0 &&
            stored.info->offset % kDirectIoAlignment == 0));

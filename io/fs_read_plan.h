@@ -74,11 +74,21 @@ struct ReadPiece {
   friend bool operator==(const ReadPiece&, const ReadPiece&) = default;
 };
 
+// Whether the stored bytes of `info` must be decoded: it went through
+// extensions and some block of it was encoded (an item whose blocks were
+// all stored as is holds its raw bytes, laid out as without extensions).
+inline bool NeedsDecoding(const StorageInfo& info) {
+  return !info.extensions.empty() && info.length != info.raw_length;
+}
+
+// Whether tensor `stored`'s only use is the whole chunk into the whole of a
+// contiguous host tensor `dest` of the same size.
+bool FillsWholeHostTensor(const StoredItem& stored, const TensorView& dest);
+
 // Whether tensor `stored` can be read in one piece straight into `dest`
-// (the destination of its only use): the item is stored as it is (no
-// extensions), the use is the whole chunk into the whole of a contiguous
-// host tensor of the same size, and with `direct` the destination memory
-// and the file offset are kDirectIoAlignment aligned.
+// (the destination of its only use): FillsWholeHostTensor, the item needs
+// no decoding, and with `direct` the destination memory and the file
+// offset are kDirectIoAlignment aligned.
 bool CanReadInPlace(const StoredItem& stored, const TensorView& dest,
                     bool direct);
 

@@ -35,7 +35,7 @@ absl::Status PlanItem(
   const int64_t block_size = options.block_size;
   const int64_t length = stored.info->RawLength();
   const int64_t blocks = ChecksumBlockCount(length, block_size);
-  const bool encoded = !stored.info->extensions.empty();
+  const bool encoded = NeedsDecoding(*stored.info);
   if (encoded) {
     DCP_ASSIGN_OR_RETURN(
         stored.decoders,
@@ -152,7 +152,16 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
                         BounceMeter& meter) {
   const StoredItem& stored = *slot.stored;
   const StorageInfo& info = *stored.info;
-  slot.decoded = std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
+  // The whole chunk into the whole of a host tensor: decoded in place.
+  std::byte* raw_begin = nullptr;
+  if (stored.is_tensor && FillsWholeHostTensor(stored, stored.dests.front())) {
+    raw_begin = static_cast<std::byte*>(stored.dests.front().data()) +
+                slot.begin;
+  } else {
+    slot.decoded =
+        std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
+    raw_begin = slot.decoded->data();
+  }
   std::vector<std::byte> scratch;
   for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
     const int64_t raw_start = b * block_size;
@@ -162,7 +171,7 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
         DecodeBlock(stored.decoders,
                     {slot.target + (start - slot.io_begin),
                      static_cast<size_t>(info.block_lengths[b])},
-                    {slot.decoded->data() + (raw_start - slot.begin),
+                    {raw_begin + (raw_start - slot.begin),
                      static_cast<size_t>(raw_size)},
                     scratch);
     if (!status.ok()) {
@@ -173,7 +182,8 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
                        status.message(), "; the checkpoint is corrupt"));
     }
   }
-  slot.target = slot.decoded->data();
+  slot.target = raw_begin;
+  slot.zero_copy = slot.decoded == nullptr;  // Delivered where it is.
   slot.buffer.reset();
   return absl::OkStatus();
 }
@@ -336,7 +346,7 @@ absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size) {
         ") but the file ends at offset ", info.offset + slot.io_begin + got));
   }
   // CheckStoredItem matched the checksums to the blocks.
-  const bool encoded = !info.extensions.empty();
+  const bool encoded = NeedsDecoding(info);
   for (int64_t b = slot.first_block; b < slot.end_block; ++b) {
     const int64_t start = encoded ? stored.block_starts[b] : b * block_size;
     const int64_t size = encoded ? info.block_lengths[b]
