@@ -48,13 +48,14 @@ class DeviceBuffer {
   }
   char* data() const { return static_cast<char*>(ptr_); }
 
- private:
+  // Frees the memory now.
   void Release() {
     if (ptr_ != nullptr) runtime_->FreeDevice(ptr_).IgnoreError();
     ptr_ = nullptr;
     capacity_ = 0;
   }
 
+ private:
   DeviceRuntime* runtime_ = nullptr;
   int device_ = 0;
   void* ptr_ = nullptr;
@@ -90,9 +91,18 @@ class NcclProcessGroup::Impl {
       : nccl_(nccl), rank_(rank), size_(size) {}
 
   // Every call waited for its work, so aborting cuts nothing short, and
-  // unlike a destroy it cannot block on a lost peer.
+  // unlike a destroy it cannot block on a lost peer. The device work is
+  // released on the group's device, before the runtime goes.
   ~Impl() {
+    if (runtime_ == nullptr) {
+      if (comm_ != nullptr) nccl_->CommAbort(comm_);
+      return;
+    }
+    DeviceScope scope(runtime_.get(), device_);
     if (comm_ != nullptr) nccl_->CommAbort(comm_);
+    for (DeviceBuffer* buffer : {&sizes_, &send_, &recv_}) buffer->Release();
+    done_.Reset();
+    stream_.Reset();
   }
 
   absl::Status Init(const NcclOptions& options,
@@ -508,10 +518,9 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, absl::Duration timeout,
                                    std::unique_ptr<Impl> impl)
     : ProcessGroup(rank, size, timeout), impl_(std::move(impl)) {}
 
-NcclProcessGroup::~NcclProcessGroup() {
-  DeviceScope scope(impl_->runtime(), impl_->device());
-  impl_.reset();
-}
+// Impl's destructor selects the device itself: a scope here would outlive
+// the runtime it restores the device with.
+NcclProcessGroup::~NcclProcessGroup() { impl_.reset(); }
 
 absl::StatusOr<std::vector<std::string>> NcclProcessGroup::DoGather(
     absl::string_view payload, int root, absl::Time deadline) {
