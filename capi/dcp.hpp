@@ -177,6 +177,7 @@ struct SaveOptions {
 
 struct LoadOptions {
   std::string checkpoint_id;
+  dcp_device_wait_t device_wait{};
   dcp_process_group_t* process_group = nullptr;
   bool no_dist = false;
   bool allow_partial_load = false;
@@ -188,6 +189,7 @@ struct LoadOptions {
     dcp_load_options_t o{};
     o.struct_size = sizeof(o);
     o.checkpoint_id = checkpoint_id.c_str();
+    o.device_wait = device_wait;
     o.process_group = process_group;
     o.no_dist = no_dist ? DCP_TRUE : DCP_DEFAULT;
     o.planner = &planner;
