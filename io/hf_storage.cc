@@ -23,6 +23,7 @@
 #include "core/tensor.h"
 #include "io/box_copy.h"
 #include "io/device_box_upload.h"
+#include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/internal/sequential_writer.h"
 #include "io/safetensors.h"
@@ -38,12 +39,12 @@ using internal_hf::FirstError;
 using internal_hf::OrLocal;
 using internal_hf::RunOnThreads;
 using internal_hf::TempRelativePath;
+using internal_io::ReadSmallFile;
+using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
 
 namespace {
 
-// The most bytes a commit journal may have (it lists file names).
-constexpr int64_t kMaxJournalBytes = int64_t{64} << 20;
 // Every file's data section starts at a multiple of this (the header is
 // padded with spaces): O_DIRECT reads and writes of tensors need no bounce.
 constexpr int64_t kDataAlignment = 4096;
@@ -82,51 +83,6 @@ bool IsShardFileName(absl::string_view name) {
          IsModelFileName(name.substr(dash + 1));
 }
 
-// Whether `name` is a temporary file of a save: ".NAME.tmp-<save id>".
-bool IsTempFileName(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, ".")) return false;
-  const size_t at = name.rfind(".tmp-");
-  if (at == absl::string_view::npos) return false;
-  absl::string_view id = name.substr(at + 5);
-  return id.size() == 16 && std::all_of(id.begin(), id.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-// Reads the whole file at `path` if it has at most `limit` bytes.
-absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
-                                          const std::string& path,
-                                          int64_t limit) {
-  OpenOptions options;
-  options.exclusive = false;
-  options.no_follow = true;
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs.OpenForRead(path, options));
-  DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
-  if (size > limit) {
-    return absl::DataLossError(absl::StrCat(path, " is ", size,
-                                            " bytes, more than the ", limit,
-                                            " a reader accepts"));
-  }
-  std::string bytes(static_cast<size_t>(size), '\0');
-  DCP_ASSIGN_OR_RETURN(
-      size_t got, file->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
-                                  bytes.size()}));
-  bytes.resize(got);
-  DCP_RETURN_IF_ERROR(file->Close());
-  return bytes;
-}
-
-// Writes `bytes` to `path` (a new file), fsynced when `sync`.
-absl::Status WriteWholeFile(FileSystemBase& fs, const std::string& path,
-                            absl::string_view bytes, bool sync) {
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(path));
-  DCP_RETURN_IF_ERROR(file->PWrite(
-      0, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}));
-  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
-  return file->Close();
-}
-
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
   try {
     return Json::parse(text.begin(), text.end());
@@ -136,122 +92,19 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
   }
 }
 
-// ---------------------------------------------------------------------------
-// The commit journal: what a decided save still has to do.
-
-struct CommitJournal {
-  // (temporary, final) paths relative to the checkpoint directory, in the
-  // order they are renamed (the index last).
-  std::vector<std::pair<std::string, std::string>> renames;
-  // Files of the replaced checkpoint, relative to the directory.
-  std::vector<std::string> removals;
-};
-
-std::string EncodeJournal(const CommitJournal& journal) {
-  Json renames = Json::array();
-  for (const auto& [from, to] : journal.renames) renames.push_back({from, to});
-  return Json{{"renames", renames}, {"removals", journal.removals}}.dump(1);
-}
-
 // Whether `relative` may be a final name of a checkpoint file: a
-// safetensors file or the index.
+// safetensors file or the index, in the directory or sharded/.
 bool IsCheckpointFileName(absl::string_view relative) {
   absl::string_view base = relative.substr(relative.rfind('/') + 1);
-  return absl::EndsWith(base, ".safetensors") || base == kHfIndexFileName;
-}
-
-// Decodes a journal found in `dir`; untrusted: every name is a relative
-// path inside the directory, renames go from a temporary name to a
-// checkpoint file name, removals name checkpoint files only.
-absl::StatusOr<CommitJournal> DecodeJournal(absl::string_view text,
-                                            const std::string& path) {
-  DCP_ASSIGN_OR_RETURN(Json json, ParseJson(text, path));
-  const auto bad = [&](absl::string_view why) {
-    return absl::DataLossError(
-        absl::StrCat("commit journal ", path, " is malformed: ", why));
-  };
-  if (!json.is_object() || !json.contains("renames") ||
-      !json.contains("removals") || !json["renames"].is_array() ||
-      !json["removals"].is_array()) {
-    return bad("expected {\"renames\": [...], \"removals\": [...]}");
-  }
-  CommitJournal journal;
-  for (const Json& pair : json["renames"]) {
-    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string() ||
-        !pair[1].is_string()) {
-      return bad("a rename is not a pair of names");
-    }
-    std::string from = pair[0].get<std::string>();
-    std::string to = pair[1].get<std::string>();
-    const absl::string_view from_base =
-        absl::string_view(from).substr(from.rfind('/') + 1);
-    if (!CheckRelativePath(from).ok() || !CheckRelativePath(to).ok() ||
-        !IsTempFileName(from_base) || !IsCheckpointFileName(to)) {
-      return bad(absl::StrCat("rename \"", from, "\" -> \"", to, "\""));
-    }
-    journal.renames.emplace_back(std::move(from), std::move(to));
-  }
-  for (const Json& name : json["removals"]) {
-    if (!name.is_string() || !CheckRelativePath(name.get<std::string>()).ok() ||
-        !IsCheckpointFileName(name.get<std::string>())) {
-      return bad(absl::StrCat("removal ", name.dump()));
-    }
-    journal.removals.push_back(name.get<std::string>());
-  }
-  return journal;
-}
-
-// The directories a journal touches (the checkpoint's and sharded/).
-std::vector<std::string> JournalDirs(const std::string& dir,
-                                     const CommitJournal& journal) {
-  std::vector<std::string> dirs = {dir};
-  auto note = [&](const std::string& relative) {
-    if (absl::StrContains(relative, '/') && dirs.size() == 1) {
-      dirs.push_back(JoinPath(dir, kHfShardedDirName));
-    }
-  };
-  for (const auto& [from, to] : journal.renames) note(to);
-  for (const std::string& name : journal.removals) note(name);
-  return dirs;
-}
-
-// Carries out `journal` in `dir`: renames (a temporary file already gone
-// was renamed before), removals, directory syncs, then removes the journal.
-absl::Status ApplyJournal(FileSystemBase& fs, const std::string& dir,
-                          const CommitJournal& journal, bool sync) {
-  for (const auto& [from, to] : journal.renames) {
-    absl::Status renamed = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
-    if (!renamed.ok() && !absl::IsNotFound(renamed)) {
-      return Annotate(renamed, "completing the commit");
-    }
-  }
-  std::vector<std::string> dirs = JournalDirs(dir, journal);
-  if (sync) {
-    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
-  }
-  for (const std::string& name : journal.removals) {
-    absl::Status removed = fs.RemoveFile(JoinPath(dir, name));
-    if (!removed.ok() && !absl::IsNotFound(removed)) {
-      return Annotate(removed, "removing a file of the replaced checkpoint");
-    }
-  }
-  if (sync) {
-    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
-  }
-  DCP_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(dir, kHfCommitJournalName)));
-  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
-  return absl::OkStatus();
+  return CheckRelativePath(relative).ok() &&
+         (absl::EndsWith(base, ".safetensors") || base == kHfIndexFileName);
 }
 
 // Completes the commit a journal in `dir` records, if there is one.
 absl::Status RollForward(FileSystemBase& fs, const std::string& dir,
                          bool sync) {
-  const std::string path = JoinPath(dir, kHfCommitJournalName);
-  absl::StatusOr<std::string> text = ReadSmallFile(fs, path, kMaxJournalBytes);
-  if (absl::IsNotFound(text.status())) return absl::OkStatus();
-  if (!text.ok()) return text.status();
-  DCP_ASSIGN_OR_RETURN(CommitJournal journal, DecodeJournal(*text, path));
-  return ApplyJournal(fs, dir, journal, sync);
+  return internal_io::CompleteCommit(fs, dir, kHfCommitJournalName,
+                                     IsCheckpointFileName, sync);
 }
 
 // Removes the temporary files of interrupted saves from `dir` (and
@@ -263,7 +116,8 @@ void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
     absl::StatusOr<std::vector<std::string>> names = fs.ListDir(d);
     if (!names.ok()) continue;
     for (const std::string& name : *names) {
-      if (IsTempFileName(name)) fs.RemoveFile(JoinPath(d, name)).IgnoreError();
+      if (internal_io::IsTemporaryFileName(name))
+        fs.RemoveFile(JoinPath(d, name)).IgnoreError();
     }
   }
 }
@@ -887,7 +741,7 @@ absl::Status HuggingFaceStorageWriter::Finish(
                          : result.storage_data.relative_path);
     }
   }
-  CommitJournal journal;
+  internal_io::CommitJournal journal;
   for (const std::string& relative : written) {
     journal.renames.emplace_back(TempRelativePath(relative, save_id_),
                                  relative);
@@ -936,7 +790,7 @@ absl::Status HuggingFaceStorageWriter::Finish(
     const std::string temp = TempPath(kHfIndexFileName);
     RecordCreated(temp);
     DCP_RETURN_IF_ERROR(
-        WriteWholeFile(*fs_, temp, json.dump(2) + "\n", options_.sync_files));
+        WriteSmallFile(*fs_, temp, json.dump(2) + "\n", options_.sync_files));
     journal.renames.emplace_back(TempRelativePath(kHfIndexFileName, save_id_),
                                  kHfIndexFileName);
     committed.insert(kHfIndexFileName);
@@ -949,13 +803,15 @@ absl::Status HuggingFaceStorageWriter::Finish(
   const std::string temp_journal = JoinPath(
       path_, absl::StrCat(".", kHfCommitJournalName + 1, ".tmp-", save_id_));
   RecordCreated(temp_journal);
-  DCP_RETURN_IF_ERROR(WriteWholeFile(*fs_, temp_journal, EncodeJournal(journal),
+  DCP_RETURN_IF_ERROR(WriteSmallFile(*fs_, temp_journal,
+                                     internal_io::EncodeCommitJournal(journal),
                                      options_.sync_files));
   DCP_RETURN_IF_ERROR(
       fs_->Rename(temp_journal, JoinPath(path_, kHfCommitJournalName)));
   decided_ = true;
   if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
-  DCP_RETURN_IF_ERROR(ApplyJournal(*fs_, path_, journal, options_.sync_files));
+  DCP_RETURN_IF_ERROR(internal_io::ApplyCommitJournal(
+      *fs_, path_, kHfCommitJournalName, journal, options_.sync_files));
   committed_ = true;
   absl::MutexLock lock(&mu_);
   created_.clear();

@@ -17,6 +17,7 @@
 #include "core/checksum.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/internal/parallel_work.h"
 #include "io/internal/sequential_writer.h"
@@ -27,18 +28,20 @@
 
 namespace dcp {
 
-using internal_hf::CheckPlainName;
 using internal_hf::EngineOrOwn;
 using internal_hf::OrLocal;
 using internal_hf::TempRelativePath;
 using internal_io::AlignedBuffer;
+using internal_io::CommitJournal;
+using internal_io::CompleteCommit;
 using internal_io::FirstError;
+using internal_io::IsTemporaryFileName;
+using internal_io::ReadSmallFile;
 using internal_io::RunOnThreads;
+using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
 
 namespace {
-
-constexpr int64_t kMaxJournalBytes = int64_t{64} << 20;
 
 std::string NewSaveId() {
   uint64_t bits = 0;
@@ -49,118 +52,8 @@ std::string NewSaveId() {
   return absl::StrFormat("%016x", bits);
 }
 
-// ".NAME.tmp-<16 hex digits>".
-bool IsTemporaryName(absl::string_view name) {
-  const size_t at = name.rfind(".tmp-");
-  if (!absl::StartsWith(name, ".") || at == absl::string_view::npos) {
-    return false;
-  }
-  const absl::string_view id = name.substr(at + 5);
-  return id.size() == 16 &&
-         id.find_first_not_of("0123456789abcdef") == absl::string_view::npos;
-}
-
-absl::StatusOr<std::string> ReadWhole(FileSystemBase& fs,
-                                      const std::string& path, int64_t limit) {
-  OpenOptions options;
-  options.exclusive = false;
-  options.no_follow = true;
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                       fs.OpenForRead(path, options));
-  DCP_ASSIGN_OR_RETURN(const int64_t size, file->Size());
-  if (size > limit) {
-    return absl::DataLossError(absl::StrCat(
-        path, " is ", size, " bytes, over the ", limit, " a reader accepts"));
-  }
-  std::string text(static_cast<size_t>(size), '\0');
-  DCP_ASSIGN_OR_RETURN(
-      size_t got,
-      file->PRead(0, {reinterpret_cast<std::byte*>(text.data()), text.size()}));
-  text.resize(got);
-  DCP_RETURN_IF_ERROR(file->Close());
-  return text;
-}
-
-absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
-                            absl::string_view text, bool sync) {
-  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(path));
-  DCP_RETURN_IF_ERROR(file->PWrite(
-      0, {reinterpret_cast<const std::byte*>(text.data()), text.size()}));
-  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
-  return file->Close();
-}
-
-// The commit journal of a decided save: renames (temporary -> final, the
-// index last) and the replaced checkpoint's files to remove, all plain
-// names in the directory.
-struct Journal {
-  std::vector<std::pair<std::string, std::string>> renames;
-  std::vector<std::string> removals;
-};
-
-// Decodes a journal found on disk (untrusted: only temporary names may be
-// renamed, only to MEGA file names; only MEGA files may be removed).
-absl::StatusOr<Journal> ParseJournal(absl::string_view text,
-                                     const std::string& path) {
-  Journal journal;
-  try {
-    const Json json = Json::parse(text.begin(), text.end());
-    for (const Json& pair : json.at("renames")) {
-      journal.renames.emplace_back(pair.at(0).get<std::string>(),
-                                   pair.at(1).get<std::string>());
-    }
-    journal.removals = json.at("removals").get<std::vector<std::string>>();
-  } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("commit journal ", path, " is malformed: ", e.what()));
-  }
-  for (const auto& [from, to] : journal.renames) {
-    if (!CheckPlainName(from).ok() || !IsTemporaryName(from) ||
-        !IsMegaCheckpointFileName(to)) {
-      return absl::DataLossError(absl::StrCat(
-          "commit journal ", path, " renames \"", from, "\" to \"", to, "\""));
-    }
-  }
-  for (const std::string& name : journal.removals) {
-    if (!IsMegaCheckpointFileName(name)) {
-      return absl::DataLossError(
-          absl::StrCat("commit journal ", path, " removes \"", name, "\""));
-    }
-  }
-  return journal;
-}
-
-// Carries out `journal` in `dir` (a temporary file already gone was renamed
-// before), then removes it.
-absl::Status Apply(FileSystemBase& fs, const std::string& dir,
-                   const Journal& journal, bool sync) {
-  for (const auto& [from, to] : journal.renames) {
-    absl::Status status = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
-    if (!status.ok() && !absl::IsNotFound(status)) {
-      return Annotate(status, "completing the commit");
-    }
-  }
-  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
-  for (const std::string& name : journal.removals) {
-    absl::Status status = fs.RemoveFile(JoinPath(dir, name));
-    if (!status.ok() && !absl::IsNotFound(status)) {
-      return Annotate(status, "removing a file of the replaced checkpoint");
-    }
-  }
-  DCP_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(dir, kMegaCommitJournalName)));
-  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
-  return absl::OkStatus();
-}
-
-// Completes a decided commit left in `dir`, if any.
-absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
-                            bool sync) {
-  const std::string path = JoinPath(dir, kMegaCommitJournalName);
-  absl::StatusOr<std::string> text = ReadWhole(fs, path, kMaxJournalBytes);
-  if (absl::IsNotFound(text.status())) return absl::OkStatus();
-  if (!text.ok()) return text.status();
-  DCP_ASSIGN_OR_RETURN(Journal journal, ParseJournal(*text, path));
-  return Apply(fs, dir, journal, sync);
+bool IsMegaFile(absl::string_view relative) {
+  return IsMegaCheckpointFileName(relative);
 }
 
 // The plan's storage_data: the coordinator's save id and, per file this
@@ -277,7 +170,8 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
                                                " (save ", save_id_, ")")));
   }
   absl::Status status =
-      Annotate(CompleteCommit(*fs_, path_, options_.sync_files),
+      Annotate(CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
+                              options_.sync_files),
                absl::StrCat("MEGA directory ", path_));
   if (!status.ok()) {
     directory_lock_.reset();
@@ -286,7 +180,7 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(path_);
   if (names.ok()) {
     for (const std::string& name : *names) {
-      if (IsTemporaryName(name)) {
+      if (IsTemporaryFileName(name)) {
         fs_->RemoveFile(JoinPath(path_, name)).IgnoreError();
       } else if (IsMegaCheckpointFileName(name)) {
         replaced_.insert(name);
@@ -638,7 +532,7 @@ absl::Status MegaStorageWriter::Finish(
   for (const auto& [fqn, in] : written) {
     index.weight_map[fqn].assign(in.begin(), in.end());
   }
-  Journal journal;
+  CommitJournal journal;
   for (const std::string& name : files) {
     journal.renames.emplace_back(TempRelativePath(name, save_id_), name);
   }
@@ -653,10 +547,7 @@ absl::Status MegaStorageWriter::Finish(
       journal.removals.push_back(name);
     }
   }
-  Json renames = Json::array();
-  for (const auto& [from, to] : journal.renames) renames.push_back({from, to});
-  const std::string text =
-      Json{{"renames", renames}, {"removals", journal.removals}}.dump(1);
+  const std::string text = internal_io::EncodeCommitJournal(journal);
   // The decision: once the journal is durable under its name, the save
   // completes whatever happens next.
   const std::string temp_journal = TempPath(kMegaCommitJournalName);
@@ -667,7 +558,8 @@ absl::Status MegaStorageWriter::Finish(
       fs_->Rename(temp_journal, JoinPath(path_, kMegaCommitJournalName)));
   decided_ = true;
   if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
-  DCP_RETURN_IF_ERROR(Apply(*fs_, path_, journal, options_.sync_files));
+  DCP_RETURN_IF_ERROR(internal_io::ApplyCommitJournal(
+      *fs_, path_, kMegaCommitJournalName, journal, options_.sync_files));
   committed_ = true;
   absl::MutexLock lock(&mu_);
   created_.clear();
@@ -693,7 +585,9 @@ void MegaStorageWriter::Abort() {
   if (decided_ && !committed_) {
     // Decided: complete it (best effort; the next save's SetUp does what is
     // left).
-    CompleteCommit(*fs_, path_, options_.sync_files).IgnoreError();
+    CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
+                   options_.sync_files)
+        .IgnoreError();
   } else if (!committed_) {
     for (const std::string& path : created) {
       fs_->RemoveFile(path).IgnoreError();
@@ -826,7 +720,7 @@ absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
   }
   const std::string index_path = JoinPath(path_, kMegaIndexFileName);
   absl::StatusOr<std::string> text =
-      ReadWhole(fs, index_path, kMegaMaxHeaderBytes);
+      ReadSmallFile(fs, index_path, kMegaMaxHeaderBytes);
   if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat("no MEGA checkpoint in ", path_,
                                             " (no ", kMegaIndexFileName, ")"));

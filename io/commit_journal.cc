@@ -1,0 +1,172 @@
+#include "io/internal/commit_journal.h"
+
+#include <algorithm>
+#include <exception>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace dcp::internal_io {
+namespace {
+
+using Json = nlohmann::json;
+
+// The most bytes a journal may have (it lists file names).
+constexpr int64_t kMaxJournalBytes = int64_t{64} << 20;
+
+// A relative path of plain components (no "", ".", "..", NUL).
+bool IsRelativePath(absl::string_view path) {
+  if (path.empty() || path.find('\0') != absl::string_view::npos) return false;
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+absl::string_view DirectoryOf(absl::string_view relative) {
+  const size_t slash = relative.rfind('/');
+  return slash == absl::string_view::npos ? absl::string_view()
+                                          : relative.substr(0, slash);
+}
+
+absl::string_view BaseOf(absl::string_view relative) {
+  return relative.substr(relative.rfind('/') + 1);
+}
+
+}  // namespace
+
+bool IsTemporaryFileName(absl::string_view name) {
+  const size_t at = name.rfind(".tmp-");
+  if (!absl::StartsWith(name, ".") || at == absl::string_view::npos) {
+    return false;
+  }
+  const absl::string_view id = name.substr(at + 5);
+  return id.size() == 16 &&
+         id.find_first_not_of("0123456789abcdef") == absl::string_view::npos;
+}
+
+std::string EncodeCommitJournal(const CommitJournal& journal) {
+  Json renames = Json::array();
+  for (const auto& [from, to] : journal.renames) renames.push_back({from, to});
+  return Json{{"renames", renames}, {"removals", journal.removals}}.dump(1);
+}
+
+absl::StatusOr<CommitJournal> DecodeCommitJournal(
+    absl::string_view text, const std::string& path,
+    CheckpointFileTest is_checkpoint_file) {
+  CommitJournal journal;
+  try {
+    const Json json = Json::parse(text.begin(), text.end());
+    for (const Json& pair : json.at("renames")) {
+      if (pair.size() != 2) throw std::invalid_argument("a rename's size");
+      journal.renames.emplace_back(pair.at(0).get<std::string>(),
+                                   pair.at(1).get<std::string>());
+    }
+    journal.removals = json.at("removals").get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat(
+        "commit journal ", path,
+        " is malformed: expected {\"renames\": [[temporary, final], ...], "
+        "\"removals\": [...]} (",
+        e.what(), ")"));
+  }
+  for (const auto& [from, to] : journal.renames) {
+    if (!IsRelativePath(from) || !IsRelativePath(to) ||
+        !IsTemporaryFileName(BaseOf(from)) ||
+        DirectoryOf(from) != DirectoryOf(to) || !is_checkpoint_file(to)) {
+      return absl::DataLossError(absl::StrCat("commit journal ", path,
+                                              " is malformed: rename \"", from,
+                                              "\" -> \"", to, "\""));
+    }
+  }
+  for (const std::string& name : journal.removals) {
+    if (!IsRelativePath(name) || !is_checkpoint_file(name)) {
+      return absl::DataLossError(absl::StrCat(
+          "commit journal ", path, " is malformed: removal \"", name, "\""));
+    }
+  }
+  return journal;
+}
+
+absl::Status ApplyCommitJournal(FileSystemBase& fs, const std::string& dir,
+                                absl::string_view journal_name,
+                                const CommitJournal& journal, bool sync) {
+  std::set<std::string> dirs = {dir};
+  for (const auto& [from, to] : journal.renames) {
+    absl::Status renamed = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
+    if (!renamed.ok() && !absl::IsNotFound(renamed)) {
+      return Annotate(renamed, "completing the commit");
+    }
+    if (!DirectoryOf(to).empty()) dirs.insert(JoinPath(dir, DirectoryOf(to)));
+  }
+  for (const std::string& name : journal.removals) {
+    if (!DirectoryOf(name).empty()) {
+      dirs.insert(JoinPath(dir, DirectoryOf(name)));
+    }
+  }
+  if (sync) {
+    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
+  }
+  for (const std::string& name : journal.removals) {
+    absl::Status removed = fs.RemoveFile(JoinPath(dir, name));
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
+      return Annotate(removed, "removing a file of the replaced checkpoint");
+    }
+  }
+  if (sync) {
+    for (const std::string& d : dirs) DCP_RETURN_IF_ERROR(fs.SyncDir(d));
+  }
+  DCP_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(dir, journal_name)));
+  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
+  return absl::OkStatus();
+}
+
+absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
+                            absl::string_view journal_name,
+                            CheckpointFileTest is_checkpoint_file, bool sync) {
+  const std::string path = JoinPath(dir, journal_name);
+  absl::StatusOr<std::string> text = ReadSmallFile(fs, path, kMaxJournalBytes);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();
+  if (!text.ok()) return text.status();
+  DCP_ASSIGN_OR_RETURN(CommitJournal journal,
+                       DecodeCommitJournal(*text, path, is_checkpoint_file));
+  return ApplyCommitJournal(fs, dir, journal_name, journal, sync);
+}
+
+absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
+                                          const std::string& path,
+                                          int64_t limit) {
+  OpenOptions options;
+  options.exclusive = false;
+  options.no_follow = true;
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                       fs.OpenForRead(path, options));
+  DCP_ASSIGN_OR_RETURN(const int64_t size, file->Size());
+  if (size > limit) {
+    return absl::DataLossError(absl::StrCat(path, " is ", size,
+                                            " bytes, more than the ", limit,
+                                            " a reader accepts"));
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
+  DCP_ASSIGN_OR_RETURN(
+      size_t got, file->PRead(0, {reinterpret_cast<std::byte*>(bytes.data()),
+                                  bytes.size()}));
+  bytes.resize(got);
+  DCP_RETURN_IF_ERROR(file->Close());
+  return bytes;
+}
+
+absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
+                            absl::string_view bytes, bool sync) {
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs.OpenForWrite(path));
+  DCP_RETURN_IF_ERROR(file->PWrite(
+      0, {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}));
+  if (sync) DCP_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+}  // namespace dcp::internal_io

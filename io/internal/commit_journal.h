@@ -1,0 +1,80 @@
+// Internal to io/: the commit journal of the storages whose files have
+// fixed names (Hugging Face, MEGA; docs/FORMAT.md sections 7 and 8). A save
+// writes its files under temporary names, then the journal, which lists
+// the renames (temporary -> final, the index last) and the files of the
+// replaced checkpoint to remove. Once the journal is durable under its name
+// the save is decided: whoever comes next completes it (CompleteCommit).
+//
+// Journals found on disk are untrusted: every name is a relative path of
+// plain components inside the directory, a rename goes from a temporary
+// name (IsTemporaryFileName) to a checkpoint file name in the same
+// directory, and removals name checkpoint files only.
+//
+// Thread safety: free functions; the caller holds the directory lock.
+#ifndef DCP_IO_INTERNAL_COMMIT_JOURNAL_H_
+#define DCP_IO_INTERNAL_COMMIT_JOURNAL_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "io/file_system.h"
+
+namespace dcp::internal_io {
+
+struct CommitJournal {
+  // (temporary, final) paths relative to the checkpoint directory, in the
+  // order they are renamed (the index last).
+  std::vector<std::pair<std::string, std::string>> renames;
+  // Files of the replaced checkpoint, relative to the directory.
+  std::vector<std::string> removals;
+};
+
+// Whether a relative path may be a final name of a checkpoint file (the
+// storage's own naming rules, directories included).
+using CheckpointFileTest = absl::FunctionRef<bool(absl::string_view)>;
+
+// ".NAME.tmp-<16 lowercase hex digits>" (a base name).
+bool IsTemporaryFileName(absl::string_view name);
+
+// {"renames": [[temporary, final], ...], "removals": [...]}.
+std::string EncodeCommitJournal(const CommitJournal& journal);
+
+// kDataLoss naming `path` for text that does not parse or breaks a rule of
+// the file comment.
+absl::StatusOr<CommitJournal> DecodeCommitJournal(
+    absl::string_view text, const std::string& path,
+    CheckpointFileTest is_checkpoint_file);
+
+// Carries out `journal` in `dir`: the renames (a temporary file already
+// gone was renamed before), directory syncs, the removals (missing files
+// were removed before), directory syncs, then removes `dir`/`journal_name`.
+// `sync` off skips the syncs.
+absl::Status ApplyCommitJournal(FileSystemBase& fs, const std::string& dir,
+                                absl::string_view journal_name,
+                                const CommitJournal& journal, bool sync);
+
+// Completes the commit the journal `dir`/`journal_name` records; OK when
+// there is none.
+absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
+                            absl::string_view journal_name,
+                            CheckpointFileTest is_checkpoint_file, bool sync);
+
+// The whole file at `path` (opened without following a symbolic link) if
+// it has at most `limit` bytes; kDataLoss naming it otherwise.
+absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
+                                          const std::string& path,
+                                          int64_t limit);
+
+// Writes `bytes` to the new file `path`, fsynced when `sync`.
+absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
+                            absl::string_view bytes, bool sync);
+
+}  // namespace dcp::internal_io
+
+#endif  // DCP_IO_INTERNAL_COMMIT_JOURNAL_H_
