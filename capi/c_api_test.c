@@ -695,6 +695,45 @@ static void test_metadata_extras(void) {
   CHECK_OK(dcp_storage_reader_free(reader));
 }
 
+/* dcp_fs_writer_options_t.compression: a zstd checkpoint loads back bit
+ * for bit; a bad setting is refused naming the field. */
+static void test_writer_compression(void) {
+  static int32_t src[65536], dst[65536];
+  int64_t shape[1] = {65536};
+  char dir[4200];
+  dcp_fs_writer_options_t wo;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  DLTensor t;
+  int i;
+
+  for (i = 0; i < 65536; ++i) src[i] = i % 7;
+  memset(&wo, 0, sizeof(wo));
+  wo.struct_size = sizeof(wo);
+  wo.compression = "zstd:99";
+  dir_for("compression", dir, sizeof(dir));
+  CHECK_ERROR(dcp_fs_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_fs_writer_options_t.compression");
+  wo.compression = "zstd:3";
+  CHECK_OK(dcp_fs_writer_create(dir, &wo, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(src, 1, shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  so = save_options(dir);
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  t.data = dst;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  {
+    dcp_load_options_t lo = load_options(dir);
+    CHECK_OK(dcp_load(sd, &lo));
+  }
+  CHECK(memcmp(src, dst, sizeof(src)) == 0);
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
 /* A storage writer and reader of the caller's, pointed at checkpoint_id. */
 static void test_writer_and_reader_handles(void) {
   int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8];
@@ -1884,6 +1923,7 @@ int main(void) {
   test_metadata();
   test_metadata_extras();
   test_writer_and_reader_handles();
+  test_writer_compression();
   test_hf_roundtrip();
   test_hf_errors();
   test_async_save();

@@ -325,6 +325,10 @@ typedef struct dcp_fs_writer_options {
   dcp_flag_t overwrite;            /* default true */
   int64_t per_thread_copy_ahead;   /* bytes; 0: the writer's default */
   dcp_flag_t direct_io;            /* default true */
+  /* NULL or "none": tensors stored as they are; "zstd" or "zstd:LEVEL":
+   * host tensors over 64 KiB compressed block by block (docs/FORMAT.md
+   * section 3.1; loads decode it with no option). */
+  const char* compression;
 } dcp_fs_writer_options_t;
 
 DCP_API int dcp_fs_writer_create(const char* path,

@@ -79,6 +79,13 @@ absl::StatusOr<FileSystemWriterOptions> WriterOptionsFromC(
   DCP_ASSIGN_OR_RETURN(out.direct_io,
                        ReadFlag(in.direct_io, out.direct_io,
                                 "dcp_fs_writer_options_t.direct_io"));
+  if (in.compression != nullptr) {
+    absl::StatusOr<ExtensionChain> chain = ParseCompression(in.compression);
+    if (!chain.ok()) {
+      return Annotate(chain.status(), "dcp_fs_writer_options_t.compression");
+    }
+    out.extensions = *std::move(chain);
+  }
   return out;
 }
 
