@@ -30,6 +30,10 @@
 namespace dcp::comm::internal {
 namespace {
 
+// How long one redis command may take; a healthy server answers in
+// milliseconds.
+constexpr absl::Duration kRedisCommandTimeout = absl::Seconds(10);
+
 // FileStore with its key check made public.
 class CheckableFileStore final : public gloo::rendezvous::FileStore {
  public:
@@ -84,10 +88,17 @@ class CheckableFileStore final : public gloo::rendezvous::FileStore {
 };
 
 #if GLOO_USE_REDIS
-// RedisStore with a DEL.
+// RedisStore with a DEL, and a bound on every command: without one, a rank
+// cut off from the server (a lost link) blocks in its next command until
+// TCP gives up, minutes later, instead of reporting its failure.
 class RemovableRedisStore final : public gloo::rendezvous::RedisStore {
  public:
-  using RedisStore::RedisStore;
+  RemovableRedisStore(const std::string& host, int port)
+      : RedisStore(host, port) {
+    struct timeval limit {};
+    limit.tv_sec = absl::ToInt64Seconds(kRedisCommandTimeout);
+    redisSetTimeout(redis_, limit);
+  }
 
   bool Remove(const std::string& key) {
     void* reply = redisCommand(redis_, "DEL %b", key.data(), key.size());
