@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -198,13 +199,39 @@ Future<void> FileWriteQueue::Write(size_t item, int64_t offset,
 }
 
 AlignedBuffer* FileWriteQueue::TakeBounce(int64_t size) {
-  while (!bounce_.empty() && bounce_bytes_ + size > kBounceBudget) {
-    bounce_.front().written.Wait();  // Its error is seen with the others.
-    bounce_bytes_ -= bounce_.front().buffer->size;
+  // Sizes within an eighth of a power of two share a capacity.
+  const int64_t wanted = std::max(size, kMinBounceCapacity);
+  const int64_t capacity = AlignUp(
+      wanted,
+      static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(wanted)) / 8));
+  // Buffers whose writes completed become spares (their errors are seen
+  // with the others at Finish).
+  auto retire_oldest = [&] {
+    bounce_.front().written.Wait();
+    spare_.push_back(std::move(bounce_.front().buffer));
     bounce_.pop_front();
+  };
+  while (!bounce_.empty() && bounce_.front().written.ready()) retire_oldest();
+  std::unique_ptr<AlignedBuffer> buffer;
+  while (buffer == nullptr) {
+    auto same = std::find_if(spare_.begin(), spare_.end(), [&](const auto& b) {
+      return b->size == capacity;
+    });
+    if (same != spare_.end()) {
+      buffer = std::move(*same);
+      spare_.erase(same);
+    } else if (bounce_bytes_ + capacity <= kBounceBudget ||
+               (spare_.empty() && bounce_.empty())) {
+      buffer = std::make_unique<AlignedBuffer>(capacity);
+      bounce_bytes_ += capacity;
+    } else if (!spare_.empty()) {
+      bounce_bytes_ -= spare_.back()->size;  // Of another capacity.
+      spare_.pop_back();
+    } else {
+      retire_oldest();
+    }
   }
-  bounce_.push_back({std::make_unique<AlignedBuffer>(size), Future<void>()});
-  bounce_bytes_ += size;
+  bounce_.push_back({std::move(buffer), Future<void>()});
   return bounce_.back().buffer.get();
 }
 
@@ -290,15 +317,18 @@ absl::Status WriteDataFile(const DataFileContext& context,
       *context.engine, *file,
       context.sync_files && !file->direct() ? context.writeback_bytes : 0);
   std::vector<PipelineItem> device_items;  // Staged after the host items.
-  // The open pack's buffer (zero-filled: the gaps read as zeros), written
-  // once its last item is in.
+  // The open pack's buffer, written once its last item is in. Its gaps
+  // (alignment between items, padding after the last) read as zeros: the
+  // bytes below `pack_filled` hold items or zeros.
   AlignedBuffer* pack_buffer = nullptr;
   int open_pack = -1;
+  int64_t pack_filled = 0;
   auto flush_pack = [&]() {
     if (open_pack < 0) return;
     const FilePack& pack = layout.packs[open_pack];
     const int64_t length =
         context.direct_io ? AlignUp(pack.used, kDirectIoAlignment) : pack.used;
+    std::memset(pack_buffer->data + pack_filled, 0, length - pack_filled);
     queue.SetBounceWritten(
         queue.Write(pack.first_item, pack.start, pack_buffer->data, length));
     open_pack = -1;
@@ -329,10 +359,12 @@ absl::Status WriteDataFile(const DataFileContext& context,
         open_pack = layout.pack[i];
         pack_buffer = queue.TakeBounce(
             AlignUp(layout.packs[open_pack].used, kDirectIoAlignment));
-        std::memset(pack_buffer->data, 0, pack_buffer->size);
+        pack_filled = 0;
       }
-      std::memcpy(pack_buffer->data + (offset - layout.packs[open_pack].start),
-                  bytes, length);
+      const int64_t at = offset - layout.packs[open_pack].start;
+      std::memset(pack_buffer->data + pack_filled, 0, at - pack_filled);
+      std::memcpy(pack_buffer->data + at, bytes, length);
+      pack_filled = at + length;
     } else {
       flush_pack();
       if (!context.direct_io) {

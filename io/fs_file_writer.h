@@ -39,6 +39,7 @@ namespace dcp::internal_fs {
 // bytes in flight per file.
 inline constexpr int64_t kBounceChunk = int64_t{4} << 20;
 inline constexpr int64_t kBounceBudget = int64_t{32} << 20;
+inline constexpr int64_t kMinBounceCapacity = int64_t{64} << 10;
 // Buffered saves: writebacks outstanding per file before the writer waits
 // for the oldest (docs/BENCHMARKS.md section 1, "Writeback").
 inline constexpr size_t kWritebacksAhead = 2;
@@ -56,8 +57,13 @@ inline constexpr size_t kWritebacksAhead = 2;
 // pieces of dirty pages, instead of filling the page cache until the
 // kernel throttles the writer.
 //
-// Bounce buffers (TakeBounce): at most kBounceBudget bytes are held; taking
-// more first waits for the oldest buffers' writes and frees them.
+// Bounce buffers (TakeBounce): their capacities are the size asked for (at
+// least kMinBounceCapacity) rounded up to an eighth of the next power of
+// two, and at most kBounceBudget bytes of them are held.
+// A buffer whose write completed is reused for the next one of its capacity
+// (a save of many small items packs them through the same few, already
+// touched, buffers instead of faulting in fresh memory for each pack);
+// taking one past the budget first waits for the oldest writes.
 //
 // Thread safety: one thread drives a queue; the engine completes its
 // futures on its own threads. The destructor waits for everything in
@@ -74,9 +80,9 @@ class FileWriteQueue {
   // future is ready (every piece written).
   Future<void> Write(size_t item, int64_t offset, const std::byte* data,
                      size_t length);
-  // An uninitialised aligned buffer of `size` bytes owned by the queue,
-  // kept until the future given to SetBounceWritten for it is ready (the
-  // caller sets it once the buffer's write is submitted).
+  // An uninitialised aligned buffer of at least `size` bytes owned by the
+  // queue, kept until the future given to SetBounceWritten for it is ready
+  // (the caller sets it once the buffer's write is submitted).
   internal_io::AlignedBuffer* TakeBounce(int64_t size);
   void SetBounceWritten(Future<void> written);
   // Whether any write failed so far.
@@ -103,8 +109,10 @@ class FileWriteQueue {
     std::unique_ptr<internal_io::AlignedBuffer> buffer;
     Future<void> written;
   };
-  std::deque<Bounce> bounce_;
-  int64_t bounce_bytes_ = 0;
+  std::deque<Bounce> bounce_;  // In flight, oldest first.
+  // Written and free for reuse.
+  std::vector<std::unique_ptr<internal_io::AlignedBuffer>> spare_;
+  int64_t bounce_bytes_ = 0;  // Capacity of bounce_ and spare_.
   std::vector<Future<size_t>> futures_;
   std::vector<size_t> future_item_;  // SIZE_MAX: an fsync.
   std::shared_ptr<std::atomic<bool>> failed_;
