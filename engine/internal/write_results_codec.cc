@@ -61,8 +61,12 @@ absl::StatusOr<std::vector<WriteResult>> DecodeWriteResults(
   std::vector<WriteResult> results;
   results.reserve(message.results_size());
   for (const engine_wire::WriteResult& in : message.results()) {
+    // A raw length or block lengths belong to an extension record only
+    // (the encoder writes them with one).
     if (in.file_offset() < 0 || in.length() < 0 ||
-        (!in.has_offset() && in.offset_size() != 0)) {
+        (!in.has_offset() && in.offset_size() != 0) ||
+        (in.extensions_size() == 0 &&
+         (in.raw_length() != 0 || in.block_lengths_size() != 0))) {
       return absl::DataLossError(
           absl::StrCat("write result for \"", in.fqn(), "\" is inconsistent"));
     }

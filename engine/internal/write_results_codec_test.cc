@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/internal/coordination.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -48,6 +49,32 @@ TEST(WriteResultsCodecTest, GarbageIsDataLoss) {
   absl::StatusOr<std::vector<WriteResult>> out =
       DecodeWriteResults(std::string("\xff\xff\xff\xff\x0f", 5));
   EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// Found by //fuzz:write_results: a raw length or block lengths without an
+// extension record decoded, and re-encoding dropped them, so the rank and
+// the coordinator disagreed on the item.
+TEST(WriteResultsCodecTest, LengthsWithoutExtensionsAreDataLoss) {
+  for (bool block_lengths : {false, true}) {
+    engine_wire::WriteResults message;
+    message.set_version(1);
+    engine_wire::WriteResult* result = message.add_results();
+    result->set_fqn("step");
+    result->set_relative_path("__0_0.distcp");
+    result->set_length(8);
+    if (block_lengths) {
+      result->add_block_lengths(8);
+    } else {
+      result->set_raw_length(80);
+    }
+    absl::StatusOr<std::vector<WriteResult>> out =
+        DecodeWriteResults(message.SerializeAsString());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(out.status().message()),
+                HasSubstr("\"step\" is inconsistent"));
+    result->add_extensions("zstd/1.0");
+    EXPECT_TRUE(DecodeWriteResults(message.SerializeAsString()).ok());
+  }
 }
 
 // A length past INT32_MAX is refused before protobuf sees it: 4 GiB plus
