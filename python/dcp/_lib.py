@@ -121,7 +121,8 @@ class FsWriterOptions(Structure):
     _fields_ = [("struct_size", c_size_t),
                 ("single_file_per_rank", c_int32), ("sync_files", c_int32),
                 ("thread_count", c_int32), ("overwrite", c_int32),
-                ("per_thread_copy_ahead", c_int64), ("direct_io", c_int32)]
+                ("per_thread_copy_ahead", c_int64), ("direct_io", c_int32),
+                ("compression", c_char_p)]
 
 
 class FsReaderOptions(Structure):

@@ -72,6 +72,10 @@ class FileSystemWriter(_Storage):
     serialization_format: TORCH_SAVE (dcp's format); SAFETENSORS raises.
     direct_io (dcp only, keyword): O_DIRECT data writes; None = the
       engine's default (on, with a buffered fallback where refused).
+    compression (dcp only, keyword): None or "none", "zstd" or
+      "zstd:LEVEL": host tensors over 64 KiB compressed block by block
+      (loads decode it without an option; a bad value raises ValueError
+      when the writer is used).
     """
 
     def __init__(self, path, single_file_per_rank: bool = True,
@@ -80,7 +84,8 @@ class FileSystemWriter(_Storage):
                  cache_staged_state_dict: bool = False,
                  overwrite: bool = True, _extensions=None,
                  serialization_format: SerializationFormat =
-                 SerializationFormat.TORCH_SAVE, *, direct_io=None):
+                 SerializationFormat.TORCH_SAVE, *, direct_io=None,
+                 compression=None):
         if _extensions:
             raise NotImplementedError(
                 "FileSystemWriter: stream transform _extensions are not "
@@ -101,6 +106,7 @@ class FileSystemWriter(_Storage):
         self.overwrite = bool(overwrite)
         self.serialization_format = serialization_format
         self.direct_io = direct_io
+        self.compression = compression
 
     def _options(self) -> _lib.FsWriterOptions:
         copy_ahead = self.per_thread_copy_ahead
@@ -112,7 +118,9 @@ class FileSystemWriter(_Storage):
             overwrite=_lib.flag(self.overwrite),
             per_thread_copy_ahead=(0 if copy_ahead == _SEED_COPY_AHEAD
                                    else copy_ahead),
-            direct_io=_lib.flag(self.direct_io))
+            direct_io=_lib.flag(self.direct_io),
+            compression=(None if self.compression is None
+                         else str(self.compression).encode()))
 
     def _create(self, path=None) -> ctypes.c_void_p:
         """A new dcp_storage_writer_t (the caller frees it)."""

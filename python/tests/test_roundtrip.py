@@ -3,6 +3,7 @@ loaded in place into the caller's own objects."""
 
 import collections
 import math
+import os
 
 import numpy as np
 import pytest
@@ -282,6 +283,25 @@ def test_save_state_dict_and_load_state_dict(ckpt):
     dst = {"a": torch.zeros(300, 300), "b": torch.zeros(300, 300), "n": 0}
     dcp.load_state_dict(dst, dcp.FileSystemReader(ckpt))
     assert torch.equal(dst["a"], src["a"]) and dst["n"] == 3
+
+
+def test_zstd_compression_round_trips_and_shrinks(tmp_path):
+    state = {"w": torch.arange(200_000, dtype=torch.float32) % 7,
+             "m": torch.randn(100_000)}
+    plain, packed = str(tmp_path / "plain"), str(tmp_path / "zstd")
+    dcp.save(state, checkpoint_id=plain)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(
+        packed, compression="zstd:3"))
+    dst = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(dst, checkpoint_id=packed)
+    assert all(torch.equal(dst[k], state[k]) for k in state)
+
+    def size(d):
+        return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+    assert size(packed) < size(plain)
+    with pytest.raises(ValueError, match="compression"):
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(
+            str(tmp_path / "bad"), compression="zstd:99"))
 
 
 def test_overwrite_false_refuses_an_existing_checkpoint(ckpt):
