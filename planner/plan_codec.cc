@@ -627,6 +627,11 @@ std::string EncodeMetadataMessage(const Metadata& metadata) {
     s->set_offset(info.offset);
     s->set_length(info.length);
     for (uint64_t c : info.block_checksums) s->add_block_checksums(c);
+    if (!info.extensions.empty()) {
+      for (const std::string& e : info.extensions) s->add_extensions(e);
+      s->set_raw_length(info.raw_length);
+      for (int64_t b : info.block_lengths) s->add_block_lengths(b);
+    }
   }
   if (metadata.storage_meta.has_value()) {
     pb::StorageMeta* m = proto.mutable_storage_meta();
@@ -693,6 +698,10 @@ absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes) {
     info.length = s.length();
     info.block_checksums.assign(s.block_checksums().begin(),
                                 s.block_checksums().end());
+    info.extensions.assign(s.extensions().begin(), s.extensions().end());
+    info.raw_length = s.raw_length();
+    info.block_lengths.assign(s.block_lengths().begin(),
+                              s.block_lengths().end());
     metadata.storage_data.emplace(std::move(index), std::move(info));
   }
   if (proto.has_storage_meta()) {

@@ -106,6 +106,11 @@ Metadata SampleMetadata() {
                         {"s", {"s"}}};
   md.storage_data[MetadataIndex("w", Shape{0, 2})] =
       StorageInfo{"__0_0.distcp", 4096, 64, {1, 2, 3}};
+  // Stored through zstd: three blocks of which two shrank.
+  StorageInfo& w = md.storage_data[MetadataIndex("w", Shape{0, 2})];
+  w.extensions = {"zstd/1.0"};
+  w.raw_length = 96;
+  w.block_lengths = {20, 32, 12};
   md.storage_data[MetadataIndex("step")] =
       StorageInfo{"__1_0.distcp", 0, 9, {77}};
   md.storage_meta = StorageMeta{"ckpt", "save-1", "", {"model", "optim"}};
