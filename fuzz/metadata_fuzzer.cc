@@ -18,15 +18,12 @@
 //    past verification into the copies), and FileSystemReader with
 //    DefaultLoadPlanner loads it into host tensors of the recorded shapes,
 //    whole or in two shards, the way engine/checkpoint.cc loads on one rank.
-#include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,10 +38,10 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "fuzz/fuzz_check.h"
+#include "fuzz/scratch.h"
 #include "io/file_system_storage.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
-#include "planner/default_planner.h"
 #include "planner/metadata.h"
 #include "planner/value_codec.h"
 
@@ -72,49 +69,6 @@ std::string WithValidHeader(absl::string_view file) {
   PutLittleEndian(out.data() + 16, length, 8);
   PutLittleEndian(out.data() + 24, Checksum(payload, length), 8);
   return out;
-}
-
-// A process-wide scratch directory (removed at exit) and a POSIX engine
-// shared by every load.
-struct Scratch {
-  std::string dir;
-  std::unique_ptr<IoEngine> engine;
-};
-
-Scratch& GetScratch() {
-  static Scratch* scratch = [] {
-    auto* s = new Scratch;
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    std::string base = tmp != nullptr                              ? tmp
-                       : std::filesystem::is_directory("/dev/shm") ? "/dev/shm"
-                                                                   : "/tmp";
-    std::string pattern = base + "/dcp-metadata-fuzzer-XXXXXX";
-    DCP_FUZZ_CHECK(mkdtemp(pattern.data()) != nullptr,
-                   "cannot create the scratch directory");
-    s->dir = pattern;
-    std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(GetScratch().dir, ignored);
-    });
-    IoEngineOptions options;
-    options.mode = IoMode::kPosix;
-    options.threads = 2;
-    s->engine = NewPosixIoEngine(options);
-    return s;
-  }();
-  return *scratch;
-}
-
-void WriteWholeFile(const std::string& path, absl::string_view bytes) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return;  // E.g. a name longer than NAME_MAX: the load says so.
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
 }
 
 // The data files `metadata` names, each as long as its last item needs
@@ -205,8 +159,8 @@ StateDict Destinations(const Metadata& metadata) {
   return state_dict;
 }
 
-// The single-rank load sequence of engine/checkpoint.cc. Errors are the
-// load's to report; only crashes and sanitizer reports are findings.
+// Reads the metadata committed in `dir` back through a FileSystemReader and
+// loads it into `state_dict` (LoadOneRank).
 absl::Status RunLoad(const std::string& dir, StateDict& state_dict) {
   FileSystemReaderOptions options;
   options.direct_io = false;
@@ -215,21 +169,10 @@ absl::Status RunLoad(const std::string& dir, StateDict& state_dict) {
   // Small windows: items are read in pieces and copied box by box.
   options.read_window_bytes = 4096;
   FileSystemReader reader(dir, options);
-  DefaultLoadPlanner planner;
   absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
   DCP_FUZZ_CHECK(metadata.ok(),
                  "the re-encoded metadata does not read back in a load");
-  DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, *metadata, true));
-  DCP_RETURN_IF_ERROR(reader.SetUp(*metadata, true));
-  DCP_ASSIGN_OR_RETURN(LoadPlan plan, planner.CreateLocalPlan());
-  DCP_ASSIGN_OR_RETURN(plan, reader.PrepareLocalPlan(std::move(plan)));
-  std::vector<LoadPlan> plans;
-  plans.push_back(std::move(plan));
-  DCP_ASSIGN_OR_RETURN(plans, planner.CreateGlobalPlan(std::move(plans)));
-  DCP_ASSIGN_OR_RETURN(plans, reader.PrepareGlobalPlan(std::move(plans)));
-  DCP_FUZZ_CHECK(plans.size() == 1, "one local plan gave another count");
-  DCP_ASSIGN_OR_RETURN(plan, planner.FinishPlan(std::move(plans[0])));
-  return reader.ReadData(plan, planner).Wait();
+  return LoadOneRank(reader, *metadata, state_dict);
 }
 
 void LoadFromScratch(const Metadata& decoded) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/state_dict.h"
+#include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
 #include "io/metadata_format.h"
 #include "io/safetensors.h"
@@ -317,6 +318,40 @@ void SafetensorsSeeds() {
                         DataBytes(1)));
 }
 
+void WriteResultsSeeds() {
+  WriteResult tensor;
+  tensor.index = MetadataIndex("model.w", Shape{4, 0}, 1);
+  tensor.size_in_bytes = 4096;
+  tensor.storage_data.relative_path = "__0_0123456789abcdef_0.distcp";
+  tensor.storage_data.offset = 8192;
+  tensor.storage_data.length = 4096;
+  tensor.storage_data.block_checksums = {1, 0xffffffffffffffffULL};
+  WriteResult value;
+  value.index = MetadataIndex("step");
+  value.size_in_bytes = 8;
+  value.storage_data.relative_path = "__0_0123456789abcdef_0.distcp";
+  value.storage_data.length = 8;
+  Write("write_results", "tensor_and_value",
+        internal::EncodeWriteResults({tensor, value}));
+  Write("write_results", "none", internal::EncodeWriteResults({}));
+  // Accepted here (the reader checks paths and ranges against the files).
+  WriteResult far = tensor;
+  far.storage_data.offset = std::numeric_limits<int64_t>::max();
+  Write("write_results", "offset_int64_max",
+        internal::EncodeWriteResults({far}));
+  WriteResult outside = value;
+  outside.storage_data.relative_path = "../outside.distcp";
+  Write("write_results", "path_outside_directory",
+        internal::EncodeWriteResults({outside}));
+  // Refused (one rule each).
+  WriteResult negative = value;
+  negative.storage_data.length = -1;
+  Write("write_results", "negative_length",
+        internal::EncodeWriteResults({negative}));
+  Write("write_results", "version_2", std::string("\x08\x02", 2));
+  Write("write_results", "garbage", std::string("\xff\xff\xff\xff\x0f", 5));
+}
+
 }  // namespace
 }  // namespace dcp::fuzz
 
@@ -330,5 +365,6 @@ int main(int argc, char** argv) {
   dcp::fuzz::PlanCodecSeeds();
   dcp::fuzz::ValueCodecSeeds();
   dcp::fuzz::SafetensorsSeeds();
+  dcp::fuzz::WriteResultsSeeds();
   return 0;
 }
