@@ -31,8 +31,10 @@ using ::dcp::testing::ListFiles;
 using ::dcp::testing::MakeTempDir;
 using ::dcp::testing::SeededTensor;
 
-// A checkpoint's content: whole tensors, and one tensor saved as two chunks
-// (two items, and with one file per item two files, for it).
+// A checkpoint's content: whole tensors (one of them, "z", compressible
+// and large enough to go through a writer's extensions), and one tensor
+// saved as two chunks (two items, and with one file per item two files,
+// for it).
 struct Content {
   StateDict tensors;
   Tensor sharded;
@@ -43,6 +45,12 @@ struct Content {
     c.tensors["b"] = SeededTensor(DType::kBF16, {4097}, seed + 1);
     c.tensors["c"] = SeededTensor(DType::kI64, {3}, seed + 2);
     c.sharded = SeededTensor(DType::kU8, {6, 1000}, seed + 3);
+    Tensor z = Tensor::Empty(DType::kF32, {40000});
+    auto* values = static_cast<float*>(z.data());
+    for (int64_t i = 0; i < 40000; ++i) {
+      values[i] = static_cast<float>((i + seed) % 5);
+    }
+    c.tensors["z"] = std::move(z);
     return c;
   }
 };
@@ -103,6 +111,8 @@ struct Layout {
   bool single_file_per_rank;
   int thread_count;
   bool previous;  // A checkpoint is there before the save.
+  // FileSystemWriterOptions::extensions, as ParseCompression reads it.
+  std::string compression = "none";
 };
 
 class NativeCrashTest : public ::testing::TestWithParam<Layout> {};
@@ -116,6 +126,7 @@ TEST_P(NativeCrashTest, EveryStepLeavesTheOldOrTheNewCheckpointAndNoStrays) {
   options.single_file_per_rank = layout.single_file_per_rank;
   options.thread_count = layout.thread_count;
   options.io_mode = IoMode::kPosix;
+  options.extensions = *ParseCompression(layout.compression);
 
   std::string dir;
   std::set<std::string> old_files;
@@ -128,6 +139,15 @@ TEST_P(NativeCrashTest, EveryStepLeavesTheOldOrTheNewCheckpointAndNoStrays) {
     testing::FakeSavePlanner planner = PlannerOf(old_content);
     ASSERT_TRUE(testing::SaveOneRank(writer, planner).ok());
     old_files = ListFiles(dir);
+    if (layout.compression != "none") {  // "z" went through zstd.
+      FileSystemReader reader(dir);
+      absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+      ASSERT_TRUE(metadata.ok());
+      const StorageInfo& z =
+          metadata->storage_data.at(MetadataIndex("z", Shape{0}));
+      ASSERT_FALSE(z.extensions.empty());
+      ASSERT_LT(z.length, z.raw_length);
+    }
   };
   auto save = [&](FileSystemBase& fs) {
     FileSystemWriterOptions faulty = options;
@@ -196,7 +216,8 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, NativeCrashTest,
     ::testing::Values(Layout{"one_file", true, 1, true},
                       Layout{"file_per_item_two_threads", false, 2, true},
-                      Layout{"first_save", true, 1, false}),
+                      Layout{"first_save", true, 1, false},
+                      Layout{"zstd", true, 2, true, "zstd"}),
     [](const ::testing::TestParamInfo<Layout>& info) {
       return info.param.name;
     });
