@@ -699,6 +699,13 @@ absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes) {
     info.block_checksums.assign(s.block_checksums().begin(),
                                 s.block_checksums().end());
     info.extensions.assign(s.extensions().begin(), s.extensions().end());
+    if (info.extensions.empty() &&
+        (s.raw_length() != 0 || s.block_lengths_size() != 0)) {
+      // The encoder writes neither without an extension record.
+      return absl::DataLossError(
+          absl::StrCat("storage entry for ", index.ToString(),
+                       " has a raw length or block lengths but no extensions"));
+    }
     info.raw_length = s.raw_length();
     info.block_lengths.assign(s.block_lengths().begin(),
                               s.block_lengths().end());
