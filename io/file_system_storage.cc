@@ -245,6 +245,16 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                      " is larger than the most a reader accepts (",
                      kMaxChecksumBlockSize, ")"));
   }
+  if (options_.serialization_format == SerializationFormat::kSafetensors &&
+      !options_.extensions.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank,
+                     ": serialization_format safetensors cannot store items "
+                     "through extensions (",
+                     options_.extensions.size(),
+                     " given); drop the compression or use the native "
+                     "format"));
+  }
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   DCP_RETURN_IF_ERROR(
@@ -364,7 +374,9 @@ Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
   context.engine = engine_;
   context.dir = dir_;
   context.rank = rank_;
-  context.direct_io = options_.direct_io;
+  context.safetensors =
+      options_.serialization_format == SerializationFormat::kSafetensors;
+  context.direct_io = options_.direct_io && !context.safetensors;
   context.uncached_writes = options_.uncached_writes;
   context.sync_files = options_.sync_files;
   context.writeback_bytes = options_.writeback_bytes;

@@ -64,6 +64,17 @@ namespace internal_fs {
 class CreatedFiles;  // io/fs_commit.h
 }  // namespace internal_fs
 
+// How a FileSystemWriter lays out its data files (docs/FORMAT.md section
+// 2.1). kNative: dcp's own layout. kSafetensors: every data file is also a
+// valid safetensors file (items named `fqn`, or `fqn@o0,o1,...` for a
+// chunk at those offsets; bytes values as 1-D U8 tensors), the metadata's
+// offsets counting from the file's start, so dcp loads it as usual. It is
+// written buffered (direct_io is ignored) and refuses extensions.
+enum class SerializationFormat : uint8_t {
+  kNative = 0,
+  kSafetensors = 1,
+};
+
 // The seed's FileSystemWriter keyword arguments.
 struct FileSystemWriterOptions {
   // One data file per rank and writer thread (true) or one per item.
@@ -140,6 +151,9 @@ struct FileSystemWriterOptions {
   // on its first WriteData and keeps. Not owned; must outlive the writer.
   // An InlineExecutor makes WriteData run on the calling thread.
   Executor* executor = nullptr;
+  // The data files' layout. kSafetensors with non-empty `extensions` fails
+  // at SetUp with kInvalidArgument.
+  SerializationFormat serialization_format = SerializationFormat::kNative;
 };
 
 // What RemoveOrphans found in a checkpoint directory. Orphans are the files

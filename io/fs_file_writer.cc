@@ -10,11 +10,13 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/checksum.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/fs_encoded_writer.h"
 #include "io/fs_layout.h"
+#include "io/safetensors.h"
 #include "staging/device_staging.h"
 
 namespace dcp::internal_fs {
@@ -142,6 +144,61 @@ absl::Status WriteDeviceItems(const DataFileContext& context,
   return Annotate(
       status, absl::StrCat("rank ", context.rank, ": staging ",
                            device_items.size(), " device tensor(s) of ", path));
+}
+
+// The safetensors name of item `item`: its fqn for a bytes value or a whole
+// tensor, else `fqn@o0,o1,...` (the chunk's offsets).
+std::string SafetensorsName(const WriteItem& item) {
+  if (!item.tensor_data.has_value()) return item.index.fqn;
+  const TensorWriteData& data = *item.tensor_data;
+  if (data.chunk.sizes == data.size &&
+      std::all_of(data.chunk.offsets.begin(), data.chunk.offsets.end(),
+                  [](int64_t o) { return o == 0; })) {
+    return item.index.fqn;
+  }
+  return absl::StrCat(item.index.fqn, "@",
+                      absl::StrJoin(data.chunk.offsets, ","));
+}
+
+// Lays out a safetensors data file: the header (returned, padded so the data
+// starts kDirectIoAlignment-aligned), then the items back to back in plan
+// order, tensors as their dtype and chunk shape, bytes values as 1-D U8.
+// kInvalidArgument for what the format cannot hold (a dtype it lacks, a
+// duplicate or empty name).
+absl::StatusOr<std::string> SafetensorsLayout(
+    const std::vector<const WriteItem*>& items,
+    const std::vector<ResolvedItem>& resolved, FileLayout& layout) {
+  std::vector<SafetensorsTensor> tensors(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& item = *items[i];
+    SafetensorsTensor& t = tensors[i];
+    t.name = SafetensorsName(item);
+    if (resolved[i].tensor && item.tensor_data.has_value()) {
+      t.dtype = item.tensor_data->properties.dtype;
+      t.shape = item.tensor_data->chunk.sizes;
+    } else {
+      t.dtype = DType::kU8;
+      t.shape = {resolved[i].length};
+    }
+  }
+  DCP_ASSIGN_OR_RETURN(
+      std::string header,
+      EncodeSafetensorsHeader(tensors, {{"format", "pt"}}, kDirectIoAlignment));
+  const int64_t start = static_cast<int64_t>(header.size());
+  layout.offset.resize(items.size());
+  layout.pack.assign(items.size(), -1);
+  layout.end = start;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (tensors[i].end - tensors[i].begin != resolved[i].length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", items[i]->index.ToString(), " holds ",
+                       resolved[i].length, " bytes, its dtype and shape say ",
+                       tensors[i].end - tensors[i].begin));
+    }
+    layout.offset[i] = start + tensors[i].begin;
+    layout.end = std::max(layout.end, start + tensors[i].end);
+  }
+  return header;
 }
 
 }  // namespace
@@ -301,7 +358,22 @@ absl::Status WriteDataFile(const DataFileContext& context,
     layout_items[i] = {encode[i] ? 0 : resolved[i].length, resolved[i].tensor,
                        resolved[i].on_device};
   }
-  const FileLayout layout = LayOutFile(layout_items, context.direct_io);
+  std::string safetensors_header;  // Written at offset 0; outlives `queue`.
+  FileLayout layout;
+  if (context.safetensors) {
+    if (context.direct_io || !context.extensions.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(rank_note,
+                       ": a safetensors data file is written buffered and "
+                       "without extensions"));
+    }
+    absl::StatusOr<std::string> header =
+        SafetensorsLayout(items, resolved, layout);
+    if (!header.ok()) return Annotate(header.status(), rank_note);
+    safetensors_header = *std::move(header);
+  } else {
+    layout = LayOutFile(layout_items, context.direct_io);
+  }
   const int64_t reserved = layout.end + encoded_reserve;
   // Only for O_DIRECT: buffered writes gain nothing from it on ext4
   // (delayed allocation lays the file out at writeback), and on tmpfs
@@ -334,6 +406,11 @@ absl::Status WriteDataFile(const DataFileContext& context,
     open_pack = -1;
     pack_buffer = nullptr;
   };
+  if (!safetensors_header.empty()) {
+    queue.Write(SIZE_MAX, 0,
+                reinterpret_cast<const std::byte*>(safetensors_header.data()),
+                safetensors_header.size());
+  }
   int64_t offset = 0;
   for (size_t i = 0; i < items.size() && !queue.failed(); ++i) {
     const WriteItem& item = *items[i];

@@ -125,6 +125,9 @@ struct DataFileContext {
   std::string dir;
   int rank = 0;
   bool direct_io = true;
+  // Lay the file out as a safetensors file (SerializationFormat::
+  // kSafetensors): requires direct_io false and no extensions.
+  bool safetensors = false;
   bool uncached_writes = true;
   bool sync_files = true;
   int64_t writeback_bytes = 0;
