@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "io/internal/parallel_work.h"
 
 namespace dcp {
 namespace {
@@ -17,10 +18,11 @@ std::string DirOf(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-// A partial write lands whole 4 KiB blocks (as the kernel's would; an
-// O_DIRECT file takes nothing else); nothing of a smaller write.
+// A partial write lands whole kDirectIoAlignment blocks (as the kernel's
+// would; an O_DIRECT file takes nothing else); nothing of a smaller write.
 size_t PartialLength(size_t length) {
-  return length >= 4096 ? length / 4096 * 4096 : 0;
+  return static_cast<size_t>(internal_io::AlignDown(
+      static_cast<int64_t>(length), internal_io::kDirectIoAlignment));
 }
 
 uint64_t SplitMix(uint64_t& state) {

@@ -119,7 +119,7 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
   const int64_t budget =
       std::max(kMinThreadBudget, options_.consolidation_buffer_bytes / threads);
   const int64_t quarter =
-      budget / 4 / internal_hf::kBlock * internal_hf::kBlock;
+      internal_hf::AlignDown(budget / 4, internal_hf::kDirectIoAlignment);
   Meter meter;
 
   // Writes output file `out` (its temporary name) with `inputs` open.
@@ -131,10 +131,11 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
           std::get<TensorStorageMetadata>(metadata.state_dict_metadata[fqn]);
       layout.push_back({fqn, tensor.properties.dtype, tensor.size});
     }
-    SortForSafetensors(layout, internal_hf::kBlock);
-    DCP_ASSIGN_OR_RETURN(std::string header,
-                         EncodeSafetensorsHeader(layout, {{"format", "pt"}},
-                                                 internal_hf::kBlock));
+    SortForSafetensors(layout, internal_hf::kDirectIoAlignment);
+    DCP_ASSIGN_OR_RETURN(
+        std::string header,
+        EncodeSafetensorsHeader(layout, {{"format", "pt"}},
+                                internal_hf::kDirectIoAlignment));
     const std::string path = TempPath(out.relative);
     OpenOptions open_options;
     open_options.direct = options_.direct_io;
@@ -147,8 +148,8 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
     writer_options.writeback_bytes =
         options_.sync_files ? options_.writeback_bytes : 0;
     writer_options.chunk_bytes = std::clamp<int64_t>(
-        quarter / 2 / internal_hf::kBlock * internal_hf::kBlock,
-        internal_hf::kBlock, int64_t{8} << 20);
+        internal_hf::AlignDown(quarter / 2, internal_hf::kDirectIoAlignment),
+        internal_hf::kDirectIoAlignment, int64_t{8} << 20);
     writer_options.bounce_budget = quarter;
     writer_options.max_kept_bytes = quarter;
     meter.Add(quarter);  // What the writer's bounce chunks may hold.

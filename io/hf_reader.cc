@@ -21,15 +21,14 @@
 namespace dcp {
 namespace {
 
+using internal_hf::AlignDown;
 using internal_hf::AlignedBuffer;
-using internal_hf::kBlock;
+using internal_hf::AlignUp;
+using internal_hf::kDirectIoAlignment;
 
 constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
 constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
-
-int64_t AlignUp(int64_t v) { return (v + kBlock - 1) / kBlock * kBlock; }
-int64_t AlignDown(int64_t v) { return v / kBlock * kBlock; }
 
 struct IndexHash {
   size_t operator()(const MetadataIndex& index) const {
@@ -75,7 +74,7 @@ class OpenFiles {
 class BouncePool {
  public:
   static int64_t SizeFor(int64_t bytes) {
-    int64_t size = 2 * kBlock;
+    int64_t size = 2 * kDirectIoAlignment;
     while (size < bytes) size <<= 1;
     return size;
   }
@@ -156,20 +155,21 @@ void PreparePiece(bool direct, BouncePool& pool,
                           offset, piece.target, length));
       return;
     }
-    piece.body = AlignDown(length);
+    piece.body = AlignDown(length, kDirectIoAlignment);
     if (piece.body > 0) {
       piece.requests.push_back(
           IoRequest::Read(file, offset, piece.target, piece.body));
     }
     if (piece.body < length) {
-      piece.tail = std::make_unique<AlignedBuffer>(kBlock);
-      piece.requests.push_back(
-          IoRequest::Read(file, offset + piece.body, piece.tail->data, kBlock));
+      piece.tail = std::make_unique<AlignedBuffer>(kDirectIoAlignment);
+      piece.requests.push_back(IoRequest::Read(
+          file, offset + piece.body, piece.tail->data, kDirectIoAlignment));
     }
     return;
   }
-  const int64_t start = direct ? AlignDown(offset) : offset;
-  const int64_t end = direct ? AlignUp(offset + length) : offset + length;
+  const int64_t start = direct ? AlignDown(offset, kDirectIoAlignment) : offset;
+  const int64_t end =
+      direct ? AlignUp(offset + length, kDirectIoAlignment) : offset + length;
   piece.buffer = pool.Get(end - start);
   bounce_held += piece.buffer->size;
   piece.lead = offset - start;
@@ -415,8 +415,9 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
         dest.sizes() == first.lengths &&
         static_cast<int64_t>(dest.nbytes()) == length && length > 0) {
       File* buffered = nullptr;
-      if (direct && (reinterpret_cast<uintptr_t>(dest.data()) % kBlock != 0 ||
-                     s.info->offset % kBlock != 0)) {
+      if (direct &&
+          (reinterpret_cast<uintptr_t>(dest.data()) % kDirectIoAlignment != 0 ||
+           s.info->offset % kDirectIoAlignment != 0)) {
         absl::StatusOr<const OpenFiles::Entry*> file =
             buffered_files.Get(s.info->relative_path);
         if (!file.ok()) return fail(file.status());
@@ -440,12 +441,13 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
     // Pieces whose 4 KiB aligned extent fits a piece_bytes buffer.
     for (const auto& [begin, end] : internal_hf::MergeAndSplit(
              std::move(runs), kReadGapBytes / es,
-             std::max<int64_t>(piece_bytes - 2 * kBlock, 1) / es)) {
+             std::max<int64_t>(piece_bytes - 2 * kDirectIoAlignment, 1) / es)) {
       Piece& piece = pieces.emplace_back();
       piece.stored = &s;
       piece.first = begin;
       piece.end = end;
-      piece.buffer_bytes = BouncePool::SizeFor((end - begin) * es + 2 * kBlock);
+      piece.buffer_bytes =
+          BouncePool::SizeFor((end - begin) * es + 2 * kDirectIoAlignment);
       s.pieces_left->fetch_add(1);
     }
     if (*s.pieces_left == 0) {  // Only empty boxes: nothing to read.

@@ -33,6 +33,7 @@
 
 namespace dcp {
 
+using internal_hf::AlignUp;
 using internal_hf::CheckRelativePath;
 using internal_hf::EngineOrOwn;
 using internal_hf::FirstError;
@@ -47,9 +48,7 @@ namespace {
 
 // Every file's data section starts at a multiple of this (the header is
 // padded with spaces): O_DIRECT reads and writes of tensors need no bounce.
-constexpr int64_t kDataAlignment = 4096;
-
-int64_t AlignUp(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+constexpr int64_t kDataAlignment = internal_io::kDirectIoAlignment;
 
 std::string FreshSaveId() {
   uint64_t bits = 0;

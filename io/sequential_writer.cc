@@ -6,32 +6,26 @@
 #include <new>
 #include <utility>
 
+#include "io/internal/parallel_work.h"
+
 namespace dcp::internal_io {
 namespace {
 
-constexpr int64_t kBlock = 4096;
 // Ranges shorter than this are gathered even when they could be written
 // from their own memory: one request per tiny tensor costs more than the
 // copy.
 constexpr int64_t kMinStraightWrite = int64_t{64} << 10;
 
-int64_t AlignUp(int64_t v) { return (v + kBlock - 1) / kBlock * kBlock; }
-int64_t AlignDown(int64_t v) { return v / kBlock * kBlock; }
 bool Aligned(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % kBlock == 0;
+  return reinterpret_cast<uintptr_t>(p) % kDirectIoAlignment == 0;
 }
 
 }  // namespace
 
-// A 4 KiB aligned bounce chunk and the write that reads it.
-struct SequentialWriter::Bounce {
+// A kDirectIoAlignment aligned bounce chunk and the write that reads it.
+struct SequentialWriter::Bounce : AlignedBuffer {
   explicit Bounce(int64_t size_in)
-      : size(size_in),
-        data(static_cast<std::byte*>(
-            ::operator new[](size, std::align_val_t{kBlock}))) {}
-  ~Bounce() { ::operator delete[](data, std::align_val_t{kBlock}); }
-  int64_t size;
-  std::byte* data;
+      : AlignedBuffer(static_cast<size_t>(size_in)) {}
   Future<size_t> write;
 };
 
@@ -104,8 +98,10 @@ absl::Status SequentialWriter::Append(const std::byte* data, int64_t length,
     // written in place from the next block boundary on: top the bounce
     // chunk up to that boundary first.
     if (open_ != nullptr && direct &&
-        (reinterpret_cast<uintptr_t>(data) - position_) % kBlock == 0) {
-      const int64_t to_boundary = AlignUp(position_) - position_;
+        (reinterpret_cast<uintptr_t>(data) - position_) % kDirectIoAlignment ==
+            0) {
+      const int64_t to_boundary =
+          AlignUp(position_, kDirectIoAlignment) - position_;
       if (length - to_boundary >= kMinStraightWrite) {
         std::memcpy(open_->data + open_fill_, data, to_boundary);
         open_fill_ += to_boundary;
@@ -116,8 +112,9 @@ absl::Status SequentialWriter::Append(const std::byte* data, int64_t length,
       }
     }
     if (open_ == nullptr && length >= kMinStraightWrite &&
-        (!direct || (position_ % kBlock == 0 && Aligned(data)))) {
-      const int64_t body = direct ? AlignDown(length) : length;
+        (!direct || (position_ % kDirectIoAlignment == 0 && Aligned(data)))) {
+      const int64_t body =
+          direct ? AlignDown(length, kDirectIoAlignment) : length;
       if (keepalive != nullptr && options_.max_kept_bytes > 0) {
         while (!kept_.empty() &&
                (kept_bytes_ + body > options_.max_kept_bytes ||
@@ -169,7 +166,7 @@ absl::Status SequentialWriter::Finish() {
   if (open_ != nullptr && !failed_->load()) {
     int64_t length = open_fill_;
     if (options_.direct) {
-      length = AlignUp(open_fill_);
+      length = AlignUp(open_fill_, kDirectIoAlignment);
       std::memset(open_->data + open_fill_, 0, length - open_fill_);
     }
     FlushBounce(length);
@@ -184,7 +181,7 @@ absl::Status SequentialWriter::Finish() {
   kept_bytes_ = 0;
   open_.reset();
   bounce_bytes_ = 0;
-  if (status.ok() && options_.direct && position_ % kBlock != 0) {
+  if (status.ok() && options_.direct && position_ % kDirectIoAlignment != 0) {
     status = file_.Truncate(position_);
   }
   return status;

@@ -29,10 +29,11 @@
 
 namespace dcp::internal_hf {
 
-inline constexpr int64_t kBlock = 4096;
-
+using internal_io::AlignDown;
 using internal_io::AlignedBuffer;
+using internal_io::AlignUp;
 using internal_io::FirstError;
+using internal_io::kDirectIoAlignment;
 using internal_io::RunOnThreads;
 
 // `fs`, or the local file system when it is null.
