@@ -223,12 +223,12 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
         }
       }
       absl::Status finished = writer.Finish();
-      if (status.ok()) status = finished;
+      status.Update(finished);
     }
     meter.Remove(quarter);
     if (status.ok() && options_.sync_files) status = file->Sync();
     absl::Status closed = file->Close();
-    if (status.ok()) status = closed;
+    status.Update(closed);
     return Annotate(status, absl::StrCat("consolidating into ", path));
   };
 

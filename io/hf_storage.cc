@@ -644,11 +644,11 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
               : staging.status();
     }
     absl::Status finished = writer.Finish();
-    if (status.ok()) status = finished;
+    status.Update(finished);
   }
   if (status.ok() && options_.sync_files) status = file->Sync();
   absl::Status closed = file->Close();
-  if (status.ok()) status = closed;
+  status.Update(closed);
   if (!status.ok()) {
     return Annotate(status, absl::StrCat(where, ": writing ", path));
   }

@@ -318,7 +318,7 @@ absl::Status SubmitAndWait(IoEngine& engine, absl::Span<const IoRequest> batch,
   for (size_t i = 0; i < futures.size(); ++i) {
     const absl::StatusOr<size_t>& result = futures[i].Wait();
     if (!result.ok()) {
-      if (first.ok()) first = result.status();
+      first.Update(result.status());
     } else if (transferred != nullptr) {
       (*transferred)[i] = *result;
     }

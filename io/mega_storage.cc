@@ -418,7 +418,7 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
               : staging.status();
     }
     absl::Status finished = writer.Finish();
-    if (status.ok()) status = finished;
+    status.Update(finished);
   }
   if (status.ok()) {
     for (size_t i = 0; i < n; ++i) {
@@ -431,7 +431,7 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
   }
   if (status.ok() && options_.sync_files) status = file->Sync();
   absl::Status closed = file->Close();
-  if (status.ok()) status = closed;
+  status.Update(closed);
   if (!status.ok()) {
     return Annotate(status, absl::StrCat(where, ": writing ", path));
   }

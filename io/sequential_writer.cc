@@ -174,7 +174,7 @@ absl::Status SequentialWriter::Finish() {
   absl::Status status;
   for (Future<size_t>& write : writes_) {
     const absl::StatusOr<size_t>& result = write.Wait();
-    if (!result.ok() && status.ok()) status = result.status();
+    if (!result.ok()) status.Update(result.status());
   }
   in_flight_.clear();
   kept_.clear();

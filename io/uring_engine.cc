@@ -468,7 +468,7 @@ class RingSet {
     absl::Status first;
     for (auto& ring : rings_) {
       absl::Status status = ring->RegisterBuffers(buffers);
-      if (first.ok()) first = status;
+      first.Update(status);
     }
     return first;
   }

@@ -96,13 +96,14 @@ void RunWorkers(Executor& executor, int count, Fn fn) {
       +[](int* active) { return *active == 0; }, &gate->active));
 }
 
-// The first error of several workers (sticky). Thread-safe.
+// The first error of several workers (sticky). Thread-safe. Code on one
+// thread keeps its first error with absl::Status::Update instead.
 class FirstError {
  public:
   void Update(absl::Status status) {
     if (status.ok()) return;
     absl::MutexLock lock(&mu_);
-    if (status_.ok()) status_ = std::move(status);
+    status_.Update(std::move(status));
     failed_.store(true, std::memory_order_relaxed);
   }
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
