@@ -39,6 +39,7 @@
 #include "engine/async_save.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
+#include "io/hf_quantized_storage.h"
 #include "io/hf_storage.h"
 #include "io/mega_storage.h"
 #include "io/storage_registry.h"
@@ -112,7 +113,11 @@ absl::Status CreateStorage(const char* function, const char* path,
     // The reader's device staging is the handle's, so a load can order its
     // copies (OrderedReader). Its defaults are the readers' own.
     handle->staging = std::make_shared<DeviceStaging>();
-    options->device_staging = handle->staging.get();
+    if constexpr (requires { options->base.device_staging; }) {
+      options->base.device_staging = handle->staging.get();  // wrapped reader
+    } else {
+      options->device_staging = handle->staging.get();
+    }
     handle->reader = std::make_shared<Storage>(path, *std::move(options));
   }
   *out = Publish(handle.release());
@@ -917,6 +922,36 @@ int dcp_hf_reader_create(const char* path,
     return dcp::capi::CreateStorage<dcp::HuggingFaceStorageReader>(
         "dcp_hf_reader_create", path, dcp::capi::HfReaderOptionsFromC(options),
         out);
+  });
+}
+
+int dcp_hf_quantized_reader_create(
+    const char* path, const dcp_hf_quantized_reader_options_t* options,
+    dcp_storage_reader_t** out) {
+  return Guard([&]() -> absl::Status {
+    return dcp::capi::CreateStorage<dcp::QuantizedHuggingFaceStorageReader>(
+        "dcp_hf_quantized_reader_create", path,
+        dcp::capi::HfQuantizedReaderOptionsFromC(options), out);
+  });
+}
+
+int dcp_mega_writer_create(const char* path,
+                           const dcp_mega_writer_options_t* options,
+                           dcp_storage_writer_t** out) {
+  return Guard([&]() -> absl::Status {
+    return dcp::capi::CreateStorage<dcp::MegaStorageWriter>(
+        "dcp_mega_writer_create", path,
+        dcp::capi::MegaWriterOptionsFromC(options), out);
+  });
+}
+
+int dcp_mega_reader_create(const char* path,
+                           const dcp_mega_reader_options_t* options,
+                           dcp_storage_reader_t** out) {
+  return Guard([&]() -> absl::Status {
+    return dcp::capi::CreateStorage<dcp::MegaStorageReader>(
+        "dcp_mega_reader_create", path,
+        dcp::capi::MegaReaderOptionsFromC(options), out);
   });
 }
 

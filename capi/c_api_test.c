@@ -995,6 +995,180 @@ static void test_hf_errors(void) {
   CHECK_OK(dcp_storage_reader_free(reader));
 }
 
+/* A save through the MEGA writer with a mapping into two files, a load
+ * through the MEGA reader; bad options and paths. */
+static void test_mega(void) {
+  union {
+    dcp_mega_writer_options_t options;
+    unsigned char bytes[sizeof(dcp_mega_writer_options_t) + 64];
+  } big;
+  int32_t a[3][4], a_out[3][4];
+  float b[5], b_out[5];
+  int64_t a_shape[2] = {3, 4}, b_shape[1] = {5};
+  const char* fqns[2] = {"a", "b"};
+  const int32_t files[2] = {2, 1};
+  char dir[4200], file[4400], text[8192];
+  dcp_mega_writer_options_t wo;
+  dcp_mega_reader_options_t ro;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+  int r, k;
+
+  for (r = 0; r < 3; ++r) {
+    for (k = 0; k < 4; ++k) a[r][k] = r * 100 - k;
+  }
+  for (k = 0; k < 5; ++k) b[k] = 0.25f * (float)k - 2.0f;
+  dir_for("mega", dir, sizeof(dir));
+  memset(&wo, 0, sizeof(wo));
+  wo.struct_size = sizeof(wo);
+  wo.fqns = fqns;
+  wo.file_indices = files;
+  wo.num_mappings = 2;
+  wo.thread_count = 2;
+  wo.sync_files = DCP_FALSE;
+  CHECK_OK(dcp_mega_writer_create(dir, &wo, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(a, 2, a_shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("a")), &t, NULL));
+  t = make_tensor(b, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  so = save_options(NULL);
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_state_dict_free(sd));
+  snprintf(file, sizeof(file), "%s/model.mega.index.json", dir);
+  CHECK(read_file(file, text, sizeof(text)) > 0);
+  CHECK(strstr(text, "model-00001-of-00002.mega") != NULL);
+  CHECK(strstr(text, "model-00002-of-00002.mega") != NULL);
+  snprintf(file, sizeof(file), "%s/model-00002-of-00002.mega", dir);
+  CHECK(read_file(file, text, sizeof(text)) > 0);
+
+  memset(&ro, 0, sizeof(ro));
+  ro.struct_size = sizeof(ro);
+  ro.thread_count = 2;
+  CHECK_OK(dcp_mega_reader_create(dir, &ro, &reader));
+  memset(a_out, 0, sizeof(a_out));
+  memset(b_out, 0, sizeof(b_out));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(a_out, 2, a_shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("a")), &t, NULL));
+  t = make_tensor(b_out, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  lo = load_options(NULL);
+  lo.storage_reader = reader;
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(a, a_out, sizeof(a)) == 0);
+  CHECK(memcmp(b, b_out, sizeof(b)) == 0);
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_storage_reader_free(reader));
+  writer = NULL;
+  reader = NULL;
+
+  /* Bad structs and options, NULL and empty paths. */
+  memset(&big, 0, sizeof(big));
+  big.options.struct_size = sizeof(big);
+  CHECK_ERROR(dcp_mega_writer_create(dir, &big.options, &writer),
+              DCP_INVALID_ARGUMENT, "dcp_mega_writer_options_t.struct_size");
+  memset(&ro, 0, sizeof(ro));
+  CHECK_ERROR(dcp_mega_reader_create(dir, &ro, &reader), DCP_INVALID_ARGUMENT,
+              "dcp_mega_reader_options_t.struct_size is 0");
+  memset(&wo, 0, sizeof(wo));
+  wo.struct_size = sizeof(wo);
+  wo.direct_io = 3;
+  CHECK_ERROR(dcp_mega_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_mega_writer_options_t.direct_io is 3");
+  wo.direct_io = DCP_DEFAULT;
+  wo.fqns = fqns;
+  wo.file_indices = NULL;
+  wo.num_mappings = 2;
+  CHECK_ERROR(dcp_mega_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_mega_writer_options_t.num_mappings is 2");
+  CHECK_ERROR(dcp_mega_writer_create(NULL, NULL, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_mega_writer_create");
+  CHECK_ERROR(dcp_mega_reader_create("", NULL, &reader), DCP_INVALID_ARGUMENT,
+              "dcp_mega_reader_create");
+  CHECK(writer == NULL && reader == NULL);
+
+  /* A directory without a MEGA checkpoint: DCP_NOT_FOUND naming it. */
+  dir_for("mega-empty", dir, sizeof(dir));
+  CHECK_OK(dcp_mega_reader_create(dir, NULL, &reader));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(b_out, 1, b_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL));
+  lo = load_options(NULL);
+  lo.storage_reader = reader;
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_NOT_FOUND, "mega-empty");
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_reader_free(reader));
+}
+
+/* An fp8 E4M3 weight and its float32 block scale saved through the HF
+ * writer, loaded dequantized through the quantized reader. */
+static void test_hf_quantized(void) {
+  /* E4M3: 0x38 1.0, 0x40 2.0, 0xB8 -1.0, 0x3C 1.5. */
+  uint8_t w[2][2] = {{0x38, 0x40}, {0xB8, 0x3C}};
+  float scale[1][1] = {{0.5f}};
+  const float expected[4] = {0.5f, 1.0f, -0.5f, 0.75f};
+  float out[2][2];
+  int64_t w_shape[2] = {2, 2}, s_shape[2] = {1, 1};
+  char dir[4200];
+  dcp_hf_quantized_reader_options_t qo;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_storage_reader_t* reader = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_hf_writer_options_t wo = hf_writer_options();
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+
+  dir_for("hf-quantized", dir, sizeof(dir));
+  CHECK_OK(dcp_hf_writer_create(dir, &wo, &writer));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(w, 2, w_shape, NULL, 10 /* kDLFloat8_e4m3fn */, 8);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("w")), &t, NULL));
+  t = make_tensor(scale, 2, s_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("w_scale_inv")), &t, NULL));
+  so = save_options(NULL);
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  memset(&qo, 0, sizeof(qo));
+  qo.struct_size = sizeof(qo);
+  qo.target_dtype = DCP_DTYPE_I32;
+  CHECK_ERROR(dcp_hf_quantized_reader_create(dir, &qo, &reader),
+              DCP_INVALID_ARGUMENT,
+              "dcp_hf_quantized_reader_options_t.target_dtype is 6");
+  qo.target_dtype = 0;
+  qo.block_size = -1;
+  CHECK_ERROR(dcp_hf_quantized_reader_create(dir, &qo, &reader),
+              DCP_INVALID_ARGUMENT,
+              "dcp_hf_quantized_reader_options_t.block_size is -1");
+  CHECK_ERROR(dcp_hf_quantized_reader_create(NULL, NULL, &reader),
+              DCP_INVALID_ARGUMENT, "dcp_hf_quantized_reader_create");
+  CHECK(reader == NULL);
+
+  qo.block_size = 0; /* 128: one tile */
+  qo.target_dtype = DCP_DTYPE_F32;
+  CHECK_OK(dcp_hf_quantized_reader_create(dir, &qo, &reader));
+  memset(out, 0, sizeof(out));
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(out, 2, w_shape, NULL, kDLFloat, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("w")), &t, NULL));
+  lo = load_options(NULL);
+  lo.storage_reader = reader;
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(out, expected, sizeof(expected)) == 0);
+  CHECK_OK(dcp_state_dict_free(sd));
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_storage_reader_free(reader));
+}
+
 /* ------------------------------------------------------------------------
  * Async save
  * ---------------------------------------------------------------------- */
@@ -1926,6 +2100,8 @@ int main(void) {
   test_writer_compression();
   test_hf_roundtrip();
   test_hf_errors();
+  test_mega();
+  test_hf_quantized();
   test_async_save();
   test_stager();
   test_store_process_group();

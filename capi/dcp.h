@@ -329,7 +329,17 @@ typedef struct dcp_fs_writer_options {
    * host tensors over 64 KiB compressed block by block (docs/FORMAT.md
    * section 3.1; loads decode it with no option). */
   const char* compression;
+  /* A dcp_serialization_format_t; 0 (and an older, smaller struct): the
+   * native format. SAFETENSORS: every data file is also a valid
+   * safetensors file (docs/FORMAT.md section 2.1), written buffered;
+   * combined with compression the save fails with DCP_INVALID_ARGUMENT. */
+  int32_t serialization_format;
 } dcp_fs_writer_options_t;
+
+typedef enum dcp_serialization_format {
+  DCP_SERIALIZATION_FORMAT_NATIVE = 0,
+  DCP_SERIALIZATION_FORMAT_SAFETENSORS = 1,
+} dcp_serialization_format_t;
 
 DCP_API int dcp_fs_writer_create(const char* path,
                                  const dcp_fs_writer_options_t* options,
@@ -398,6 +408,68 @@ typedef struct dcp_hf_reader_options {
 DCP_API int dcp_hf_reader_create(const char* path,
                                  const dcp_hf_reader_options_t* options,
                                  dcp_storage_reader_t** out);
+
+typedef struct dcp_hf_quantized_reader_options {
+  size_t struct_size;
+  int32_t thread_count; /* 0: 1 */
+  /* dcp_dtype_t the quantized weights load as: DCP_DTYPE_F32, _BF16 or
+   * _F16; 0 (a zeroed struct): DCP_DTYPE_F32. */
+  int32_t target_dtype;
+  int64_t block_size; /* the scales' tile edge; 0: 128 */
+} dcp_hf_quantized_reader_options_t;
+
+/* The seed's QuantizedHuggingFaceStorageReader: the Hugging Face
+ * checkpoint in `path` with fp8 weights W and float32 block scales
+ * W_scale_inv, the weights dequantized to target_dtype while loading (the
+ * scale tensors are not part of the metadata). DCP_INVALID_ARGUMENT here
+ * for another target_dtype or a negative count. */
+DCP_API int dcp_hf_quantized_reader_create(
+    const char* path, const dcp_hf_quantized_reader_options_t* options,
+    dcp_storage_reader_t** out);
+
+/* ------------------------------------------------------------------------
+ * Storage: MEGA directories (model.mega or model-0000I-of-0000N.mega and
+ * model.mega.index.json; docs/FORMAT.md section 8)
+ *
+ * The seed's MegaStorageWriter / MegaStorageReader, also reached by
+ * checkpoint ids "mega://DIR". Handles as for Hugging Face above.
+ * ---------------------------------------------------------------------- */
+
+typedef struct dcp_mega_writer_options {
+  size_t struct_size;
+  /* As dcp_hf_writer_options_t: tensor fqns[i] goes to the 1-based file
+   * file_indices[i] (model-0000I-of-0000N.mega); num_mappings 0 puts
+   * every value in model.mega; a saved value the mapping lacks fails the
+   * save with DCP_INVALID_ARGUMENT naming it. */
+  const char* const* fqns;
+  const int32_t* file_indices;
+  size_t num_mappings;
+  int32_t thread_count;        /* 0: 1 */
+  int64_t checksum_block_size; /* 0: 4 MiB; a multiple of 4 KiB <= 1 GiB */
+  dcp_flag_t sync_files;       /* default true */
+  dcp_flag_t direct_io;        /* default true */
+} dcp_mega_writer_options_t;
+
+/* A writer of MEGA checkpoints into directory `path`; a save commits
+ * atomically. DCP_INVALID_ARGUMENT here for a bad option (a file index
+ * below 1, a NULL or duplicate fqn, a negative count). */
+DCP_API int dcp_mega_writer_create(const char* path,
+                                   const dcp_mega_writer_options_t* options,
+                                   dcp_storage_writer_t** out);
+
+typedef struct dcp_mega_reader_options {
+  size_t struct_size;
+  int32_t thread_count; /* 0: 1 */
+  dcp_flag_t direct_io; /* default true */
+} dcp_mega_reader_options_t;
+
+/* A reader of the MEGA checkpoint in directory `path`, with resharding;
+ * every byte read is checked against its checksums. A load fails with
+ * DCP_NOT_FOUND without an index, DCP_DATA_LOSS naming the file for a
+ * malformed or corrupted one. */
+DCP_API int dcp_mega_reader_create(const char* path,
+                                   const dcp_mega_reader_options_t* options,
+                                   dcp_storage_reader_t** out);
 
 /* ------------------------------------------------------------------------
  * Process groups (coordination of the ranks of a save or load)

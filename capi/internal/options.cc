@@ -1,5 +1,6 @@
 #include "capi/internal/options.h"
 
+#include <map>
 #include <string>
 
 #include "core/status.h"
@@ -22,6 +23,36 @@ absl::StatusOr<absl::Duration> ReadMilliseconds(int64_t ms,
                                                 const char* field) {
   DCP_ASSIGN_OR_RETURN(int64_t value, ReadCount<int64_t>(ms, 0, field));
   return value == 0 ? default_value : absl::Milliseconds(value);
+}
+
+// The fqn -> file index mapping of a writer's options struct `type_name`
+// (fqns and file_indices, num_mappings entries each); the fqns are copied.
+absl::StatusOr<std::map<std::string, int>> ReadMapping(
+    const char* const* fqns, const int32_t* file_indices, size_t num_mappings,
+    const char* type_name) {
+  std::map<std::string, int> out;
+  if (num_mappings > 0 && (fqns == nullptr || file_indices == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(type_name, ".num_mappings is ", num_mappings,
+                     " but fqns or file_indices is NULL"));
+  }
+  for (size_t i = 0; i < num_mappings; ++i) {
+    if (fqns[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(type_name, ".fqns[", i, "] is NULL"));
+    }
+    if (file_indices[i] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          type_name, ".file_indices[", i, "] (for \"", fqns[i], "\") is ",
+          file_indices[i], "; file indices start at 1"));
+    }
+    if (!out.emplace(fqns[i], file_indices[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(type_name, ".fqns[", i, "] \"", fqns[i],
+                       "\" appears twice in the mapping"));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -86,6 +117,18 @@ absl::StatusOr<FileSystemWriterOptions> WriterOptionsFromC(
     }
     out.extensions = *std::move(chain);
   }
+  switch (in.serialization_format) {
+    case DCP_SERIALIZATION_FORMAT_NATIVE:
+      out.serialization_format = SerializationFormat::kNative;
+      break;
+    case DCP_SERIALIZATION_FORMAT_SAFETENSORS:
+      out.serialization_format = SerializationFormat::kSafetensors;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_fs_writer_options_t.serialization_format is ",
+          in.serialization_format, "; expected 0 (native) or 1 (safetensors)"));
+  }
   return out;
 }
 
@@ -109,29 +152,9 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
   DCP_ASSIGN_OR_RETURN(dcp_hf_writer_options_t in,
                        ReadVersioned(options, "dcp_hf_writer_options_t"));
   HuggingFaceStorageWriterOptions out;
-  if (in.num_mappings > 0 &&
-      (in.fqns == nullptr || in.file_indices == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dcp_hf_writer_options_t.num_mappings is ",
-                     in.num_mappings, " but fqns or file_indices is NULL"));
-  }
-  for (size_t i = 0; i < in.num_mappings; ++i) {
-    if (in.fqns[i] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dcp_hf_writer_options_t.fqns[", i, "] is NULL"));
-    }
-    if (in.file_indices[i] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dcp_hf_writer_options_t.file_indices[", i, "] (for \"", in.fqns[i],
-          "\") is ", in.file_indices[i], "; file indices start at 1"));
-    }
-    if (!out.fqn_to_index_mapping.emplace(in.fqns[i], in.file_indices[i])
-             .second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dcp_hf_writer_options_t.fqns[", i, "] \"", in.fqns[i],
-                       "\" appears twice in the mapping"));
-    }
-  }
+  DCP_ASSIGN_OR_RETURN(out.fqn_to_index_mapping,
+                       ReadMapping(in.fqns, in.file_indices, in.num_mappings,
+                                   "dcp_hf_writer_options_t"));
   DCP_ASSIGN_OR_RETURN(out.thread_count,
                        ReadCount<int32_t>(in.thread_count, 1,
                                           "dcp_hf_writer_options_t."
@@ -204,6 +227,78 @@ absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
       out.read_window_bytes,
       ReadCount<int64_t>(in.read_window_bytes, out.read_window_bytes,
                          "dcp_hf_reader_options_t.read_window_bytes"));
+  return out;
+}
+
+absl::StatusOr<QuantizedHuggingFaceStorageReaderOptions>
+HfQuantizedReaderOptionsFromC(
+    const dcp_hf_quantized_reader_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(
+      dcp_hf_quantized_reader_options_t in,
+      ReadVersioned(options, "dcp_hf_quantized_reader_options_t"));
+  QuantizedHuggingFaceStorageReaderOptions out;
+  DCP_ASSIGN_OR_RETURN(
+      out.thread_count,
+      ReadCount<int32_t>(in.thread_count, 1,
+                         "dcp_hf_quantized_reader_options_t.thread_count"));
+  switch (in.target_dtype) {
+    case 0:
+      break;
+    case DCP_DTYPE_F32:
+    case DCP_DTYPE_BF16:
+    case DCP_DTYPE_F16:
+      out.target_dtype = static_cast<DType>(in.target_dtype);
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_hf_quantized_reader_options_t.target_dtype is ", in.target_dtype,
+          "; quantized weights load as DCP_DTYPE_F32 (0: default), "
+          "DCP_DTYPE_BF16 or DCP_DTYPE_F16"));
+  }
+  DCP_ASSIGN_OR_RETURN(
+      out.block_size,
+      ReadCount<int64_t>(in.block_size, out.block_size,
+                         "dcp_hf_quantized_reader_options_t.block_size"));
+  return out;
+}
+
+absl::StatusOr<MegaStorageWriterOptions> MegaWriterOptionsFromC(
+    const dcp_mega_writer_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_mega_writer_options_t in,
+                       ReadVersioned(options, "dcp_mega_writer_options_t"));
+  MegaStorageWriterOptions out;
+  DCP_ASSIGN_OR_RETURN(out.fqn_to_index_mapping,
+                       ReadMapping(in.fqns, in.file_indices, in.num_mappings,
+                                   "dcp_mega_writer_options_t"));
+  DCP_ASSIGN_OR_RETURN(
+      out.thread_count,
+      ReadCount<int32_t>(in.thread_count, 1,
+                         "dcp_mega_writer_options_t.thread_count"));
+  DCP_ASSIGN_OR_RETURN(
+      out.checksum_block_size,
+      ReadCount<int64_t>(in.checksum_block_size, out.checksum_block_size,
+                         "dcp_mega_writer_options_t.checksum_block_size"));
+  DCP_ASSIGN_OR_RETURN(out.sync_files,
+                       ReadFlag(in.sync_files, out.sync_files,
+                                "dcp_mega_writer_options_t.sync_files"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_mega_writer_options_t.direct_io"));
+  return out;
+}
+
+absl::StatusOr<MegaStorageReaderOptions> MegaReaderOptionsFromC(
+    const dcp_mega_reader_options_t* options) {
+  DCP_ASSIGN_OR_RETURN(dcp_mega_reader_options_t in,
+                       ReadVersioned(options, "dcp_mega_reader_options_t"));
+  MegaStorageReaderOptions out;
+  DCP_ASSIGN_OR_RETURN(
+      out.thread_count,
+      ReadCount<int32_t>(in.thread_count, 1,
+                         "dcp_mega_reader_options_t.thread_count"));
+  DCP_ASSIGN_OR_RETURN(out.direct_io,
+                       ReadFlag(in.direct_io, out.direct_io,
+                                "dcp_mega_reader_options_t.direct_io"));
   return out;
 }
 

@@ -19,7 +19,9 @@
 #include "core/device.h"
 #include "dcp/dcp.h"
 #include "io/file_system_storage.h"
+#include "io/hf_quantized_storage.h"
 #include "io/hf_storage.h"
+#include "io/mega_storage.h"
 #include "planner/default_planner.h"
 #include "staging/stager.h"
 
@@ -77,6 +79,15 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
     const dcp_hf_writer_options_t* options);
 absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
     const dcp_hf_reader_options_t* options);
+// kInvalidArgument naming the field for a target_dtype other than 0,
+// F32, BF16, F16.
+absl::StatusOr<QuantizedHuggingFaceStorageReaderOptions>
+HfQuantizedReaderOptionsFromC(const dcp_hf_quantized_reader_options_t* options);
+// The mapping as HfWriterOptionsFromC's.
+absl::StatusOr<MegaStorageWriterOptions> MegaWriterOptionsFromC(
+    const dcp_mega_writer_options_t* options);
+absl::StatusOr<MegaStorageReaderOptions> MegaReaderOptionsFromC(
+    const dcp_mega_reader_options_t* options);
 // The seed's DefaultStager defaults (every switch on) for DCP_DEFAULT.
 absl::StatusOr<StagingOptions> StagingOptionsFromC(
     const dcp_stager_options_t* options);
