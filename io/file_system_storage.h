@@ -112,7 +112,7 @@ struct FileSystemWriterOptions {
   // aligned; unaligned tails and unaligned memory go through aligned bounce
   // chunks (at most 32 MiB in flight per file). On by default: at 4 GiB
   // faster than buffered (uncached) writes plus fsync, at 1 GiB within the
-  // disk's noise of them (docs/BENCHMARKS.md run 15), and it keeps the
+  // disk's noise of them (docs/BENCHMARKS.md section 1), and it keeps the
   // checkpoint out of the page cache on every kernel.
   bool direct_io = true;
   // Buffered data files with sync_files: after every this many bytes
