@@ -122,7 +122,8 @@ class FsWriterOptions(Structure):
                 ("single_file_per_rank", c_int32), ("sync_files", c_int32),
                 ("thread_count", c_int32), ("overwrite", c_int32),
                 ("per_thread_copy_ahead", c_int64), ("direct_io", c_int32),
-                ("compression", c_char_p)]
+                ("compression", c_char_p),
+                ("serialization_format", c_int32)]
 
 
 class FsReaderOptions(Structure):
@@ -144,6 +145,24 @@ class HfWriterOptions(Structure):
 class HfReaderOptions(Structure):
     _fields_ = [("struct_size", c_size_t), ("thread_count", c_int32),
                 ("direct_io", c_int32), ("read_window_bytes", c_int64)]
+
+
+class HfQuantizedReaderOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("thread_count", c_int32),
+                ("target_dtype", c_int32), ("block_size", c_int64)]
+
+
+class MegaWriterOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("fqns", POINTER(c_char_p)),
+                ("file_indices", POINTER(c_int32)),
+                ("num_mappings", c_size_t), ("thread_count", c_int32),
+                ("checksum_block_size", c_int64), ("sync_files", c_int32),
+                ("direct_io", c_int32)]
+
+
+class MegaReaderOptions(Structure):
+    _fields_ = [("struct_size", c_size_t), ("thread_count", c_int32),
+                ("direct_io", c_int32)]
 
 
 class ProcessGroupOptions(Structure):
@@ -278,6 +297,12 @@ _PROTOTYPES = {
         c_int, [c_char_p, POINTER(HfWriterOptions), _PP]),
     "dcp_hf_reader_create": (
         c_int, [c_char_p, POINTER(HfReaderOptions), _PP]),
+    "dcp_hf_quantized_reader_create": (
+        c_int, [c_char_p, POINTER(HfQuantizedReaderOptions), _PP]),
+    "dcp_mega_writer_create": (
+        c_int, [c_char_p, POINTER(MegaWriterOptions), _PP]),
+    "dcp_mega_reader_create": (
+        c_int, [c_char_p, POINTER(MegaReaderOptions), _PP]),
     "dcp_process_group_create_from_env": (
         c_int, [POINTER(ProcessGroupOptions), _PP]),
     "dcp_process_group_create_from_store": (

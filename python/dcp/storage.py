@@ -17,15 +17,19 @@ import os
 from . import _lib
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
-           "HuggingFaceStorageWriter", "HuggingFaceStorageReader"]
+           "HuggingFaceStorageWriter", "HuggingFaceStorageReader",
+           "QuantizedHuggingFaceStorageReader", "MegaStorageWriter",
+           "MegaStorageReader"]
 
 _SEED_COPY_AHEAD = 10_000_000
 
 
 class SerializationFormat(enum.Enum):
-    """The seed's choice of data file encoding. dcp writes its own format
-    (docs/FORMAT.md) for TORCH_SAVE, the default; SAFETENSORS is not
-    supported."""
+    """The seed's choice of data file encoding. TORCH_SAVE (the default):
+    dcp's own format (docs/FORMAT.md). SAFETENSORS: every data file is also
+    a valid safetensors file (tensors named by fqn, chunks `fqn@o0,o1,...`,
+    non-tensor values as 1-D uint8), which dcp still loads with resharding
+    and checksums (docs/FORMAT.md section 2.1)."""
     TORCH_SAVE = "torch_save"
     SAFETENSORS = "safetensors"
 
@@ -55,6 +59,29 @@ class _Storage:
             return False
 
 
+def _check_mapping(fqn_to_index_mapping):
+    """A writer's fqn_to_index_mapping as a dict (None when empty); raises
+    for a key that is not a str or an index that is not an int >= 1."""
+    mapping = dict(fqn_to_index_mapping or {})
+    for fqn, index in mapping.items():
+        if not isinstance(fqn, str):
+            raise TypeError(f"fqn_to_index_mapping key {fqn!r} is not a str")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 1:
+            raise ValueError(f"fqn_to_index_mapping[{fqn!r}] is {index!r}; "
+                             "file indices are ints >= 1")
+    return mapping or None
+
+
+def _mapping_arrays(mapping):
+    """(fqns, file_indices, num_mappings) of the C options structs; the
+    arrays must outlive the create call."""
+    mapping = mapping or {}
+    fqns = (ctypes.c_char_p * max(len(mapping), 1))(
+        *[k.encode() for k in mapping])
+    indices = (ctypes.c_int32 * max(len(mapping), 1))(*mapping.values())
+    return fqns, indices, len(mapping)
+
+
 class FileSystemWriter(_Storage):
     """Writes a checkpoint into the directory `path`.
 
@@ -69,7 +96,9 @@ class FileSystemWriter(_Storage):
     overwrite: False refuses a directory that holds a checkpoint
       (CheckpointExistsError).
     _extensions: must be None (stream transforms are not supported).
-    serialization_format: TORCH_SAVE (dcp's format); SAFETENSORS raises.
+    serialization_format: TORCH_SAVE (dcp's format) or SAFETENSORS (each
+      data file also a safetensors file; written buffered; with
+      compression the save raises ValueError).
     direct_io (dcp only, keyword): O_DIRECT data writes; None = the
       engine's default (on, with a buffered fallback where refused).
     compression (dcp only, keyword): None or "none", "zstd" or
@@ -90,11 +119,10 @@ class FileSystemWriter(_Storage):
             raise NotImplementedError(
                 "FileSystemWriter: stream transform _extensions are not "
                 "supported by dcp")
-        if serialization_format is not SerializationFormat.TORCH_SAVE:
-            raise NotImplementedError(
-                f"FileSystemWriter: serialization_format "
-                f"{serialization_format} is not supported (dcp writes its "
-                "own format)")
+        if not isinstance(serialization_format, SerializationFormat):
+            raise TypeError(
+                f"FileSystemWriter: serialization_format must be a "
+                f"SerializationFormat, not {serialization_format!r}")
         if thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, not {thread_count}")
         self.path = os.fspath(path)
@@ -120,7 +148,10 @@ class FileSystemWriter(_Storage):
                                    else copy_ahead),
             direct_io=_lib.flag(self.direct_io),
             compression=(None if self.compression is None
-                         else str(self.compression).encode()))
+                         else str(self.compression).encode()),
+            serialization_format=(
+                1 if self.serialization_format is
+                SerializationFormat.SAFETENSORS else 0))
 
     def _create(self, path=None) -> ctypes.c_void_p:
         """A new dcp_storage_writer_t (the caller frees it)."""
@@ -138,7 +169,9 @@ class FileSystemWriter(_Storage):
                     sync_files=self.sync_files,
                     thread_count=self.thread_count,
                     per_thread_copy_ahead=self.per_thread_copy_ahead,
-                    overwrite=self.overwrite, direct_io=self.direct_io)
+                    overwrite=self.overwrite, direct_io=self.direct_io,
+                    compression=self.compression,
+                    serialization_format=self.serialization_format)
 
     def __repr__(self):
         return f"FileSystemWriter({self.path!r})"
@@ -220,17 +253,8 @@ class HuggingFaceStorageWriter(_Storage):
                 consolidation_buffer_bytes < 1:
             raise ValueError("consolidation_buffer_bytes must be >= 1, not "
                              f"{consolidation_buffer_bytes}")
-        mapping = dict(fqn_to_index_mapping or {})
-        for fqn, index in mapping.items():
-            if not isinstance(fqn, str):
-                raise TypeError(f"fqn_to_index_mapping key {fqn!r} is not a "
-                                "str")
-            if isinstance(index, bool) or not isinstance(index, int) or \
-                    index < 1:
-                raise ValueError(f"fqn_to_index_mapping[{fqn!r}] is "
-                                 f"{index!r}; file indices are ints >= 1")
         self.path = os.fspath(path)
-        self.fqn_to_index_mapping = mapping or None
+        self.fqn_to_index_mapping = _check_mapping(fqn_to_index_mapping)
         self.thread_count = int(thread_count)
         self.save_distributed = bool(save_distributed)
         self.enable_consolidation = bool(enable_consolidation)
@@ -241,13 +265,10 @@ class HuggingFaceStorageWriter(_Storage):
 
     def _create(self, path=None) -> ctypes.c_void_p:
         """A new dcp_storage_writer_t (the caller frees it)."""
-        mapping = self.fqn_to_index_mapping or {}
-        fqns = (ctypes.c_char_p * max(len(mapping), 1))(
-            *[k.encode() for k in mapping])
-        indices = (ctypes.c_int32 * max(len(mapping), 1))(*mapping.values())
+        fqns, indices, n = _mapping_arrays(self.fqn_to_index_mapping)
         options = _lib.sized(
             _lib.HfWriterOptions, fqns=fqns, file_indices=indices,
-            num_mappings=len(mapping), thread_count=self.thread_count,
+            num_mappings=n, thread_count=self.thread_count,
             save_distributed=_lib.flag(self.save_distributed),
             enable_consolidation=_lib.flag(self.enable_consolidation),
             thread_count_consolidation=self.thread_count_consolidation,
@@ -323,6 +344,152 @@ class HuggingFaceStorageReader(_Storage):
         return f"HuggingFaceStorageReader({self.path!r})"
 
 
+class QuantizedHuggingFaceStorageReader(_Storage):
+    """Reads the Hugging Face checkpoint in directory `path` whose weights
+    W are float8 (E4M3 or E5M2) with float32 block scales W_scale_inv
+    (DeepSeek-V3's layout), dequantizing while loading: element (i, j) is
+    float32(W[i, j]) * W_scale_inv[i // block_size, j // block_size],
+    rounded once to target_dtype. Scale tensors are not part of the
+    metadata; other tensors load as HuggingFaceStorageReader loads them.
+
+    thread_count: threads reading and dequantizing.
+    target_dtype: torch.float32 (None: the default), torch.bfloat16 or
+      torch.float16; what quantized weights load as.
+    block_size: the scales' tile edge.
+    """
+
+    _TARGETS = {"float32": 11, "bfloat16": 10, "float16": 9}
+
+    def __init__(self, path, thread_count: int = 1, target_dtype=None,
+                 block_size: int = 128):
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, not {block_size}")
+        name = ("float32" if target_dtype is None
+                else str(target_dtype).replace("torch.", ""))
+        if name not in self._TARGETS:
+            raise ValueError(f"target_dtype {target_dtype!r}: quantized "
+                             "weights load as torch.float32, torch.bfloat16 "
+                             "or torch.float16")
+        self.path = os.fspath(path)
+        self.thread_count = int(thread_count)
+        self.target_dtype = target_dtype
+        self.block_size = int(block_size)
+        self._dcp_dtype = self._TARGETS[name]
+
+    def _create(self, path=None) -> ctypes.c_void_p:
+        handle = ctypes.c_void_p()
+        options = _lib.sized(_lib.HfQuantizedReaderOptions,
+                             thread_count=self.thread_count,
+                             target_dtype=self._dcp_dtype,
+                             block_size=self.block_size)
+        _lib.check(_lib.lib().dcp_hf_quantized_reader_create(
+            os.fspath(path if path is not None else self.path).encode(),
+            ctypes.byref(options), ctypes.byref(handle)))
+        return handle
+
+    def read_metadata(self):
+        """The checkpoint's Metadata as this reader loads it: quantized
+        weights in target_dtype, no scale tensors."""
+        from .metadata import read_metadata_through
+        return read_metadata_through(self)
+
+    def __repr__(self):
+        return f"QuantizedHuggingFaceStorageReader({self.path!r})"
+
+
+class MegaStorageWriter(_Storage):
+    """Writes a MEGA checkpoint (docs/FORMAT.md section 8) into directory
+    `path`: `model.mega`, or with fqn_to_index_mapping (name -> 1-based file
+    index, which must name every value saved) `model-0000I-of-0000N.mega`
+    files, and `model.mega.index.json`. Every entry is 4 KiB aligned and
+    covered by XXH3-64 block checksums; a save commits atomically.
+
+    thread_count: files written in parallel per rank.
+    checksum_block_size, sync_files, direct_io (dcp only, keywords): None =
+      the engine's defaults (4 MiB blocks, fsync on, O_DIRECT).
+    """
+
+    def __init__(self, path, fqn_to_index_mapping=None,
+                 thread_count: int = 1, *, checksum_block_size=None,
+                 sync_files=None, direct_io=None):
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        if checksum_block_size is not None and checksum_block_size < 1:
+            raise ValueError("checksum_block_size must be >= 1, not "
+                             f"{checksum_block_size}")
+        self.path = os.fspath(path)
+        self.fqn_to_index_mapping = _check_mapping(fqn_to_index_mapping)
+        self.thread_count = int(thread_count)
+        self.checksum_block_size = checksum_block_size
+        self.sync_files = sync_files
+        self.direct_io = direct_io
+
+    def _create(self, path=None) -> ctypes.c_void_p:
+        """A new dcp_storage_writer_t (the caller frees it)."""
+        fqns, indices, n = _mapping_arrays(self.fqn_to_index_mapping)
+        options = _lib.sized(
+            _lib.MegaWriterOptions, fqns=fqns, file_indices=indices,
+            num_mappings=n, thread_count=self.thread_count,
+            checksum_block_size=self.checksum_block_size or 0,
+            sync_files=_lib.flag(self.sync_files),
+            direct_io=_lib.flag(self.direct_io))
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.lib().dcp_mega_writer_create(
+            os.fspath(path if path is not None else self.path).encode(),
+            ctypes.byref(options), ctypes.byref(handle)))
+        return handle
+
+    def _spec(self):
+        """Picklable options (the PROCESS writer rebuilds the writer)."""
+        return dict(path=self.path,
+                    fqn_to_index_mapping=self.fqn_to_index_mapping,
+                    thread_count=self.thread_count,
+                    checksum_block_size=self.checksum_block_size,
+                    sync_files=self.sync_files, direct_io=self.direct_io)
+
+    def __repr__(self):
+        return f"MegaStorageWriter({self.path!r})"
+
+
+class MegaStorageReader(_Storage):
+    """Reads the MEGA checkpoint in directory `path`, resharding as needed;
+    every byte read is checked against its block checksums (a mismatch
+    raises CheckpointCorruptError naming the file).
+
+    thread_count, direct_io (dcp only, keywords): reader threads, and
+      O_DIRECT reads (None: the engine's default).
+    """
+
+    def __init__(self, path, *, thread_count: int = 1, direct_io=None):
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        self.path = os.fspath(path)
+        self.thread_count = int(thread_count)
+        self.direct_io = direct_io
+
+    def _create(self, path=None) -> ctypes.c_void_p:
+        handle = ctypes.c_void_p()
+        options = _lib.sized(_lib.MegaReaderOptions,
+                             thread_count=self.thread_count,
+                             direct_io=_lib.flag(self.direct_io))
+        _lib.check(_lib.lib().dcp_mega_reader_create(
+            os.fspath(path if path is not None else self.path).encode(),
+            ctypes.byref(options), ctypes.byref(handle)))
+        return handle
+
+    def read_metadata(self):
+        """The checkpoint's Metadata, from the index and the files'
+        headers, without reading tensor data."""
+        from .metadata import read_metadata_through
+        return read_metadata_through(self)
+
+    def __repr__(self):
+        return f"MegaStorageReader({self.path!r})"
+
+
 # The storage classes dcp.save / dcp.load take.
-WRITERS = (FileSystemWriter, HuggingFaceStorageWriter)
-READERS = (FileSystemReader, HuggingFaceStorageReader)
+WRITERS = (FileSystemWriter, HuggingFaceStorageWriter, MegaStorageWriter)
+READERS = (FileSystemReader, HuggingFaceStorageReader,
+           QuantizedHuggingFaceStorageReader, MegaStorageReader)

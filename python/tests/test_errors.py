@@ -109,9 +109,8 @@ def test_planner_and_storage_types_are_checked(ckpt):
         dcp.save({"a": 1}, checkpoint_id=ckpt, planner=object())
     with pytest.raises(TypeError, match="FileSystemWriter"):
         dcp.save({"a": 1}, storage_writer=object())
-    with pytest.raises(NotImplementedError):
-        dcp.FileSystemWriter(ckpt, serialization_format=
-                             dcp.SerializationFormat.SAFETENSORS)
+    with pytest.raises(TypeError, match="SerializationFormat"):
+        dcp.FileSystemWriter(ckpt, serialization_format="safetensors")
 
 
 def test_load_into_read_only_numpy_raises(ckpt):
