@@ -122,17 +122,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{false, 1, IoMode::kPosix, true}));
 
 TEST(FileSystemStorageTest, ReshardsBoxesAndReadsSharedItemsForEachUse) {
-  // A 4x6 int32 tensor saved as two row shards; loaded as its column block
-  // [:, 1:4] (two boxes, one from each shard) and, a second time, whole.
+  // Two row shards loaded as their column block [:, 1:4] (two boxes, one
+  // from each shard) and, a second time, whole.
   const std::string dir = NewTestDir("reshard");
-  Tensor full = PatternTensor(DType::kI32, {4, 6}, 3);
-  const auto* src = static_cast<const int32_t*>(full.data());
+  const fs_testing::RowShardedColumnBlock w;
   FakeSavePlanner save;
-  for (int64_t row : {0, 2}) {
-    Tensor shard = Tensor::Empty(DType::kI32, {2, 6});
-    std::memcpy(shard.data(), src + row * 6, 2 * 6 * 4);
-    save.AddShard("w", {4, 6}, {row, 0}, shard);
-  }
+  w.AddShards(save);
   FileSystemWriter writer(dir);
   ASSERT_TRUE(SaveOneRank(writer, save).ok());
 
@@ -143,12 +138,7 @@ TEST(FileSystemStorageTest, ReshardsBoxesAndReadsSharedItemsForEachUse) {
   load.SetDestination(MetadataIndex("w", Shape{0, 0}), whole);
   LoadPlan plan;
   for (int64_t row : {0, 2}) {
-    ReadItem item;
-    item.storage_index = MetadataIndex("w", Shape{row, 0});
-    item.storage_offsets = {0, 1};
-    item.dest_index = MetadataIndex("w", Shape{0, 1});
-    item.dest_offsets = {row, 0};
-    item.lengths = {2, 3};
+    ReadItem item = fs_testing::RowShardedColumnBlock::BlockItem(row);
     plan.items.push_back(item);
     item.storage_offsets = {0, 0};
     item.dest_index = MetadataIndex("w", Shape{0, 0});
@@ -158,13 +148,8 @@ TEST(FileSystemStorageTest, ReshardsBoxesAndReadsSharedItemsForEachUse) {
   FileSystemReader reader(dir);
   absl::Status status = LoadOneRank(reader, load, &plan);
   ASSERT_TRUE(status.ok()) << status;
-  EXPECT_TRUE(whole.BytesEqual(full));
-  const auto* got = static_cast<const int32_t*>(block.data());
-  for (int r = 0; r < 4; ++r) {
-    for (int c = 0; c < 3; ++c) {
-      ASSERT_EQ(got[r * 3 + c], src[r * 6 + c + 1]) << r << "," << c;
-    }
-  }
+  EXPECT_TRUE(whole.BytesEqual(w.full));
+  w.ExpectBlock(block);
   EXPECT_EQ(load.commits(), 4);
 }
 

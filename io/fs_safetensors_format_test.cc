@@ -126,17 +126,10 @@ TEST(SafetensorsFormatTest, EveryDataFileIsSafetensorsAndLoads) {
 }
 
 TEST(SafetensorsFormatTest, ChunksAreNamedByOffsetsAndReshard) {
-  // A 4x6 int32 tensor saved as two row shards, loaded as its column block
-  // [:, 1:4] (a slice of each shard).
   const std::string dir = NewTestDir("st_reshard");
-  Tensor full = PatternTensor(DType::kI32, {4, 6}, 3);
-  const auto* src = static_cast<const int32_t*>(full.data());
+  const fs_testing::RowShardedColumnBlock w;
   FakeSavePlanner save;
-  for (int64_t row : {0, 2}) {
-    Tensor shard = Tensor::Empty(DType::kI32, {2, 6});
-    std::memcpy(shard.data(), src + row * 6, 2 * 6 * 4);
-    save.AddShard("w", {4, 6}, {row, 0}, shard);
-  }
+  w.AddShards(save);
   FileSystemWriter writer(dir, SafetensorsOptions(1, true));
   absl::Status saved = SaveOneRank(writer, save);
   ASSERT_TRUE(saved.ok()) << saved;
@@ -149,31 +142,21 @@ TEST(SafetensorsFormatTest, ChunksAreNamedByOffsetsAndReshard) {
   EXPECT_EQ(header->tensors[0].name, "w@0,0");
   EXPECT_EQ(header->tensors[1].name, "w@2,0");
   EXPECT_EQ(header->tensors[1].shape, (Shape{2, 6}));
-  EXPECT_EQ(bytes.substr(header->data_start()),
-            std::string(static_cast<const char*>(full.data()), full.nbytes()));
+  EXPECT_EQ(
+      bytes.substr(header->data_start()),
+      std::string(static_cast<const char*>(w.full.data()), w.full.nbytes()));
 
   FakeLoadPlanner load;
   Tensor block = Tensor::Empty(DType::kI32, {4, 3});
   load.SetDestination(MetadataIndex("w", Shape{0, 1}), block);
   LoadPlan plan;
   for (int64_t row : {0, 2}) {
-    ReadItem item;
-    item.storage_index = MetadataIndex("w", Shape{row, 0});
-    item.storage_offsets = {0, 1};
-    item.dest_index = MetadataIndex("w", Shape{0, 1});
-    item.dest_offsets = {row, 0};
-    item.lengths = {2, 3};
-    plan.items.push_back(item);
+    plan.items.push_back(fs_testing::RowShardedColumnBlock::BlockItem(row));
   }
   FileSystemReader reader(dir);
   absl::Status status = LoadOneRank(reader, load, &plan);
   ASSERT_TRUE(status.ok()) << status;
-  const auto* got = static_cast<const int32_t*>(block.data());
-  for (int r = 0; r < 4; ++r) {
-    for (int c = 0; c < 3; ++c) {
-      ASSERT_EQ(got[r * 3 + c], src[r * 6 + c + 1]) << r << "," << c;
-    }
-  }
+  w.ExpectBlock(block);
 }
 
 TEST(SafetensorsFormatTest, ChecksumsStillCatchACorruptedByte) {

@@ -4,6 +4,8 @@
 #ifndef DCP_IO_FS_TEST_HELPERS_H_
 #define DCP_IO_FS_TEST_HELPERS_H_
 
+#include <cstdint>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -71,6 +73,43 @@ inline std::vector<std::string> CommittedDataFiles(const std::string& dir) {
   }
   return {names.begin(), names.end()};
 }
+
+// A resharding case: `full`, a 4x6 int32 tensor, saved as two row shards of
+// "w" (rows 0-1 and 2-3), loaded as its column block [:, 1:4] (destination
+// index ("w", {0, 1}), one read item from each shard).
+struct RowShardedColumnBlock {
+  Tensor full = ::dcp::testing::PatternTensor(DType::kI32, {4, 6}, 3);
+
+  // Adds the two row shards to `save`.
+  void AddShards(::dcp::testing::FakeSavePlanner& save) const {
+    const auto* src = static_cast<const int32_t*>(full.data());
+    for (int64_t row : {0, 2}) {
+      Tensor shard = Tensor::Empty(DType::kI32, {2, 6});
+      std::memcpy(shard.data(), src + row * 6, 2 * 6 * 4);
+      save.AddShard("w", {4, 6}, {row, 0}, shard);
+    }
+  }
+  // The read item that copies shard `row`'s part of the block.
+  static ReadItem BlockItem(int64_t row) {
+    ReadItem item;
+    item.storage_index = MetadataIndex("w", Shape{row, 0});
+    item.storage_offsets = {0, 1};
+    item.dest_index = MetadataIndex("w", Shape{0, 1});
+    item.dest_offsets = {row, 0};
+    item.lengths = {2, 3};
+    return item;
+  }
+  // Expects the 4x3 `block` to hold full[:, 1:4].
+  void ExpectBlock(const Tensor& block) const {
+    const auto* src = static_cast<const int32_t*>(full.data());
+    const auto* got = static_cast<const int32_t*>(block.data());
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 3; ++c) {
+        ASSERT_EQ(got[r * 3 + c], src[r * 6 + c + 1]) << r << "," << c;
+      }
+    }
+  }
+};
 
 }  // namespace dcp::fs_testing
 
