@@ -9,11 +9,11 @@
 #include <memory>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "io/box_copy.h"
 #include "io/device_box_upload.h"
+#include "io/fs_read_window.h"
 #include "io/hf_storage.h"
 #include "io/internal/hf_internal.h"
 #include "staging/device_staging.h"
@@ -21,6 +21,7 @@
 namespace dcp {
 namespace {
 
+using internal_fs::OpenFiles;
 using internal_hf::AlignDown;
 using internal_hf::AlignedBuffer;
 using internal_hf::AlignUp;
@@ -36,36 +37,6 @@ struct IndexHash {
     if (index.offset.has_value()) h = absl::HashOf(h, *index.offset);
     return h;
   }
-};
-
-// Each file opened once per ReadData, shared by the threads.
-class OpenFiles {
- public:
-  struct Entry {
-    std::unique_ptr<File> file;
-    int64_t size = 0;
-  };
-  OpenFiles(FileSystemBase& fs, std::string dir, OpenOptions options)
-      : fs_(fs), dir_(std::move(dir)), options_(options) {}
-
-  absl::StatusOr<const Entry*> Get(const std::string& relative) {
-    absl::MutexLock lock(&mu_);
-    auto it = files_.find(relative);
-    if (it != files_.end()) return &it->second;
-    DCP_RETURN_IF_ERROR(internal_hf::CheckRelativePath(relative));
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                         fs_.OpenForRead(JoinPath(dir_, relative), options_));
-    DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
-    return &files_.emplace(relative, Entry{std::move(file), size})
-                .first->second;
-  }
-
- private:
-  FileSystemBase& fs_;
-  const std::string dir_;
-  const OpenOptions options_;
-  absl::Mutex mu_;
-  absl::node_hash_map<std::string, Entry> files_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bounce buffers in power-of-two sizes, reused from piece to piece: a fresh
@@ -354,6 +325,9 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
             " of shape ", ShapeToString(s.sizes), " at offset ", where.offset,
             " length ", where.length, " of ", where.relative_path)));
       }
+      // Checked once here: buffered_files opens only paths files opened.
+      absl::Status name = internal_hf::CheckRelativePath(where.relative_path);
+      if (!name.ok()) return fail(std::move(name));
       absl::StatusOr<const OpenFiles::Entry*> file =
           files.Get(where.relative_path);
       if (!file.ok()) return fail(file.status());
