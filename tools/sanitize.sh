@@ -8,7 +8,8 @@
 #
 # ASan/UBSan runs the tests of every decoder of untrusted bytes (metadata,
 # plan, value and write-results codecs, safetensors/HF index, the fuzz
-# corpora) and the engine's save/load round trips; TSan runs the
+# corpora, MEGA headers, commit journals, compressed blocks) and the
+# engine's save/load round trips; TSan runs the
 # concurrency-heavy tests (async save, stager and staging pipeline,
 # process groups, rendezvous, the C ABI's async calls). The whole suite
 # under both configurations is `bazel test --config=asan //...` (about
@@ -26,10 +27,17 @@ readonly ASAN_TARGETS=(
   //io:metadata_format_test
   //io:safetensors_test
   //io:file_system_storage_test
+  //io:fs_directory_test
+  //io:fs_read_window_test
+  //io:extensions_storage_test
+  //io:mega_format_test
+  //io:commit_journal_test
+  //io:hf_quantized_storage_test
   //planner:plan_codec_test
   //planner:value_codec_test
   //tests:engine_roundtrip_test
   //tests:hf_checkpoint_test
+  //tests:mega_checkpoint_test
   //tests:crash_test
   //tests:native_crash_test
   //tools:inspect_test
