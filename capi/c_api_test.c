@@ -734,6 +734,50 @@ static void test_writer_compression(void) {
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
+/* dcp_fs_writer_options_t.serialization_format: safetensors data files
+ * load back bit for bit; an unknown value is refused naming the field, and
+ * safetensors with compression fails the save. */
+static void test_writer_safetensors(void) {
+  int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8];
+  int64_t shape[1] = {8};
+  char dir[4200];
+  dcp_fs_writer_options_t wo;
+  dcp_storage_writer_t* writer = NULL;
+  dcp_state_dict_t* sd = NULL;
+  dcp_save_options_t so;
+  DLTensor t;
+
+  memset(&wo, 0, sizeof(wo));
+  wo.struct_size = sizeof(wo);
+  wo.serialization_format = 7;
+  dir_for("safetensors", dir, sizeof(dir));
+  CHECK_ERROR(dcp_fs_writer_create(dir, &wo, &writer), DCP_INVALID_ARGUMENT,
+              "dcp_fs_writer_options_t.serialization_format");
+  wo.serialization_format = DCP_SERIALIZATION_FORMAT_SAFETENSORS;
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(src, 1, shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  wo.compression = "zstd";
+  CHECK_OK(dcp_fs_writer_create(dir, &wo, &writer));
+  so = save_options(dir);
+  so.storage_writer = writer;
+  CHECK(dcp_save(sd, &so, NULL) != DCP_OK);
+  CHECK_OK(dcp_storage_writer_free(writer));
+  wo.compression = NULL;
+  CHECK_OK(dcp_fs_writer_create(dir, &wo, &writer));
+  so.storage_writer = writer;
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  t.data = dst;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  {
+    dcp_load_options_t lo = load_options(dir);
+    CHECK_OK(dcp_load(sd, &lo));
+  }
+  CHECK(memcmp(src, dst, sizeof(src)) == 0);
+  CHECK_OK(dcp_storage_writer_free(writer));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
 /* A storage writer and reader of the caller's, pointed at checkpoint_id. */
 static void test_writer_and_reader_handles(void) {
   int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8];
@@ -2098,6 +2142,7 @@ int main(void) {
   test_metadata_extras();
   test_writer_and_reader_handles();
   test_writer_compression();
+  test_writer_safetensors();
   test_hf_roundtrip();
   test_hf_errors();
   test_mega();
