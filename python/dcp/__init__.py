@@ -35,7 +35,8 @@ from .process_group import ProcessGroup
 from .stateful import Stateful
 from .storage import (FileSystemReader, FileSystemWriter,
                       HuggingFaceStorageReader, HuggingFaceStorageWriter,
-                      SerializationFormat)
+                      MegaStorageReader, MegaStorageWriter,
+                      QuantizedHuggingFaceStorageReader, SerializationFormat)
 
 try:
     from .state_dict import (StateDictOptions, get_model_state_dict,
@@ -57,7 +58,8 @@ __all__ = [
     "AsyncCheckpointerType", "AsyncSaveResponse", "DefaultStager",
     "StagingOptions", "FileSystemWriter",
     "FileSystemReader", "SerializationFormat", "HuggingFaceStorageWriter",
-    "HuggingFaceStorageReader", "DefaultSavePlanner",
+    "HuggingFaceStorageReader", "QuantizedHuggingFaceStorageReader",
+    "MegaStorageWriter", "MegaStorageReader", "DefaultSavePlanner",
     "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",
     "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
     "MetadataIndex", "StorageMeta", "StorageInfo", "read_metadata",

@@ -136,7 +136,7 @@ def _child_main(conn):
     from . import checkpoint, process_group
     from .checkpoint import prepare_save
     from .metadata import Metadata
-    from .storage import HuggingFaceStorageWriter
+    from .storage import HuggingFaceStorageWriter, MegaStorageWriter
     conn.send(("ready", os.getpid()))
     segments = {}
     groups = {}
@@ -175,11 +175,13 @@ def _child_main(conn):
                     md = ctypes.c_void_p()
                     _lib.check(_lib.lib().dcp_save(
                         p.sd, ctypes.byref(p.options), ctypes.byref(md)))
-                    # A Hugging Face directory stores no dcp metadata for
-                    # the parent to read back: send it, as plain values.
+                    # A Hugging Face or MEGA directory stores no dcp
+                    # metadata for the parent to read back: send it, as
+                    # plain values.
                     sent = None
                     if isinstance(spec["storage_writer"],
-                                  HuggingFaceStorageWriter):
+                                  (HuggingFaceStorageWriter,
+                                   MegaStorageWriter)):
                         sent = _plain_metadata(Metadata._from_handle(md))
                     else:
                         _lib.lib().dcp_metadata_free(md)
@@ -518,8 +520,8 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                                                          WRITERS):
             raise TypeError(
                 f"storage_writer {type(storage_writer).__name__} is not "
-                "supported; dcp writes through FileSystemWriter or "
-                "HuggingFaceStorageWriter")
+                "supported; dcp writes through FileSystemWriter, "
+                "HuggingFaceStorageWriter or MegaStorageWriter")
         path = _checkpoint_path(checkpoint_id, storage_writer, "save")
         save_options(planner)  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)

@@ -79,8 +79,8 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
     if storage_writer is not None and not isinstance(storage_writer,
                                                      WRITERS):
         raise TypeError(f"storage_writer {type(storage_writer).__name__} is "
-                        "not supported; dcp writes through FileSystemWriter "
-                        "or HuggingFaceStorageWriter")
+                        "not supported; dcp writes through FileSystemWriter, "
+                        "HuggingFaceStorageWriter or MegaStorageWriter")
     path = _checkpoint_path(checkpoint_id, storage_writer, "save")
     planner_options = save_options(planner)
     p = _Prepared()
@@ -146,8 +146,8 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None,
       their state_dict(). Nothing is copied: do not change the tensors
       until save returns.
     checkpoint_id: the checkpoint directory (or storage_writer's path).
-    storage_writer: a FileSystemWriter or HuggingFaceStorageWriter (its
-      options).
+    storage_writer: a FileSystemWriter, HuggingFaceStorageWriter or
+      MegaStorageWriter (its options).
     planner: a DefaultSavePlanner (its options).
     process_group: None (torch.distributed's group when initialized, else
       a single process), a torch ProcessGroup or a dcp.ProcessGroup.
@@ -195,8 +195,9 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
                                                          READERS):
             raise TypeError(
                 f"storage_reader {type(storage_reader).__name__} is not "
-                "supported; dcp reads through FileSystemReader or "
-                "HuggingFaceStorageReader")
+                "supported; dcp reads through FileSystemReader, "
+                "HuggingFaceStorageReader, QuantizedHuggingFaceStorageReader "
+                "or MegaStorageReader")
         path = _checkpoint_path(checkpoint_id, storage_reader, "load")
         planner_options = load_options(planner)
         target = state_dict

@@ -1,6 +1,7 @@
-"""FileSystemWriter / FileSystemReader and HuggingFaceStorageWriter /
-HuggingFaceStorageReader: the seed's storage classes, as option holders
-for the C ABI's file-system and Hugging Face writers and readers.
+"""The seed's storage classes (FileSystemWriter / FileSystemReader,
+HuggingFaceStorageWriter / HuggingFaceStorageReader,
+QuantizedHuggingFaceStorageReader, MegaStorageWriter / MegaStorageReader),
+as option holders for the C ABI's writers and readers.
 
 Each save or load creates its own C writer/reader from these options (and
 frees it afterwards), so one Python object may serve consecutive and
@@ -349,8 +350,8 @@ class QuantizedHuggingFaceStorageReader(_Storage):
     W are float8 (E4M3 or E5M2) with float32 block scales W_scale_inv
     (DeepSeek-V3's layout), dequantizing while loading: element (i, j) is
     float32(W[i, j]) * W_scale_inv[i // block_size, j // block_size],
-    rounded once to target_dtype. Scale tensors are not part of the
-    metadata; other tensors load as HuggingFaceStorageReader loads them.
+    rounded once to target_dtype. Other tensors (the scales included) are
+    described and load as HuggingFaceStorageReader's.
 
     thread_count: threads reading and dequantizing.
     target_dtype: torch.float32 (None: the default), torch.bfloat16 or
@@ -391,7 +392,7 @@ class QuantizedHuggingFaceStorageReader(_Storage):
 
     def read_metadata(self):
         """The checkpoint's Metadata as this reader loads it: quantized
-        weights in target_dtype, no scale tensors."""
+        weights in target_dtype, every other tensor as stored."""
         from .metadata import read_metadata_through
         return read_metadata_through(self)
 
@@ -406,13 +407,13 @@ class MegaStorageWriter(_Storage):
     files, and `model.mega.index.json`. Every entry is 4 KiB aligned and
     covered by XXH3-64 block checksums; a save commits atomically.
 
-    thread_count: files written in parallel per rank.
-    checksum_block_size, sync_files, direct_io (dcp only, keywords): None =
-      the engine's defaults (4 MiB blocks, fsync on, O_DIRECT).
+    thread_count, checksum_block_size, sync_files, direct_io (dcp only,
+      keywords): files written in parallel per rank; None = the engine's
+      defaults (4 MiB checksum blocks, fsync on, O_DIRECT).
     """
 
-    def __init__(self, path, fqn_to_index_mapping=None,
-                 thread_count: int = 1, *, checksum_block_size=None,
+    def __init__(self, path, fqn_to_index_mapping=None, *,
+                 thread_count: int = 1, checksum_block_size=None,
                  sync_files=None, direct_io=None):
         if thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, not {thread_count}")
