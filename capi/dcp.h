@@ -420,9 +420,11 @@ typedef struct dcp_hf_quantized_reader_options {
 
 /* The seed's QuantizedHuggingFaceStorageReader: the Hugging Face
  * checkpoint in `path` with fp8 weights W and float32 block scales
- * W_scale_inv, the weights dequantized to target_dtype while loading (the
- * scale tensors are not part of the metadata). DCP_INVALID_ARGUMENT here
- * for another target_dtype or a negative count. */
+ * W_scale_inv, the weights dequantized to target_dtype while loading (its
+ * metadata gives them target_dtype; the scales stay as stored).
+ * DCP_INVALID_ARGUMENT here for another target_dtype or a negative count;
+ * a weight without its scale fails the load with DCP_DATA_LOSS naming the
+ * file and the tensor. */
 DCP_API int dcp_hf_quantized_reader_create(
     const char* path, const dcp_hf_quantized_reader_options_t* options,
     dcp_storage_reader_t** out);
