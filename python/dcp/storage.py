@@ -347,7 +347,7 @@ class HuggingFaceStorageReader(_Storage):
 
 class QuantizedHuggingFaceStorageReader(_Storage):
     """Reads the Hugging Face checkpoint in directory `path` whose weights
-    W are float8 (E4M3 or E5M2) with float32 block scales W_scale_inv
+    W are float8 E4M3 with float32 block scales W_scale_inv
     (DeepSeek-V3's layout), dequantizing while loading: element (i, j) is
     float32(W[i, j]) * W_scale_inv[i // block_size, j // block_size],
     rounded once to target_dtype. Other tensors (the scales included) are
