@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "io/box_copy.h"
 #include "io/device_box_upload.h"
+#include "io/fs_read_plan.h"
 #include "io/fs_read_window.h"
 #include "io/hf_storage.h"
 #include "io/internal/hf_internal.h"
@@ -74,17 +75,11 @@ class BouncePool {
       ABSL_GUARDED_BY(mu_);
 };
 
-// A stored tensor chunk the plan reads, and its uses.
-struct Stored {
-  const MetadataIndex* index = nullptr;
-  const StorageInfo* info = nullptr;
+// A stored tensor chunk the plan reads, its uses (what a FileSystemReader
+// keeps of one; safetensors have no extensions or checksums, so `decoders`
+// and `block_starts` stay empty) and its open file.
+struct Stored : internal_fs::StoredItem {
   const OpenFiles::Entry* file = nullptr;
-  Shape sizes;
-  size_t element_size = 1;
-  std::vector<const ReadItem*> uses;
-  std::vector<TensorView> dests;
-  std::unique_ptr<std::atomic<int64_t>> pieces_left;
-  DeviceStaging* staging = nullptr;  // Set when a destination is a device's.
 };
 
 // One read: chunk elements [first, end) of `stored`, straight into the
@@ -105,11 +100,6 @@ struct Piece {
   std::vector<IoRequest> requests;
   std::vector<Future<size_t>> reads;
 };
-
-bool AllZero(const Shape& shape) {
-  return std::all_of(shape.begin(), shape.end(),
-                     [](int64_t v) { return v == 0; });
-}
 
 // Builds the read requests of `piece`, allocating its buffers.
 void PreparePiece(bool direct, BouncePool& pool,
@@ -187,12 +177,13 @@ absl::Status FinishPiece(Piece& piece, LoadPlanner& planner,
       const TensorView& dest = s.dests[u];
       DCP_RETURN_IF_ERROR(Annotate(
           dest.device().is_cpu()
-              ? CopyBoxPart(piece.target, piece.first, piece.end, s.sizes,
+              ? CopyBoxPart(piece.target, piece.first, piece.end, s.chunk_sizes,
                             item.storage_offsets, s.element_size, dest,
                             item.dest_offsets, item.lengths)
               : UploadBoxPart(*s.staging, piece.target, piece.first, piece.end,
-                              s.sizes, item.storage_offsets, s.element_size,
-                              dest, item.dest_offsets, item.lengths),
+                              s.chunk_sizes, item.storage_offsets,
+                              s.element_size, dest, item.dest_offsets,
+                              item.lengths),
           absl::StrCat("loading ", item.storage_index.ToString(), " into ",
                        item.dest_index.ToString())));
     }
@@ -314,16 +305,19 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       Stored s;
       s.index = &info->first;
       s.info = &info->second;
-      s.sizes = chunk->sizes;
+      s.is_tensor = true;
+      s.chunk_sizes = chunk->sizes;
       s.element_size = ElementSize(tensor->properties.dtype);
       const StorageInfo& where = info->second;
       if (where.offset < 0 || where.length < 0 ||
           where.offset > INT64_MAX - where.length ||
-          CheckedNumBytes(tensor->properties.dtype, s.sizes) != where.length) {
+          CheckedNumBytes(tensor->properties.dtype, s.chunk_sizes) !=
+              where.length) {
         return fail(absl::DataLossError(absl::StrCat(
             "the metadata of ", path_, " places ", s.index->ToString(),
-            " of shape ", ShapeToString(s.sizes), " at offset ", where.offset,
-            " length ", where.length, " of ", where.relative_path)));
+            " of shape ", ShapeToString(s.chunk_sizes), " at offset ",
+            where.offset, " length ", where.length, " of ",
+            where.relative_path)));
       }
       // Checked once here: buffered_files opens only paths files opened.
       absl::Status name = internal_hf::CheckRelativePath(where.relative_path);
@@ -375,19 +369,13 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
         s.staging = staging_used = *staging;
       }
       absl::Status box = CopyBoxPart(
-          nullptr, 0, 0, s.sizes, item->storage_offsets, s.element_size,
+          nullptr, 0, 0, s.chunk_sizes, item->storage_offsets, s.element_size,
           AsHostView(*dest), item->dest_offsets, item->lengths);
       if (!box.ok()) return fail(Annotate(box, what));
       s.dests.push_back(*std::move(dest));
     }
-    const ReadItem& first = *s.uses.front();
     const TensorView& dest = s.dests.front();
-    const int64_t length = s.info->length;
-    if (s.uses.size() == 1 && AllZero(first.storage_offsets) &&
-        AllZero(first.dest_offsets) && first.lengths == s.sizes &&
-        dest.device().is_cpu() && dest.is_contiguous() &&
-        dest.sizes() == first.lengths &&
-        static_cast<int64_t>(dest.nbytes()) == length && length > 0) {
+    if (internal_fs::FillsWholeHostTensor(s, dest) && s.info->length > 0) {
       File* buffered = nullptr;
       if (direct &&
           (reinterpret_cast<uintptr_t>(dest.data()) % kDirectIoAlignment != 0 ||
@@ -399,7 +387,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       }
       Piece& piece = pieces.emplace_back();
       piece.stored = &s;
-      piece.end = NumElements(s.sizes);
+      piece.end = NumElements(s.chunk_sizes);
       piece.zero_copy = true;
       piece.buffered = buffered;
       piece.target = static_cast<std::byte*>(dest.data());
@@ -409,7 +397,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
     const int64_t es = static_cast<int64_t>(s.element_size);
     std::vector<std::pair<int64_t, int64_t>> runs;
     for (const ReadItem* item : s.uses) {
-      internal_hf::BoxRuns(s.sizes, item->storage_offsets, item->lengths,
+      internal_hf::BoxRuns(s.chunk_sizes, item->storage_offsets, item->lengths,
                            kReadGapBytes / es, runs);
     }
     // Pieces whose 4 KiB aligned extent fits a piece_bytes buffer.
