@@ -22,6 +22,8 @@
 #include "core/state_dict.h"
 #include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
+#include "io/internal/commit_journal.h"
+#include "io/mega_format.h"
 #include "io/metadata_format.h"
 #include "io/safetensors.h"
 #include "io/testing/metadata_surgery.h"
@@ -44,6 +46,13 @@ void Write(const std::string& target, const std::string& name,
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) {
     std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name.c_str());
+    std::exit(1);
+  }
+}
+
+void OkOrDie(const absl::Status& status) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "%s\n", status.ToString().c_str());
     std::exit(1);
   }
 }
@@ -352,6 +361,155 @@ void WriteResultsSeeds() {
   Write("write_results", "garbage", std::string("\xff\xff\xff\xff\x0f", 5));
 }
 
+// A MEGA header seed: the file size (8 bytes, little-endian), then the
+// preamble and JSON without the zero padding up to the data section.
+std::string MegaHeaderSeed(const MegaHeader& header, int64_t file_size) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<char>(static_cast<uint64_t>(file_size) >> (8 * i));
+  }
+  std::string encoded = EncodeMegaHeader(header);
+  uint64_t json_bytes = 0;
+  for (int i = 7; i >= 0; --i) {
+    json_bytes = (json_bytes << 8) | static_cast<uint8_t>(encoded[16 + i]);
+  }
+  encoded.resize(kMegaPreambleBytes + json_bytes);
+  return out + encoded;
+}
+
+MegaEntry MegaTensor(const std::string& name, DType dtype, Shape shape,
+                     Shape offsets, Shape sizes, int64_t length) {
+  MegaEntry e;
+  e.name = name;
+  e.dtype = dtype;
+  e.shape = std::move(shape);
+  e.offsets = std::move(offsets);
+  e.sizes = std::move(sizes);
+  e.length = length;
+  return e;
+}
+
+// Fills each entry's checksums (one per block, arbitrary values).
+void FillChecksums(MegaHeader& header) {
+  for (MegaEntry& e : header.entries) {
+    const int64_t blocks = (e.length + header.checksum_block_size - 1) /
+                           header.checksum_block_size;
+    e.checksums.assign(static_cast<size_t>(blocks), 0x0123456789abcdefULL);
+  }
+}
+
+void MegaSeeds() {
+  MegaHeader header;
+  header.checksum_block_size = 4096;
+  header.entries.push_back(
+      MegaTensor("model.w", DType::kF32, {4, 3}, {0, 0}, {4, 3}, 4 * 3 * 4));
+  header.entries.push_back(
+      MegaTensor("model.big", DType::kBF16, {4096}, {2048}, {2048}, 4096));
+  MegaEntry value;
+  value.name = "step";
+  value.is_tensor = false;
+  value.length = 9;
+  header.entries.push_back(value);
+  header.entries.push_back(
+      MegaTensor("empty", DType::kI64, {0, 5}, {0, 0}, {0, 5}, 0));
+  OkOrDie(LayOutMegaFile(header));
+  FillChecksums(header);
+  Write("mega_header", "tensors_value_and_empty",
+        MegaHeaderSeed(header, header.file_size));
+  MegaHeader none;
+  OkOrDie(LayOutMegaFile(none));
+  Write("mega_header", "no_entries", MegaHeaderSeed(none, none.file_size));
+  // Refused (one rule each).
+  Write("mega_header", "truncated",
+        MegaHeaderSeed(header, header.file_size - 1));
+  Write("mega_header", "trailing_bytes",
+        MegaHeaderSeed(header, header.file_size + 4096));
+  std::string short_prefix = MegaHeaderSeed(header, header.file_size);
+  Write("mega_header", "prefix_shorter_than_header",
+        short_prefix.substr(0, 8 + kMegaPreambleBytes + 10));
+  std::string bad_magic = short_prefix;
+  bad_magic[8 + 1] = 'm';
+  Write("mega_header", "bad_magic", bad_magic);
+  std::string major_2 = short_prefix;
+  major_2[8 + 8] = 2;
+  Write("mega_header", "major_version_2", major_2);
+  std::string flipped = short_prefix;
+  flipped.back() ^= 1;
+  Write("mega_header", "checksum_mismatch", flipped);
+  MegaHeader overlap = header;
+  overlap.entries[1].begin = overlap.entries[0].begin;
+  Write("mega_header", "overlapping_entries",
+        MegaHeaderSeed(overlap, overlap.file_size));
+  MegaHeader outside = header;
+  outside.entries[0].offsets = Shape{3, 0};
+  Write("mega_header", "chunk_outside_tensor",
+        MegaHeaderSeed(outside, outside.file_size));
+  MegaHeader length = header;
+  length.entries[0].length = 44;
+  Write("mega_header", "length_not_shape",
+        MegaHeaderSeed(length, length.file_size));
+  MegaHeader block = header;
+  block.checksum_block_size = 4095;
+  Write("mega_header", "block_size_unaligned",
+        MegaHeaderSeed(block, block.file_size));
+
+  MegaIndex index;
+  index.total_size = 4096 + 48 + 9;
+  index.files = {MegaFileName(1, 2), MegaFileName(2, 2)};
+  index.weight_map = {{"model.w", {MegaFileName(1, 2)}},
+                      {"model.big", {MegaFileName(1, 2), MegaFileName(2, 2)}},
+                      {"step", {MegaFileName(2, 2)}}};
+  Write("mega_index", "two_files", EncodeMegaIndex(index));
+  Write("mega_index", "empty", EncodeMegaIndex(MegaIndex{}));
+  // Refused (one rule each).
+  MegaIndex unlisted = index;
+  unlisted.weight_map["extra"] = {MegaFileName(3, 3)};
+  Write("mega_index", "maps_to_unlisted_file", EncodeMegaIndex(unlisted));
+  MegaIndex traversal = index;
+  traversal.files.push_back("../model.mega");
+  Write("mega_index", "path_outside_directory", EncodeMegaIndex(traversal));
+  MegaIndex itself = index;
+  itself.files.push_back(kMegaIndexFileName);
+  Write("mega_index", "lists_the_index", EncodeMegaIndex(itself));
+  MegaIndex no_files = index;
+  no_files.weight_map["none"] = {};
+  Write("mega_index", "value_without_files", EncodeMegaIndex(no_files));
+  Write("mega_index", "major_version_2",
+        R"({"format": "mega", "version": [2, 0], "files": [], )"
+        R"("weight_map": {}})");
+  Write("mega_index", "not_json", "{\"format\": \"mega\", ");
+
+  internal_io::CommitJournal journal;
+  journal.renames = {
+      {".model-00001-of-00002.mega.tmp-0123456789abcdef", MegaFileName(1, 2)},
+      {".model.mega.index.json.tmp-fedcba9876543210", kMegaIndexFileName}};
+  journal.removals = {kMegaSingleFileName};
+  Write("commit_journal", "renames_and_removal",
+        internal_io::EncodeCommitJournal(journal));
+  Write("commit_journal", "empty",
+        internal_io::EncodeCommitJournal(internal_io::CommitJournal{}));
+  // Refused (one rule each).
+  internal_io::CommitJournal up = journal;
+  up.removals = {"../model.mega"};
+  Write("commit_journal", "removal_outside_directory",
+        internal_io::EncodeCommitJournal(up));
+  internal_io::CommitJournal absolute = journal;
+  absolute.removals = {"/etc/passwd"};
+  Write("commit_journal", "removal_absolute",
+        internal_io::EncodeCommitJournal(absolute));
+  internal_io::CommitJournal not_temporary = journal;
+  not_temporary.renames[0].first = "model-00002-of-00002.mega";
+  Write("commit_journal", "rename_from_checkpoint_file",
+        internal_io::EncodeCommitJournal(not_temporary));
+  internal_io::CommitJournal moved = journal;
+  moved.renames[0].first = "sub/.model.mega.tmp-0123456789abcdef";
+  Write("commit_journal", "rename_across_directories",
+        internal_io::EncodeCommitJournal(moved));
+  Write("commit_journal", "rename_of_three",
+        R"({"renames": [["a", "b", "c"]], "removals": []})");
+  Write("commit_journal", "not_json", "{\"renames\": [");
+}
+
 }  // namespace
 }  // namespace dcp::fuzz
 
@@ -366,5 +524,6 @@ int main(int argc, char** argv) {
   dcp::fuzz::ValueCodecSeeds();
   dcp::fuzz::SafetensorsSeeds();
   dcp::fuzz::WriteResultsSeeds();
+  dcp::fuzz::MegaSeeds();
   return 0;
 }
