@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "io/box_copy.h"
@@ -31,14 +30,6 @@ using internal_hf::kDirectIoAlignment;
 constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
 constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
-
-struct IndexHash {
-  size_t operator()(const MetadataIndex& index) const {
-    size_t h = absl::Hash<std::string>()(index.fqn);
-    if (index.offset.has_value()) h = absl::HashOf(h, *index.offset);
-    return h;
-  }
-};
 
 // Bounce buffers in power-of-two sizes, reused from piece to piece: a fresh
 // 16 MiB buffer per piece costs page faults and the kernel's zeroing of
@@ -271,70 +262,52 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
     return Future<void>::Ready(std::move(status));
   };
 
+  for (const ReadItem& item : plan.items) {
+    if (item.type != LoadItemType::kTensor) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("the Hugging Face checkpoint ", path_,
+                       " holds tensors only; the plan reads the value ",
+                       item.storage_index.ToString())));
+    }
+  }
   // Group the read items by the stored chunk they use; check each chunk
   // against its file before anything is allocated for it.
-  absl::flat_hash_map<MetadataIndex, size_t, IndexHash> slot_of;
+  absl::StatusOr<std::vector<internal_fs::StoredItem>> grouped =
+      internal_fs::GroupReadItems(
+          plan, metadata, path_,
+          [&](const MetadataIndex& index,
+              const StorageInfo& where) -> absl::Status {
+            if (where.offset < 0 || where.length < 0 ||
+                where.offset > INT64_MAX - where.length) {
+              return absl::DataLossError(absl::StrCat(
+                  "the metadata of ", path_, " places ", index.ToString(),
+                  " at offset ", where.offset, " length ", where.length, " of ",
+                  where.relative_path));
+            }
+            // Checked once here: buffered_files opens only paths files
+            // opened.
+            DCP_RETURN_IF_ERROR(
+                internal_hf::CheckRelativePath(where.relative_path));
+            DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* file,
+                                 files.Get(where.relative_path));
+            if (where.offset + where.length > file->size) {
+              return absl::DataLossError(absl::StrCat(
+                  file->file->path(), " is truncated: ", index.ToString(),
+                  " needs bytes [", where.offset, ", ",
+                  where.offset + where.length, ") but the file ends at offset ",
+                  file->size));
+            }
+            return absl::OkStatus();
+          });
+  if (!grouped.ok()) return fail(grouped.status());
   std::deque<Stored> stored;
-  for (const ReadItem& item : plan.items) {
-    auto [it, inserted] =
-        slot_of.try_emplace(item.storage_index, stored.size());
-    if (inserted) {
-      if (item.type != LoadItemType::kTensor) {
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat("the Hugging Face checkpoint ", path_,
-                         " holds tensors only; the plan reads the value ",
-                         item.storage_index.ToString())));
-      }
-      auto info = metadata.storage_data.find(item.storage_index);
-      auto value = metadata.state_dict_metadata.find(item.storage_index.fqn);
-      const auto* tensor =
-          value == metadata.state_dict_metadata.end()
-              ? nullptr
-              : std::get_if<TensorStorageMetadata>(&value->second);
-      const ChunkStorageMetadata* chunk = nullptr;
-      if (tensor != nullptr) {
-        for (const ChunkStorageMetadata& c : tensor->chunks) {
-          if (c.offsets == item.storage_index.offset) chunk = &c;
-        }
-      }
-      if (info == metadata.storage_data.end() || chunk == nullptr) {
-        return fail(absl::DataLossError(
-            absl::StrCat("the metadata of ", path_, " has no tensor chunk ",
-                         item.storage_index.ToString())));
-      }
-      Stored s;
-      s.index = &info->first;
-      s.info = &info->second;
-      s.is_tensor = true;
-      s.chunk_sizes = chunk->sizes;
-      s.element_size = ElementSize(tensor->properties.dtype);
-      const StorageInfo& where = info->second;
-      if (where.offset < 0 || where.length < 0 ||
-          where.offset > INT64_MAX - where.length ||
-          CheckedNumBytes(tensor->properties.dtype, s.chunk_sizes) !=
-              where.length) {
-        return fail(absl::DataLossError(absl::StrCat(
-            "the metadata of ", path_, " places ", s.index->ToString(),
-            " of shape ", ShapeToString(s.chunk_sizes), " at offset ",
-            where.offset, " length ", where.length, " of ",
-            where.relative_path)));
-      }
-      // Checked once here: buffered_files opens only paths files opened.
-      absl::Status name = internal_hf::CheckRelativePath(where.relative_path);
-      if (!name.ok()) return fail(std::move(name));
-      absl::StatusOr<const OpenFiles::Entry*> file =
-          files.Get(where.relative_path);
-      if (!file.ok()) return fail(file.status());
-      if (where.offset + where.length > (*file)->size) {
-        return fail(absl::DataLossError(absl::StrCat(
-            (*file)->file->path(), " is truncated: ", s.index->ToString(),
-            " needs bytes [", where.offset, ", ", where.offset + where.length,
-            ") but the file ends at offset ", (*file)->size)));
-      }
-      s.file = *file;
-      stored.push_back(std::move(s));
-    }
-    stored[it->second].uses.push_back(&item);
+  for (internal_fs::StoredItem& item : *grouped) {
+    absl::StatusOr<const OpenFiles::Entry*> file =
+        files.Get(item.info->relative_path);  // Opened by the check.
+    if (!file.ok()) return fail(file.status());
+    Stored& s = stored.emplace_back();
+    static_cast<internal_fs::StoredItem&>(s) = std::move(item);
+    s.file = *file;
   }
 
   // Plan the pieces: destinations resolved once, boxes checked.
