@@ -12,8 +12,10 @@
 // bytes than the prefix and at most the file; a decoded header describes
 // the file (data_start 4 KiB aligned, entries inside the data section, a
 // checksum per block); and where the re-encoded JSON fits the same data
-// start, EncodeMegaHeader of the decoded header decodes and re-encodes to
-// the same bytes.
+// start, EncodeMegaHeader of the decoded header (whose data section ends
+// at the last entry, without the slack a file may have after it) decodes
+// and re-encodes to the same bytes.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -75,8 +77,14 @@ void CheckHeader(absl::string_view prefix, int64_t file_size) {
 
   const std::string encoded = EncodeMegaHeader(*header);
   if (static_cast<int64_t>(encoded.size()) != header->data_start) return;
-  absl::StatusOr<MegaHeader> again =
-      DecodeMegaHeader(encoded, file_size, "re-encoded.mega");
+  // The encoder's data section ends at the last entry's end; a decoded
+  // file may have slack after it.
+  int64_t entries_end = 0;
+  for (const MegaEntry& e : header->entries) {
+    entries_end = std::max(entries_end, e.begin + e.length);
+  }
+  absl::StatusOr<MegaHeader> again = DecodeMegaHeader(
+      encoded, header->data_start + entries_end, "re-encoded.mega");
   if (!again.ok()) {
     std::fprintf(stderr, "%s\n", again.status().ToString().c_str());
   }
