@@ -1,22 +1,29 @@
-// The overwrite crash property: a save over an existing checkpoint that is
-// killed (SIGKILL) at any instant leaves the directory holding one complete,
-// loadable checkpoint: the old one or the new one, never a mix.
+// The overwrite crash property for a real process: a save (Save with the
+// writer's default options but POSIX I/O) over an existing checkpoint whose
+// process is killed (SIGKILL) at any of its file-system calls leaves the
+// directory holding one complete, loadable checkpoint, the old one or the
+// new one, never a mix; and the next process saves there (no stale lock or
+// leftover blocks it). The kill point is chosen by call count, not time:
+// the child's file system fails its k-th call and every later one
+// (Fault::crash: no further I/O), and the child kills itself when Save
+// returns. The page cache survives, as it does a kill; the power-loss
+// variant of each step is tests/native_crash_test.cc.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <thread>
-
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
+#include "io/fault_injection.h"
+#include "io/file_system.h"
+#include "io/file_system_storage.h"
 #include "tests/test_util.h"
 #include "tools/synthetic_state.h"
 
 namespace dcp {
 namespace {
 
-constexpr int64_t kStateBytes = int64_t{48} << 20;
+constexpr int64_t kStateBytes = int64_t{8} << 20;
 
 StateDict StateFor(uint64_t seed, bool fill = true) {
   SyntheticStateOptions options;
@@ -47,61 +54,68 @@ absl::StatusOr<uint64_t> LoadedSeed(const std::string& dir,
   return absl::DataLossError("loaded state matches neither checkpoint");
 }
 
-// Forks a child that saves `seed` into `dir` and kills it `delay` after it
-// signals that it is about to start the save. Returns true when the child
-// finished before the kill.
-bool SaveAndKill(const std::string& dir, uint64_t seed,
-                 std::chrono::microseconds delay) {
-  int ready[2];
-  EXPECT_EQ(::pipe(ready), 0);
+// Forks a child that saves `seed` into `dir`, its `crash_call`-th
+// file-system call and every later one failing, and that is killed
+// (SIGKILL) once Save returns after the crash. Returns true when the save
+// completed before reaching that call (the child then exits 0).
+bool SaveAndKillAtCall(const std::string& dir, uint64_t seed,
+                       int64_t crash_call) {
   pid_t pid = ::fork();
   if (pid == 0) {
-    ::close(ready[0]);
-    StateDict state = StateFor(seed);
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    Fault crash;
+    crash.op = FaultOp::kAny;
+    crash.nth = crash_call;
+    crash.crash = true;
+    faulty.Inject(crash);
+    FileSystemWriterOptions writer_options;
+    writer_options.file_system = &faulty;
+    writer_options.io_mode = IoMode::kPosix;  // Every write is a call.
+    FileSystemWriter writer(dir, writer_options);
     SaveOptions options;
-    options.checkpoint_id = dir;
-    (void)!::write(ready[1], "x", 1);
-    absl::Status s = Save(state, options).status();
-    ::_exit(s.ok() ? 0 : 1);
+    options.storage_writer = &writer;
+    const absl::Status s = Save(StateFor(seed), options).status();
+    if (s.ok() && faulty.calls(FaultOp::kAny) < crash_call) ::_exit(0);
+    ::raise(SIGKILL);
+    ::_exit(3);  // Unreachable.
   }
-  ::close(ready[1]);
-  char c;
-  EXPECT_EQ(::read(ready[0], &c, 1), 1);
-  ::close(ready[0]);
-  std::this_thread::sleep_for(delay);
-  ::kill(pid, SIGKILL);
   int wstatus = 0;
-  ::waitpid(pid, &wstatus, 0);
-  return WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+  EXPECT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  const bool completed = WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0;
+  EXPECT_TRUE(completed ||
+              (WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL))
+      << "status " << wstatus;
+  return completed;
 }
 
-TEST(CrashDuringOverwrite, AlwaysLeavesOneCompleteCheckpoint) {
+TEST(CrashDuringOverwrite, AKillAtEveryCallLeavesOneCompleteCheckpoint) {
   const std::string dir = testing::MakeTempDir("crash");
   ASSERT_TRUE(SaveTo(dir, 1).ok());
   uint64_t current = 1;
   int finished = 0, interrupted = 0;
-  // Delays spread over a save of kStateBytes, from "before the first write"
-  // to "after the commit", so kills land in every phase.
-  const int delays_us[] = {0,     200,   1000,   3000,   8000,   15000,
-                           30000, 60000, 100000, 150000, 250000, 400000};
   uint64_t next = 2;
-  for (int delay : delays_us) {
+  // Kill at call 1, 2, ... until a save completes before its kill call.
+  bool done = false;
+  for (int64_t call = 1; !done; ++call) {
+    ASSERT_LT(call, 10000) << "the save never completed";
     const uint64_t seed = next++;
-    const bool done = SaveAndKill(dir, seed, std::chrono::microseconds(delay));
+    done = SaveAndKillAtCall(dir, seed, call);
     absl::StatusOr<uint64_t> loaded = LoadedSeed(dir, {current, seed});
-    ASSERT_TRUE(loaded.ok())
-        << "after a kill " << delay << "us into the save: " << loaded.status();
+    ASSERT_TRUE(loaded.ok()) << "after a kill at call " << call
+                             << " of the save: " << loaded.status();
     if (done) {
       EXPECT_EQ(*loaded, seed) << "the save reported success";
     }
     (*loaded == seed ? finished : interrupted)++;
     current = *loaded;
   }
-  // Both outcomes occurred: the kills really landed inside saves.
   RecordProperty("finished", finished);
   RecordProperty("interrupted", interrupted);
   EXPECT_GT(interrupted, 0);
-  // A later save still works and leaves a loadable checkpoint.
+  // Kills after the commit point keep the new checkpoint.
+  EXPECT_GT(finished, 1);
+  // A later save in this process still works and leaves a loadable
+  // checkpoint.
   ASSERT_TRUE(SaveTo(dir, 100).ok());
   EXPECT_EQ(*LoadedSeed(dir, {100}), 100u);
 }
