@@ -93,6 +93,9 @@ cmd="${1:-help}"
 case "$cmd" in
   test)
     if [[ $# -gt 0 ]]; then exec bazel test "$@"; fi
+    # The venv first: the interop tests (hf_interop_test, hf_quantized_test)
+    # compare against torch and safetensors from it, and skip without it.
+    ensure_venv
     bazel_rc=0
     bazel test //... || bazel_rc=$?
     python_rc=0
