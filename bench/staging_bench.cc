@@ -1,5 +1,5 @@
 // staging_bench: device-to-host staging throughput of DefaultStager (and of
-// StagingPipeline through a bounded pinned pool, the writer's path) against
+// StagingPipeline through a bounded staging pool, the writer's path) against
 // the raw peak measured in the same run (one large CopyAsync into pinned
 // memory, and into pageable memory for contrast), over sizes and 1-4
 // streams; plus, for CPU tensors, the time until staging completes against a
@@ -33,7 +33,7 @@
 #include "io/file_system_storage.h"
 #include "nlohmann/json.hpp"
 #include "staging/device_staging.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 #include "staging/stager.h"
 #include "staging/staging_pipeline.h"
 #include "tools/machine_info.h"
@@ -114,12 +114,12 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
                  bool json) {
   absl::StatusOr<DeviceProperties> props = runtime.GetDeviceProperties(0);
   if (!props.ok()) return props.status();
-  PinnedPoolOptions pool_options;
+  HostBufferPoolOptions pool_options;
   pool_options.total_bytes = pool_mib << 20;
-  absl::StatusOr<std::unique_ptr<PinnedPool>> pool_or =
-      PinnedPool::Create(&runtime, pool_options);
+  absl::StatusOr<std::unique_ptr<HostBufferPool>> pool_or =
+      HostBufferPool::Create(&runtime, pool_options);
   if (!pool_or.ok()) return pool_or.status();
-  PinnedPool& pool = **pool_or;
+  HostBufferPool& pool = **pool_or;
   std::vector<Row> rows;
   double stall_vs_memcpy = 0;
   double stall_vs_memcpy_fresh = 0;
@@ -355,7 +355,7 @@ absl::Status Run(DeviceRuntime& runtime, const std::vector<size_t>& sizes_mib,
                 r.streams, r.stager_gbps, r.peak_pinned_gbps,
                 r.peak_pageable_gbps, r.ratio_to_peak, r.pipeline_gbps);
   }
-  std::printf("pipeline: StagingPipeline through a %zu MiB pinned pool\n",
+  std::printf("pipeline: StagingPipeline through a %zu MiB staging pool\n",
               pool.total_bytes() >> 20);
   std::printf(
       "CPU tensors, %zu MiB: time to staging completion / plain memcpy = "
@@ -423,7 +423,7 @@ absl::StatusOr<SaveRun> TimedSave(const StateDict& state,
 }
 
 // The writer's device path: a synchronous Save of `mib` MiB of device
-// tensors through a `pool_mib` pinned pool, against a Save of as many bytes
+// tensors through a `pool_mib` staging pool, against a Save of as many bytes
 // of CPU tensors into the same directory in the same run; throughput and
 // peak RSS above what the process held before each save.
 absl::Status DeviceSave(DeviceRuntime& runtime, size_t mib, size_t pool_mib,
@@ -473,7 +473,7 @@ absl::Status DeviceSave(DeviceRuntime& runtime, size_t mib, size_t pool_mib,
     }
     DCP_ASSIGN_OR_RETURN(cpu_run, TimedSave(state, base, {}));
   }
-  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging.Pool());
+  DCP_ASSIGN_OR_RETURN(HostBufferPool * pool, staging.Pool());
   nlohmann::json out = {
       {"device", std::string(runtime.name())},
       {"host_emulation", runtime.is_host()},
@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--reps", reps, "timed repetitions (median)")
       ->check(CLI::Range(1, 100));
-  app.add_option("--pool_mib", pool_mib, "pinned pool of the pipeline rows")
+  app.add_option("--pool_mib", pool_mib, "staging pool of the pipeline rows")
       ->check(CLI::Range(8, 1 << 20));
   app.add_option("--device", mode_name, "device runtime: auto, cuda, host");
   app.add_flag("--json", json, "print one JSON object");

@@ -164,8 +164,8 @@ class DeviceRuntime {
   virtual absl::StatusOr<void*> AllocatePinned(size_t bytes) = 0;
   virtual absl::Status FreePinned(void* ptr) = 0;
   // Page-locks existing host memory [ptr, ptr + bytes) so async copies can
-  // use it in place (the pinned pool uses this on its own mmap). kAlreadyExists
-  // when (part of) the range is already registered.
+  // use it in place (the staging pool uses this on its own mmap).
+  // kAlreadyExists when (part of) the range is already registered.
   virtual absl::Status RegisterHost(void* ptr, size_t bytes) = 0;
   // kNotFound when `ptr` was not registered.
   virtual absl::Status UnregisterHost(void* ptr) = 0;

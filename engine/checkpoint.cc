@@ -74,7 +74,7 @@ absl::StatusOr<Plan> ExchangePlans(
     absl::StatusOr<Plan> (*decode)(absl::string_view)) {
   DCP_ASSIGN_OR_RETURN(
       std::string encoded,
-      dist.ReduceScatter(
+      dist.GatherScatter(
           step,
           [&]() -> absl::StatusOr<std::string> {
             DCP_ASSIGN_OR_RETURN(Plan plan, local_step());
@@ -110,9 +110,9 @@ void AddStorageData(std::vector<std::vector<WriteResult>>&& results,
 }
 
 // The seed's _save_state_dict: plans travel to the coordinator and back
-// (ReduceScatter), every rank writes, the write results travel to the
-// coordinator, which commits (AllReduce); on any failure every rank aborts
-// its writer, so nothing half-written stays behind.
+// (GatherScatter), every rank writes, the write results travel to the
+// coordinator, which commits (GatherBroadcast); on any failure every rank
+// aborts its writer, so nothing half-written stays behind.
 // `prepared`: how this rank's preparation of the writer went (Reset,
 // SetDeviceWait). A failure is this rank's local step's failure, so every
 // rank of the exchange fails with it instead of waiting for this one.
@@ -195,7 +195,7 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
     }
     DCP_ASSIGN_OR_RETURN(
         std::string committed,
-        dist.AllReduce(
+        dist.GatherBroadcast(
             "write",
             [&]() -> absl::StatusOr<std::string> {
               DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results,
@@ -265,7 +265,7 @@ absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
                               EncodeLoadPlan, DecodeLoadPlan));
   // Every rank learns whether every other rank's reads succeeded.
   return dist
-      .AllReduce(
+      .GatherBroadcast(
           "read",
           [&]() -> absl::StatusOr<std::string> {
             DCP_RETURN_IF_ERROR(read_step(std::move(central_plan)));

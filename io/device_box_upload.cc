@@ -102,7 +102,7 @@ absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
   const int64_t last = BoxElementsBefore(src_sizes, src_offsets, lengths, end);
   if (first == last) return absl::OkStatus();
 
-  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging.Pool());
+  DCP_ASSIGN_OR_RETURN(HostBufferPool * pool, staging.Pool());
   const int64_t es = static_cast<int64_t>(element_size);
   const int64_t per_chunk = static_cast<int64_t>(pool->chunk_bytes()) / es;
   if (per_chunk == 0) {
@@ -119,7 +119,7 @@ absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
   std::vector<UploadRun> runs;
   for (int64_t b = first; b < last;) {
     const int64_t n = std::min(per_chunk, last - b);
-    DCP_ASSIGN_OR_RETURN(PinnedChunk chunk, staging.AcquireChunk());
+    DCP_ASSIGN_OR_RETURN(PoolChunk chunk, staging.AcquireChunk());
     // Gather box elements [b, b + n) in box order.
     for (int64_t x = b; x < b + n;) {
       const int64_t take = std::min(row - x % row, b + n - x);

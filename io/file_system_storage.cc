@@ -29,7 +29,7 @@ using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::RunWorkers;
 
-// The pinned pool a reader creates for device destinations.
+// The staging pool a reader creates for device destinations.
 constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
 
 FileSystemBase* OrLocal(FileSystemBase* fs) {
@@ -172,7 +172,7 @@ absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
     }
     staging = owned_staging_.get();
   }
-  DCP_ASSIGN_OR_RETURN(PinnedPool * pool, staging->Pool());
+  DCP_ASSIGN_OR_RETURN(HostBufferPool * pool, staging->Pool());
   if (owned_engine_ != nullptr && !staging_registered_) {
     // Fixed buffers spare the kernel mapping each chunk per I/O. An engine
     // that cannot register them still writes from the chunks.

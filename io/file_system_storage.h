@@ -137,7 +137,7 @@ struct FileSystemWriterOptions {
   // owned; must outlive the writer.
   IoEngine* io_engine = nullptr;
   IoMode io_mode = IoMode::kAuto;
-  // Copies device tensors to host (runtime and pinned pool). nullptr: the
+  // Copies device tensors to host (runtime and staging pool). nullptr: the
   // writer creates one on its first device tensor, with the auto device
   // runtime and the pool size above, and registers the pool with its own
   // I/O engine as fixed buffers. Pass one to use a runtime of your own (the

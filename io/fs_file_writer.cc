@@ -39,13 +39,13 @@ struct ResolvedItem {
 // gathered into contiguous copies; strided device tensors are refused.
 absl::Status ResolveItems(const std::vector<const WriteItem*>& items,
                           SavePlanner& planner, int rank,
-                          std::vector<dcp::WriteData>& held,
+                          std::vector<dcp::WriteValue>& held,
                           std::vector<ResolvedItem>& resolved) {
   held.reserve(items.size());
   resolved.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const WriteItem& item = *items[i];
-    absl::StatusOr<dcp::WriteData> value = planner.ResolveData(item);
+    absl::StatusOr<dcp::WriteValue> value = planner.ResolveData(item);
     if (!value.ok()) {
       return Annotate(
           value.status(),
@@ -126,7 +126,7 @@ absl::Status WriteDeviceItems(const DataFileContext& context,
             std::memset(piece.chunk.data() + piece.length, 0,
                         length - piece.length);
           }
-          auto lease = std::make_shared<PinnedChunk>(std::move(piece.chunk));
+          auto lease = std::make_shared<PoolChunk>(std::move(piece.chunk));
           queue
               .Write(i, results[i]->storage_data.offset + piece.offset,
                      lease->data(), length)
@@ -336,7 +336,7 @@ absl::Status WriteDataFile(const DataFileContext& context,
   context.record_created(path);
   // Every item resolved first: whether it is on the device and how long it
   // is decide where it goes.
-  std::vector<dcp::WriteData> held;
+  std::vector<dcp::WriteValue> held;
   std::vector<ResolvedItem> resolved;
   DCP_RETURN_IF_ERROR(
       ResolveItems(items, planner, context.rank, held, resolved));

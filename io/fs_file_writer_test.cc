@@ -196,8 +196,8 @@ class BytesPlanner : public SavePlanner {
     return std::make_pair(std::move(plans), Metadata{});
   }
   absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override { return plan; }
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
-    return WriteData(values.at(item.index.fqn));
+  absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) override {
+    return WriteValue(values.at(item.index.fqn));
   }
 
   std::map<std::string, std::string> values;

@@ -552,7 +552,7 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
   Json sharding = Json::object();
   for (size_t i = 0; i < items.size(); ++i) {
     const WriteItem& item = *items[i];
-    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    absl::StatusOr<dcp::WriteValue> resolved = planner.ResolveData(item);
     if (!resolved.ok()) {
       return Annotate(resolved.status(), absl::StrCat(where, ": resolving ",
                                                       item.index.ToString()));
@@ -635,7 +635,7 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
                       if (piece.length == 0) return absl::OkStatus();
                       const std::byte* data = piece.chunk.data();
                       auto lease =
-                          std::make_shared<PinnedChunk>(std::move(piece.chunk));
+                          std::make_shared<PoolChunk>(std::move(piece.chunk));
                       return writer.Append(data,
                                            static_cast<int64_t>(piece.length),
                                            std::move(lease));

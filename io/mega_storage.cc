@@ -287,14 +287,14 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
   const std::string where = absl::StrCat("rank ", rank_);
   const size_t n = work.items.size();
   // Resolve every value and lay the file out.
-  std::vector<dcp::WriteData> data(n);
+  std::vector<dcp::WriteValue> data(n);
   MegaHeader header;
   header.checksum_block_size = options_.checksum_block_size;
   header.entries.resize(n);
   bool on_device = false;
   for (size_t i = 0; i < n; ++i) {
     const WriteItem& item = *work.items[i];
-    absl::StatusOr<dcp::WriteData> resolved = planner.ResolveData(item);
+    absl::StatusOr<dcp::WriteValue> resolved = planner.ResolveData(item);
     if (!resolved.ok()) {
       return Annotate(resolved.status(), absl::StrCat(where, ": resolving ",
                                                       item.index.ToString()));
@@ -411,7 +411,7 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
                       const auto length = static_cast<int64_t>(piece.length);
                       sums[i].Update(bytes, length);
                       auto lease =
-                          std::make_shared<PinnedChunk>(std::move(piece.chunk));
+                          std::make_shared<PoolChunk>(std::move(piece.chunk));
                       return writer.Append(bytes, length, std::move(lease));
                     },
                     device_wait_)

@@ -367,7 +367,7 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::FinishPlan(SavePlan central_plan) {
   return plan;
 }
 
-absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
+absl::StatusOr<WriteValue> DefaultSavePlanner::ResolveData(
     const WriteItem& item) {
   if (item.type == WriteItemType::kBytesIO) {
     auto it = encoded_values_.find(item.index.fqn);
@@ -375,7 +375,7 @@ absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
       return absl::NotFoundError(absl::StrCat("value \"", item.index.fqn,
                                               "\" is not in this rank's plan"));
     }
-    return WriteData(it->second);
+    return WriteValue(it->second);
   }
   auto not_planned = [&] {
     return absl::NotFoundError(absl::StrCat(
@@ -405,7 +405,7 @@ absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
   }
   if (found == nullptr) return not_planned();
   const Tensor& tensor = *found;
-  if (tensor.view().is_contiguous()) return WriteData(tensor);
+  if (tensor.view().is_contiguous()) return WriteValue(tensor);
   if (!tensor.device().is_cpu()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor chunk ", item.index.ToString(), " is a non-contiguous ",
@@ -413,7 +413,7 @@ absl::StatusOr<WriteData> DefaultSavePlanner::ResolveData(
         " tensor; stage it (staging/) or make it contiguous before saving"));
   }
   DCP_ASSIGN_OR_RETURN(Tensor copy, tensor.ContiguousHostCopy());
-  return WriteData(std::move(copy));
+  return WriteValue(std::move(copy));
 }
 
 // ---------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class DefaultSavePlanner : public SavePlanner {
   // non-contiguous device tensor is kInvalidArgument (stage it first).
   // kBytesIO: the encoded value. kNotFound for an item this planner did not
   // plan. Thread-safe after CreateLocalPlan.
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override;
+  absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) override;
 
   // The flattened leaves being saved.
   const std::map<std::string, StateValue>& leaves() const { return leaves_; }

@@ -134,10 +134,10 @@ TEST(DefaultPlannerTest, LocalPlanItemsAndMetadata) {
       md.state_dict_metadata.at("step")));
   EXPECT_EQ(global->first[0].items[1].index.index, 1);
 
-  absl::StatusOr<WriteData> step = planner.ResolveData(plan->items[2]);
+  absl::StatusOr<WriteValue> step = planner.ResolveData(plan->items[2]);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(std::get<std::string>(*step), *EncodeValue(StateValue(int64_t{7})));
-  absl::StatusOr<WriteData> shard = planner.ResolveData(plan->items[1]);
+  absl::StatusOr<WriteValue> shard = planner.ResolveData(plan->items[1]);
   ASSERT_TRUE(shard.ok());
   EXPECT_TRUE(std::get<Tensor>(*shard).BytesEqual(
       sd["st"].sharded_tensor().local_shards()[1].tensor));

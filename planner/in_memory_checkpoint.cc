@@ -58,7 +58,7 @@ absl::StatusOr<InMemoryCheckpoint> SaveInMemory(
     DCP_ASSIGN_OR_RETURN(SavePlan plan,
                          planners[r]->FinishPlan(std::move(global.first[r])));
     for (const WriteItem& item : plan.items) {
-      DCP_ASSIGN_OR_RETURN(WriteData data, planners[r]->ResolveData(item));
+      DCP_ASSIGN_OR_RETURN(WriteValue data, planners[r]->ResolveData(item));
       std::string bytes;
       if (const auto* t = std::get_if<Tensor>(&data)) {
         if (!t->view().is_contiguous() ||

@@ -32,7 +32,7 @@ namespace dcp {
 
 // The data behind one WriteItem: a contiguous tensor chunk (host or device
 // memory, owned by the state dict or the stager) or encoded bytes.
-using WriteData = std::variant<Tensor, std::string>;
+using WriteValue = std::variant<Tensor, std::string>;
 
 // A global save plan whose metadata is shared (see
 // SavePlanner::CreateSharedGlobalPlan). Nobody changes the metadata while
@@ -83,7 +83,7 @@ class SavePlanner {
   virtual absl::StatusOr<SavePlan> FinishPlan(SavePlan central_plan) = 0;
 
   // The data of `item` (thread-safe). Tensor chunks are contiguous.
-  virtual absl::StatusOr<WriteData> ResolveData(const WriteItem& item) = 0;
+  virtual absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) = 0;
 };
 
 class LoadPlanner {

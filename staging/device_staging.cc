@@ -32,13 +32,13 @@ absl::Status DeviceStaging::EnsureLocked() {
     owned_runtime_ = *std::move(created);
     runtime_ = owned_runtime_.get();
   }
-  PinnedPoolOptions pool_options;
+  HostBufferPoolOptions pool_options;
   pool_options.chunk_bytes = std::max<size_t>(options_.chunk_bytes, 4096);
   pool_options.total_bytes =
       std::max(options_.pool_bytes, 2 * pool_options.chunk_bytes);
   pool_options.use_pinned_memory = options_.use_pinned_memory;
-  absl::StatusOr<std::unique_ptr<PinnedPool>> pool =
-      PinnedPool::Create(runtime_, pool_options);
+  absl::StatusOr<std::unique_ptr<HostBufferPool>> pool =
+      HostBufferPool::Create(runtime_, pool_options);
   if (!pool.ok()) {
     setup_error_ = Annotate(pool.status(),
                             absl::StrCat("device staging pool of ",
@@ -49,7 +49,7 @@ absl::Status DeviceStaging::EnsureLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PinnedPool*> DeviceStaging::Pool() {
+absl::StatusOr<HostBufferPool*> DeviceStaging::Pool() {
   absl::MutexLock lock(&mu_);
   DCP_RETURN_IF_ERROR(EnsureLocked());
   return pool_.get();
@@ -91,8 +91,8 @@ absl::Status DeviceStaging::Stage(absl::Span<const PipelineItem> items,
   return status;
 }
 
-absl::StatusOr<PinnedChunk> DeviceStaging::AcquireChunk() {
-  PinnedPool* pool;
+absl::StatusOr<PoolChunk> DeviceStaging::AcquireChunk() {
+  HostBufferPool* pool;
   {
     absl::MutexLock lock(&mu_);
     DCP_RETURN_IF_ERROR(EnsureLocked());
@@ -101,7 +101,7 @@ absl::StatusOr<PinnedChunk> DeviceStaging::AcquireChunk() {
   return pool->Acquire();  // Not under mu_: it blocks until a chunk is free.
 }
 
-absl::Status DeviceStaging::Upload(PinnedChunk chunk, size_t length, void* dst,
+absl::Status DeviceStaging::Upload(PoolChunk chunk, size_t length, void* dst,
                                    Device device) {
   const UploadRun run{0, length, dst};
   return UploadRuns(std::move(chunk), {&run, 1}, device);
@@ -118,7 +118,7 @@ absl::StatusOr<DeviceUploader*> DeviceStaging::Uploader() {
   return uploader_.get();
 }
 
-absl::Status DeviceStaging::UploadRuns(PinnedChunk chunk,
+absl::Status DeviceStaging::UploadRuns(PoolChunk chunk,
                                        absl::Span<const UploadRun> runs,
                                        Device device) {
   DCP_ASSIGN_OR_RETURN(DeviceUploader * uploader, Uploader());

@@ -2,7 +2,7 @@
 // between device memory and files, behind one object, so that io/ never
 // names the device runtime:
 //   * a DeviceRuntime (given, or CreateDeviceRuntime(kAuto) on first use);
-//   * one bounded PinnedPool, created on first use and shared by every
+//   * one bounded HostBufferPool, created on first use and shared by every
 //     caller (so the memory bound holds for all writer threads together);
 //   * save side: Stage() streams tensors through the pool with a
 //     StagingPipeline per concurrent caller (copy of piece k+1 overlaps the
@@ -11,7 +11,7 @@
 //     memory through a DeviceUploader, releasing each chunk when its copy
 //     has landed; Flush() waits for all of them.
 //
-// Lifetime: every PinnedChunk handed out (in a StagedPiece or by
+// Lifetime: every PoolChunk handed out (in a StagedPiece or by
 // AcquireChunk) must be released before the DeviceStaging is destroyed (the
 // pool's memory is registered with the runtime this object may own).
 //
@@ -34,7 +34,7 @@
 #include "core/device.h"
 #include "cuda/device_runtime.h"
 #include "staging/device_uploader.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 #include "staging/staging_pipeline.h"
 
 namespace dcp {
@@ -43,7 +43,7 @@ struct DeviceStagingOptions {
   // The pool bound, rounded down to whole chunks (at least two, so a copy
   // can run while the previous piece is written).
   size_t pool_bytes = size_t{64} << 20;
-  // Bytes per chunk (a piece of a tensor): see PinnedPoolOptions.
+  // Bytes per chunk (a piece of a tensor): see HostBufferPoolOptions.
   size_t chunk_bytes = size_t{8} << 20;
   // Copy streams per device (see StagingPipelineOptions).
   int num_streams = 2;
@@ -65,7 +65,7 @@ class DeviceStaging {
   // are what an I/O engine registers as fixed buffers. The runtime's error
   // or kResourceExhausted when the pool cannot be had; the same error again
   // on later calls.
-  absl::StatusOr<PinnedPool*> Pool();
+  absl::StatusOr<HostBufferPool*> Pool();
 
   // Streams every item through the pool into `consumer` (see
   // StagingPipeline::Run for the order, the errors, who owns the chunk and
@@ -74,13 +74,12 @@ class DeviceStaging {
                      PieceConsumer consumer, const DeviceWait& wait = {});
 
   // Load side. A free chunk of the pool (blocks while all are leased).
-  absl::StatusOr<PinnedChunk> AcquireChunk();
+  absl::StatusOr<PoolChunk> AcquireChunk();
   // Copies chunk bytes [0, length) to `dst` on `device` and releases the
   // chunk once the copy has landed (DeviceUploader::Upload).
-  absl::Status Upload(PinnedChunk chunk, size_t length, void* dst,
-                      Device device);
+  absl::Status Upload(PoolChunk chunk, size_t length, void* dst, Device device);
   // Several runs out of one chunk (DeviceUploader::UploadRuns).
-  absl::Status UploadRuns(PinnedChunk chunk, absl::Span<const UploadRun> runs,
+  absl::Status UploadRuns(PoolChunk chunk, absl::Span<const UploadRun> runs,
                           Device device);
   // Waits for every Upload so far; the first error of any of them. After an
   // error the next Upload starts clean. Call it when no Upload is running.
@@ -107,7 +106,7 @@ class DeviceStaging {
   absl::Mutex mu_;
   DeviceRuntime* runtime_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceRuntime> owned_runtime_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<PinnedPool> pool_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HostBufferPool> pool_ ABSL_GUARDED_BY(mu_);
   absl::Status setup_error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<StagingPipeline>> idle_pipelines_
       ABSL_GUARDED_BY(mu_);

@@ -54,7 +54,7 @@ class DeviceStagingTest : public ::testing::Test {
 };
 
 TEST_F(DeviceStagingTest, PoolIsBoundedAndHasAtLeastTwoChunks) {
-  absl::StatusOr<PinnedPool*> pool = staging_->Pool();
+  absl::StatusOr<HostBufferPool*> pool = staging_->Pool();
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_EQ((*pool)->num_chunks(), 3);
   EXPECT_EQ((*pool)->chunk_bytes(), kChunk);
@@ -101,7 +101,7 @@ TEST_F(DeviceStagingTest, ConcurrentStagesShareThePoolAndKeepEveryByte) {
     EXPECT_TRUE(results[c].ok()) << results[c];
     EXPECT_EQ(got[c], expected[c]) << "caller " << c;
   }
-  PinnedPool* pool = *staging_->Pool();
+  HostBufferPool* pool = *staging_->Pool();
   EXPECT_LE(pool->peak_in_use(), 3);
   EXPECT_EQ(pool->in_use(), 0);
 }
@@ -110,7 +110,7 @@ TEST_F(DeviceStagingTest, UploadsLandInDeviceMemoryAndReleaseTheirChunks) {
   const std::vector<unsigned char> expected = Pattern(4 * kChunk + 7, 5);
   void* dst = ToDevice(std::vector<unsigned char>(expected.size(), 0));
   for (size_t offset = 0; offset < expected.size(); offset += kChunk) {
-    absl::StatusOr<PinnedChunk> chunk = staging_->AcquireChunk();
+    absl::StatusOr<PoolChunk> chunk = staging_->AcquireChunk();
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     const size_t n = std::min(kChunk, expected.size() - offset);
     std::memcpy(chunk->data(), expected.data() + offset, n);

@@ -24,13 +24,13 @@ DeviceUploader::~DeviceUploader() {
   completion_.join();
 }
 
-absl::Status DeviceUploader::Upload(PinnedChunk chunk, size_t length, void* dst,
+absl::Status DeviceUploader::Upload(PoolChunk chunk, size_t length, void* dst,
                                     Device device) {
   const UploadRun run{0, length, dst};
   return UploadRuns(std::move(chunk), {&run, 1}, device);
 }
 
-absl::Status DeviceUploader::UploadRuns(PinnedChunk chunk,
+absl::Status DeviceUploader::UploadRuns(PoolChunk chunk,
                                         absl::Span<const UploadRun> runs,
                                         Device device) {
   {

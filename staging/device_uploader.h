@@ -4,7 +4,8 @@
 // device's streams and returns at once, and a completion thread releases the
 // chunk back to the pool when the copy's event has completed. So reads of
 // chunk k+1 overlap the copy of chunk k, and memory stays bounded by the
-// pool (the reader blocks in PinnedPool::Acquire while every chunk is busy).
+// pool (the reader blocks in HostBufferPool::Acquire while every chunk is
+// busy).
 //
 // Errors are sticky: the first failed copy is kept, later uploads are
 // refused with it (their chunks released at once), and Flush returns it.
@@ -25,7 +26,7 @@
 #include "absl/types/span.h"
 #include "core/device.h"
 #include "cuda/device_runtime.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 #include "staging/staging_pipeline.h"
 
 namespace dcp {
@@ -53,14 +54,13 @@ class DeviceUploader {
   // device 0's streams). Takes the lease; the chunk returns to its pool once
   // the copy has landed. kInvalidArgument for length > chunk size, a null
   // destination or an unknown device; the sticky error after a failure.
-  absl::Status Upload(PinnedChunk chunk, size_t length, void* dst,
-                      Device device);
+  absl::Status Upload(PoolChunk chunk, size_t length, void* dst, Device device);
 
   // Copies every run of the chunk to memory of `device` (one stream, in
   // order; for a destination box whose rows are not adjacent in memory) and
   // releases the chunk once the last copy has landed. kInvalidArgument for a
   // run outside the chunk or to a null destination; errors as Upload.
-  absl::Status UploadRuns(PinnedChunk chunk, absl::Span<const UploadRun> runs,
+  absl::Status UploadRuns(PoolChunk chunk, absl::Span<const UploadRun> runs,
                           Device device);
 
   // Blocks until every copy enqueued so far has landed; returns the first
@@ -75,7 +75,7 @@ class DeviceUploader {
 
  private:
   struct Pending {
-    PinnedChunk chunk;
+    PoolChunk chunk;
     OwnedEvent event;
     int device = 0;
   };

@@ -17,11 +17,11 @@ using ::testing::HasSubstr;
 
 constexpr size_t kChunk = 16 * 1024;
 
-std::unique_ptr<PinnedPool> MakePool(DeviceRuntime& runtime, int chunks) {
-  PinnedPoolOptions o;
+std::unique_ptr<HostBufferPool> MakePool(DeviceRuntime& runtime, int chunks) {
+  HostBufferPoolOptions o;
   o.chunk_bytes = kChunk;
   o.total_bytes = kChunk * chunks;
-  return *PinnedPool::Create(&runtime, o);
+  return *HostBufferPool::Create(&runtime, o);
 }
 
 std::vector<unsigned char> Pattern(size_t n) {
@@ -41,7 +41,7 @@ TEST(DeviceUploaderTest, LoadsThroughASmallPoolByteExact) {
   {
     DeviceUploader uploader(runtime.get(), {.num_streams = 2});
     for (size_t off = 0; off < source.size(); off += kChunk) {
-      absl::StatusOr<PinnedChunk> chunk = pool->Acquire();  // Bounded here.
+      absl::StatusOr<PoolChunk> chunk = pool->Acquire();  // Bounded here.
       ASSERT_TRUE(chunk.ok());
       const size_t n = std::min(kChunk, source.size() - off);
       std::memcpy(chunk->data(), source.data() + off, n);
@@ -51,7 +51,7 @@ TEST(DeviceUploaderTest, LoadsThroughASmallPoolByteExact) {
                               Device::Cuda(0))
                       .ok());
     }
-    absl::StatusOr<PinnedChunk> last = pool->Acquire();
+    absl::StatusOr<PoolChunk> last = pool->Acquire();
     std::memcpy(last->data(), source.data(), host_dst.size());
     ASSERT_TRUE(uploader
                     .Upload(*std::move(last), host_dst.size(), host_dst.data(),
@@ -83,7 +83,7 @@ TEST(DeviceUploaderTest, ChunkReturnsOnlyAfterItsCopyLanded) {
   auto pool = MakePool(*runtime, 1);
   void* dev = *runtime->AllocateDevice(0, kChunk);
   DeviceUploader uploader(runtime.get());
-  absl::StatusOr<PinnedChunk> chunk = pool->Acquire();
+  absl::StatusOr<PoolChunk> chunk = pool->Acquire();
   std::memset(chunk->data(), 0x3c, kChunk);
   ASSERT_TRUE(
       uploader.Upload(*std::move(chunk), kChunk, dev, Device::Cuda(0)).ok());

@@ -13,7 +13,7 @@
 //     pinned, optionally shared) host memory; CPU tensors are memcpy'd by a
 //     few threads.
 //
-// Staging memory: one HostBuffer (staging/pinned_pool.h) per staged dict,
+// Staging memory: one HostBuffer (staging/host_buffer_pool.h) per staged dict,
 // sized to the dict. With cache_staged_state_dict the stager keeps up to
 // max_cached_buffers of them and reuses one for the next Stage when it is
 // large enough and no staged dict from before still uses it (so two saves in
@@ -34,7 +34,7 @@
 #include "core/future.h"
 #include "core/state_dict.h"
 #include "cuda/device_runtime.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 
 namespace dcp {
 

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "cuda/device_runtime.h"
 #include "gtest/gtest.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 #include "staging/stager.h"
 #include "staging/staging_pipeline.h"
 
@@ -124,11 +124,11 @@ TEST_F(StagingGpuTest, NonBlockingStagingCompletesAfterSynchronize) {
 }
 
 TEST_F(StagingGpuTest, PipelineStreamsThroughASmallPool) {
-  PinnedPoolOptions pool_options;
+  HostBufferPoolOptions pool_options;
   pool_options.chunk_bytes = 1 << 20;
   pool_options.total_bytes = 4 << 20;
   pool_options.use_shared_memory = true;
-  auto pool = PinnedPool::Create(runtime_.get(), pool_options);
+  auto pool = HostBufferPool::Create(runtime_.get(), pool_options);
   ASSERT_TRUE(pool.ok()) << pool.status();
   std::vector<size_t> sizes = {16 << 20, 1, (3 << 20) + 17, 0};
   std::vector<Tensor> tensors;

@@ -23,7 +23,7 @@ std::string DescribeItem(const PipelineItem& item, size_t index) {
 
 }  // namespace
 
-StagingPipeline::StagingPipeline(DeviceRuntime* runtime, PinnedPool* pool,
+StagingPipeline::StagingPipeline(DeviceRuntime* runtime, HostBufferPool* pool,
                                  StagingPipelineOptions options)
     : runtime_(runtime),
       pool_(pool),
@@ -57,7 +57,7 @@ void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
       piece.last = offset + piece.length == total;
       piece.device = device;
       if (piece.length > 0) {
-        absl::StatusOr<PinnedChunk> chunk = pool_->Acquire();
+        absl::StatusOr<PoolChunk> chunk = pool_->Acquire();
         if (!chunk.ok()) {
           error = Annotate(chunk.status(), DescribeItem(items[i], i));
           break;

@@ -1,4 +1,4 @@
-// StagingPipeline: streams tensor bytes through a bounded PinnedPool to a
+// StagingPipeline: streams tensor bytes through a bounded HostBufferPool to a
 // consumer (the writer), overlapping the device-to-host copy of piece k+1
 // with the consumer's work on piece k.
 //
@@ -38,7 +38,7 @@
 #include "absl/types/span.h"
 #include "core/tensor.h"
 #include "cuda/device_runtime.h"
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 
 namespace dcp {
 
@@ -75,7 +75,7 @@ struct StagedPiece {
   size_t length = 0;
   bool last = false;  // Last piece of its item.
   // The lease holding the bytes; invalid for an empty item (length 0).
-  PinnedChunk chunk;
+  PoolChunk chunk;
 
   absl::Span<const std::byte> bytes() const { return {chunk.data(), length}; }
 };
@@ -93,7 +93,7 @@ class StagingPipeline {
 
   // `runtime` and `pool` are not owned. Streams and events are created on
   // first use and reused by later Runs.
-  StagingPipeline(DeviceRuntime* runtime, PinnedPool* pool,
+  StagingPipeline(DeviceRuntime* runtime, HostBufferPool* pool,
                   StagingPipelineOptions options = {});
   ~StagingPipeline();
   StagingPipeline(const StagingPipeline&) = delete;
@@ -117,14 +117,14 @@ class StagingPipeline {
     size_t length = 0;
     bool last = false;
     int device = 0;
-    PinnedChunk chunk;
+    PoolChunk chunk;
     OwnedEvent event;  // Empty for a zero-length piece.
   };
 
   void Produce(absl::Span<const PipelineItem> items);
 
   DeviceRuntime* const runtime_;
-  PinnedPool* const pool_;
+  HostBufferPool* const pool_;
   const StagingPipelineOptions options_;
 
   std::unique_ptr<internal_staging::CopyStreams> streams_;

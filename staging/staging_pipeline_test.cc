@@ -72,11 +72,11 @@ class Assembler {
   std::vector<std::pair<size_t, size_t>> order_;
 };
 
-std::unique_ptr<PinnedPool> MakePool(DeviceRuntime& runtime, int chunks) {
-  PinnedPoolOptions o;
+std::unique_ptr<HostBufferPool> MakePool(DeviceRuntime& runtime, int chunks) {
+  HostBufferPoolOptions o;
   o.chunk_bytes = kChunk;
   o.total_bytes = kChunk * chunks;
-  auto pool = PinnedPool::Create(&runtime, o);
+  auto pool = HostBufferPool::Create(&runtime, o);
   EXPECT_TRUE(pool.ok()) << pool.status();
   return *std::move(pool);
 }

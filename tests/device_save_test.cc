@@ -1,5 +1,5 @@
 // Saving device tensors through the FileSystemWriter: every device tensor is
-// copied piece by piece into a bounded pinned pool (staging/device_staging.h)
+// copied piece by piece into a bounded staging pool (staging/device_staging.h)
 // and written from there. The device_save_test target runs on the
 // host-memory runtime ("device" memory is host memory allocated by that
 // runtime; copies run on its stream workers like CUDA copies would); the
@@ -138,7 +138,7 @@ TEST_P(DeviceSaveTest, DeviceTensorsRoundTripThroughABoundedPool) {
   ASSERT_TRUE(saved.ok()) << saved.status();
 
   // Every device byte went through the two-chunk pool, never more at once.
-  PinnedPool* pool = *staging_->Pool();
+  HostBufferPool* pool = *staging_->Pool();
   EXPECT_EQ(pool->num_chunks(), 2);
   EXPECT_GE(pool->peak_in_use(), 1);
   EXPECT_LE(pool->peak_in_use(), 2);

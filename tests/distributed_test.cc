@@ -343,7 +343,7 @@ class ForwardingSavePlanner : public SavePlanner {
   absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override {
     return inner_.FinishPlan(std::move(plan));
   }
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
+  absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) override {
     return inner_.ResolveData(item);
   }
 
@@ -355,7 +355,7 @@ class ForwardingSavePlanner : public SavePlanner {
 // in the middle of writing.
 class DyingPlanner final : public ForwardingSavePlanner {
  public:
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override {
+  absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) override {
     ::kill(::getpid(), SIGKILL);
     return ForwardingSavePlanner::ResolveData(item);
   }

@@ -1,5 +1,5 @@
 // Device tensors through the Hugging Face storage: saved through a bounded
-// pinned pool (each piece written from its chunk), loaded into device
+// staging pool (each piece written from its chunk), loaded into device
 // destinations whole and resharded. hf_device_test runs on the host-memory
 // runtime (device memory is host memory the runtime allocates, copies run
 // on its stream workers); hf_device_gpu_test (DCP_HF_DEVICE_ON_CUDA) runs
@@ -94,7 +94,7 @@ TEST_P(HfDeviceTest, SaveFromAndLoadIntoDeviceTensors) {
   save.storage_writer = &writer;
   absl::StatusOr<Metadata> saved = Save(device, save);
   ASSERT_TRUE(saved.ok()) << saved.status();
-  PinnedPool* pool = *staging_->Pool();
+  HostBufferPool* pool = *staging_->Pool();
   EXPECT_LE(pool->peak_in_use(), 2);
   EXPECT_EQ(pool->in_use(), 0);  // Every chunk back after the save.
 

@@ -1,6 +1,6 @@
 // Device tensors through the MEGA storage on the host-memory runtime
 // (device memory is host memory the runtime allocates, copies run on its
-// stream workers): saved through a pinned pool far smaller than the state
+// stream workers): saved through a staging pool far smaller than the state
 // (each piece written from its chunk, checksummed as it passes), with a
 // host tensor and a non-tensor value in the same file; loaded into host
 // and device destinations.
@@ -65,7 +65,7 @@ TEST(MegaDevice, SaveFromAndLoadIntoDeviceTensors) {
     save.storage_writer = &writer;
     absl::StatusOr<Metadata> saved = Save(device, save);
     ASSERT_TRUE(saved.ok()) << saved.status();
-    PinnedPool* pool = *staging.Pool();
+    HostBufferPool* pool = *staging.Pool();
     EXPECT_EQ(pool->in_use(), 0);
 
     MegaStorageReaderOptions reader_options;

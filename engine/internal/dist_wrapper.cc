@@ -129,7 +129,7 @@ absl::StatusOr<std::string> DistWrapper::Distribute(
   return Unwrap(step, *received, coordinator_rank_);
 }
 
-absl::StatusOr<std::string> DistWrapper::ReduceScatter(absl::string_view step,
+absl::StatusOr<std::string> DistWrapper::GatherScatter(absl::string_view step,
                                                        LocalStep local_step,
                                                        GlobalStep global_step) {
   absl::StatusOr<std::vector<std::string>> gathered =
@@ -154,9 +154,8 @@ absl::StatusOr<std::string> DistWrapper::ReduceScatter(absl::string_view step,
   return Distribute(step, outcome, /*scatter=*/true);
 }
 
-absl::StatusOr<std::string> DistWrapper::AllReduce(absl::string_view step,
-                                                   LocalStep local_step,
-                                                   ReduceStep global_step) {
+absl::StatusOr<std::string> DistWrapper::GatherBroadcast(
+    absl::string_view step, LocalStep local_step, ReduceStep global_step) {
   absl::StatusOr<std::vector<std::string>> gathered =
       GatherResults(step, local_step());
   if (group_ != nullptr && !gathered.ok() &&

@@ -3,9 +3,9 @@
 // plans, write results, metadata); each step wraps them in an envelope that
 // says whether the sender succeeded.
 //
-//   ReduceScatter: every rank runs local_step; the coordinator gathers the
+//   GatherScatter: every rank runs local_step; the coordinator gathers the
 //     results, runs global_step on them and scatters one result per rank.
-//   AllReduce: every rank runs local_step; the coordinator gathers the
+//   GatherBroadcast: every rank runs local_step; the coordinator gathers the
 //     results, runs global_step and broadcasts its single result.
 //   Broadcast: the coordinator runs step and broadcasts its result.
 //
@@ -45,12 +45,12 @@ class DistWrapper {
   int size() const { return group_ != nullptr ? group_->size() : 1; }
   bool is_coordinator() const { return rank() == coordinator_rank_; }
 
-  absl::StatusOr<std::string> ReduceScatter(absl::string_view step,
+  absl::StatusOr<std::string> GatherScatter(absl::string_view step,
                                             LocalStep local_step,
                                             GlobalStep global_step);
-  absl::StatusOr<std::string> AllReduce(absl::string_view step,
-                                        LocalStep local_step,
-                                        ReduceStep global_step);
+  absl::StatusOr<std::string> GatherBroadcast(absl::string_view step,
+                                              LocalStep local_step,
+                                              ReduceStep global_step);
   absl::StatusOr<std::string> Broadcast(absl::string_view step,
                                         LocalStep coordinator_step);
   absl::Status Barrier(absl::string_view step);

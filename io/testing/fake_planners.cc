@@ -57,7 +57,7 @@ Metadata FakeSavePlanner::GlobalMetadata() const {
   return metadata;
 }
 
-absl::StatusOr<WriteData> FakeSavePlanner::ResolveData(const WriteItem& item) {
+absl::StatusOr<WriteValue> FakeSavePlanner::ResolveData(const WriteItem& item) {
   auto it = entries_.find(item.index);
   if (it == entries_.end()) {
     return absl::NotFoundError(

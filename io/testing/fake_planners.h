@@ -46,12 +46,12 @@ class FakeSavePlanner final : public SavePlanner {
     return std::make_pair(std::move(local_plans), GlobalMetadata());
   }
   absl::StatusOr<SavePlan> FinishPlan(SavePlan plan) override { return plan; }
-  absl::StatusOr<WriteData> ResolveData(const WriteItem& item) override;
+  absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) override;
 
  private:
   struct Entry {
     WriteItem item;
-    WriteData data;
+    WriteValue data;
   };
   std::map<MetadataIndex, Entry> entries_;
   std::map<std::string, TensorStorageMetadata> tensors_;

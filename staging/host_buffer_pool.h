@@ -1,6 +1,6 @@
 // Host staging memory: HostBuffer (one mapping, optionally pinned and
-// optionally in shared memory) and PinnedPool (a bounded set of equal chunks
-// carved from one HostBuffer, leased and returned, reused across saves).
+// optionally in shared memory) and HostBufferPool (a bounded set of equal
+// chunks carved from one HostBuffer, leased and returned, reused across saves).
 //
 // How the memory is obtained, and why: mmap (anonymous, or a memfd when
 // shared memory is asked for) with MAP_POPULATE, then page-locked with
@@ -13,10 +13,10 @@
 //     buffers (Regions()) and that works without any GPU (the host runtime's
 //     RegisterHost is bookkeeping only).
 //
-// Thread safety: all methods are thread-safe. A PinnedChunk keeps the pool's
-// memory alive, so a lease may outlive the PinnedPool object.
-#ifndef DCP_STAGING_PINNED_POOL_H_
-#define DCP_STAGING_PINNED_POOL_H_
+// Thread safety: all methods are thread-safe. A PoolChunk keeps the pool's
+// memory alive, so a lease may outlive the HostBufferPool object.
+#ifndef DCP_STAGING_HOST_BUFFER_POOL_H_
+#define DCP_STAGING_HOST_BUFFER_POOL_H_
 
 #include <sys/uio.h>
 
@@ -90,7 +90,7 @@ class HostBuffer {
   DeviceRuntime* registered_with_ = nullptr;
 };
 
-struct PinnedPoolOptions {
+struct HostBufferPoolOptions {
   // Upper bound on the pool's memory. The pool holds
   // total_bytes / chunk_bytes chunks (at least one).
   size_t total_bytes = size_t{256} << 20;
@@ -108,27 +108,27 @@ struct PoolState;
 
 // A lease on one pool chunk; returns it to the pool when destroyed or
 // Release()d. Move-only.
-class PinnedChunk {
+class PoolChunk {
  public:
-  PinnedChunk() = default;
-  PinnedChunk(PinnedChunk&& other) noexcept;
-  PinnedChunk& operator=(PinnedChunk&& other) noexcept;
-  ~PinnedChunk() { Release(); }
+  PoolChunk() = default;
+  PoolChunk(PoolChunk&& other) noexcept;
+  PoolChunk& operator=(PoolChunk&& other) noexcept;
+  ~PoolChunk() { Release(); }
 
   bool valid() const { return state_ != nullptr; }
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }  // The pool's chunk_bytes.
   absl::Span<std::byte> span() const { return {data_, size_}; }
-  // Position in PinnedPool::Regions(): the io_uring fixed-buffer index.
+  // Position in HostBufferPool::Regions(): the io_uring fixed-buffer index.
   int index() const { return index_; }
 
   // Returns the chunk to the pool now (idempotent).
   void Release();
 
  private:
-  friend class PinnedPool;
-  PinnedChunk(std::shared_ptr<internal_pool::PoolState> state, int index,
-              std::byte* data, size_t size)
+  friend class HostBufferPool;
+  PoolChunk(std::shared_ptr<internal_pool::PoolState> state, int index,
+            std::byte* data, size_t size)
       : state_(std::move(state)), index_(index), data_(data), size_(size) {}
 
   std::shared_ptr<internal_pool::PoolState> state_;
@@ -137,23 +137,27 @@ class PinnedChunk {
   size_t size_ = 0;
 };
 
-class PinnedPool {
+// A bounded pool of equal chunks of one HostBuffer. The memory is
+// page-locked only when HostBufferPoolOptions::use_pinned_memory is set
+// (pinned() says so), and then only as far as the runtime's RegisterHost
+// locks it: on the host-memory runtime it stays ordinary memory.
+class HostBufferPool {
  public:
   // Allocates the whole pool once. kInvalidArgument for chunk_bytes == 0 or
   // chunk_bytes > total_bytes, or pinned memory without a runtime.
-  static absl::StatusOr<std::unique_ptr<PinnedPool>> Create(
-      DeviceRuntime* runtime, PinnedPoolOptions options = {});
+  static absl::StatusOr<std::unique_ptr<HostBufferPool>> Create(
+      DeviceRuntime* runtime, HostBufferPoolOptions options = {});
 
   // Wakes blocked Acquire calls with kCancelled. Outstanding leases stay
   // valid (they keep the memory alive).
-  ~PinnedPool();
+  ~HostBufferPool();
 
   // Blocks until a chunk is free. kCancelled once Shutdown() was called.
-  absl::StatusOr<PinnedChunk> Acquire();
+  absl::StatusOr<PoolChunk> Acquire();
   // As Acquire, but kDeadlineExceeded after `timeout`.
-  absl::StatusOr<PinnedChunk> AcquireWithTimeout(absl::Duration timeout);
+  absl::StatusOr<PoolChunk> AcquireWithTimeout(absl::Duration timeout);
   // A free chunk, or nullopt when all are leased.
-  std::optional<PinnedChunk> TryAcquire();
+  std::optional<PoolChunk> TryAcquire();
   // Makes current and future Acquire calls return kCancelled.
   void Shutdown();
 
@@ -170,15 +174,15 @@ class PinnedPool {
   int peak_in_use() const;
   void ResetPeak();
 
-  // One iovec per chunk, in index order (PinnedChunk::index()), for
+  // One iovec per chunk, in index order (PoolChunk::index()), for
   // io_uring_register_buffers. Valid as long as the pool lives.
   absl::Span<const iovec> Regions() const { return regions_; }
 
  private:
-  explicit PinnedPool(std::shared_ptr<internal_pool::PoolState> state);
-  absl::StatusOr<PinnedChunk> AcquireImpl(std::optional<absl::Duration>);
+  explicit HostBufferPool(std::shared_ptr<internal_pool::PoolState> state);
+  absl::StatusOr<PoolChunk> AcquireImpl(std::optional<absl::Duration>);
   // Takes the top of the free list; the pool's mutex is held.
-  PinnedChunk TakeLocked();
+  PoolChunk TakeLocked();
 
   std::shared_ptr<internal_pool::PoolState> state_;
   std::vector<iovec> regions_;
@@ -186,4 +190,4 @@ class PinnedPool {
 
 }  // namespace dcp
 
-#endif  // DCP_STAGING_PINNED_POOL_H_
+#endif  // DCP_STAGING_HOST_BUFFER_POOL_H_

@@ -1,4 +1,4 @@
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -22,17 +22,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
-PinnedPoolOptions SmallPool(size_t total, size_t chunk) {
-  PinnedPoolOptions o;
+HostBufferPoolOptions SmallPool(size_t total, size_t chunk) {
+  HostBufferPoolOptions o;
   o.total_bytes = total;
   o.chunk_bytes = chunk;
   return o;
 }
 
-TEST(PinnedPoolTest, CarvesChunksAndExposesRegions) {
+TEST(HostBufferPoolTest, CarvesChunksAndExposesRegions) {
   auto runtime = CreateHostRuntime();
   // 5000 rounds up to 8192: 40000 / 8192 = 4 chunks.
-  auto pool = PinnedPool::Create(runtime.get(), SmallPool(40000, 5000));
+  auto pool = HostBufferPool::Create(runtime.get(), SmallPool(40000, 5000));
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_EQ((*pool)->chunk_bytes(), 8192u);
   EXPECT_EQ((*pool)->num_chunks(), 4);
@@ -46,9 +46,9 @@ TEST(PinnedPoolTest, CarvesChunksAndExposesRegions) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(regions[i].iov_base) % 4096, 0u);
   }
   std::set<int> seen;
-  std::vector<PinnedChunk> chunks;
+  std::vector<PoolChunk> chunks;
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<PinnedChunk> c = (*pool)->Acquire();
+    absl::StatusOr<PoolChunk> c = (*pool)->Acquire();
     ASSERT_TRUE(c.ok());
     EXPECT_EQ(c->data(), static_cast<std::byte*>(regions[c->index()].iov_base));
     std::memset(c->data(), i, c->size());
@@ -59,9 +59,10 @@ TEST(PinnedPoolTest, CarvesChunksAndExposesRegions) {
   EXPECT_EQ((*pool)->in_use(), 4);
 }
 
-TEST(PinnedPoolTest, RegistersItsMemoryWithTheRuntime) {
+TEST(HostBufferPoolTest, RegistersItsMemoryWithTheRuntime) {
   auto runtime = CreateHostRuntime();
-  auto pool = PinnedPool::Create(runtime.get(), SmallPool(1 << 16, 1 << 14));
+  auto pool =
+      HostBufferPool::Create(runtime.get(), SmallPool(1 << 16, 1 << 14));
   ASSERT_TRUE(pool.ok());
   void* base = (*pool)->Regions()[0].iov_base;
   // Already registered by the pool.
@@ -72,19 +73,19 @@ TEST(PinnedPoolTest, RegistersItsMemoryWithTheRuntime) {
   EXPECT_EQ(runtime->UnregisterHost(base).code(), absl::StatusCode::kNotFound);
 }
 
-TEST(PinnedPoolTest, BoundedAcquireAndRelease) {
-  auto pool = PinnedPool::Create(nullptr, [] {
-    PinnedPoolOptions o = SmallPool(2 * 4096, 4096);
+TEST(HostBufferPoolTest, BoundedAcquireAndRelease) {
+  auto pool = HostBufferPool::Create(nullptr, [] {
+    HostBufferPoolOptions o = SmallPool(2 * 4096, 4096);
     o.use_pinned_memory = false;
     return o;
   }());
   ASSERT_TRUE(pool.ok()) << pool.status();
   EXPECT_FALSE((*pool)->pinned());
-  absl::StatusOr<PinnedChunk> a = (*pool)->Acquire();
-  absl::StatusOr<PinnedChunk> b = (*pool)->Acquire();
+  absl::StatusOr<PoolChunk> a = (*pool)->Acquire();
+  absl::StatusOr<PoolChunk> b = (*pool)->Acquire();
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_FALSE((*pool)->TryAcquire().has_value());
-  absl::StatusOr<PinnedChunk> timed =
+  absl::StatusOr<PoolChunk> timed =
       (*pool)->AcquireWithTimeout(absl::Milliseconds(5));
   EXPECT_EQ(timed.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(timed.status().message(), HasSubstr("2 of 2 leased"));
@@ -93,7 +94,7 @@ TEST(PinnedPoolTest, BoundedAcquireAndRelease) {
   absl::Notification acquired;
   int got_index = -1;
   std::thread waiter([&] {
-    absl::StatusOr<PinnedChunk> c = (*pool)->Acquire();
+    absl::StatusOr<PoolChunk> c = (*pool)->Acquire();
     ASSERT_TRUE(c.ok());
     got_index = c->index();
     acquired.Notify();
@@ -108,14 +109,14 @@ TEST(PinnedPoolTest, BoundedAcquireAndRelease) {
   EXPECT_EQ((*pool)->in_use(), 1);  // b; the waiter's lease died with it.
 }
 
-TEST(PinnedPoolTest, ShutdownCancelsBlockedAcquire) {
-  auto pool = PinnedPool::Create(nullptr, [] {
-    PinnedPoolOptions o = SmallPool(4096, 4096);
+TEST(HostBufferPoolTest, ShutdownCancelsBlockedAcquire) {
+  auto pool = HostBufferPool::Create(nullptr, [] {
+    HostBufferPoolOptions o = SmallPool(4096, 4096);
     o.use_pinned_memory = false;
     return o;
   }());
   ASSERT_TRUE(pool.ok());
-  absl::StatusOr<PinnedChunk> only = (*pool)->Acquire();
+  absl::StatusOr<PoolChunk> only = (*pool)->Acquire();
   ASSERT_TRUE(only.ok());
   absl::Status waiter_status;
   std::thread waiter([&] { waiter_status = (*pool)->Acquire().status(); });
@@ -124,22 +125,22 @@ TEST(PinnedPoolTest, ShutdownCancelsBlockedAcquire) {
   EXPECT_EQ(waiter_status.code(), absl::StatusCode::kCancelled);
 }
 
-TEST(PinnedPoolTest, LeaseOutlivesPool) {
+TEST(HostBufferPoolTest, LeaseOutlivesPool) {
   auto runtime = CreateHostRuntime();
-  auto pool = PinnedPool::Create(runtime.get(), SmallPool(8192, 4096));
+  auto pool = HostBufferPool::Create(runtime.get(), SmallPool(8192, 4096));
   ASSERT_TRUE(pool.ok());
-  absl::StatusOr<PinnedChunk> c = (*pool)->Acquire();
+  absl::StatusOr<PoolChunk> c = (*pool)->Acquire();
   ASSERT_TRUE(c.ok());
   pool->reset();
   std::memset(c->data(), 0x5a, c->size());  // Memory still mapped.
   c->Release();
 }
 
-TEST(PinnedPoolTest, SharedMemoryIsVisibleThroughTheFd) {
+TEST(HostBufferPoolTest, SharedMemoryIsVisibleThroughTheFd) {
   auto runtime = CreateHostRuntime();
-  PinnedPoolOptions o = SmallPool(4 * 4096, 4096);
+  HostBufferPoolOptions o = SmallPool(4 * 4096, 4096);
   o.use_shared_memory = true;
-  auto pool = PinnedPool::Create(runtime.get(), o);
+  auto pool = HostBufferPool::Create(runtime.get(), o);
   ASSERT_TRUE(pool.ok()) << pool.status();
   const int fd = (*pool)->shared_memory_fd();
   ASSERT_GE(fd, 0);
@@ -150,7 +151,7 @@ TEST(PinnedPoolTest, SharedMemoryIsVisibleThroughTheFd) {
   void* view = mmap(nullptr, (*pool)->total_bytes(), PROT_READ | PROT_WRITE,
                     MAP_SHARED, other_fd, 0);
   ASSERT_NE(view, MAP_FAILED);
-  absl::StatusOr<PinnedChunk> c = (*pool)->Acquire();
+  absl::StatusOr<PoolChunk> c = (*pool)->Acquire();
   ASSERT_TRUE(c.ok());
   std::memset(c->data(), 0xab, c->size());
   const auto* seen =
@@ -196,17 +197,17 @@ TEST(HostBufferTest, RecycledBufferIsReusedWhenTheSizeFits) {
   ReleaseSpareHostBuffers();
 }
 
-TEST(PinnedPoolTest, RejectsBadOptions) {
+TEST(HostBufferPoolTest, RejectsBadOptions) {
   auto runtime = CreateHostRuntime();
-  absl::StatusOr<std::unique_ptr<PinnedPool>> too_big =
-      PinnedPool::Create(runtime.get(), SmallPool(4096, 8192));
+  absl::StatusOr<std::unique_ptr<HostBufferPool>> too_big =
+      HostBufferPool::Create(runtime.get(), SmallPool(4096, 8192));
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_big.status().message(), HasSubstr("chunk_bytes=8192"));
   EXPECT_EQ(
-      PinnedPool::Create(runtime.get(), SmallPool(4096, 0)).status().code(),
+      HostBufferPool::Create(runtime.get(), SmallPool(4096, 0)).status().code(),
       absl::StatusCode::kInvalidArgument);
-  absl::StatusOr<std::unique_ptr<PinnedPool>> no_runtime =
-      PinnedPool::Create(nullptr, SmallPool(8192, 4096));
+  absl::StatusOr<std::unique_ptr<HostBufferPool>> no_runtime =
+      HostBufferPool::Create(nullptr, SmallPool(8192, 4096));
   EXPECT_EQ(no_runtime.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_runtime.status().message(), HasSubstr("DeviceRuntime"));
 }

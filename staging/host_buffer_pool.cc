@@ -1,4 +1,4 @@
-#include "staging/pinned_pool.h"
+#include "staging/host_buffer_pool.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -140,11 +140,9 @@ struct PoolState {
 
 }  // namespace internal_pool
 
-PinnedChunk::PinnedChunk(PinnedChunk&& other) noexcept {
-  *this = std::move(other);
-}
+PoolChunk::PoolChunk(PoolChunk&& other) noexcept { *this = std::move(other); }
 
-PinnedChunk& PinnedChunk::operator=(PinnedChunk&& other) noexcept {
+PoolChunk& PoolChunk::operator=(PoolChunk&& other) noexcept {
   if (this != &other) {
     Release();
     state_ = std::move(other.state_);
@@ -155,7 +153,7 @@ PinnedChunk& PinnedChunk::operator=(PinnedChunk&& other) noexcept {
   return *this;
 }
 
-void PinnedChunk::Release() {
+void PoolChunk::Release() {
   if (state_ == nullptr) return;
   state_->Return(index_);
   state_.reset();
@@ -164,18 +162,18 @@ void PinnedChunk::Release() {
   size_ = 0;
 }
 
-absl::StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(
-    DeviceRuntime* runtime, PinnedPoolOptions options) {
+absl::StatusOr<std::unique_ptr<HostBufferPool>> HostBufferPool::Create(
+    DeviceRuntime* runtime, HostBufferPoolOptions options) {
   if (options.chunk_bytes == 0 || options.total_bytes == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("PinnedPool: total_bytes=%d and chunk_bytes=%d must "
-                        "both be positive",
-                        options.total_bytes, options.chunk_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "HostBufferPool: total_bytes=%d and chunk_bytes=%d must "
+        "both be positive",
+        options.total_bytes, options.chunk_bytes));
   }
   const size_t chunk = RoundUpToPage(options.chunk_bytes);
   if (chunk > options.total_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "PinnedPool: chunk_bytes=%d (rounded to 4 KiB: %d) exceeds "
+        "HostBufferPool: chunk_bytes=%d (rounded to 4 KiB: %d) exceeds "
         "total_bytes=%d; the pool must hold at least one chunk",
         options.chunk_bytes, chunk, options.total_bytes));
   }
@@ -196,10 +194,10 @@ absl::StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(
       state->free_list.push_back(i);
     }
   }
-  return std::unique_ptr<PinnedPool>(new PinnedPool(std::move(state)));
+  return std::unique_ptr<HostBufferPool>(new HostBufferPool(std::move(state)));
 }
 
-PinnedPool::PinnedPool(std::shared_ptr<internal_pool::PoolState> state)
+HostBufferPool::HostBufferPool(std::shared_ptr<internal_pool::PoolState> state)
     : state_(std::move(state)) {
   regions_.reserve(state_->num_chunks);
   for (int i = 0; i < state_->num_chunks; ++i) {
@@ -208,23 +206,23 @@ PinnedPool::PinnedPool(std::shared_ptr<internal_pool::PoolState> state)
   }
 }
 
-PinnedPool::~PinnedPool() { Shutdown(); }
+HostBufferPool::~HostBufferPool() { Shutdown(); }
 
-void PinnedPool::Shutdown() {
+void HostBufferPool::Shutdown() {
   absl::MutexLock lock(&state_->mu);
   state_->shutdown = true;
 }
 
-absl::StatusOr<PinnedChunk> PinnedPool::Acquire() {
+absl::StatusOr<PoolChunk> HostBufferPool::Acquire() {
   return AcquireImpl(std::nullopt);
 }
 
-absl::StatusOr<PinnedChunk> PinnedPool::AcquireWithTimeout(
+absl::StatusOr<PoolChunk> HostBufferPool::AcquireWithTimeout(
     absl::Duration timeout) {
   return AcquireImpl(timeout);
 }
 
-absl::StatusOr<PinnedChunk> PinnedPool::AcquireImpl(
+absl::StatusOr<PoolChunk> HostBufferPool::AcquireImpl(
     std::optional<absl::Duration> timeout) {
   internal_pool::PoolState& s = *state_;
   absl::MutexLock lock(&s.mu);
@@ -234,52 +232,52 @@ absl::StatusOr<PinnedChunk> PinnedPool::AcquireImpl(
   if (timeout.has_value()) {
     if (!s.mu.AwaitWithTimeout(absl::Condition(&can_proceed), *timeout)) {
       return absl::DeadlineExceededError(absl::StrFormat(
-          "PinnedPool: no chunk was returned within %s (%d of %d leased)",
+          "HostBufferPool: no chunk was returned within %s (%d of %d leased)",
           absl::FormatDuration(*timeout), s.in_use, s.num_chunks));
     }
   } else {
     s.mu.Await(absl::Condition(&can_proceed));
   }
   if (s.shutdown) {
-    return absl::CancelledError("PinnedPool: shut down while acquiring");
+    return absl::CancelledError("HostBufferPool: shut down while acquiring");
   }
   return TakeLocked();
 }
 
-PinnedChunk PinnedPool::TakeLocked() {
+PoolChunk HostBufferPool::TakeLocked() {
   internal_pool::PoolState& s = *state_;
   s.mu.AssertHeld();
   const int index = s.free_list.back();
   s.free_list.pop_back();
   ++s.in_use;
   if (s.in_use > s.peak) s.peak = s.in_use;
-  return PinnedChunk(state_, index, s.buffer->data() + index * s.chunk_bytes,
-                     s.chunk_bytes);
+  return PoolChunk(state_, index, s.buffer->data() + index * s.chunk_bytes,
+                   s.chunk_bytes);
 }
 
-std::optional<PinnedChunk> PinnedPool::TryAcquire() {
+std::optional<PoolChunk> HostBufferPool::TryAcquire() {
   internal_pool::PoolState& s = *state_;
   absl::MutexLock lock(&s.mu);
   if (s.free_list.empty() || s.shutdown) return std::nullopt;
   return TakeLocked();
 }
 
-size_t PinnedPool::chunk_bytes() const { return state_->chunk_bytes; }
-int PinnedPool::num_chunks() const { return state_->num_chunks; }
-bool PinnedPool::pinned() const { return state_->buffer->pinned(); }
-int PinnedPool::shared_memory_fd() const { return state_->buffer->fd(); }
+size_t HostBufferPool::chunk_bytes() const { return state_->chunk_bytes; }
+int HostBufferPool::num_chunks() const { return state_->num_chunks; }
+bool HostBufferPool::pinned() const { return state_->buffer->pinned(); }
+int HostBufferPool::shared_memory_fd() const { return state_->buffer->fd(); }
 
-int PinnedPool::in_use() const {
+int HostBufferPool::in_use() const {
   absl::MutexLock lock(&state_->mu);
   return state_->in_use;
 }
 
-int PinnedPool::peak_in_use() const {
+int HostBufferPool::peak_in_use() const {
   absl::MutexLock lock(&state_->mu);
   return state_->peak;
 }
 
-void PinnedPool::ResetPeak() {
+void HostBufferPool::ResetPeak() {
   absl::MutexLock lock(&state_->mu);
   state_->peak = state_->in_use;
 }
