@@ -34,13 +34,50 @@ struct ResolvedItem {
   bool on_device = false;
 };
 
+// A contiguous host copy of the strided device view `view`: the bytes it
+// spans are staged to the host through the context's staging (ordered after
+// the caller's work, context.device_wait, like every device copy of the
+// save), then gathered there.
+absl::StatusOr<Tensor> GatherDeviceView(const DataFileContext& context,
+                                        const TensorView& view,
+                                        const std::string& name) {
+  size_t span = 1;
+  for (int64_t d = 0; d < view.dim(); ++d) {
+    if (view.sizes()[d] == 0) return Tensor::Empty(view.dtype(), view.sizes());
+    span += static_cast<size_t>(view.sizes()[d] - 1) *
+            static_cast<size_t>(view.strides()[d]);
+  }
+  const size_t bytes = span * ElementSize(view.dtype());
+  DCP_ASSIGN_OR_RETURN(DeviceStaging * staging, context.staging());
+  Tensor covering = Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)});
+  PipelineItem item;
+  item.source = TensorView(view.data(), DType::kU8,
+                           {static_cast<int64_t>(bytes)}, view.device());
+  item.name = name;
+  auto* out = static_cast<std::byte*>(covering.data());
+  DCP_RETURN_IF_ERROR(staging->Stage(
+      {&item, 1},
+      [out](StagedPiece piece) -> absl::Status {
+        if (piece.length > 0) {
+          std::memcpy(out + piece.offset, piece.chunk.data(), piece.length);
+        }
+        return absl::OkStatus();
+      },
+      context.device_wait));
+  return Tensor::Wrap(TensorView(covering.data(), view.dtype(), view.sizes(),
+                                 view.strides(), Device::Cpu()))
+      .ContiguousHostCopy();
+}
+
 // Resolves every item through the planner into `held` (which keeps the
-// values alive) and describes it in `resolved`. Strided host tensors are
-// gathered into contiguous copies; strided device tensors are refused.
-absl::Status ResolveItems(const std::vector<const WriteItem*>& items,
-                          SavePlanner& planner, int rank,
+// values alive) and describes it in `resolved`. Strided tensors are
+// gathered into contiguous host copies (device ones through the staging).
+absl::Status ResolveItems(const DataFileContext& context,
+                          const std::vector<const WriteItem*>& items,
+                          SavePlanner& planner,
                           std::vector<dcp::WriteValue>& held,
                           std::vector<ResolvedItem>& resolved) {
+  const int rank = context.rank;
   held.reserve(items.size());
   resolved.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -55,19 +92,14 @@ absl::Status ResolveItems(const std::vector<const WriteItem*>& items,
     ResolvedItem& r = resolved[i];
     if (Tensor* strided = std::get_if<Tensor>(&held.back());
         strided != nullptr && !strided->view().is_contiguous()) {
-      // A strided host view (a transposed weight, a slice) is gathered into
-      // a contiguous copy that lives as long as `held`. Device tensors are
-      // copied by the device path, which takes contiguous memory: stage
-      // strided ones first (AsyncSave's stager gathers them).
-      if (!strided->device().is_cpu()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, ": tensor ", item.index.ToString(), " on ",
-            strided->device().ToString(),
-            " is not contiguous; the file writer copies contiguous device "
-            "tensors (make it contiguous, or save it with AsyncSave, whose "
-            "stager gathers it)"));
-      }
-      absl::StatusOr<Tensor> gathered = strided->ContiguousHostCopy();
+      // A strided view (a transposed weight, a slice) is gathered into a
+      // contiguous host copy that lives as long as `held`; a device one is
+      // then written as a host item.
+      absl::StatusOr<Tensor> gathered =
+          strided->device().is_cpu()
+              ? strided->ContiguousHostCopy()
+              : GatherDeviceView(context, strided->view(),
+                                 item.index.ToString());
       if (!gathered.ok()) {
         return Annotate(
             gathered.status(),
@@ -338,8 +370,7 @@ absl::Status WriteDataFile(const DataFileContext& context,
   // is decide where it goes.
   std::vector<dcp::WriteValue> held;
   std::vector<ResolvedItem> resolved;
-  DCP_RETURN_IF_ERROR(
-      ResolveItems(items, planner, context.rank, held, resolved));
+  DCP_RETURN_IF_ERROR(ResolveItems(context, items, planner, held, resolved));
   // Host tensors too large to pack go through the extensions, if any. Their
   // stored size is known once they are encoded: they follow the laid-out
   // items, each from an aligned offset, within a reservation of their raw

@@ -405,12 +405,10 @@ absl::StatusOr<WriteValue> DefaultSavePlanner::ResolveData(
   }
   if (found == nullptr) return not_planned();
   const Tensor& tensor = *found;
-  if (tensor.view().is_contiguous()) return WriteValue(tensor);
-  if (!tensor.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor chunk ", item.index.ToString(), " is a non-contiguous ",
-        tensor.device().ToString(),
-        " tensor; stage it (staging/) or make it contiguous before saving"));
+  // A strided device view is the writer's to gather: only it holds the
+  // device runtime and the caller's stream rule.
+  if (tensor.view().is_contiguous() || !tensor.device().is_cpu()) {
+    return WriteValue(tensor);
   }
   DCP_ASSIGN_OR_RETURN(Tensor copy, tensor.ContiguousHostCopy());
   return WriteValue(std::move(copy));

@@ -82,7 +82,9 @@ class SavePlanner {
   // Accepts the coordinator's plan for this rank.
   virtual absl::StatusOr<SavePlan> FinishPlan(SavePlan central_plan) = 0;
 
-  // The data of `item` (thread-safe). Tensor chunks are contiguous.
+  // The data of `item` (thread-safe). Host tensor chunks are contiguous;
+  // a device chunk may be a strided view, which the storage writer gathers
+  // (it holds the device runtime) or refuses with kInvalidArgument.
   virtual absl::StatusOr<WriteValue> ResolveData(const WriteItem& item) = 0;
 };
 

@@ -176,6 +176,49 @@ TEST_P(DeviceSaveTest, ASecondSaveReusesThePoolAndReplacesTheFirst) {
   ExpectHostOriginals(dir);
 }
 
+TEST_P(DeviceSaveTest, ASyncSaveGathersStridedDeviceViews) {
+  SetUpStaging();
+  if (IsSkipped()) return;
+  // A [256, 96] f32 matrix (96 KiB: more than a staging chunk) on the
+  // device, saved as its transpose and as every other row from row 1.
+  const Tensor host = SeededTensor(DType::kF32, {256, 96}, 11);
+  const Tensor device = ToDevice(*runtime_, host);
+  auto view = [](const Tensor& base, Device where, int64_t first_element,
+                 Shape sizes, Shape strides) {
+    return Tensor::Wrap(TensorView(
+        static_cast<float*>(const_cast<void*>(base.data())) + first_element,
+        DType::kF32, std::move(sizes), std::move(strides), where));
+  };
+  StateDict state;
+  state["transposed"] = view(device, Device::Cuda(0), 0, {96, 256}, {1, 96});
+  state["odd_rows"] = view(device, Device::Cuda(0), 96, {128, 96}, {192, 1});
+  ASSERT_FALSE(state.at("transposed").tensor().view().is_contiguous());
+  ASSERT_FALSE(state.at("odd_rows").tensor().view().is_contiguous());
+  const std::string dir = MakeTempDir("device_strided");
+  FileSystemWriter writer(dir, WriterOptions());
+  SaveOptions save;
+  save.storage_writer = &writer;
+  absl::StatusOr<Metadata> saved = Save(state, save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*staging_->Pool())->in_use(), 0);
+
+  StateDict loaded;
+  loaded["transposed"] = Tensor::Empty(DType::kF32, {96, 256});
+  loaded["odd_rows"] = Tensor::Empty(DType::kF32, {128, 96});
+  LoadOptions load;
+  load.checkpoint_id = dir;
+  absl::Status status = Load(loaded, load);
+  ASSERT_TRUE(status.ok()) << status;
+  // What each view shows, gathered on the host from the host original.
+  absl::StatusOr<Tensor> transposed =
+      view(host, Device::Cpu(), 0, {96, 256}, {1, 96}).ContiguousHostCopy();
+  absl::StatusOr<Tensor> odd_rows =
+      view(host, Device::Cpu(), 96, {128, 96}, {192, 1}).ContiguousHostCopy();
+  ASSERT_TRUE(transposed.ok() && odd_rows.ok());
+  EXPECT_TRUE(transposed->BytesEqual(loaded.at("transposed").tensor()));
+  EXPECT_TRUE(odd_rows->BytesEqual(loaded.at("odd_rows").tensor()));
+}
+
 TEST_P(DeviceSaveTest, AFailedCopyFailsTheSaveNamingTheTensorAndLeavesNoFiles) {
   // The third piece of "model.big" fails to copy.
   std::atomic<const void*> faulty{nullptr};
