@@ -377,8 +377,8 @@ int Main(int argc, char** argv) {
   const double plan_bytes_per_item =
       static_cast<double>(plan_bytes) / (sampled * kItemsPerRank);
   AddStorageData(global.metadata, global.plans);
-  // The metadata file as io/ writes it (docs/FORMAT.md), and the planner's
-  // exchange message (for broadcasting metadata between ranks).
+  // The metadata file as io/ writes it (docs/FORMAT.md), which is also what
+  // the coordinator broadcasts.
   absl::StatusOr<std::string> metadata_file = EncodeMetadata(global.metadata);
   if (!metadata_file.ok()) {
     std::fprintf(stderr, "EncodeMetadata failed: %s\n",
@@ -388,8 +388,6 @@ int Main(int argc, char** argv) {
   const size_t metadata_bytes = metadata_file->size();
   const double metadata_bytes_per_item =
       static_cast<double>(metadata_bytes) / stored;
-  const size_t metadata_message_bytes =
-      EncodeMetadataMessage(global.metadata).size();
   const size_t final_plan_bytes = EncodeSavePlan(global.plans[1]).size();
 
   // Load: 1024 -> 768 ranks.
@@ -428,8 +426,6 @@ int Main(int argc, char** argv) {
       {"unchanged_marker_bytes", marker_bytes},
       {"metadata_bytes", metadata_bytes},
       {"metadata_bytes_per_item", metadata_bytes_per_item},
-      {"metadata_exchange_bytes_per_item",
-       static_cast<double>(metadata_message_bytes) / stored},
       {"scaling", scaling},
   };
   if (json) {

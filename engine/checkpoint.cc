@@ -211,8 +211,9 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                       "write results"));
               DCP_RETURN_IF_ERROR(writer.Finish(returned_metadata, all));
               AddStorageData(std::move(all), returned_metadata);
-              // The on-disk encoding: at 1M items it encodes and decodes
-              // ~3x faster than the exchange message (BENCHMARKS.md §5).
+              // The metadata travels in its on-disk encoding
+              // (io/metadata_format.h), which every rank decodes and
+              // validates as a load would.
               return EncodeMetadata(returned_metadata);
             }));
     DCP_RETURN_IF_ERROR(writer.MarkCommitted());

@@ -1,7 +1,7 @@
 // Fuzz target: planner/plan_codec.h, the messages ranks exchange (flatten
-// mapping, save planner data, save and load plans, metadata). Every input
-// goes to each of the five decoders: protobuf decodes most byte strings as
-// several message types, so one corpus of real encodings serves all five.
+// mapping, save planner data, save and load plans). Every input goes to
+// each of the four decoders: protobuf decodes most byte strings as several
+// message types, so one corpus of real encodings serves all four.
 //
 // Invariants, per decoder: decoding never crashes, fails only with
 // kDataLoss and allocates within libFuzzer's -malloc_limit_mb (the codec
@@ -49,7 +49,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  "save plan");
   CheckRoundTrip(bytes, &dcp::DecodeLoadPlan, &dcp::EncodeLoadPlan,
                  "load plan");
-  CheckRoundTrip(bytes, &dcp::DecodeMetadataMessage,
-                 &dcp::EncodeMetadataMessage, "metadata message");
   return 0;
 }

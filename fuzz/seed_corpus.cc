@@ -237,8 +237,6 @@ void PlanCodecSeeds() {
   load.received_from.push_back({MetadataIndex("step"), {0}});
   Write("plan_codec", "load_plan", EncodeLoadPlan(load));
 
-  Write("plan_codec", "metadata_message",
-        EncodeMetadataMessage(HandMadeMetadata()));
   Write("plan_codec", "empty", "");
 }
 

@@ -84,11 +84,17 @@ struct TensorStorageMetadata {
   TensorProperties properties;
   Shape size;  // The global shape.
   std::vector<ChunkStorageMetadata> chunks;
+
+  friend bool operator==(const TensorStorageMetadata&,
+                         const TensorStorageMetadata&) = default;
 };
 
 // A non-tensor value, stored as bytes (see docs/FORMAT.md for the encoding
 // of int, float, bool, string and bytes values).
-struct BytesStorageMetadata {};
+struct BytesStorageMetadata {
+  friend bool operator==(const BytesStorageMetadata&,
+                         const BytesStorageMetadata&) = default;
+};
 
 using StorageMetadata =
     std::variant<TensorStorageMetadata, BytesStorageMetadata>;
@@ -132,6 +138,8 @@ struct StorageMeta {
   std::string save_id;
   std::string load_id;
   std::vector<std::string> modules;
+
+  friend bool operator==(const StorageMeta&, const StorageMeta&) = default;
 };
 
 struct Metadata {
@@ -144,6 +152,9 @@ struct Metadata {
   std::optional<StorageMeta> storage_meta;
   std::string version;  // The format version that wrote this (FORMAT.md).
   int64_t checksum_block_size = int64_t{4} << 20;
+
+  // Every field equal.
+  friend bool operator==(const Metadata&, const Metadata&) = default;
 };
 
 // The format version this build writes.

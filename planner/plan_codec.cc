@@ -300,7 +300,7 @@ absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
 }
 
 // ---------------------------------------------------------------------------
-// Plans and metadata.
+// Plans.
 
 namespace {
 
@@ -596,133 +596,6 @@ absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes) {
   DCP_RETURN_IF_ERROR(
       SharesFromProto(proto.received_from(), names, &plan.received_from));
   return plan;
-}
-
-std::string EncodeMetadataMessage(const Metadata& metadata) {
-  pb::Metadata proto;
-  proto.set_version(kPlanEncodingVersion);
-  NameTable names(proto.mutable_names());
-  NameTable paths(proto.mutable_paths());
-  for (const auto& [name, entry] : metadata.state_dict_metadata) {
-    pb::MetadataEntry* e = proto.add_entries();
-    e->set_name(names.Id(name));
-    const auto* tensor = std::get_if<TensorStorageMetadata>(&entry);
-    if (tensor == nullptr) continue;
-    pb::TensorMetadata* t = e->mutable_tensor();
-    t->set_dtype(static_cast<uint32_t>(tensor->properties.dtype));
-    PutShape(tensor->size, t->mutable_size());
-    t->set_requires_grad(tensor->properties.requires_grad);
-    t->set_pin_memory(tensor->properties.pin_memory);
-    t->set_num_chunks(tensor->chunks.size());
-    for (const ChunkStorageMetadata& c : tensor->chunks) {
-      PutShape(c.offsets, t->mutable_chunk_offsets());
-      PutShape(c.sizes, t->mutable_chunk_sizes());
-    }
-  }
-  MappingToProto(metadata.flatten_mapping, *proto.mutable_mapping());
-  for (const auto& [index, info] : metadata.storage_data) {
-    pb::StorageEntry* s = proto.add_storage();
-    IndexToProto(index, names, s->mutable_index());
-    s->set_path(paths.Id(info.relative_path));
-    s->set_offset(info.offset);
-    s->set_length(info.length);
-    for (uint64_t c : info.block_checksums) s->add_block_checksums(c);
-    if (!info.extensions.empty()) {
-      for (const std::string& e : info.extensions) s->add_extensions(e);
-      s->set_raw_length(info.raw_length);
-      for (int64_t b : info.block_lengths) s->add_block_lengths(b);
-    }
-  }
-  if (metadata.storage_meta.has_value()) {
-    pb::StorageMeta* m = proto.mutable_storage_meta();
-    m->set_checkpoint_id(metadata.storage_meta->checkpoint_id);
-    m->set_save_id(metadata.storage_meta->save_id);
-    m->set_load_id(metadata.storage_meta->load_id);
-    for (const std::string& module : metadata.storage_meta->modules) {
-      m->add_modules(module);
-    }
-  }
-  proto.set_format_version(metadata.version);
-  proto.set_checksum_block_size(metadata.checksum_block_size);
-  return proto.SerializeAsString();
-}
-
-absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes) {
-  pb::Metadata proto;
-  DCP_RETURN_IF_ERROR(ParseVersioned(bytes, "metadata", proto));
-  NameReader names(proto.names(), bytes.size());
-  Metadata metadata;
-  for (const pb::MetadataEntry& e : proto.entries()) {
-    std::string name;
-    DCP_RETURN_IF_ERROR(names.Get(e.name(), "metadata entry", &name));
-    if (!e.has_tensor()) {
-      metadata.state_dict_metadata.emplace(std::move(name),
-                                           BytesStorageMetadata{});
-      continue;
-    }
-    const pb::TensorMetadata& t = e.tensor();
-    TensorStorageMetadata tensor;
-    DCP_ASSIGN_OR_RETURN(tensor.properties.dtype, DecodeDType(t.dtype()));
-    tensor.properties.requires_grad = t.requires_grad();
-    tensor.properties.pin_memory = t.pin_memory();
-    tensor.size = GetShape(t.size());
-    const size_t rank = tensor.size.size();
-    const size_t dims = static_cast<size_t>(t.chunk_offsets_size());
-    if (static_cast<size_t>(t.chunk_sizes_size()) != dims ||
-        (rank == 0 ? dims != 0 || t.num_chunks() > 1
-                   : t.num_chunks() != dims / rank || dims % rank != 0)) {
-      return absl::DataLossError(absl::StrCat(
-          "metadata of \"", name, "\" has ", t.num_chunks(), " chunks but ",
-          dims, " chunk dimensions for rank ", rank));
-    }
-    tensor.chunks.resize(t.num_chunks());
-    for (size_t k = 0; k < tensor.chunks.size(); ++k) {
-      tensor.chunks[k].offsets.assign(
-          t.chunk_offsets().begin() + k * rank,
-          t.chunk_offsets().begin() + (k + 1) * rank);
-      tensor.chunks[k].sizes.assign(t.chunk_sizes().begin() + k * rank,
-                                    t.chunk_sizes().begin() + (k + 1) * rank);
-    }
-    metadata.state_dict_metadata.emplace(std::move(name), std::move(tensor));
-  }
-  DCP_ASSIGN_OR_RETURN(metadata.flatten_mapping,
-                       MappingFromProto(proto.mapping()));
-  NameReader paths(proto.paths(), bytes.size());
-  for (const pb::StorageEntry& s : proto.storage()) {
-    MetadataIndex index;
-    DCP_RETURN_IF_ERROR(IndexFromProto(s.index(), names, &index));
-    StorageInfo info;
-    DCP_RETURN_IF_ERROR(
-        paths.Get(s.path(), "storage entry", &info.relative_path));
-    info.offset = s.offset();
-    info.length = s.length();
-    info.block_checksums.assign(s.block_checksums().begin(),
-                                s.block_checksums().end());
-    info.extensions.assign(s.extensions().begin(), s.extensions().end());
-    if (info.extensions.empty() &&
-        (s.raw_length() != 0 || s.block_lengths_size() != 0)) {
-      // The encoder writes neither without an extension record.
-      return absl::DataLossError(
-          absl::StrCat("storage entry for ", index.ToString(),
-                       " has a raw length or block lengths but no extensions"));
-    }
-    info.raw_length = s.raw_length();
-    info.block_lengths.assign(s.block_lengths().begin(),
-                              s.block_lengths().end());
-    metadata.storage_data.emplace(std::move(index), std::move(info));
-  }
-  if (proto.has_storage_meta()) {
-    StorageMeta m;
-    m.checkpoint_id = proto.storage_meta().checkpoint_id();
-    m.save_id = proto.storage_meta().save_id();
-    m.load_id = proto.storage_meta().load_id();
-    m.modules.assign(proto.storage_meta().modules().begin(),
-                     proto.storage_meta().modules().end());
-    metadata.storage_meta = std::move(m);
-  }
-  metadata.version = proto.format_version();
-  metadata.checksum_block_size = proto.checksum_block_size();
-  return metadata;
 }
 
 }  // namespace dcp

@@ -103,7 +103,7 @@ void SetCompactMapping(const std::vector<WriteItem>& items,
 std::string EncodeSavePlannerData(const SavePlannerData& data);
 absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes);
 
-// Whole plans and metadata, for exchange between ranks. Names and tensor
+// Whole plans, for exchange between ranks. Names and tensor
 // properties are stored once per message. Decoding checks every reference
 // and count; it allocates at most a constant factor more than the input
 // (names referenced by many items are copied at most kMaxNameExpansion times
@@ -115,12 +115,6 @@ absl::StatusOr<SavePlan> DecodeSavePlan(absl::string_view bytes);
 
 std::string EncodeLoadPlan(const LoadPlan& plan);
 absl::StatusOr<LoadPlan> DecodeLoadPlan(absl::string_view bytes);
-
-// Metadata for exchange between ranks (not the on-disk metadata file, which
-// io/metadata_format.h encodes). Named apart from io's EncodeMetadata: both
-// live in namespace dcp and a shared name would clash at link time.
-std::string EncodeMetadataMessage(const Metadata& metadata);
-absl::StatusOr<Metadata> DecodeMetadataMessage(absl::string_view bytes);
 
 }  // namespace dcp
 

@@ -92,57 +92,6 @@ LoadPlan SampleLoadPlan() {
   return plan;
 }
 
-Metadata SampleMetadata() {
-  Metadata md;
-  md.state_dict_metadata["w"] = TensorStorageMetadata{
-      {DType::kF32, true, false}, {4, 6}, {{{0, 0}, {4, 2}}, {{0, 2}, {4, 4}}}};
-  md.state_dict_metadata["s"] =
-      TensorStorageMetadata{{DType::kI64}, {}, {{{}, {}}}};
-  md.state_dict_metadata["z"] = TensorStorageMetadata{{DType::kU8}, {0}, {}};
-  md.state_dict_metadata["step"] = BytesStorageMetadata{};
-  md.flatten_mapping = {{"w", {"w"}},
-                        {"a.0.b", {"a", int64_t{0}, "b"}},
-                        {"x.y", {"x.y"}},
-                        {"s", {"s"}}};
-  md.storage_data[MetadataIndex("w", Shape{0, 2})] =
-      StorageInfo{"__0_0.distcp", 4096, 64, {1, 2, 3}};
-  // Stored through zstd: three blocks of which two shrank.
-  StorageInfo& w = md.storage_data[MetadataIndex("w", Shape{0, 2})];
-  w.extensions = {"zstd/1.0"};
-  w.raw_length = 96;
-  w.block_lengths = {20, 32, 12};
-  md.storage_data[MetadataIndex("step")] =
-      StorageInfo{"__1_0.distcp", 0, 9, {77}};
-  md.storage_meta = StorageMeta{"ckpt", "save-1", "", {"model", "optim"}};
-  md.version = kFormatVersion;
-  md.checksum_block_size = 1 << 20;
-  return md;
-}
-
-void ExpectSameMetadata(const Metadata& a, const Metadata& b) {
-  ASSERT_EQ(a.state_dict_metadata.size(), b.state_dict_metadata.size());
-  for (const auto& [name, entry] : a.state_dict_metadata) {
-    const StorageMetadata& other = b.state_dict_metadata.at(name);
-    ASSERT_EQ(entry.index(), other.index()) << name;
-    if (const auto* t = std::get_if<TensorStorageMetadata>(&entry)) {
-      const auto& u = std::get<TensorStorageMetadata>(other);
-      EXPECT_EQ(t->properties, u.properties) << name;
-      EXPECT_EQ(t->size, u.size) << name;
-      EXPECT_EQ(t->chunks, u.chunks) << name;
-    }
-  }
-  EXPECT_EQ(a.flatten_mapping, b.flatten_mapping);
-  EXPECT_EQ(a.storage_data, b.storage_data);
-  ASSERT_EQ(a.storage_meta.has_value(), b.storage_meta.has_value());
-  if (a.storage_meta) {
-    EXPECT_EQ(a.storage_meta->checkpoint_id, b.storage_meta->checkpoint_id);
-    EXPECT_EQ(a.storage_meta->save_id, b.storage_meta->save_id);
-    EXPECT_EQ(a.storage_meta->modules, b.storage_meta->modules);
-  }
-  EXPECT_EQ(a.version, b.version);
-  EXPECT_EQ(a.checksum_block_size, b.checksum_block_size);
-}
-
 TEST(PlanCodecTest, SavePlanRoundTrips) {
   const SavePlan plan = SampleSavePlan();
   const std::string bytes = EncodeSavePlan(plan);
@@ -170,14 +119,6 @@ TEST(PlanCodecTest, LoadPlanRoundTrips) {
   EXPECT_EQ(back->read_for_peers, plan.read_for_peers);
   EXPECT_EQ(back->received_from, plan.received_from);
   EXPECT_EQ(back->storage_data, "s");
-}
-
-TEST(PlanCodecTest, MetadataRoundTrips) {
-  const Metadata md = SampleMetadata();
-  absl::StatusOr<Metadata> back =
-      DecodeMetadataMessage(EncodeMetadataMessage(md));
-  ASSERT_TRUE(back.ok()) << back.status();
-  ExpectSameMetadata(md, *back);
 }
 
 TEST(PlanCodecTest, SavePlannerDataRoundTrips) {
@@ -405,12 +346,6 @@ TEST(PlanCodecFuzzTest, LoadPlan) {
   FuzzDecoder(
       EncodeLoadPlan(SampleLoadPlan()),
       [](absl::string_view b) { return DecodeLoadPlan(b); }, 2);
-}
-
-TEST(PlanCodecFuzzTest, Metadata) {
-  FuzzDecoder(
-      EncodeMetadataMessage(SampleMetadata()),
-      [](absl::string_view b) { return DecodeMetadataMessage(b); }, 3);
 }
 
 TEST(PlanCodecFuzzTest, SavePlannerData) {

@@ -26,8 +26,9 @@
 // the writer's PrepareLocalPlan, the exact payload the engine gathers), the
 // final plans the coordinator scatters (EncodeSavePlan of
 // PrepareGlobalPlan's output) and the committed metadata broadcast back
-// (EncodeMetadataMessage). The write results exchange and the small status
-// messages are not counted (their codec is internal to engine/).
+// (EncodeMetadata, io/metadata_format.h, the engine's encoding of it). The
+// write results exchange and the small status messages are not counted
+// (their codec is internal to engine/).
 //
 //   bazel run //bench/coord:coord_bench -- --ranks 2,4,8,16 --json
 #include "bench/coord/coord_bench.h"
@@ -60,6 +61,7 @@
 #include "core/status.h"
 #include "engine/checkpoint.h"
 #include "io/file_system_storage.h"
+#include "io/metadata_format.h"
 #include "io/storage.h"
 #include "nlohmann/json.hpp"
 #include "planner/default_planner.h"
@@ -130,7 +132,8 @@ class TimedWriter final : public StorageWriter {
     const Clock::time_point start = Clock::now();
     absl::Status s = inner_.Finish(metadata, results);
     commit_ms_ = Millis(start, Clock::now());
-    metadata_bytes_ = EncodeMetadataMessage(metadata).size();
+    absl::StatusOr<std::string> encoded = EncodeMetadata(metadata);
+    metadata_bytes_ = encoded.ok() ? encoded->size() : 0;
     return s;
   }
   absl::Status MarkCommitted() override { return inner_.MarkCommitted(); }
