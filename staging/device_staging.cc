@@ -101,12 +101,6 @@ absl::StatusOr<PoolChunk> DeviceStaging::AcquireChunk() {
   return pool->Acquire();  // Not under mu_: it blocks until a chunk is free.
 }
 
-absl::Status DeviceStaging::Upload(PoolChunk chunk, size_t length, void* dst,
-                                   Device device) {
-  const UploadRun run{0, length, dst};
-  return UploadRuns(std::move(chunk), {&run, 1}, device);
-}
-
 absl::StatusOr<DeviceUploader*> DeviceStaging::Uploader() {
   absl::MutexLock lock(&mu_);
   DCP_RETURN_IF_ERROR(EnsureLocked());

@@ -7,9 +7,10 @@
 //   * save side: Stage() streams tensors through the pool with a
 //     StagingPipeline per concurrent caller (copy of piece k+1 overlaps the
 //     caller's write of piece k);
-//   * load side: AcquireChunk() + Upload() copy filled chunks to device
-//     memory through a DeviceUploader, releasing each chunk when its copy
-//     has landed; Flush() waits for all of them.
+//   * load side: AcquireChunk() + UploadRuns() copy filled chunks to
+//     device memory through one DeviceUploader (created on first use),
+//     which releases each chunk when its copy has landed; Flush() waits for
+//     all of them.
 //
 // Lifetime: every PoolChunk handed out (in a StagedPiece or by
 // AcquireChunk) must be released before the DeviceStaging is destroyed (the
@@ -75,16 +76,15 @@ class DeviceStaging {
 
   // Load side. A free chunk of the pool (blocks while all are leased).
   absl::StatusOr<PoolChunk> AcquireChunk();
-  // Copies chunk bytes [0, length) to `dst` on `device` and releases the
-  // chunk once the copy has landed (DeviceUploader::Upload).
-  absl::Status Upload(PoolChunk chunk, size_t length, void* dst, Device device);
-  // Several runs out of one chunk (DeviceUploader::UploadRuns).
+  // Copies the runs out of `chunk` to memory of `device` and releases the
+  // chunk once the copies have landed: DeviceUploader::UploadRuns of this
+  // object's uploader (contract and errors there).
   absl::Status UploadRuns(PoolChunk chunk, absl::Span<const UploadRun> runs,
                           Device device);
-  // Waits for every Upload so far; the first error of any of them. After an
-  // error the next Upload starts clean. Call it when no Upload is running.
+  // Waits for every upload so far; the first error of any of them. After an
+  // error the next upload starts clean. Call it when no upload is running.
   absl::Status Flush();
-  // The load side's stream rule: every copy that Upload enqueues from now
+  // The load side's stream rule: every copy that UploadRuns enqueues from now
   // on (until a failed Flush) starts on the device only after the caller's
   // work `wait` names (DeviceUploader::WaitFor); the host does not block.
   // A no-op for an empty wait; the runtime's error otherwise.

@@ -114,11 +114,10 @@ TEST_F(DeviceStagingTest, UploadsLandInDeviceMemoryAndReleaseTheirChunks) {
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     const size_t n = std::min(kChunk, expected.size() - offset);
     std::memcpy(chunk->data(), expected.data() + offset, n);
-    ASSERT_TRUE(staging_
-                    ->Upload(*std::move(chunk), n,
-                             static_cast<unsigned char*>(dst) + offset,
-                             Device::Cuda(0))
-                    .ok());
+    const UploadRun run{0, n, static_cast<unsigned char*>(dst) + offset};
+    ASSERT_TRUE(
+        staging_->UploadRuns(*std::move(chunk), {&run, 1}, Device::Cuda(0))
+            .ok());
   }
   ASSERT_TRUE(staging_->Flush().ok());
   std::vector<unsigned char> back(expected.size());
