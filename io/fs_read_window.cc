@@ -59,8 +59,15 @@ absl::Status PlanItem(
     slot.io_end = encoded ? stored.block_starts[piece.end_block] : slot.end;
     slot.first_element = piece.first_element;
     slot.end_element = piece.end_element;
-    slot.buffer_bytes =
-        (slot.io_end - slot.io_begin) + (encoded ? slot.end - slot.begin : 0);
+    // What PrepareSlot will allocate: with O_DIRECT the read widens to
+    // whole aligned blocks (a 100-byte item takes 4 or 8 KiB).
+    const int64_t start = stored.info->offset + slot.io_begin;
+    const int64_t end = stored.info->offset + slot.io_end;
+    const int64_t read_bytes = options.direct
+                                   ? AlignUp(end, kDirectIoAlignment) -
+                                         AlignDown(start, kDirectIoAlignment)
+                                   : end - start;
+    slot.buffer_bytes = read_bytes + (encoded ? slot.end - slot.begin : 0);
     stored.pieces_left->fetch_add(1);
     return slot;
   };
@@ -89,7 +96,11 @@ absl::Status PlanItem(
   if (CanReadInPlace(stored, stored.dests.front(), options.direct)) {
     ReadSlot& slot = add({0, blocks, 0, NumElements(stored.chunk_sizes)});
     slot.zero_copy = true;
-    slot.buffer_bytes = 0;
+    // In place, but under O_DIRECT a partial last block comes through a
+    // one-block tail buffer (PrepareSlot).
+    const bool tail = options.direct &&
+                      (slot.io_end - slot.io_begin) % kDirectIoAlignment != 0;
+    slot.buffer_bytes = tail ? kDirectIoAlignment : 0;
     slot.target = static_cast<std::byte*>(stored.dests.front().data());
     return absl::OkStatus();
   }
@@ -155,11 +166,10 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
   // The whole chunk into the whole of a host tensor: decoded in place.
   std::byte* raw_begin = nullptr;
   if (stored.is_tensor && FillsWholeHostTensor(stored, stored.dests.front())) {
-    raw_begin = static_cast<std::byte*>(stored.dests.front().data()) +
-                slot.begin;
+    raw_begin =
+        static_cast<std::byte*>(stored.dests.front().data()) + slot.begin;
   } else {
-    slot.decoded =
-        std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
+    slot.decoded = std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
     raw_begin = slot.decoded->data();
   }
   std::vector<std::byte> scratch;
@@ -167,13 +177,12 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
     const int64_t raw_start = b * block_size;
     const int64_t raw_size = std::min(block_size, info.raw_length - raw_start);
     const int64_t start = stored.block_starts[b];
-    absl::Status status =
-        DecodeBlock(stored.decoders,
-                    {slot.target + (start - slot.io_begin),
-                     static_cast<size_t>(info.block_lengths[b])},
-                    {raw_begin + (raw_start - slot.begin),
-                     static_cast<size_t>(raw_size)},
-                    scratch);
+    absl::Status status = DecodeBlock(
+        stored.decoders,
+        {slot.target + (start - slot.io_begin),
+         static_cast<size_t>(info.block_lengths[b])},
+        {raw_begin + (raw_start - slot.begin), static_cast<size_t>(raw_size)},
+        scratch);
     if (!status.ok()) {
       return absl::DataLossError(
           absl::StrCat("cannot decode ", stored.index->ToString(), ": file ",
