@@ -8,9 +8,12 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
@@ -390,6 +393,114 @@ INSTANTIATE_TEST_SUITE_P(
         FaultCase{"fsync_eio", Fault{FaultOp::kSync, EIO, ".distcp", 1},
                   absl::StatusCode::kDataLoss}),
     [](const auto& info) { return info.param.name; });
+
+// A compressible tensor and a random one (each several blocks, encoded
+// block by block), a small one (packed) and the bytes value Save adds.
+std::map<std::string, Tensor> FewTensors(uint32_t seed) {
+  return {{"w", MakeTensor(DType::kF32, {5 * kBlock / 4 + 100}, true, seed)},
+          {"adam.random", MakeTensor(DType::kBF16, {kBlock}, false, seed)},
+          {"small", MakeTensor(DType::kF32, {100}, true, seed)}};
+}
+
+// The files the metadata committed in `dir` names, the metadata included.
+std::set<std::string> CommittedFiles(const std::string& dir) {
+  absl::StatusOr<Metadata> metadata = ReadMetadata(dir);
+  if (!metadata.ok()) return {};
+  std::set<std::string> files = {kMetadataFileName};
+  for (const auto& [index, info] : metadata->storage_data) {
+    files.insert(info.relative_path);
+  }
+  return files;
+}
+
+// One failed file-system call (EIO) at each call of a compressed save in
+// turn, the save's error path and Abort going on: a failure before the
+// commit fails the save and leaves the previous checkpoint loadable and the
+// directory as it was (but for a writability probe it failed to remove);
+// after the commit the new checkpoint loads and nothing but the previous
+// checkpoint's files is left besides it. No file stays open either way.
+TEST(ZstdStorageTest, AFailureAtEveryCallKeepsTheOldCheckpointOrTheNewOne) {
+  const auto old_state = FewTensors(8), new_state = FewTensors(9);
+  for (bool direct_io : {true, false}) {
+    SCOPED_TRACE(direct_io ? "direct" : "buffered");
+    const std::string dir = NewTestDir("zstd_every_call");
+    int kept_old = 0, took_new = 0;
+    for (int64_t nth = 1;; ++nth) {
+      ASSERT_TRUE(Save(dir, old_state, ZstdOptions(direct_io, 1)).ok());
+      const std::vector<std::string> before = ListNames(dir);
+      FaultInjectionFileSystem faulty(LocalFileSystem());
+      faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
+      FileSystemWriterOptions options = ZstdOptions(direct_io, 2);
+      options.file_system = &faulty;
+      options.io_mode = IoMode::kPosix;
+      absl::Status saved = Save(dir, new_state, options);
+      const std::string where =
+          absl::StrCat("EIO at call ", nth, ": ", saved.ToString());
+      EXPECT_EQ(faulty.open_files(), 0) << where;
+      // The save ended before its nth call: every call has failed once.
+      if (faulty.calls(FaultOp::kAny) < nth) {
+        EXPECT_TRUE(saved.ok()) << where;
+        EXPECT_TRUE(LoadAndCompare(dir, new_state).ok()) << where;
+        break;
+      }
+      if (LoadAndCompare(dir, old_state).ok()) {
+        ++kept_old;
+        EXPECT_FALSE(saved.ok()) << where;
+        // As it was, but for a writability probe whose removal was the
+        // failed call: that one stays, named in the error.
+        std::vector<std::string> left = ListNames(dir);
+        std::erase_if(left, [&](const std::string& name) {
+          return name.starts_with(".dcp-probe-") &&
+                 absl::StrContains(saved.message(), name);
+        });
+        EXPECT_EQ(left, before) << where;
+        continue;
+      }
+      absl::Status loaded = LoadAndCompare(dir, new_state);
+      ASSERT_TRUE(loaded.ok()) << where << " left neither: " << loaded;
+      ++took_new;
+      const std::set<std::string> committed = CommittedFiles(dir);
+      for (const std::string& name : ListNames(dir)) {
+        EXPECT_TRUE(committed.contains(name) ||
+                    absl::c_linear_search(before, name))
+            << where << " left " << name;
+      }
+    }
+    EXPECT_GT(kept_old, 10);
+    EXPECT_GT(took_new, 0);
+  }
+}
+
+// A failed call (EIO) at each file-system call of a load of encoded items
+// in turn (reads decoded on three threads, a window of two blocks): the
+// load fails naming the file it was at, or, for a call it can do without,
+// loads every byte; no file stays open.
+TEST(ZstdStorageTest, AFailedCallAtAnyStepOfALoadIsAClearError) {
+  const std::string dir = NewTestDir("zstd_load_faults");
+  const auto state = FewTensors(10);
+  ASSERT_TRUE(Save(dir, state, ZstdOptions(true, 2)).ok());
+  int failures = 0;
+  for (int64_t nth = 1;; ++nth) {
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
+    FileSystemReaderOptions options;
+    options.file_system = &faulty;
+    options.io_mode = IoMode::kPosix;
+    options.thread_count = 3;
+    options.read_window_bytes = 2 * kBlock;
+    absl::Status loaded = LoadAndCompare(dir, state, options);
+    EXPECT_EQ(faulty.open_files(), 0) << "call " << nth;
+    if (faulty.calls(FaultOp::kAny) < nth) {  // No call failed.
+      EXPECT_TRUE(loaded.ok()) << loaded;
+      break;
+    }
+    if (loaded.ok()) continue;
+    ++failures;
+    EXPECT_NE(loaded.code(), absl::StatusCode::kInternal) << loaded;
+    EXPECT_THAT(loaded.message(), HasSubstr(dir)) << "call " << nth;
+  }
+  EXPECT_GT(failures, 3);
+}
 
 }  // namespace
 }  // namespace dcp

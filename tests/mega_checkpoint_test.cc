@@ -472,6 +472,42 @@ TEST(MegaCheckpoint, OutOfSpaceKeepsTheOldCheckpoint) {
   EXPECT_EQ(AllFiles(dir), files);
 }
 
+// A failed call (EIO) at each file-system call of a load in turn: the load
+// fails naming the file (in the directory) it was at, or, for a call it can
+// do without, loads every byte; no file stays open.
+TEST(MegaCheckpoint, AFailedCallAtAnyStepOfALoadIsAClearError) {
+  const std::string dir = MakeTempDir("mega_load_faults");
+  MegaStorageWriterOptions writer_options;
+  writer_options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}, {"c", 2}};
+  writer_options.checksum_block_size = 4096;  // Several blocks a tensor.
+  const StateDict saved = SmallState(3);
+  ASSERT_TRUE(SaveMega(dir, saved, writer_options).ok());
+  int failures = 0;
+  for (int64_t nth = 1;; ++nth) {
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
+    MegaStorageReaderOptions options;
+    options.file_system = &faulty;
+    options.thread_count = 2;
+    StateDict loaded = EmptyLike(saved);
+    absl::Status status = LoadMega(dir, loaded, options);
+    EXPECT_EQ(faulty.open_files(), 0) << "call " << nth;
+    if (faulty.calls(FaultOp::kAny) < nth) {  // No call failed.
+      ASSERT_TRUE(status.ok()) << status;
+      ExpectEqualStates(saved, loaded);
+      break;
+    }
+    if (status.ok()) {  // A call the reader may do without.
+      ExpectEqualStates(saved, loaded);
+      continue;
+    }
+    ++failures;
+    EXPECT_THAT(status.message(), HasSubstr(dir)) << "call " << nth;
+  }
+  EXPECT_GT(failures, 5);
+  EXPECT_TRUE(LoadsAs(dir, saved));
+}
+
 // A crash (the process dies at a file-system call, then the power goes)
 // at every call of a save over an older checkpoint: the directory then
 // loads as the old checkpoint, the new one, or is refused as an
