@@ -24,6 +24,7 @@
 #include "planner/default_planner.h"
 #include "planner/plan_cache.h"
 #include "tests/comm/multiprocess.h"
+#include "tests/global_tensors.h"
 #include "tests/test_util.h"
 
 namespace dcp {
@@ -31,69 +32,23 @@ namespace {
 
 using ::dcp::testing::Check;
 using ::dcp::testing::FreshTestDir;
+using ::dcp::testing::GlobalTensor;
 using ::dcp::testing::RankExit;
 using ::dcp::testing::RunRanks;
 
-// The global tensors. Every element's bytes are a function of (name, global
-// flat index), so any rank can fill or check any chunk.
-struct GlobalTensor {
-  std::string name;
-  DType dtype;
-  Shape shape;
-};
-
+// The global tensors, under "model" in the state dict.
 const std::vector<GlobalTensor>& Globals() {
   static const auto* globals = new std::vector<GlobalTensor>{
-      {"model.row", DType::kF32, {10, 6}},
-      {"model.block", DType::kBF16, {8, 8}},
-      {"model.uneven", DType::kI64, {7, 5}},
-      {"model.replicated", DType::kF32, {33}},
+      {"row", DType::kF32, {10, 6}},
+      {"block", DType::kBF16, {8, 8}},
+      {"uneven", DType::kI64, {7, 5}},
+      {"replicated", DType::kF32, {33}},
   };
   return *globals;
 }
 
-uint8_t ByteAt(const std::string& name, int64_t flat_index, size_t byte) {
-  uint64_t h = 1469598103934665603ULL;
-  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ULL;
-  h ^= static_cast<uint64_t>(flat_index) * 0x9E3779B97F4A7C15ULL + byte;
-  h *= 0xBF58476D1CE4E5B9ULL;
-  return static_cast<uint8_t>(h >> 29);
-}
-
-// Fills (fill=true) or checks (fill=false) the chunk of `g` at `offsets`.
-bool VisitChunk(const GlobalTensor& g, const Shape& offsets, Tensor& chunk,
-                bool fill) {
-  const size_t elem = ElementSize(g.dtype);
-  const Shape& sizes = chunk.sizes();
-  const int64_t n = chunk.numel();
-  auto* data = static_cast<uint8_t*>(chunk.data());
-  for (int64_t i = 0; i < n; ++i) {
-    // Local multi-index -> global flat index.
-    int64_t rem = i, global = 0, stride = 1;
-    std::vector<int64_t> local(sizes.size());
-    for (size_t d = sizes.size(); d-- > 0;) {
-      local[d] = rem % sizes[d];
-      rem /= sizes[d];
-    }
-    for (size_t d = sizes.size(); d-- > 0;) {
-      global += (local[d] + offsets[d]) * stride;
-      stride *= g.shape[d];
-    }
-    for (size_t b = 0; b < elem; ++b) {
-      const uint8_t want = ByteAt(g.name, global, b);
-      if (fill) {
-        data[i * elem + b] = want;
-      } else if (data[i * elem + b] != want) {
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
-// How a layout splits each tensor among ranks: rank -> list of
-// (offsets, sizes). An empty list means the rank holds a plain replica.
-using Layout = std::map<std::string, std::vector<std::pair<Shape, Shape>>>;
+// One rank's chunks of each tensor (testing::ChunkLayout).
+using Layout = testing::ChunkLayout;
 
 // 4 ranks: rows split unevenly, 2x2 blocks, uneven column split, replicas.
 Layout SaveLayout(int rank) {
@@ -101,54 +56,31 @@ Layout SaveLayout(int rank) {
   // Rank 2 holds 0 columns, at the offset where rank 3 starts.
   const int64_t col_starts[] = {0, 2, 3, 3, 5};
   Layout layout;
-  layout["model.row"] = {
+  layout["row"] = {
       {{row_starts[rank], 0}, {row_starts[rank + 1] - row_starts[rank], 6}}};
-  layout["model.block"] = {{{(rank / 2) * 4, (rank % 2) * 4}, {4, 4}}};
-  layout["model.uneven"] = {
+  layout["block"] = {{{(rank / 2) * 4, (rank % 2) * 4}, {4, 4}}};
+  layout["uneven"] = {
       {{0, col_starts[rank]}, {7, col_starts[rank + 1] - col_starts[rank]}}};
-  layout["model.replicated"] = {};
+  layout["replicated"] = {};
   return layout;
 }
 
 // Loading into `world` ranks (2 or 3) with a different sharding: columns
 // for "row", rows for "block", a whole replica of "uneven" on every rank.
 Layout LoadLayout(int rank, int world) {
-  auto split = [&](int64_t n) {
-    const int64_t base = n / world, extra = n % world;
-    const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
-    return std::make_pair(begin, base + (rank < extra ? 1 : 0));
-  };
   Layout layout;
-  auto [c0, nc] = split(6);
-  layout["model.row"] = {{{0, c0}, {10, nc}}};
-  auto [r0, nr] = split(8);
-  layout["model.block"] = {{{r0, 0}, {nr, 8}}};
-  layout["model.uneven"] = {};
-  layout["model.replicated"] = {};
+  auto [c0, nc] = testing::EvenSplit(6, rank, world);
+  layout["row"] = {{{0, c0}, {10, nc}}};
+  auto [r0, nr] = testing::EvenSplit(8, rank, world);
+  layout["block"] = {{{r0, 0}, {nr, 8}}};
+  layout["uneven"] = {};
+  layout["replicated"] = {};
   return layout;
 }
 
 StateDict BuildState(const Layout& layout, bool fill, int64_t step) {
-  StateDict model;
-  for (const GlobalTensor& g : Globals()) {
-    const auto& chunks = layout.at(g.name);
-    const std::string key = g.name.substr(std::string("model.").size());
-    if (chunks.empty()) {
-      Tensor t = Tensor::Empty(g.dtype, g.shape);
-      if (fill) VisitChunk(g, Shape(g.shape.size(), 0), t, true);
-      model[key] = t;
-      continue;
-    }
-    std::vector<Shard> shards;
-    for (const auto& [offsets, sizes] : chunks) {
-      Tensor t = Tensor::Empty(g.dtype, sizes);
-      if (fill) VisitChunk(g, offsets, t, true);
-      shards.push_back(Shard{offsets, t});
-    }
-    model[key] = ShardedTensor(g.dtype, g.shape, std::move(shards));
-  }
   StateDict state;
-  state["model"] = std::move(model);
+  state["model"] = testing::BuildState(Globals(), layout, fill);
   state["step"] = step;
   return state;
 }
@@ -156,23 +88,9 @@ StateDict BuildState(const Layout& layout, bool fill, int64_t step) {
 // Checks every byte of every tensor in `state` (laid out by `layout`).
 std::string CheckState(StateDict& state, const Layout& layout,
                        int64_t want_step) {
-  StateDict& model = state["model"].dict();
-  for (const GlobalTensor& g : Globals()) {
-    const std::string key = g.name.substr(std::string("model.").size());
-    StateValue& v = model[key];
-    if (layout.at(g.name).empty()) {
-      if (!VisitChunk(g, Shape(g.shape.size(), 0), v.tensor(), false)) {
-        return g.name + " differs";
-      }
-      continue;
-    }
-    for (Shard& shard : v.sharded_tensor().mutable_local_shards()) {
-      if (!VisitChunk(g, shard.offsets, shard.tensor, false)) {
-        return absl::StrCat(g.name, " shard at ", ShapeToString(shard.offsets),
-                            " differs");
-      }
-    }
-  }
+  const std::string problem =
+      testing::VerifyState(state["model"].dict(), Globals(), layout);
+  if (!problem.empty()) return problem;
   if (state["step"].int_value() != want_step) return "step differs";
   return "";
 }
