@@ -241,43 +241,6 @@ TEST(Distributed, FailedWriteOnRankTwoFailsEveryRankAndCommitsNothing) {
   EXPECT_EQ(CheckState(state, LoadLayout(0, 1), 1), "");
 }
 
-// The coordinator renames its .metadata into place (the commit), then the
-// directory fsync after it fails: every rank reports the failure, and the
-// directory must hold the new checkpoint, the other ranks' data files
-// included. Disabled: it loads neither checkpoint ("open for read
-// __1_<id>_0.distcp: No such file or directory"): the failed reduce makes
-// every rank Abort, and the other ranks' writers, not told of the commit,
-// remove the data files the committed metadata names (engine/checkpoint.cc,
-// FileSystemWriter::Abort). Enable once they keep them.
-TEST(Distributed, DISABLED_FailureAfterTheCommitKeepsTheNewCheckpoint) {
-  const std::string dir = FreshTestDir("dist-after-commit");
-  ExpectAllExitedCleanly(
-      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
-        absl::Status s =
-            SaveOnRank(&group, dir, BuildState(SaveLayout(rank), true, 1));
-        return Check(s.ok(), rank, s.ToString());
-      }));
-  ExpectAllExitedCleanly(
-      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
-        FaultInjectionFileSystem faulty(LocalFileSystem());
-        // The coordinator's first directory fsync makes its data files'
-        // names durable, the second the commit's rename.
-        if (rank == 0) {
-          faulty.Inject(Fault{.op = FaultOp::kSyncDir, .error = EIO, .nth = 2});
-        }
-        absl::Status s = SaveOnRank(
-            &group, dir, BuildState(SaveLayout(rank), true, 2), &faulty);
-        return Check(absl::StrContains(s.message(),
-                                       "could not make the rename "
-                                       "durable"),
-                     rank, "not failed after the commit: " + s.ToString());
-      }));
-  StateDict state = BuildState(LoadLayout(0, 1), false, 0);
-  absl::Status loaded = LoadOnRank(nullptr, dir, state);
-  ASSERT_TRUE(loaded.ok()) << loaded;
-  EXPECT_EQ(CheckState(state, LoadLayout(0, 1), 2), "");
-}
-
 // Forwards every SavePlanner call to a DefaultSavePlanner; tests override
 // the one they watch.
 class ForwardingSavePlanner : public SavePlanner {
