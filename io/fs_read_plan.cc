@@ -7,8 +7,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "core/box_copy.h"
 #include "core/dtype.h"
-#include "io/box_copy.h"
 #include "io/internal/parallel_work.h"
 
 namespace dcp::internal_fs {

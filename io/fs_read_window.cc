@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/box_copy.h"
 #include "core/checksum.h"
 #include "core/status.h"
-#include "io/box_copy.h"
-#include "io/device_box_upload.h"
 #include "io/metadata_format.h"
+#include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
 namespace dcp::internal_fs {

@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "core/box_copy.h"
 #include "core/status.h"
-#include "io/box_copy.h"
 #include "io/hf_storage.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"

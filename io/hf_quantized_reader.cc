@@ -14,12 +14,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/box_copy.h"
 #include "core/status.h"
-#include "io/box_copy.h"
-#include "io/device_box_upload.h"
 #include "io/hf_quantized_storage.h"
 #include "io/internal/hf_internal.h"
 #include "io/quantized_dequant.h"
+#include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
 namespace dcp {

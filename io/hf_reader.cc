@@ -9,13 +9,13 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "core/box_copy.h"
 #include "core/status.h"
-#include "io/box_copy.h"
-#include "io/device_box_upload.h"
 #include "io/fs_read_plan.h"
 #include "io/fs_read_window.h"
 #include "io/hf_storage.h"
 #include "io/internal/hf_internal.h"
+#include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
 namespace dcp {

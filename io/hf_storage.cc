@@ -19,16 +19,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/box_copy.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/box_copy.h"
-#include "io/device_box_upload.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/internal/sequential_writer.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "planner/plan_cache.h"
+#include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
 namespace dcp {

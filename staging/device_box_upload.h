@@ -1,15 +1,15 @@
 // Loading into device tensors: the part of a box that lies in a window of a
 // stored chunk (verified host bytes) goes to a destination in device memory.
 // The box elements of the window are gathered, in the box's row-major order,
-// into pinned chunks of a DeviceStaging pool; each chunk is then copied to
+// into chunks of a DeviceStaging pool; each chunk is then copied to
 // the device as the runs of elements that are adjacent in the destination
 // (one run for a row-sharded or whole contiguous tensor, one per row of a
 // column shard), and returns to the pool when its copies have landed.
 //
 // The copies are asynchronous: the bytes are in device memory only after
 // DeviceStaging::Flush() returned OK.
-#ifndef DCP_IO_DEVICE_BOX_UPLOAD_H_
-#define DCP_IO_DEVICE_BOX_UPLOAD_H_
+#ifndef DCP_STAGING_DEVICE_BOX_UPLOAD_H_
+#define DCP_STAGING_DEVICE_BOX_UPLOAD_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +35,7 @@ int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
                                  absl::Span<const int64_t> offsets,
                                  absl::Span<const int64_t> lengths, int64_t b);
 
-// As CopyBoxPart (io/box_copy.h) for a destination `dst` in device memory:
+// As CopyBoxPart (core/box_copy.h) for a destination `dst` in device memory:
 // the box elements among chunk elements [begin, end) held at `window`.
 // Blocks while every pool chunk is busy. kInvalidArgument as CopyBoxPart;
 // the staging's error when its pool or a copy fails.
@@ -53,4 +53,4 @@ TensorView AsHostView(const TensorView& view);
 
 }  // namespace dcp
 
-#endif  // DCP_IO_DEVICE_BOX_UPLOAD_H_
+#endif  // DCP_STAGING_DEVICE_BOX_UPLOAD_H_

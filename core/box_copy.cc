@@ -1,4 +1,4 @@
-#include "io/box_copy.h"
+#include "core/box_copy.h"
 
 #include <cstring>
 #include <utility>

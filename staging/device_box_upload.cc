@@ -1,12 +1,12 @@
-#include "io/device_box_upload.h"
+#include "staging/device_box_upload.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/box_copy.h"
 #include "core/status.h"
-#include "io/box_copy.h"
 #include "staging/device_staging.h"
 
 namespace dcp {

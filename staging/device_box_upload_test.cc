@@ -1,4 +1,4 @@
-#include "io/device_box_upload.h"
+#include "staging/device_box_upload.h"
 
 #include <algorithm>
 #include <atomic>
@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
+#include "core/box_copy.h"
 #include "cuda/host_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "io/box_copy.h"
 #include "staging/device_staging.h"
 
 namespace dcp {

@@ -6,8 +6,8 @@
 // the part of a box that lies in one window of the chunk (a contiguous range
 // of its elements), so a reader can stream a large stored chunk through a
 // small bounce buffer and still deliver every box byte for byte.
-#ifndef DCP_IO_BOX_COPY_H_
-#define DCP_IO_BOX_COPY_H_
+#ifndef DCP_CORE_BOX_COPY_H_
+#define DCP_CORE_BOX_COPY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -51,4 +51,4 @@ std::pair<int64_t, int64_t> BoxSpan(absl::Span<const int64_t> src_sizes,
 
 }  // namespace dcp
 
-#endif  // DCP_IO_BOX_COPY_H_
+#endif  // DCP_CORE_BOX_COPY_H_
