@@ -1,5 +1,6 @@
 #include "core/box_copy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -241,6 +242,47 @@ std::pair<int64_t, int64_t> BoxSpan(absl::Span<const int64_t> src_sizes,
     last += (src_offsets[i] + lengths[i] - 1) * strides[i];
   }
   return {first, last + 1};
+}
+
+Shape RowMajorCoordinates(int64_t linear, absl::Span<const int64_t> shape) {
+  Shape coords(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    coords[d] = shape[d] == 0 ? 0 : linear % shape[d];
+    linear = shape[d] == 0 ? 0 : linear / shape[d];
+  }
+  return coords;
+}
+
+int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
+                          absl::Span<const int64_t> offsets,
+                          absl::Span<const int64_t> lengths, int64_t e) {
+  const int64_t total = NumElements(lengths);
+  if (total == 0 || e <= 0) return 0;
+  if (e >= NumElements(sizes)) return total;
+  const Shape index = RowMajorCoordinates(e, sizes);
+  int64_t count = 0;
+  int64_t inner = total;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    inner /= lengths[d];
+    const int64_t lo = offsets[d];
+    const int64_t hi = offsets[d] + lengths[d];
+    count += (std::clamp(index[d], lo, hi) - lo) * inner;
+    // Beyond this dimension only points sharing the prefix could still
+    // come before `e`; outside the box's range there are none.
+    if (index[d] < lo || index[d] >= hi) break;
+  }
+  return count;
+}
+
+int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
+                                 absl::Span<const int64_t> offsets,
+                                 absl::Span<const int64_t> lengths, int64_t b) {
+  const Shape coords = RowMajorCoordinates(b, lengths);
+  int64_t linear = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    linear = linear * sizes[d] + offsets[d] + coords[d];
+  }
+  return linear;
 }
 
 }  // namespace dcp

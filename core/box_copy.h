@@ -6,6 +6,12 @@
 // the part of a box that lies in one window of the chunk (a contiguous range
 // of its elements), so a reader can stream a large stored chunk through a
 // small bounce buffer and still deliver every box byte for byte.
+//
+// The row-major geometry of a box inside a chunk lives here too (BoxSpan,
+// BoxElementsBefore, ChunkElementOfBoxElement): which chunk elements a box
+// holds and where. Chunk boxes in global coordinates (intersection,
+// overlap, tiling) are planner/chunk_geometry.h's. All functions are pure
+// and thread-safe.
 #ifndef DCP_CORE_BOX_COPY_H_
 #define DCP_CORE_BOX_COPY_H_
 
@@ -48,6 +54,23 @@ absl::Status CopyBoxPart(const std::byte* window, int64_t begin, int64_t end,
 std::pair<int64_t, int64_t> BoxSpan(absl::Span<const int64_t> src_sizes,
                                     absl::Span<const int64_t> src_offsets,
                                     absl::Span<const int64_t> lengths);
+
+// The coordinates of row-major element `linear` of an array of `shape`
+// (zero-size dimensions give coordinate 0).
+Shape RowMajorCoordinates(int64_t linear, absl::Span<const int64_t> shape);
+
+// How many elements of the box (`offsets`, `lengths` in a row-major chunk of
+// shape `sizes`) come before chunk element `e` in row-major order, i.e. the
+// box-order index of the first box element at or after `e`. Equals the
+// box's element count for e >= the chunk's element count.
+int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
+                          absl::Span<const int64_t> offsets,
+                          absl::Span<const int64_t> lengths, int64_t e);
+
+// The row-major chunk element index of box element `b` (box order).
+int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
+                                 absl::Span<const int64_t> offsets,
+                                 absl::Span<const int64_t> lengths, int64_t b);
 
 }  // namespace dcp
 

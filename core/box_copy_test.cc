@@ -11,6 +11,18 @@
 namespace dcp {
 namespace {
 
+// Integers drawn uniformly from [lo, hi], the same sequence for a seed.
+class Uniform {
+ public:
+  explicit Uniform(uint64_t seed) : rng_(seed) {}
+  int64_t operator()(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
 TEST(CopyBoxTest, CopiesInnerBoxOf3dChunkIntoOffsetOfDestination) {
   // Source 3x4x5 holding 0..59; box [1:3, 1:3, 2:5] into a 4x3x4 destination
   // at [1, 0, 1].
@@ -79,10 +91,7 @@ TEST(CopyBoxTest, RejectsBoxOutsideEitherArrayAndElementMismatch) {
 // copying window by window gives exactly what one CopyBox gives, and each
 // window is read only inside its bounds (bytes around it are poison).
 TEST(CopyBoxPartTest, WindowByWindowEqualsWholeCopyForRandomBoxes) {
-  std::mt19937_64 rng(42);
-  auto uniform = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-  };
+  Uniform uniform(42);
   for (int trial = 0; trial < 400; ++trial) {
     const int rank = static_cast<int>(uniform(1, 4));
     Shape sizes, offsets, lengths, dst_sizes, dst_offsets;
@@ -165,6 +174,47 @@ TEST(CopyBoxPartTest, ScalarAndRejectedWindows) {
   EXPECT_EQ(
       CopyBoxPart(c, 3, 2, {2, 3}, {0, 0}, 4, out_view, {0, 0}, {2, 3}).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// The chunk elements of a random box, found by brute force, against the box
+// index geometry: BoxElementsBefore, ChunkElementOfBoxElement and
+// RowMajorCoordinates.
+TEST(BoxIndexTest, ElementsBeforeAndChunkElementMatchBruteForce) {
+  Uniform uniform(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int rank = static_cast<int>(uniform(0, 4));
+    Shape sizes, offsets, lengths;
+    for (int d = 0; d < rank; ++d) {
+      sizes.push_back(uniform(1, 5));
+      offsets.push_back(uniform(0, sizes[d] - 1));
+      lengths.push_back(uniform(1, sizes[d] - offsets[d]));
+    }
+    std::vector<int64_t> members;
+    const int64_t n = NumElements(sizes);
+    for (int64_t e = 0; e < n; ++e) {
+      const Shape coords = RowMajorCoordinates(e, sizes);
+      int64_t linear = 0;
+      bool inside = true;
+      for (int d = 0; d < rank; ++d) {
+        linear = linear * sizes[d] + coords[d];
+        inside &=
+            coords[d] >= offsets[d] && coords[d] < offsets[d] + lengths[d];
+      }
+      ASSERT_EQ(linear, e) << "trial " << trial;
+      if (inside) members.push_back(e);
+    }
+    ASSERT_EQ(static_cast<int64_t>(members.size()), NumElements(lengths));
+    for (int64_t e = 0; e <= n + 1; ++e) {
+      const int64_t expected =
+          std::lower_bound(members.begin(), members.end(), e) - members.begin();
+      ASSERT_EQ(BoxElementsBefore(sizes, offsets, lengths, e), expected)
+          << "trial " << trial << " e " << e;
+    }
+    for (size_t b = 0; b < members.size(); ++b) {
+      ASSERT_EQ(ChunkElementOfBoxElement(sizes, offsets, lengths, b),
+                members[b]);
+    }
+  }
 }
 
 }  // namespace

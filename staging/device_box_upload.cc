@@ -12,16 +12,6 @@
 namespace dcp {
 namespace {
 
-// The coordinates of row-major element `linear` of `shape`.
-Shape Unravel(int64_t linear, absl::Span<const int64_t> shape) {
-  Shape coords(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    coords[d] = shape[d] == 0 ? 0 : linear % shape[d];
-    linear = shape[d] == 0 ? 0 : linear / shape[d];
-  }
-  return coords;
-}
-
 // Elements of the box that are adjacent in the destination from any box
 // index that is a multiple of it: the trailing dimensions whose destination
 // stride equals the element count of the dimensions inside them (length-1
@@ -38,38 +28,6 @@ int64_t ContiguousRun(const TensorView& dst,
 }
 
 }  // namespace
-
-int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
-                          absl::Span<const int64_t> offsets,
-                          absl::Span<const int64_t> lengths, int64_t e) {
-  const int64_t total = NumElements(lengths);
-  if (total == 0 || e <= 0) return 0;
-  if (e >= NumElements(sizes)) return total;
-  const Shape index = Unravel(e, sizes);
-  int64_t count = 0;
-  int64_t inner = total;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    inner /= lengths[d];
-    const int64_t lo = offsets[d];
-    const int64_t hi = offsets[d] + lengths[d];
-    count += (std::clamp(index[d], lo, hi) - lo) * inner;
-    // Beyond this dimension only points sharing the prefix could still
-    // come before `e`; outside the box's range there are none.
-    if (index[d] < lo || index[d] >= hi) break;
-  }
-  return count;
-}
-
-int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
-                                 absl::Span<const int64_t> offsets,
-                                 absl::Span<const int64_t> lengths, int64_t b) {
-  const Shape coords = Unravel(b, lengths);
-  int64_t linear = 0;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    linear = linear * sizes[d] + offsets[d] + coords[d];
-  }
-  return linear;
-}
 
 TensorView AsHostView(const TensorView& view) {
   return TensorView(view.data(), view.dtype(), view.sizes(), view.strides(),
@@ -133,7 +91,7 @@ absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
     runs.clear();
     for (int64_t x = b; x < b + n;) {
       const int64_t take = std::min(run - x % run, b + n - x);
-      const Shape coords = Unravel(x, lengths);
+      const Shape coords = RowMajorCoordinates(x, lengths);
       int64_t at = 0;
       for (size_t d = 0; d < coords.size(); ++d) {
         at += (dst_offsets[d] + coords[d]) * strides[d];

@@ -22,19 +22,6 @@ namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
 
-// How many elements of the box (`offsets`, `lengths` in a row-major chunk of
-// shape `sizes`) come before chunk element `e` in row-major order, i.e. the
-// box-order index of the first box element at or after `e`. Equals the
-// box's element count for e >= the chunk's element count.
-int64_t BoxElementsBefore(absl::Span<const int64_t> sizes,
-                          absl::Span<const int64_t> offsets,
-                          absl::Span<const int64_t> lengths, int64_t e);
-
-// The row-major chunk element index of box element `b` (box order).
-int64_t ChunkElementOfBoxElement(absl::Span<const int64_t> sizes,
-                                 absl::Span<const int64_t> offsets,
-                                 absl::Span<const int64_t> lengths, int64_t b);
-
 // As CopyBoxPart (core/box_copy.h) for a destination `dst` in device memory:
 // the box elements among chunk elements [begin, end) held at `window`.
 // Blocks while every pool chunk is busy. kInvalidArgument as CopyBoxPart;

@@ -34,41 +34,6 @@ void RandomBox(std::mt19937& rng, const Shape& sizes, Shape& offsets,
   }
 }
 
-TEST(BoxIndexTest, ElementsBeforeAndChunkElementMatchBruteForce) {
-  std::mt19937 rng(11);
-  for (int trial = 0; trial < 300; ++trial) {
-    const int rank = rng() % 5;
-    const Shape sizes = RandomShape(rng, rank, 5);
-    Shape offsets, lengths;
-    RandomBox(rng, sizes, offsets, lengths);
-    // Brute force: the chunk elements of the box, in row-major order.
-    std::vector<int64_t> members;
-    const int64_t n = NumElements(sizes);
-    const Shape strides = ContiguousStrides(sizes);
-    for (int64_t e = 0; e < n; ++e) {
-      bool inside = true;
-      int64_t rest = e;
-      for (int d = 0; d < rank; ++d) {
-        const int64_t c = rest / strides[d];
-        rest %= strides[d];
-        inside &= c >= offsets[d] && c < offsets[d] + lengths[d];
-      }
-      if (inside) members.push_back(e);
-    }
-    ASSERT_EQ(static_cast<int64_t>(members.size()), NumElements(lengths));
-    for (int64_t e = 0; e <= n + 1; ++e) {
-      const int64_t expected =
-          std::lower_bound(members.begin(), members.end(), e) - members.begin();
-      ASSERT_EQ(BoxElementsBefore(sizes, offsets, lengths, e), expected)
-          << "trial " << trial << " e " << e;
-    }
-    for (size_t b = 0; b < members.size(); ++b) {
-      ASSERT_EQ(ChunkElementOfBoxElement(sizes, offsets, lengths, b),
-                members[b]);
-    }
-  }
-}
-
 class DeviceBoxUploadTest : public ::testing::Test {
  protected:
   void MakeStaging(size_t chunk_bytes) {
