@@ -119,6 +119,10 @@ class TimedWriter final : public StorageWriter {
     peak_above_kb = StatusKb("VmHWM") - rss;
     return status;
   }
+  void DescribeCommit(Metadata& metadata) const override {
+    inner_.DescribeCommit(metadata);
+  }
+  bool CommitDecided() const override { return inner_.CommitDecided(); }
   absl::Status MarkCommitted() override { return inner_.MarkCommitted(); }
   void Abort() override { inner_.Abort(); }
 

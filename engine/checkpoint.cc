@@ -3,11 +3,14 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "comm/process_group.h"
 #include "core/checkpoint_exception.h"
 #include "core/status.h"
@@ -109,6 +112,41 @@ void AddStorageData(std::vector<std::vector<WriteResult>>&& results,
   }
 }
 
+// What the coordinator broadcasts after the commit step: kCommitted and the
+// committed metadata (io/metadata_format.h's encoding), or kDecided and the
+// failure of a Finish that failed after its commit was decided
+// (StorageWriter::CommitDecided): code, newline, message.
+constexpr char kCommitted = 'C';
+constexpr char kDecided = 'D';
+
+std::string EncodeDecidedFailure(const absl::Status& failure) {
+  return absl::StrCat(std::string(1, kDecided),
+                      static_cast<int>(failure.code()), "\n",
+                      failure.message());
+}
+
+// The failure every rank reports for a decided commit whose Finish failed
+// on the coordinator (`coordinator`): each rank kept what it wrote.
+absl::Status DecidedFailure(absl::string_view encoded, int coordinator) {
+  absl::string_view body = encoded.substr(1);
+  const size_t newline = body.find('\n');
+  int code = static_cast<int>(absl::StatusCode::kUnknown);
+  if (newline == absl::string_view::npos ||
+      !absl::SimpleAtoi(body.substr(0, newline), &code) || code <= 0 ||
+      code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<int>(absl::StatusCode::kUnknown);
+  }
+  const absl::string_view message =
+      newline == absl::string_view::npos ? body : body.substr(newline + 1);
+  return absl::Status(
+      static_cast<absl::StatusCode>(code),
+      absl::StrCat("the checkpoint was committed, but the coordinator (rank ",
+                   coordinator,
+                   ") failed after the commit was decided: ", message,
+                   "; every rank kept the files it wrote (the next save "
+                   "removes what the checkpoint no longer names)"));
+}
+
 // The seed's _save_state_dict: plans travel to the coordinator and back
 // (GatherScatter), every rank writes, the write results travel to the
 // coordinator, which commits (GatherBroadcast); on any failure every rank
@@ -188,13 +226,14 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
       DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results, write_step());
       std::vector<std::vector<WriteResult>> all;
       all.push_back(std::move(results));
+      writer.DescribeCommit(returned_metadata);
       DCP_RETURN_IF_ERROR(writer.Finish(returned_metadata, all));
       DCP_RETURN_IF_ERROR(writer.MarkCommitted());
       AddStorageData(std::move(all), returned_metadata);
       return std::move(returned_metadata);
     }
     DCP_ASSIGN_OR_RETURN(
-        std::string committed,
+        std::string outcome,
         dist.GatherBroadcast(
             "write",
             [&]() -> absl::StatusOr<std::string> {
@@ -209,16 +248,38 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
                   DecodeAll<std::vector<WriteResult>>(
                       encoded_results, internal::DecodeWriteResults,
                       "write results"));
-              DCP_RETURN_IF_ERROR(writer.Finish(returned_metadata, all));
+              writer.DescribeCommit(returned_metadata);
+              absl::Status finished = writer.Finish(returned_metadata, all);
+              if (!finished.ok()) {
+                // Decided: the other ranks must keep their files.
+                if (writer.CommitDecided()) {
+                  return EncodeDecidedFailure(finished);
+                }
+                return finished;
+              }
               AddStorageData(std::move(all), returned_metadata);
               // The metadata travels in its on-disk encoding
               // (io/metadata_format.h), which every rank decodes and
               // validates as a load would.
-              return EncodeMetadata(returned_metadata);
+              DCP_ASSIGN_OR_RETURN(std::string encoded,
+                                   EncodeMetadata(returned_metadata));
+              encoded.insert(encoded.begin(), kCommitted);
+              return encoded;
             }));
+    if (!outcome.empty() && outcome.front() == kDecided) {
+      // Keep this rank's files: the committed checkpoint names them. The
+      // coordinator's Abort (below) completes a decided commit.
+      if (!is_coordinator) writer.MarkCommitted().IgnoreError();
+      return DecidedFailure(outcome, dist.coordinator_rank());
+    }
+    if (outcome.empty() || outcome.front() != kCommitted) {
+      return absl::InternalError(
+          "the coordinator's commit outcome has an unknown tag");
+    }
     DCP_RETURN_IF_ERROR(writer.MarkCommitted());
     if (is_coordinator) return std::move(returned_metadata);
-    return DecodeMetadata(committed, "metadata broadcast by the coordinator");
+    return DecodeMetadata(absl::string_view(outcome).substr(1),
+                          "metadata broadcast by the coordinator");
   };
 
   absl::StatusOr<Metadata> metadata = run();

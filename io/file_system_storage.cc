@@ -437,11 +437,7 @@ absl::Status FileSystemWriter::CommitMetadata(
     const Metadata& metadata,
     const std::vector<std::vector<WriteResult>>& results) {
   Metadata committed = metadata;
-  committed.version = kFormatVersion;
-  committed.checksum_block_size = options_.checksum_block_size;
-  if (!committed.storage_meta.has_value()) {
-    committed.storage_meta = GetStorageMeta();
-  }
+  DescribeCommit(committed);
   committed_files_.clear();
   for (const std::vector<WriteResult>& rank_results : results) {
     for (const WriteResult& result : rank_results) {
@@ -462,6 +458,14 @@ absl::Status FileSystemWriter::CommitMetadata(
                               " but could not make the rename durable")));
   }
   return absl::OkStatus();
+}
+
+void FileSystemWriter::DescribeCommit(Metadata& metadata) const {
+  metadata.version = kFormatVersion;
+  metadata.checksum_block_size = options_.checksum_block_size;
+  if (!metadata.storage_meta.has_value()) {
+    metadata.storage_meta = GetStorageMeta();
+  }
 }
 
 absl::Status FileSystemWriter::MarkCommitted() {

@@ -242,10 +242,16 @@ class FileSystemWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
+  // The format version, this writer's checksum_block_size and its
+  // storage_meta (when the metadata has none).
+  void DescribeCommit(Metadata& metadata) const override;
+  // True once Finish has renamed the metadata into place (a failure after
+  // that, making the rename durable, leaves the new checkpoint committed).
+  bool CommitDecided() const override { return committed_; }
   // Coordinator: removes the data files that the metadata committed before
   // this save named (read at SetUp) and the new one does not, then releases
   // the directory lock (SetUp removed the orphans of earlier saves). Other
-  // ranks: nothing to do.
+  // ranks: keeps the files this save wrote.
   absl::Status MarkCommitted() override;
   // Removes every file this save created (data files, temporary metadata);
   // after a commit it removes nothing. Releases the directory lock.

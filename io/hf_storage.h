@@ -164,7 +164,9 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
-  // Releases the directory lock.
+  // True once Finish has made its commit journal durable.
+  bool CommitDecided() const override { return decided_; }
+  // Releases the directory lock; on other ranks, keeps this save's files.
   absl::Status MarkCommitted() override;
   // Before the commit was decided: removes this save's files. After: the
   // commit is completed instead. Releases the lock.

@@ -120,6 +120,12 @@ class MegaStorageWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
+  // This writer's checksum_block_size.
+  void DescribeCommit(Metadata& metadata) const override {
+    metadata.checksum_block_size = options_.checksum_block_size;
+  }
+  // True once Finish has made its commit journal durable.
+  bool CommitDecided() const override { return decided_; }
   absl::Status MarkCommitted() override;
   void Abort() override;
 

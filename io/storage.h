@@ -91,7 +91,24 @@ class StorageWriter {
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) = 0;
 
+  // Sets on `metadata` what this writer records in the committed metadata
+  // beyond the plan and the results (the checksum block size its data
+  // uses, its storage_meta), so that the metadata Save returns, and the one
+  // the coordinator sends the other ranks, is the one committed. Called on
+  // the coordinator before Finish. Default: nothing.
+  virtual void DescribeCommit(Metadata& /*metadata*/) const {}
+
+  // Coordinator, after Finish failed: whether the commit had been decided
+  // when it failed (the location now holds the new checkpoint, or the next
+  // save's SetUp completes it), so that no rank may remove what it wrote.
+  // The engine then calls MarkCommitted on the other ranks and Abort here,
+  // and every rank reports the failure. False (the default) for a Finish
+  // that commits all or nothing.
+  virtual bool CommitDecided() const { return false; }
+
   // Every rank, after the commit: removes what the new checkpoint replaced.
+  // On a rank other than the coordinator: keeps what this save wrote (it is
+  // the checkpoint's now).
   virtual absl::Status MarkCommitted() = 0;
 
   // After a failure: removes what this save wrote; never touches a

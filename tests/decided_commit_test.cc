@@ -6,15 +6,10 @@
 // each rank saves a tensor of its own, holding the save's step, into a
 // file of its own, and all four must come from the same save.
 //
-// Disabled: no storage passes. After the failed reduce every rank Aborts,
-// and the other ranks' writers, not told that the commit was decided,
-// remove the files they wrote. Native: the committed .metadata names
-// removed files ("open for read __1_<id>_0.distcp: No such file or
-// directory"). MEGA and Hugging Face: the coordinator's Abort completes the
-// journal, skipping the renames whose sources are gone (ApplyCommitJournal,
-// io/commit_journal.cc), so the new index names the old files of ranks 1-3
-// and the directory loads a mix without a word (steps "2111"). Enable once
-// a decided commit keeps every rank's files.
+// Every rank keeps what it wrote: the coordinator broadcasts that its
+// commit was decided (StorageWriter::CommitDecided), the other ranks call
+// MarkCommitted instead of Abort, and the coordinator's Abort completes a
+// decided MEGA or Hugging Face commit.
 #include <functional>
 #include <map>
 #include <memory>
@@ -105,8 +100,7 @@ std::vector<Storage> Storages() {
 
 class DecidedCommitTest : public ::testing::TestWithParam<Storage> {};
 
-TEST_P(DecidedCommitTest,
-       DISABLED_AFailureOnceTheCommitIsDecidedLeavesOneCheckpoint) {
+TEST_P(DecidedCommitTest, AFailureOnceTheCommitIsDecidedLeavesOneCheckpoint) {
   const Storage& storage = GetParam();
   const std::string dir = FreshTestDir(storage.name);
   auto save = [&](int64_t step, bool fail) {

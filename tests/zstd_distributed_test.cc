@@ -164,14 +164,10 @@ TEST(ZstdDistributed, SavedOnFourRanksLoadsOnThreeByteExact) {
 }
 
 // Blocks of 16 KiB: each chunk is 5 to 7 blocks, and each load reads only
-// some of them. Disabled: a Save on several ranks fails after its commit
-// (every rank with "stored item emb@[0, 0] has 102400 raw bytes, 7 block
-// sizes ...") because the coordinator re-encodes the planner's metadata to
-// broadcast it (engine/checkpoint.cc), whose checksum_block_size is the
-// default, not the writer's, and EncodeMetadata refuses extension records
-// cut into blocks of another size. Enable once the engine takes the block
-// size the writer committed.
-TEST(ZstdDistributed, DISABLED_SmallBlocksSavedOnFourRanksLoadOnThree) {
+// some of them. The metadata the coordinator broadcasts must carry the
+// writer's block size (StorageWriter::DescribeCommit), or the extension
+// records, cut into 16 KiB blocks, do not encode.
+TEST(ZstdDistributed, SmallBlocksSavedOnFourRanksLoadOnThree) {
   SaveOnFourLoadOnThree(16 << 10);
 }
 

@@ -136,6 +136,10 @@ class TimedWriter final : public StorageWriter {
     metadata_bytes_ = encoded.ok() ? encoded->size() : 0;
     return s;
   }
+  void DescribeCommit(Metadata& metadata) const override {
+    inner_.DescribeCommit(metadata);
+  }
+  bool CommitDecided() const override { return inner_.CommitDecided(); }
   absl::Status MarkCommitted() override { return inner_.MarkCommitted(); }
   void Abort() override { inner_.Abort(); }
 

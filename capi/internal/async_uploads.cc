@@ -110,6 +110,12 @@ absl::Status ExitGatedWriter::Finish(
   return inner_->Finish(metadata, results);
 }
 
+void ExitGatedWriter::DescribeCommit(Metadata& metadata) const {
+  inner_->DescribeCommit(metadata);
+}
+
+bool ExitGatedWriter::CommitDecided() const { return inner_->CommitDecided(); }
+
 absl::Status ExitGatedWriter::MarkCommitted() {
   return inner_->MarkCommitted();
 }

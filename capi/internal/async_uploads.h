@@ -74,6 +74,8 @@ class ExitGatedWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
+  void DescribeCommit(Metadata& metadata) const override;
+  bool CommitDecided() const override;
   absl::Status MarkCommitted() override;
   void Abort() override;
 

@@ -44,6 +44,7 @@ class DistWrapper {
   int rank() const { return group_ != nullptr ? group_->rank() : 0; }
   int size() const { return group_ != nullptr ? group_->size() : 1; }
   bool is_coordinator() const { return rank() == coordinator_rank_; }
+  int coordinator_rank() const { return coordinator_rank_; }
 
   absl::StatusOr<std::string> GatherScatter(absl::string_view step,
                                             LocalStep local_step,
