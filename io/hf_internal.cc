@@ -11,14 +11,12 @@
 #include "io/hf_storage.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "planner/chunk_geometry.h"
 
 namespace dcp::internal_hf {
 namespace {
 
 using Json = nlohmann::json;
-
-// The most chunks of one tensor whose pairwise overlap is checked (n^2).
-constexpr size_t kMaxOverlapCheckedChunks = 4096;
 
 // One tensor entry of one file, as the headers describe it.
 struct Found {
@@ -80,17 +78,6 @@ absl::StatusOr<std::map<std::string, Shape>> ShardingInfo(
     result.emplace(fqn, std::move(offsets));
   }
   return result;
-}
-
-bool Overlap(const Found& a, const Found& b) {
-  for (size_t d = 0; d < a.sizes.size(); ++d) {
-    if (a.sizes[d] == 0 || b.sizes[d] == 0) return false;
-    if (a.offsets[d] + a.sizes[d] <= b.offsets[d] ||
-        b.offsets[d] + b.sizes[d] <= a.offsets[d]) {
-      return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -289,33 +276,18 @@ absl::StatusOr<Metadata> BuildHfMetadata(
           "the shards of tensor \"", fqn, "\" make a tensor of shape ",
           ShapeToString(global), ", whose byte size overflows"));
     }
-    int64_t covered = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      if (__builtin_add_overflow(covered, NumElements(chunks[i].sizes),
-                                 &covered)) {
-        return absl::DataLossError(
-            absl::StrCat("the shards of tensor \"", fqn,
-                         "\" hold more elements than fit "
-                         "in 64 bits"));
-      }
-      for (size_t j = 0; j < i && chunks.size() <= kMaxOverlapCheckedChunks;
-           ++j) {
-        if (chunks[i].offsets == chunks[j].offsets ||
-            Overlap(chunks[i], chunks[j])) {
-          return absl::DataLossError(
-              absl::StrCat("shards of tensor \"", fqn, "\" overlap: at ",
-                           ShapeToString(chunks[j].offsets), " in ",
-                           sources[chunks[j].source].path, " and at ",
-                           ShapeToString(chunks[i].offsets), " in ",
-                           sources[chunks[i].source].path));
-        }
-      }
-    }
-    if (covered != NumElements(global)) {
+    // Every element in exactly one shard (the extent is the tensor, so the
+    // shards lie inside it).
+    std::vector<ChunkStorageMetadata> boxes;
+    boxes.reserve(chunks.size());
+    for (const Found& c : chunks) boxes.push_back({c.offsets, c.sizes});
+    absl::Status tiled = ValidateTiling(fqn, global, boxes, [&](size_t i) {
+      return absl::StrCat("at ", ShapeToString(chunks[i].offsets), " in ",
+                          sources[chunks[i].source].path);
+    });
+    if (!tiled.ok()) {
       return absl::DataLossError(
-          absl::StrCat("the shards of tensor \"", fqn, "\" cover ", covered,
-                       " of the ", NumElements(global),
-                       " elements of its shape ", ShapeToString(global)));
+          absl::StrCat("safetensors shards: ", tiled.message()));
     }
     TensorStorageMetadata tensor;
     tensor.properties.dtype = first_copy.dtype;

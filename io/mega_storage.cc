@@ -23,6 +23,7 @@
 #include "io/internal/sequential_writer.h"
 #include "io/mega_format.h"
 #include "nlohmann/json.hpp"
+#include "planner/chunk_geometry.h"
 #include "planner/plan_cache.h"
 #include "staging/device_staging.h"
 
@@ -646,42 +647,17 @@ absl::Status AddEntries(const std::string& file, const std::string& path,
   return absl::OkStatus();
 }
 
-int64_t Volume(const Shape& sizes) {
-  int64_t v = 1;
-  for (int64_t s : sizes) v *= s;
-  return v;
-}
-
 // The chunks of every tensor cover it exactly once.
 absl::Status CheckCoverage(const Metadata& metadata, const std::string& dir) {
   for (const auto& [name, value] : metadata.state_dict_metadata) {
     const auto* tensor = std::get_if<TensorStorageMetadata>(&value);
     if (tensor == nullptr) continue;
-    int64_t covered = 0;
-    const auto& chunks = tensor->chunks;
-    for (size_t a = 0; a < chunks.size(); ++a) {
-      covered += Volume(chunks[a].sizes);
-      for (size_t b = a + 1; b < chunks.size() && chunks.size() <= 4096; ++b) {
-        bool overlap =
-            Volume(chunks[a].sizes) > 0 && Volume(chunks[b].sizes) > 0;
-        for (size_t d = 0; d < tensor->size.size() && overlap; ++d) {
-          overlap =
-              chunks[a].offsets[d] <
-                  chunks[b].offsets[d] + chunks[b].sizes[d] &&
-              chunks[b].offsets[d] < chunks[a].offsets[d] + chunks[a].sizes[d];
-        }
-        if (overlap) {
-          return absl::DataLossError(
-              absl::StrCat(dir, ": chunks of tensor \"", name, "\" at ",
-                           ShapeToString(chunks[a].offsets), " and ",
-                           ShapeToString(chunks[b].offsets), " overlap"));
-        }
-      }
-    }
-    if (covered != Volume(tensor->size)) {
-      return absl::DataLossError(
-          absl::StrCat(dir, ": the chunks of tensor \"", name, "\" cover ",
-                       covered, " of its ", Volume(tensor->size), " elements"));
+    absl::Status tiled =
+        ValidateTiling(name, tensor->size, tensor->chunks, [&](size_t i) {
+          return absl::StrCat("at ", ShapeToString(tensor->chunks[i].offsets));
+        });
+    if (!tiled.ok()) {
+      return absl::DataLossError(absl::StrCat(dir, ": ", tiled.message()));
     }
   }
   return absl::OkStatus();

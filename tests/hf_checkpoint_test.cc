@@ -426,6 +426,25 @@ TEST(HfCheckpoint, SaveDistributedOnOneRankWritesShardsWithShardingInfo) {
   ExpectEqualStates(saved, loaded);
 }
 
+// Two shards that claim the same elements of a tensor: kDataLoss naming
+// both files (planner/chunk_geometry.h's ValidateTiling).
+TEST(HfCheckpoint, OverlappingShardsAreDataLoss) {
+  const std::string dir = MakeTempDir("hf_overlap");
+  StateDict saved{{"w", SeededTensor(DType::kF32, {8, 3}, 1)}};
+  HuggingFaceStorageWriterOptions options;
+  options.save_distributed = true;
+  ASSERT_TRUE(SaveHf(dir, saved, options).ok());
+  const std::string sharded = JoinPath(dir, kHfShardedDirName);
+  std::filesystem::copy_file(JoinPath(sharded, HfFileName(1, 1, 1)),
+                             JoinPath(sharded, HfFileName(1, 1, 2)));
+  StateDict loaded = ZerosLike(saved);
+  const absl::Status status = LoadHf(dir, loaded);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("overlap"));
+  EXPECT_THAT(status.message(), HasSubstr(HfFileName(1, 1, 1)));
+  EXPECT_THAT(status.message(), HasSubstr(HfFileName(1, 1, 2)));
+}
+
 TEST(HfCheckpoint, ConsolidationStreamsWithinItsBudget) {
   const std::string dir = MakeTempDir("hf_consolidate");
   StateDict saved;
