@@ -33,6 +33,7 @@ from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
 from .planner import DefaultLoadPlanner, DefaultSavePlanner
 from .process_group import ProcessGroup
 from .stateful import Stateful
+from .extensions import ExtensionRegistry, StreamTransformExtension, ZStandard
 from .storage import (FileSystemReader, FileSystemWriter,
                       HuggingFaceStorageReader, HuggingFaceStorageWriter,
                       MegaStorageReader, MegaStorageWriter,
@@ -59,7 +60,8 @@ __all__ = [
     "StagingOptions", "FileSystemWriter",
     "FileSystemReader", "SerializationFormat", "HuggingFaceStorageWriter",
     "HuggingFaceStorageReader", "QuantizedHuggingFaceStorageReader",
-    "MegaStorageWriter", "MegaStorageReader", "DefaultSavePlanner",
+    "MegaStorageWriter", "MegaStorageReader", "ZStandard",
+    "StreamTransformExtension", "ExtensionRegistry", "DefaultSavePlanner",
     "DefaultLoadPlanner", "Metadata", "TensorStorageMetadata",
     "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
     "MetadataIndex", "StorageMeta", "StorageInfo", "read_metadata",

@@ -16,6 +16,7 @@ import enum
 import os
 
 from . import _lib
+from .extensions import ExtensionRegistry, compression_of
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
            "HuggingFaceStorageWriter", "HuggingFaceStorageReader",
@@ -96,7 +97,9 @@ class FileSystemWriter(_Storage):
       staging buffers between saves in any case.
     overwrite: False refuses a directory that holds a checkpoint
       (CheckpointExistsError).
-    _extensions: must be None (stream transforms are not supported).
+    _extensions: None, or [dcp.ZStandard(level)] (dcp.extensions), the
+      same as compression="zstd[:level]"; any other transform raises
+      NotImplementedError.
     serialization_format: TORCH_SAVE (dcp's format) or SAFETENSORS (each
       data file also a safetensors file; written buffered; with
       compression the save raises ValueError).
@@ -116,10 +119,13 @@ class FileSystemWriter(_Storage):
                  serialization_format: SerializationFormat =
                  SerializationFormat.TORCH_SAVE, *, direct_io=None,
                  compression=None):
-        if _extensions:
-            raise NotImplementedError(
-                "FileSystemWriter: stream transform _extensions are not "
-                "supported by dcp")
+        chosen = compression_of(_extensions)
+        if chosen is not None:
+            if compression not in (None, "none", chosen):
+                raise ValueError(
+                    f"FileSystemWriter: _extensions asks for {chosen!r} and "
+                    f"compression for {compression!r}; give one of them")
+            compression = chosen
         if not isinstance(serialization_format, SerializationFormat):
             raise TypeError(
                 f"FileSystemWriter: serialization_format must be a "
@@ -181,7 +187,8 @@ class FileSystemWriter(_Storage):
 class FileSystemReader(_Storage):
     """Reads the checkpoint in directory `path`.
 
-    _extension_registry: must be None. thread_count and direct_io (dcp only,
+    _extension_registry: None or a dcp.ExtensionRegistry (loads decode
+    the engine's extensions, zstd, either way). thread_count and direct_io (dcp only,
     keywords): reader threads, and O_DIRECT reads (None: buffered reads
     when most destination bytes are host memory that is not 4 KiB aligned,
     as torch's CPU tensors are, which O_DIRECT cannot read into; else the
@@ -190,10 +197,12 @@ class FileSystemReader(_Storage):
 
     def __init__(self, path, _extension_registry=None, *,
                  thread_count: int = 1, direct_io=None):
-        if _extension_registry is not None:
-            raise NotImplementedError(
-                "FileSystemReader: _extension_registry is not supported by "
-                "dcp")
+        if _extension_registry is not None and not isinstance(
+                _extension_registry, ExtensionRegistry):
+            raise TypeError(
+                f"FileSystemReader: _extension_registry must be a "
+                f"dcp.ExtensionRegistry or None, not "
+                f"{type(_extension_registry).__name__}")
         if thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, not {thread_count}")
         self.path = os.fspath(path)

@@ -304,6 +304,34 @@ def test_zstd_compression_round_trips_and_shrinks(tmp_path):
             str(tmp_path / "bad"), compression="zstd:99"))
 
 
+def test_seed_extensions_select_zstd(tmp_path):
+    state = {"w": torch.arange(200_000, dtype=torch.float32) % 7}
+    packed = str(tmp_path / "zstd")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(
+        packed, _extensions=[dcp.ZStandard(level=5)]))
+    md = dcp.FileSystemReader(packed).read_metadata()
+    stored = [info for info in md.storage_data.values()]
+    assert stored and all(info.length < 800_000 for info in stored)
+    dst = {"w": torch.zeros(200_000)}
+    dcp.load(dst, storage_reader=dcp.FileSystemReader(
+        packed, _extension_registry=dcp.ExtensionRegistry()))
+    assert torch.equal(dst["w"], state["w"])
+
+    class Rot13(dcp.StreamTransformExtension):
+        pass
+    with pytest.raises(NotImplementedError, match="Rot13"):
+        dcp.FileSystemWriter(str(tmp_path / "x"), _extensions=[Rot13()])
+    with pytest.raises(NotImplementedError, match="Rot13"):
+        dcp.ExtensionRegistry().register(Rot13)
+    with pytest.raises(ValueError, match="outside 1-22"):
+        dcp.ZStandard(level=99)
+    with pytest.raises(ValueError, match="give one"):
+        dcp.FileSystemWriter(str(tmp_path / "y"), compression="zstd:1",
+                             _extensions=[dcp.ZStandard(level=5)])
+    with pytest.raises(TypeError, match="ExtensionRegistry"):
+        dcp.FileSystemReader(packed, _extension_registry=object())
+
+
 def test_overwrite_false_refuses_an_existing_checkpoint(ckpt):
     dcp.save({"a": torch.ones(1)}, checkpoint_id=ckpt)
     with pytest.raises(dcp.CheckpointExistsError) as e:
