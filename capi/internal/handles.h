@@ -17,10 +17,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "capi/internal/last_error.h"
 #include "capi/internal/registry.h"
 #include "comm/process_group.h"
 #include "core/future.h"
 #include "core/state_dict.h"
+#include "core/status.h"
 #include "dcp/dcp.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
@@ -105,7 +107,7 @@ struct dcp_process_group {
 
   std::unique_ptr<dcp::comm::ProcessGroup> group;
   // Saves and loads using the group now (guarded by the library's group
-  // lock, see c_api.cc): a group in use cannot be freed.
+  // lock, see capi/internal/group_pin.h): a group in use cannot be freed.
   int users = 0;
 };
 
@@ -125,5 +127,20 @@ struct dcp_stager {
   // Shared with the async saves staging through it, until their uploads end.
   std::shared_ptr<dcp::DefaultStager> stager;
 };
+
+namespace dcp::capi {
+
+// dcp_*_free: NULL is a no-op; a live handle is forgotten, then deleted.
+template <typename H>
+int FreeHandle(H* handle) {
+  return Guard([&]() -> absl::Status {
+    if (handle == nullptr) return absl::OkStatus();
+    DCP_RETURN_IF_ERROR(UnregisterHandle(handle, H::kType));
+    delete handle;
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace dcp::capi
 
 #endif  // DCP_CAPI_INTERNAL_HANDLES_H_

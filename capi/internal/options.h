@@ -45,6 +45,16 @@ absl::StatusOr<T> ReadVersioned(const T* in, const char* type_name) {
   return out;
 }
 
+// An output pointer: kInvalidArgument naming `what` when it is NULL.
+template <typename T>
+absl::Status CheckOut(T* out, const char* what) {
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the output pointer ", what, " is NULL"));
+  }
+  return absl::OkStatus();
+}
+
 // An output struct the caller sized: checks `out` (not NULL, struct_size)
 // before the call fills anything.
 template <typename T>

@@ -42,6 +42,10 @@ bool IsKey(const PathElement& element) {
 
 }  // namespace
 
+std::string PathPrefix(const ObjectPath& path) {
+  return absl::StrCat("state dict path \"", PathToString(path), "\"");
+}
+
 absl::StatusOr<ObjectPath> PathFromC(const dcp_path_t& path) {
   if (path.len == 0) {
     return absl::InvalidArgumentError("state dict path is empty (len 0)");

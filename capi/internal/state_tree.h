@@ -7,12 +7,17 @@
 #ifndef DCP_CAPI_INTERNAL_STATE_TREE_H_
 #define DCP_CAPI_INTERNAL_STATE_TREE_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/state_dict.h"
 #include "dcp/dcp.h"
 
 namespace dcp::capi {
+
+// "state dict path \"a.b\"", the start of messages about `path`.
+std::string PathPrefix(const ObjectPath& path);
 
 // The path as an ObjectPath. kInvalidArgument for an empty path, NULL
 // elems, a negative list index, or a first element that is not a key (the

@@ -1,0 +1,243 @@
+// The C ABI's checkpoint metadata (dcp_metadata_*): reading it from a
+// checkpoint or through a storage reader, and its items, chunks, paths and
+// storage entries.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "capi/internal/handles.h"
+#include "capi/internal/last_error.h"
+#include "capi/internal/options.h"
+#include "capi/internal/registry.h"
+#include "core/state_dict.h"
+#include "core/status.h"
+#include "dcp/dcp.h"
+#include "io/file_system_storage.h"
+#include "planner/metadata.h"
+
+namespace dcp::capi {
+namespace {
+
+absl::StatusOr<const MetadataItem*> ItemAt(const dcp_metadata& md,
+                                           size_t index) {
+  if (index >= md.items.size()) {
+    return absl::OutOfRangeError(absl::StrCat("metadata item index ", index,
+                                              " is out of range; there are ",
+                                              md.items.size(), " items"));
+  }
+  return &md.items[index];
+}
+
+}  // namespace
+}  // namespace dcp::capi
+
+using dcp::capi::CheckOut;
+using dcp::capi::Guard;
+using dcp::capi::Publish;
+using dcp::capi::Resolve;
+
+extern "C" {
+
+int dcp_metadata_read(const char* checkpoint_id, dcp_metadata_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_metadata_t**"));
+    if (checkpoint_id == nullptr || checkpoint_id[0] == '\0') {
+      return absl::InvalidArgumentError(
+          "dcp_metadata_read: checkpoint_id is NULL or empty");
+    }
+    // As `dcp inspect`: the reader's own metadata read and validation.
+    dcp::FileSystemReader reader(checkpoint_id);
+    DCP_RETURN_IF_ERROR(reader.Reset(checkpoint_id));
+    DCP_ASSIGN_OR_RETURN(dcp::Metadata metadata, reader.ReadMetadata());
+    *out = Publish(new dcp_metadata(std::move(metadata)));
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_free(dcp_metadata_t* md) { return dcp::capi::FreeHandle(md); }
+
+int dcp_metadata_num_items(const dcp_metadata_t* md, size_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "size_t*"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    *out = h->items.size();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_item(const dcp_metadata_t* md, size_t index,
+                      dcp_item_info_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(dcp::capi::CheckOutStruct(out, "dcp_item_info_t"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    DCP_ASSIGN_OR_RETURN(const MetadataItem* item,
+                         dcp::capi::ItemAt(*h, index));
+    dcp_item_info_t info = {};
+    info.name = item->name->c_str();
+    info.path_len = item->path.size();
+    if (item->tensor != nullptr) {
+      info.is_tensor = 1;
+      info.dtype = static_cast<int32_t>(item->tensor->properties.dtype);
+      info.ndim = static_cast<int32_t>(item->tensor->size.size());
+      info.shape = item->tensor->size.data();
+      info.num_chunks = item->tensor->chunks.size();
+      info.requires_grad = item->tensor->properties.requires_grad ? 1 : 0;
+    }
+    dcp::capi::WriteVersioned(info, out);
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
+                      size_t* index) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(index, "size_t* index"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (name == nullptr) {
+      return absl::InvalidArgumentError("dcp_metadata_find: name is NULL");
+    }
+    const std::string key = name;
+    const auto it =
+        std::lower_bound(h->items.begin(), h->items.end(), key,
+                         [](const MetadataItem& item, const std::string& k) {
+                           return *item.name < k;
+                         });
+    if (it == h->items.end() || *it->name != key) {
+      return absl::NotFoundError(
+          absl::StrCat("the checkpoint has no item named \"", key, "\""));
+    }
+    *index = static_cast<size_t>(it - h->items.begin());
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_chunk(const dcp_metadata_t* md, size_t index, size_t chunk,
+                       const int64_t** offsets, const int64_t** sizes) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(offsets, "offsets"));
+    DCP_RETURN_IF_ERROR(CheckOut(sizes, "sizes"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    DCP_ASSIGN_OR_RETURN(const MetadataItem* item,
+                         dcp::capi::ItemAt(*h, index));
+    if (item->tensor == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata item \"", *item->name,
+                       "\" is a plain value, not a tensor: it has no chunks"));
+    }
+    if (chunk >= item->tensor->chunks.size()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "chunk ", chunk, " of tensor \"", *item->name,
+          "\" is out of range; it has ", item->tensor->chunks.size()));
+    }
+    *offsets = item->tensor->chunks[chunk].offsets.data();
+    *sizes = item->tensor->chunks[chunk].sizes.data();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index, size_t elem,
+                           dcp_path_elem_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_path_elem_t*"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    DCP_ASSIGN_OR_RETURN(const MetadataItem* item,
+                         dcp::capi::ItemAt(*h, index));
+    if (elem >= item->path.size()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("path element ", elem, " of item \"", *item->name,
+                       "\" is out of range; its path has ", item->path.size()));
+    }
+    const dcp::PathElement& element = item->path[elem];
+    if (const auto* key = std::get_if<std::string>(&element)) {
+      out->key = key->c_str();
+      out->index = -1;
+    } else {
+      out->key = nullptr;
+      out->index = std::get<int64_t>(element);
+    }
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_version(const dcp_metadata_t* md, const char** version) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(version, "const char** version"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    *version = h->metadata.version.c_str();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_num_storage(const dcp_metadata_t* md, size_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "size_t*"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    *out = h->storage.size();
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_storage(const dcp_metadata_t* md, size_t index,
+                         dcp_storage_info_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(dcp::capi::CheckOutStruct(out, "dcp_storage_info_t"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (index >= h->storage.size()) {
+      return absl::OutOfRangeError(absl::StrCat("storage entry index ", index,
+                                                " is out of range; there are ",
+                                                h->storage.size(), " entries"));
+    }
+    const auto& [key, where] = *h->storage[index];
+    dcp_storage_info_t info = {};
+    info.name = key.fqn.c_str();
+    if (key.offset.has_value()) {
+      info.has_offsets = 1;
+      info.ndim = static_cast<int32_t>(key.offset->size());
+      info.offsets = key.offset->data();
+    }
+    info.relative_path = where.relative_path.c_str();
+    info.offset = where.offset;
+    info.length = where.length;
+    dcp::capi::WriteVersioned(info, out);
+    return absl::OkStatus();
+  });
+}
+
+int dcp_storage_reader_read_metadata(dcp_storage_reader_t* reader,
+                                     const char* checkpoint_id,
+                                     dcp_metadata_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_metadata_t**"));
+    DCP_ASSIGN_OR_RETURN(dcp_storage_reader * r, Resolve(reader));
+    if (checkpoint_id != nullptr) {
+      if (checkpoint_id[0] == '\0') {
+        return absl::InvalidArgumentError(
+            "dcp_storage_reader_read_metadata: checkpoint_id is empty (pass "
+            "NULL to keep the reader's location)");
+      }
+      DCP_RETURN_IF_ERROR(r->reader->Reset(checkpoint_id));
+    } else {
+      DCP_RETURN_IF_ERROR(r->reader->Reset(""));
+    }
+    DCP_ASSIGN_OR_RETURN(dcp::Metadata metadata, r->reader->ReadMetadata());
+    *out = Publish(new dcp_metadata(std::move(metadata)));
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_ids(const dcp_metadata_t* md, const char** checkpoint_id,
+                     const char** save_id) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (checkpoint_id != nullptr) *checkpoint_id = h->checkpoint_id.c_str();
+    if (save_id != nullptr) *save_id = h->save_id.c_str();
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
