@@ -11,7 +11,6 @@ import copy
 import dataclasses
 import datetime
 import importlib
-import importlib.util
 import os
 import pathlib
 import sys
@@ -36,16 +35,14 @@ def _load_module():
             return dcp.state_dict
         except ImportError:
             pass  # e.g. libdcp.so not built yet: this module needs only torch.
+    # A stand-in package over python/dcp whose __init__.py does not run, so
+    # that state_dict.py's relative imports of its parts resolve.
     name = "_dcp_state_dict_under_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, _PYTHON_DIR / "dcp" / "state_dict.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(_PYTHON_DIR / "dcp")]
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.state_dict")
 
 
 sd = _load_module()

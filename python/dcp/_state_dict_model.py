@@ -1,0 +1,225 @@
+"""Models for dcp.state_dict: canonical parameter names, model get and set.
+
+_ModelIndex maps state_dict and named_parameters names to canonical FQNs
+(wrapper components dropped) and parameters to their FQNs; the model's state
+dict is built and loaded through it. Private to dcp.state_dict, whose
+docstring states the contracts.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.module import _IncompatibleKeys
+
+from ._state_dict_dist import (_broadcast_tree, _comm_device,
+                               _gather_and_offload, _is_dtensor, _localize,
+                               _rank)
+
+if TYPE_CHECKING:
+    from .state_dict import StateDictOptions
+
+
+# --------------------------------------------------------------------------
+# Parameter names.
+
+
+def _wrapper_child(obj: Any, name: str) -> Any:
+    """The wrapped module if `name` is `obj`'s wrapper component, else None."""
+    if not isinstance(obj, nn.Module):
+        return None
+    if name == "module" and isinstance(
+        obj, torch.nn.parallel.DistributedDataParallel
+    ):
+        return obj.module
+    if name == "_orig_mod":
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        if eval_frame is not None and isinstance(obj, eval_frame.OptimizedModule):
+            return obj._orig_mod
+    if name == "_checkpoint_wrapped_module":
+        return getattr(obj, name, None)
+    return None
+
+
+def _refuse_flat_parameters(model: nn.Module) -> None:
+    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if fsdp is None:
+        return
+    if any(isinstance(m, fsdp.FullyShardedDataParallel) for m in model.modules()):
+        raise NotImplementedError(
+            "FullyShardedDataParallel (FSDP1) flat parameters are not supported; "
+            "use fully_shard (FSDP2), whose parameters are DTensors"
+        )
+
+
+class _ModelIndex:
+    """Canonical FQNs of one model's state dict keys and parameters."""
+
+    def __init__(self, model: nn.Module, fqn_modifiers: str) -> None:
+        _refuse_flat_parameters(model)
+        self.model = model
+        self._fqn_modifiers = fqn_modifiers
+        self._canonical_cache: dict[str, str] = {}
+        # id(param) -> (param, canonical FQNs in module order).
+        self._params: dict[int, tuple[torch.Tensor, list[str]]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            entry = self._params.setdefault(id(param), (param, []))
+            fqn = self.canonical(name)
+            if fqn not in entry[1]:
+                entry[1].append(fqn)
+        self.fqn_to_param: dict[str, torch.Tensor] = {
+            fqn: param for param, fqns in self._params.values() for fqn in fqns
+        }
+
+    def canonical(self, key: str) -> str:
+        """`key` (a state_dict or named_parameters name) without wrapper parts."""
+        cached = self._canonical_cache.get(key)
+        if cached is not None:
+            return cached
+        kept = []
+        obj: Any = self.model
+        for name in key.split("."):
+            inner = _wrapper_child(obj, name)
+            if inner is not None:
+                obj = inner
+                continue
+            kept.append(name)
+            obj = self._child(obj, name)
+        fqn = ".".join(kept)
+        self._canonical_cache[key] = fqn
+        return fqn
+
+    def _child(self, obj: Any, name: str) -> Any:
+        if not isinstance(obj, nn.Module):
+            return None
+        child = obj._modules.get(name)
+        if child is not None:
+            return child
+        modifiers = getattr(obj, self._fqn_modifiers, None)
+        if callable(modifiers):
+            hidden = modifiers().get(name)
+            if hidden is not None:
+                return getattr(getattr(obj, hidden, None), name, None)
+        return None
+
+    def fqns(self, param: torch.Tensor) -> list[str]:
+        """Every canonical FQN of `param`; ValueError if it is not the model's."""
+        entry = self._params.get(id(param))
+        if entry is None:
+            raise ValueError(
+                "an optimizer holds a parameter of shape "
+                f"{tuple(param.shape)} that is not a parameter of the model"
+            )
+        return entry[1]
+
+    def frozen_fqns(self) -> set[str]:
+        return {
+            fqn
+            for param, fqns in self._params.values()
+            if not param.requires_grad
+            for fqn in fqns
+        }
+
+
+def _submodule_prefixes(
+    index: _ModelIndex, submodules: Iterable[nn.Module]
+) -> list[str]:
+    wanted = {id(m) for m in submodules}
+    prefixes = []
+    for name, module in index.model.named_modules():
+        if id(module) in wanted:
+            fqn = index.canonical(name) if name else ""
+            prefixes.append(f"{fqn}." if fqn else "")
+    return prefixes
+
+
+# --------------------------------------------------------------------------
+# Model.
+
+
+def _model_state_dict(
+    model: nn.Module,
+    index: _ModelIndex,
+    submodules: Iterable[nn.Module] | None,
+    options: StateDictOptions,
+) -> dict[str, Any]:
+    raw = model.state_dict()
+    state: dict[str, Any] = {}
+    for key, value in raw.items():
+        fqn = index.canonical(key)
+        if fqn in state:
+            raise RuntimeError(
+                f"state_dict keys {key!r} and another both name {fqn!r} "
+                "once wrapper prefixes are removed"
+            )
+        state[fqn] = value
+    if options.ignore_frozen_params:
+        for fqn in index.frozen_fqns():
+            state.pop(fqn, None)
+    if submodules is not None:
+        prefixes = _submodule_prefixes(index, submodules)
+        selected: dict[str, Any] = {}
+        for fqn, value in state.items():
+            for prefix in prefixes:
+                if fqn.startswith(prefix):
+                    key = fqn if options.keep_submodule_prefixes else fqn[len(prefix):]
+                    selected[key] = value
+                    break
+        state = selected
+    return _gather_and_offload(state, options)
+
+
+@torch.no_grad()
+def _load_model(
+    model: nn.Module,
+    index: _ModelIndex,
+    state_dict: Mapping[str, Any],
+    options: StateDictOptions,
+) -> _IncompatibleKeys:
+    local = model.state_dict(keep_vars=True)
+    key_of = {index.canonical(key): key for key in local}
+    templates = {fqn: local[key] for fqn, key in key_of.items()}
+
+    if options.broadcast_from_rank0:
+        source = dict(state_dict) if _rank() == 0 else None
+        state_dict = _broadcast_tree(
+            source,
+            _comm_device(templates.values()),
+            lambda path, t: _localize(t, templates.get(path[0])),
+        )
+    assign = any(
+        isinstance(v, torch.Tensor)
+        and (v.to_local() if _is_dtensor(v) else v).device.type == "meta"
+        for v in local.values()
+    )
+    to_load = {}
+    for fqn, value in state_dict.items():
+        key = key_of.get(fqn, fqn)
+        to_load[key] = _localize(value, local.get(key))
+    # strict=False so that the error, if any, names canonical FQNs.
+    result = model.load_state_dict(to_load, strict=False, assign=assign)
+    fqn_of = {key: fqn for fqn, key in key_of.items()}
+    missing = [fqn_of.get(k, k) for k in result.missing_keys]
+    if options.ignore_frozen_params:
+        frozen = index.frozen_fqns()
+        missing = [k for k in missing if k not in frozen]
+    unexpected = [fqn_of.get(k, k) for k in result.unexpected_keys]
+    if options.strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(
+                "Missing key(s) in state_dict: " + ", ".join(map(repr, missing))
+            )
+        if unexpected:
+            parts.append(
+                "Unexpected key(s) in state_dict: " + ", ".join(map(repr, unexpected))
+            )
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: "
+            + ". ".join(parts)
+        )
+    return _IncompatibleKeys(missing, unexpected)

@@ -1,0 +1,367 @@
+"""Optimizers for dcp.state_dict: optimizer state keyed by parameter FQNs.
+
+Getting (nested or flat), setting (each optimizer takes its own parameters'
+entries, checked before any optimizer changes), and creating the state of an
+optimizer that has never stepped. Private to dcp.state_dict, whose docstring
+states the contracts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._state_dict_dist import (_broadcast_tree, _comm_device,
+                               _gather_and_offload, _is_dtensor, _localize,
+                               _rank)
+from ._state_dict_model import _ModelIndex
+
+if TYPE_CHECKING:
+    from .state_dict import StateDictOptions
+
+_STATE = "state"
+_PARAM_GROUPS = "param_groups"
+_PARAMS = "params"
+
+
+def _as_optimizers(optimizers: Any) -> tuple[torch.optim.Optimizer, ...]:
+    if isinstance(optimizers, torch.optim.Optimizer):
+        result: tuple = (optimizers,)
+    else:
+        result = tuple(optimizers)
+    if not result:
+        raise ValueError("no optimizer was passed")
+    for optim in result:
+        if not isinstance(optim, torch.optim.Optimizer):
+            raise TypeError(f"not a torch.optim.Optimizer: {type(optim).__name__}")
+    return result
+
+
+# --------------------------------------------------------------------------
+# Lazily created optimizer state.
+
+
+@torch.no_grad()
+def _init_optimizer_state(optim: torch.optim.Optimizer) -> None:
+    """Creates the state of an optimizer that has none: one step, lr 0, zero grads."""
+    if optim.state:
+        return
+    params = [
+        p for group in optim.param_groups for p in group[_PARAMS] if p.requires_grad
+    ]
+    if not params:
+        return
+    grads = [p.grad for p in params]
+    lrs = [group.get("lr") for group in optim.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for group in optim.param_groups:
+            lr = group.get("lr")
+            if isinstance(lr, torch.Tensor):
+                group["lr"] = torch.zeros_like(lr)
+            elif lr is not None:
+                group["lr"] = 0.0
+        optim.step()
+    finally:
+        for group, lr in zip(optim.param_groups, lrs):
+            if lr is not None:
+                group["lr"] = lr
+        for p, grad in zip(params, grads):
+            p.grad = grad
+
+
+# --------------------------------------------------------------------------
+# Optimizer.
+
+
+def _optimizer_state_dict(
+    index: _ModelIndex,
+    optimizers: tuple[torch.optim.Optimizer, ...],
+    options: StateDictOptions,
+) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    groups: list[dict[str, Any]] = []
+    for optim in optimizers:
+        _init_optimizer_state(optim)
+        native = optim.state_dict()
+        if len(native[_PARAM_GROUPS]) != len(optim.param_groups):
+            raise RuntimeError(
+                f"{type(optim).__name__}.state_dict() has "
+                f"{len(native[_PARAM_GROUPS])} param groups, the optimizer "
+                f"{len(optim.param_groups)}"
+            )
+        for saved, group in zip(native[_PARAM_GROUPS], optim.param_groups):
+            fqns = []
+            for pid, param in zip(saved[_PARAMS], group[_PARAMS]):
+                fqn = index.fqns(param)[0]
+                fqns.append(fqn)
+                if pid in native[_STATE]:
+                    if fqn in state:
+                        raise ValueError(
+                            f"parameter {fqn!r} is held by more than one optimizer"
+                        )
+                    # A copy of the entry's dict; its tensors stay shared.
+                    state[fqn] = dict(native[_STATE][pid])
+            entry = {k: v for k, v in saved.items() if k != _PARAMS}
+            entry[_PARAMS] = fqns
+            groups.append(entry)
+    result: dict[str, Any] = {_STATE: state, _PARAM_GROUPS: groups}
+    if options.flatten_optimizer_state_dict:
+        result = _flatten_optimizer(result)
+    return _gather_and_offload(result, options)
+
+
+def _flatten_optimizer(nested: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{prefix}.{k}", v)
+        else:
+            flat[prefix] = value
+
+    for fqn, entry in nested[_STATE].items():
+        put(f"{_STATE}.{fqn}", entry)
+    for group in nested[_PARAM_GROUPS]:
+        for fqn in group[_PARAMS]:
+            for k, v in group.items():
+                if k != _PARAMS:
+                    flat[f"{_PARAM_GROUPS}.{fqn}.{k}"] = v
+    return flat
+
+
+class _LoadedOptimizerState:
+    """A loaded optimizer state dict (nested or flat) indexed by parameter FQN."""
+
+    def __init__(self, source: Mapping[str, Any], index: _ModelIndex) -> None:
+        # fqn -> state entry; fqn -> group hyperparameters (without params).
+        self.state: dict[str, Any] = {}
+        self.group_of: dict[str, dict[str, Any]] = {}
+        # Hyperparameters of loaded groups without parameters, in order.
+        self.empty_groups: list[dict[str, Any]] = []
+        if _STATE in source or _PARAM_GROUPS in source:
+            self._read_nested(source)
+        else:
+            self._read_flat(source, index)
+
+    def _read_nested(self, source: Mapping[str, Any]) -> None:
+        self.state = dict(source.get(_STATE, {}))
+        for group in source.get(_PARAM_GROUPS, []):
+            hyper = {k: v for k, v in group.items() if k != _PARAMS}
+            params = group.get(_PARAMS, [])
+            if not params:
+                self.empty_groups.append(hyper)
+            for fqn in params:
+                self.group_of[fqn] = hyper
+
+    def _read_flat(self, source: Mapping[str, Any], index: _ModelIndex) -> None:
+        known = index.fqn_to_param
+        for key, value in source.items():
+            section, _, rest = key.partition(".")
+            if section not in (_STATE, _PARAM_GROUPS):
+                continue
+            # The FQN is the longest dotted prefix of `rest` naming a parameter;
+            # parameters are leaves, so at most one prefix can.
+            parts = rest.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                fqn = ".".join(parts[:cut])
+                if fqn in known:
+                    break
+            else:
+                continue
+            tail = parts[cut:]
+            if section == _PARAM_GROUPS:
+                self.group_of.setdefault(fqn, {})[".".join(tail)] = value
+            else:
+                node = self.state.setdefault(fqn, {})
+                for part in tail[:-1]:
+                    node = node.setdefault(part, {})
+                node[tail[-1]] = value
+
+    def find(self, fqns: list[str]) -> str | None:
+        """The first of a parameter's FQNs that the loaded state dict names."""
+        for fqn in fqns:
+            if fqn in self.state or fqn in self.group_of:
+                return fqn
+        return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and bool(torch.equal(a.cpu(), b.cpu()))
+        )
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 (values that cannot compare differ)
+        return False
+
+
+def _can_copy_into(current: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether current.copy_(value) loads value without changing its meaning."""
+    if current.shape != value.shape or current.dtype != value.dtype:
+        return False
+    if _is_dtensor(current) or _is_dtensor(value):
+        return (
+            _is_dtensor(current)
+            and _is_dtensor(value)
+            and current.device == value.device
+            and current.device_mesh == value.device_mesh
+            and tuple(current.placements) == tuple(value.placements)
+        )
+    return True  # copy_ moves between devices
+
+
+def _localize_entry(entry: Any, current: Any, param: torch.Tensor) -> Any:
+    """A loaded per-parameter state entry the optimizer can own.
+
+    Full tensors are re-sharded like the current state (or the parameter).
+    Values are copied into the optimizer's current tensors where shape and
+    dtype (and placements) match, on whatever device those are, else cloned: Optimizer.load_state_dict keeps the tensors
+    it is given, and it must not share them with the caller's state dict.
+    """
+    if isinstance(entry, dict):
+        current = current if isinstance(current, dict) else {}
+        return {k: _localize_entry(v, current.get(k), param) for k, v in entry.items()}
+    if not isinstance(entry, torch.Tensor):
+        return entry
+    like = current if isinstance(current, torch.Tensor) else param
+    value = _localize(entry, like)
+    if isinstance(current, torch.Tensor) and _can_copy_into(current, value):
+        if value is not current:
+            current.copy_(value)
+        return current
+    return value if value is not entry else value.detach().clone()
+
+
+@torch.no_grad()
+def _load_optimizers(
+    index: _ModelIndex,
+    optimizers: tuple[torch.optim.Optimizer, ...],
+    source: Mapping[str, Any],
+    options: StateDictOptions,
+) -> None:
+    for optim in optimizers:
+        _init_optimizer_state(optim)
+    if options.broadcast_from_rank0:
+        source = _broadcast_optimizer_source(index, optimizers, source)
+    loaded = _LoadedOptimizerState(source, index)
+    empty_groups = iter(loaded.empty_groups)
+    # Everything is checked before any optimizer changes, so a strict error
+    # leaves them as they were.
+    plans = []
+    for optim in optimizers:
+        # pid -> (loaded entry or None to keep the current one, param).
+        entries: dict[int, tuple[Any, torch.Tensor]] = {}
+        native_groups: list[dict[str, Any]] = []
+        pid = 0
+        for group in optim.param_groups:
+            hyper: dict[str, Any] | None = None
+            hyper_from = None
+            ids = []
+            if not group[_PARAMS]:
+                hyper = next(empty_groups, None)
+            for param in group[_PARAMS]:
+                fqns = index.fqns(param)
+                fqn = loaded.find(fqns)
+                if fqn is not None and fqn in loaded.state:
+                    entries[pid] = (loaded.state[fqn], param)
+                elif optim.state.get(param):
+                    if options.strict and param.requires_grad:
+                        raise RuntimeError(
+                            f"optimizer state for parameter {fqns[0]!r} is missing "
+                            "from the state dict (StateDictOptions(strict=False) "
+                            "keeps the optimizer's current state)"
+                        )
+                    entries[pid] = (None, param)
+                if fqn is not None and fqn in loaded.group_of:
+                    candidate = loaded.group_of[fqn]
+                    if hyper is None:
+                        hyper, hyper_from = candidate, fqn
+                    elif candidate is not hyper:
+                        for k in set(hyper) | set(candidate):
+                            if not _same_value(hyper.get(k), candidate.get(k)):
+                                raise RuntimeError(
+                                    f"parameters {hyper_from!r} and {fqn!r} share "
+                                    f"a param group but their saved {k!r} differ: "
+                                    f"{hyper.get(k)!r} vs {candidate.get(k)!r}"
+                                )
+                elif options.strict:
+                    raise RuntimeError(
+                        f"param group settings for parameter {fqns[0]!r} are "
+                        "missing from the state dict"
+                    )
+                ids.append(pid)
+                pid += 1
+            # Keys the state dict lacks keep the optimizer's current values.
+            entry = {k: v for k, v in group.items() if k != _PARAMS}
+            entry.update(hyper or {})
+            entry[_PARAMS] = ids
+            native_groups.append(entry)
+        plans.append((optim, entries, native_groups))
+
+    for optim, entries, native_groups in plans:
+        native_state = {}
+        for pid, (entry, param) in entries.items():
+            current = optim.state.get(param, {})
+            native_state[pid] = (
+                current if entry is None else _localize_entry(entry, current, param)
+            )
+        optim.load_state_dict({_STATE: native_state, _PARAM_GROUPS: native_groups})
+
+
+def _broadcast_optimizer_source(
+    index: _ModelIndex,
+    optimizers: tuple[torch.optim.Optimizer, ...],
+    source: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Rank 0's optimizer state dict on every rank, tensors re-sharded on arrival."""
+    current: dict[str, Any] = {}
+    for optim in optimizers:
+        for param, entry in optim.state.items():
+            for fqn in index.fqns(param):
+                current[fqn] = (param, entry)
+
+    def place(path: tuple, tensor: torch.Tensor) -> torch.Tensor:
+        # Nested: ("state", fqn, name, ...); flat: ("state.<fqn>.<name>",).
+        if path and path[0] == _STATE and len(path) >= 3:
+            fqn, names = path[1], list(path[2:])
+        elif len(path) == 1 and isinstance(path[0], str) and path[0].startswith(
+            _STATE + "."
+        ):
+            parts = path[0].split(".")[1:]
+            for cut in range(len(parts) - 1, 0, -1):
+                if ".".join(parts[:cut]) in current:
+                    break
+            else:
+                return tensor
+            fqn, names = ".".join(parts[:cut]), parts[cut:]
+        else:
+            return tensor
+        if fqn not in current:
+            return tensor
+        param, like = current[fqn]
+        for name in names:
+            like = like.get(name) if isinstance(like, dict) else None
+        if not isinstance(like, torch.Tensor):
+            like = param
+        return _localize(tensor, like)
+
+    templates = [param for param, _ in current.values()]
+    templates += [
+        p
+        for optim in optimizers
+        for group in optim.param_groups
+        for p in group[_PARAMS]
+    ]
+    tree = dict(source) if _rank() == 0 else None
+    return _broadcast_tree(tree, _comm_device(templates), place)
