@@ -1,7 +1,8 @@
 // Internal to io/'s Hugging Face storage (io/hf_storage.h): what its
 // writer, reader and consolidation share. Names checked as untrusted input,
 // the element ranges a box of a stored chunk needs, dcp Metadata built from
-// safetensors headers, and a synchronous box read used by consolidation.
+// safetensors headers, a synchronous box read used by consolidation, and
+// the checkpoint files a save completes, cleans up and replaces.
 #ifndef DCP_IO_INTERNAL_HF_INTERNAL_H_
 #define DCP_IO_INTERNAL_HF_INTERNAL_H_
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -100,6 +102,22 @@ absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
                              const TensorView& dst,
                              absl::Span<const int64_t> dst_offsets,
                              AlignedBuffer& buffer, int64_t max_gap_bytes);
+
+// The checkpoint files a save finds in its directory (io/hf_files.cc).
+
+// Completes the commit a journal in `dir` records, if there is one.
+absl::Status RollForward(FileSystemBase& fs, const std::string& dir, bool sync);
+
+// Removes the temporary files of interrupted saves from `dir` (and
+// sharded/): names ".NAME.tmp-<save id>", nothing else.
+void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir);
+
+// The files of the checkpoint in `dir` that a new save replaces: the
+// single file, the index and what it names, the files a Hugging Face
+// writer names `model-N-of-M`, and the shards in sharded/. Never other
+// files (a LoRA adapter, a tokenizer).
+std::set<std::string> ReplaceableFiles(FileSystemBase& fs,
+                                       const std::string& dir);
 
 }  // namespace dcp::internal_hf
 
