@@ -2,11 +2,11 @@
 // CPU caches (non-temporal stores), as a DMA copy engine does.
 //
 // Why: staging copies hundreds of MiB that nobody reads again soon. glibc's
-// memcpy switches to non-temporal stores only above a large threshold (about
-// 100 MiB on the build machines), so a state copied in 8 MiB pieces pays for
-// read-for-ownership traffic and cache pollution, measured at ~1.6x the time
-// of one large memcpy. The host-memory runtime uses it for its "device"
-// copies and the stager for CPU tensors.
+// memcpy switches to non-temporal stores only above a large threshold (far
+// above a staging piece), so a state copied in pieces would pay for
+// read-for-ownership traffic and cache pollution that one large memcpy does
+// not. The host-memory runtime uses it for its "device" copies and the
+// stager for CPU tensors.
 #ifndef DCP_CUDA_HOST_COPY_H_
 #define DCP_CUDA_HOST_COPY_H_
 

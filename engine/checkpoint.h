@@ -3,8 +3,25 @@
 // are absl::Status. A multi-rank failure is a CheckpointException Status
 // (core/checkpoint_exception.h) on every rank.
 //
-// Thread safety: one save or load per StorageWriter/Reader and planner at a
-// time; independent saves may run concurrently on different instances.
+// Thread safety: Save, Load and their *StateDict forms block the calling
+// thread until every rank is done. One save or load per StorageWriter/Reader
+// and planner at a time; independent saves may run concurrently on
+// different instances. SetDefaultProcessGroup/DefaultProcessGroup may be
+// called from any thread (an atomic pointer).
+//
+// Errors (docs/ARCHITECTURE.md, "Errors", has the whole table):
+// kInvalidArgument for bad input (shapes, dtypes, overlapping chunks, an
+// unknown checkpoint_id scheme, options that contradict); kNotFound when
+// there is no committed checkpoint to load or a key is missing (unless the
+// load planner allows a partial load); kAlreadyExists when the writer may
+// not overwrite (FileSystemWriterOptions::overwrite) and a checkpoint is
+// there; kFailedPrecondition when another save holds the directory or the
+// location is ambiguous; kPermissionDenied, kResourceExhausted (disk full)
+// and kDataLoss (checksum mismatch, truncated or unparsable files) from the
+// storage; kUnavailable and kDeadlineExceeded when a peer is lost or a
+// collective times out; kUnimplemented for a device wait the storage or
+// stager cannot honour. A failure on any rank is a CheckpointException on
+// every rank.
 #ifndef DCP_ENGINE_CHECKPOINT_H_
 #define DCP_ENGINE_CHECKPOINT_H_
 

@@ -124,8 +124,8 @@ struct OpenOptions {
   // file, and asking to drop them costs every CPU a drain. The cache
   // then holds only what is in flight: a checkpoint evicts no other file's
   // pages, and its pages are recycled instead of the kernel finding fresh
-  // memory for each, which made 4 GiB buffered saves and loads 3-7x slower
-  // here (docs/BENCHMARKS.md section 1, "Uncached buffered I/O").
+  // memory for each, which is what slows large buffered saves and loads
+  // (docs/BENCHMARKS.md section 1, "Uncached buffered I/O").
   bool uncached = false;
   // Fail (ELOOP: kFailedPrecondition) rather than follow a symbolic link in
   // the last component of the path (O_NOFOLLOW): a checkpoint's data files

@@ -121,17 +121,16 @@ struct FileSystemWriterOptions {
   // disk then works while the rest is written, and the dirty pages stay
   // below the kernel's limit, past which it throttles the writer (with the
   // state itself in memory the limit is lower). 0 turns it off; O_DIRECT
-  // files have no dirty pages. Measured: docs/BENCHMARKS.md section 1,
-  // "Writeback".
+  // files have no dirty pages (docs/BENCHMARKS.md section 1,
+  // "Writeback").
   int64_t writeback_bytes = int64_t{16} << 20;
   // Buffered data files leave the page cache as their bytes reach the disk
   // (OpenOptions::uncached: RWF_DONTCACHE on Linux 6.14+; elsewhere they
   // are written as usual). A checkpoint then neither evicts the training
   // job's cached files nor has the kernel find fresh memory for each of its
-  // pages: a 4 GiB buffered save here ran 6-8x faster with it. The price:
-  // a load right after the save reads from the disk, as it does after an
-  // O_DIRECT save. Measured: docs/BENCHMARKS.md section 1, "Uncached
-  // buffered I/O".
+  // pages, which is what slows a large buffered save. The price: a load
+  // right after the save reads from the disk, as it does after an O_DIRECT
+  // save (docs/BENCHMARKS.md section 1, "Uncached buffered I/O").
   bool uncached_writes = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the writer. Not
   // owned; must outlive the writer.
@@ -338,16 +337,17 @@ struct FileSystemReaderOptions {
   int64_t read_window_bytes = int64_t{64} << 20;
   // Read with O_DIRECT (where supported): aligned reads straight into 4 KiB
   // aligned destinations, the rest through aligned bounce buffers. On by
-  // default: measured faster than cold buffered reads (bench/).
+  // default: faster than cold buffered reads (docs/BENCHMARKS.md section 1).
   bool direct_io = true;
   // Buffered reads leave the page cache behind the reader
   // (OpenOptions::uncached: POSIX_FADV_DONTNEED of each 4 MiB stretch once
   // it and its neighbours are read; pages cached before the load go too).
   // A checkpoint is read once, into its tensors: caching it would evict the
   // job's other files, and the recycled pages are cheaper than fresh ones.
-  // Cold buffered loads here ran 20-60% faster than with RWF_DONTCACHE
-  // reads and 2-4x faster than cached reads (docs/BENCHMARKS.md section 1,
-  // "Dropping read pages behind the reader", "Uncached buffered I/O").
+  // Plain reads dropped behind the reader, not RWF_DONTCACHE reads: those
+  // reach the disk as small requests and read parts of the file twice
+  // (docs/BENCHMARKS.md section 1, "Dropping read pages behind the reader",
+  // "Uncached buffered I/O").
   bool uncached_reads = true;
   // The I/O engine; nullptr means one of `io_mode` owned by the reader. Not
   // owned; must outlive the reader.

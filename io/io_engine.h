@@ -140,8 +140,8 @@ struct IoEngineOptions {
   // io_uring: entries per ring, the I/Os in flight per submitting thread.
   int queue_depth = 32;
   // io_uring: the most buffered reads (File::direct() false) in flight per
-  // ring, out of queue_depth. With 8 MiB parts and up to 32 in flight, cold
-  // loads of 1 and 4 GiB were 11-18% slower (docs/BENCHMARKS.md section 1,
+  // ring, out of queue_depth: more of them look to the kernel's read-ahead
+  // like lone reads, not one stream (docs/BENCHMARKS.md section 1,
   // "Buffered read sizes").
   int max_buffered_reads_in_flight = 8;
   // io_uring: the most rings (one per concurrently submitting thread).
@@ -155,9 +155,8 @@ struct IoEngineOptions {
   // Largest single read of a file without O_DIRECT (File::direct() false);
   // O_DIRECT reads keep `max_transfer`. 0 means `max_transfer`: 1 MiB parts
   // taken in offset order are read by the kernel as one stream, in large
-  // folios; 8 MiB parts read in parallel each on their own, a page at a
-  // time, and cold loads were 11-27% slower (docs/BENCHMARKS.md section 1,
-  // "Buffered read sizes").
+  // folios; larger parts are read each on their own, a page at a time
+  // (docs/BENCHMARKS.md section 1, "Buffered read sizes").
   size_t max_buffered_read = 0;
 };
 

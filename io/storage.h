@@ -14,8 +14,16 @@
 //   ReadMetadata -> SetUp -> PrepareLocalPlan -> (coordinator)
 //   PrepareGlobalPlan -> ReadData
 //
-// One instance serves one save or load at a time; calls come from one thread
-// (the engine's), except that WriteData/ReadData may complete on I/O threads.
+// Thread safety: not thread-safe. One instance serves one save or load at a
+// time and its methods are called in the order above from one thread (the
+// engine's); WriteData/ReadData may complete their futures on I/O threads.
+//
+// Errors: every method returns the cause's code (docs/ARCHITECTURE.md,
+// "Errors"): kInvalidArgument for a checkpoint_id or plan the storage cannot
+// use, kNotFound/kAlreadyExists/kPermissionDenied/kFailedPrecondition for
+// the location, kResourceExhausted (disk full) and kDataLoss (EIO, checksum
+// mismatch, truncated or unparsable files) for the medium. After any error
+// of a writer the engine calls Abort.
 #ifndef DCP_IO_STORAGE_H_
 #define DCP_IO_STORAGE_H_
 
@@ -36,7 +44,11 @@ class StorageWriter {
  public:
   virtual ~StorageWriter() = default;
 
-  // Points the writer at a (new) checkpoint location; clears per-save state.
+  // Starts a new save: points the writer at `checkpoint_id` (empty keeps its
+  // current location), draws a fresh save id and clears every per-save
+  // state: a lock an earlier SetUp took is released, a rank-local selection
+  // and a device wait end. Writes no data. kInvalidArgument for an id this
+  // storage cannot name (e.g. a wrong scheme).
   virtual absl::Status Reset(const std::string& checkpoint_id) = 0;
 
   // Describes this save (checkpoint id, a fresh save id).
@@ -55,14 +67,22 @@ class StorageWriter {
         "(SaveOptions::use_collectives=false)");
   }
 
-  // Called on every rank before planning. Fails early when the location
-  // cannot be written (kPermissionDenied, kAlreadyExists with overwrite off).
+  // Called on every rank before planning, after Reset. Fails early when the
+  // location cannot be written: kPermissionDenied, kAlreadyExists with
+  // overwrite off, kFailedPrecondition when another save holds the location
+  // (a writer that locks it, as FileSystemWriter's coordinator does, takes
+  // the lock here and keeps it until MarkCommitted or Abort).
   virtual absl::Status SetUp(bool is_coordinator, int rank,
                              bool use_collectives) = 0;
 
+  // Every rank: may annotate this rank's local plan (storage_data) before it
+  // is sent to the coordinator. Returns the plan to send; an error fails
+  // the save on every rank.
   virtual absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) = 0;
 
-  // Coordinator only: assigns each rank its file names (storage_data).
+  // Coordinator only: given every rank's local plan (in rank order), returns
+  // one final plan per rank with its file names assigned (storage_data). An
+  // error fails the save on every rank.
   virtual absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(
       std::vector<SavePlan> plans) = 0;
 
@@ -120,6 +140,9 @@ class StorageReader {
  public:
   virtual ~StorageReader() = default;
 
+  // Starts a new load: points the reader at `checkpoint_id` (empty keeps its
+  // current location). Reads nothing. kInvalidArgument for an id this
+  // storage cannot name.
   virtual absl::Status Reset(const std::string& checkpoint_id) = 0;
 
   // Called by every rank of a load after Reset, before ReadMetadata. True
@@ -148,10 +171,17 @@ class StorageReader {
   // when the metadata does not parse.
   virtual absl::StatusOr<Metadata> ReadMetadata() = 0;
 
+  // Every rank, after ReadMetadata: the metadata this load reads by (the
+  // same on every rank). An error (e.g. an I/O engine that could not be
+  // created) fails the load on every rank.
   virtual absl::Status SetUp(const Metadata& metadata, bool is_coordinator) = 0;
 
+  // Every rank: may annotate this rank's local load plan before it is sent
+  // to the coordinator. Returns the plan to send.
   virtual absl::StatusOr<LoadPlan> PrepareLocalPlan(LoadPlan plan) = 0;
 
+  // Coordinator only: given every rank's local plan (in rank order), returns
+  // one final plan per rank. An error fails the load on every rank.
   virtual absl::StatusOr<std::vector<LoadPlan>> PrepareGlobalPlan(
       std::vector<LoadPlan> plans) = 0;
 

@@ -234,10 +234,8 @@ class Ring {
     if (fixed >= 0) fixed_ios_.fetch_add(1, std::memory_order_relaxed);
     // A buffered read goes straight to a kernel worker, which reads with
     // blocking semantics, as the POSIX engine's threads do, instead of the
-    // kernel first trying it without blocking: cold 4 GiB loads ran at a
-    // median of 1.45 GB/s inline against 1.54 with workers over 7
-    // alternated rounds (docs/BENCHMARKS.md section 1, "Buffered reads on
-    // io_uring").
+    // kernel first trying it without blocking, which cold loads pay for
+    // (docs/BENCHMARKS.md section 1, "Buffered reads on io_uring").
     if (part->op == IoRequest::Op::kRead && !part->file->direct()) {
       io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     }

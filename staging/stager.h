@@ -18,6 +18,19 @@
 // max_cached_buffers of them and reuses one for the next Stage when it is
 // large enough and no staged dict from before still uses it (so two saves in
 // flight never share memory).
+//
+// Thread safety: every method of DefaultStager and BlockingStager may be
+// called from any thread. Stagings run one at a time; with
+// use_async_staging they run on the stager's background thread in the order
+// Stage was called. SynchronizeStaging and Close wait for what was started
+// before them. A staged dict is a plain StateDict, owned by the
+// caller and not synchronized.
+//
+// Errors (each method says which of its own): kInvalidArgument for what the
+// caller passed (a tensor without data, a device the runtime lacks),
+// kResourceExhausted when staging memory cannot be had, the runtime's error
+// for a failed copy, kUnimplemented for a device wait a stager cannot honour,
+// kFailedPrecondition after Close().
 #ifndef DCP_STAGING_STAGER_H_
 #define DCP_STAGING_STAGER_H_
 
@@ -52,19 +65,19 @@ struct StagingOptions {
 
   // dcp's knobs.
   // Copy streams per device (see StagingPipelineOptions::num_streams). One:
-  // a GPU has one copy engine per direction, and more streams staged no
-  // faster on an H200 (docs/BENCHMARKS.md section 2).
+  // a GPU has one copy engine per direction, so more streams do not stage
+  // faster (docs/BENCHMARKS.md section 2).
   int num_streams = 1;
   // Device tensors are copied in pieces of this size, round robin over the
-  // streams: large enough that the per-copy cost vanishes (measured in
-  // docs/BENCHMARKS.md section 2); larger pieces only delay the first
+  // streams: large enough that the per-copy cost vanishes
+  // (docs/BENCHMARKS.md section 2); larger pieces only delay the first
   // piece's completion.
   size_t copy_chunk_bytes = size_t{64} << 20;
   // Small device tensors that lie close together in one device allocation
   // (as a caching allocator places them) are staged by one copy for all of
   // them, laid out in the staging buffer as on the device, gaps included
-  // (see DefaultStager::Plan::CoalesceDeviceCopies): a copy's fixed cost
-  // dominated states of many small tensors on an H200.
+  // (see DefaultStager::Plan::CoalesceDeviceCopies): for states of many
+  // small tensors a copy's fixed cost, not its bytes, sets the time.
   bool coalesce_device_copies = true;
   // Threads that memcpy CPU tensors (0: min(4, hardware threads)).
   int cpu_copy_threads = 0;
@@ -76,7 +89,7 @@ struct StagingOptions {
   // staged dict is still in use (its upload is running) needs a second
   // buffer; with 2 that one is kept too, so an AsyncSave issued every step
   // while the last upload finishes maps memory only on its first time
-  // (mapping fresh memory costs ~3-10x a memcpy of it). A buffer is only
+  // (mapping fresh memory costs several times a memcpy of it). A buffer is only
   // made when all cached ones are busy, so saves that never overlap keep
   // one.
   int max_cached_buffers = 2;

@@ -49,8 +49,8 @@ class CopyStreams;
 struct StagingPipelineOptions {
   // Copy streams per device; pieces go round robin. Copies are queued ahead
   // on each stream, so one stream already keeps a copy engine busy with
-  // large pieces; a second hides the per-copy latency of small pieces. 2
-  // until measured on a GPU (bench/staging_bench sweeps 1-4).
+  // large pieces; a second hides the per-copy latency of small pieces
+  // (bench/staging_bench sweeps 1-4 streams).
   int num_streams = 2;
 };
 

@@ -6,12 +6,12 @@
 // no page is dropped that a read in flight (or the read-ahead for it) still
 // needs. Rest gives what is left once no more reads come (at close).
 //
-// Why not RWF_DONTCACHE on reads: on Linux 6.18, uncached reads of 1 MiB
-// parts in parallel went to the disk as ~1 MiB requests and read 12-15% of
-// the file twice (a large folio dropped by one part's read before its
-// neighbour had copied its half); plain reads with this drop-behind went out
-// as 4 MiB read-ahead requests and read each byte once (docs/BENCHMARKS.md
-// section 1, "Dropping read pages behind the reader").
+// Why not RWF_DONTCACHE on reads: uncached reads of parts in parallel go to
+// the disk as requests of the part's size and read some of the file twice
+// (a large folio dropped by one part's read before its neighbour has copied
+// its half); plain reads with this drop-behind go out as full read-ahead
+// requests and read each byte once (docs/BENCHMARKS.md section 1, "Dropping
+// read pages behind the reader").
 //
 // Thread-safe.
 #ifndef DCP_IO_INTERNAL_READ_DROP_BEHIND_H_
