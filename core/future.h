@@ -191,6 +191,27 @@ class Future {
   std::shared_ptr<internal_future::SharedState<T>> state_;
 };
 
+// Blocks until every future is ready, failed or not, and returns their
+// values in input order, or the first error in input order. For reads into
+// buffers that must outlive all of them: an early return on the first
+// error would free a buffer a later read still writes.
+template <typename T>
+absl::StatusOr<std::vector<T>> WaitAll(const std::vector<Future<T>>& futures) {
+  std::vector<T> values;
+  values.reserve(futures.size());
+  absl::Status failed;
+  for (const Future<T>& future : futures) {
+    const ResultOf<T>& result = future.Wait();
+    if (!result.ok()) {
+      if (failed.ok()) failed = result.status();
+      continue;
+    }
+    values.push_back(*result);
+  }
+  if (!failed.ok()) return failed;
+  return values;
+}
+
 // Ready when every input is ready: OK if all succeeded, otherwise the first
 // error in input order. An empty input is ready at once.
 template <typename T>

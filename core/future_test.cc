@@ -2,7 +2,9 @@
 
 #include <optional>
 #include <thread>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace dcp {
@@ -109,6 +111,24 @@ TEST(Future, TaskDroppedByItsExecutorBreaksThen) {
 TEST(Future, WaitForTimesOut) {
   Promise<void> p;
   EXPECT_FALSE(p.future().WaitFor(absl::Milliseconds(5)));
+}
+
+TEST(Future, WaitAllReturnsTheFirstErrorOnlyOnceEveryFutureIsReady) {
+  Promise<size_t> later;
+  std::vector<Future<size_t>> futures = {
+      Future<size_t>::Ready(absl::DataLossError("first")), later.future(),
+      Future<size_t>::Ready(absl::InternalError("third"))};
+  std::thread setter([later] { later.Set(size_t{7}); });
+  absl::StatusOr<std::vector<size_t>> values = WaitAll(futures);
+  // The failed future came first, yet WaitAll waited for the pending one.
+  EXPECT_TRUE(futures[1].ready());
+  setter.join();
+  ASSERT_FALSE(values.ok());
+  EXPECT_EQ(values.status().message(), "first");
+  EXPECT_THAT(
+      *WaitAll(std::vector<Future<size_t>>{Future<size_t>::Ready(size_t{1}),
+                                           Future<size_t>::Ready(size_t{2})}),
+      ::testing::ElementsAre(1, 2));
 }
 
 }  // namespace

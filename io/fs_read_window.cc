@@ -327,11 +327,10 @@ void BounceMeter::Add(int64_t bytes) {
 }
 
 absl::StatusOr<int64_t> AwaitSlot(ReadSlot& slot) {
-  std::vector<int64_t> got;
-  for (Future<size_t>& read : slot.reads) {
-    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
-    got.push_back(static_cast<int64_t>(n));
-  }
+  // Every read is waited for: the slot's buffers must outlive them (the
+  // caller frees the slot on an error).
+  DCP_ASSIGN_OR_RETURN(const std::vector<size_t> done, WaitAll(slot.reads));
+  const std::vector<int64_t> got(done.begin(), done.end());
   const int64_t length = slot.io_end - slot.io_begin;
   if (slot.tail != nullptr) {
     const int64_t body_got = slot.body > 0 ? got.front() : 0;

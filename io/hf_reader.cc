@@ -137,11 +137,9 @@ absl::Status FinishPiece(Piece& piece, LoadPlanner& planner,
   Stored& s = *piece.stored;
   const int64_t es = static_cast<int64_t>(s.element_size);
   const int64_t length = (piece.end - piece.first) * es;
-  std::vector<int64_t> got;
-  for (Future<size_t>& read : piece.reads) {
-    DCP_ASSIGN_OR_RETURN(size_t n, read.Wait());
-    got.push_back(static_cast<int64_t>(n));
-  }
+  // Every read is waited for: the piece's buffers must outlive them.
+  DCP_ASSIGN_OR_RETURN(const std::vector<size_t> done, WaitAll(piece.reads));
+  const std::vector<int64_t> got(done.begin(), done.end());
   int64_t arrived = 0;
   if (piece.tail != nullptr) {
     const int64_t body_got = piece.body > 0 ? got.front() : 0;
