@@ -266,7 +266,8 @@ TEST_F(SharedMetadataTest, SameMetadataAsTheCopyingPath) {
   EXPECT_EQ(Markers(second.local), kRanks);
   EXPECT_EQ(Markers(second.global.plans), kRanks);
   EXPECT_EQ(second.global.metadata->storage_meta->save_id, "s2");
-  EXPECT_TRUE(Layout(*second.global.metadata) == Layout(*first.global.metadata));
+  EXPECT_TRUE(Layout(*second.global.metadata) ==
+              Layout(*first.global.metadata));
   Round copied = Plan(DType::kF32, "s3", /*by_value=*/true);
   EXPECT_EQ(Markers(copied.local), kRanks);
   Round shared_again = Plan(DType::kF32, "s3");
