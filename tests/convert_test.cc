@@ -43,7 +43,11 @@ StateDict ZerosLike(const StateDict& state) {
   StateDict out;
   for (const auto& [name, value] : state) {
     out[name] = Tensor::Empty(value.tensor().dtype(), value.tensor().sizes());
-    std::memset(out[name].tensor().data(), 0, out[name].tensor().nbytes());
+    // An empty tensor has no memory (data() is null): memset of null is
+    // undefined even for 0 bytes.
+    if (out[name].tensor().nbytes() > 0) {
+      std::memset(out[name].tensor().data(), 0, out[name].tensor().nbytes());
+    }
   }
   return out;
 }
