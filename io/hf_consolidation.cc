@@ -234,13 +234,17 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
 
   internal_hf::FirstError error;
   std::atomic<size_t> next{0};
-  internal_hf::RunOnThreads(threads, [&](int) {
-    Inputs inputs(*fs_);
-    std::shared_ptr<AlignedBuffer> piece = MeteredBuffer(quarter, meter);
-    for (size_t f = next++; f < files.size() && !error.failed(); f = next++) {
-      error.Update(consolidate_file(files[f], inputs, *piece));
-    }
-  });
+  internal_io::RunWorkers(
+      internal_io::PoolOf(pool_, std::max(options_.thread_count,
+                                          options_.thread_count_consolidation)),
+      threads, [&](int) {
+        Inputs inputs(*fs_);
+        std::shared_ptr<AlignedBuffer> piece = MeteredBuffer(quarter, meter);
+        for (size_t f = next++; f < files.size() && !error.failed();
+             f = next++) {
+          error.Update(consolidate_file(files[f], inputs, *piece));
+        }
+      });
   consolidation_peak_ = meter.peak();
   return error.status();
 }

@@ -510,24 +510,27 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   std::atomic<int64_t> bytes_read{0};
   const int threads = static_cast<int>(std::min<size_t>(
       options_.thread_count, std::max<size_t>(1, units.size())));
-  internal_hf::RunOnThreads(threads, [&](int) {
-    Scratch scratch;
-    for (size_t i = next++; i < units.size() && !error.failed(); i = next++) {
-      const Unit& unit = units[i];
-      Use& use = uses[unit.use];
-      absl::Status status =
-          ReadUnit(use, unit, options_.block_size, scratch, bytes_read);
-      if (!status.ok()) {
-        error.Update(Annotate(
-            status, absl::StrCat("loading ", use.item->storage_index.ToString(),
-                                 " into ", use.item->dest_index.ToString())));
-        continue;
-      }
-      if (use.units_left->fetch_sub(1) == 1 && !use.on_device) {
-        error.Update(planner.CommitTensor(*use.item, use.dest));
-      }
-    }
-  });
+  internal_io::RunWorkers(
+      internal_io::PoolOf(pool_, options_.thread_count), threads, [&](int) {
+        Scratch scratch;
+        for (size_t i = next++; i < units.size() && !error.failed();
+             i = next++) {
+          const Unit& unit = units[i];
+          Use& use = uses[unit.use];
+          absl::Status status =
+              ReadUnit(use, unit, options_.block_size, scratch, bytes_read);
+          if (!status.ok()) {
+            error.Update(Annotate(
+                status,
+                absl::StrCat("loading ", use.item->storage_index.ToString(),
+                             " into ", use.item->dest_index.ToString())));
+            continue;
+          }
+          if (use.units_left->fetch_sub(1) == 1 && !use.on_device) {
+            error.Update(planner.CommitTensor(*use.item, use.dest));
+          }
+        }
+      });
   if (staging_used) {
     error.Update(Annotate(staging->Flush(),
                           absl::StrCat("copying dequantized tensors from ",

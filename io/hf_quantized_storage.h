@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
+#include "core/executor.h"
 #include "io/hf_storage.h"
 #include "io/storage.h"
 
@@ -98,6 +99,7 @@ class QuantizedHuggingFaceStorageReader final : public StorageReader {
   int64_t quantized_bytes_read_ = 0;
   int64_t scale_tensors_read_ = 0;
   std::unique_ptr<DeviceStaging> owned_staging_;
+  std::unique_ptr<ThreadPool> pool_;  // Dequantization threads.
 };
 
 }  // namespace dcp

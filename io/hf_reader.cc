@@ -425,7 +425,8 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   };
   auto finish_window = [&](std::pair<size_t, size_t> window) {
     std::atomic<size_t> at{window.first};
-    internal_hf::RunOnThreads(
+    internal_io::RunWorkers(
+        internal_io::PoolOf(pool_, options_.thread_count),
         static_cast<int>(std::min<size_t>(options_.thread_count,
                                           window.second - window.first)),
         [&](int) {

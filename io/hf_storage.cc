@@ -37,7 +37,6 @@ using internal_hf::OrLocal;
 using internal_hf::RemoveTemporaryFiles;
 using internal_hf::ReplaceableFiles;
 using internal_hf::RollForward;
-using internal_hf::RunOnThreads;
 using internal_hf::TempRelativePath;
 using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
@@ -528,7 +527,9 @@ Future<std::vector<WriteResult>> HuggingFaceStorageWriter::WriteData(
   }
   FirstError error;
   std::atomic<size_t> next{0};
-  RunOnThreads(
+  internal_io::RunWorkers(
+      internal_io::PoolOf(pool_, std::max(options_.thread_count,
+                                          options_.thread_count_consolidation)),
       static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
       [&](int) {
         for (size_t f = next++; f < work.size() && !error.failed();

@@ -51,6 +51,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 #include "io/file_system.h"
 #include "io/io_engine.h"
 #include "io/storage.h"
@@ -219,6 +220,7 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   bool decided_ = false;
   bool committed_ = false;
   int64_t consolidation_peak_ = 0;
+  std::unique_ptr<ThreadPool> pool_;  // Writer and consolidation threads.
 
   absl::Mutex mu_;
   std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
@@ -308,6 +310,7 @@ class HuggingFaceStorageReader final : public StorageReader {
   int64_t bytes_read_ = 0;
   int64_t peak_bounce_bytes_ = 0;
   std::unique_ptr<DeviceStaging> owned_staging_;
+  std::unique_ptr<ThreadPool> pool_;  // Reader threads.
 };
 
 }  // namespace dcp

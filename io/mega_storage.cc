@@ -38,7 +38,6 @@ using internal_io::CompleteCommit;
 using internal_io::FirstError;
 using internal_io::IsTemporaryFileName;
 using internal_io::ReadSmallFile;
-using internal_io::RunOnThreads;
 using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
 
@@ -494,7 +493,8 @@ Future<std::vector<WriteResult>> MegaStorageWriter::WriteData(
   }
   FirstError error;
   std::atomic<size_t> next{0};
-  RunOnThreads(
+  internal_io::RunWorkers(
+      internal_io::PoolOf(pool_, options_.thread_count),
       static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
       [&](int) {
         for (size_t f = next++; f < work.size() && !error.failed();

@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/executor.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
 #include "io/io_engine.h"
@@ -161,6 +162,7 @@ class MegaStorageWriter final : public StorageWriter {
   int64_t total_size_ = 0;
   bool decided_ = false;
   bool committed_ = false;
+  std::unique_ptr<ThreadPool> pool_;  // Writer threads.
 
   absl::Mutex mu_;
   std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);

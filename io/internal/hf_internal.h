@@ -36,7 +36,6 @@ using internal_io::AlignedBuffer;
 using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::kDirectIoAlignment;
-using internal_io::RunOnThreads;
 
 // `fs`, or the local file system when it is null.
 FileSystemBase* OrLocal(FileSystemBase* fs);

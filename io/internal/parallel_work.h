@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,17 +48,14 @@ struct AlignedBuffer {
   std::byte* data;
 };
 
-// Runs fn(worker) on `count` threads (inline for one) and joins them.
-template <typename Fn>
-void RunOnThreads(int count, Fn fn) {
-  if (count <= 1) {
-    fn(0);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(count);
-  for (int i = 0; i < count; ++i) threads.emplace_back([&fn, i] { fn(i); });
-  for (std::thread& t : threads) t.join();
+// The pool of a storage writer or reader, made with `threads` threads on
+// the first call and kept in `pool` (so calls and read windows reuse its
+// threads instead of starting new ones). Not thread-safe: call it from the
+// thread that drives the storage.
+inline Executor& PoolOf(std::unique_ptr<ThreadPool>& pool, int threads) {
+  if (pool == nullptr)
+    pool = std::make_unique<ThreadPool>(std::max(1, threads));
+  return *pool;
 }
 
 // Runs fn(0) on the calling thread and fn(1) .. fn(count - 1) as tasks of
