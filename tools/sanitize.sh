@@ -49,6 +49,7 @@ readonly TSAN_TARGETS=(
   //comm:store_process_group_test
   //comm:process_group_test
   //io:io_engine_test
+  //io:io_engine_behaviour_test
 )
 
 configs=("$@")
