@@ -23,7 +23,6 @@ namespace {
 
 using internal_fs::CommittedFileNames;
 using internal_fs::IsDataFileName;
-using internal_fs::IsProbeFileName;
 using internal_fs::IsTempMetadataFileName;
 using internal_fs::ReadMetadataFile;
 using internal_io::AlignUp;
@@ -68,8 +67,7 @@ OrphanCleanup RemoveOrphansExcept(FileSystemBase& fs, const std::string& dir,
   open_options.no_follow = true;
   for (const std::string& name : *names) {
     if (committed.contains(name) ||
-        !(IsDataFileName(name) || IsTempMetadataFileName(name) ||
-          IsProbeFileName(name))) {
+        !(IsDataFileName(name) || IsTempMetadataFileName(name))) {
       continue;
     }
     // Only regular files: opened without following a link, a FIFO or
@@ -267,7 +265,7 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   // Probe that the directory takes new files now rather than failing after
   // planning: permission bits, read-only mounts and quotas all show here.
   const std::string probe =
-      JoinPath(dir_, internal_fs::ProbeFileName(rank, save_id_));
+      JoinPath(dir_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
   absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
   if (!file.ok()) {
     return Annotate(file.status(),

@@ -158,10 +158,9 @@ struct FileSystemWriterOptions {
 // What RemoveOrphans found in a checkpoint directory. Orphans are the files
 // a FileSystemWriter creates that the committed metadata does not name:
 // data files named `__<rank>_<save id>_<k>.distcp` (save id: 16 lowercase
-// hex digits), temporary metadata `.metadata.tmp-<save id>` and the
-// writability probe `.dcp-probe-<rank>-<save id>`, all regular files. A save
-// that was killed or failed before its Abort leaves them behind, each as large
-// as it was preallocated.
+// hex digits) and temporary metadata `.metadata.tmp-<save id>`, both
+// regular files. A save that was killed or failed before its Abort leaves
+// them behind, each as large as it was preallocated.
 struct OrphanCleanup {
   // The orphans removed (names, sorted) and their total size in bytes.
   std::vector<std::string> removed;

@@ -187,8 +187,6 @@ const std::vector<std::string>& Strangers() {
       "__x_00000000deadbeef_0.distcp",
       ".metadata.tmp-user",
       ".metadata.tmp-00000000deadbeef.old",
-      ".dcp-probe-x-00000000deadbeef",
-      ".dcp-probe-0-deadbeef",
   };
   return *names;
 }
@@ -199,11 +197,10 @@ TEST(OrphanTest, ASaveRemovesTheOrphansOfInterruptedSavesAndNothingElse) {
   ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
   const std::vector<std::string> old_files = DataFiles(dir);
   // What interrupted saves leave: data files of several ranks and saves, a
-  // temporary metadata file, a writability probe whose removal failed.
+  // temporary metadata file.
   const std::vector<std::string> orphans = {
-      ".dcp-probe-3-00000000deadbeef", ".metadata.tmp-00000000deadbeef",
-      "__0_00000000deadbeef_0.distcp", "__0_00000000deadbeef_1.distcp",
-      "__12_0123456789abcdef_3.distcp"};
+      ".metadata.tmp-00000000deadbeef", "__0_00000000deadbeef_0.distcp",
+      "__0_00000000deadbeef_1.distcp", "__12_0123456789abcdef_3.distcp"};
   for (size_t i = 0; i < orphans.size(); ++i) {
     WriteFileOfSize(dir, orphans[i], 1000 * (i + 1));
   }
@@ -221,10 +218,9 @@ TEST(OrphanTest, ASaveRemovesTheOrphansOfInterruptedSavesAndNothingElse) {
   FakeSavePlanner planner = Sample::Make(2).SavePlanner();
   ASSERT_TRUE(SaveOneRank(writer, planner).ok());
   ExpectLoads(dir, Sample::Make(2));
-  EXPECT_THAT(
-      writer.orphan_cleanup().removed,
-      ElementsAre(orphans[0], orphans[1], orphans[2], orphans[3], orphans[4]));
-  EXPECT_EQ(writer.orphan_cleanup().removed_bytes, 15000);
+  EXPECT_THAT(writer.orphan_cleanup().removed,
+              ElementsAre(orphans[0], orphans[1], orphans[2], orphans[3]));
+  EXPECT_EQ(writer.orphan_cleanup().removed_bytes, 10000);
   EXPECT_TRUE(writer.orphan_cleanup().left.empty());
   EXPECT_TRUE(writer.orphan_cleanup().status.ok());
   std::vector<std::string> expected = Strangers();

@@ -64,17 +64,6 @@ bool IsDataFileName(absl::string_view name) {
          IsDecimal(parts[2]);
 }
 
-std::string ProbeFileName(int rank, absl::string_view save_id) {
-  return absl::StrCat(".dcp-probe-", rank, "-", save_id);
-}
-
-bool IsProbeFileName(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, ".dcp-probe-")) return false;
-  const size_t dash = name.rfind('-');
-  return dash != absl::string_view::npos && IsDecimal(name.substr(0, dash)) &&
-         IsSaveId(name.substr(dash + 1));
-}
-
 bool IsTempMetadataFileName(absl::string_view name) {
   return absl::ConsumePrefix(&name, kTempMetadataPrefix) && IsSaveId(name);
 }

@@ -43,10 +43,6 @@ bool IsSaveId(absl::string_view text);
 bool IsDataFileName(absl::string_view name);
 // Whether `name` is a temporary metadata file name.
 bool IsTempMetadataFileName(absl::string_view name);
-// The writability probe SetUp creates and removes at once.
-std::string ProbeFileName(int rank, absl::string_view save_id);
-// Whether `name` is a probe file name (ProbeFileName's form).
-bool IsProbeFileName(absl::string_view name);
 
 // Which items go into which data file. `sizes` are the items' stored bytes
 // in plan order. One file per item unless `single_file_per_rank`; then
