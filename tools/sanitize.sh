@@ -40,6 +40,7 @@ readonly ASAN_TARGETS=(
   //tests:mega_checkpoint_test
   //tests:crash_test
   //tests:native_crash_test
+  //tests:decided_commit_test
   //tools:inspect_test
 )
 readonly TSAN_TARGETS=(
