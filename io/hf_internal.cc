@@ -235,7 +235,10 @@ absl::StatusOr<Metadata> BuildHfMetadata(
   }
   Metadata metadata;
   metadata.version = "safetensors";
-  for (auto& [fqn, chunks] : found) {
+  for (auto& entry : found) {
+    // Named references, not structured bindings: lambdas below capture them.
+    const std::string& fqn = entry.first;
+    std::vector<Found>& chunks = entry.second;
     const Found& first = chunks.front();
     const std::string& first_file = sources[first.source].path;
     for (const Found& c : chunks) {
