@@ -76,8 +76,8 @@ absl::StatusOr<DType> FromCode(const DLDataType& t) {
 // What an exported DLManagedTensor owns besides itself.
 struct ExportContext {
   Tensor tensor;  // Keeps the memory alive.
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;
+  Shape shape;
+  Shape strides;
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/device.h"
@@ -25,7 +26,10 @@
 
 namespace dcp {
 
-using Shape = std::vector<int64_t>;
+// Sizes, strides or offsets, one per dimension. Inline up to 4 dimensions:
+// plans and metadata hold several per item, so a heap allocation each would
+// dominate the cost of saving many small tensors.
+using Shape = absl::InlinedVector<int64_t, 4>;
 
 // Number of elements of a shape (1 for the 0-d shape). The shape must be
 // valid (no negative size, a product that fits int64_t): shapes decoded from
