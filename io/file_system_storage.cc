@@ -436,17 +436,29 @@ absl::Status FileSystemWriter::Finish(
 absl::Status FileSystemWriter::CommitMetadata(
     const Metadata& metadata,
     const std::vector<std::vector<WriteResult>>& results) {
-  Metadata committed = metadata;
-  DescribeCommit(committed);
   committed_files_.clear();
+  const std::string* last_file = nullptr;
   for (const std::vector<WriteResult>& rank_results : results) {
     for (const WriteResult& result : rank_results) {
-      committed_files_.insert(result.storage_data.relative_path);
-      committed.storage_data.insert_or_assign(result.index,
-                                              result.storage_data);
+      const std::string& file = result.storage_data.relative_path;
+      if (last_file == nullptr || *last_file != file) {
+        committed_files_.insert(file);
+        last_file = &file;
+      }
     }
   }
-  DCP_ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(committed));
+  // The engine passes metadata DescribeCommit already filled; anything else
+  // is described in a copy.
+  const Metadata* described = &metadata;
+  Metadata copy;
+  if (metadata.version != kFormatVersion ||
+      metadata.checksum_block_size != options_.checksum_block_size ||
+      !metadata.storage_meta.has_value()) {
+    copy = metadata;
+    DescribeCommit(copy);
+    described = &copy;
+  }
+  DCP_ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(*described, results));
   DCP_RETURN_IF_ERROR(internal_fs::WriteMetadataFile(
       *fs_, dir_, save_id_, bytes, options_.sync_files, *created_));
   committed_ = true;

@@ -549,14 +549,25 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
 
 #undef DCP_CURSOR
 
+// One stored item to encode, in index order.
+struct StorageEntry {
+  const MetadataIndex* index;
+  const StorageInfo* info;
+
+  friend bool operator<(const StorageEntry& a, const StorageEntry& b) {
+    return *a.index < *b.index;
+  }
+};
+
 // Fills the extension records (and version dcp-2) when some item is stored
 // through extensions; leaves `proto` untouched otherwise. kInvalidArgument
 // for an item whose block sizes do not match its lengths.
 absl::Status EncodeExtensionRecords(const Metadata& metadata,
+                                    absl::Span<const StorageEntry> entries,
                                     format::Metadata& proto) {
   const bool any = std::any_of(
-      metadata.storage_data.begin(), metadata.storage_data.end(),
-      [](const auto& entry) { return !entry.second.extensions.empty(); });
+      entries.begin(), entries.end(),
+      [](const StorageEntry& e) { return !e.info->extensions.empty(); });
   if (!any) return absl::OkStatus();
   if (metadata.checksum_block_size <= 0) {
     return absl::InvalidArgumentError(
@@ -565,8 +576,10 @@ absl::Status EncodeExtensionRecords(const Metadata& metadata,
   proto.set_version(kExtensionsFormatVersion);
   absl::flat_hash_map<absl::string_view, uint32_t> ids;
   proto.mutable_storage_extension_count()->Reserve(
-      static_cast<int>(metadata.storage_data.size()));
-  for (const auto& [index, info] : metadata.storage_data) {
+      static_cast<int>(entries.size()));
+  for (const StorageEntry& entry : entries) {
+    const MetadataIndex& index = *entry.index;
+    const StorageInfo& info = *entry.info;
     proto.add_storage_extension_count(
         static_cast<uint32_t>(info.extensions.size()));
     if (info.extensions.empty()) continue;
@@ -599,7 +612,45 @@ absl::Status EncodeExtensionRecords(const Metadata& metadata,
 
 }  // namespace
 
-absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+namespace {
+
+// The stored items `metadata.storage_data` holds once each of `results` is
+// recorded in it with insert_or_assign, in index order, without copying.
+std::vector<StorageEntry> MergedStorageEntries(
+    const Metadata& metadata,
+    absl::Span<const std::vector<WriteResult>> results) {
+  std::vector<StorageEntry> added;
+  for (const std::vector<WriteResult>& rank_results : results) {
+    for (const WriteResult& result : rank_results) {
+      added.push_back({&result.index, &result.storage_data});
+    }
+  }
+  // Ranks write in name order, so one rank's results are sorted already;
+  // equal indices keep their order, and the last recorded one wins.
+  if (!std::is_sorted(added.begin(), added.end())) {
+    std::stable_sort(added.begin(), added.end());
+  }
+  std::vector<StorageEntry> merged;
+  merged.reserve(metadata.storage_data.size() + added.size());
+  auto old = metadata.storage_data.begin();
+  const auto old_end = metadata.storage_data.end();
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (i + 1 < added.size() && !(*added[i].index < *added[i + 1].index)) {
+      continue;  // A later result for the same index replaces this one.
+    }
+    while (old != old_end && old->first < *added[i].index) {
+      merged.push_back({&old->first, &old->second});
+      ++old;
+    }
+    if (old != old_end && old->first == *added[i].index) ++old;
+    merged.push_back(added[i]);
+  }
+  for (; old != old_end; ++old) merged.push_back({&old->first, &old->second});
+  return merged;
+}
+
+absl::StatusOr<std::string> Encode(const Metadata& metadata,
+                                   absl::Span<const StorageEntry> entries) {
   google::protobuf::Arena arena;
   auto* proto =
       google::protobuf::Arena::CreateMessage<format::Metadata>(&arena);
@@ -660,7 +711,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   keys.Emit(proto->mutable_path_keys());
 
   absl::flat_hash_map<absl::string_view, uint32_t> file_ids;
-  const int items = static_cast<int>(metadata.storage_data.size());
+  const int items = static_cast<int>(entries.size());
   proto->mutable_storage_name()->Reserve(items);
   proto->mutable_storage_offset_rank()->Reserve(items);
   proto->mutable_storage_file()->Reserve(items);
@@ -668,7 +719,9 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   proto->mutable_storage_length()->Reserve(items);
   proto->mutable_storage_checksum_count()->Reserve(items);
   names.Rewind();
-  for (const auto& [index, info] : metadata.storage_data) {
+  for (const StorageEntry& entry : entries) {
+    const MetadataIndex& index = *entry.index;
+    const StorageInfo& info = *entry.info;
     proto->add_storage_name(names.Id(index.fqn));
     if (index.offset.has_value()) {
       proto->add_storage_offset_rank(
@@ -690,7 +743,7 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
                                             info.block_checksums.end());
   }
   table.Emit(proto->mutable_names());
-  DCP_RETURN_IF_ERROR(EncodeExtensionRecords(metadata, *proto));
+  DCP_RETURN_IF_ERROR(EncodeExtensionRecords(metadata, entries, *proto));
 
   if (metadata.storage_meta.has_value()) {
     format::StorageMeta* m = proto->mutable_storage_meta();
@@ -715,6 +768,18 @@ absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
   PutU64(out.data() + 16, payload_size);
   PutU64(out.data() + 24, Checksum(payload, payload_size));
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata) {
+  return EncodeMetadata(metadata, {});
+}
+
+absl::StatusOr<std::string> EncodeMetadata(
+    const Metadata& metadata,
+    absl::Span<const std::vector<WriteResult>> results) {
+  return Encode(metadata, MergedStorageEntries(metadata, results));
 }
 
 absl::Status CheckDataFileName(absl::string_view name) {

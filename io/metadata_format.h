@@ -10,11 +10,14 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "planner/metadata.h"
+#include "planner/plan.h"
 
 namespace dcp {
 
@@ -63,6 +66,13 @@ absl::Status CheckDataFileName(absl::string_view name);
 // cannot hold (a tensor chunk whose rank differs from its tensor's, an
 // extension record whose block sizes disagree with its lengths).
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);
+
+// The encoding of `metadata` with each of `results` recorded in its
+// storage_data as insert_or_assign would (in order: a later result for the
+// same index wins), without copying the metadata.
+absl::StatusOr<std::string> EncodeMetadata(
+    const Metadata& metadata,
+    absl::Span<const std::vector<WriteResult>> results);
 
 // Decodes the bytes of a metadata file; `source` (a path) names the file in
 // messages. kDataLoss for a file that is not a dcp metadata file (bad magic),

@@ -74,6 +74,46 @@ void ExpectEqual(const Metadata& a, const Metadata& b) {
   EXPECT_EQ(a.checksum_block_size, b.checksum_block_size);
 }
 
+// Results recorded while encoding give the bytes of the metadata with the
+// results inserted (insert_or_assign, in order): new items, replaced items,
+// a later rank's result for the same index, results out of name order.
+TEST(MetadataFormatTest, EncodingWithResultsEqualsEncodingTheMergedCopy) {
+  const Metadata base = SampleMetadata();
+  std::vector<std::vector<WriteResult>> results(2);
+  results[0].push_back({MetadataIndex("step", Shape{}), 8,
+                        StorageInfo{"__0_b_0.distcp", 16, 8, {9}}});
+  results[0].push_back({MetadataIndex("model.w", Shape{2, 0}), 24,
+                        StorageInfo{"__0_b_0.distcp", 0, 24, {7}}});
+  results[1].push_back(
+      {MetadataIndex("extra"), 0, StorageInfo{"__1_b_0.distcp", 0, 0, {}}});
+  results[1].push_back({MetadataIndex("model.w", Shape{2, 0}), 24,
+                        StorageInfo{"__1_b_0.distcp", 8, 24, {8}}});
+  results[1].push_back({MetadataIndex("new", Shape{0}), 0,
+                        StorageInfo{"__1_b_0.distcp", 32, 0, {}}});
+  Metadata merged = base;
+  merged.state_dict_metadata["new"] = TensorStorageMetadata{
+      TensorProperties{}, Shape{0}, {{Shape{0}, Shape{0}}}};
+  Metadata with_new = base;
+  with_new.state_dict_metadata["new"] = merged.state_dict_metadata["new"];
+  for (const auto& rank : results) {
+    for (const WriteResult& r : rank) {
+      merged.storage_data.insert_or_assign(r.index, r.storage_data);
+    }
+  }
+  absl::StatusOr<std::string> expected = EncodeMetadata(merged);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  absl::StatusOr<std::string> got = EncodeMetadata(with_new, results);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, *expected);
+  absl::StatusOr<Metadata> decoded = DecodeMetadata(*got, ".metadata");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->storage_data.at(MetadataIndex("model.w", Shape{2, 0}))
+                .relative_path,
+            "__1_b_0.distcp");
+  // No results: the plain encoding.
+  EXPECT_EQ(*EncodeMetadata(base, {}), *EncodeMetadata(base));
+}
+
 TEST(MetadataFormatTest, RoundTripsEveryField) {
   const Metadata m = SampleMetadata();
   absl::StatusOr<std::string> bytes = EncodeMetadata(m);
