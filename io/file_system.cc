@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "io/internal/read_drop_behind.h"
@@ -461,6 +462,33 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (dir.empty()) return std::string(name);
   if (dir.back() == '/') return absl::StrCat(dir, name);
   return absl::StrCat(dir, "/", name);
+}
+
+std::string ProbeFileName(int rank, absl::string_view save_id) {
+  return absl::StrCat(kProbeFilePrefix, rank, "-", save_id);
+}
+
+bool IsProbeFileName(absl::string_view name) {
+  return absl::StartsWith(name, kProbeFilePrefix);
+}
+
+absl::Status ProbeWritable(
+    FileSystemBase& fs, const std::string& dir, int rank,
+    absl::string_view save_id,
+    absl::FunctionRef<void(const std::string&)> created) {
+  const std::string probe = JoinPath(dir, ProbeFileName(rank, save_id));
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForWrite(probe);
+  if (!file.ok()) {
+    return Annotate(file.status(),
+                    absl::StrCat("rank ", rank, ": checkpoint directory ", dir,
+                                 " is not writable"));
+  }
+  created(probe);
+  absl::Status closed = (*file)->Close();
+  absl::Status removed = fs.RemoveFile(probe);
+  DCP_RETURN_IF_ERROR(closed);
+  if (absl::IsNotFound(removed)) return absl::OkStatus();
+  return removed;
 }
 
 FileSystemBase& LocalFileSystem() {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -208,6 +209,26 @@ absl::Status WritebackStatus(int error_number, absl::string_view path,
 
 // `dir` + "/" + `name` (no doubled slash).
 std::string JoinPath(absl::string_view dir, absl::string_view name);
+
+// The empty file a writer creates and removes in a checkpoint directory
+// during SetUp to learn, before planning, that the directory takes new
+// files: kProbeFilePrefix, the rank, "-", the save id.
+inline constexpr char kProbeFilePrefix[] = ".dcp-probe-";
+std::string ProbeFileName(int rank, absl::string_view save_id);
+// Whether `name` is a probe file's name (any rank or save).
+bool IsProbeFileName(absl::string_view name);
+
+// Creates, closes and removes `dir`/ProbeFileName(rank, save_id), calling
+// `created` with its path once it exists. The error of the creation is
+// annotated "rank R: checkpoint directory DIR is not writable". A probe
+// that is gone before its removal is not an error: a coordinator sweeps
+// the probes interrupted saves left (they hold no data), and may sweep one
+// of the current save's ranks while it is probing.
+absl::Status ProbeWritable(
+    FileSystemBase& fs, const std::string& dir, int rank,
+    absl::string_view save_id,
+    absl::FunctionRef<void(const std::string&)> created =
+        [](const std::string&) {});
 
 // The local POSIX file system (process-wide, stateless).
 FileSystemBase& LocalFileSystem();

@@ -67,7 +67,8 @@ OrphanCleanup RemoveOrphansExcept(FileSystemBase& fs, const std::string& dir,
   open_options.no_follow = true;
   for (const std::string& name : *names) {
     if (committed.contains(name) ||
-        !(IsDataFileName(name) || IsTempMetadataFileName(name))) {
+        !(IsDataFileName(name) || IsTempMetadataFileName(name) ||
+          IsProbeFileName(name))) {
       continue;
     }
     // Only regular files: opened without following a link, a FIFO or
@@ -264,18 +265,7 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                                                   dir_)));
   // Probe that the directory takes new files now rather than failing after
   // planning: permission bits, read-only mounts and quotas all show here.
-  const std::string probe =
-      JoinPath(dir_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
-  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
-  if (!file.ok()) {
-    return Annotate(file.status(),
-                    absl::StrCat("rank ", rank, ": checkpoint directory ", dir_,
-                                 " is not writable"));
-  }
-  absl::Status closed = (*file)->Close();
-  absl::Status removed = fs_->RemoveFile(probe);
-  DCP_RETURN_IF_ERROR(closed);
-  DCP_RETURN_IF_ERROR(removed);
+  DCP_RETURN_IF_ERROR(ProbeWritable(*fs_, dir_, rank, save_id_));
   if (!is_coordinator_) return absl::OkStatus();
   // The coordinator holds the directory until the save commits or aborts:
   // a second save into it fails here, before it has written anything.

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/fault_injection.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
 #include "io/fs_test_helpers.h"
@@ -235,6 +236,42 @@ TEST(OrphanTest, ASaveRemovesTheOrphansOfInterruptedSavesAndNothingElse) {
     EXPECT_THAT(List(dir), ::testing::Not(::testing::Contains(name)));
   }
   EXPECT_THAT(List(root), ::testing::Contains("target"));
+}
+
+// Probe files hold no data: the next save's sweep removes the ones that
+// interrupted saves left, and a rank whose probe the sweep took first (it
+// is gone before the rank removes it) has still probed successfully.
+TEST(OrphanTest, ProbesOfInterruptedSavesGoAndAProbeAlreadyGoneIsNoError) {
+  const std::string dir = NewTestDir("orphan_probes");
+  ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());
+  const std::vector<std::string> probes = {".dcp-probe-0-00000000deadbeef",
+                                           ".dcp-probe-7-0123456789abcdef"};
+  for (const std::string& name : probes) WriteFileOfSize(dir, name, 0);
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = Sample::Make(2).SavePlanner();
+  ASSERT_TRUE(SaveOneRank(writer, planner).ok());
+  EXPECT_THAT(writer.orphan_cleanup().removed,
+              ElementsAre(probes[0], probes[1]));
+  std::vector<std::string> expected = CommittedDataFiles(dir);
+  expected.push_back(kMetadataFileName);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
+
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject(Fault{FaultOp::kUnlink, ENOENT, ".dcp-probe-", 0});
+  FileSystemWriterOptions options;
+  options.file_system = &faulty;
+  FileSystemWriter swept(dir, options);
+  FakeSavePlanner planner3 = Sample::Make(3).SavePlanner();
+  absl::Status saved = SaveOneRank(swept, planner3);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_GE(faulty.calls(FaultOp::kUnlink), 1);
+  ExpectLoads(dir, Sample::Make(3));
+  // The failed removal left the probe; the next save sweeps it.
+  EXPECT_THAT(List(dir), Contains(::testing::StartsWith(".dcp-probe-0-")));
+  ASSERT_TRUE(Save(dir, Sample::Make(4)).ok());
+  expected = CommittedDataFiles(dir);
+  expected.push_back(kMetadataFileName);
+  EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
 }
 
 TEST(OrphanTest, OrphansGoAtSetUpBeforeTheSaveWritesAnything) {

@@ -169,7 +169,8 @@ absl::Status RollForward(FileSystemBase& fs, const std::string& dir,
 }
 
 // Removes the temporary files of interrupted saves from `dir` (and
-// sharded/): names ".NAME.tmp-<save id>", nothing else.
+// sharded/): names ".NAME.tmp-<save id>", and the probe files
+// (IsProbeFileName) in `dir`; nothing else.
 void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
   for (const std::string& sub :
        {std::string(), std::string(kHfShardedDirName)}) {
@@ -177,8 +178,10 @@ void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
     absl::StatusOr<std::vector<std::string>> names = fs.ListDir(d);
     if (!names.ok()) continue;
     for (const std::string& name : *names) {
-      if (internal_io::IsTemporaryFileName(name))
+      if (internal_io::IsTemporaryFileName(name) ||
+          (sub.empty() && IsProbeFileName(name))) {
         fs.RemoveFile(JoinPath(d, name)).IgnoreError();
+      }
     }
   }
 }

@@ -176,20 +176,10 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
                          : path_),
       absl::StrCat(where, ": cannot create checkpoint directory ", path_)));
   // Probe that the directory takes new files now, not after planning.
-  const std::string probe =
-      JoinPath(path_, absl::StrCat(".dcp-probe-", rank, "-", save_id_));
-  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(probe);
-  if (!file.ok()) {
-    return Annotate(file.status(), absl::StrCat(where,
-                                                ": checkpoint "
-                                                "directory ",
-                                                path_, " is not writable"));
-  }
-  RecordCreated(probe);  // Abort removes it if the removal below fails.
-  absl::Status closed = (*file)->Close();
-  absl::Status removed = fs_->RemoveFile(probe);
-  DCP_RETURN_IF_ERROR(closed);
-  DCP_RETURN_IF_ERROR(removed);
+  // Abort removes the probe if its removal fails.
+  DCP_RETURN_IF_ERROR(
+      ProbeWritable(*fs_, path_, rank, save_id_,
+                    [&](const std::string& probe) { RecordCreated(probe); }));
   if (!is_coordinator_) return absl::OkStatus();
   if (directory_lock_ == nullptr) {
     DCP_ASSIGN_OR_RETURN(

@@ -235,6 +235,8 @@ TEST(HfCheckpoint, FqnToIndexMappingChoosesTheFiles) {
   ExpectEqualStates(saved, loaded);
 }
 
+// A new save replaces the checkpoint's files and what interrupted saves
+// left, nothing else.
 TEST(HfCheckpoint, ResaveReplacesTheCheckpointFilesOnly) {
   const std::string dir = MakeTempDir("hf_resave");
   StateDict first;
@@ -246,6 +248,8 @@ TEST(HfCheckpoint, ResaveReplacesTheCheckpointFilesOnly) {
   // What else lives in a model directory stays.
   std::ofstream(JoinPath(dir, "config.json")) << "{}";
   std::ofstream(JoinPath(dir, "adapter_model.safetensors")) << "not ours";
+  // An interrupted save's probe file goes.
+  std::ofstream(JoinPath(dir, ".dcp-probe-3-00000000deadbeef"));
 
   StateDict second;
   second["a"] = SeededTensor(DType::kF32, {4}, 3);

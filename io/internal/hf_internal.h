@@ -108,7 +108,8 @@ absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
 absl::Status RollForward(FileSystemBase& fs, const std::string& dir, bool sync);
 
 // Removes the temporary files of interrupted saves from `dir` (and
-// sharded/): names ".NAME.tmp-<save id>", nothing else.
+// sharded/): names ".NAME.tmp-<save id>", and the probe files
+// (IsProbeFileName) in `dir`; nothing else.
 void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir);
 
 // The files of the checkpoint in `dir` that a new save replaces: the
