@@ -1197,7 +1197,7 @@ static void test_hf_quantized(void) {
               DCP_INVALID_ARGUMENT, "dcp_hf_quantized_reader_create");
   CHECK(reader == NULL);
 
-  qo.block_size = 0; /* 128: one tile */
+  qo.block_size = 0; /* no config.json: 128, one tile */
   qo.target_dtype = DCP_DTYPE_F32;
   CHECK_OK(dcp_hf_quantized_reader_create(dir, &qo, &reader));
   memset(out, 0, sizeof(out));

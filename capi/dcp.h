@@ -415,7 +415,9 @@ typedef struct dcp_hf_quantized_reader_options {
   /* dcp_dtype_t the quantized weights load as: DCP_DTYPE_F32, _BF16 or
    * _F16; 0 (a zeroed struct): DCP_DTYPE_F32. */
   int32_t target_dtype;
-  int64_t block_size; /* the scales' tile edge; 0: 128 */
+  /* The scales' tile edge; 0: config.json's quantization_config
+   * .weight_block_size ([edge, edge]) when it has one, else 128. */
+  int64_t block_size;
 } dcp_hf_quantized_reader_options_t;
 
 /* The seed's QuantizedHuggingFaceStorageReader: the Hugging Face

@@ -17,13 +17,18 @@
 #include "core/box_copy.h"
 #include "core/status.h"
 #include "io/hf_quantized_storage.h"
+#include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/quantized_dequant.h"
+#include "nlohmann/json.hpp"
 #include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
 namespace dcp {
 namespace {
+
+// The largest config.json read for its block size.
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 // Skipped bytes between row segments read through rather than split.
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
@@ -205,12 +210,61 @@ absl::Status QuantizedHuggingFaceStorageReader::CheckTarget() const {
         "not ",
         DTypeName(options_.target_dtype)));
   }
-  if (options_.block_size < 1) {
+  if (options_.block_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "QuantizedHuggingFaceStorageReader: block_size must be positive, not ",
-        options_.block_size));
+        "QuantizedHuggingFaceStorageReader: block_size must be positive (0: "
+        "config.json's, else ",
+        kDefaultFp8BlockSize, "), not ", options_.block_size));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> QuantizedHuggingFaceStorageReader::BlockSize() const {
+  if (options_.block_size > 0) return options_.block_size;
+  DCP_ASSIGN_OR_RETURN(
+      std::optional<int64_t> configured,
+      ConfiguredFp8BlockSize(*internal_hf::OrLocal(options_.base.file_system),
+                             path_));
+  return configured.value_or(kDefaultFp8BlockSize);
+}
+
+absl::StatusOr<std::optional<int64_t>> ConfiguredFp8BlockSize(
+    FileSystemBase& fs, const std::string& dir) {
+  const std::string path = JoinPath(dir, "config.json");
+  absl::StatusOr<std::string> text =
+      internal_io::ReadSmallFile(fs, path, kMaxConfigBytes);
+  if (absl::IsNotFound(text.status())) return std::nullopt;
+  if (!text.ok()) return text.status();
+  const nlohmann::json config =
+      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded()) {
+    return absl::DataLossError(absl::StrCat(path, " is not JSON"));
+  }
+  if (!config.is_object()) return std::nullopt;
+  auto quantization = config.find("quantization_config");
+  if (quantization == config.end() || !quantization->is_object()) {
+    return std::nullopt;
+  }
+  auto block = quantization->find("weight_block_size");
+  if (block == quantization->end() || block->is_null()) return std::nullopt;
+  const auto positive = [](const nlohmann::json& v) {
+    return v.is_number_integer() && v.get<int64_t>() > 0;
+  };
+  if (!block->is_array() || block->size() != 2 || !positive((*block)[0]) ||
+      !positive((*block)[1])) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": quantization_config.weight_block_size is ",
+                     block->dump(), ", not two positive integers"));
+  }
+  const int64_t rows = (*block)[0].get<int64_t>();
+  const int64_t columns = (*block)[1].get<int64_t>();
+  if (rows != columns) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": quantization_config.weight_block_size is [", rows, ", ",
+        columns,
+        "]; QuantizedHuggingFaceStorageReader reads square blocks only"));
+  }
+  return rows;
 }
 
 absl::Status QuantizedHuggingFaceStorageReader::Reset(
@@ -225,7 +279,7 @@ absl::Status QuantizedHuggingFaceStorageReader::Reset(
 absl::StatusOr<Metadata> QuantizedHuggingFaceStorageReader::ReadMetadata() {
   DCP_RETURN_IF_ERROR(CheckTarget());
   DCP_ASSIGN_OR_RETURN(Metadata metadata, inner_.ReadMetadata());
-  const int64_t block = options_.block_size;
+  DCP_ASSIGN_OR_RETURN(const int64_t block, BlockSize());
   std::map<std::string, Quantized> quantized;
   for (const auto& [fqn, value] : metadata.state_dict_metadata) {
     const auto* tensor = std::get_if<TensorStorageMetadata>(&value);
@@ -287,6 +341,7 @@ absl::StatusOr<Metadata> QuantizedHuggingFaceStorageReader::ReadMetadata() {
         .properties.dtype = options_.target_dtype;
   }
   quantized_ = std::move(quantized);
+  block_size_ = block;
   analyzed_ = true;
   return metadata;
 }
@@ -518,7 +573,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
           const Unit& unit = units[i];
           Use& use = uses[unit.use];
           absl::Status status =
-              ReadUnit(use, unit, options_.block_size, scratch, bytes_read);
+              ReadUnit(use, unit, block_size_, scratch, bytes_read);
           if (!status.ok()) {
             error.Update(Annotate(
                 status,

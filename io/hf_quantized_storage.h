@@ -41,14 +41,29 @@ namespace dcp {
 // The suffix of a scale tensor's name: the scale of `W` is `W` + this.
 inline constexpr char kHfScaleSuffix[] = "_scale_inv";
 
+// The tile edge of the scales when neither the options nor config.json
+// give one (DeepSeek-V3's).
+inline constexpr int64_t kDefaultFp8BlockSize = 128;
+
+// The tile edge config.json in `dir` gives (`quantization_config`
+// `weight_block_size`, two equal positive integers); nullopt when there is
+// no config.json or it gives none. kDataLoss naming the file for a
+// config.json that is not JSON or a weight_block_size that is not two
+// positive integers; kUnimplemented for unequal edges.
+absl::StatusOr<std::optional<int64_t>> ConfiguredFp8BlockSize(
+    FileSystemBase& fs, const std::string& dir);
+
 struct QuantizedHuggingFaceStorageReaderOptions {
   // Threads reading and dequantizing; also the inner reader's.
   int thread_count = 1;
   // What quantized weights load as: kF32, kBF16 or kF16 (else SetUp and
   // ReadMetadata fail with kInvalidArgument).
   DType target_dtype = DType::kF32;
-  // The tile edge of the scales (DeepSeek-V3: 128).
-  int64_t block_size = 128;
+  // The tile edge of the scales; 0: the checkpoint's config.json
+  // `quantization_config.weight_block_size` ([edge, edge], as DeepSeek-V3
+  // and transformers' FP8 models write it) when it has one, else
+  // kDefaultFp8BlockSize.
+  int64_t block_size = 0;
   // Fp8 bytes one thread holds per window (at least one row).
   int64_t read_window_bytes = int64_t{8} << 20;
   // The inner reader's other options (thread_count is overridden above);
@@ -89,13 +104,16 @@ class QuantizedHuggingFaceStorageReader final : public StorageReader {
     Shape scale_shape;
   };
   absl::Status CheckTarget() const;
+  // options_.block_size, or when it is 0 config.json's, else the default.
+  absl::StatusOr<int64_t> BlockSize() const;
 
   std::string path_;
   QuantizedHuggingFaceStorageReaderOptions options_;
   HuggingFaceStorageReader inner_;
   std::optional<Metadata> metadata_;
   std::map<std::string, Quantized> quantized_;
-  bool analyzed_ = false;  // quantized_ describes path_.
+  bool analyzed_ = false;   // quantized_ describes path_.
+  int64_t block_size_ = 0;  // Of path_, once analyzed_.
   int64_t quantized_bytes_read_ = 0;
   int64_t scale_tensors_read_ = 0;
   std::unique_ptr<DeviceStaging> owned_staging_;

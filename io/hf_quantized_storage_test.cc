@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -318,6 +319,70 @@ absl::Status MetadataError(const std::vector<Entry>& entries,
   options.target_dtype = DType::kBF16;
   QuantizedHuggingFaceStorageReader reader(dir, options);
   return reader.ReadMetadata().status();
+}
+
+void WriteConfig(const std::string& dir, const std::string& text) {
+  std::ofstream(dir + "/config.json") << text;
+}
+
+// block_size 0 takes the tile edge from config.json, as transformers'
+// FP8 models and DeepSeek-V3 record it, else 128.
+TEST(QuantizedConfig, BlockSizeComesFromConfigJson) {
+  const std::string dir = QuantizedCheckpoint();  // 2x2 tiles.
+  WriteConfig(dir, R"({"model_type": "deepseek_v3", "quantization_config":
+                       {"quant_method": "fp8", "fmt": "e4m3",
+                        "weight_block_size": [2, 2]}})");
+  StateDict state;
+  state["w.weight"] = Tensor::Empty(DType::kF32, {3, 5});
+  QuantizedHuggingFaceStorageReaderOptions options;  // block_size 0.
+  ASSERT_LOADS(LoadQuantized(dir, state, options));
+  EXPECT_EQ(BytesOf(state["w.weight"].tensor()),
+            Expected(kWValue, DType::kF32));
+  EXPECT_EQ(ConfiguredFp8BlockSize(LocalFileSystem(), dir).value(), 2);
+
+  // No config.json: 128, which these scales do not fit.
+  std::filesystem::remove(dir + "/config.json");
+  EXPECT_EQ(ConfiguredFp8BlockSize(LocalFileSystem(), dir).value(),
+            std::nullopt);
+  QuantizedHuggingFaceStorageReader reader(dir, options);
+  absl::Status status = reader.ReadMetadata().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("in 128x128 blocks"));
+  // An explicit block_size wins over config.json.
+  WriteConfig(dir, R"({"quantization_config": {"weight_block_size": [4, 4]}})");
+  options.block_size = 2;
+  ASSERT_LOADS(LoadQuantized(dir, state, options));
+  // A config.json without a block size: the default.
+  WriteConfig(dir, R"({"quantization_config": {"quant_method": "fp8"}})");
+  EXPECT_EQ(ConfiguredFp8BlockSize(LocalFileSystem(), dir).value(),
+            std::nullopt);
+}
+
+TEST(QuantizedConfig, MalformedBlockSizesNameTheFile) {
+  const std::string dir = QuantizedCheckpoint();
+  const std::string path = dir + "/config.json";
+  struct Case {
+    std::string text;
+    absl::StatusCode code;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{not json", absl::StatusCode::kDataLoss, "is not JSON"},
+           {R"({"quantization_config": {"weight_block_size": [128]}})",
+            absl::StatusCode::kDataLoss, "[128], not two positive integers"},
+           {R"({"quantization_config": {"weight_block_size": [0, 0]}})",
+            absl::StatusCode::kDataLoss, "not two positive integers"},
+           {R"({"quantization_config": {"weight_block_size": "128"}})",
+            absl::StatusCode::kDataLoss, "not two positive integers"},
+           {R"({"quantization_config": {"weight_block_size": [128, 64]}})",
+            absl::StatusCode::kUnimplemented, "square blocks only"}}) {
+    WriteConfig(dir, c.text);
+    QuantizedHuggingFaceStorageReader reader(dir, {});
+    absl::Status status = reader.ReadMetadata().status();
+    EXPECT_EQ(status.code(), c.code) << c.text;
+    EXPECT_THAT(status.message(), AllOf(HasSubstr(path), HasSubstr(c.says)))
+        << c.text;
+  }
 }
 
 TEST(QuantizedErrors, MissingScale) {

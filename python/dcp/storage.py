@@ -365,16 +365,18 @@ class QuantizedHuggingFaceStorageReader(_Storage):
     thread_count: threads reading and dequantizing.
     target_dtype: torch.float32 (None: the default), torch.bfloat16 or
       torch.float16; what quantized weights load as.
-    block_size: the scales' tile edge.
+    block_size: the scales' tile edge; None: the checkpoint's config.json
+      ``quantization_config.weight_block_size`` (``[edge, edge]``) when it
+      has one, else 128.
     """
 
     _TARGETS = {"float32": 11, "bfloat16": 10, "float16": 9}
 
     def __init__(self, path, thread_count: int = 1, target_dtype=None,
-                 block_size: int = 128):
+                 block_size: int | None = None):
         if thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        if block_size < 1:
+        if block_size is not None and block_size < 1:
             raise ValueError(f"block_size must be >= 1, not {block_size}")
         name = ("float32" if target_dtype is None
                 else str(target_dtype).replace("torch.", ""))
@@ -385,7 +387,7 @@ class QuantizedHuggingFaceStorageReader(_Storage):
         self.path = os.fspath(path)
         self.thread_count = int(thread_count)
         self.target_dtype = target_dtype
-        self.block_size = int(block_size)
+        self.block_size = None if block_size is None else int(block_size)
         self._dcp_dtype = self._TARGETS[name]
 
     def _create(self, path=None) -> ctypes.c_void_p:
@@ -393,7 +395,7 @@ class QuantizedHuggingFaceStorageReader(_Storage):
         options = _lib.sized(_lib.HfQuantizedReaderOptions,
                              thread_count=self.thread_count,
                              target_dtype=self._dcp_dtype,
-                             block_size=self.block_size)
+                             block_size=self.block_size or 0)
         _lib.check(_lib.lib().dcp_hf_quantized_reader_create(
             os.fspath(path if path is not None else self.path).encode(),
             ctypes.byref(options), ctypes.byref(handle)))

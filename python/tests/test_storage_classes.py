@@ -81,28 +81,29 @@ def test_mega_reader_of_an_empty_directory_raises(tmp_path):
 BLOCK = 128
 
 
-def _quantize(w):
-    """(fp8 E4M3, float32 scale_inv) of a 2-D float32 `w`, 128x128 blocks."""
+def _quantize(w, block=BLOCK):
+    """(fp8 E4M3, float32 scale_inv) of a 2-D float32 `w`, block x block
+    tiles."""
     rows, cols = w.shape
-    sr, sc = -(-rows // BLOCK), -(-cols // BLOCK)
-    padded = torch.zeros(sr * BLOCK, sc * BLOCK)
+    sr, sc = -(-rows // block), -(-cols // block)
+    padded = torch.zeros(sr * block, sc * block)
     padded[:rows, :cols] = w
-    amax = padded.reshape(sr, BLOCK, sc, BLOCK).abs().amax(dim=(1, 3))
+    amax = padded.reshape(sr, block, sc, block).abs().amax(dim=(1, 3))
     scale = (amax.clamp(min=1e-6) / 448.0).contiguous()
-    q = (w / _expand(scale, rows, cols)).clamp(-448, 448).to(
+    q = (w / _expand(scale, rows, cols, block)).clamp(-448, 448).to(
         torch.float8_e4m3fn)
     return q, scale
 
 
-def _expand(scale, rows, cols):
-    return scale.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(
-        BLOCK, 1)[:, :cols]
+def _expand(scale, rows, cols, block=BLOCK):
+    return scale.repeat_interleave(block, 0)[:rows].repeat_interleave(
+        block, 1)[:, :cols]
 
 
-def _dequantize(q, scale, target):
+def _dequantize(q, scale, target, block=BLOCK):
     """The reference: fp8 to float32, times its block's scale, to target."""
     return (q.to(torch.float32) *
-            _expand(scale, q.shape[0], q.shape[1])).to(target)
+            _expand(scale, q.shape[0], q.shape[1], block)).to(target)
 
 
 @pytest.mark.parametrize("target", [None, torch.bfloat16, torch.float32])
@@ -131,6 +132,27 @@ def test_quantized_reader_matches_torch_dequantization(tmp_path, target):
                        want.view(torch.int16 if dtype == torch.bfloat16
                                  else torch.int32))
     assert torch.equal(loaded["model.norm"], norm)
+
+
+def test_quantized_reader_takes_the_block_size_from_config_json(tmp_path):
+    g = torch.Generator().manual_seed(22)
+    w = torch.randn(100, 70, generator=g)
+    q, scale = _quantize(w, block=32)
+    safetensors_torch.save_file({"w": q, "w_scale_inv": scale},
+                                str(tmp_path / "model.safetensors"),
+                                metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(
+        '{"quantization_config": {"quant_method": "fp8", '
+        '"weight_block_size": [32, 32]}}')
+    loaded = {"w": torch.zeros(100, 70)}
+    dcp.load(loaded, storage_reader=dcp.QuantizedHuggingFaceStorageReader(
+        str(tmp_path)))
+    assert torch.equal(loaded["w"], _dequantize(q, scale, torch.float32, 32))
+    # Without config.json the default 128 does not fit these scales.
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(dcp.CheckpointException, match="128x128"):
+        dcp.load(loaded, storage_reader=dcp.QuantizedHuggingFaceStorageReader(
+            str(tmp_path)))
 
 
 def test_quantized_reader_refuses_other_targets(tmp_path):
