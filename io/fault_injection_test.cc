@@ -520,7 +520,7 @@ INSTANTIATE_TEST_SUITE_P(
                                     absl::StatusCode::kNotFound,
                                     {"open for read", ".distcp"}},
                       LoadFaultCase{"read_data",
-                                    F(FaultOp::kRead, EIO, ".distcp", 3),
+                                    F(FaultOp::kRead, EIO, ".distcp", 1),
                                     absl::StatusCode::kDataLoss,
                                     {"pread", ".distcp", "offset="}}),
     [](const ::testing::TestParamInfo<LoadFaultCase>& info) {

@@ -21,11 +21,13 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
 #include "io/fs_test_helpers.h"
+#include "io/io_engine.h"
 #include "io/metadata_format.h"
 #include "io/testing/fake_planners.h"
 #include "io/testing/metadata_surgery.h"
@@ -722,6 +724,79 @@ TEST(FileSystemStorageTest, SmallItemsCountTheirAlignedBounceAgainstTheWindow) {
   // Two windows in memory at once, each within read_window_bytes.
   EXPECT_GT(reader.peak_bounce_bytes(), 0);
   EXPECT_LE(reader.peak_bounce_bytes(), 2 * options.read_window_bytes);
+}
+
+// Counts the read requests it passes on to a POSIX engine.
+class ReadCountingEngine : public IoEngine {
+ public:
+  absl::string_view name() const override { return "read-counting"; }
+  std::vector<Future<size_t>> Submit(
+      absl::Span<const IoRequest> batch) override {
+    for (const IoRequest& r : batch) reads += r.op == IoRequest::Op::kRead;
+    return inner_->Submit(batch);
+  }
+  int reads = 0;
+
+ private:
+  std::unique_ptr<IoEngine> inner_ = NewPosixIoEngine({});
+};
+
+TEST(FileSystemStorageTest, SmallItemsThatFollowEachOtherShareOneRead) {
+  // 300 items of 100 bytes packed into one file in name order (as the
+  // default planner plans them): read in runs, each item still checked
+  // against its own checksums.
+  const std::string dir = NewTestDir("small_items_coalesced");
+  FakeSavePlanner save;
+  std::vector<Tensor> originals;
+  for (int i = 0; i < 300; ++i) {
+    originals.push_back(PatternTensor(DType::kF32, {25}, 100 + i));
+    save.AddTensor(absl::StrFormat("t%03d", i), originals.back());
+  }
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+  const std::vector<std::string> files = DataFiles(dir);
+  ASSERT_THAT(files, SizeIs(1));
+  auto load = [&](bool direct, ReadCountingEngine& engine,
+                  std::vector<Tensor>& dests) {
+    FakeLoadPlanner planner;
+    dests.clear();
+    for (int i = 0; i < 300; ++i) {
+      dests.push_back(Tensor::Empty(DType::kF32, {25}));
+      planner.SetDestination(
+          MetadataIndex(absl::StrFormat("t%03d", i), Shape{0}), dests.back());
+    }
+    FileSystemReaderOptions options;
+    options.direct_io = direct;
+    options.io_engine = &engine;
+    FileSystemReader reader(dir, options);
+    return LoadOneRank(reader, planner);
+  };
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "direct" : "buffered");
+    ReadCountingEngine engine;
+    std::vector<Tensor> dests;
+    ASSERT_TRUE(load(direct, engine, dests).ok());
+    for (int i = 0; i < 300; ++i) {
+      EXPECT_TRUE(dests[i].BytesEqual(originals[i])) << i;
+    }
+    // 30,000 bytes in one file: one read, not one per item.
+    EXPECT_EQ(engine.reads, 1);
+  }
+  // A flipped byte inside the run names its own item.
+  const Metadata metadata = *ReadMetadataOf(dir);
+  const StorageInfo& info =
+      metadata.storage_data.at(MetadataIndex("t150", Shape{0}));
+  FlipByte(JoinPath(dir, info.relative_path), info.offset + 7);
+  for (bool direct : {false, true}) {
+    ReadCountingEngine engine;
+    std::vector<Tensor> dests;
+    absl::Status status = load(direct, engine, dests);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << direct;
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr("t150"), HasSubstr("checksum mismatch"),
+                      HasSubstr(absl::StrCat("offset ", info.offset))))
+        << direct;
+  }
 }
 
 TEST(FileSystemStorageTest, WholeChunkLoadsReadInPlaceWithoutBounce) {

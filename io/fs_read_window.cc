@@ -93,7 +93,11 @@ absl::Status PlanItem(
         what));
     stored.dests.push_back(std::move(dest));
   }
-  if (CanReadInPlace(stored, stored.dests.front(), options.direct)) {
+  // Items under kMinInPlaceBytes go through bounce runs even when they
+  // could be read in place: one read for a run of them costs less than a
+  // read each (ReadStoredItems).
+  if (stored.info->length >= kMinInPlaceBytes &&
+      CanReadInPlace(stored, stored.dests.front(), options.direct)) {
     ReadSlot& slot = add({0, blocks, 0, NumElements(stored.chunk_sizes)});
     slot.zero_copy = true;
     // In place, but under O_DIRECT a partial last block comes through a
@@ -148,13 +152,86 @@ absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
   const int64_t start = direct ? AlignDown(offset, kDirectIoAlignment) : offset;
   const int64_t end =
       direct ? AlignUp(offset + length, kDirectIoAlignment) : offset + length;
-  slot.buffer = std::make_unique<BounceBuffer>(end - start, meter);
+  slot.buffer = std::make_shared<BounceBuffer>(end - start, meter);
   slot.lead = offset - start;
   slot.target = slot.buffer->data() + slot.lead;
   slot.requests.push_back(
       IoRequest::Read(slot.file, start, slot.buffer->data(), end - start));
   return absl::OkStatus();
 }
+
+// The file bytes [start, end) a bounce slot reads (widened to aligned
+// blocks under O_DIRECT).
+std::pair<int64_t, int64_t> BounceRange(const ReadSlot& slot, bool direct) {
+  const int64_t start = slot.stored->info->offset + slot.io_begin;
+  const int64_t end = slot.stored->info->offset + slot.io_end;
+  if (!direct) return {start, end};
+  return {AlignDown(start, kDirectIoAlignment),
+          AlignUp(end, kDirectIoAlignment)};
+}
+
+// Small bounce slots of one file that follow each other on disk, read with
+// one request into one buffer: a state of many small tensors packs them
+// into few files, and one read per item would cost more than its bytes.
+class BounceRun {
+ public:
+  // The largest gap between two slots' bytes that a run reads through.
+  static constexpr int64_t kMaxGapBytes = 4096;
+
+  BounceRun(bool direct, int64_t max_bytes)
+      : direct_(direct), max_bytes_(max_bytes) {}
+
+  bool empty() const { return slots_.empty(); }
+
+  // Whether `slot` (a bounce slot with bytes to read) extends the run.
+  bool Extends(const ReadSlot& slot) const {
+    if (slots_.empty()) return true;
+    const auto [start, end] = BounceRange(slot, direct_);
+    return slot.stored->info->relative_path ==
+               slots_.front()->stored->info->relative_path &&
+           start >= end_ - (direct_ ? kDirectIoAlignment : 0) &&
+           start <= end_ + kMaxGapBytes && end - start_ <= max_bytes_;
+  }
+
+  void Add(ReadSlot& slot) {
+    const auto [start, end] = BounceRange(slot, direct_);
+    if (slots_.empty()) start_ = start;
+    end_ = std::max(end_, end);
+    slots_.push_back(&slot);
+  }
+
+  // Allocates the run's buffer and returns its one request (the run is
+  // then empty, its slots in `slots`); the slots point into the buffer. The
+  // error of opening the file, set as every slot's read.
+  absl::StatusOr<IoRequest> Prepare(OpenFiles& files, BounceMeter& meter,
+                                    std::vector<ReadSlot*>& slots) {
+    slots.swap(slots_);
+    slots_.clear();
+    absl::StatusOr<const OpenFiles::Entry*> entry =
+        files.Get(slots.front()->stored->info->relative_path);
+    if (!entry.ok()) {
+      for (ReadSlot* slot : slots) {
+        slot->reads.push_back(Future<size_t>::Ready(entry.status()));
+      }
+      return entry.status();
+    }
+    File* file = (*entry)->file.get();
+    auto buffer = std::make_shared<BounceBuffer>(end_ - start_, meter);
+    for (ReadSlot* slot : slots) {
+      slot->file = file;
+      slot->buffer = buffer;
+      slot->lead = slot->stored->info->offset + slot->io_begin - start_;
+      slot->target = buffer->data() + slot->lead;
+    }
+    return IoRequest::Read(file, start_, buffer->data(), end_ - start_);
+  }
+
+ private:
+  const bool direct_;
+  const int64_t max_bytes_;
+  std::vector<ReadSlot*> slots_;
+  int64_t start_ = 0, end_ = 0;
+};
 
 // Decodes the verified stored blocks of an encoded `slot` into a raw bounce
 // buffer and points slot.target at it. kDataLoss naming the item, the file
@@ -396,7 +473,23 @@ absl::Status ReadStoredItems(
     const size_t begin = next_slot;
     int64_t bounce_bytes = 0;
     std::vector<IoRequest> batch;
+    // The slots that wait on request i of the batch: batch_slots
+    // [batch_first[i], batch_first[i + 1]).
     std::vector<ReadSlot*> batch_slots;
+    std::vector<size_t> batch_first;
+    BounceRun run(options.direct, options.piece_bytes);
+    std::vector<ReadSlot*> run_slots;
+    auto flush_run = [&] {
+      if (run.empty()) return;
+      absl::StatusOr<IoRequest> request = run.Prepare(files, meter, run_slots);
+      if (!request.ok()) {
+        error.Update(request.status());
+        return;
+      }
+      batch.push_back(*request);
+      batch_first.push_back(batch_slots.size());
+      batch_slots.insert(batch_slots.end(), run_slots.begin(), run_slots.end());
+    };
     while (!error.failed()) {
       if (next_slot == done + slots.size()) {
         if (next_item == stored.size()) break;
@@ -410,21 +503,32 @@ absl::Status ReadStoredItems(
         break;
       }
       ++next_slot;
+      bounce_bytes += slot.buffer_bytes;
+      if (!slot.zero_copy && slot.io_end > slot.io_begin) {
+        if (!run.Extends(slot)) flush_run();
+        run.Add(slot);
+        continue;
+      }
+      flush_run();
       absl::Status prepared = PrepareSlot(files, options.direct, meter, slot);
       if (!prepared.ok()) {
         slot.reads.push_back(Future<size_t>::Ready(prepared));
         error.Update(prepared);
         break;
       }
-      bounce_bytes += slot.buffer_bytes;
       for (const IoRequest& request : slot.requests) {
         batch.push_back(request);
+        batch_first.push_back(batch_slots.size());
         batch_slots.push_back(&slot);
       }
     }
+    flush_run();
     std::vector<Future<size_t>> futures = engine.Submit(batch);
+    batch_first.push_back(batch_slots.size());
     for (size_t i = 0; i < futures.size(); ++i) {
-      batch_slots[i]->reads.push_back(std::move(futures[i]));
+      for (size_t j = batch_first[i]; j < batch_first[i + 1]; ++j) {
+        batch_slots[j]->reads.push_back(futures[i]);
+      }
     }
     return {begin, next_slot};
   };

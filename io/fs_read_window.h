@@ -38,6 +38,9 @@ namespace dcp::internal_fs {
 // Loads through bounce buffers: the most bytes one read of a stored item
 // takes (whole checksum blocks; the window size caps it further).
 inline constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
+// Stored items smaller than this are read through bounce buffers, runs of
+// neighbours in one file with one request, never in place one by one.
+inline constexpr int64_t kMinInPlaceBytes = int64_t{64} << 10;
 
 // Opens each data file of a directory once and shares it between threads.
 // Thread-safe; entries stay valid as long as the OpenFiles.
@@ -127,7 +130,10 @@ struct ReadSlot {
   // `decoded`.
   std::byte* target = nullptr;
   std::unique_ptr<BounceBuffer> decoded;
-  std::unique_ptr<BounceBuffer> buffer;
+  // Shared by a run of small slots of one file read with one request
+  // (ReadStoredItems coalesces them); `reads` then holds that request's
+  // future in each of them.
+  std::shared_ptr<BounceBuffer> buffer;
   int64_t lead = 0;
   // Zero copy with O_DIRECT: the aligned body is read in place, the last
   // partial block through `tail`.
