@@ -4,6 +4,7 @@
 // --dtype converts floating tensors only; bad arguments are named.
 #include "tools/convert.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/file_system_storage.h"
 #include "io/hf_storage.h"
 #include "io/quantized_dequant.h"
 #include "io/safetensors.h"
@@ -228,6 +230,72 @@ TEST(Convert, DtypeConvertsFloatingTensorsOnly) {
   std::memcpy(got.data(), back["f32"].tensor().data(), 16);
   EXPECT_EQ(got, (std::vector<float>{1.0f, 1.0f, 3.140625f, -2.5f}));
   EXPECT_TRUE(back["i32"].tensor().BytesEqual(state["i32"].tensor()));
+}
+
+// Hugging Face -> dcp streams: with a small buffer every tensor larger than
+// it is saved as several row chunks, one batch of windows after another
+// (here one written per batch), and the checkpoint loads bit for bit, also
+// converted to another dtype; only .metadata and the data files it names
+// are left.
+TEST(Convert, ToDcpStreamsInBatchesOfTheBuffer) {
+  StateDict state;
+  state["big"] = SeededTensor(DType::kBF16, {300, 129}, 11);  // 77400 bytes.
+  state["i64"] = SeededTensor(DType::kI64, {1000}, 12);       // 8000 bytes.
+  state["scalar"] = SeededTensor(DType::kF32, {}, 13);
+  state["empty"] = SeededTensor(DType::kF16, {0, 3}, 14);
+  state["f32"] = SeededTensor(DType::kF32, {7, 5}, 15);
+  const std::string root = MakeTempDir("convert_stream");
+  const std::string src = root + "/src", hf = root + "/hf",
+                    back = root + "/back", wide = root + "/wide";
+  ASSERT_TRUE(SaveDcp(state, src).ok());
+  ASSERT_TRUE(RunConvert(src, hf, Options("safetensors")).ok());
+
+  ConvertOptions options = Options("dcp");
+  options.buffer_bytes = 10000;  // "big" in windows of 38 rows.
+  ASSERT_TRUE(RunConvert(hf, back, options).ok());
+  StateDict loaded = ZerosLike(state);
+  ASSERT_TRUE(LoadDcp(loaded, back).ok());
+  for (const auto& [name, value] : state) {
+    EXPECT_TRUE(loaded[name].tensor().BytesEqual(value.tensor())) << name;
+  }
+  FileSystemReader reader(back);
+  absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  const auto& big =
+      std::get<TensorStorageMetadata>(metadata->state_dict_metadata.at("big"));
+  EXPECT_EQ(big.chunks.size(), 8u);  // ceil(300 / 38).
+  std::set<std::string> expected{".metadata"};
+  for (const auto& [index, info] : metadata->storage_data) {
+    expected.insert(info.relative_path);
+  }
+  EXPECT_GE(expected.size(), 9u);  // Batches write files of their own.
+  EXPECT_EQ(ListFiles(back), expected);
+
+  // To f32: the floating tensors widen exactly, the integers are kept.
+  options.dtype = DType::kF32;
+  ASSERT_TRUE(RunConvert(hf, wide, options).ok());
+  StateDict widened;
+  widened["big"] = Tensor::Empty(DType::kF32, {300, 129});
+  widened["i64"] = Tensor::Empty(DType::kI64, {1000});
+  widened["scalar"] = Tensor::Empty(DType::kF32, {});
+  widened["empty"] = Tensor::Empty(DType::kF32, {0, 3});
+  widened["f32"] = Tensor::Empty(DType::kF32, {7, 5});
+  ASSERT_TRUE(LoadDcp(widened, wide).ok());
+  const auto* bf16 = static_cast<const uint16_t*>(state["big"].tensor().data());
+  const auto* f32 = static_cast<const float*>(widened["big"].tensor().data());
+  for (int64_t i = 0; i < 300 * 129; ++i) {
+    const uint32_t bits = uint32_t{bf16[i]} << 16;
+    float expect;
+    std::memcpy(&expect, &bits, 4);
+    if (std::isnan(expect)) {
+      ASSERT_TRUE(std::isnan(f32[i])) << i;
+    } else {
+      ASSERT_EQ(f32[i], expect) << i;
+    }
+  }
+  EXPECT_TRUE(widened["i64"].tensor().BytesEqual(state["i64"].tensor()));
+  EXPECT_TRUE(widened["f32"].tensor().BytesEqual(state["f32"].tensor()));
+  EXPECT_TRUE(widened["scalar"].tensor().BytesEqual(state["scalar"].tensor()));
 }
 
 TEST(Convert, BadArgumentsAreNamed) {

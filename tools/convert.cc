@@ -23,7 +23,11 @@
 #include "io/hf_storage.h"
 #include "io/quantized_dequant.h"
 #include "io/safetensors.h"
+#include "io/storage.h"
 #include "nlohmann/json.hpp"
+#include "planner/default_planner.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
 #include "tools/commands.h"
 
 namespace dcp {
@@ -138,11 +142,72 @@ absl::Status Rename(const std::string& from, const std::string& to) {
 
 // One window of whole rows of a tensor, loaded in a batch.
 struct Piece {
-  const SafetensorsTensor* tensor = nullptr;
+  const SafetensorsTensor* tensor = nullptr;  // Output name, dtype, shape.
   DType source = DType::kF32;
   int64_t row0 = 0, rows = 0;  // Dim 0; a 0-d tensor is one "row".
   int64_t bytes = 0;           // In the source dtype.
 };
+
+// Calls `emit(piece)` for the windows of whole rows `t` is read in: each at
+// most `buffer_bytes` in the larger of its source and output dtypes (at
+// least one row). A tensor with no elements has no window.
+template <typename Emit>
+void ForEachWindow(const SafetensorsTensor& t, DType source,
+                   int64_t buffer_bytes, Emit emit) {
+  const int64_t numel = NumElements(t.shape);
+  if (numel == 0) return;
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  const int64_t row_elements = numel / rows;
+  const int64_t widest =
+      static_cast<int64_t>(std::max(ElementSize(source), ElementSize(t.dtype)));
+  const int64_t window =
+      std::clamp<int64_t>(buffer_bytes / (row_elements * widest), 1, rows);
+  for (int64_t r = 0; r < rows; r += window) {
+    Piece p{&t, source, r, std::min(window, rows - r), 0};
+    p.bytes = p.rows * row_elements * static_cast<int64_t>(ElementSize(source));
+    emit(p);
+  }
+}
+
+// Puts `p`'s rows at `data` (in dtype `dtype`) into `state`: the tensor
+// itself when the window is all of it, else a shard of a ShardedTensor
+// (windows of one tensor share it).
+void AddPiece(StateDict& state, const Piece& p, std::byte* data, DType dtype) {
+  const Shape& shape = p.tensor->shape;
+  Shape sizes = shape;
+  if (!sizes.empty()) sizes[0] = p.rows;
+  const TensorView view(data, dtype, sizes);
+  if (shape.empty() || p.rows == shape[0]) {
+    state[p.tensor->name] = Tensor::Wrap(view);
+    return;
+  }
+  Shape offsets(shape.size(), 0);
+  offsets[0] = p.row0;
+  Shard shard{offsets, Tensor::Wrap(view)};
+  auto [it, added] = state.try_emplace(p.tensor->name);
+  if (added) {
+    it->second = ShardedTensor(dtype, shape, {std::move(shard)});
+  } else {
+    it->second.sharded_tensor().mutable_local_shards().push_back(
+        std::move(shard));
+  }
+}
+
+// Loads the source bytes of `batch` from `reader` into `buffer`, the pieces
+// one after another.
+absl::Status LoadPieces(StorageReader& reader, const std::vector<Piece>& batch,
+                        std::byte* buffer) {
+  StateDict state;
+  int64_t offset = 0;
+  for (const Piece& p : batch) {
+    AddPiece(state, p, buffer + offset, p.source);
+    offset += p.bytes;
+  }
+  LoadOptions load;
+  load.storage_reader = &reader;
+  load.no_dist = true;
+  return Load(state, load);
+}
 
 absl::Status ToSafetensors(const std::string& src, const std::string& dst,
                            const ConvertOptions& options) {
@@ -222,28 +287,8 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
     auto flush = [&]() -> absl::Status {
       if (batch.empty()) return absl::OkStatus();
       buffer.resize(batch_bytes);
-      StateDict state;
+      DCP_RETURN_IF_ERROR(LoadPieces(reader, batch, buffer.data()));
       int64_t offset = 0;
-      for (const Piece& p : batch) {
-        const Shape& shape = p.tensor->shape;
-        Shape sizes = shape;
-        if (!sizes.empty()) sizes[0] = p.rows;
-        const TensorView view(buffer.data() + offset, p.source, sizes);
-        offset += p.bytes;
-        if (shape.empty() || p.rows == shape[0]) {
-          state[p.tensor->name] = Tensor::Wrap(view);
-        } else {
-          Shape offsets(shape.size(), 0);
-          offsets[0] = p.row0;
-          state[p.tensor->name] = ShardedTensor(
-              p.source, shape, {Shard{offsets, Tensor::Wrap(view)}});
-        }
-      }
-      LoadOptions load;
-      load.storage_reader = &reader;
-      load.no_dist = true;
-      DCP_RETURN_IF_ERROR(Load(state, load));
-      offset = 0;
       for (const Piece& p : batch) {
         const std::byte* data = buffer.data() + offset;
         offset += p.bytes;
@@ -262,24 +307,19 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
       batch_bytes = 0;
       return absl::OkStatus();
     };
+    absl::Status status;
     for (const SafetensorsTensor& t : file.layout) {
-      const DType source = source_dtype.at(t.name);
-      const int64_t numel = NumElements(t.shape);
-      if (numel == 0) continue;
-      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-      const int64_t row_bytes =
-          numel / rows * static_cast<int64_t>(ElementSize(source));
-      const int64_t window =
-          std::clamp<int64_t>(options.buffer_bytes / row_bytes, 1, rows);
-      for (int64_t r = 0; r < rows; r += window) {
-        Piece p{&t, source, r, std::min(window, rows - r), 0};
-        p.bytes = p.rows * row_bytes;
-        if (batch_bytes > 0 && batch_bytes + p.bytes > options.buffer_bytes) {
-          DCP_RETURN_IF_ERROR(flush());
-        }
-        batch.push_back(p);
-        batch_bytes += p.bytes;
-      }
+      ForEachWindow(t, source_dtype.at(t.name), options.buffer_bytes,
+                    [&](const Piece& p) {
+                      if (!status.ok()) return;
+                      if (batch_bytes > 0 &&
+                          batch_bytes + p.bytes > options.buffer_bytes) {
+                        status = flush();
+                      }
+                      batch.push_back(p);
+                      batch_bytes += p.bytes;
+                    });
+      DCP_RETURN_IF_ERROR(status);
     }
     DCP_RETURN_IF_ERROR(flush());
     DCP_RETURN_IF_ERROR(out->Sync());
@@ -310,47 +350,164 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
   return absl::OkStatus();
 }
 
+// The windows of one save, written together: their source bytes at
+// source_offset of the load buffer, and converted ones at output_offset of
+// the output buffer.
+struct Batch {
+  std::vector<Piece> pieces;
+  std::vector<int64_t> output_offsets;  // -1: saved from the load buffer.
+  int64_t source_bytes = 0;
+  int64_t output_bytes = 0;
+};
+
+// Converts the Hugging Face directory `src` into a dcp checkpoint in `dst`
+// with one save whose data is produced batch by batch: the state dict the
+// planner sees holds views into two buffers (the loaded source bytes and
+// the converted ones) that every batch reuses, and the writer's WriteData
+// runs once per batch, under a file prefix of its own, after that batch was
+// loaded. The metadata, planned once for the whole state, is committed at
+// the end; a failure removes every file written.
 absl::Status ToDcp(const std::string& src, const std::string& dst,
                    const ConvertOptions& options) {
   HuggingFaceStorageReaderOptions reader_options;
   reader_options.thread_count = options.threads;
   HuggingFaceStorageReader reader(src, reader_options);
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
+  DCP_ASSIGN_OR_RETURN(Metadata source_metadata, reader.ReadMetadata());
   DCP_RETURN_IF_ERROR(PrepareDestination(dst));
-  StateDict state;
+
+  std::vector<SafetensorsTensor> tensors;  // In the output dtype.
+  std::vector<DType> sources;
+  tensors.reserve(source_metadata.state_dict_metadata.size());
   int64_t total = 0;
-  for (const auto& [name, entry] : metadata.state_dict_metadata) {
+  for (const auto& [name, entry] : source_metadata.state_dict_metadata) {
     const auto& t = std::get<TensorStorageMetadata>(entry);
-    state[name] = Tensor::Empty(t.properties.dtype, t.size);
-    total += static_cast<int64_t>(state[name].tensor().nbytes());
+    tensors.push_back({name, OutputDtype(t.properties.dtype, options), t.size});
+    sources.push_back(t.properties.dtype);
+    total += CheckedNumBytes(t.properties.dtype, t.size).value_or(0);
   }
-  Progress progress(options.progress, total);
-  LoadOptions load;
-  load.storage_reader = &reader;
-  load.no_dist = true;
-  DCP_RETURN_IF_ERROR(Load(state, load));
-  progress.Add(total / 2);
-  for (auto& [name, value] : state) {
-    const Tensor& t = value.tensor();
-    const DType out = OutputDtype(t.dtype(), options);
-    if (out == t.dtype()) continue;
-    Tensor converted = Tensor::Empty(out, t.sizes());
-    ConvertElements(static_cast<const std::byte*>(t.data()), t.dtype(),
-                    t.numel(), static_cast<std::byte*>(converted.data()), out);
-    value = converted;
+
+  // Windows in batches of at most buffer_bytes loaded (and as many
+  // converted); a batch holds whole windows, at least one.
+  std::vector<Batch> batches(1);
+  int64_t max_source = 0, max_output = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ForEachWindow(
+        tensors[i], sources[i], options.buffer_bytes, [&](const Piece& p) {
+          const int64_t n =
+              p.bytes / static_cast<int64_t>(ElementSize(p.source));
+          const int64_t converted =
+              p.source == p.tensor->dtype
+                  ? 0
+                  : n * static_cast<int64_t>(ElementSize(p.tensor->dtype));
+          Batch* b = &batches.back();
+          if (!b->pieces.empty() &&
+              (b->source_bytes + p.bytes > options.buffer_bytes ||
+               b->output_bytes + converted > options.buffer_bytes)) {
+            b = &batches.emplace_back();
+          }
+          b->pieces.push_back(p);
+          b->output_offsets.push_back(converted > 0 ? b->output_bytes : -1);
+          b->source_bytes += p.bytes;
+          b->output_bytes += converted;
+          max_source = std::max(max_source, b->source_bytes);
+          max_output = std::max(max_output, b->output_bytes);
+        });
   }
+  const Tensor source_buffer = Tensor::Empty(DType::kU8, {max_source});
+  const Tensor output_buffer = Tensor::Empty(DType::kU8, {max_output});
+  auto* const loaded = static_cast<std::byte*>(source_buffer.data());
+  auto* const output = static_cast<std::byte*>(output_buffer.data());
+
+  // What the planner saves: every window as a view into the buffers (a
+  // batch's bytes are there while its WriteData runs), tensors without
+  // elements as themselves.
+  StateDict state;
+  std::map<std::pair<std::string, int64_t>, size_t> batch_of;  // name, row0
+  for (size_t b = 0; b < batches.size(); ++b) {
+    int64_t offset = 0;
+    for (size_t k = 0; k < batches[b].pieces.size(); ++k) {
+      const Piece& p = batches[b].pieces[k];
+      const int64_t out = batches[b].output_offsets[k];
+      AddPiece(state, p, out < 0 ? loaded + offset : output + out,
+               p.tensor->dtype);
+      batch_of[{p.tensor->name, p.row0}] = b;
+      offset += p.bytes;
+    }
+  }
+  for (const SafetensorsTensor& t : tensors) {
+    if (NumElements(t.shape) == 0)
+      state[t.name] = Tensor::Empty(t.dtype, t.shape);
+  }
+
   FileSystemWriterOptions writer_options;
   writer_options.thread_count = options.threads;
   FileSystemWriter writer(dst, writer_options);
-  SaveOptions save;
-  save.storage_writer = &writer;
-  save.no_dist = true;
-  DCP_RETURN_IF_ERROR(Save(state, save).status());
-  progress.Add(total - total / 2);
+  DefaultSavePlanner planner;
+  Progress progress(options.progress, total);
+  auto run = [&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(writer.Reset(dst));
+    DCP_RETURN_IF_ERROR(planner.SetUp(state, writer.GetStorageMeta(),
+                                      /*is_coordinator=*/true));
+    DCP_RETURN_IF_ERROR(writer.SetUp(/*is_coordinator=*/true, /*rank=*/0,
+                                     /*use_collectives=*/false));
+    DCP_ASSIGN_OR_RETURN(SavePlan local, planner.CreateLocalPlan());
+    DCP_ASSIGN_OR_RETURN(local, writer.PrepareLocalPlan(std::move(local)));
+    std::vector<SavePlan> locals;
+    locals.push_back(std::move(local));
+    DCP_ASSIGN_OR_RETURN(SharedGlobalSavePlan global,
+                         planner.CreateSharedGlobalPlan(std::move(locals)));
+    DCP_ASSIGN_OR_RETURN(SavePlan final_plan,
+                         planner.FinishPlan(std::move(global.plans.at(0))));
+    // One plan per batch; the writer names each one's files apart.
+    std::vector<SavePlan> plans(batches.size());
+    for (WriteItem& item : final_plan.items) {
+      const int64_t row0 =
+          item.index.offset.has_value() && !item.index.offset->empty()
+              ? item.index.offset->front()
+              : 0;
+      auto it = batch_of.find({item.index.fqn, row0});
+      plans[it == batch_of.end() ? 0 : it->second].items.push_back(
+          std::move(item));
+    }
+    DCP_ASSIGN_OR_RETURN(plans, writer.PrepareGlobalPlan(std::move(plans)));
+    Metadata metadata = *global.metadata;
+    global.metadata.reset();
+    std::vector<std::vector<WriteResult>> results;
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const Batch& batch = batches[b];
+      if (!batch.pieces.empty()) {
+        DCP_RETURN_IF_ERROR(LoadPieces(reader, batch.pieces, loaded));
+      }
+      int64_t offset = 0;
+      for (size_t k = 0; k < batch.pieces.size(); ++k) {
+        const Piece& p = batch.pieces[k];
+        if (batch.output_offsets[k] >= 0) {
+          ConvertElements(loaded + offset, p.source,
+                          p.bytes / static_cast<int64_t>(ElementSize(p.source)),
+                          output + batch.output_offsets[k], p.tensor->dtype);
+        }
+        offset += p.bytes;
+      }
+      DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> written,
+                           writer.WriteData(plans[b], planner).Wait());
+      results.push_back(std::move(written));
+      progress.Add(batch.source_bytes);
+    }
+    writer.DescribeCommit(metadata);
+    DCP_RETURN_IF_ERROR(writer.Finish(metadata, results));
+    return writer.MarkCommitted();
+  };
+  absl::Status status = run();
   progress.Finish();
-  std::printf("converted %s to %s: %zu tensors, %lld bytes loaded\n",
-              src.c_str(), dst.c_str(), state.size(),
-              static_cast<long long>(total));
+  if (!status.ok()) {
+    writer.Abort();
+    return status;
+  }
+  std::printf(
+      "converted %s to %s: %zu tensors in %zu batches, %lld bytes "
+      "loaded\n",
+      src.c_str(), dst.c_str(), tensors.size(), batches.size(),
+      static_cast<long long>(total));
   return absl::OkStatus();
 }
 

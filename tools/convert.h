@@ -11,8 +11,13 @@
 //   window at least one row) whatever the model's size. Non-tensor values
 //   cannot be stored in safetensors: they are skipped, each named on stderr.
 // - To dcp: the Hugging Face directory SRC (any layout HuggingFaceStorage
-//   Reader reads) is loaded and saved as a dcp checkpoint in DST. This
-//   direction holds the whole state in memory.
+//   Reader reads) becomes a dcp checkpoint in DST, streamed the same way:
+//   one save planned for the whole state, whose windows are loaded and
+//   written a batch of at most buffer_bytes at a time (each batch in data
+//   files of its own), so a tensor larger than the buffer is stored as
+//   several row chunks. Memory stays near buffer_bytes (twice that when
+//   --dtype converts); the metadata is committed last, and a failure
+//   removes every file written.
 // - dtype (optional) converts floating tensors (F16, BF16, F32, F64) to
 //   F32, BF16 or F16 (round to nearest even); other tensors keep theirs.
 // - Files are written under temporary names and renamed at the end, the
