@@ -505,6 +505,67 @@ def _copy_into(mm, offset, nbytes, t):
         raw.view(t.dtype).view(t.shape).copy_(t)
 
 
+# Host copies are cut into pieces of at most this many bytes, spread over
+# up to _COPY_THREADS threads (memmove releases the GIL).
+_COPY_PIECE = 64 << 20
+_COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
+_copier: ThreadPoolExecutor | None = None
+
+
+def _host_source(t):
+    """The address of `t`'s bytes when they are one contiguous run in host
+    memory (memmove can copy them), else None."""
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data if t.flags.c_contiguous else None
+    if (t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or
+            t.is_neg()):
+        return None
+    return t.data_ptr()
+
+
+def _stage_tensors(seg, specs, tensors):
+    """Copies `tensors` into `seg` at their specs' offsets: contiguous host
+    tensors with memmove, in pieces over a few threads; CUDA and strided
+    ones through torch (a device-to-pageable copy returns once copied)."""
+    global _copier
+    import torch
+    # The mapping's address (the temporary c_char's buffer export ends at
+    # once; the job keeps the mapping open while this runs).
+    base = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))
+    pieces = []
+    for (off, nbytes, _, _), t in zip(specs, tensors):
+        if nbytes == 0:
+            continue
+        src = _host_source(t)
+        if src is None:
+            if not isinstance(t, np.ndarray) and t.is_cuda:
+                with torch.cuda.device(t.get_device()):
+                    _copy_into(seg.mm, off, nbytes, t)
+            else:
+                _copy_into(seg.mm, off, nbytes, t)
+            continue
+        for at in range(0, nbytes, _COPY_PIECE):
+            pieces.append((base + off + at, src + at,
+                           min(_COPY_PIECE, nbytes - at)))
+    if _COPY_THREADS == 1 or len(pieces) < 2:
+        for dst, src, n in pieces:
+            ctypes.memmove(dst, src, n)
+        return
+    if _copier is None:
+        _copier = ThreadPoolExecutor(_COPY_THREADS,
+                                     thread_name_prefix="dcp-stage-copy")
+    # Pieces dealt round-robin by size order keep the threads even.
+    pieces.sort(key=lambda p: -p[2])
+    shares = [pieces[i::_COPY_THREADS] for i in range(_COPY_THREADS)]
+
+    def run(share):
+        for dst, src, n in share:
+            ctypes.memmove(dst, src, n)
+
+    for f in [_copier.submit(run, share) for share in shares if share]:
+        f.result()
+
+
 def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                process_group, no_dist, use_collectives, allow_pickle):
     from .async_save import AsyncSaveResponse
@@ -567,13 +628,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
             job.segment = seg
             for device, event in events.items():
                 torch.cuda.current_stream(device).wait_event(event)
-            # Device-to-pageable-host copies return once copied.
-            for (off, nbytes, _, _), t in zip(specs, tensors):
-                if not isinstance(t, np.ndarray) and t.is_cuda:
-                    with torch.cuda.device(t.get_device()):
-                        _copy_into(seg.mm, off, nbytes, t)
-                else:
-                    _copy_into(seg.mm, off, nbytes, t)
+            _stage_tensors(seg, specs, tensors)
         except BaseException as e:
             job.staging.set_exception(e)
             job.upload.set_exception(e)

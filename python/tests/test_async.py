@@ -157,6 +157,51 @@ def test_process_writer_killed_mid_save(tmp_path):
     _check(str(tmp_path / "2"), 2)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_process_staging_copies_every_layout(tmp_path, monkeypatch, threads):
+    """PROCESS stages contiguous host tensors by memmove in pieces over
+    threads (here pieces of 4 KiB), the rest through torch; the checkpoint
+    holds the values of the call whatever the caller changes afterwards."""
+    import numpy as np
+    monkeypatch.setattr(_process_writer, "_COPY_PIECE", 4096)
+    monkeypatch.setattr(_process_writer, "_COPY_THREADS", threads)
+    monkeypatch.setattr(_process_writer, "_copier", None)
+    g = torch.Generator().manual_seed(7)
+    big = torch.randn(300, 129, generator=g)  # 154800 bytes: 38 pieces
+    z = torch.randn(5, 3, dtype=torch.complex64, generator=g)
+    state = {
+        "big": big,
+        "bf16": torch.randn(1000, generator=g).to(torch.bfloat16),
+        "transposed": torch.randn(64, 33, generator=g).t(),
+        "conj": z.conj(),  # a lazily conjugated view
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "np": np.arange(5000, dtype=np.int32),
+        "np_strided": np.arange(60, dtype=np.float64).reshape(6, 10)[:, ::3],
+    }
+    want = {k: (v.copy() if isinstance(v, np.ndarray) else v.clone())
+            for k, v in state.items()}
+    want["conj"] = z.conj().resolve_conj()
+    resp = dcp.async_save(state, checkpoint_id=str(tmp_path / "p"),
+                          async_checkpointer_type=dcp.AsyncCheckpointerType
+                          .PROCESS)
+    resp.staging_completion.result(WAIT)
+    big.zero_()
+    state["np"][:] = 0
+    resp.upload_completion.result(WAIT)
+    got = {k: (np.zeros_like(v) if isinstance(v, np.ndarray)
+               else torch.zeros_like(v).contiguous())
+           for k, v in want.items()}
+    got["conj"] = torch.zeros(5, 3, dtype=torch.complex64)
+    got["np_strided"] = np.zeros((6, 4))
+    dcp.load(got, checkpoint_id=str(tmp_path / "p"))
+    for k, v in want.items():
+        if isinstance(v, np.ndarray):
+            assert np.array_equal(got[k], v), k
+        else:
+            assert torch.equal(got[k], v), k
+
+
 EXIT_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
