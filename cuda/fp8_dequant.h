@@ -1,7 +1,7 @@
 // Block-scaled fp8 dequantization on a CUDA device: the device-side twin of
-// io/quantized_dequant.h (same layout and arithmetic, so results are bit
+// core/fp8_dequant_row.h (same layout and arithmetic, so results are bit
 // for bit the CPU path's). No CUDA header here; the kernel lives in
-// cuda/fp8_dequant.cu.
+// cuda/fp8_dequant.cu, its host-runtime twin in cuda/fp8_dequant.cc.
 //
 //   out[r][c] = float(fp8[r][c]) * scales[(row0 + r) / block]
 //                                         [(col0 + c) / block]
@@ -15,12 +15,18 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
 #include "cuda/device_runtime.h"
 
 namespace dcp {
 
 // What the output elements are.
 enum class DequantTarget { kF32, kBF16, kF16 };
+
+// The target writing `dtype`; kInvalidArgument for a dtype other than F32,
+// BF16 or F16.
+absl::StatusOr<DequantTarget> DequantTargetOf(DType dtype);
 
 struct Fp8BlockDequantArgs {
   const void* fp8 = nullptr;  // Device memory: rows of fp8_row_stride bytes.
@@ -39,10 +45,16 @@ struct Fp8BlockDequantArgs {
 
 // Enqueues the dequantization of `args` on `stream` of `runtime` and
 // returns at once; the buffers must stay valid until the stream passes it.
-// kFailedPrecondition when `runtime` is the host runtime (no CUDA device:
-// callers dequantize on the CPU and copy), kInvalidArgument for negative
-// sizes or a block < 1, the launch error otherwise (later kernel faults
-// surface at the stream's next synchronization, as DeviceRuntime says).
+// The caller makes `stream`'s device current (DeviceRuntime::
+// SetCurrentDevice): CUDA launches only onto streams of the current device.
+// On the host runtime ("device" memory is host memory) the same arithmetic
+// runs on the calling thread with core/fp8_dequant_row.h, after the work
+// enqueued on `stream` so far (a null stream waits for nothing), and has
+// finished when this returns; there each buffer must lie inside one
+// AllocateDevice allocation (kInvalidArgument otherwise, where CUDA would
+// fault). kInvalidArgument for negative sizes or strides or a block < 1,
+// the launch error otherwise (later kernel faults surface at the stream's
+// next synchronization, as DeviceRuntime says).
 absl::Status DequantizeFp8BlocksOnDevice(DeviceRuntime& runtime,
                                          DeviceStream* stream,
                                          const Fp8BlockDequantArgs& args);

@@ -6,7 +6,10 @@
 // run of rows, at most read_window_bytes of fp8. A unit's rows are read with
 // one pread when the box spans whole rows or the skipped bytes between its
 // row segments are few, else one pread per row, then dequantized row by row
-// (DequantizeFp8Row) into the destination.
+// (DequantizeFp8Row) into the destination. A device destination whose
+// columns are contiguous gets the unit's fp8 rows copied to the device and
+// dequantized there (DeviceFp8Dequantizer, scales copied once per load);
+// any other device destination gets the CPU's rows through device staging.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -22,6 +25,7 @@
 #include "io/quantized_dequant.h"
 #include "nlohmann/json.hpp"
 #include "staging/device_box_upload.h"
+#include "staging/device_fp8_dequant.h"
 #include "staging/device_staging.h"
 
 namespace dcp {
@@ -96,6 +100,17 @@ struct Use {
   std::unique_ptr<std::atomic<int64_t>> units_left;
   bool on_device = false;
   DeviceStaging* staging = nullptr;  // For a device destination.
+  // For a device destination dequantized by the device: the scale tensor's
+  // copy there (null: dequantized on the CPU and copied).
+  DeviceFp8Dequantizer* dequantizer = nullptr;
+  const float* device_scales = nullptr;
+};
+
+// What the workers did, for the reader's counters.
+struct Progress {
+  std::atomic<int64_t> bytes_read{0};
+  std::atomic<int64_t> device_elements{0};
+  std::atomic<int64_t> uploaded_elements{0};
 };
 
 // Per-thread scratch, grown as needed.
@@ -106,7 +121,7 @@ struct Scratch {
 };
 
 absl::Status ReadUnit(const Use& use, const Unit& unit, int64_t block,
-                      Scratch& scratch, std::atomic<int64_t>& bytes_read) {
+                      Scratch& scratch, Progress& progress) {
   const size_t n = use.shape.size();
   const View3 w = ViewOf(use.shape);
   const View3 s = ViewOf(use.scale_shape);
@@ -132,7 +147,7 @@ absl::Status ReadUnit(const Use& use, const Unit& unit, int64_t block,
                          use.file->PRead(use.info->offset + at,
                                          {reinterpret_cast<std::byte*>(into),
                                           static_cast<size_t>(bytes)}));
-    bytes_read += static_cast<int64_t>(got);
+    progress.bytes_read += static_cast<int64_t>(got);
     if (static_cast<int64_t>(got) != bytes) {
       return absl::DataLossError(
           absl::StrCat(use.file->path(), " is truncated: it ends at offset ",
@@ -152,11 +167,41 @@ absl::Status ReadUnit(const Use& use, const Unit& unit, int64_t block,
 
   const DType dtype = use.dest.dtype();
   const int64_t es = static_cast<int64_t>(ElementSize(dtype));
+  const Shape& strides = use.dest.strides();
+  int64_t base = 0;
+  for (size_t d = 0; d < n; ++d) base += unit.dest_offsets[d] * strides[d];
+  const int64_t row_stride = n >= 2 ? strides[n - 2] : 0;
+  const int64_t col_stride = strides[n - 1];
+  std::byte* data = static_cast<std::byte*>(use.dest.data());
+  if (use.device_scales != nullptr) {
+    Fp8DeviceWindow window;
+    window.fp8 = scratch.fp8.data();
+    window.fp8_row_stride = in_stride;
+    window.rows = rows;
+    window.cols = width;
+    window.row0 = r0;
+    window.col0 = c0;
+    window.block = block;
+    window.scales = use.device_scales + unit.lead * s.r * s.c;
+    window.scale_row_stride = s.c;
+    window.out = data + base * es;
+    window.out_row_stride = rows > 1 ? row_stride : width;
+    window.dtype = dtype;
+    window.device = use.dest.device().index;
+    absl::Status status = use.dequantizer->Dequantize(window);
+    if (status.ok()) {
+      progress.device_elements += rows * width;
+      return status;
+    }
+    // Without device memory for the scratch, the CPU dequantizes.
+    if (!absl::IsResourceExhausted(status)) return status;
+  }
   const float* scales = use.scale->data();
   auto scale_row = [&](int64_t r) {
     return scales + (unit.lead * s.r + (r0 + r) / block) * s.c;
   };
   if (use.on_device) {
+    progress.uploaded_elements += rows * width;
     scratch.window.resize(rows * width * es);
     for (int64_t r = 0; r < rows; ++r) {
       DequantizeFp8Row(scratch.fp8.data() + r * in_stride, width, c0,
@@ -168,12 +213,6 @@ absl::Status ReadUnit(const Use& use, const Unit& unit, int64_t block,
                          unit.lengths, Shape(n, 0), es, use.dest,
                          unit.dest_offsets, unit.lengths);
   }
-  const Shape& strides = use.dest.strides();
-  int64_t base = 0;
-  for (size_t d = 0; d < n; ++d) base += unit.dest_offsets[d] * strides[d];
-  const int64_t row_stride = n >= 2 ? strides[n - 2] : 0;
-  const int64_t col_stride = strides[n - 1];
-  std::byte* data = static_cast<std::byte*>(use.dest.data());
   if (col_stride != 1) scratch.row.resize(width * es);
   for (int64_t r = 0; r < rows; ++r) {
     std::byte* out = data + (base + r * row_stride) * es;
@@ -378,6 +417,8 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   }
   quantized_bytes_read_ = 0;
   scale_tensors_read_ = 0;
+  device_dequantized_elements_ = 0;
+  uploaded_dequantized_elements_ = 0;
   LoadPlan plain = plan;
   plain.items.clear();
   std::vector<const ReadItem*> items;
@@ -461,6 +502,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   // Destinations and units.
   DeviceStaging* staging = options_.base.device_staging;
   bool staging_used = false;
+  std::unique_ptr<DeviceFp8Dequantizer> dequantizer;
   std::vector<Use> uses(items.size());
   std::vector<Unit> units;
   for (size_t u = 0; u < items.size(); ++u) {
@@ -516,6 +558,22 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       use.on_device = true;
       use.staging = staging;
       staging_used = true;
+      // The kernel writes rows of contiguous columns.
+      if (dest->strides()[n - 1] == 1 || item.lengths[n - 1] <= 1) {
+        if (dequantizer == nullptr) {
+          absl::StatusOr<DeviceRuntime*> runtime = staging->Runtime();
+          if (!runtime.ok()) return fail(Annotate(runtime.status(), what));
+          dequantizer = std::make_unique<DeviceFp8Dequantizer>(*runtime);
+        }
+        absl::StatusOr<const float*> device_scales = dequantizer->DeviceScales(
+            q.scale, *use.scale, dest->device().index);
+        if (device_scales.ok()) {
+          use.dequantizer = dequantizer.get();
+          use.device_scales = *device_scales;
+        } else if (!absl::IsResourceExhausted(device_scales.status())) {
+          return fail(Annotate(device_scales.status(), what));
+        }
+      }
     }
     if (NumElements(item.lengths) == 0) {
       absl::Status committed = planner.CommitTensor(item, use.dest);
@@ -562,7 +620,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
 
   internal_hf::FirstError error;
   std::atomic<size_t> next{0};
-  std::atomic<int64_t> bytes_read{0};
+  Progress progress;
   const int threads = static_cast<int>(std::min<size_t>(
       options_.thread_count, std::max<size_t>(1, units.size())));
   internal_io::RunWorkers(
@@ -573,7 +631,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
           const Unit& unit = units[i];
           Use& use = uses[unit.use];
           absl::Status status =
-              ReadUnit(use, unit, block_size_, scratch, bytes_read);
+              ReadUnit(use, unit, block_size_, scratch, progress);
           if (!status.ok()) {
             error.Update(Annotate(
                 status,
@@ -599,7 +657,9 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       error.Update(planner.CommitTensor(*use.item, use.dest));
     }
   }
-  quantized_bytes_read_ = bytes_read.load();
+  quantized_bytes_read_ = progress.bytes_read.load();
+  device_dequantized_elements_ = progress.device_elements.load();
+  uploaded_dequantized_elements_ = progress.uploaded_elements.load();
   return Future<void>::Ready(error.status());
 }
 

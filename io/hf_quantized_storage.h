@@ -11,9 +11,15 @@
 //   most read_window_bytes, and dequantizes each window on thread_count
 //   threads into the destination. Each scale tensor the plan needs is read
 //   once per ReadData, whatever the number of boxes that use it. A device
-//   destination gets the dequantized window through device staging (the
-//   CPU path, then a copy). Other tensors are read by an inner
-//   HuggingFaceStorageReader.
+//   destination whose last dimension is contiguous is dequantized by the
+//   device: each window's fp8 bytes are copied to device scratch memory and
+//   the kernel (cuda/fp8_dequant.h; on the host runtime its CPU twin)
+//   writes target_dtype straight into the tensor, with each scale tensor
+//   copied to the device once per ReadData; the window is on the device
+//   before its thread reads the next. Any other device destination, or a
+//   window for which device memory runs out, is dequantized on the CPU and
+//   copied through device staging. Both give the CPU destination's bytes.
+//   Other tensors are read by an inner HuggingFaceStorageReader.
 // - Malformed checkpoints are kDataLoss naming the file and the tensor: an
 //   F8_E4M3 tensor without its scale, a scale that is not F32 or whose
 //   shape is not Fp8ScaleShape(weight, block_size), a scale beside a tensor
@@ -95,6 +101,14 @@ class QuantizedHuggingFaceStorageReader final : public StorageReader {
   // tensors read (each at most once).
   int64_t quantized_bytes_read() const { return quantized_bytes_read_; }
   int64_t scale_tensors_read() const { return scale_tensors_read_; }
+  // Of the last ReadData, elements of device destinations: dequantized by
+  // the device, and dequantized on the CPU and then copied.
+  int64_t device_dequantized_elements() const {
+    return device_dequantized_elements_;
+  }
+  int64_t uploaded_dequantized_elements() const {
+    return uploaded_dequantized_elements_;
+  }
 
  private:
   // A quantized weight: its scale's name and both shapes.
@@ -116,6 +130,8 @@ class QuantizedHuggingFaceStorageReader final : public StorageReader {
   int64_t block_size_ = 0;  // Of path_, once analyzed_.
   int64_t quantized_bytes_read_ = 0;
   int64_t scale_tensors_read_ = 0;
+  int64_t device_dequantized_elements_ = 0;
+  int64_t uploaded_dequantized_elements_ = 0;
   std::unique_ptr<DeviceStaging> owned_staging_;
   std::unique_ptr<ThreadPool> pool_;  // Dequantization threads.
 };

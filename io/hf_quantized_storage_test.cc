@@ -4,6 +4,7 @@
 // device tensors (host runtime), and malformed checkpoints.
 #include "io/hf_quantized_storage.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -277,16 +278,33 @@ TEST_P(QuantizedLoad, OneRowWindowsReadEachScaleOnce) {
   EXPECT_EQ(reader->scale_tensors_read(), 2);
 }
 
-TEST_P(QuantizedLoad, DeviceDestinationsGetTheCpuResult) {
+// Host-to-device copies of a host runtime, in bytes.
+struct CountedHostRuntime {
+  explicit CountedHostRuntime(size_t device_memory_limit = 0) {
+    HostRuntimeOptions options;
+    options.copy_observer = [this](const HostCopyTrace& trace) {
+      if (trace.phase == HostCopyTrace::Phase::kStart &&
+          trace.kind == CopyKind::kHostToDevice) {
+        h2d_bytes += static_cast<int64_t>(trace.bytes);
+      }
+    };
+    options.device_memory_limit = device_memory_limit;
+    runtime = CreateHostRuntime(options);
+  }
+  std::atomic<int64_t> h2d_bytes{0};
+  std::unique_ptr<DeviceRuntime> runtime;
+};
+
+TEST_P(QuantizedLoad, DeviceDestinationsAreDequantizedByTheDevice) {
   const DType target = GetParam();
   const std::string dir = QuantizedCheckpoint();
-  std::unique_ptr<DeviceRuntime> runtime = CreateHostRuntime();
+  CountedHostRuntime host;
   DeviceStagingOptions staging_options;
   staging_options.chunk_bytes = 64;
   staging_options.pool_bytes = 128;
-  DeviceStaging staging(staging_options, runtime.get());
+  DeviceStaging staging(staging_options, host.runtime.get());
   const size_t bytes = 30 * ElementSize(target);
-  void* data = *runtime->AllocateDevice(0, bytes);
+  void* data = *host.runtime->AllocateDevice(0, bytes);
   StateDict state;
   state["experts.weight"] =
       Tensor::Wrap(TensorView(data, target, {2, 3, 5}, Device::Cuda(0)));
@@ -295,15 +313,224 @@ TEST_P(QuantizedLoad, DeviceDestinationsGetTheCpuResult) {
   options.block_size = 2;
   options.read_window_bytes = 5;
   options.base.device_staging = &staging;
-  ASSERT_LOADS(LoadQuantized(dir, state, options));
-  std::string host(bytes, '\0');
+  QuantizedHuggingFaceStorageReader* reader = nullptr;
+  ASSERT_LOADS(LoadQuantized(dir, state, options, &reader));
+  std::string got(bytes, '\0');
   ASSERT_TRUE(
-      runtime->Copy(host.data(), data, bytes, CopyKind::kDeviceToHost).ok());
-  EXPECT_EQ(host, Expected(ExpertValues(), target));
-  ASSERT_TRUE(runtime->FreeDevice(data).ok());
+      host.runtime->Copy(got.data(), data, bytes, CopyKind::kDeviceToHost)
+          .ok());
+  EXPECT_EQ(got, Expected(ExpertValues(), target));
+  // Only the fp8 bytes and the scales, once, went to the device.
+  EXPECT_EQ(reader->device_dequantized_elements(), 30);
+  EXPECT_EQ(reader->uploaded_dequantized_elements(), 0);
+  EXPECT_EQ(host.h2d_bytes, 30 + 12 * 4);
+  ASSERT_TRUE(host.runtime->FreeDevice(data).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, QuantizedLoad,
+                         ::testing::Values(DType::kF32, DType::kBF16,
+                                           DType::kF16),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+// A checkpoint whose block edges fall inside the tensors, in blocks of 16:
+// W [37, 300], a stacked expert tensor E [3, 20, 45] and a 1-D V [50], fp8
+// bytes covering every value (NaNs included), scales that make the target's
+// rounding matter.
+struct Quantized {
+  std::string name;
+  Shape shape;
+};
+const std::vector<Quantized> kBlocked = {{"w.weight", {37, 300}},
+                                         {"experts.weight", {3, 20, 45}},
+                                         {"v.weight", {50}}};
+constexpr int64_t kBlock = 16;
+
+std::string BlockedCheckpoint() {
+  const std::string dir = TempDir("blocked");
+  std::vector<Entry> entries;
+  int salt = 0;
+  for (const Quantized& q : kBlocked) {
+    std::vector<uint8_t> fp8(NumElements(q.shape));
+    for (size_t i = 0; i < fp8.size(); ++i) {
+      fp8[i] = static_cast<uint8_t>(i * 131 + i / 7 + salt);
+    }
+    const Shape scale_shape = *Fp8ScaleShape(q.shape, kBlock);
+    std::vector<float> scales(NumElements(scale_shape));
+    for (size_t i = 0; i < scales.size(); ++i) {
+      scales[i] = 0.37f * (i + 1) - 2 + 0.01f * salt;
+    }
+    entries.push_back({q.name, DType::kF8E4M3, q.shape, Bytes(fp8)});
+    entries.push_back(
+        {q.name + "_scale_inv", DType::kF32, scale_shape, Bytes(scales)});
+    salt += 3;
+  }
+  WriteSafetensors(dir + "/model.safetensors", entries);
+  return dir;
+}
+
+// One box of each kBlocked tensor: offsets and sizes (empty: whole).
+struct Box {
+  Shape offsets;
+  Shape sizes;
+};
+const std::vector<Box> kWhole = {{}, {}, {}};
+// Starting and ending inside blocks; E's ends on its clipped edge blocks.
+const std::vector<Box> kSlices = {
+    {{5, 7}, {25, 243}}, {{1, 3, 10}, {2, 14, 35}}, {{9}, {30}}};
+
+struct BoxLoad {
+  std::vector<std::string> bytes;  // Per kBlocked tensor, as loaded.
+  int64_t quantized_bytes_read = 0;
+  int64_t device_elements = 0;
+  int64_t uploaded_elements = 0;
+};
+
+// Loads `boxes` into CPU tensors (runtime null) or into device tensors of
+// `runtime` (through `staging`); `transposed` gives W's box column-major
+// strides.
+BoxLoad LoadBoxes(const std::string& dir, DType target,
+                  const std::vector<Box>& boxes, DeviceRuntime* runtime,
+                  DeviceStaging* staging, bool transposed = false) {
+  const int64_t es = static_cast<int64_t>(ElementSize(target));
+  StateDict state;
+  std::vector<void*> data;
+  std::vector<int64_t> sizes;
+  std::vector<std::string> host_buffers(kBlocked.size());
+  for (size_t i = 0; i < kBlocked.size(); ++i) {
+    const Quantized& q = kBlocked[i];
+    const Shape box = boxes[i].sizes.empty() ? q.shape : boxes[i].sizes;
+    const int64_t bytes = NumElements(box) * es;
+    void* at;
+    if (runtime != nullptr) {
+      at = *runtime->AllocateDevice(0, bytes);
+    } else {
+      host_buffers[i].resize(bytes);
+      at = host_buffers[i].data();
+    }
+    Shape strides = ContiguousStrides(box);
+    if (transposed && i == 0) strides = {1, box[0]};
+    const Device device = runtime != nullptr ? Device::Cuda(0) : Device{};
+    Tensor tensor = Tensor::Wrap(TensorView(at, target, box, strides, device));
+    if (boxes[i].sizes.empty()) {
+      state[q.name] = tensor;
+    } else {
+      state[q.name] =
+          ShardedTensor(target, q.shape, {Shard{boxes[i].offsets, tensor}});
+    }
+    data.push_back(at);
+    sizes.push_back(bytes);
+  }
+  QuantizedHuggingFaceStorageReaderOptions options;
+  options.target_dtype = target;
+  options.block_size = kBlock;
+  options.read_window_bytes = 700;  // Two or three rows per window.
+  options.thread_count = 2;
+  options.base.device_staging = staging;
+  QuantizedHuggingFaceStorageReader* reader = nullptr;
+  BoxLoad load;
+  const absl::Status status = LoadQuantized(dir, state, options, &reader);
+  EXPECT_TRUE(status.ok()) << status;
+  load.quantized_bytes_read = reader->quantized_bytes_read();
+  load.device_elements = reader->device_dequantized_elements();
+  load.uploaded_elements = reader->uploaded_dequantized_elements();
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (runtime == nullptr) {
+      load.bytes.push_back(host_buffers[i]);
+      continue;
+    }
+    std::string bytes(sizes[i], '\0');
+    EXPECT_TRUE(
+        runtime->Copy(bytes.data(), data[i], sizes[i], CopyKind::kDeviceToHost)
+            .ok());
+    EXPECT_TRUE(runtime->FreeDevice(data[i]).ok());
+    load.bytes.push_back(std::move(bytes));
+  }
+  return load;
+}
+
+int64_t BoxElements(const std::vector<Box>& boxes) {
+  int64_t n = 0;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    n += NumElements(boxes[i].sizes.empty() ? kBlocked[i].shape
+                                            : boxes[i].sizes);
+  }
+  return n;
+}
+
+// Floats of every kBlocked scale.
+int64_t ScaleFloats() {
+  int64_t n = 0;
+  for (const Quantized& q : kBlocked) {
+    n += NumElements(*Fp8ScaleShape(q.shape, kBlock));
+  }
+  return n;
+}
+
+class QuantizedDeviceLoad : public ::testing::TestWithParam<DType> {};
+
+TEST_P(QuantizedDeviceLoad, EqualsTheCpuLoadBitForBit) {
+  const DType target = GetParam();
+  const std::string dir = BlockedCheckpoint();
+  for (const std::vector<Box>* boxes : {&kWhole, &kSlices}) {
+    SCOPED_TRACE(boxes == &kWhole ? "whole" : "slices");
+    const BoxLoad cpu = LoadBoxes(dir, target, *boxes, nullptr, nullptr);
+    CountedHostRuntime host;
+    DeviceStaging staging({}, host.runtime.get());
+    const BoxLoad device =
+        LoadBoxes(dir, target, *boxes, host.runtime.get(), &staging);
+    ASSERT_EQ(device.bytes.size(), kBlocked.size());
+    for (size_t i = 0; i < kBlocked.size(); ++i) {
+      EXPECT_TRUE(device.bytes[i] == cpu.bytes[i]) << kBlocked[i].name;
+    }
+    // Every element by the device; to it went the fp8 bytes read and each
+    // scale once, never dequantized values.
+    EXPECT_EQ(device.device_elements, BoxElements(*boxes));
+    EXPECT_EQ(device.uploaded_elements, 0);
+    EXPECT_EQ(device.quantized_bytes_read, cpu.quantized_bytes_read);
+    EXPECT_EQ(host.h2d_bytes, device.quantized_bytes_read + 4 * ScaleFloats());
+  }
+}
+
+TEST_P(QuantizedDeviceLoad, StridedColumnsAreDequantizedOnTheCpu) {
+  const DType target = GetParam();
+  const std::string dir = BlockedCheckpoint();
+  const BoxLoad cpu = LoadBoxes(dir, target, kSlices, nullptr, nullptr,
+                                /*transposed=*/true);
+  CountedHostRuntime host;
+  DeviceStaging staging({}, host.runtime.get());
+  const BoxLoad device = LoadBoxes(dir, target, kSlices, host.runtime.get(),
+                                   &staging, /*transposed=*/true);
+  for (size_t i = 0; i < kBlocked.size(); ++i) {
+    EXPECT_TRUE(device.bytes[i] == cpu.bytes[i]) << kBlocked[i].name;
+  }
+  EXPECT_EQ(device.uploaded_elements, 25 * 243);
+  EXPECT_EQ(device.device_elements, BoxElements(kSlices) - 25 * 243);
+}
+
+TEST_P(QuantizedDeviceLoad, WithoutDeviceMemoryForScalesTheCpuDequantizes) {
+  const DType target = GetParam();
+  const std::string dir = BlockedCheckpoint();
+  const BoxLoad cpu = LoadBoxes(dir, target, kWhole, nullptr, nullptr);
+  // Room for the destinations only (each rounded up to a page).
+  int64_t limit = 0;
+  for (const Quantized& q : kBlocked) {
+    const int64_t bytes = NumElements(q.shape) * ElementSize(target);
+    limit += (bytes + 4095) / 4096 * 4096;
+  }
+  CountedHostRuntime host(limit);
+  DeviceStaging staging({}, host.runtime.get());
+  const BoxLoad device =
+      LoadBoxes(dir, target, kWhole, host.runtime.get(), &staging);
+  for (size_t i = 0; i < kBlocked.size(); ++i) {
+    EXPECT_TRUE(device.bytes[i] == cpu.bytes[i]) << kBlocked[i].name;
+  }
+  EXPECT_EQ(device.device_elements, 0);
+  EXPECT_EQ(device.uploaded_elements, BoxElements(kWhole));
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, QuantizedDeviceLoad,
                          ::testing::Values(DType::kF32, DType::kBF16,
                                            DType::kF16),
                          [](const auto& info) {

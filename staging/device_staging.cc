@@ -61,6 +61,12 @@ int DeviceStaging::DeviceCount() {
   return runtime_->DeviceCount();
 }
 
+absl::StatusOr<DeviceRuntime*> DeviceStaging::Runtime() {
+  absl::MutexLock lock(&mu_);
+  DCP_RETURN_IF_ERROR(EnsureLocked());
+  return runtime_;
+}
+
 absl::StatusOr<std::unique_ptr<StagingPipeline>> DeviceStaging::TakePipeline() {
   absl::MutexLock lock(&mu_);
   DCP_RETURN_IF_ERROR(EnsureLocked());

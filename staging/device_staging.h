@@ -92,6 +92,9 @@ class DeviceStaging {
 
   // Devices the runtime has (creating the runtime if needed; 0 on error).
   int DeviceCount();
+  // The runtime (created with the pool if needed; owned by this object or
+  // the caller, alive as long as this object). The same error as Pool().
+  absl::StatusOr<DeviceRuntime*> Runtime();
   const DeviceStagingOptions& options() const { return options_; }
 
  private:

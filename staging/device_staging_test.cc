@@ -67,6 +67,10 @@ TEST_F(DeviceStagingTest, PoolIsBoundedAndHasAtLeastTwoChunks) {
   EXPECT_EQ((*small.Pool())->num_chunks(), 2);
 }
 
+TEST_F(DeviceStagingTest, RuntimeIsTheOneGiven) {
+  EXPECT_EQ(*staging_->Runtime(), runtime_.get());
+}
+
 TEST_F(DeviceStagingTest, ConcurrentStagesShareThePoolAndKeepEveryByte) {
   constexpr int kCallers = 3;
   std::vector<std::vector<unsigned char>> expected;

@@ -1,0 +1,117 @@
+// DeviceFp8Dequantizer: block-scaled fp8 rows read on the host, dequantized
+// by the device (cuda/fp8_dequant.h) straight into device memory, for a
+// reader loading quantized weights into device tensors
+// (io/hf_quantized_reader.cc). Only the fp8 bytes (one per element) and each
+// scale tensor, once, cross to the device, where dequantizing on the CPU
+// would copy 2-4 bytes per element.
+//
+// Per device it holds the device copies of scale tensors (DeviceScales) and
+// lanes: a stream and a device scratch buffer each, one lane per concurrent
+// Dequantize call, its scratch grown to the largest window it has held.
+// Dequantize copies one window's fp8 rows into a lane's scratch, launches
+// the kernel on the lane's stream and waits for it: when it returns, the
+// output is in device memory and the host rows may be reused.
+//
+// With the host runtime the same path runs ("device" memory is host memory,
+// the kernel its CPU twin), so tests exercise it without a GPU.
+//
+// Lifetime: the runtime must outlive this object; destruction waits for the
+// lanes' streams and frees every device buffer this object allocated.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef DCP_STAGING_DEVICE_FP8_DEQUANT_H_
+#define DCP_STAGING_DEVICE_FP8_DEQUANT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "cuda/device_runtime.h"
+
+namespace dcp {
+
+// One window of a 2-D slice of a quantized weight (cuda/fp8_dequant.h's
+// layout): `rows` x `cols` elements whose first element sits at row `row0`,
+// column `col0` of the slice.
+struct Fp8DeviceWindow {
+  // Host memory: row r's `cols` fp8 bytes at fp8 + r * fp8_row_stride.
+  const uint8_t* fp8 = nullptr;
+  int64_t fp8_row_stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row0 = 0;
+  int64_t col0 = 0;
+  int64_t block = 0;
+  // Memory of `device` (DeviceScales): the slice's first scale row; rows of
+  // scale_row_stride floats.
+  const float* scales = nullptr;
+  int64_t scale_row_stride = 0;
+  // Memory of `device`: row r's `cols` elements of `dtype` (F32, BF16 or
+  // F16), contiguous, at out + r * out_row_stride elements.
+  void* out = nullptr;
+  int64_t out_row_stride = 0;
+  DType dtype = DType::kF32;
+  int device = 0;
+};
+
+class DeviceFp8Dequantizer {
+ public:
+  // `runtime` is not owned.
+  explicit DeviceFp8Dequantizer(DeviceRuntime* runtime);
+  ~DeviceFp8Dequantizer();
+  DeviceFp8Dequantizer(const DeviceFp8Dequantizer&) = delete;
+  DeviceFp8Dequantizer& operator=(const DeviceFp8Dequantizer&) = delete;
+
+  // The copy on `device` of the scale tensor `name` whose values are `host`:
+  // made by the first call for (name, device), returned by later ones (which
+  // do not look at `host` again); valid while this object lives. The
+  // runtime's error naming the scale (kResourceExhausted when device memory
+  // runs out).
+  absl::StatusOr<const float*> DeviceScales(const std::string& name,
+                                            absl::Span<const float> host,
+                                            int device);
+
+  // Dequantizes `window` into window.out and waits until it is there.
+  // Rows far apart in the host buffer are packed first, so a lane's scratch
+  // holds at most twice the window's elements. kInvalidArgument for a dtype
+  // other than F32, BF16, F16 or negative sizes; kResourceExhausted when the
+  // scratch cannot be allocated (nothing was written: the caller may
+  // dequantize on the CPU instead); the runtime's or the kernel's error
+  // otherwise.
+  absl::Status Dequantize(const Fp8DeviceWindow& window);
+
+ private:
+  struct Lane {
+    int device = 0;
+    OwnedStream stream;
+    void* scratch = nullptr;
+    int64_t scratch_bytes = 0;
+    std::vector<uint8_t> packed;  // Host rows packed for one copy.
+  };
+
+  // An idle lane of `device`, or a new one.
+  absl::StatusOr<std::unique_ptr<Lane>> TakeLane(int device);
+  void ReturnLane(std::unique_ptr<Lane> lane);
+  // Waits for the lane's stream and frees what it holds (errors dropped:
+  // used after failures and at destruction).
+  void DestroyLane(std::unique_ptr<Lane> lane);
+
+  DeviceRuntime* const runtime_;
+  absl::Mutex mu_;
+  std::map<int, std::vector<std::unique_ptr<Lane>>> idle_lanes_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, void*> scales_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dcp
+
+#endif  // DCP_STAGING_DEVICE_FP8_DEQUANT_H_
