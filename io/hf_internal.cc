@@ -1,6 +1,7 @@
 #include "io/internal/hf_internal.h"
 
 #include <algorithm>
+#include <climits>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -101,7 +102,7 @@ IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
 }
 
 absl::Status CheckPlainName(absl::string_view name) {
-  if (name.empty() || name == "." || name == ".." ||
+  if (name.empty() || name == "." || name == ".." || name.size() > NAME_MAX ||
       name.find('/') != absl::string_view::npos ||
       name.find('\0') != absl::string_view::npos) {
     return absl::DataLossError(absl::StrCat(

@@ -332,7 +332,8 @@ absl::StatusOr<MegaHeader> DecodeMegaHeader(absl::string_view prefix,
                                    json["version"][1].get<uint64_t>(), 65535))
                              : 0;
   if (!json.contains("checksum") || !json["checksum"].is_object() ||
-      json["checksum"].value("algorithm", "") != "xxh3-64") {
+      !json["checksum"].contains("algorithm") ||
+      json["checksum"]["algorithm"] != "xxh3-64") {
     return absl::DataLossError(
         absl::StrCat(path, " names no \"xxh3-64\" checksum algorithm"));
   }

@@ -174,6 +174,13 @@ TEST(MegaFormat, MalformedHeadersAreDataLossNamingTheFile) {
   bad["entries"][0]["shape"] = {-1, 6};
   bytes = WithJson(good, bad, &size);
   expect(bytes, size, absl::StatusCode::kDataLoss, "shape");
+  // Fields of the wrong JSON type are refused, never thrown.
+  for (const Json& algorithm : {Json(1), Json::array(), Json(nullptr)}) {
+    bad = json;
+    bad["checksum"]["algorithm"] = algorithm;
+    bytes = WithJson(good, bad, &size);
+    expect(bytes, size, absl::StatusCode::kDataLoss, "xxh3-64");
+  }
 }
 
 TEST(MegaFormat, IndexRoundTripAndRefusals) {

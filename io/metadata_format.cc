@@ -1,6 +1,7 @@
 #include "io/metadata_format.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -783,7 +784,7 @@ absl::StatusOr<std::string> EncodeMetadata(
 }
 
 absl::Status CheckDataFileName(absl::string_view name) {
-  if (name.empty() || name == "." || name == ".." ||
+  if (name.empty() || name == "." || name == ".." || name.size() > NAME_MAX ||
       name.find('/') != absl::string_view::npos ||
       name.find('\0') != absl::string_view::npos) {
     return absl::DataLossError(absl::StrCat(

@@ -54,7 +54,8 @@ inline int64_t ChecksumBlockCount(int64_t length, int64_t block_size) {
 }
 
 // OK when `name` can name a data file of a checkpoint: a plain name inside
-// its directory (not empty, not "." or "..", no '/', no NUL), so that
+// its directory (not empty, not "." or "..", no '/', no NUL, at most
+// NAME_MAX bytes), so that
 // joining it to the directory never leaves the directory. kDataLoss naming
 // it otherwise.
 absl::Status CheckDataFileName(absl::string_view name);

@@ -296,7 +296,8 @@ TEST(CraftedMetadataTest, DataFileNamesMustStayInsideTheDirectory) {
        {std::string("../outside/data.distcp"),
         std::string("../../../../etc/passwd"), std::string("/etc/passwd"),
         std::string("sub/__0_a_0.distcp"), std::string(".."), std::string("."),
-        std::string(""), std::string("__0_a\0.distcp", 13)}) {
+        std::string(""), std::string("__0_a\0.distcp", 13),
+        std::string(256, 'a')}) {
     SCOPED_TRACE(name);
     absl::Status status = DecodeCrafted(
         [&](format::Metadata& proto) { *proto.mutable_files(0) = name; });

@@ -370,6 +370,12 @@ TEST(HfCheckpoint, MalformedDirectoriesAreDataLossNamingTheFile) {
   absl::Status status = load_error();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_THAT(status.message(), HasSubstr("not a file name in the directory"));
+  // An index naming a file longer than a file name can be.
+  std::ofstream(index_path, std::ios::trunc)
+      << R"({"weight_map": {"a": ")" << std::string(300, 'm') << R"("}})";
+  status = load_error();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("not a file name in the directory"));
   // An index that is not JSON.
   std::ofstream(index_path, std::ios::trunc) << "{";
   status = load_error();

@@ -2,14 +2,18 @@
 # Builds the libFuzzer targets of fuzz/ with clang (ASan + UBSan + libFuzzer)
 # outside Bazel, then fuzzes each for a bounded time.
 #
-#   tools/fuzz.sh [--seconds N] [--build-only] [NAME...]
+#   tools/fuzz.sh [--seconds N] [--seed S] [--build-only] [NAME...]
 #
 # NAME is a target of fuzz/ (fuzz/NAME_fuzzer.cc; default: all of them).
 # Each runs N seconds (default 30) from its committed corpus fuzz/corpus/NAME
 # plus what earlier runs found (.cache/fuzz/corpus/NAME). Exit status 0 when
 # no target crashed, 1 when one did (the reproducer's path is printed; add it
 # to fuzz/corpus/NAME under a descriptive name, so `bazel test //fuzz:all`
-# replays it from then on), 2 on a usage or build error.
+# replays it from then on), 2 on a usage or build error. --seed S fixes
+# libFuzzer's random seed: from the same corpora, a run of the same length
+# on a machine of the same speed mutates the same inputs (CI passes one, so
+# that a run which passed here passes there; fuzz by hand without it, or
+# for longer, to look further).
 #
 # Bazel keeps building with gcc: this script asks Bazel only which sources
 # and system libraries a target's corpus test (//fuzz:NAME_fuzzer_test) uses
@@ -18,8 +22,9 @@
 # asked again until a BUILD file of those packages or a .proto changes).
 set -euo pipefail
 
-readonly USAGE="usage: tools/fuzz.sh [--seconds N] [--build-only] [NAME...]"
+readonly USAGE="usage: tools/fuzz.sh [--seconds N] [--seed S] [--build-only] [NAME...]"
 seconds=30
+seed=""
 build_only=0
 names=()
 while (($#)); do
@@ -27,6 +32,11 @@ while (($#)); do
     --seconds)
       [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "$USAGE" >&2; exit 2; }
       seconds="$2"
+      shift 2
+      ;;
+    --seed)
+      [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]*$ ]] || { echo "$USAGE" >&2; exit 2; }
+      seed="$2"
       shift 2
       ;;
     --build-only) build_only=1; shift ;;
@@ -233,6 +243,7 @@ for name in "${names[@]}"; do
     -malloc_limit_mb=512 -print_final_stats=1 -artifact_prefix="$artifacts")
   # A dictionary of the format's tokens, where the target has one.
   [[ -f "fuzz/$name.dict" ]] && options+=(-dict="fuzz/$name.dict")
+  [[ -n "$seed" ]] && options+=(-seed="$seed")
   status=0
   nice -n 10 "$cache/bin/${name}_fuzzer" "${options[@]}" \
     "$work" "fuzz/corpus/$name" > "$log" 2>&1 || status=$?

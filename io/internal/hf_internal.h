@@ -45,7 +45,8 @@ FileSystemBase* OrLocal(FileSystemBase* fs);
 IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
                       std::unique_ptr<IoEngine>& owned, absl::Status& error);
 
-// OK when `name` is a plain file name: not empty, ".", "..", no '/' or NUL.
+// OK when `name` is a plain file name: not empty, ".", "..", no '/' or NUL,
+// at most NAME_MAX bytes.
 // kDataLoss otherwise.
 absl::Status CheckPlainName(absl::string_view name);
 
