@@ -35,6 +35,20 @@ SpareBuffers& Spares() {
   return *spares;
 }
 
+// Faults every page of [data, data + size) in for writing: one
+// MADV_POPULATE_WRITE (Linux 5.14), or a write to each page where the
+// kernel lacks it. The memory's contents are unchanged.
+void PopulateForWriting(std::byte* data, size_t size) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  if (madvise(data, size, MADV_POPULATE_WRITE) == 0) return;
+  for (size_t at = 0; at < size; at += kPage) {
+    volatile std::byte* p = data + at;
+    *p = *p;
+  }
+}
+
 }  // namespace
 
 void ReleaseSpareHostBuffers() {
@@ -72,7 +86,11 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
   }
   std::shared_ptr<HostBuffer> buffer = Share(new HostBuffer(), recycle);
   buffer->size_ = RoundUpToPage(bytes);
-  int flags = MAP_POPULATE;
+  // MAP_POPULATE faults a shared mapping in for reading only, and each
+  // page's first write then faults again (the first copy into a fresh memfd
+  // buffer ran at 0.4x the speed of later ones); shared buffers are
+  // populated for writing below instead.
+  int flags = options.shared ? 0 : MAP_POPULATE;
   if (options.shared) {
     buffer->fd_ = memfd_create(options.name.c_str(), MFD_CLOEXEC);
     if (buffer->fd_ < 0) {
@@ -101,6 +119,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     return ErrnoError(err, what);
   }
   buffer->data_ = static_cast<std::byte*>(p);
+  if (options.shared) PopulateForWriting(buffer->data_, buffer->size_);
   if (options.pinned) {
     DCP_RETURN_IF_ERROR(Annotate(
         runtime->RegisterHost(buffer->data_, buffer->size_),

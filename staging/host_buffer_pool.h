@@ -2,13 +2,14 @@
 // optionally in shared memory) and HostBufferPool (a bounded set of equal
 // chunks carved from one HostBuffer, leased and returned, reused across saves).
 //
-// How the memory is obtained, and why: mmap (anonymous, or a memfd when
-// shared memory is asked for) with MAP_POPULATE, then page-locked with
+// How the memory is obtained, and why: mmap (anonymous with MAP_POPULATE,
+// or a memfd when shared memory is asked for, populated for writing with
+// MADV_POPULATE_WRITE), then page-locked with
 // DeviceRuntime::RegisterHost (cudaHostRegister). Not cudaHostAlloc, because:
 //   * the same path gives shared memory (a memfd another process can map,
 //     e.g. a background writer process), which cudaHostAlloc cannot;
-//   * MAP_POPULATE faults every page in once, at creation, not during the
-//     first save;
+//   * every page is faulted in once, at creation, not during the first
+//     save;
 //   * the mapping is ordinary memory that io_uring can register as fixed
 //     buffers (Regions()) and that works without any GPU (the host runtime's
 //     RegisterHost is bookkeeping only).
