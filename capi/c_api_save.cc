@@ -10,9 +10,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "capi/internal/async_uploads.h"
 #include "capi/internal/group_pin.h"
 #include "capi/internal/handles.h"
+#include "capi/internal/host_copies.h"
 #include "capi/internal/last_error.h"
 #include "capi/internal/options.h"
 #include "capi/internal/ordered_reader.h"
@@ -346,6 +348,27 @@ int dcp_stager_reserve(dcp_stager_t* stager, const dcp_state_dict_t* sd) {
 int dcp_stager_free(dcp_stager_t* stager) {
   // Saves still staging through it hold the stager itself.
   return dcp::capi::FreeHandle(stager);
+}
+
+int dcp_copy_host(const dcp_host_copy_t* copies, size_t count, int threads) {
+  return Guard([&]() -> absl::Status {
+    if (count == 0) return absl::OkStatus();
+    if (copies == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcp_copy_host: copies is NULL with count ", count));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (copies[i].bytes > 0 &&
+          (copies[i].dst == nullptr || copies[i].src == nullptr)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dcp_copy_host: copies[", i, "] has a NULL ",
+                         copies[i].dst == nullptr ? "dst" : "src", " and ",
+                         copies[i].bytes, " bytes"));
+      }
+    }
+    dcp::capi::CopyHost(absl::MakeConstSpan(copies, count), threads);
+    return absl::OkStatus();
+  });
 }
 
 int dcp_async_save_wait(dcp_async_save_t* save, int32_t which,

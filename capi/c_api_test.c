@@ -1666,6 +1666,57 @@ static void test_stager(void) {
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
+/* dcp_copy_host: copies of every size (empty, below and across the 8 MiB
+ * pieces, at odd offsets) land byte for byte, on any number of threads;
+ * bad arguments copy nothing. */
+static void test_copy_host(void) {
+  const size_t sizes[] = {0, 1, 4095, 1 << 20, (8u << 20) + 3, 19u << 20};
+  enum { kCopies = sizeof(sizes) / sizeof(sizes[0]) };
+  unsigned char* src[kCopies];
+  unsigned char* dst[kCopies];
+  dcp_host_copy_t copies[kCopies];
+  for (size_t i = 0; i < kCopies; ++i) {
+    src[i] = malloc(sizes[i] + 8);
+    dst[i] = malloc(sizes[i] + 8);
+    for (size_t b = 0; b < sizes[i] + 8; ++b) {
+      src[i][b] = (unsigned char)(b * 131 + i * 7 + 1);
+    }
+    copies[i].dst = dst[i] + (i % 3);
+    copies[i].src = src[i] + 5;
+    copies[i].bytes = sizes[i];
+  }
+  const int threads[] = {0, 1, 3, 64};
+  for (size_t t = 0; t < sizeof(threads) / sizeof(threads[0]); ++t) {
+    for (size_t i = 0; i < kCopies; ++i) memset(dst[i], 0xEE, sizes[i] + 8);
+    CHECK_OK(dcp_copy_host(copies, kCopies, threads[t]));
+    for (size_t i = 0; i < kCopies; ++i) {
+      CHECK(memcmp(dst[i] + (i % 3), src[i] + 5, sizes[i]) == 0);
+      CHECK(dst[i][sizes[i] + (i % 3)] == 0xEE); /* nothing past the end */
+      if (i % 3 > 0) CHECK(dst[i][0] == 0xEE);   /* nor before the start */
+    }
+  }
+  CHECK_OK(dcp_copy_host(NULL, 0, 0));
+  CHECK_ERROR(dcp_copy_host(NULL, 2, 0), DCP_INVALID_ARGUMENT,
+              "copies is NULL");
+  for (size_t i = 0; i < kCopies; ++i) memset(dst[i], 0xEE, sizes[i] + 8);
+  dcp_host_copy_t bad[2] = {copies[5], {NULL, src[1], 1}};
+  CHECK_ERROR(dcp_copy_host(bad, 2, 0), DCP_INVALID_ARGUMENT,
+              "copies[1] has a NULL dst");
+  CHECK(dst[5][(5 % 3) + 1] == 0xEE); /* nothing was copied */
+  bad[1].dst = dst[1];
+  bad[1].src = NULL;
+  CHECK_ERROR(dcp_copy_host(bad, 2, 0), DCP_INVALID_ARGUMENT,
+              "copies[1] has a NULL src");
+  bad[1].bytes = 0; /* an empty copy may have NULL pointers */
+  bad[1].dst = NULL;
+  CHECK_OK(dcp_copy_host(bad, 2, 2));
+  CHECK(memcmp(dst[5] + 2, src[5] + 5, sizes[5]) == 0);
+  for (size_t i = 0; i < kCopies; ++i) {
+    free(src[i]);
+    free(dst[i]);
+  }
+}
+
 static void test_store_process_group(void) {
   mem_store store;
   rank_run runs[2];
@@ -2149,6 +2200,7 @@ int main(void) {
   test_hf_quantized();
   test_async_save();
   test_stager();
+  test_copy_host();
   test_store_process_group();
   test_managed_dlpack();
   test_bad_handles();

@@ -678,6 +678,25 @@ DCP_API int dcp_stager_reserve(dcp_stager_t* stager,
 /* Saves still using the stager keep it until their uploads end. */
 DCP_API int dcp_stager_free(dcp_stager_t* stager);
 
+/* One copy of dcp_copy_host: `bytes` bytes from `src` to `dst`. */
+typedef struct dcp_host_copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+} dcp_host_copy_t;
+
+/* Copies host memory the way the stager stages CPU tensors: each of
+ * copies[0..count) (ranges must not overlap), large ones cut into 8 MiB
+ * pieces spread over up to `threads` threads of a process-wide pool
+ * (threads <= 0: the number of cores, at most 8), with stores that bypass
+ * the CPU caches. For a binding staging host tensors into memory of its
+ * own (a shared-memory segment another process writes out): one call, no
+ * interpreter lock held. Blocks until every byte is copied. Thread-safe.
+ * DCP_INVALID_ARGUMENT for copies == NULL with count > 0, or a NULL dst or
+ * src with bytes > 0 (naming its index); nothing is copied then. */
+DCP_API int dcp_copy_host(const dcp_host_copy_t* copies, size_t count,
+                          int threads);
+
 /* Waits for every upload of this process's async saves to finish. Call it
  * before the process exits. Returns DCP_OK (each save reports its own
  * status). */

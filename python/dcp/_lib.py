@@ -323,6 +323,7 @@ _PROTOTYPES = {
     "dcp_stager_create": (c_int, [POINTER(StagerOptions), _PP]),
     "dcp_stager_reserve": (c_int, [_P, _P]),
     "dcp_stager_free": (c_int, [_P]),
+    "dcp_copy_host": (c_int, [_P, c_size_t, c_int]),
     "dcp_shutdown": (c_int, []),
     "dcp_metadata_read": (c_int, [c_char_p, _PP]),
     "dcp_metadata_free": (c_int, [_P]),

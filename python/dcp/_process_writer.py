@@ -518,11 +518,12 @@ def _copy_into(mm, offset, nbytes, t):
         raw.view(t.dtype).view(t.shape).copy_(t)
 
 
-# Host copies are cut into pieces of at most this many bytes, spread over
-# up to _COPY_THREADS threads (memmove releases the GIL).
-_COPY_PIECE = 64 << 20
-_COPY_THREADS = max(1, min(8, os.cpu_count() or 1))
-_copier: ThreadPoolExecutor | None = None
+# Host copies run in libdcp (dcp_copy_host: the stager's 8 MiB pieces and
+# cache-bypassing stores over a pool of threads, no GIL held); this many
+# threads (0: the library's default, the number of cores up to 8).
+_COPY_THREADS = 0
+_HOST_COPY = np.dtype([("dst", np.uint64), ("src", np.uint64),
+                       ("bytes", np.uint64)])
 
 
 def _host_source(t):
@@ -538,14 +539,13 @@ def _host_source(t):
 
 def _stage_tensors(seg, specs, tensors):
     """Copies `tensors` into `seg` at their specs' offsets: contiguous host
-    tensors with memmove, in pieces over a few threads; CUDA and strided
-    ones through torch (a device-to-pageable copy returns once copied)."""
-    global _copier
+    tensors in one dcp_copy_host call; CUDA and strided ones through torch
+    (a device-to-pageable copy returns once copied)."""
     import torch
     # The mapping's address (the temporary c_char's buffer export ends at
     # once; the job keeps the mapping open while this runs).
     base = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))
-    pieces = []
+    copies = []
     for (off, nbytes, _, _), t in zip(specs, tensors):
         if nbytes == 0:
             continue
@@ -557,26 +557,11 @@ def _stage_tensors(seg, specs, tensors):
             else:
                 _copy_into(seg.mm, off, nbytes, t)
             continue
-        for at in range(0, nbytes, _COPY_PIECE):
-            pieces.append((base + off + at, src + at,
-                           min(_COPY_PIECE, nbytes - at)))
-    if _COPY_THREADS == 1 or len(pieces) < 2:
-        for dst, src, n in pieces:
-            ctypes.memmove(dst, src, n)
-        return
-    if _copier is None:
-        _copier = ThreadPoolExecutor(_COPY_THREADS,
-                                     thread_name_prefix="dcp-stage-copy")
-    # Pieces dealt round-robin by size order keep the threads even.
-    pieces.sort(key=lambda p: -p[2])
-    shares = [pieces[i::_COPY_THREADS] for i in range(_COPY_THREADS)]
-
-    def run(share):
-        for dst, src, n in share:
-            ctypes.memmove(dst, src, n)
-
-    for f in [_copier.submit(run, share) for share in shares if share]:
-        f.result()
+        copies.append((base + off, src, nbytes))
+    if copies:
+        arr = np.array(copies, dtype=_HOST_COPY)
+        _lib.check(_lib.lib().dcp_copy_host(arr.ctypes.data, len(copies),
+                                            _COPY_THREADS))
 
 
 def async_save(state_dict, *, checkpoint_id, storage_writer, planner,

@@ -159,15 +159,14 @@ def test_process_writer_killed_mid_save(tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_process_staging_copies_every_layout(tmp_path, monkeypatch, threads):
-    """PROCESS stages contiguous host tensors by memmove in pieces over
-    threads (here pieces of 4 KiB), the rest through torch; the checkpoint
-    holds the values of the call whatever the caller changes afterwards."""
+    """PROCESS stages contiguous host tensors with dcp_copy_host in pieces
+    over threads (big: two 8 MiB pieces and a part), the rest through
+    torch; the checkpoint holds the values of the call whatever the caller
+    changes afterwards."""
     import numpy as np
-    monkeypatch.setattr(_process_writer, "_COPY_PIECE", 4096)
     monkeypatch.setattr(_process_writer, "_COPY_THREADS", threads)
-    monkeypatch.setattr(_process_writer, "_copier", None)
     g = torch.Generator().manual_seed(7)
-    big = torch.randn(300, 129, generator=g)  # 154800 bytes: 38 pieces
+    big = torch.randn(4200, 1025, generator=g)  # 17220000 bytes
     z = torch.randn(5, 3, dtype=torch.complex64, generator=g)
     state = {
         "big": big,
