@@ -528,7 +528,7 @@ _HOST_COPY = np.dtype([("dst", np.uint64), ("src", np.uint64),
 
 def _host_source(t):
     """The address of `t`'s bytes when they are one contiguous run in host
-    memory (memmove can copy them), else None."""
+    memory (dcp_copy_host can copy them), else None."""
     if isinstance(t, np.ndarray):
         return t.ctypes.data if t.flags.c_contiguous else None
     if (t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or
