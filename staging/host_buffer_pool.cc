@@ -3,9 +3,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -38,7 +41,7 @@ SpareBuffers& Spares() {
 // Faults every page of [data, data + size) in for writing: one
 // MADV_POPULATE_WRITE (Linux 5.14), or a write to each page where the
 // kernel lacks it. The memory's contents are unchanged.
-void PopulateForWriting(std::byte* data, size_t size) {
+void PopulateSlice(std::byte* data, size_t size) {
 #ifndef MADV_POPULATE_WRITE
   constexpr int MADV_POPULATE_WRITE = 23;
 #endif
@@ -47,6 +50,30 @@ void PopulateForWriting(std::byte* data, size_t size) {
     volatile std::byte* p = data + at;
     *p = *p;
   }
+}
+
+// PopulateSlice over the whole range, in slices of at least 128 MiB on up
+// to 8 threads: faulting in shared memory is per-page kernel work that
+// scales with cores (3.3 GB of memfd on 2 cores: 0.81 s vs 1.17 s).
+void PopulateForWriting(std::byte* data, size_t size) {
+  constexpr size_t kSlice = size_t{128} << 20;
+  const size_t threads = std::min<size_t>(
+      {size / kSlice,
+       static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())),
+       8});
+  if (threads <= 1) {
+    PopulateSlice(data, size);
+    return;
+  }
+  const size_t per = size / threads / kPage * kPage;
+  std::vector<std::thread> helpers;
+  for (size_t i = 1; i < threads; ++i) {
+    const size_t begin = i * per;
+    const size_t end = i + 1 == threads ? size : begin + per;
+    helpers.emplace_back(PopulateSlice, data + begin, end - begin);
+  }
+  PopulateSlice(data, per);
+  for (std::thread& t : helpers) t.join();
 }
 
 }  // namespace
