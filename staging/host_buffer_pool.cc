@@ -54,7 +54,8 @@ void PopulateSlice(std::byte* data, size_t size) {
 
 // PopulateSlice over the whole range, in slices of at least 128 MiB on up
 // to 8 threads: faulting in shared memory is per-page kernel work that
-// scales with cores (3.3 GB of memfd on 2 cores: 0.81 s vs 1.17 s).
+// scales with cores (bench/host_buffer_bench, 2 GiB of memfd on 2 cores:
+// 0.55 s vs 0.74 s on one thread).
 void PopulateForWriting(std::byte* data, size_t size) {
   constexpr size_t kSlice = size_t{128} << 20;
   const size_t threads = std::min<size_t>(
