@@ -17,6 +17,11 @@ namespace dcp {
 // Below this many bytes BulkHostCopy is plain memcpy.
 inline constexpr size_t kBulkHostCopyThreshold = size_t{1} << 20;
 
+// Large host copies are cut into pieces of this size spread over copy
+// threads (the stager's CPU tensors, dcp_copy_host): small enough that a
+// few large tensors still keep every thread busy.
+inline constexpr size_t kHostCopyPieceBytes = size_t{8} << 20;
+
 // Copies `bytes` bytes; the ranges must not overlap. Any alignment. Thread-
 // safe; the stores are fenced before it returns.
 void BulkHostCopy(void* dst, const void* src, size_t bytes);

@@ -33,11 +33,6 @@ size_t AlignFor(size_t bytes) { return bytes >= 4096 ? 4096 : 64; }
 
 size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// CPU tensors are memcpy'd in pieces of this size spread over the copy
-// threads: small enough that a few large tensors still keep every thread
-// busy.
-constexpr size_t kCpuCopyPieceBytes = size_t{8} << 20;
-
 std::string Child(const std::string& parent, const std::string& key) {
   return parent.empty() ? key : absl::StrCat(parent, ".", key);
 }
@@ -483,7 +478,7 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
       size_t length;
     };
     std::vector<Task> tasks;
-    const size_t piece = kCpuCopyPieceBytes;
+    const size_t piece = kHostCopyPieceBytes;
     for (const Plan::Slot& slot : plan.slots) {
       const TensorView& v = slot.source;
       if (!v.device().is_cpu() || v.nbytes() == 0) continue;

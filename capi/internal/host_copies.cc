@@ -13,9 +13,6 @@
 namespace dcp::capi {
 namespace {
 
-// The stager's piece size for CPU tensors (staging/stager.cc).
-constexpr size_t kPieceBytes = size_t{8} << 20;
-
 int DefaultThreads() {
   return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
                     8);
@@ -40,9 +37,9 @@ void CopyHost(absl::Span<const dcp_host_copy_t> copies, int threads) {
   for (const dcp_host_copy_t& copy : copies) {
     auto* dst = static_cast<std::byte*>(copy.dst);
     const auto* src = static_cast<const std::byte*>(copy.src);
-    for (size_t at = 0; at < copy.bytes; at += kPieceBytes) {
+    for (size_t at = 0; at < copy.bytes; at += kHostCopyPieceBytes) {
       pieces.push_back(
-          {dst + at, src + at, std::min(kPieceBytes, copy.bytes - at)});
+          {dst + at, src + at, std::min(kHostCopyPieceBytes, copy.bytes - at)});
     }
   }
   // Largest first, so that the last pieces taken are small.
