@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/executor.h"
 #include "core/status.h"
 #include "io/internal/io_engine_base.h"
@@ -51,6 +52,14 @@ std::atomic<uint64_t> next_engine_id{1};
 
 // user_data of the NOP that wakes a reaper to stop; parts use their address.
 constexpr uint64_t kStopTag = 1;
+
+// Held while a ring's memory is mapped (io_uring_queue_init) or unmapped
+// (io_uring_queue_exit). The kernel may map a new ring where an old one was,
+// and liburing maps with raw system calls that sanitizers do not see; the
+// mutex orders every access to the old ring (its users synchronize with the
+// teardown through the ring's own mutex and the reaper's join) before every
+// access to the new one, so ThreadSanitizer sees the reuse as ordered.
+absl::Mutex ring_mapping_mu(absl::kConstInit);
 
 // A part goes from the submitting thread to the reaper through the kernel
 // (its address is the SQE's user_data, which comes back in the CQE): a
@@ -92,8 +101,11 @@ class Ring {
     }
     auto ring =
         std::unique_ptr<Ring>(new Ring(depth, max_buffered_reads, engine_id));
-    int ret =
-        io_uring_queue_init(static_cast<unsigned>(depth), &ring->ring_, 0);
+    int ret;
+    {
+      absl::MutexLock mapping(&ring_mapping_mu);
+      ret = io_uring_queue_init(static_cast<unsigned>(depth), &ring->ring_, 0);
+    }
     if (ret < 0) {
       return ErrnoError(-ret,
                         absl::StrCat("io_uring_queue_init depth=", depth));
@@ -120,7 +132,10 @@ class Ring {
       }
       reaper_.join();
     }
-    if (initialized_) io_uring_queue_exit(&ring_);
+    if (initialized_) {
+      absl::MutexLock mapping(&ring_mapping_mu);
+      io_uring_queue_exit(&ring_);
+    }
   }
 
   // Issues `parts` (any thread): as many as fit in the ring now, the rest
