@@ -14,6 +14,13 @@
 // evaluated inside Lock, Unlock or Await) are ignored by TSan, as in
 // abseil's own TSan build.
 //
+// absl::Status shares its heap representation between copies through a
+// reference count that the inline copy constructor raises and the
+// uninstrumented Status::UnrefNonInlined lowers (and deletes at zero): the
+// definition below tells TSan that a thread dropping a reference releases
+// what it did with the status, and that the thread deleting it has
+// acquired every earlier drop.
+//
 // Limitation: Notification::HasBeenNotified() is inline; it synchronizes
 // with Notify() through the release below on the flag's address, which
 // relies on Notification's layout (checked by the static_assert).
@@ -25,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -299,6 +307,17 @@ void BlockingCounter::Wait() {
            "_ZN4absl7debian315BlockingCounter4WaitEv", this);
   real(this);
   __tsan_acquire(this);
+}
+
+void Status::UnrefNonInlined(uintptr_t rep) {
+  static const auto real =
+      Next<void (*)(uintptr_t)>("_ZN4absl7debian36Status15UnrefNonInlinedEm");
+  // `rep` points into the representation (tagged): a sync address that
+  // lives exactly as long as it does.
+  void* sync = reinterpret_cast<void*>(rep);
+  __tsan_release(sync);
+  __tsan_acquire(sync);
+  real(rep);
 }
 
 ABSL_NAMESPACE_END

@@ -32,6 +32,7 @@ readonly TSAN_TARGETS=(
   //tests:distributed_test
   //tests:decided_commit_test
   //capi:c_api_test
+  //third_party:absl_tsan_annotations_test
 )
 
 configs=("$@")
