@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/box_copy.h"
 #include "core/status.h"
+#include "cuda/fp8_dequant.h"
 #include "io/hf_quantized_storage.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
@@ -175,18 +176,19 @@ absl::Status ReadUnit(const Use& use, const Unit& unit, int64_t block,
   std::byte* data = static_cast<std::byte*>(use.dest.data());
   if (use.device_scales != nullptr) {
     Fp8DeviceWindow window;
-    window.fp8 = scratch.fp8.data();
-    window.fp8_row_stride = in_stride;
-    window.rows = rows;
-    window.cols = width;
-    window.row0 = r0;
-    window.col0 = c0;
-    window.block = block;
-    window.scales = use.device_scales + unit.lead * s.r * s.c;
-    window.scale_row_stride = s.c;
-    window.out = data + base * es;
-    window.out_row_stride = rows > 1 ? row_stride : width;
-    window.dtype = dtype;
+    Fp8BlockDequantArgs& region = window.region;
+    region.fp8 = scratch.fp8.data();
+    region.fp8_row_stride = in_stride;
+    region.rows = rows;
+    region.cols = width;
+    region.row0 = r0;
+    region.col0 = c0;
+    region.block = block;
+    region.scales = use.device_scales + unit.lead * s.r * s.c;
+    region.scale_row_stride = s.c;
+    region.out = data + base * es;
+    region.out_row_stride = rows > 1 ? row_stride : width;
+    DCP_ASSIGN_OR_RETURN(region.target, DequantTargetOf(dtype));
     window.device = use.dest.device().index;
     absl::Status status = use.dequantizer->Dequantize(window);
     if (status.ok()) {

@@ -89,32 +89,32 @@ absl::StatusOr<const float*> DeviceFp8Dequantizer::DeviceScales(
 }
 
 absl::Status DeviceFp8Dequantizer::Dequantize(const Fp8DeviceWindow& window) {
-  DCP_ASSIGN_OR_RETURN(const DequantTarget target,
-                       DequantTargetOf(window.dtype));
-  if (window.rows < 0 || window.cols < 0 || window.fp8_row_stride < 0) {
+  const Fp8BlockDequantArgs& region = window.region;
+  if (region.rows < 0 || region.cols < 0 || region.fp8_row_stride < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("fp8 window of ", window.rows, "x", window.cols,
-                     " with row stride ", window.fp8_row_stride));
+        absl::StrCat("fp8 window of ", region.rows, "x", region.cols,
+                     " with row stride ", region.fp8_row_stride));
   }
-  if (window.rows == 0 || window.cols == 0) return absl::OkStatus();
+  if (region.rows == 0 || region.cols == 0) return absl::OkStatus();
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<Lane> lane, TakeLane(window.device));
 
   // The bytes to copy: the rows with what lies between them, or packed when
   // that is more than the rows themselves.
-  const int64_t dense = window.rows * window.cols;
-  const int64_t span = (window.rows - 1) * window.fp8_row_stride + window.cols;
-  const uint8_t* src = window.fp8;
-  int64_t src_stride = window.fp8_row_stride;
+  const auto* host = static_cast<const uint8_t*>(region.fp8);
+  const int64_t dense = region.rows * region.cols;
+  const int64_t span = (region.rows - 1) * region.fp8_row_stride + region.cols;
+  const uint8_t* src = host;
+  int64_t src_stride = region.fp8_row_stride;
   int64_t bytes = span;
-  if (window.rows > 1 && window.fp8_row_stride != window.cols &&
+  if (region.rows > 1 && region.fp8_row_stride != region.cols &&
       span > 2 * dense) {
     lane->packed.resize(dense);
-    for (int64_t r = 0; r < window.rows; ++r) {
-      std::memcpy(lane->packed.data() + r * window.cols,
-                  window.fp8 + r * window.fp8_row_stride, window.cols);
+    for (int64_t r = 0; r < region.rows; ++r) {
+      std::memcpy(lane->packed.data() + r * region.cols,
+                  host + r * region.fp8_row_stride, region.cols);
     }
     src = lane->packed.data();
-    src_stride = window.cols;
+    src_stride = region.cols;
     bytes = dense;
   }
   if (lane->scratch_bytes < bytes) {
@@ -141,19 +141,9 @@ absl::Status DeviceFp8Dequantizer::Dequantize(const Fp8DeviceWindow& window) {
     lane->scratch_bytes = bytes;
   }
 
-  Fp8BlockDequantArgs args;
+  Fp8BlockDequantArgs args = region;  // The fp8 rows as they lie on device.
   args.fp8 = lane->scratch;
   args.fp8_row_stride = src_stride;
-  args.scales = window.scales;
-  args.scale_row_stride = window.scale_row_stride;
-  args.out = window.out;
-  args.out_row_stride = window.out_row_stride;
-  args.target = target;
-  args.rows = window.rows;
-  args.cols = window.cols;
-  args.row0 = window.row0;
-  args.col0 = window.col0;
-  args.block = window.block;
   DeviceStream* stream = lane->stream.get();
   absl::Status status = runtime_->SetCurrentDevice(window.device).status();
   if (status.ok()) {

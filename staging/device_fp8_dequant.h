@@ -36,30 +36,18 @@
 #include "absl/types/span.h"
 #include "core/dtype.h"
 #include "cuda/device_runtime.h"
+#include "cuda/fp8_dequant.h"
 
 namespace dcp {
 
-// One window of a 2-D slice of a quantized weight (cuda/fp8_dequant.h's
-// layout): `rows` x `cols` elements whose first element sits at row `row0`,
-// column `col0` of the slice.
+// One window of a 2-D slice of a quantized weight: the kernel's arguments
+// (cuda/fp8_dequant.h: `rows` x `cols` elements whose first element sits at
+// row `row0`, column `col0` of the slice), except that `region.fp8` is host
+// memory (row r's `cols` fp8 bytes at fp8 + r * fp8_row_stride), which
+// Dequantize copies to the device; `region.scales` (DeviceScales) and
+// `region.out` are memory of `device`.
 struct Fp8DeviceWindow {
-  // Host memory: row r's `cols` fp8 bytes at fp8 + r * fp8_row_stride.
-  const uint8_t* fp8 = nullptr;
-  int64_t fp8_row_stride = 0;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t row0 = 0;
-  int64_t col0 = 0;
-  int64_t block = 0;
-  // Memory of `device` (DeviceScales): the slice's first scale row; rows of
-  // scale_row_stride floats.
-  const float* scales = nullptr;
-  int64_t scale_row_stride = 0;
-  // Memory of `device`: row r's `cols` elements of `dtype` (F32, BF16 or
-  // F16), contiguous, at out + r * out_row_stride elements.
-  void* out = nullptr;
-  int64_t out_row_stride = 0;
-  DType dtype = DType::kF32;
+  Fp8BlockDequantArgs region;
   int device = 0;
 };
 
@@ -80,10 +68,10 @@ class DeviceFp8Dequantizer {
                                             absl::Span<const float> host,
                                             int device);
 
-  // Dequantizes `window` into window.out and waits until it is there.
-  // Rows far apart in the host buffer are packed first, so a lane's scratch
-  // holds at most twice the window's elements. kInvalidArgument for a dtype
-  // other than F32, BF16, F16 or negative sizes; kResourceExhausted when the
+  // Dequantizes `window` into window.region.out and waits until it is
+  // there. Rows far apart in the host buffer are packed first, so a lane's
+  // scratch holds at most twice the window's elements. kInvalidArgument for
+  // negative sizes or strides; kResourceExhausted when the
   // scratch cannot be allocated (nothing was written: the caller may
   // dequantize on the CPU instead); the runtime's or the kernel's error
   // otherwise.

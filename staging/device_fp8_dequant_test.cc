@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/fp8_dequant_row.h"
+#include "cuda/fp8_dequant.h"
 #include "cuda/host_runtime.h"
 #include "gtest/gtest.h"
 
@@ -88,18 +89,19 @@ TEST_P(DeviceFp8DequantizerTest, StridedWindowsMatchTheCpuRows) {
       const size_t before = f.h2d_bytes;
       void* out = *f.runtime->AllocateDevice(0, c.rows * c.cols * es);
       Fp8DeviceWindow window;
-      window.fp8 = fp8.data() + c.r0 * kCols + c.c0;
-      window.fp8_row_stride = kCols;
-      window.rows = c.rows;
-      window.cols = c.cols;
-      window.row0 = c.r0;
-      window.col0 = c.c0;
-      window.block = kBlock;
-      window.scales = *d_scales;
-      window.scale_row_stride = kScaleCols;
-      window.out = out;
-      window.out_row_stride = c.cols;
-      window.dtype = dtype;
+      Fp8BlockDequantArgs& region = window.region;
+      region.fp8 = fp8.data() + c.r0 * kCols + c.c0;
+      region.fp8_row_stride = kCols;
+      region.rows = c.rows;
+      region.cols = c.cols;
+      region.row0 = c.r0;
+      region.col0 = c.c0;
+      region.block = kBlock;
+      region.scales = *d_scales;
+      region.scale_row_stride = kScaleCols;
+      region.out = out;
+      region.out_row_stride = c.cols;
+      region.target = *DequantTargetOf(dtype);
       ASSERT_TRUE(dequantizer.Dequantize(window).ok());
       EXPECT_EQ(f.h2d_bytes - before, c.copied) << c.r0 << "," << c.c0;
       const std::vector<std::byte> want =
@@ -135,14 +137,15 @@ TEST(DeviceFp8Dequantizer, ExhaustedScratchWritesNothing) {
   void* out = *f.runtime->AllocateDevice(0, 4);
   std::memset(out, 0x5a, 4);
   Fp8DeviceWindow window;
-  window.fp8 = fp8.data();
-  window.fp8_row_stride = kCols;
-  window.rows = window.cols = 1;
-  window.block = kBlock;
-  window.scales = *d_scales;
-  window.scale_row_stride = kScaleCols;
-  window.out = out;
-  window.out_row_stride = 1;
+  Fp8BlockDequantArgs& region = window.region;
+  region.fp8 = fp8.data();
+  region.fp8_row_stride = kCols;
+  region.rows = region.cols = 1;
+  region.block = kBlock;
+  region.scales = *d_scales;
+  region.scale_row_stride = kScaleCols;
+  region.out = out;
+  region.out_row_stride = 1;
   absl::Status status = dequantizer.Dequantize(window);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("device scratch of 1 bytes"),
@@ -151,7 +154,7 @@ TEST(DeviceFp8Dequantizer, ExhaustedScratchWritesNothing) {
   EXPECT_EQ(*static_cast<uint32_t*>(out), 0x5a5a5a5au);
   ASSERT_TRUE(f.runtime->FreeDevice(out).ok());
 
-  window.dtype = DType::kI32;
+  region.rows = -1;
   EXPECT_EQ(dequantizer.Dequantize(window).code(),
             absl::StatusCode::kInvalidArgument);
 }
