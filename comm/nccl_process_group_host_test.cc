@@ -383,7 +383,9 @@ TEST(NcclProcessGroupHostTest, CrashedJobsKeysAreNotRead) {
         "/unique_id_from_rank_0"}) {
     const bool there = keys->Get(base + key, absl::ZeroDuration()).ok();
     stale_left += there ? 1 : 0;
-    if (key == "/join/1" || key == "/join/2") EXPECT_FALSE(there) << key;
+    if (key == "/join/1" || key == "/join/2") {
+      EXPECT_FALSE(there) << key;
+    }
   }
   EXPECT_EQ(FilesIn(dir), stale_left);
 }
