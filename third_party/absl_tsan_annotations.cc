@@ -19,7 +19,9 @@
 // uninstrumented Status::UnrefNonInlined lowers (and deletes at zero): the
 // definition below tells TSan that a thread dropping a reference releases
 // what it did with the status, and that the thread deleting it has
-// acquired every earlier drop.
+// acquired every earlier drop. Which drop deletes is decided inside abseil,
+// so every drop acquires: two threads that both held one status are
+// ordered at their drops, which could hide a race between them elsewhere.
 //
 // Limitation: Notification::HasBeenNotified() is inline; it synchronizes
 // with Notify() through the release below on the flag's address, which
