@@ -3,8 +3,10 @@ writer process.
 
 The writer is a fresh interpreter (`python -c`, like multiprocessing's
 spawn start method but without re-running the caller's __main__, so
-scripts without an `if __name__ == "__main__"` guard work) started on the
-first PROCESS call and reused by every later one. It talks to this process
+scripts without an `if __name__ == "__main__"` guard work) started by the
+first PROCESS call once that call's tensors are staged (so that its
+start-up does not slow the copies the caller waits for; reserve() starts
+it ahead) and reused by every later one. It talks to this process
 over a Unix socket pair with multiprocessing's Connection framing. Each
 call:
 
@@ -281,6 +283,9 @@ class _Writer:
                  "from dcp._process_writer import _child_entry; "
                  "_child_entry()", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self.conn = multiprocessing.connection.Connection(ours.detach())
@@ -616,7 +621,9 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     hold = _debug_hold_next
     _debug_hold_next = False
     job = _Job(path)
-    writer = _live_writer()
+    with _writer_lock:  # None: started after staging (below)
+        writer = (_writer if _writer is not None and not _writer.dead
+                  and _writer.proc.poll() is None else None)
 
     def stage():
         nonlocal writer
@@ -635,13 +642,26 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
             return
         job.staging.set_result(None)
         job_id = next(_job_ids)
-        if not writer.submit(job_id, job, manifest, spec, hold):
-            writer = _live_writer()
+        error = None
+        try:
+            # A writer not running yet starts now, after the copies: its
+            # start-up (an interpreter importing torch) does not compete
+            # with them for the CPU while the caller waits for staging.
+            if writer is None:
+                writer = _live_writer()
             if not writer.submit(job_id, job, manifest, spec, hold):
-                _pool.release(seg, None)
-                job.upload.set_exception(errors.CheckpointException(
-                    f"the dcp async writer process (pid {writer.pid}) is "
-                    "not reachable", None, _lib.UNAVAILABLE))
+                writer = _live_writer()
+                if not writer.submit(job_id, job, manifest, spec, hold):
+                    error = errors.CheckpointException(
+                        f"the dcp async writer process (pid {writer.pid}) "
+                        "is not reachable", None, _lib.UNAVAILABLE)
+        except Exception as e:  # the writer process cannot be started
+            error = errors.CheckpointException(
+                f"could not start the dcp async writer process: "
+                f"{type(e).__name__}: {e}", None, _lib.UNAVAILABLE)
+        if error is not None:
+            _pool.release(seg, None)
+            job.upload.set_exception(error)
 
     with _writer_lock:
         if _stager is None:

@@ -157,6 +157,33 @@ def test_process_writer_killed_mid_save(tmp_path):
     _check(str(tmp_path / "2"), 2)
 
 
+def test_process_writer_that_cannot_start_fails_the_upload_only(
+        tmp_path, monkeypatch):
+    """The first PROCESS call starts the writer after staging: when the
+    interpreter cannot be started, staging_completion succeeds,
+    upload_completion fails naming the cause, nothing is committed, and
+    the next call starts a writer."""
+    import sys
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    _process_writer.shutdown_writer()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    resp = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                          async_checkpointer_type=kind)
+    assert resp.staging_completion.result(WAIT) is None
+    with pytest.raises(dcp.CheckpointException,
+                       match="could not start the dcp async writer process: "
+                             "FileNotFoundError") as e:
+        resp.upload_completion.result(WAIT)
+    assert "no-python" in str(e.value)
+    assert not os.path.exists(str(tmp_path / "1" / ".metadata"))
+    monkeypatch.undo()
+    again = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "2"),
+                           async_checkpointer_type=kind)
+    again.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() is not None
+    _check(str(tmp_path / "2"), 2)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_process_staging_copies_every_layout(tmp_path, monkeypatch, threads):
     """PROCESS stages contiguous host tensors with dcp_copy_host in pieces
