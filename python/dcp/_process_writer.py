@@ -405,11 +405,15 @@ _job_ids = iter(range(1, 1 << 62))
 _debug_hold_next = False  # test hook: the next save waits in the writer
 
 
+def _running(writer) -> bool:
+    return (writer is not None and not writer.dead and
+            writer.proc.poll() is None)
+
+
 def _live_writer() -> _Writer:
     global _writer
     with _writer_lock:
-        if (_writer is None or _writer.dead or
-                _writer.proc.poll() is not None):
+        if not _running(_writer):
             if _writer is None:
                 atexit.register(shutdown_writer)
             _writer = _Writer()
@@ -622,8 +626,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     _debug_hold_next = False
     job = _Job(path)
     with _writer_lock:  # None: started after staging (below)
-        writer = (_writer if _writer is not None and not _writer.dead
-                  and _writer.proc.poll() is None else None)
+        writer = _writer if _running(_writer) else None
 
     def stage():
         nonlocal writer
