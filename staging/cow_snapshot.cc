@@ -1,0 +1,471 @@
+#include "staging/cow_snapshot.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "cuda/host_copy.h"
+
+namespace dcp {
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
+// Linux 6.4's, missing from older kernel headers (Debian 12's are 6.1).
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
+#endif
+#ifndef USERFAULTFD_IOC_NEW
+#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
+#endif
+
+constexpr uint8_t kProtected = 0;
+constexpr uint8_t kClaimed = 1;
+constexpr uint8_t kDone = 2;
+
+// Blocks the background copier claims at once (one copy, one ioctl).
+constexpr size_t kCopierRunBlocks = 8;
+
+uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+// A run of protected pages: the protected parts of the copies that lie in
+// it, and one state per block.
+struct Region {
+  uintptr_t start = 0;             // Page aligned.
+  uintptr_t end = 0;               // Page aligned.
+  std::vector<HostCopy> copies;    // Sorted by src.
+  std::vector<uintptr_t> max_end;  // Prefix maximum of the copies' ends.
+  size_t block_bytes = 0;
+  size_t blocks = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> state;
+  bool registered = false;
+
+  uintptr_t BlockStart(size_t b) const { return start + b * block_bytes; }
+  uintptr_t BlockEnd(size_t b) const {
+    return std::min(end, BlockStart(b) + block_bytes);
+  }
+
+  // Copies the bytes of [from, to) that belong to copies.
+  void CopyRange(uintptr_t from, uintptr_t to) const {
+    auto it = std::lower_bound(
+        copies.begin(), copies.end(), to,
+        [](const HostCopy& c, uintptr_t a) { return Addr(c.src) < a; });
+    for (ptrdiff_t j = (it - copies.begin()) - 1; j >= 0; --j) {
+      if (max_end[j] <= from) break;
+      const HostCopy& c = copies[j];
+      const uintptr_t lo = std::max(from, Addr(c.src));
+      const uintptr_t hi = std::min(to, Addr(c.src) + c.bytes);
+      if (lo >= hi) continue;
+      BulkHostCopy(c.dst + (lo - Addr(c.src)),
+                   reinterpret_cast<const void*>(lo), hi - lo);
+    }
+  }
+};
+
+// One snapshot in flight.
+struct Active {
+  std::vector<Region> regions;  // Sorted by start, disjoint.
+  Promise<CowSnapshotStats> filled;
+  CowSnapshotStats stats;
+  absl::Notification* hold = nullptr;
+
+  absl::Mutex mu;
+  size_t remaining ABSL_GUARDED_BY(mu) = 0;  // Blocks not done.
+  size_t on_write ABSL_GUARDED_BY(mu) = 0;
+
+  Region* Find(uintptr_t addr) {
+    auto it = std::upper_bound(
+        regions.begin(), regions.end(), addr,
+        [](uintptr_t a, const Region& r) { return a < r.start; });
+    if (it == regions.begin()) return nullptr;
+    --it;
+    return addr < it->end ? &*it : nullptr;
+  }
+
+  void BlocksDone(size_t n, bool on_write_fault) {
+    absl::MutexLock lock(&mu);
+    remaining -= n;
+    if (on_write_fault) on_write += n;
+  }
+};
+
+class Engine {
+ public:
+  static Engine& Get() {
+    static Engine* const engine = new Engine;  // Never destroyed.
+    return *engine;
+  }
+
+  const absl::Status& available() const { return available_; }
+
+  absl::StatusOr<CowSnapshot> Take(absl::Span<const HostCopy> copies,
+                                   const CowSnapshotOptions& options);
+
+ private:
+  Engine() { available_ = Open(); }
+
+  absl::Status Open();
+  void HandleFaults();
+  void Fill(std::shared_ptr<Active> active);
+
+  int Ioctl(unsigned long request, void* arg) const {
+    int rc;
+    do {
+      rc = ioctl(uffd_, request, arg);
+    } while (rc != 0 && errno == EINTR);
+    return rc;
+  }
+  // Lifts the protection of [start, end), waking writers waiting there.
+  void Unprotect(uintptr_t start, uintptr_t end) const {
+    uffdio_writeprotect wp{};
+    wp.range.start = start;
+    wp.range.len = end - start;
+    wp.mode = 0;
+    while (Ioctl(UFFDIO_WRITEPROTECT, &wp) != 0 && errno == EAGAIN) {
+    }
+  }
+  void Wake(uintptr_t start, uintptr_t end) const {
+    uffdio_range range{start, end - start};
+    Ioctl(UFFDIO_WAKE, &range);
+  }
+
+  absl::Status available_;
+  int uffd_ = -1;
+  long page_ = 4096;
+
+  absl::Mutex mu_;
+  std::shared_ptr<Active> active_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::Status Engine::Open() {
+  if (kThreadSanitizer) {
+    return absl::UnavailableError(
+        "copy-on-write snapshots are off in ThreadSanitizer builds");
+  }
+  page_ = sysconf(_SC_PAGESIZE);
+  int fd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  int first_errno = errno;
+  if (fd < 0) {
+    const int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+    if (dev >= 0) {
+      fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+      close(dev);
+    }
+  }
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "copy-on-write snapshots need userfaultfd, which this process may "
+        "not use (",
+        std::strerror(first_errno),
+        "; root, CAP_SYS_PTRACE, vm.unprivileged_userfaultfd=1 or access to "
+        "/dev/userfaultfd)"));
+  }
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_UNPOPULATED;
+  if (ioctl(fd, UFFDIO_API, &api) != 0) {
+    const int e = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "copy-on-write snapshots need userfaultfd write-protection of "
+        "anonymous memory, unpopulated pages included (Linux 6.4); "
+        "UFFDIO_API: ",
+        std::strerror(e)));
+  }
+  uffd_ = fd;
+  std::thread([this] { HandleFaults(); }).detach();
+  return absl::OkStatus();
+}
+
+void Engine::HandleFaults() {
+  for (;;) {
+    pollfd p{uffd_, POLLIN, 0};
+    if (poll(&p, 1, -1) < 0) continue;
+    uffd_msg msg;
+    const ssize_t n = read(uffd_, &msg, sizeof(msg));
+    if (n != sizeof(msg) || msg.event != UFFD_EVENT_PAGEFAULT) continue;
+    const uintptr_t addr = msg.arg.pagefault.address;
+    const uintptr_t page = addr & ~static_cast<uintptr_t>(page_ - 1);
+    std::shared_ptr<Active> active;
+    {
+      absl::MutexLock lock(&mu_);
+      active = active_;
+    }
+    Region* region = active ? active->Find(addr) : nullptr;
+    if (region == nullptr) {
+      // A fault that outlived its snapshot: nothing to copy.
+      Unprotect(page, page + page_);
+      Wake(page, page + page_);
+      continue;
+    }
+    const size_t b = (addr - region->start) / region->block_bytes;
+    uint8_t expected = kProtected;
+    if (region->state[b].compare_exchange_strong(expected, kClaimed)) {
+      region->CopyRange(region->BlockStart(b), region->BlockEnd(b));
+      region->state[b].store(kDone);
+      Unprotect(region->BlockStart(b), region->BlockEnd(b));
+      active->BlocksDone(1, /*on_write_fault=*/true);
+    } else if (expected == kDone) {
+      Wake(region->BlockStart(b), region->BlockEnd(b));
+    }
+    // kClaimed: the copier lifts the protection and so wakes the writer.
+  }
+}
+
+void Engine::Fill(std::shared_ptr<Active> active) {
+  if (active->hold != nullptr) active->hold->WaitForNotification();
+  for (Region& r : active->regions) {
+    size_t b = 0;
+    while (b < r.blocks) {
+      size_t claimed = 0;
+      while (b + claimed < r.blocks && claimed < kCopierRunBlocks) {
+        uint8_t expected = kProtected;
+        if (!r.state[b + claimed].compare_exchange_strong(expected, kClaimed)) {
+          break;
+        }
+        ++claimed;
+      }
+      if (claimed == 0) {  // The fault handler has this block.
+        ++b;
+        continue;
+      }
+      r.CopyRange(r.BlockStart(b), r.BlockEnd(b + claimed - 1));
+      for (size_t i = 0; i < claimed; ++i) r.state[b + i].store(kDone);
+      Unprotect(r.BlockStart(b), r.BlockEnd(b + claimed - 1));
+      active->BlocksDone(claimed, /*on_write_fault=*/false);
+      b += claimed;
+    }
+  }
+  {
+    absl::MutexLock lock(&active->mu);
+    active->mu.Await(absl::Condition(
+        +[](size_t* remaining) { return *remaining == 0; },
+        &active->remaining));
+    active->stats.blocks_copied_on_write = active->on_write;
+  }
+  for (const Region& r : active->regions) {
+    if (!r.registered) continue;
+    uffdio_range range{r.start, r.end - r.start};
+    Ioctl(UFFDIO_UNREGISTER, &range);
+  }
+  const CowSnapshotStats stats = active->stats;
+  Promise<CowSnapshotStats> filled = active->filled;
+  {
+    absl::MutexLock lock(&mu_);
+    active_.reset();
+    busy_ = false;
+  }
+  active.reset();
+  filled.Set(stats);
+}
+
+// The private anonymous mappings of this process, merged, sorted.
+std::vector<std::pair<uintptr_t, uintptr_t>> PrivateAnonymousMemory() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return spans;
+  char line[4096];
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long start = 0, end = 0, inode = 0;
+    char perms[8] = {};
+    unsigned long long offset = 0;
+    unsigned major = 0, minor = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %llx %x:%x %lu", &start, &end, perms,
+                    &offset, &major, &minor, &inode) != 7) {
+      continue;
+    }
+    // Lines longer than the buffer continue on the next read; their tail
+    // fails the parse above.
+    if (std::strcmp(perms, "rw-p") != 0 || inode != 0) continue;
+    if (!spans.empty() && spans.back().second == start) {
+      spans.back().second = end;
+    } else {
+      spans.emplace_back(start, end);
+    }
+  }
+  std::fclose(maps);
+  return spans;
+}
+
+bool Inside(const std::vector<std::pair<uintptr_t, uintptr_t>>& spans,
+            uintptr_t start, uintptr_t end) {
+  auto it = std::upper_bound(
+      spans.begin(), spans.end(), start,
+      [](uintptr_t a, const std::pair<uintptr_t, uintptr_t>& s) {
+        return a < s.first;
+      });
+  if (it == spans.begin()) return false;
+  --it;
+  return start >= it->first && end <= it->second;
+}
+
+absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
+                                         const CowSnapshotOptions& options) {
+  DCP_RETURN_IF_ERROR(available_);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    if (copies[i].bytes > 0 &&
+        (copies[i].dst == nullptr || copies[i].src == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TakeCowSnapshot: copy ", i, " has a NULL ",
+                       copies[i].dst == nullptr ? "dst" : "src", " and ",
+                       copies[i].bytes, " bytes"));
+    }
+  }
+  const size_t page = static_cast<size_t>(page_);
+  const size_t block = std::max(page, options.block_bytes / page * page);
+  CowSnapshot snapshot;
+
+  // Split each copy into its protected whole pages and what the caller
+  // copies.
+  std::vector<HostCopy> protect;
+  std::vector<std::pair<uintptr_t, uintptr_t>> anonymous;
+  bool mapped = false;
+  for (const HostCopy& c : copies) {
+    if (c.bytes == 0) continue;
+    const uintptr_t src = Addr(c.src);
+    const uintptr_t lo = (src + page - 1) / page * page;
+    const uintptr_t hi = (src + c.bytes) / page * page;
+    if (c.bytes < options.min_protected_bytes || hi <= lo) {
+      snapshot.to_copy.push_back(c);
+      continue;
+    }
+    if (!mapped) {
+      anonymous = PrivateAnonymousMemory();
+      mapped = true;
+    }
+    if (!Inside(anonymous, lo, hi)) {
+      snapshot.to_copy.push_back(c);
+      continue;
+    }
+    if (lo > src) snapshot.to_copy.push_back({c.dst, c.src, lo - src});
+    protect.push_back({c.dst + (lo - src), c.src + (lo - src), hi - lo});
+    if (src + c.bytes > hi) {
+      snapshot.to_copy.push_back(
+          {c.dst + (hi - src), c.src + (hi - src), src + c.bytes - hi});
+    }
+  }
+  if (protect.empty()) {
+    snapshot.filled = Future<CowSnapshotStats>::Ready(CowSnapshotStats{});
+    return snapshot;
+  }
+
+  // Regions: overlapping or touching protected ranges merged.
+  std::sort(protect.begin(), protect.end(),
+            [](const HostCopy& a, const HostCopy& b) { return a.src < b.src; });
+  auto active = std::make_shared<Active>();
+  active->hold = options.hold_background_copy;
+  for (const HostCopy& c : protect) {
+    const uintptr_t s = Addr(c.src);
+    const uintptr_t e = s + c.bytes;
+    if (active->regions.empty() || s > active->regions.back().end) {
+      active->regions.emplace_back();
+      active->regions.back().start = s;
+    }
+    Region& r = active->regions.back();
+    r.end = std::max(r.end, e);
+    r.copies.push_back(c);
+    r.max_end.push_back(std::max(r.max_end.empty() ? 0 : r.max_end.back(), e));
+  }
+
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &busy_));
+    busy_ = true;
+  }
+  // Register every region; one that cannot be (another userfaultfd holds
+  // it, the mapping changed) is left to the caller.
+  std::vector<Region> kept;
+  for (Region& r : active->regions) {
+    uffdio_register reg{};
+    reg.range.start = r.start;
+    reg.range.len = r.end - r.start;
+    reg.mode = UFFDIO_REGISTER_MODE_WP;
+    if (Ioctl(UFFDIO_REGISTER, &reg) != 0 ||
+        (reg.ioctls & (uint64_t{1} << _UFFDIO_WRITEPROTECT)) == 0) {
+      for (const HostCopy& c : r.copies) snapshot.to_copy.push_back(c);
+      if (reg.ioctls != 0) {
+        uffdio_range range{r.start, r.end - r.start};
+        Ioctl(UFFDIO_UNREGISTER, &range);
+      }
+      continue;
+    }
+    r.registered = true;
+    r.block_bytes = block;
+    r.blocks = (r.end - r.start + block - 1) / block;
+    r.state = std::make_unique<std::atomic<uint8_t>[]>(r.blocks);
+    for (size_t b = 0; b < r.blocks; ++b) r.state[b].store(kProtected);
+    kept.push_back(std::move(r));
+  }
+  active->regions = std::move(kept);
+  size_t blocks = 0;
+  for (const Region& r : active->regions) {
+    blocks += r.blocks;
+    active->stats.protected_bytes += r.end - r.start;
+  }
+  active->stats.blocks = blocks;
+  {
+    absl::MutexLock lock(&active->mu);
+    active->remaining = blocks;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    active_ = active;  // The fault handler finds it from here on.
+  }
+  for (Region& r : active->regions) {
+    uffdio_writeprotect wp{};
+    wp.range.start = r.start;
+    wp.range.len = r.end - r.start;
+    wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+    if (Ioctl(UFFDIO_WRITEPROTECT, &wp) == 0) continue;
+    // Not protected (perhaps in part): copy it now, as the caller would.
+    Unprotect(r.start, r.end);
+    r.CopyRange(r.start, r.end);
+    for (size_t b = 0; b < r.blocks; ++b) r.state[b].store(kDone);
+    active->BlocksDone(r.blocks, /*on_write_fault=*/false);
+    active->stats.protected_bytes -= r.end - r.start;
+  }
+  snapshot.filled = active->filled.future();
+  std::thread([this, active]() mutable { Fill(std::move(active)); }).detach();
+  return snapshot;
+}
+
+}  // namespace
+
+absl::Status CowSnapshotsAvailable() { return Engine::Get().available(); }
+
+absl::StatusOr<CowSnapshot> TakeCowSnapshot(absl::Span<const HostCopy> copies,
+                                            const CowSnapshotOptions& options) {
+  return Engine::Get().Take(copies, options);
+}
+
+}  // namespace dcp
