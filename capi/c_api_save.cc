@@ -350,23 +350,95 @@ int dcp_stager_free(dcp_stager_t* stager) {
   return dcp::capi::FreeHandle(stager);
 }
 
+namespace {
+
+// `copies` of dcp_copy_host / dcp_snapshot_host (named `function`):
+// non-null where count > 0, non-null pointers where bytes > 0.
+absl::Status CheckHostCopies(const char* function,
+                             const dcp_host_copy_t* copies, size_t count) {
+  if (count > 0 && copies == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": copies is NULL with count ", count));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (copies[i].bytes > 0 &&
+        (copies[i].dst == nullptr || copies[i].src == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(function, ": copies[", i, "] has a NULL ",
+                       copies[i].dst == nullptr ? "dst" : "src", " and ",
+                       copies[i].bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int dcp_copy_host(const dcp_host_copy_t* copies, size_t count, int threads) {
   return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckHostCopies("dcp_copy_host", copies, count));
     if (count == 0) return absl::OkStatus();
-    if (copies == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dcp_copy_host: copies is NULL with count ", count));
-    }
-    for (size_t i = 0; i < count; ++i) {
-      if (copies[i].bytes > 0 &&
-          (copies[i].dst == nullptr || copies[i].src == nullptr)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("dcp_copy_host: copies[", i, "] has a NULL ",
-                         copies[i].dst == nullptr ? "dst" : "src", " and ",
-                         copies[i].bytes, " bytes"));
-      }
-    }
     dcp::capi::CopyHost(absl::MakeConstSpan(copies, count), threads);
+    return absl::OkStatus();
+  });
+}
+
+int dcp_snapshot_host(const dcp_host_copy_t* copies, size_t count, int threads,
+                      dcp_host_snapshot_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_host_snapshot_t**"));
+    *out = nullptr;
+    DCP_RETURN_IF_ERROR(CheckHostCopies("dcp_snapshot_host", copies, count));
+    auto handle = std::make_unique<dcp_host_snapshot_t>();
+    std::vector<dcp::HostCopy> all;
+    all.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      all.push_back({static_cast<std::byte*>(copies[i].dst),
+                     static_cast<const std::byte*>(copies[i].src),
+                     copies[i].bytes});
+    }
+    std::vector<dcp_host_copy_t> now;
+    absl::StatusOr<dcp::CowSnapshot> snapshot = dcp::TakeCowSnapshot(all);
+    if (snapshot.ok()) {
+      for (const dcp::HostCopy& c : snapshot->to_copy) {
+        now.push_back({c.dst, c.src, c.bytes});
+      }
+      handle->filled = snapshot->filled;
+    } else if (snapshot.status().code() == absl::StatusCode::kUnavailable) {
+      now.assign(copies, copies + count);
+      handle->filled =
+          dcp::Future<dcp::CowSnapshotStats>::Ready(dcp::CowSnapshotStats{});
+    } else {
+      return snapshot.status();
+    }
+    dcp::capi::CopyHost(now, threads);
+    *out = Publish(handle.release());
+    return absl::OkStatus();
+  });
+}
+
+int dcp_host_snapshot_wait(dcp_host_snapshot_t* snapshot,
+                           size_t* copy_on_write_bytes) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_host_snapshot_t * h, Resolve(snapshot));
+    const absl::StatusOr<dcp::CowSnapshotStats>& stats = h->filled.Wait();
+    if (!stats.ok()) return stats.status();
+    if (copy_on_write_bytes != nullptr) {
+      *copy_on_write_bytes = stats->protected_bytes;
+    }
+    return absl::OkStatus();
+  });
+}
+
+int dcp_host_snapshot_free(dcp_host_snapshot_t* snapshot) {
+  return dcp::capi::FreeHandle(snapshot);  // Its destructor waits.
+}
+
+int dcp_stager_copy_on_write_bytes(const dcp_stager_t* stager, size_t* out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "size_t*"));
+    DCP_ASSIGN_OR_RETURN(const dcp_stager_t* h, Resolve(stager));
+    *out = h->stager->copy_on_write_bytes();
     return absl::OkStatus();
   });
 }

@@ -196,6 +196,7 @@ typedef struct dcp_storage_reader dcp_storage_reader_t;
 typedef struct dcp_process_group dcp_process_group_t;
 typedef struct dcp_async_save dcp_async_save_t;
 typedef struct dcp_stager dcp_stager_t;
+typedef struct dcp_host_snapshot dcp_host_snapshot_t;
 
 /* ------------------------------------------------------------------------
  * State dicts
@@ -664,6 +665,13 @@ typedef struct dcp_stager_options {
   dcp_flag_t use_async_staging;       /* default true */
   dcp_flag_t use_non_blocking_copy;   /* default true */
   dcp_flag_t cache_staged_state_dict; /* default true */
+  /* default false. Stage contiguous CPU tensors by a copy-on-write snapshot
+   * (see dcp_snapshot_host): DCP_STAGING completes once their pages are
+   * write-protected, before they are copied; the tensors must then stay
+   * allocated (they may change) until DCP_UPLOAD completes. Never for
+   * tensors a device writes by DMA (page-locked memory). Without
+   * userfaultfd they are copied as usual. */
+  dcp_flag_t copy_on_write;
 } dcp_stager_options_t;
 
 DCP_API int dcp_stager_create(const dcp_stager_options_t* options,
@@ -677,6 +685,10 @@ DCP_API int dcp_stager_reserve(dcp_stager_t* stager,
                                const dcp_state_dict_t* sd);
 /* Saves still using the stager keep it until their uploads end. */
 DCP_API int dcp_stager_free(dcp_stager_t* stager);
+/* Bytes the stager has staged by copy-on-write snapshots so far (0 without
+ * copy_on_write or without userfaultfd). */
+DCP_API int dcp_stager_copy_on_write_bytes(const dcp_stager_t* stager,
+                                           size_t* out);
 
 /* One copy of dcp_copy_host: `bytes` bytes from `src` to `dst`. */
 typedef struct dcp_host_copy {
@@ -696,6 +708,29 @@ typedef struct dcp_host_copy {
  * src with bytes > 0 (naming its index); nothing is copied then. */
 DCP_API int dcp_copy_host(const dcp_host_copy_t* copies, size_t count,
                           int threads);
+
+/* dcp_copy_host as a copy-on-write snapshot: returns as soon as the sources
+ * may change again. Whole pages of sources in private anonymous memory
+ * (malloc's, numpy's, torch's CPU tensors) are write-protected and copied
+ * by a background thread; a write to one before its copy (by any thread,
+ * or by the kernel for a read(2) into it) waits while its block is copied
+ * first. The rest (copies under 1 MiB, partial first and last pages,
+ * shared or file memory) is copied before it returns, as dcp_copy_host
+ * would. Until dcp_host_snapshot_wait returns, the sources stay allocated
+ * and nobody touches the destinations. Writes that bypass the page tables
+ * are not seen: never pass memory a device writes by DMA (page-locked
+ * memory). Without userfaultfd (Linux 6.4 and the right to use it) it
+ * copies everything before returning. *out is freed with
+ * dcp_host_snapshot_free. One snapshot is in flight per process: a second
+ * call waits for the first to fill. */
+DCP_API int dcp_snapshot_host(const dcp_host_copy_t* copies, size_t count,
+                              int threads, dcp_host_snapshot_t** out);
+/* Blocks until every byte of the snapshot is copied. copy_on_write_bytes
+ * (may be NULL): the bytes copied after dcp_snapshot_host returned. */
+DCP_API int dcp_host_snapshot_wait(dcp_host_snapshot_t* snapshot,
+                                   size_t* copy_on_write_bytes);
+/* Waits for the snapshot to fill, then frees it. */
+DCP_API int dcp_host_snapshot_free(dcp_host_snapshot_t* snapshot);
 
 /* Waits for every upload of this process's async saves to finish. Call it
  * before the process exits. Returns DCP_OK (each save reports its own

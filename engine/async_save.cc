@@ -53,21 +53,23 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   }
   // The stager's copies wait for the caller's device work; the upload
   // writes host memory and needs no wait.
+  Promise<void> released;
   Future<StateDict> staged =
-      stager->Stage(state_dict, options.save.device_wait);
+      stager->StageReleasing(state_dict, options.save.device_wait, released);
 
-  // Staging is complete when the staged dict is ready and, for non-blocking
-  // device copies, when the copies have landed. The task shares the owned
-  // stager: Shutdown may drop the upload that also holds it.
-  staging_waiter_.Schedule(
-      [this, staged, stager, owned_stager, staged_promise] {
-        const absl::StatusOr<StateDict>& result = staged.Wait();
-        absl::Status status = result.status();
-        if (status.ok() && stager->should_synchronize_after_execute()) {
-          status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();
-        }
-        staged_promise.Set(status);
-      });
+  // Staging is complete when the stager lets the tensors go (with a
+  // copy-on-write snapshot, before the staged dict has filled) and, for
+  // non-blocking device copies, when the copies have landed. The task
+  // shares the owned stager: Shutdown may drop the upload that also holds
+  // it.
+  staging_waiter_.Schedule([this, released = released.future(), stager,
+                            owned_stager, staged_promise] {
+    absl::Status status = released.Wait();
+    if (status.ok() && stager->should_synchronize_after_execute()) {
+      status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();
+    }
+    staged_promise.Set(status);
+  });
 
   SaveOptions save = options.save;
   save.device_wait = DeviceWait{};
@@ -77,10 +79,13 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
         upload_promise, [staged, staged_done = response.staging_completion,
                          upload_promise, save, owned_stager] {
           absl::Status staging = staged_done.Wait();
+          const absl::StatusOr<StateDict>& filled = staged.Wait();
           if (!staging.ok()) {
             upload_promise.Set(staging);
+          } else if (!filled.ok()) {
+            upload_promise.Set(filled.status());
           } else {
-            upload_promise.Set(Save(*staged.Wait(), save));
+            upload_promise.Set(Save(*filled, save));
           }
           if (owned_stager != nullptr) owned_stager->Close();
         }});

@@ -72,8 +72,10 @@ class AsyncCheckpointer {
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   // Thread-safe. The caller keeps the tensors of `state_dict` unchanged
-  // until staging_completion is ready. After Shutdown both futures fail at
-  // once with kCancelled and nothing is staged.
+  // until staging_completion is ready; with a stager that snapshots them
+  // copy-on-write (StagingOptions::copy_on_write), also allocated until
+  // upload_completion is. After Shutdown both futures fail at once with
+  // kCancelled and nothing is staged.
   AsyncSaveResponse AsyncSave(const StateDict& state_dict,
                               const AsyncSaveOptions& options);
 

@@ -379,7 +379,8 @@ absl::Status DefaultStager::WaitPendingCopies() {
 }
 
 absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
-                                    bool wait) {
+                                    bool wait,
+                                    Future<CowSnapshotStats>* filled) {
   // 1. Device tensors: enqueue pieces round robin over the device's streams.
   std::map<DeviceStream*, int> used;  // Stream -> device.
   absl::Status error;
@@ -469,26 +470,44 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
   }
 
   // 2. CPU tensors: memcpy pieces on the copy threads, while the device
-  // copies run.
+  // copies run; with copy_on_write, contiguous ones are snapshot and only
+  // what the snapshot leaves is copied.
   if (error.ok()) {
     struct Task {
       std::byte* dst;
-      const Plan::Slot* slot;
-      size_t offset;
+      const std::byte* src;    // Null: gather the non-contiguous slot.
+      const Plan::Slot* slot;  // For src null.
       size_t length;
     };
     std::vector<Task> tasks;
-    const size_t piece = kHostCopyPieceBytes;
+    std::vector<HostCopy> contiguous;
     for (const Plan::Slot& slot : plan.slots) {
       const TensorView& v = slot.source;
       if (!v.device().is_cpu() || v.nbytes() == 0) continue;
       if (!v.is_contiguous()) {
-        tasks.push_back({base + slot.offset, &slot, 0, v.nbytes()});
+        tasks.push_back({base + slot.offset, nullptr, &slot, v.nbytes()});
         continue;
       }
-      for (size_t off = 0; off < v.nbytes(); off += piece) {
-        tasks.push_back({base + slot.offset + off, &slot, off,
-                         std::min(piece, v.nbytes() - off)});
+      contiguous.push_back({base + slot.offset,
+                            static_cast<const std::byte*>(v.data()),
+                            v.nbytes()});
+    }
+    if (options_.copy_on_write && !contiguous.empty()) {
+      absl::StatusOr<CowSnapshot> snapshot = TakeCowSnapshot(contiguous);
+      if (snapshot.ok()) {
+        size_t left = 0;
+        for (const HostCopy& c : snapshot->to_copy) left += c.bytes;
+        for (const HostCopy& c : contiguous) copy_on_write_bytes_ += c.bytes;
+        copy_on_write_bytes_ -= left;
+        contiguous = std::move(snapshot->to_copy);
+        *filled = snapshot->filled;
+      }  // Otherwise (no userfaultfd) copy them all.
+    }
+    const size_t piece = kHostCopyPieceBytes;
+    for (const HostCopy& c : contiguous) {
+      for (size_t off = 0; off < c.bytes; off += piece) {
+        tasks.push_back({c.dst + off, c.src + off, nullptr,
+                         std::min(piece, c.bytes - off)});
       }
     }
     absl::BlockingCounter done(static_cast<int>(tasks.size()));
@@ -496,14 +515,11 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
     absl::Status task_error;
     for (const Task& task : tasks) {
       CpuPool().Schedule([&, task] {
-        const TensorView& v = task.slot->source;
-        if (v.is_contiguous()) {
-          BulkHostCopy(task.dst,
-                       static_cast<const std::byte*>(v.data()) + task.offset,
-                       task.length);
+        if (task.src != nullptr) {
+          BulkHostCopy(task.dst, task.src, task.length);
         } else {
           absl::StatusOr<Tensor> gathered =
-              Tensor::Wrap(v).ContiguousHostCopy();
+              Tensor::Wrap(task.slot->source).ContiguousHostCopy();
           if (gathered.ok()) {
             std::memcpy(task.dst, gathered->data(), task.length);
           } else {
@@ -606,9 +622,9 @@ Future<void> DefaultStager::Reserve(const StateDict& state_dict) {
   return done.future();
 }
 
-absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
-                                                  bool wait_for_copies,
-                                                  const DeviceWait& wait) {
+absl::StatusOr<StateDict> DefaultStager::StageNow(
+    const StateDict& state_dict, bool wait_for_copies, const DeviceWait& wait,
+    Future<CowSnapshotStats>* filled) {
   absl::MutexLock lock(&mu_);
   if (closed_) {
     return absl::FailedPreconditionError(
@@ -642,7 +658,19 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(const StateDict& state_dict,
     DCP_RETURN_IF_ERROR(Annotate(streams->WaitFor(wait),
                                  "staging: waiting for the caller's stream"));
   }
-  DCP_RETURN_IF_ERROR(CopyAll(plan, base, wait_for_copies));
+  Future<CowSnapshotStats> filling;
+  const absl::Status copied = CopyAll(plan, base, wait_for_copies, &filling);
+  if (filling.valid()) {
+    if (!copied.ok() || filled == nullptr) {
+      // The snapshot reads the sources and writes the buffer until filled.
+      filling.Wait().IgnoreError();
+    } else {
+      // The buffer stays mapped until filled, even if the staged dict goes.
+      filling.OnReady([memory](const absl::StatusOr<CowSnapshotStats>&) {});
+      *filled = filling;
+    }
+  }
+  DCP_RETURN_IF_ERROR(copied);
   if (!pending_events_.empty()) pending_memory_.push_back(memory);
   StateDict staged;
   for (const auto& [key, value] : state_dict) {
@@ -657,9 +685,40 @@ Future<StateDict> DefaultStager::Stage(const StateDict& state_dict) {
 
 Future<StateDict> DefaultStager::Stage(const StateDict& state_dict,
                                        const DeviceWait& wait) {
+  return StageReleasing(state_dict, wait, Promise<void>());
+}
+
+namespace {
+
+// `staged`, ready once `filled` (when valid) is.
+Future<StateDict> WhenFilled(absl::StatusOr<StateDict> staged,
+                             const Future<CowSnapshotStats>& filled) {
+  if (!filled.valid() || !staged.ok()) {
+    return Future<StateDict>::Ready(std::move(staged));
+  }
+  Promise<StateDict> promise;
+  filled.OnReady([promise, staged = *std::move(staged)](
+                     const absl::StatusOr<CowSnapshotStats>& stats) mutable {
+    if (stats.ok()) {
+      promise.Set(std::move(staged));
+    } else {
+      promise.Set(stats.status());
+    }
+  });
+  return promise.future();
+}
+
+}  // namespace
+
+Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
+                                                const DeviceWait& wait,
+                                                const Promise<void>& released) {
   if (!options_.use_async_staging) {
-    return Future<StateDict>::Ready(
-        StageNow(state_dict, !options_.use_non_blocking_copy, wait));
+    Future<CowSnapshotStats> filled;
+    absl::StatusOr<StateDict> staged =
+        StageNow(state_dict, !options_.use_non_blocking_copy, wait, &filled);
+    released.Set(staged.status());
+    return WhenFilled(std::move(staged), filled);
   }
   Promise<StateDict> promise;
   Promise<void> done;
@@ -668,38 +727,51 @@ Future<StateDict> DefaultStager::Stage(const StateDict& state_dict,
     // copies enqueued behind the mark (the host does not wait for them):
     // work the caller enqueues after Stage returns is never waited for,
     // and never copied. The background thread waits for the copies.
+    Future<CowSnapshotStats> filled;
     absl::StatusOr<StateDict> staged =
-        StageNow(state_dict, /*wait_for_copies=*/false, wait);
-    if (!staged.ok()) return Future<StateDict>::Ready(staged.status());
+        StageNow(state_dict, /*wait_for_copies=*/false, wait, &filled);
+    if (!staged.ok()) {
+      released.Set(staged.status());
+      return Future<StateDict>::Ready(staged.status());
+    }
     {
       absl::MutexLock lock(&future_mu_);
       last_async_ = done.future();
     }
-    background_->Schedule(
-        [this, staged = *std::move(staged), promise, done]() mutable {
-          absl::Status landed;
-          {
-            absl::MutexLock lock(&mu_);
-            landed = WaitPendingCopies();
-          }
-          if (landed.ok()) {
-            promise.Set(std::move(staged));
-          } else {
-            promise.Set(landed);
-          }
-          done.Set(landed);
-        });
+    background_->Schedule([this, staged = *std::move(staged), filled, promise,
+                           released, done]() mutable {
+      absl::Status landed;
+      {
+        absl::MutexLock lock(&mu_);
+        landed = WaitPendingCopies();
+      }
+      released.Set(landed);
+      if (landed.ok() && filled.valid()) landed = filled.Wait().status();
+      if (landed.ok()) {
+        promise.Set(std::move(staged));
+      } else {
+        promise.Set(landed);
+      }
+      done.Set(landed);
+    });
     return promise.future();
   }
   {
     absl::MutexLock lock(&future_mu_);
     last_async_ = done.future();
   }
-  background_->Schedule([this, state_dict, promise, done, wait] {
+  background_->Schedule([this, state_dict, promise, released, done, wait] {
+    Future<CowSnapshotStats> filled;
     absl::StatusOr<StateDict> staged =
-        StageNow(state_dict, /*wait_for_copies=*/true, wait);
-    const absl::Status status = staged.status();
-    promise.Set(std::move(staged));
+        StageNow(state_dict, /*wait_for_copies=*/true, wait, &filled);
+    released.Set(staged.status());
+    absl::Status status = staged.status();
+    if (status.ok() && filled.valid()) status = filled.Wait().status();
+    if (status.ok()) {
+      promise.Set(std::move(staged));
+    } else {
+      promise.Set(status);
+    }
     done.Set(status);
   });
   return promise.future();
@@ -736,6 +808,11 @@ int DefaultStager::buffers_made() const {
   return buffers_made_;
 }
 
+size_t DefaultStager::copy_on_write_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return copy_on_write_bytes_;
+}
+
 size_t DefaultStager::cached_bytes() const {
   absl::MutexLock lock(&mu_);
   size_t bytes = 0;
@@ -750,6 +827,7 @@ BlockingStager::BlockingStager(StagingOptions options, DeviceRuntime* runtime)
           [&] {
             options.use_async_staging = false;
             options.use_non_blocking_copy = false;
+            options.copy_on_write = false;
             return options;
           }(),
           runtime) {}

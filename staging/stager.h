@@ -47,6 +47,7 @@
 #include "core/future.h"
 #include "core/state_dict.h"
 #include "cuda/device_runtime.h"
+#include "staging/cow_snapshot.h"
 #include "staging/host_buffer_pool.h"
 
 namespace dcp {
@@ -100,6 +101,20 @@ struct StagingOptions {
   // ReleaseSpareHostBuffers() unmaps it.
   bool recycle_staging_memory = true;
 
+  // Stage contiguous CPU tensors by a copy-on-write snapshot
+  // (staging/cow_snapshot.h) instead of copying them before staging is
+  // complete: the sources' pages are write-protected and copied in the
+  // background, a write to one before its copy waiting for it. Staging is
+  // then complete (StageReleasing's `released`) in the time it takes to
+  // protect the pages, and the staged dict (Stage's future) once every byte
+  // is copied. The caller may change its tensors once released, but must
+  // keep them allocated until the staged dict's future is ready (an
+  // AsyncSave: until upload_completion). Writes that bypass the page tables
+  // are not seen: never use it for tensors a device writes by DMA
+  // (page-locked host memory, RDMA registrations). Without userfaultfd
+  // (CowSnapshotsAvailable) the tensors are copied as without the option.
+  bool copy_on_write = false;
+
   // What async_save uses when the caller passes no stager: pageable memory,
   // synchronous staging, blocking copies.
   static StagingOptions AsyncSaveDefault();
@@ -130,6 +145,22 @@ class AsyncStager {
         "stream; use DefaultStager"));
   }
 
+  // Stage, also saying when the caller may change its tensors again:
+  // `released` is set no later than the returned future is ready (with its
+  // error, if staging fails), earlier when the staged dict fills after the
+  // sources were let go (StagingOptions::copy_on_write). Until the returned
+  // future is ready the caller keeps its tensors allocated; until `released`
+  // also unchanged. The default sets `released` when the future is ready.
+  virtual Future<StateDict> StageReleasing(const StateDict& state_dict,
+                                           const DeviceWait& wait,
+                                           const Promise<void>& released) {
+    Future<StateDict> staged = Stage(state_dict, wait);
+    staged.OnReady([released](const absl::StatusOr<StateDict>& result) {
+      released.Set(result.status());
+    });
+    return staged;
+  }
+
   // True when the staged dict may still be filling after Stage's future is
   // ready (non-blocking device copies): the caller then calls
   // SynchronizeStaging() before reading it (the seed calls it right after
@@ -158,6 +189,9 @@ class DefaultStager final : public AsyncStager {
   Future<StateDict> Stage(const StateDict& state_dict) override;
   Future<StateDict> Stage(const StateDict& state_dict,
                           const DeviceWait& wait) override;
+  Future<StateDict> StageReleasing(const StateDict& state_dict,
+                                   const DeviceWait& wait,
+                                   const Promise<void>& released) override;
   bool should_synchronize_after_execute() const override;
   absl::Status SynchronizeStaging() override;
   void Close() override;
@@ -184,13 +218,19 @@ class DefaultStager final : public AsyncStager {
   // Staging buffers the stager has mapped so far (each one a fresh mmap,
   // page faults and, with pinned memory, page-locking).
   int buffers_made() const;
+  // Bytes staged so far by copy-on-write snapshots (copied after staging
+  // was complete) rather than copied before.
+  size_t copy_on_write_bytes() const;
 
   // Stages on the calling thread; `wait_for_copies` false leaves device
-  // copies running (tracked for SynchronizeStaging). Internal to staging/
-  // (BlockingStager and the async path use it).
-  absl::StatusOr<StateDict> StageNow(const StateDict& state_dict,
-                                     bool wait_for_copies,
-                                     const DeviceWait& wait = {});
+  // copies running (tracked for SynchronizeStaging). With copy_on_write and
+  // `filled` non-null, the staged dict may still be filling when it
+  // returns: *filled is then set to the snapshot's completion (otherwise
+  // left as it is); with `filled` null it waits for the fill. Internal to
+  // staging/ (BlockingStager and the async path use it).
+  absl::StatusOr<StateDict> StageNow(
+      const StateDict& state_dict, bool wait_for_copies,
+      const DeviceWait& wait = {}, Future<CowSnapshotStats>* filled = nullptr);
 
  private:
   struct Plan;
@@ -207,7 +247,9 @@ class DefaultStager final : public AsyncStager {
   absl::StatusOr<Plan> MakePlan(const StateDict& state_dict)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveNow(const StateDict& state_dict);
-  absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait)
+  // `filled`: as StageNow's, never null.
+  absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait,
+                       Future<CowSnapshotStats>* filled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Executor& CpuPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -228,6 +270,7 @@ class DefaultStager final : public AsyncStager {
   std::vector<std::shared_ptr<void>> pending_memory_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int buffers_made_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t copy_on_write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Completion of the last async Stage, for SynchronizeStaging/Close. A
   // Future<void>: holding the staged dict here would keep its memory busy

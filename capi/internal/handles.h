@@ -26,6 +26,7 @@
 #include "dcp/dcp.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
+#include "staging/cow_snapshot.h"
 #include "staging/device_staging.h"
 #include "staging/stager.h"
 
@@ -126,6 +127,18 @@ struct dcp_stager {
 
   // Shared with the async saves staging through it, until their uploads end.
   std::shared_ptr<dcp::DefaultStager> stager;
+};
+
+struct dcp_host_snapshot {
+  static constexpr dcp::capi::HandleType kType =
+      dcp::capi::HandleType::kHostSnapshot;
+  dcp::capi::HandleTag tag{kType};
+
+  // Ready when every byte is copied; waited for before the handle goes.
+  dcp::Future<dcp::CowSnapshotStats> filled;
+  ~dcp_host_snapshot() {
+    if (filled.valid()) filled.Wait().IgnoreError();
+  }
 };
 
 namespace dcp::capi {

@@ -204,6 +204,8 @@ absl::StatusOr<StagingOptions> StagingOptionsFromC(
        "dcp_stager_options_t.use_non_blocking_copy"},
       {in.cache_staged_state_dict, &out.cache_staged_state_dict,
        "dcp_stager_options_t.cache_staged_state_dict"},
+      {in.copy_on_write, &out.copy_on_write,
+       "dcp_stager_options_t.copy_on_write"},
   };
   for (const auto& f : flags) {
     DCP_ASSIGN_OR_RETURN(*f.field, ReadFlag(f.flag, *f.field, f.name));

@@ -60,6 +60,8 @@ const char* HandleTypeName(HandleType type) {
       return "dcp_async_save_t";
     case HandleType::kStager:
       return "dcp_stager_t";
+    case HandleType::kHostSnapshot:
+      return "dcp_host_snapshot_t";
   }
   return "dcp handle";
 }

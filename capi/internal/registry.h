@@ -30,6 +30,7 @@ enum class HandleType : uint32_t {
   kProcessGroup,
   kAsyncSave,
   kStager,
+  kHostSnapshot,
 };
 
 // The C type name, "dcp_state_dict_t", for messages.
