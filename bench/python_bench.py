@@ -24,6 +24,14 @@ Each phase runs in its own subprocess, alternating the two libraries, for
                 with cache_staged_state_dict (not in the default --phases)
   async-process-stager the same with PROCESS (dcp: reserve(sd, PROCESS)
                 maps the shared memory and starts the writer process)
+  <async phase>-cow    dcp with StagingOptions(copy_on_write=True): CPU
+                tensors are write-protected and copied after staging
+                completes (async-thread-cow: such a stager made per run, not
+                reserved); torch runs the phase without -cow
+
+Every async phase also times the loop's next write of every floating
+tensor (in place, x *= 1) right after staging completes ("touch"): with
+copy_on_write that write may wait for pages still being copied.
 
 plus fio's sequential write and read of the same byte count on the same
 disk as the reference. Usage:
@@ -191,6 +199,18 @@ def init_torch_group(torch, directory):
                                 rank=0, world_size=1)
 
 
+def tensors_of(value):
+    """Every tensor in a nested state dict."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_of(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
 def phase(args):
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
@@ -229,21 +249,26 @@ def phase(args):
     else:
         kind = (kinds.PROCESS if args.phase.startswith("async-process")
                 else kinds.THREAD)
+        cow = args.phase.endswith("-cow") and args.lib == "dcp"
         stager = None
-        if args.phase.endswith("-stager"):
+        if cow and "-stager" not in args.phase:
+            stager = m.DefaultStager(m.StagingOptions(
+                use_pinned_memory=False, copy_on_write=True))
+        if "-stager" in args.phase:
             # A stager kept for the run and reserved before the loop (dcp's
             # DefaultStager, pageable memory: dcp.DefaultStager.reserve, for
             # PROCESS its shared memory and writer process; for torch its
             # DefaultStager with caching, whose first stage maps).
             if args.lib == "dcp":
                 stager = m.DefaultStager(m.StagingOptions(
-                    use_pinned_memory=False))
+                    use_pinned_memory=False, copy_on_write=cow))
                 stager.reserve(sd, kind)
             else:
                 from torch.distributed.checkpoint.staging import (
                     DefaultStager, StagingOptions)
                 stager = DefaultStager(StagingOptions(False, False, False,
                                                       False))
+        floating = [t for t in tensors_of(sd) if t.is_floating_point()]
         for call in ("first", "second"):
             target = os.path.join(args.dir, call)
             os.sync()
@@ -258,6 +283,11 @@ def phase(args):
             if staging is not None:
                 staging.result()
             staged = time.perf_counter() - start
+            # The loop's next step writes its tensors.
+            touch = time.perf_counter()
+            for t in floating:
+                t.mul_(1)
+            out[f"{call}_touch_seconds"] = time.perf_counter() - touch
             upload.result()
             out[f"{call}_return_seconds"] = returned
             out[f"{call}_staged_seconds"] = staged
@@ -348,7 +378,8 @@ def main():
         for ph in phases:
             for key in ("seconds", "peak_rss_bytes", "first_return_seconds",
                         "first_staged_seconds", "second_return_seconds",
-                        "second_staged_seconds", "second_upload_seconds"):
+                        "second_staged_seconds", "second_upload_seconds",
+                        "first_touch_seconds", "second_touch_seconds"):
                 v = med(lib, ph, key)
                 if v is not None:
                     summary[f"{lib}_{ph}_{key}"] = v

@@ -216,7 +216,8 @@ class StagerOptions(Structure):
                 ("use_shared_memory", c_int32),
                 ("use_async_staging", c_int32),
                 ("use_non_blocking_copy", c_int32),
-                ("cache_staged_state_dict", c_int32)]
+                ("cache_staged_state_dict", c_int32),
+                ("copy_on_write", c_int32)]
 
 
 class LoadOptions(Structure):
@@ -324,6 +325,10 @@ _PROTOTYPES = {
     "dcp_stager_reserve": (c_int, [_P, _P]),
     "dcp_stager_free": (c_int, [_P]),
     "dcp_copy_host": (c_int, [_P, c_size_t, c_int]),
+    "dcp_snapshot_host": (c_int, [_P, c_size_t, c_int, _PP]),
+    "dcp_host_snapshot_wait": (c_int, [_P, POINTER(c_size_t)]),
+    "dcp_host_snapshot_free": (c_int, [_P]),
+    "dcp_stager_copy_on_write_bytes": (c_int, [_P, POINTER(c_size_t)]),
     "dcp_shutdown": (c_int, []),
     "dcp_metadata_read": (c_int, [c_char_p, _PP]),
     "dcp_metadata_free": (c_int, [_P]),

@@ -546,15 +546,18 @@ def _host_source(t):
     return t.data_ptr()
 
 
-def _stage_tensors(seg, specs, tensors):
+def _stage_tensors(seg, specs, tensors, copy_on_write=False):
     """Copies `tensors` into `seg` at their specs' offsets: contiguous host
-    tensors in one dcp_copy_host call; CUDA and strided ones through torch
+    tensors in one dcp_copy_host call (copy_on_write: one dcp_snapshot_host
+    call, pinned tensors excepted, whose snapshot handle it returns; the
+    caller waits for it and frees it); CUDA and strided ones through torch
     (a device-to-pageable copy returns once copied)."""
     import torch
     # The mapping's address (the temporary c_char's buffer export ends at
     # once; the job keeps the mapping open while this runs).
     base = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))
     copies = []
+    pinned = []  # Copied even with copy_on_write (a device may DMA there).
     for (off, nbytes, _, _), t in zip(specs, tensors):
         if nbytes == 0:
             continue
@@ -566,15 +569,32 @@ def _stage_tensors(seg, specs, tensors):
             else:
                 _copy_into(seg.mm, off, nbytes, t)
             continue
-        copies.append((base + off, src, nbytes))
-    if copies:
-        arr = np.array(copies, dtype=_HOST_COPY)
+        if copy_on_write and not (isinstance(t, np.ndarray) or
+                                  not t.is_pinned()):
+            pinned.append((base + off, src, nbytes))
+        else:
+            copies.append((base + off, src, nbytes))
+    if pinned:
+        arr = np.array(pinned, dtype=_HOST_COPY)
+        _lib.check(_lib.lib().dcp_copy_host(arr.ctypes.data, len(pinned),
+                                            _COPY_THREADS))
+    if not copies:
+        return None
+    arr = np.array(copies, dtype=_HOST_COPY)
+    if not copy_on_write:
         _lib.check(_lib.lib().dcp_copy_host(arr.ctypes.data, len(copies),
                                             _COPY_THREADS))
+        return None
+    snapshot = ctypes.c_void_p()
+    _lib.check(_lib.lib().dcp_snapshot_host(arr.ctypes.data, len(copies),
+                                            _COPY_THREADS,
+                                            ctypes.byref(snapshot)))
+    return snapshot
 
 
 def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
-               process_group, no_dist, use_collectives, allow_pickle):
+               process_group, no_dist, use_collectives, allow_pickle,
+               copy_on_write=False):
     from .async_save import AsyncSaveResponse
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
     from .planner import save_options
@@ -636,7 +656,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
             job.segment = seg
             for device, event in events.items():
                 torch.cuda.current_stream(device).wait_event(event)
-            _stage_tensors(seg, specs, tensors)
+            snapshot = _stage_tensors(seg, specs, tensors, copy_on_write)
         except BaseException as e:
             job.staging.set_exception(e)
             job.upload.set_exception(e)
@@ -644,6 +664,18 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                 _pool.release(job.segment, None)
             return
         job.staging.set_result(None)
+        if snapshot is not None:
+            # The tensors may change now; the segment fills from the
+            # write-protected pages (this closure keeps them referenced).
+            L = _lib.lib()
+            try:
+                _lib.check(L.dcp_host_snapshot_wait(snapshot, None))
+            except BaseException as e:
+                _pool.release(seg, None)
+                job.upload.set_exception(e)
+                return
+            finally:
+                L.dcp_host_snapshot_free(snapshot)
         job_id = next(_job_ids)
         error = None
         try:

@@ -125,9 +125,11 @@ def _ensure_thread():
 class _EngineJob:
     """One dcp_async_save: its handles, the borrowed tensors and futures."""
 
-    def __init__(self, prepared, handle):
+    def __init__(self, prepared, handle, keep_tensors=False):
         self.prepared = prepared
         self.handle = handle
+        # A copy-on-write stager reads the tensors until the upload.
+        self.keep_tensors = keep_tensors
         self.staging: Future = Future()
         self.upload: Future = Future()
         self.remaining = 2
@@ -152,7 +154,8 @@ class _EngineJob:
             else:
                 self.staging.set_exception(self._error(which, status))
             # The engine holds its own copies now: drop the tensors.
-            self.prepared.flat = None
+            if not self.keep_tensors:
+                self.prepared.flat = None
         else:
             if status == _lib.OK:
                 md = ctypes.c_void_p()
@@ -184,7 +187,7 @@ def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                          use_collectives=use_collectives,
                          allow_pickle=allow_pickle)
         if stager is not None:  # Before the ranks agree: a closed one fails.
-            p.options.async_stager = stager._c_handle()
+            p.options.async_stager = stager._c_handle(p.flat.t_objs)
     except BaseException as e:
         error = e
         if p is not None:
@@ -198,7 +201,8 @@ def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     except BaseException:
         p.free()
         raise
-    job = _EngineJob(p, handle)
+    job = _EngineJob(p, handle, keep_tensors=stager is not None and
+                     stager.config.copy_on_write)
     _ensure_thread()
     for which in (_lib.STAGING, _lib.UPLOAD):
         token = next(_tokens)
@@ -285,7 +289,9 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
                 state_dict, async_stager,
                 lambda sd: _process_writer.async_save(sd, **kwargs)
                 .upload_completion.result())
-        return _process_writer.async_save(state_dict, **kwargs)
+        return _process_writer.async_save(
+            state_dict, copy_on_write=engine_stager is not None and
+            engine_stager.config.copy_on_write, **kwargs)
     if async_stager is not None:
         return _stager_async_save(state_dict, async_stager,
                                   lambda sd: save(sd, **kwargs))

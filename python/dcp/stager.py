@@ -22,6 +22,8 @@ import ctypes
 import dataclasses
 import threading
 
+import numpy as np
+
 from . import _lib, _state
 
 
@@ -34,12 +36,30 @@ class StagingOptions:
     memfd, ``use_async_staging`` stages on a background thread,
     ``use_non_blocking_copy`` returns before device copies finish.
     ``cache_staged_state_dict`` (dcp's) keeps the memory between saves.
+
+    ``copy_on_write`` (dcp's, off by default): CPU tensors are not copied
+    before staging completes but write-protected (Linux userfaultfd) and
+    copied in the background; a write to a page not yet copied waits while
+    it is. ``staging_completion`` then comes in the time it takes to
+    protect the pages (~10 ms per GB), not to copy them. The tensors may
+    change after ``staging_completion`` but stay referenced by dcp until
+    ``upload_completion``. Pinned (page-locked) CPU tensors are copied as
+    usual: a device's DMA into them would bypass the protection. Needs
+    Linux 6.4 and the right to use userfaultfd (root, CAP_SYS_PTRACE or
+    ``vm.unprivileged_userfaultfd=1``); without it tensors are copied.
     """
     use_pinned_memory: bool = True
     use_shared_memory: bool = True
     use_async_staging: bool = True
     use_non_blocking_copy: bool = True
     cache_staged_state_dict: bool = True
+    copy_on_write: bool = False
+
+
+def _pinned(t) -> bool:
+    """Whether `t` is a page-locked CPU torch tensor."""
+    return (not isinstance(t, np.ndarray) and t.device.type == "cpu" and
+            t.is_pinned())
 
 
 class DefaultStager:
@@ -51,6 +71,13 @@ class DefaultStager:
                             f"{type(config).__name__}")
         self.config = config
         self._lock = threading.Lock()
+        self._handle = self._create(config)
+        # Without copy-on-write, for states holding pinned CPU tensors;
+        # made on first need.
+        self._copying = None
+
+    @staticmethod
+    def _create(config):
         options = _lib.sized(
             _lib.StagerOptions,
             **{f.name: _lib.flag(getattr(config, f.name))
@@ -58,7 +85,16 @@ class DefaultStager:
         handle = ctypes.c_void_p()
         _lib.check(_lib.lib().dcp_stager_create(ctypes.byref(options),
                                                 ctypes.byref(handle)))
-        self._handle = handle
+        return handle
+
+    @property
+    def copy_on_write_bytes(self) -> int:
+        """Bytes staged by copy-on-write snapshots so far: copied after
+        staging completed (0 without ``copy_on_write`` or userfaultfd)."""
+        out = ctypes.c_size_t()
+        _lib.check(_lib.lib().dcp_stager_copy_on_write_bytes(
+            self._c_handle(), ctypes.byref(out)))
+        return out.value
 
     def reserve(self, state_dict, async_checkpointer_type=None):
         """Makes the staging memory a save of ``state_dict`` will use
@@ -89,15 +125,25 @@ class DefaultStager:
         """Releases the stager; saves still staging through it keep it
         until their uploads end. Idempotent."""
         with self._lock:
-            handle, self._handle = self._handle, None
-        if handle is not None and _lib._lib is not None:
-            _lib.lib().dcp_stager_free(handle)
+            handles = (self._handle, self._copying)
+            self._handle = self._copying = None
+        for handle in handles:
+            if handle is not None and _lib._lib is not None:
+                _lib.lib().dcp_stager_free(handle)
 
-    def _c_handle(self):
+    def _c_handle(self, tensors=()):
+        """The C stager for a save of `tensors`: with copy_on_write, one
+        that copies instead when a CPU tensor among them is pinned."""
         with self._lock:
             if self._handle is None:
                 raise ValueError("this DefaultStager is closed")
-            return self._handle
+            if not self.config.copy_on_write or not any(
+                    _pinned(t) for t in tensors):
+                return self._handle
+            if self._copying is None:
+                self._copying = self._create(dataclasses.replace(
+                    self.config, copy_on_write=False))
+            return self._copying
 
     def __del__(self):
         try:
