@@ -159,6 +159,9 @@ class Engine {
 
   absl::Status available_;
   int uffd_ = -1;
+  // The process that opened uffd_: a child of fork(2) inherits the
+  // descriptor, which still acts on its parent's memory.
+  pid_t pid_ = 0;
   long page_ = 4096;
 
   absl::Mutex mu_;
@@ -202,6 +205,7 @@ absl::Status Engine::Open() {
         std::strerror(e)));
   }
   uffd_ = fd;
+  pid_ = getpid();
   std::thread([this] { HandleFaults(); }).detach();
   return absl::OkStatus();
 }
@@ -331,6 +335,11 @@ bool Inside(const std::vector<std::pair<uintptr_t, uintptr_t>>& spans,
 absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
                                          const CowSnapshotOptions& options) {
   DCP_RETURN_IF_ERROR(available_);
+  if (getpid() != pid_) {
+    return absl::UnavailableError(
+        "copy-on-write snapshots are not available in a child of fork(2) "
+        "of the process that first took one");
+  }
   for (size_t i = 0; i < copies.size(); ++i) {
     if (copies[i].bytes > 0 &&
         (copies[i].dst == nullptr || copies[i].src == nullptr)) {

@@ -80,7 +80,8 @@ struct CowSnapshot {
 // vm.unprivileged_userfaultfd=1 or access to /dev/userfaultfd). Otherwise
 // kUnavailable saying what is missing. Probed once. Always kUnavailable in
 // ThreadSanitizer builds: it cannot see that a faulting write waits for the
-// copy of the bytes it overwrites.
+// copy of the bytes it overwrites. TakeCowSnapshot is also kUnavailable in
+// a child of fork(2) of the process that probed.
 absl::Status CowSnapshotsAvailable();
 
 // Takes a snapshot of `copies` (see the file comment). The sources of

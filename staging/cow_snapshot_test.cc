@@ -1,6 +1,7 @@
 #include "staging/cow_snapshot.h"
 
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -195,6 +196,28 @@ TEST_F(CowSnapshotTest, SnapshotsOneAfterAnotherEachKeepTheirMoment) {
         << "round " << round;
     EXPECT_EQ(snapshot->filled.Wait()->blocks, 3u);
   }
+}
+
+TEST_F(CowSnapshotTest, AForkedChildCopiesInstead) {
+  constexpr size_t kBytes = size_t{2} << 20;
+  Mapping src(kBytes);
+  ASSERT_NE(src.data(), nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The inherited userfaultfd acts on the parent's memory: refused.
+    std::vector<std::byte> dst(kBytes);
+    absl::StatusOr<CowSnapshot> snapshot =
+        TakeCowSnapshot({{dst.data(), src.data(), kBytes}});
+    _exit(!snapshot.ok() &&
+                  snapshot.status().code() == absl::StatusCode::kUnavailable
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(CowSnapshotTest, NullPointerIsInvalidArgument) {

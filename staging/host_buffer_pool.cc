@@ -118,7 +118,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
   // page's first write then faults again (the first copy into a fresh memfd
   // buffer ran at 0.4x the speed of later ones); shared buffers are
   // populated for writing below instead.
-  int flags = options.shared ? 0 : MAP_POPULATE;
+  int flags = options.shared || !options.populate ? 0 : MAP_POPULATE;
   if (options.shared) {
     buffer->fd_ = memfd_create(options.name.c_str(), MFD_CLOEXEC);
     if (buffer->fd_ < 0) {
@@ -147,7 +147,9 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     return ErrnoError(err, what);
   }
   buffer->data_ = static_cast<std::byte*>(p);
-  if (options.shared) PopulateForWriting(buffer->data_, buffer->size_);
+  if (options.shared && options.populate) {
+    PopulateForWriting(buffer->data_, buffer->size_);
+  }
   if (options.pinned) {
     DCP_RETURN_IF_ERROR(Annotate(
         runtime->RegisterHost(buffer->data_, buffer->size_),

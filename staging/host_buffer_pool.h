@@ -50,6 +50,11 @@ struct HostBufferOptions {
   // save (async_save's default) would otherwise pay that on every save.
   // The spare's old contents are not cleared.
   bool recycle = false;
+  // Fault every page in (for writing) before Create returns. Off: pages
+  // are faulted in by their first write, off the caller's path when that
+  // write is (a copy-on-write snapshot's background copy). Pinned buffers
+  // are always populated (page-locking faults them in).
+  bool populate = true;
 };
 
 // Unmaps the spare buffers kept by HostBufferOptions::recycle.

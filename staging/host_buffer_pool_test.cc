@@ -222,6 +222,26 @@ TEST(HostBufferTest, LargeSharedBufferIsResidentAndZero) {
   EXPECT_EQ(bytes_of[size - 1], 0);
 }
 
+// Without populate (a copy-on-write stage's buffer, filled off the caller's
+// path) nothing is faulted in by Create, shared or not.
+TEST(HostBufferTest, UnpopulatedBufferIsNotResident) {
+  for (bool shared : {false, true}) {
+    HostBufferOptions o;
+    o.pinned = false;
+    o.shared = shared;
+    o.populate = false;
+    auto buffer = HostBuffer::Create(size_t{64} << 20, nullptr, o);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const size_t size = (*buffer)->size();
+    std::vector<unsigned char> resident(size / 4096);
+    ASSERT_EQ(mincore((*buffer)->data(), size, resident.data()), 0);
+    size_t present = 0;
+    for (unsigned char r : resident) present += r & 1;
+    EXPECT_EQ(present, 0u) << "shared " << shared;
+    (*buffer)->data()[size - 1] = std::byte{1};  // Usable all the same.
+  }
+}
+
 TEST(HostBufferPoolTest, RejectsBadOptions) {
   auto runtime = CreateHostRuntime();
   absl::StatusOr<std::unique_ptr<HostBufferPool>> too_big =

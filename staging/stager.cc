@@ -298,7 +298,7 @@ absl::StatusOr<DeviceRuntime*> DefaultStager::Runtime() {
 }
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
-    size_t bytes) {
+    size_t bytes, bool populate) {
   // The smallest free cached buffer that is large enough (free: no staged
   // dict from before still uses it).
   std::shared_ptr<HostBuffer>* reusable = nullptr;
@@ -323,6 +323,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DefaultStager::BufferFor(
   buffer_options.shared = options_.use_shared_memory;
   buffer_options.name = "dcp-staged-state-dict";
   buffer_options.recycle = options_.recycle_staging_memory;
+  buffer_options.populate = populate;
   DCP_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer,
                        HostBuffer::Create(bytes, runtime, buffer_options));
   ++buffers_made_;
@@ -636,7 +637,11 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(
   std::shared_ptr<StagedMemory> memory = std::make_shared<StagedMemory>();
   std::byte* base = nullptr;
   if (plan.total > 0) {
-    DCP_ASSIGN_OR_RETURN(memory->buffer, BufferFor(plan.total));
+    // With copy_on_write the copies into a new buffer run in the
+    // background: its pages are faulted in there, not before staging is
+    // complete. (Reserve populates.)
+    DCP_ASSIGN_OR_RETURN(memory->buffer,
+                         BufferFor(plan.total, !options_.copy_on_write));
     base = memory->buffer->data();
   }
   if (plan.has_device || options_.use_pinned_memory) {

@@ -235,7 +235,10 @@ class DefaultStager final : public AsyncStager {
  private:
   struct Plan;
   absl::StatusOr<DeviceRuntime*> Runtime() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes)
+  // `populate`: a new buffer's pages are faulted in before it returns
+  // (HostBufferOptions::populate).
+  absl::StatusOr<std::shared_ptr<HostBuffer>> BufferFor(size_t bytes,
+                                                        bool populate = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The copy streams, made on first use.
   absl::StatusOr<internal_staging::CopyStreams*> Streams()
