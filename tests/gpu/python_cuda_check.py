@@ -142,6 +142,37 @@ def check_async(torch, dcp, device, base, kind_name):
                 return_seconds=returned, staged_seconds=staged)
 
 
+def check_copy_on_write_pinned(torch, dcp, device, base):
+    """A copy-on-write stager copies pinned CPU tensors (a device's DMA
+    into them would bypass the write protection) and snapshots pageable
+    ones; after staging, a device-to-host copy into the pinned tensor and
+    CPU writes into the pageable one must not reach the checkpoint."""
+    n = 4 << 20  # floats: 16 MiB each
+    pinned = torch.arange(n, dtype=torch.float32).pin_memory()
+    pageable = torch.arange(n, dtype=torch.float32) * 2
+    want_pinned, want_pageable = pinned.clone(), pageable.clone()
+    stager = dcp.DefaultStager(dcp.StagingOptions(copy_on_write=True))
+    path = os.path.join(base, "cow_pinned")
+    resp = dcp.async_save({"pinned": pinned, "pageable": pageable},
+                          checkpoint_id=path, async_stager=stager)
+    resp.staging_completion.result()
+    zeros = torch.zeros(n, dtype=torch.float32, device=device)
+    pinned.copy_(zeros, non_blocking=True)  # DMA into the pinned tensor
+    torch.cuda.current_stream().synchronize()
+    pageable.fill_(-1)
+    resp.upload_completion.result()
+    got = {"pinned": torch.empty(n), "pageable": torch.empty(n)}
+    dcp.load(got, checkpoint_id=path)
+    cow = stager.copy_on_write_bytes
+    stager.close()
+    # Only the pageable tensor's whole pages may have been snapshot.
+    ok = (torch.equal(got["pinned"], want_pinned) and
+          torch.equal(got["pageable"], want_pageable) and
+          cow <= 4 * n and bool(torch.all(pinned == 0)))
+    return emit(check="copy_on_write_pinned", ok=ok,
+                copy_on_write_bytes=cow)
+
+
 def check_state_dict(torch, dcp, device, base):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
@@ -200,6 +231,12 @@ def main():
                 ok &= check_async(torch, dcp, device, base, kind)
             except Exception as e:
                 ok &= emit(check=f"async_{kind.lower()}", ok=False,
+                           error=repr(e))
+        if device.startswith("cuda"):
+            try:
+                ok &= check_copy_on_write_pinned(torch, dcp, device, base)
+            except Exception as e:
+                ok &= emit(check="copy_on_write_pinned", ok=False,
                            error=repr(e))
         try:
             ok &= check_state_dict(torch, dcp, device, base)
