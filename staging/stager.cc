@@ -713,6 +713,21 @@ Future<StateDict> WhenFilled(absl::StatusOr<StateDict> staged,
   return promise.future();
 }
 
+// An async Stage's end, once the sources are released with `status`: waits
+// for `filled` (when valid), then gives `promise` the staged dict or the
+// first error, and `done` the status.
+void FinishStage(absl::Status status, StateDict staged,
+                 const Future<CowSnapshotStats>& filled,
+                 const Promise<StateDict>& promise, const Promise<void>& done) {
+  if (status.ok() && filled.valid()) status = filled.Wait().status();
+  if (status.ok()) {
+    promise.Set(std::move(staged));
+  } else {
+    promise.Set(status);
+  }
+  done.Set(status);
+}
+
 }  // namespace
 
 Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
@@ -751,13 +766,7 @@ Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
         landed = WaitPendingCopies();
       }
       released.Set(landed);
-      if (landed.ok() && filled.valid()) landed = filled.Wait().status();
-      if (landed.ok()) {
-        promise.Set(std::move(staged));
-      } else {
-        promise.Set(landed);
-      }
-      done.Set(landed);
+      FinishStage(landed, std::move(staged), filled, promise, done);
     });
     return promise.future();
   }
@@ -770,14 +779,8 @@ Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
     absl::StatusOr<StateDict> staged =
         StageNow(state_dict, /*wait_for_copies=*/true, wait, &filled);
     released.Set(staged.status());
-    absl::Status status = staged.status();
-    if (status.ok() && filled.valid()) status = filled.Wait().status();
-    if (status.ok()) {
-      promise.Set(std::move(staged));
-    } else {
-      promise.Set(status);
-    }
-    done.Set(status);
+    FinishStage(staged.status(), staged.ok() ? *std::move(staged) : StateDict(),
+                filled, promise, done);
   });
   return promise.future();
 }
