@@ -71,24 +71,29 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     staged_promise.Set(status);
   });
 
+  const auto* default_stager = dynamic_cast<const DefaultStager*>(stager);
+  const bool copy_on_write =
+      default_stager != nullptr && default_stager->options().copy_on_write;
   SaveOptions save = options.save;
   save.device_wait = DeviceWait{};
   {
     absl::MutexLock lock(&mu_);
-    queued_.push_back(QueuedUpload{
-        upload_promise, [staged, staged_done = response.staging_completion,
-                         upload_promise, save, owned_stager] {
-          absl::Status staging = staged_done.Wait();
-          const absl::StatusOr<StateDict>& filled = staged.Wait();
-          if (!staging.ok()) {
-            upload_promise.Set(staging);
-          } else if (!filled.ok()) {
-            upload_promise.Set(filled.status());
-          } else {
-            upload_promise.Set(Save(*filled, save));
-          }
-          if (owned_stager != nullptr) owned_stager->Close();
-        }});
+    queued_.push_back(
+        QueuedUpload{upload_promise,
+                     [staged, staged_done = response.staging_completion,
+                      upload_promise, save, owned_stager] {
+                       absl::Status staging = staged_done.Wait();
+                       const absl::StatusOr<StateDict>& filled = staged.Wait();
+                       if (!staging.ok()) {
+                         upload_promise.Set(staging);
+                       } else if (!filled.ok()) {
+                         upload_promise.Set(filled.status());
+                       } else {
+                         upload_promise.Set(Save(*filled, save));
+                       }
+                       if (owned_stager != nullptr) owned_stager->Close();
+                     },
+                     copy_on_write ? staged : Future<StateDict>()});
   }
   uploader_.Schedule([this] { RunNextUpload(); });
   return response;
@@ -125,6 +130,11 @@ void AsyncCheckpointer::Shutdown() {
     cancelled.swap(queued_);
   }
   for (QueuedUpload& upload : cancelled) upload.promise.Set(ShutDownError());
+  // A copy-on-write stage reads the caller's tensors until its dict has
+  // filled: the caller may free them once this returns.
+  for (QueuedUpload& upload : cancelled) {
+    if (upload.filling.valid()) upload.filling.Wait().IgnoreError();
+  }
   cancelled.clear();  // Releases their staged copies.
   WaitForPending();
 }

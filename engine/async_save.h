@@ -95,6 +95,10 @@ class AsyncCheckpointer {
   struct QueuedUpload {
     Promise<Metadata> promise;
     Task run;
+    // A copy-on-write stage's dict (invalid for other stages): the stage
+    // reads the caller's tensors until it is ready (it always becomes
+    // ready), so Shutdown waits for it when it cancels the upload.
+    Future<StateDict> filling;
   };
   bool shut_down() const;
   // Runs the oldest queued upload, unless Shutdown took it.
