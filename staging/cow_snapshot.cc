@@ -56,7 +56,8 @@ constexpr size_t kCopierRunBlocks = 8;
 
 uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// A run of protected pages: the protected parts of the copies that lie in
+// A run of protected pages, registered with the userfaultfd while its
+// snapshot is in flight: the protected parts of the copies that lie in
 // it, and one state per block.
 struct Region {
   uintptr_t start = 0;             // Page aligned.
@@ -66,7 +67,6 @@ struct Region {
   size_t block_bytes = 0;
   size_t blocks = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> state;
-  bool registered = false;
 
   uintptr_t BlockStart(size_t b) const { return start + b * block_bytes; }
   uintptr_t BlockEnd(size_t b) const {
@@ -277,7 +277,6 @@ void Engine::Fill(std::shared_ptr<Active> active) {
     active->stats.blocks_copied_on_write = active->on_write;
   }
   for (const Region& r : active->regions) {
-    if (!r.registered) continue;
     uffdio_range range{r.start, r.end - r.start};
     Ioctl(UFFDIO_UNREGISTER, &range);
   }
@@ -428,7 +427,6 @@ absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
       }
       continue;
     }
-    r.registered = true;
     r.block_bytes = block;
     r.blocks = (r.end - r.start + block - 1) / block;
     r.state = std::make_unique<std::atomic<uint8_t>[]>(r.blocks);
