@@ -114,11 +114,13 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
   }
   std::shared_ptr<HostBuffer> buffer = Share(new HostBuffer(), recycle);
   buffer->size_ = RoundUpToPage(bytes);
-  // MAP_POPULATE faults a shared mapping in for reading only, and each
-  // page's first write then faults again (the first copy into a fresh memfd
-  // buffer ran at 0.4x the speed of later ones); shared buffers are
-  // populated for writing below instead.
-  int flags = options.shared || !options.populate ? 0 : MAP_POPULATE;
+  // Populated for writing after the mapping, on several threads, rather
+  // than with MAP_POPULATE: MAP_POPULATE faults a shared mapping in for
+  // reading only (each page's first write then faults again; the first
+  // copy into a fresh memfd buffer ran at 0.4x the speed of later ones),
+  // and it faults an anonymous one in on the calling thread alone
+  // (bench/host_buffer_bench: 3.3 GB on 2 cores, see docs/BENCHMARKS.md).
+  int flags = 0;
   if (options.shared) {
     buffer->fd_ = memfd_create(options.name.c_str(), MFD_CLOEXEC);
     if (buffer->fd_ < 0) {
@@ -147,7 +149,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
     return ErrnoError(err, what);
   }
   buffer->data_ = static_cast<std::byte*>(p);
-  if (options.shared && options.populate) {
+  if (options.populate) {
     PopulateForWriting(buffer->data_, buffer->size_);
   }
   if (options.pinned) {

@@ -2,9 +2,9 @@
 // optionally in shared memory) and HostBufferPool (a bounded set of equal
 // chunks carved from one HostBuffer, leased and returned, reused across saves).
 //
-// How the memory is obtained, and why: mmap (anonymous with MAP_POPULATE,
-// or a memfd when shared memory is asked for, populated for writing with
-// MADV_POPULATE_WRITE), then page-locked with
+// How the memory is obtained, and why: mmap (anonymous, or a memfd when
+// shared memory is asked for), populated for writing with
+// MADV_POPULATE_WRITE on up to 8 threads, then page-locked with
 // DeviceRuntime::RegisterHost (cudaHostRegister). Not cudaHostAlloc, because:
 //   * the same path gives shared memory (a memfd another process can map,
 //     e.g. a background writer process), which cudaHostAlloc cannot;

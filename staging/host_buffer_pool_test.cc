@@ -197,29 +197,31 @@ TEST(HostBufferTest, RecycledBufferIsReusedWhenTheSizeFits) {
   ReleaseSpareHostBuffers();
 }
 
-// A shared buffer large enough to be populated on several threads: every
-// page is resident when Create returns (the slices cover the whole range,
-// the odd tail included) and reads zero.
-TEST(HostBufferTest, LargeSharedBufferIsResidentAndZero) {
-  HostBufferOptions o;
-  o.pinned = false;
-  o.shared = true;
-  const size_t bytes = (size_t{300} << 20) + 2 * 4096 + 5;
-  auto buffer = HostBuffer::Create(bytes, nullptr, o);
-  ASSERT_TRUE(buffer.ok()) << buffer.status();
-  const size_t size = (*buffer)->size();
-  ASSERT_EQ(size, (size_t{300} << 20) + 3 * 4096);  // An odd page count.
-  std::vector<unsigned char> resident(size / 4096);
-  ASSERT_EQ(mincore((*buffer)->data(), size, resident.data()), 0);
-  size_t missing = 0;
-  for (unsigned char r : resident) missing += (r & 1) == 0;
-  EXPECT_EQ(missing, 0u);
-  const auto* bytes_of =
-      reinterpret_cast<const unsigned char*>((*buffer)->data());
-  for (size_t at = 0; at < size; at += size_t{1} << 20) {
-    ASSERT_EQ(bytes_of[at], 0) << at;
+// A buffer large enough to be populated on several threads, shared or
+// not: every page is resident when Create returns (the slices cover the
+// whole range, the odd tail included) and reads zero.
+TEST(HostBufferTest, LargeBufferIsResidentAndZero) {
+  for (bool shared : {false, true}) {
+    HostBufferOptions o;
+    o.pinned = false;
+    o.shared = shared;
+    const size_t bytes = (size_t{300} << 20) + 2 * 4096 + 5;
+    auto buffer = HostBuffer::Create(bytes, nullptr, o);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const size_t size = (*buffer)->size();
+    ASSERT_EQ(size, (size_t{300} << 20) + 3 * 4096);  // An odd page count.
+    std::vector<unsigned char> resident(size / 4096);
+    ASSERT_EQ(mincore((*buffer)->data(), size, resident.data()), 0);
+    size_t missing = 0;
+    for (unsigned char r : resident) missing += (r & 1) == 0;
+    EXPECT_EQ(missing, 0u) << "shared " << shared;
+    const auto* bytes_of =
+        reinterpret_cast<const unsigned char*>((*buffer)->data());
+    for (size_t at = 0; at < size; at += size_t{1} << 20) {
+      ASSERT_EQ(bytes_of[at], 0) << at << " shared " << shared;
+    }
+    EXPECT_EQ(bytes_of[size - 1], 0);
   }
-  EXPECT_EQ(bytes_of[size - 1], 0);
 }
 
 // Without populate (a copy-on-write stage's buffer, filled off the caller's
