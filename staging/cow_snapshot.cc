@@ -13,12 +13,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
@@ -143,14 +146,18 @@ class Engine {
     } while (rc != 0 && errno == EINTR);
     return rc;
   }
-  // Lifts the protection of [start, end), waking writers waiting there.
+  // Lifts the protection of [start, end), waking writers waiting there
+  // (explicitly where the ioctl fails, e.g. part of the range was unmapped:
+  // a woken writer that faults again is handled again).
   void Unprotect(uintptr_t start, uintptr_t end) const {
     uffdio_writeprotect wp{};
     wp.range.start = start;
     wp.range.len = end - start;
     wp.mode = 0;
-    while (Ioctl(UFFDIO_WRITEPROTECT, &wp) != 0 && errno == EAGAIN) {
+    int rc;
+    while ((rc = Ioctl(UFFDIO_WRITEPROTECT, &wp)) != 0 && errno == EAGAIN) {
     }
+    if (rc != 0) Wake(start, end);
   }
   void Wake(uintptr_t start, uintptr_t end) const {
     uffdio_range range{start, end - start};
@@ -164,8 +171,22 @@ class Engine {
   pid_t pid_ = 0;
   long page_ = 4096;
 
+  // Whether the fault handler may look at active_: a snapshot is published
+  // or none is being taken (Take protects its pages before it publishes).
+  bool Settled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return active_ != nullptr || !busy_;
+  }
+  // Ends the in-flight snapshot (or a Take that kept nothing).
+  void Finish() {
+    absl::MutexLock lock(&mu_);
+    active_.reset();
+    busy_ = false;
+  }
+
   absl::Mutex mu_;
+  // The snapshot in flight, once its pages are protected.
   std::shared_ptr<Active> active_ ABSL_GUARDED_BY(mu_);
+  // A snapshot is being taken or is in flight.
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -222,12 +243,14 @@ void Engine::HandleFaults() {
     std::shared_ptr<Active> active;
     {
       absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Engine::Settled));
       active = active_;
     }
     Region* region = active ? active->Find(addr) : nullptr;
     if (region == nullptr) {
-      // A fault that outlived its snapshot: nothing to copy.
-      Unprotect(page, page + page_);
+      // A fault that outlived its snapshot: unregistering lifted the
+      // protection (never lift it here: a later snapshot may protect the
+      // page again).
       Wake(page, page + page_);
       continue;
     }
@@ -235,8 +258,8 @@ void Engine::HandleFaults() {
     uint8_t expected = kProtected;
     if (region->state[b].compare_exchange_strong(expected, kClaimed)) {
       region->CopyRange(region->BlockStart(b), region->BlockEnd(b));
-      region->state[b].store(kDone);
       Unprotect(region->BlockStart(b), region->BlockEnd(b));
+      region->state[b].store(kDone);
       active->BlocksDone(1, /*on_write_fault=*/true);
     } else if (expected == kDone) {
       Wake(region->BlockStart(b), region->BlockEnd(b));
@@ -263,8 +286,8 @@ void Engine::Fill(std::shared_ptr<Active> active) {
         continue;
       }
       r.CopyRange(r.BlockStart(b), r.BlockEnd(b + claimed - 1));
-      for (size_t i = 0; i < claimed; ++i) r.state[b + i].store(kDone);
       Unprotect(r.BlockStart(b), r.BlockEnd(b + claimed - 1));
+      for (size_t i = 0; i < claimed; ++i) r.state[b + i].store(kDone);
       active->BlocksDone(claimed, /*on_write_fault=*/false);
       b += claimed;
     }
@@ -282,11 +305,7 @@ void Engine::Fill(std::shared_ptr<Active> active) {
   }
   const CowSnapshotStats stats = active->stats;
   Promise<CowSnapshotStats> filled = active->filled;
-  {
-    absl::MutexLock lock(&mu_);
-    active_.reset();
-    busy_ = false;
-  }
+  Finish();
   active.reset();
   filled.Set(stats);
 }
@@ -349,11 +368,23 @@ absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
     }
   }
   const size_t page = static_cast<size_t>(page_);
-  const size_t block = std::max(page, options.block_bytes / page * page);
+  constexpr size_t kMaxBlock = size_t{1} << 30;
+  const size_t block =
+      std::max(page, std::min(options.block_bytes, kMaxBlock) / page * page);
   CowSnapshot snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &busy_));
+    busy_ = true;
+  }
+  bool finished = false;
+  absl::Cleanup finish = [&] {
+    if (!finished) Finish();
+  };
 
   // Split each copy into its protected whole pages and what the caller
-  // copies.
+  // copies (the mappings read now that no other snapshot is in flight).
   std::vector<HostCopy> protect;
   std::vector<std::pair<uintptr_t, uintptr_t>> anonymous;
   bool mapped = false;
@@ -403,35 +434,59 @@ absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
     r.copies.push_back(c);
     r.max_end.push_back(std::max(r.max_end.empty() ? 0 : r.max_end.back(), e));
   }
-
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](bool* busy) { return !*busy; }, &busy_));
-    busy_ = true;
+  // A destination inside a protected page would make the copier fault on
+  // its own write, which no thread would then serve.
+  for (const HostCopy& c : protect) {
+    const uintptr_t d = Addr(c.dst);
+    auto it = std::upper_bound(
+        active->regions.begin(), active->regions.end(), d + c.bytes - 1,
+        [](uintptr_t a, const Region& r) { return a < r.start; });
+    if (it != active->regions.begin() && std::prev(it)->end > d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TakeCowSnapshot: the destination at 0x", absl::Hex(d),
+                       " (", c.bytes, " bytes) overlaps a source"));
+    }
   }
-  // Register every region; one that cannot be (another userfaultfd holds
-  // it, the mapping changed) is left to the caller.
+  for (Region& r : active->regions) {
+    r.block_bytes = block;
+    r.blocks = (r.end - r.start + block - 1) / block;
+    r.state = std::make_unique<std::atomic<uint8_t>[]>(r.blocks);
+    for (size_t b = 0; b < r.blocks; ++b) r.state[b].store(kProtected);
+  }
+
+  // Register and protect every region. One that cannot be (another
+  // userfaultfd holds it, the mapping changed, no memory for page tables)
+  // is left to the caller. Nothing is published before its pages are
+  // protected: the fault handler waits (Settled) until then.
   std::vector<Region> kept;
+  kept.reserve(active->regions.size());
   for (Region& r : active->regions) {
     uffdio_register reg{};
     reg.range.start = r.start;
     reg.range.len = r.end - r.start;
     reg.mode = UFFDIO_REGISTER_MODE_WP;
-    if (Ioctl(UFFDIO_REGISTER, &reg) != 0 ||
-        (reg.ioctls & (uint64_t{1} << _UFFDIO_WRITEPROTECT)) == 0) {
-      for (const HostCopy& c : r.copies) snapshot.to_copy.push_back(c);
-      if (reg.ioctls != 0) {
-        uffdio_range range{r.start, r.end - r.start};
-        Ioctl(UFFDIO_UNREGISTER, &range);
-      }
+    bool ok = Ioctl(UFFDIO_REGISTER, &reg) == 0;
+    // EBUSY and EINVAL come from checks made before anything is
+    // registered; other failures may leave part of the range registered.
+    const bool maybe_registered = ok || (errno != EBUSY && errno != EINVAL);
+    ok = ok && (reg.ioctls & (uint64_t{1} << _UFFDIO_WRITEPROTECT)) != 0;
+    if (ok) {
+      uffdio_writeprotect wp{};
+      wp.range.start = r.start;
+      wp.range.len = r.end - r.start;
+      wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
+      ok = Ioctl(UFFDIO_WRITEPROTECT, &wp) == 0;
+      if (!ok) Unprotect(r.start, r.end);  // It may have been in part.
+    }
+    if (ok) {
+      kept.push_back(std::move(r));
       continue;
     }
-    r.block_bytes = block;
-    r.blocks = (r.end - r.start + block - 1) / block;
-    r.state = std::make_unique<std::atomic<uint8_t>[]>(r.blocks);
-    for (size_t b = 0; b < r.blocks; ++b) r.state[b].store(kProtected);
-    kept.push_back(std::move(r));
+    if (maybe_registered) {
+      uffdio_range range{r.start, r.end - r.start};
+      Ioctl(UFFDIO_UNREGISTER, &range);
+    }
+    for (const HostCopy& c : r.copies) snapshot.to_copy.push_back(c);
   }
   active->regions = std::move(kept);
   size_t blocks = 0;
@@ -448,21 +503,13 @@ absl::StatusOr<CowSnapshot> Engine::Take(absl::Span<const HostCopy> copies,
     absl::MutexLock lock(&mu_);
     active_ = active;  // The fault handler finds it from here on.
   }
-  for (Region& r : active->regions) {
-    uffdio_writeprotect wp{};
-    wp.range.start = r.start;
-    wp.range.len = r.end - r.start;
-    wp.mode = UFFDIO_WRITEPROTECT_MODE_WP;
-    if (Ioctl(UFFDIO_WRITEPROTECT, &wp) == 0) continue;
-    // Not protected (perhaps in part): copy it now, as the caller would.
-    Unprotect(r.start, r.end);
-    r.CopyRange(r.start, r.end);
-    for (size_t b = 0; b < r.blocks; ++b) r.state[b].store(kDone);
-    active->BlocksDone(r.blocks, /*on_write_fault=*/false);
-    active->stats.protected_bytes -= r.end - r.start;
-  }
+  finished = true;  // Fill ends the snapshot.
   snapshot.filled = active->filled.future();
-  std::thread([this, active]() mutable { Fill(std::move(active)); }).detach();
+  try {
+    std::thread([this, active]() mutable { Fill(std::move(active)); }).detach();
+  } catch (const std::system_error&) {
+    Fill(std::move(active));  // No thread to be had: copy it all now.
+  }
   return snapshot;
 }
 

@@ -88,7 +88,8 @@ absl::Status CowSnapshotsAvailable();
 // different copies may overlap; the destinations must not overlap any
 // source or each other. Errors: kUnavailable (CowSnapshotsAvailable), the
 // caller then copies everything itself; kInvalidArgument for a NULL pointer
-// with a non-zero size.
+// with a non-zero size, or a destination that overlaps a source's protected
+// pages.
 absl::StatusOr<CowSnapshot> TakeCowSnapshot(
     absl::Span<const HostCopy> copies, const CowSnapshotOptions& options = {});
 

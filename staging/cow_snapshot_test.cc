@@ -220,6 +220,62 @@ TEST_F(CowSnapshotTest, AForkedChildCopiesInstead) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// Pages never touched before the snapshot are protected too (the snapshot
+// holds their zeros), in each of two separate regions.
+TEST_F(CowSnapshotTest, UntouchedPagesInTwoRegionsKeepTheirZeros) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  Mapping src(9 * kMiB);  // Fresh: no page of it is populated.
+  ASSERT_NE(src.data(), nullptr);
+  std::vector<std::byte> dst(8 * kMiB, std::byte{0xee});
+  // [0, 4 MiB) and [5 MiB, 9 MiB): a gap between them, so two regions.
+  const std::vector<HostCopy> copies = {
+      {dst.data(), src.data(), 4 * kMiB},
+      {dst.data() + 4 * kMiB, src.data() + 5 * kMiB, 4 * kMiB}};
+  absl::Notification hold;
+  CowSnapshotOptions options;
+  options.hold_background_copy = &hold;
+  absl::StatusOr<CowSnapshot> snapshot = TakeCowSnapshot(copies, options);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_TRUE(snapshot->to_copy.empty());
+  // Block 1 of the first region, block 2 of the second.
+  std::memset(src.data() + kMiB + 100, 0x5a, 1000);
+  std::memset(src.data() + 7 * kMiB + 5, 0x5a, 1000);
+  hold.Notify();
+  const absl::StatusOr<CowSnapshotStats>& stats = snapshot->filled.Wait();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->blocks, 8u);
+  EXPECT_EQ(stats->blocks_copied_on_write, 2u);
+  size_t nonzero = 0;
+  for (std::byte b : dst) nonzero += b != std::byte{0};
+  EXPECT_EQ(nonzero, 0u);
+  EXPECT_EQ(src.data()[7 * kMiB + 5], std::byte{0x5a});
+}
+
+// A destination inside a protected source would make the copier fault on
+// its own write: refused, and the next snapshot works.
+TEST_F(CowSnapshotTest, DestinationOverlappingASourceIsInvalidArgument) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  Mapping src(4 * kMiB);
+  ASSERT_NE(src.data(), nullptr);
+  Fill(src.data(), 4 * kMiB, 3);
+  std::vector<std::byte> dst(2 * kMiB);
+  absl::StatusOr<CowSnapshot> snapshot =
+      TakeCowSnapshot({{dst.data(), src.data(), 2 * kMiB},
+                       {src.data() + kMiB, src.data() + 2 * kMiB, kMiB}});
+  ASSERT_FALSE(snapshot.ok());
+  EXPECT_EQ(snapshot.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(snapshot.status().message().find("overlaps a source"),
+            std::string::npos)
+      << snapshot.status();
+  // Nothing was protected: the source takes writes, and a snapshot follows.
+  Fill(src.data(), 4 * kMiB, 4);
+  snapshot = TakeCowSnapshot({{dst.data(), src.data(), 2 * kMiB}});
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  CopyRest(*snapshot);
+  ASSERT_TRUE(snapshot->filled.Wait().ok());
+  EXPECT_EQ(FirstMismatch(dst.data(), 2 * kMiB, 4), 2 * kMiB);
+}
+
 TEST_F(CowSnapshotTest, NullPointerIsInvalidArgument) {
   std::vector<std::byte> dst(16);
   absl::StatusOr<CowSnapshot> snapshot =
