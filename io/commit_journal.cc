@@ -169,4 +169,69 @@ absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
   return file->Close();
 }
 
+void JournaledSave::Reset() {
+  lock_.reset();
+  decided_ = false;
+  committed_ = false;
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+}
+
+absl::Status JournaledSave::LockAndRecover(
+    FileSystemBase& fs, const std::string& dir, const std::string& holder,
+    absl::FunctionRef<absl::Status()> recover) {
+  if (lock_ == nullptr) {
+    DCP_ASSIGN_OR_RETURN(lock_, fs.LockDirectory(dir, holder));
+  }
+  absl::Status status = recover();
+  if (!status.ok()) lock_.reset();
+  return status;
+}
+
+void JournaledSave::RecordCreated(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  created_.push_back(path);
+}
+
+absl::Status JournaledSave::Commit(FileSystemBase& fs, const std::string& dir,
+                                   absl::string_view journal_name,
+                                   const std::string& temp_journal,
+                                   const CommitJournal& journal, bool sync) {
+  RecordCreated(temp_journal);
+  DCP_RETURN_IF_ERROR(
+      WriteSmallFile(fs, temp_journal, EncodeCommitJournal(journal), sync));
+  DCP_RETURN_IF_ERROR(fs.Rename(temp_journal, JoinPath(dir, journal_name)));
+  decided_ = true;
+  if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
+  DCP_RETURN_IF_ERROR(ApplyCommitJournal(fs, dir, journal_name, journal, sync));
+  committed_ = true;
+  absl::MutexLock lock(&mu_);
+  created_.clear();
+  return absl::OkStatus();
+}
+
+void JournaledSave::MarkCommitted() {
+  committed_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    created_.clear();
+  }
+  lock_.reset();
+}
+
+void JournaledSave::Abort(FileSystemBase& fs,
+                          absl::FunctionRef<absl::Status()> complete) {
+  std::vector<std::string> created;
+  {
+    absl::MutexLock lock(&mu_);
+    created.swap(created_);
+  }
+  if (decided_ && !committed_) {
+    complete().IgnoreError();
+  } else if (!committed_) {
+    for (const std::string& path : created) fs.RemoveFile(path).IgnoreError();
+  }
+  lock_.reset();
+}
+
 }  // namespace dcp::internal_io

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "io/hf_storage.h"
+#include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/internal/sequential_writer.h"
 #include "io/safetensors.h"
@@ -142,7 +143,7 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
     open_options.uncached = options_.uncached_writes;
     DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                          fs_->OpenForWrite(path, open_options));
-    RecordCreated(path);
+    commit_->RecordCreated(path);
     internal_io::SequentialWriterOptions writer_options;
     writer_options.direct = file->direct();
     writer_options.writeback_bytes =

@@ -117,7 +117,8 @@ HuggingFaceStorageWriter::HuggingFaceStorageWriter(
     : path_(std::move(path)),
       options_(std::move(options)),
       fs_(OrLocal(options_.file_system)),
-      save_id_(FreshSaveId()) {
+      save_id_(FreshSaveId()),
+      commit_(std::make_unique<internal_io::JournaledSave>()) {
   engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
                         engine_error_);
   options_.thread_count = std::max(1, options_.thread_count);
@@ -130,15 +131,11 @@ HuggingFaceStorageWriter::~HuggingFaceStorageWriter() = default;
 absl::Status HuggingFaceStorageWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
   save_id_ = FreshSaveId();
-  directory_lock_.reset();
+  commit_->Reset();
   replaced_.clear();
   weight_map_.clear();
   total_size_ = 0;
-  decided_ = false;
-  committed_ = false;
   device_wait_ = DeviceWait{};
-  absl::MutexLock lock(&mu_);
-  created_.clear();
   return absl::OkStatus();
 }
 
@@ -152,11 +149,6 @@ StorageMeta HuggingFaceStorageWriter::GetStorageMeta() const {
 absl::Status HuggingFaceStorageWriter::SetDeviceWait(const DeviceWait& wait) {
   device_wait_ = wait;
   return absl::OkStatus();
-}
-
-void HuggingFaceStorageWriter::RecordCreated(const std::string& path) {
-  absl::MutexLock lock(&mu_);
-  created_.push_back(path);
 }
 
 std::string HuggingFaceStorageWriter::TempPath(
@@ -177,27 +169,21 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
       absl::StrCat(where, ": cannot create checkpoint directory ", path_)));
   // Probe that the directory takes new files now, not after planning.
   // Abort removes the probe if its removal fails.
-  DCP_RETURN_IF_ERROR(
-      ProbeWritable(*fs_, path_, rank, save_id_,
-                    [&](const std::string& probe) { RecordCreated(probe); }));
+  DCP_RETURN_IF_ERROR(ProbeWritable(
+      *fs_, path_, rank, save_id_,
+      [&](const std::string& probe) { commit_->RecordCreated(probe); }));
   if (!is_coordinator_) return absl::OkStatus();
-  if (directory_lock_ == nullptr) {
-    DCP_ASSIGN_OR_RETURN(
-        directory_lock_,
-        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
-                                               " (save ", save_id_, ")")));
-  }
   // Holding the lock: a decided commit an interrupted save left is
   // completed first, then its temporary files are orphans.
-  absl::Status status = Annotate(RollForward(*fs_, path_, options_.sync_files),
-                                 absl::StrCat("checkpoint directory ", path_));
-  if (status.ok()) {
-    RemoveTemporaryFiles(*fs_, path_);
-    replaced_ = ReplaceableFiles(*fs_, path_);
-  } else {
-    directory_lock_.reset();
-  }
-  return status;
+  DCP_RETURN_IF_ERROR(commit_->LockAndRecover(
+      *fs_, path_,
+      absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")"), [&] {
+        return Annotate(RollForward(*fs_, path_, options_.sync_files),
+                        absl::StrCat("checkpoint directory ", path_));
+      }));
+  RemoveTemporaryFiles(*fs_, path_);
+  replaced_ = ReplaceableFiles(*fs_, path_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
@@ -403,7 +389,7 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
       fs_->OpenForWrite(path, open_options);
   if (!opened.ok()) return Annotate(opened.status(), where);
   std::unique_ptr<File> file = *std::move(opened);
-  RecordCreated(path);
+  commit_->RecordCreated(path);
   if (file->direct()) {
     // ext4 runs O_DIRECT writes that allocate one at a time (as
     // FileSystemWriter::WriteFile).
@@ -596,7 +582,7 @@ absl::Status HuggingFaceStorageWriter::Finish(
     Json json = {{"metadata", {{"total_size", total_size}}},
                  {"weight_map", weight_map}};
     const std::string temp = TempPath(kHfIndexFileName);
-    RecordCreated(temp);
+    commit_->RecordCreated(temp);
     DCP_RETURN_IF_ERROR(
         WriteSmallFile(*fs_, temp, json.dump(2) + "\n", options_.sync_files));
     journal.renames.emplace_back(TempRelativePath(kHfIndexFileName, save_id_),
@@ -608,50 +594,25 @@ absl::Status HuggingFaceStorageWriter::Finish(
   }
   // The decision: once the journal is durable under its name, the save
   // completes whatever happens next.
-  const std::string temp_journal = JoinPath(
-      path_, absl::StrCat(".", kHfCommitJournalName + 1, ".tmp-", save_id_));
-  RecordCreated(temp_journal);
-  DCP_RETURN_IF_ERROR(WriteSmallFile(*fs_, temp_journal,
-                                     internal_io::EncodeCommitJournal(journal),
-                                     options_.sync_files));
-  DCP_RETURN_IF_ERROR(
-      fs_->Rename(temp_journal, JoinPath(path_, kHfCommitJournalName)));
-  decided_ = true;
-  if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
-  DCP_RETURN_IF_ERROR(internal_io::ApplyCommitJournal(
-      *fs_, path_, kHfCommitJournalName, journal, options_.sync_files));
-  committed_ = true;
-  absl::MutexLock lock(&mu_);
-  created_.clear();
-  return absl::OkStatus();
+  return commit_->Commit(
+      *fs_, path_, kHfCommitJournalName,
+      JoinPath(path_,
+               absl::StrCat(".", kHfCommitJournalName + 1, ".tmp-", save_id_)),
+      journal, options_.sync_files);
+}
+
+bool HuggingFaceStorageWriter::CommitDecided() const {
+  return commit_->decided();
 }
 
 absl::Status HuggingFaceStorageWriter::MarkCommitted() {
-  committed_ = true;
-  {
-    absl::MutexLock lock(&mu_);
-    created_.clear();
-  }
-  directory_lock_.reset();
+  commit_->MarkCommitted();
   return absl::OkStatus();
 }
 
 void HuggingFaceStorageWriter::Abort() {
-  std::vector<std::string> created;
-  {
-    absl::MutexLock lock(&mu_);
-    created.swap(created_);
-  }
-  if (decided_ && !committed_) {
-    // The save was decided: complete it (best effort; the next save's SetUp
-    // does what is left).
-    RollForward(*fs_, path_, options_.sync_files).IgnoreError();
-  } else if (!committed_) {
-    for (const std::string& path : created) {
-      fs_->RemoveFile(path).IgnoreError();
-    }
-  }
-  directory_lock_.reset();
+  commit_->Abort(*fs_,
+                 [&] { return RollForward(*fs_, path_, options_.sync_files); });
 }
 
 }  // namespace dcp

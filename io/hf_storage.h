@@ -59,6 +59,9 @@
 namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
+namespace internal_io {
+class JournaledSave;  // io/internal/commit_journal.h
+}  // namespace internal_io
 
 // Names in a Hugging Face directory.
 inline constexpr char kHfIndexFileName[] = "model.safetensors.index.json";
@@ -166,7 +169,7 @@ class HuggingFaceStorageWriter final : public StorageWriter {
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
   // True once Finish has made its commit journal durable.
-  bool CommitDecided() const override { return decided_; }
+  bool CommitDecided() const override;
   // Releases the directory lock; on other ranks, keeps this save's files.
   absl::Status MarkCommitted() override;
   // Before the commit was decided: removes this save's files. After: the
@@ -190,7 +193,6 @@ class HuggingFaceStorageWriter final : public StorageWriter {
                            std::map<std::string, std::string>& weight_map,
                            int64_t& total_size);
   absl::StatusOr<DeviceStaging*> Staging();
-  void RecordCreated(const std::string& path);
   std::string TempPath(const std::string& relative) const;
 
   std::string path_;
@@ -203,7 +205,8 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   bool is_coordinator_ = true;
   int rank_ = 0;
   DeviceWait device_wait_;
-  std::unique_ptr<DirectoryLock> directory_lock_;
+  // The created files, the decision and the directory lock of this save.
+  std::unique_ptr<internal_io::JournaledSave> commit_;
   // Files (relative to path_) of the checkpoint this save replaces.
   std::set<std::string> replaced_;
   // The coordinator's view of each rank's items in the last global plan
@@ -216,14 +219,10 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   // The coordinator's plan: the weight map of the index it will write.
   std::map<std::string, std::string> weight_map_;
   int64_t total_size_ = 0;
-  // The commit journal was written: the save is decided.
-  bool decided_ = false;
-  bool committed_ = false;
   int64_t consolidation_peak_ = 0;
   std::unique_ptr<ThreadPool> pool_;  // Writer and consolidation threads.
 
   absl::Mutex mu_;
-  std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -104,7 +104,8 @@ MegaStorageWriter::MegaStorageWriter(std::string path,
                                      MegaStorageWriterOptions options)
     : options_(std::move(options)),
       fs_(OrLocal(options_.file_system)),
-      save_id_(NewSaveId()) {
+      save_id_(NewSaveId()),
+      commit_(std::make_unique<internal_io::JournaledSave>()) {
   absl::StatusOr<std::string> dir = MegaPathFromId(path);
   path_ = dir.ok() ? *dir : path;
   path_error_ = dir.status();
@@ -121,15 +122,11 @@ absl::Status MegaStorageWriter::Reset(const std::string& checkpoint_id) {
     path_error_ = absl::OkStatus();
   }
   save_id_ = NewSaveId();
-  directory_lock_.reset();
+  commit_->Reset();
   replaced_.clear();
   weight_map_.clear();
   total_size_ = 0;
-  decided_ = false;
-  committed_ = false;
   device_wait_ = DeviceWait{};
-  absl::MutexLock lock(&mu_);
-  created_.clear();
   return absl::OkStatus();
 }
 
@@ -145,11 +142,6 @@ absl::Status MegaStorageWriter::SetDeviceWait(const DeviceWait& wait) {
   return absl::OkStatus();
 }
 
-void MegaStorageWriter::RecordCreated(const std::string& path) {
-  absl::MutexLock lock(&mu_);
-  created_.push_back(path);
-}
-
 std::string MegaStorageWriter::TempPath(const std::string& name) const {
   return JoinPath(path_, TempRelativePath(name, save_id_));
 }
@@ -163,20 +155,13 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
       fs_->CreateDir(path_),
       absl::StrCat("rank ", rank, ": cannot create MEGA directory ", path_)));
   if (!is_coordinator) return absl::OkStatus();
-  if (directory_lock_ == nullptr) {
-    DCP_ASSIGN_OR_RETURN(
-        directory_lock_,
-        fs_->LockDirectory(path_, absl::StrCat(ThisProcessDescription(),
-                                               " (save ", save_id_, ")")));
-  }
-  absl::Status status =
-      Annotate(CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
-                              options_.sync_files),
-               absl::StrCat("MEGA directory ", path_));
-  if (!status.ok()) {
-    directory_lock_.reset();
-    return status;
-  }
+  DCP_RETURN_IF_ERROR(commit_->LockAndRecover(
+      *fs_, path_,
+      absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")"), [&] {
+        return Annotate(CompleteCommit(*fs_, path_, kMegaCommitJournalName,
+                                       IsMegaFile, options_.sync_files),
+                        absl::StrCat("MEGA directory ", path_));
+      }));
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(path_);
   if (names.ok()) {
     for (const std::string& name : *names) {
@@ -336,7 +321,7 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
       fs_->OpenForWrite(path, open_options);
   if (!opened.ok()) return Annotate(opened.status(), where);
   std::unique_ptr<File> file = *std::move(opened);
-  RecordCreated(path);
+  commit_->RecordCreated(path);
   absl::Status status;
   if (file->direct()) status = file->Preallocate(header.file_size);
   std::vector<BlockChecksummer> sums;
@@ -538,7 +523,7 @@ absl::Status MegaStorageWriter::Finish(
     journal.renames.emplace_back(TempRelativePath(name, save_id_), name);
   }
   const std::string temp_index = TempPath(kMegaIndexFileName);
-  RecordCreated(temp_index);
+  commit_->RecordCreated(temp_index);
   DCP_RETURN_IF_ERROR(WriteSmallFile(*fs_, temp_index, EncodeMegaIndex(index),
                                      options_.sync_files));
   journal.renames.emplace_back(TempRelativePath(kMegaIndexFileName, save_id_),
@@ -548,53 +533,25 @@ absl::Status MegaStorageWriter::Finish(
       journal.removals.push_back(name);
     }
   }
-  const std::string text = internal_io::EncodeCommitJournal(journal);
   // The decision: once the journal is durable under its name, the save
   // completes whatever happens next.
-  const std::string temp_journal = TempPath(kMegaCommitJournalName);
-  RecordCreated(temp_journal);
-  DCP_RETURN_IF_ERROR(
-      WriteSmallFile(*fs_, temp_journal, text, options_.sync_files));
-  DCP_RETURN_IF_ERROR(
-      fs_->Rename(temp_journal, JoinPath(path_, kMegaCommitJournalName)));
-  decided_ = true;
-  if (options_.sync_files) DCP_RETURN_IF_ERROR(fs_->SyncDir(path_));
-  DCP_RETURN_IF_ERROR(internal_io::ApplyCommitJournal(
-      *fs_, path_, kMegaCommitJournalName, journal, options_.sync_files));
-  committed_ = true;
-  absl::MutexLock lock(&mu_);
-  created_.clear();
-  return absl::OkStatus();
+  return commit_->Commit(*fs_, path_, kMegaCommitJournalName,
+                         TempPath(kMegaCommitJournalName), journal,
+                         options_.sync_files);
 }
 
+bool MegaStorageWriter::CommitDecided() const { return commit_->decided(); }
+
 absl::Status MegaStorageWriter::MarkCommitted() {
-  committed_ = true;
-  {
-    absl::MutexLock lock(&mu_);
-    created_.clear();
-  }
-  directory_lock_.reset();
+  commit_->MarkCommitted();
   return absl::OkStatus();
 }
 
 void MegaStorageWriter::Abort() {
-  std::vector<std::string> created;
-  {
-    absl::MutexLock lock(&mu_);
-    created.swap(created_);
-  }
-  if (decided_ && !committed_) {
-    // Decided: complete it (best effort; the next save's SetUp does what is
-    // left).
-    CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
-                   options_.sync_files)
-        .IgnoreError();
-  } else if (!committed_) {
-    for (const std::string& path : created) {
-      fs_->RemoveFile(path).IgnoreError();
-    }
-  }
-  directory_lock_.reset();
+  commit_->Abort(*fs_, [&] {
+    return CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
+                          options_.sync_files);
+  });
 }
 
 // ---------------------------------------------------------------------------

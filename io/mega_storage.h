@@ -52,6 +52,9 @@
 namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
+namespace internal_io {
+class JournaledSave;  // io/internal/commit_journal.h
+}  // namespace internal_io
 
 inline constexpr char kMegaScheme[] = "mega";
 
@@ -126,7 +129,7 @@ class MegaStorageWriter final : public StorageWriter {
     metadata.checksum_block_size = options_.checksum_block_size;
   }
   // True once Finish has made its commit journal durable.
-  bool CommitDecided() const override { return decided_; }
+  bool CommitDecided() const override;
   absl::Status MarkCommitted() override;
   void Abort() override;
 
@@ -138,7 +141,6 @@ class MegaStorageWriter final : public StorageWriter {
   struct FileWork;
   absl::Status WriteFile(FileWork& work, SavePlanner& planner);
   absl::StatusOr<DeviceStaging*> Staging();
-  void RecordCreated(const std::string& path);
   std::string TempPath(const std::string& name) const;
 
   std::string path_;
@@ -151,7 +153,8 @@ class MegaStorageWriter final : public StorageWriter {
   std::string save_id_;
   int rank_ = 0;
   DeviceWait device_wait_;
-  std::unique_ptr<DirectoryLock> directory_lock_;
+  // The created files, the decision and the directory lock of this save.
+  std::unique_ptr<internal_io::JournaledSave> commit_;
   // MEGA files of the checkpoint this save replaces.
   std::set<std::string> replaced_;
   // The coordinator's view of each rank's items in the last global plan
@@ -160,12 +163,9 @@ class MegaStorageWriter final : public StorageWriter {
   // The index the coordinator planned.
   std::map<std::string, std::set<std::string>> weight_map_;
   int64_t total_size_ = 0;
-  bool decided_ = false;
-  bool committed_ = false;
   std::unique_ptr<ThreadPool> pool_;  // Writer threads.
 
   absl::Mutex mu_;
-  std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -10,11 +10,13 @@
 // name (IsTemporaryFileName) to a checkpoint file name in the same
 // directory, and removals name checkpoint files only.
 //
-// Thread safety: free functions; the caller holds the directory lock.
+// Thread safety: the free functions expect the caller to hold the
+// directory lock; JournaledSave's own note.
 #ifndef DCP_IO_INTERNAL_COMMIT_JOURNAL_H_
 #define DCP_IO_INTERNAL_COMMIT_JOURNAL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "io/file_system.h"
 
 namespace dcp::internal_io {
@@ -74,6 +77,55 @@ absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
 // Writes `bytes` to the new file `path`, fsynced when `sync`.
 absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,
                             absl::string_view bytes, bool sync);
+
+// One save's commit state in a writer whose commit is a journal: the files
+// the save created (removed by Abort before the decision), whether the
+// journal was made durable (decided) and carried out (committed), and the
+// coordinator's directory lock.
+//
+// Thread safety: RecordCreated may be called from any thread; the other
+// methods from the thread that drives the save.
+class JournaledSave {
+ public:
+  // A new save: no files, undecided, no lock.
+  void Reset();
+
+  // The coordinator: takes the lock on `dir` (kept until MarkCommitted or
+  // Abort; already held: kept), then runs `recover` (completing what an
+  // interrupted save decided). The lock is released if `recover` fails.
+  absl::Status LockAndRecover(FileSystemBase& fs, const std::string& dir,
+                              const std::string& holder,
+                              absl::FunctionRef<absl::Status()> recover);
+
+  // `path` was created by this save: Abort removes it while undecided.
+  void RecordCreated(const std::string& path);
+
+  // Writes `journal` to `temp_journal` (a temporary name in `dir`), renames
+  // it to `dir`/`journal_name` (the decision; decided() from then on),
+  // syncs the directory, then carries the journal out. OK: committed.
+  absl::Status Commit(FileSystemBase& fs, const std::string& dir,
+                      absl::string_view journal_name,
+                      const std::string& temp_journal,
+                      const CommitJournal& journal, bool sync);
+
+  bool decided() const { return decided_; }
+
+  // The save's files are the checkpoint's (another rank committed it):
+  // forgets them and releases the lock.
+  void MarkCommitted();
+
+  // Undecided: removes the files the save created. Decided but not carried
+  // out: runs `complete` (best effort; the next save's recovery does what
+  // is left). Releases the lock.
+  void Abort(FileSystemBase& fs, absl::FunctionRef<absl::Status()> complete);
+
+ private:
+  std::unique_ptr<DirectoryLock> lock_;
+  bool decided_ = false;
+  bool committed_ = false;
+  absl::Mutex mu_;
+  std::vector<std::string> created_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace dcp::internal_io
 
