@@ -1,5 +1,7 @@
 // The C ABI's saves and loads: dcp_save, dcp_load, dcp_async_save and its
 // completions, the stagers async saves stage through, and dcp_shutdown.
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -32,6 +34,7 @@
 #include "io/storage_registry.h"
 #include "planner/default_planner.h"
 #include "staging/device_staging.h"
+#include "staging/host_buffer_pool.h"
 #include "staging/stager.h"
 
 namespace dcp::capi {
@@ -379,6 +382,24 @@ int dcp_copy_host(const dcp_host_copy_t* copies, size_t count, int threads) {
     DCP_RETURN_IF_ERROR(CheckHostCopies("dcp_copy_host", copies, count));
     if (count == 0) return absl::OkStatus();
     dcp::capi::CopyHost(absl::MakeConstSpan(copies, count), threads);
+    return absl::OkStatus();
+  });
+}
+
+int dcp_populate_host(void* data, size_t bytes) {
+  return Guard([&]() -> absl::Status {
+    if (data == nullptr && bytes > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_populate_host: data is NULL with ", bytes, " bytes"));
+    }
+    // The whole pages inside the range (madvise takes page-aligned ranges).
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t lo = (start + page - 1) / page * page;
+    const uintptr_t hi = (start + bytes) / page * page;
+    if (hi > lo) {
+      dcp::PopulateHostMemory(reinterpret_cast<std::byte*>(lo), hi - lo);
+    }
     return absl::OkStatus();
   });
 }

@@ -4,6 +4,7 @@
  * failed. Nothing here sleeps; async completions are waited for by
  * dcp_async_save_wait or by a condition variable the callback signals.
  */
+#define _DEFAULT_SOURCE /* mincore, MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dlpack/dlpack.h>
@@ -14,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dcp/dcp.h"
 
@@ -1757,6 +1760,37 @@ static void test_snapshot_host(void) {
   free(dst);
 }
 
+/* dcp_populate_host: the whole pages inside the range are resident for
+ * writing afterwards (a shared mapping, as a binding's segment is, large
+ * enough for several threads), the bytes unchanged, the edges untouched. */
+static void test_populate_host(void) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t size = (300u << 20) + 3 * page;
+  unsigned char* p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  unsigned char* resident;
+  size_t missing = 0, i;
+  CHECK(p != MAP_FAILED);
+  if (p == MAP_FAILED) return;
+  resident = malloc(size / page);
+  p[page + 7] = 42;
+  CHECK_OK(dcp_populate_host(p + 5, size - 10));
+  CHECK(mincore(p, size, resident) == 0);
+  /* The first and last pages are partial in the range: not populated. */
+  CHECK((resident[0] & 1) == 0);
+  CHECK((resident[size / page - 1] & 1) == 0);
+  for (i = 1; i + 1 < size / page; ++i) missing += (resident[i] & 1) == 0;
+  CHECK(missing == 0);
+  CHECK(p[page + 7] == 42);
+  CHECK(p[size / 2] == 0);
+  CHECK_OK(dcp_populate_host(NULL, 0));
+  CHECK_OK(dcp_populate_host(p, 1));
+  CHECK_ERROR(dcp_populate_host(NULL, 10), DCP_INVALID_ARGUMENT,
+              "dcp_populate_host: data is NULL with 10 bytes");
+  free(resident);
+  munmap(p, size);
+}
+
 static void test_store_process_group(void) {
   mem_store store;
   rank_run runs[2];
@@ -2242,6 +2276,7 @@ int main(void) {
   test_stager();
   test_copy_host();
   test_snapshot_host();
+  test_populate_host();
   test_store_process_group();
   test_managed_dlpack();
   test_bad_handles();

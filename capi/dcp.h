@@ -709,6 +709,15 @@ typedef struct dcp_host_copy {
 DCP_API int dcp_copy_host(const dcp_host_copy_t* copies, size_t count,
                           int threads);
 
+/* Faults the whole pages inside [data, data + bytes) in for writing, on up
+ * to 8 threads, as dcp's own staging memory is when it is made: a first
+ * copy into fresh memory (a new shared-memory segment) otherwise faults
+ * each page in on the copying thread. The contents are unchanged; on a
+ * kernel before Linux 5.14 each page is read and written back, so nothing
+ * else may write the range meanwhile. Blocks until done; thread-safe.
+ * DCP_INVALID_ARGUMENT for data == NULL with bytes > 0. */
+DCP_API int dcp_populate_host(void* data, size_t bytes);
+
 /* dcp_copy_host as a copy-on-write snapshot: returns as soon as the sources
  * may change again. Whole pages of sources in private anonymous memory
  * (malloc's, numpy's, torch's CPU tensors) are write-protected and copied

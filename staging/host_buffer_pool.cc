@@ -52,11 +52,13 @@ void PopulateSlice(std::byte* data, size_t size) {
   }
 }
 
+}  // namespace
+
 // PopulateSlice over the whole range, in slices of at least 128 MiB on up
-// to 8 threads: faulting in shared memory is per-page kernel work that
-// scales with cores (bench/host_buffer_bench, 2 GiB of memfd on 2 cores:
-// 0.55 s vs 0.74 s on one thread).
-void PopulateForWriting(std::byte* data, size_t size) {
+// to 8 threads: faulting memory in is per-page kernel work that scales with
+// cores (bench/host_buffer_bench, 2 GiB of memfd on 2 cores: 0.55 s vs
+// 0.74 s on one thread).
+void PopulateHostMemory(std::byte* data, size_t size) {
   constexpr size_t kSlice = size_t{128} << 20;
   const size_t threads = std::min<size_t>(
       {size / kSlice,
@@ -76,8 +78,6 @@ void PopulateForWriting(std::byte* data, size_t size) {
   PopulateSlice(data, per);
   for (std::thread& t : helpers) t.join();
 }
-
-}  // namespace
 
 void ReleaseSpareHostBuffers() {
   std::unique_ptr<HostBuffer> dropped[2];
@@ -150,7 +150,7 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
   }
   buffer->data_ = static_cast<std::byte*>(p);
   if (options.populate) {
-    PopulateForWriting(buffer->data_, buffer->size_);
+    PopulateHostMemory(buffer->data_, buffer->size_);
   }
   if (options.pinned) {
     DCP_RETURN_IF_ERROR(Annotate(

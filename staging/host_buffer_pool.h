@@ -57,6 +57,13 @@ struct HostBufferOptions {
   bool populate = true;
 };
 
+// Faults every page of [data, data + size) in for writing, on up to 8
+// threads (slices of at least 128 MiB), as HostBuffer::Create does: what
+// the first write into fresh memory would otherwise pay page by page, on
+// one thread. The contents are unchanged. For memory mapped elsewhere (a
+// binding's shared-memory segment).
+void PopulateHostMemory(std::byte* data, size_t size);
+
 // Unmaps the spare buffers kept by HostBufferOptions::recycle.
 void ReleaseSpareHostBuffers();
 

@@ -325,6 +325,7 @@ _PROTOTYPES = {
     "dcp_stager_reserve": (c_int, [_P, _P]),
     "dcp_stager_free": (c_int, [_P]),
     "dcp_copy_host": (c_int, [_P, c_size_t, c_int]),
+    "dcp_populate_host": (c_int, [_P, c_size_t]),
     "dcp_snapshot_host": (c_int, [_P, c_size_t, c_int, _PP]),
     "dcp_host_snapshot_wait": (c_int, [_P, POINTER(c_size_t)]),
     "dcp_host_snapshot_free": (c_int, [_P]),
