@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1791,6 +1792,34 @@ static void test_populate_host(void) {
   munmap(p, size);
 }
 
+/* A child of fork(2) after the library was used: every call fails with
+ * DCP_FAILED_PRECONDITION saying why, and does nothing (the library's
+ * threads stayed here). The child reports through its exit status. */
+static void test_forked_child_is_refused(void) {
+  int status = 0;
+  pid_t child;
+  char src[16] = "abc", dst[16] = {0};
+  dcp_host_copy_t copy = {dst, src, 4};
+  CHECK_OK(dcp_copy_host(&copy, 1, 0)); /* used here */
+  child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    int ok = 1;
+    dst[0] = 0;
+    ok &= dcp_copy_host(&copy, 1, 0) == DCP_FAILED_PRECONDITION;
+    ok &= strstr(dcp_last_error_message(), "child of fork(2)") != NULL;
+    ok &= dst[0] == 0; /* nothing copied */
+    ok &= dcp_shutdown() == DCP_FAILED_PRECONDITION;
+    _exit(ok ? 0 : 1);
+  }
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  /* The parent is unaffected. */
+  memset(dst, 0, sizeof(dst));
+  CHECK_OK(dcp_copy_host(&copy, 1, 0));
+  CHECK(strcmp(dst, "abc") == 0);
+}
+
 static void test_store_process_group(void) {
   mem_store store;
   rank_run runs[2];
@@ -2277,6 +2306,7 @@ int main(void) {
   test_copy_host();
   test_snapshot_host();
   test_populate_host();
+  test_forked_child_is_refused();
   test_store_process_group();
   test_managed_dlpack();
   test_bad_handles();

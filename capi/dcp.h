@@ -28,6 +28,10 @@
  * - Thread safety: calls on different handles may run concurrently. A
  *   state dict, writer, reader or planner handle serves one save or load at
  *   a time.
+ * - fork(2): a child of a process that has called into libdcp cannot use it
+ *   (the library's threads stayed in the parent): every call there fails
+ *   with DCP_FAILED_PRECONDITION and does nothing. Fork before the first
+ *   call, or start workers with exec (Python: spawn or forkserver).
  *
  * Tensors cross as DLPack (DLTensor, DLManagedTensor, and the versioned
  * DLManagedTensorVersioned of DLPack >= 1.0): host (kDLCPU, kDLCUDAHost) or

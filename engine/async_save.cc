@@ -1,5 +1,7 @@
 #include "engine/async_save.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <memory>
 #include <utility>
@@ -146,7 +148,12 @@ namespace {
 AsyncCheckpointer& ProcessCheckpointer() {
   static AsyncCheckpointer* const checkpointer = [] {
     auto* created = new AsyncCheckpointer;
-    std::atexit([] { ProcessCheckpointer().Shutdown(); });
+    // Not in a child of fork(2): the uploads and their threads are the
+    // parent's.
+    static const pid_t owner = getpid();
+    std::atexit([] {
+      if (getpid() == owner) ProcessCheckpointer().Shutdown();
+    });
     return created;
   }();
   return *checkpointer;

@@ -1,5 +1,8 @@
 #include "capi/internal/last_error.h"
 
+#include <pthread.h>
+
+#include <atomic>
 #include <exception>
 #include <map>
 #include <new>
@@ -29,6 +32,21 @@ struct LastError {
 
 thread_local LastError last_error;
 
+std::atomic<bool> used{false};
+std::atomic<bool> forked_after_use{false};
+
+void ChildAfterFork() {
+  if (used.load(std::memory_order_relaxed)) {
+    forked_after_use.store(true, std::memory_order_relaxed);
+  }
+}
+
+// Registered when the library is loaded, before any call can start a
+// thread.
+[[maybe_unused]] const bool registered_at_fork = [] {
+  return pthread_atfork(nullptr, nullptr, ChildAfterFork) == 0;
+}();
+
 // When even recording the error runs out of memory: a message that needs
 // no allocation.
 void RecordWithoutMemory() noexcept {
@@ -57,6 +75,23 @@ int RecordStatus(const absl::Status& status) noexcept {
     RecordWithoutMemory();
   }
   return static_cast<int>(status.code());
+}
+
+bool ForkedAfterUse() noexcept {
+  return forked_after_use.load(std::memory_order_relaxed);
+}
+
+void NoteUse() noexcept {
+  if (!used.load(std::memory_order_relaxed)) {
+    used.store(true, std::memory_order_relaxed);
+  }
+}
+
+int RecordForkedChild() noexcept {
+  return RecordStatus(absl::FailedPreconditionError(
+      "libdcp cannot be used in a child of fork(2) of a process that had "
+      "used it: its threads stayed in the parent. Start such processes "
+      "with spawn or forkserver, or fork before the first dcp call"));
 }
 
 int RecordCurrentException() noexcept {

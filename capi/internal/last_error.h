@@ -24,10 +24,22 @@ int RecordStatus(const absl::Status& status) noexcept;
 // kInternal with its what(). Returns the code.
 int RecordCurrentException() noexcept;
 
+// True in a child of fork(2) of a process that had called into the C ABI:
+// the library's threads (copy pools, async uploads, reapers) stayed in the
+// parent, and work handed to them would never run.
+bool ForkedAfterUse() noexcept;
+// Marks the C ABI as used by this process.
+void NoteUse() noexcept;
+// Records kFailedPrecondition saying ForkedAfterUse; returns its code.
+int RecordForkedChild() noexcept;
+
 // Runs `body` (returning absl::Status) and returns its code, recording a
-// failure or a thrown exception as the last error.
+// failure or a thrown exception as the last error. In a child of fork(2)
+// after use, runs nothing and fails (RecordForkedChild).
 template <typename Body>
 int Guard(Body&& body) noexcept {
+  if (ForkedAfterUse()) return RecordForkedChild();
+  NoteUse();
   try {
     return RecordStatus(body());
   } catch (...) {
