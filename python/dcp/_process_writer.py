@@ -81,6 +81,7 @@ class _Segment:
         os.ftruncate(self.fd, self.size)
         self.mm = mmap.mmap(self.fd, self.size)
         self.populated = False  # every page faulted in for writing
+        self.idle = False  # in the pool, free for the next save
 
     def close(self):
         try:
@@ -105,16 +106,23 @@ class _Pool:
             if fits:
                 seg = min(fits, key=lambda s: s.size)
                 self._idle.remove(seg)
+                seg.idle = False
                 return seg
         return _Segment(_round_up(nbytes))
 
-    def release(self, seg, writer) -> None:
+    def release(self, seg) -> None:
+        """Returns `seg` to the pool (again: no effect); a segment dropped
+        from a full pool is unmapped here and in the live writer."""
         with self._lock:
+            if seg is None or seg.idle:
+                return
+            seg.idle = True
             self._idle.append(seg)
             drop = []
             while len(self._idle) > self.max_idle:
                 drop.append(min(self._idle, key=lambda s: s.size))
                 self._idle.remove(drop[-1])
+        writer = _writer
         for s in drop:
             if writer is not None:
                 writer.forget(s)
@@ -129,7 +137,9 @@ _pool = _Pool()
 
 def _child_entry():
     """The writer process's main (argv[1]: its end of the socket pair)."""
-    conn = multiprocessing.connection.Connection(int(sys.argv[1]))
+    fd = int(sys.argv[1])
+    os.set_inheritable(fd, False)  # not for processes a save may start
+    conn = multiprocessing.connection.Connection(fd)
     import torch  # noqa: F401 - imported before "ready", not in a save
     _child_main(conn)
 
@@ -303,12 +313,25 @@ class _Writer:
         self.reader.start()
 
     def _read(self):
+        """Serves the writer's answers until it goes; whatever ends this
+        thread (an answer that cannot be read included) ends the writer
+        and fails its jobs, so no caller waits forever."""
+        try:
+            self._serve()
+        except BaseException:
+            log.exception("dcp: lost the async writer process pid %d",
+                          self.pid)
+            self.proc.kill()
+        finally:
+            self._died()
+
+    def _serve(self):
         global startup_seconds
         while True:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                break
+                return
             if msg[0] == "ready":
                 seconds = time.perf_counter() - self._start
                 if startup_seconds is None:
@@ -323,22 +346,29 @@ class _Writer:
                 with self.lock:
                     job = self.jobs.pop(job_id, None)
                 if job is not None:
-                    self._finish(job, error, metadata)
-        self._died()
+                    try:
+                        self._finish(job, error, metadata)
+                    except BaseException as e:
+                        if not job.upload.done():
+                            job.upload.set_exception(e)
+                        raise
 
     def _finish(self, job, error, metadata=None):
-        _pool.release(job.segment, None if self.dead else self)
-        if error is None and metadata is not None:
-            from .metadata import Metadata
-            job.upload.set_result(Metadata(**metadata))
-        elif error is None:
-            try:
-                from .metadata import read_metadata
-                job.upload.set_result(read_metadata(job.path))
-            except BaseException as e:
-                job.upload.set_exception(e)
-        else:
+        _pool.release(job.segment)
+        if error is not None:
             job.upload.set_exception(error)
+            return
+        try:
+            if metadata is not None:
+                from .metadata import Metadata
+                result = Metadata(**metadata)
+            else:
+                from .metadata import read_metadata
+                result = read_metadata(job.path)
+        except BaseException as e:
+            job.upload.set_exception(e)
+        else:
+            job.upload.set_result(result)
 
     def _died(self):
         with self.lock:
@@ -351,7 +381,7 @@ class _Writer:
         except subprocess.TimeoutExpired:
             code = None
         for job in jobs:
-            _pool.release(job.segment, None)
+            _pool.release(job.segment)
             job.upload.set_exception(errors.CheckpointException(
                 f"the dcp async writer process (pid {self.pid}) died "
                 f"(exit code {code}) before committing the checkpoint "
@@ -386,6 +416,9 @@ class _Writer:
             except OSError:
                 self.jobs.pop(job_id, None)
                 return False
+            except BaseException:  # not sent (e.g. cannot be pickled)
+                self.jobs.pop(job_id, None)
+                raise
         return True
 
     def stop(self):
@@ -431,12 +464,27 @@ def shutdown_writer() -> None:
     """Stops the writer process after its queued saves (also at exit)."""
     global _writer, _stager
     with _writer_lock:
-        w, _writer = _writer, None
         stager, _stager = _stager, None
-    if stager is not None:
+    if stager is not None:  # queued stages hand their saves over first
         stager.shutdown(wait=True)
+    with _writer_lock:
+        w, _writer = _writer, None
     if w is not None:
         w.stop()
+
+
+def _forget_after_fork() -> None:
+    """In a child of fork(2): the writer, its socket, the staging thread
+    and the segments belong to the parent (the child's copies of the
+    segments stay mapped, unused); the child starts its own."""
+    global _writer, _writer_lock, _stager, _pool
+    _writer = None
+    _writer_lock = threading.Lock()
+    _stager = None
+    _pool = _Pool()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _group_spec(where):
@@ -504,7 +552,7 @@ def reserve(state_dict, timeout=None) -> None:
     try:
         _populate(seg)
     finally:
-        _pool.release(seg, None)
+        _pool.release(seg)
     if writer.ready.wait(timeout) and writer.dead:
         raise errors.CheckpointException(
             f"the dcp async writer process (pid {writer.pid}) died while "
@@ -611,6 +659,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
         save_options(planner)  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
         flat.add(_stateful_to_state_dict(state_dict))
+        flat.check_tensors()  # here, not in the writer process
         specs, offset = _segment_bytes(flat.t_objs)
         group = _group_spec(where)
     except BaseException as e:
@@ -660,7 +709,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
             job.staging.set_exception(e)
             job.upload.set_exception(e)
             if job.segment is not None:
-                _pool.release(job.segment, None)
+                _pool.release(job.segment)
             return
         job.staging.set_result(None)
         if snapshot is not None:
@@ -670,7 +719,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
             try:
                 _lib.check(L.dcp_host_snapshot_wait(snapshot, None))
             except BaseException as e:
-                _pool.release(seg, None)
+                _pool.release(seg)
                 job.upload.set_exception(e)
                 return
             finally:
@@ -688,13 +737,19 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                 if not writer.submit(job_id, job, manifest, spec, hold):
                     error = errors.CheckpointException(
                         f"the dcp async writer process (pid {writer.pid}) "
-                        "is not reachable", None, _lib.UNAVAILABLE)
-        except Exception as e:  # the writer process cannot be started
+                        f"is not reachable; {job.path} was not saved", None,
+                        _lib.UNAVAILABLE)
+        except Exception as e:
+            if writer is None:  # the writer process cannot be started
+                what = "could not start the dcp async writer process"
+            else:
+                what = (f"could not hand the save to the dcp async writer "
+                        f"process (pid {writer.pid})")
             error = errors.CheckpointException(
-                f"could not start the dcp async writer process: "
-                f"{type(e).__name__}: {e}", None, _lib.UNAVAILABLE)
+                f"{what}: {type(e).__name__}: {e}; {job.path} was not saved",
+                None, _lib.UNAVAILABLE)
         if error is not None:
-            _pool.release(seg, None)
+            _pool.release(seg)
             job.upload.set_exception(error)
 
     with _writer_lock:

@@ -564,6 +564,17 @@ class Flat:
         "Python package vs torch DCP")."""
         return self.unaligned_host_bytes * 2 > self.host_bytes
 
+    def check_tensors(self) -> None:
+        """Raises what build() would for a tensor dcp cannot take (a dtype
+        it does not support, a big-endian or oddly strided numpy array),
+        without building: for callers that hand the tensors on."""
+        for i, t in enumerate(self.t_objs):
+            if type(t) is np.ndarray:
+                self._numpy_info(t, i)
+            elif _TORCH_DL.get(t.dtype) is None:
+                raise TypeError(f"'{self.name(self.t_paths[i])}': dtype "
+                                f"{t.dtype} is not supported by dcp")
+
     def _numpy_info(self, a, i):
         name = a.dtype.name
         info = _BY_NAME.get(name)

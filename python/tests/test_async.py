@@ -269,3 +269,130 @@ def test_world_of_one_under_torch_distributed(tmp_path):
         _check(str(tmp_path / "a"), 6)
     finally:
         dist.destroy_process_group()
+
+
+def test_process_refuses_what_the_writer_could_not_save(tmp_path):
+    """PROCESS checks the tensors in the call, as THREAD does: a big-endian
+    numpy array (whose bytes the writer would read as little-endian) and
+    an unsupported dtype raise TypeError naming the key; nothing is
+    written."""
+    import numpy as np
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    for bad, what in ((np.arange(4, dtype=">f4"), "numpy dtype >f4"),
+                      (np.zeros(3, dtype=np.complex256), "complex256")):
+        with pytest.raises(TypeError, match=rf"'x': .*{what}"):
+            dcp.async_save({"x": bad, "ok": torch.ones(2)},
+                           checkpoint_id=str(tmp_path / "c"),
+                           async_checkpointer_type=kind)
+    assert not os.path.exists(str(tmp_path / "c" / ".metadata"))
+
+
+def test_process_writer_whose_answers_cannot_be_read_fails_its_saves(
+        tmp_path, monkeypatch):
+    """An answer the parent cannot read (here: the reader's receive
+    raises) ends that writer: the save in flight fails naming the writer,
+    and the next call starts a new one."""
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
+                          async_checkpointer_type=kind)
+    warm.upload_completion.result(WAIT)
+    writer = _process_writer._writer
+    pid = writer.pid
+    recv = writer.conn.recv
+
+    def garbled():
+        msg = recv()
+        if msg[0] == "done":
+            raise ValueError("garbled answer")
+        return msg
+
+    # The reader waits in the unpatched receive now; the "held" below comes
+    # through it, and the save's answer through this one.
+    monkeypatch.setattr(writer.conn, "recv", garbled)
+    writer.held.clear()
+    _process_writer._debug_hold_next = True  # the writer waits in the save
+    resp = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                          async_checkpointer_type=kind)
+    assert writer.held.wait(WAIT)
+    writer.conn.send(("go",))  # releases the held save
+    with pytest.raises(dcp.CheckpointException,
+                       match=rf"writer process \(pid {pid}\) died"):
+        resp.upload_completion.result(WAIT)
+    assert writer.dead and writer.proc.poll() is not None
+    again = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "2"),
+                           async_checkpointer_type=kind)
+    again.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() not in (None, pid)
+    _check(str(tmp_path / "2"), 2)
+
+
+def test_process_pool_release_is_idempotent_and_forgets_dropped_segments():
+    """A segment released twice is in the pool once (two saves never share
+    one); one dropped from a full pool is forgotten by the live writer."""
+    pool = _process_writer._Pool()
+    segs = [_process_writer._Segment(4096 * (i + 1)) for i in range(3)]
+    forgotten = []
+
+    class FakeWriter:
+        def forget(self, seg):
+            forgotten.append(seg.id)
+
+    old = _process_writer._writer
+    _process_writer._writer = FakeWriter()
+    try:
+        pool.release(segs[1])
+        pool.release(segs[1])
+        assert pool._idle == [segs[1]]
+        assert pool.acquire(4096) is segs[1]
+        assert pool.acquire(4096) is not segs[1]  # a new one
+        pool.release(segs[1])
+        pool.release(segs[2])
+        pool.release(segs[0])  # a third: the smallest is dropped
+        assert forgotten == [segs[0].id]
+        assert sorted(s.id for s in pool._idle) == sorted(
+            [segs[1].id, segs[2].id])
+    finally:
+        _process_writer._writer = old
+        for s in pool._idle:
+            s.close()
+
+
+def test_fork_child_cannot_use_dcp_and_leaves_the_parents_writer(tmp_path):
+    """A child of fork(2) of a process that used dcp: its saves fail with
+    CheckpointException saying why (libdcp's threads stayed in the parent)
+    instead of hanging, and it neither sees nor stops the parent's writer
+    process (its exit runs shutdown_writer), which keeps serving."""
+    import sys
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
+                          async_checkpointer_type=kind)
+    warm.upload_completion.result(WAIT)
+    parent_writer = _process_writer.writer_pid()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            assert _process_writer.writer_pid() is None
+            r = dcp.async_save(_state(5), checkpoint_id=str(tmp_path / "5"),
+                               async_checkpointer_type=kind)
+            with pytest.raises(dcp.CheckpointException,
+                               match=r"child of fork\(2\)"):
+                r.staging_completion.result(WAIT)
+            with pytest.raises(dcp.CheckpointException,
+                               match=r"child of fork\(2\)"):
+                dcp.save(_state(5), checkpoint_id=str(tmp_path / "5"))
+            _process_writer.shutdown_writer()  # as at exit: a no-op here
+            code = 0
+        except BaseException as e:
+            sys.stderr.write(f"child: {type(e).__name__}: {e}\n")
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert not os.path.exists(str(tmp_path / "5" / ".metadata"))
+    assert _process_writer.writer_pid() == parent_writer
+    again = dcp.async_save(_state(6), checkpoint_id=str(tmp_path / "6"),
+                           async_checkpointer_type=kind)
+    again.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() == parent_writer
+    _check(str(tmp_path / "6"), 6)
