@@ -2007,6 +2007,49 @@ static void test_managed_dlpack(void) {
  * Error paths
  * ---------------------------------------------------------------------- */
 
+/* Tensors and paths whose sizes overflow or run away: refused with
+ * DCP_INVALID_ARGUMENT saying why, the state dict unchanged. */
+static void test_bad_tensor_sizes(void) {
+  dcp_state_dict_t* sd = NULL;
+  unsigned char bytes[2] = {1, 2};
+  int64_t two[1] = {2}, huge_stride[1] = {INT64_MAX};
+  int64_t too_big[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+  int64_t empty[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+  int64_t one[1] = {1}, global[1] = {10}, offsets[1] = {INT64_MAX};
+  dcp_shard_t shard;
+  DLTensor t;
+  size_t n = 1;
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  /* The last element's offset (INT64_MAX) + 1 overflows. */
+  t = make_tensor(bytes, 1, two, huge_stride, kDLUInt, 8);
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("a")), &t, NULL),
+              DCP_INVALID_ARGUMENT, "spans more bytes than fit in 64 bits");
+  t = make_tensor(bytes, 2, too_big, NULL, kDLFloat, 32);
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("b")), &t, NULL),
+              DCP_INVALID_ARGUMENT, "has a negative size or too many bytes");
+  /* An offset past the global shape whose sum with the size wraps. */
+  t = make_tensor(bytes, 1, one, NULL, kDLUInt, 8);
+  shard.ndim = 1;
+  shard.global_shape = global;
+  shard.offsets = offsets;
+  CHECK_ERROR(dcp_state_dict_set_tensor(sd, PATH(KEY("c")), &t, &shard),
+              DCP_INVALID_ARGUMENT, "lies outside the global shape");
+  /* A list index far past the end (an uninitialised path element). */
+  CHECK_ERROR(
+      dcp_state_dict_set_int(sd, PATH(KEY("d"), IDX((int64_t)1 << 40)), 1),
+      DCP_INVALID_ARGUMENT, "past the end of its list (0 entries)");
+  CHECK_OK(dcp_state_dict_num_leaves(sd, &n));
+  CHECK(n == 0);
+  /* An empty tensor of a huge shape spans no bytes: accepted. */
+  t = make_tensor(NULL, 3, empty, NULL, kDLUInt, 8);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("e")), &t, NULL));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("d"), IDX(3)), 1));
+  CHECK_OK(dcp_state_dict_num_leaves(sd, &n));
+  CHECK(n == 5); /* e, and d's four entries (None, None, None, 1) */
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
 static void test_bad_handles(void) {
   struct {
     uint64_t a, b, c, d;
@@ -2310,6 +2353,7 @@ int main(void) {
   test_store_process_group();
   test_managed_dlpack();
   test_bad_handles();
+  test_bad_tensor_sizes();
   test_struct_sizes();
   test_tensor_errors();
   test_last_error();

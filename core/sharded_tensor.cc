@@ -5,6 +5,11 @@
 namespace dcp {
 
 absl::Status ShardedTensor::Validate(absl::string_view name) const {
+  if (!CheckedNumBytes(dtype_, global_sizes_).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sharded tensor \"", name, "\" has global shape ",
+        ShapeToString(global_sizes_), ": a negative size or too many bytes"));
+  }
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Shard& shard = shards_[i];
     const Shape& sizes = shard.tensor.sizes();
@@ -22,8 +27,9 @@ absl::Status ShardedTensor::Validate(absl::string_view name) const {
           " but the global shape is ", ShapeToString(global_sizes_)));
     }
     for (size_t d = 0; d < sizes.size(); ++d) {
-      if (shard.offsets[d] < 0 || sizes[d] < 0 ||
-          shard.offsets[d] + sizes[d] > global_sizes_[d]) {
+      // offsets + sizes <= global, without overflowing.
+      if (shard.offsets[d] < 0 || sizes[d] < 0 || sizes[d] > global_sizes_[d] ||
+          shard.offsets[d] > global_sizes_[d] - sizes[d]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "sharded tensor \"", name, "\" shard ", i, " at offsets ",
             ShapeToString(shard.offsets), " with sizes ", ShapeToString(sizes),

@@ -102,16 +102,18 @@ absl::StatusOr<TensorView> ViewOfDLTensor(const DLTensor& tensor) {
         "DLPack tensor of ndim ", tensor.ndim, " has a NULL shape"));
   }
   Shape sizes(tensor.shape, tensor.shape + tensor.ndim);
-  Shape strides = tensor.strides != nullptr
-                      ? Shape(tensor.strides, tensor.strides + tensor.ndim)
-                      : ContiguousStrides(sizes);
   const std::optional<int64_t> numel = CheckedNumElements(sizes);
   if (!numel.has_value() || !CheckedNumBytes(*dtype, sizes).has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("DLPack tensor shape ", ShapeToString(sizes),
                      " has a negative size or too many bytes"));
   }
-  // The last element's offset, in elements, must fit in bytes too.
+  // Contiguous strides of a shape whose bytes fit in 64 bits fit too.
+  Shape strides = tensor.strides != nullptr
+                      ? Shape(tensor.strides, tensor.strides + tensor.ndim)
+                      : ContiguousStrides(sizes);
+  // The last element's offset, in elements, must fit in bytes too (an
+  // empty tensor spans none).
   int64_t last = 0;
   for (int d = 0; d < tensor.ndim; ++d) {
     if (strides[d] < 0) {
@@ -120,17 +122,18 @@ absl::StatusOr<TensorView> ViewOfDLTensor(const DLTensor& tensor) {
                        " have a negative stride"));
     }
     int64_t step = 0;
-    if (sizes[d] > 0 &&
+    if (*numel > 0 &&
         (__builtin_mul_overflow(sizes[d] - 1, strides[d], &step) ||
          __builtin_add_overflow(last, step, &last))) {
       last = -1;
       break;
     }
   }
+  int64_t count = 0;
   int64_t extent = 0;
-  if (last < 0 ||
-      __builtin_mul_overflow(
-          last + 1, static_cast<int64_t>(ElementSize(*dtype)), &extent) ||
+  if (last < 0 || __builtin_add_overflow(last, *numel > 0, &count) ||
+      __builtin_mul_overflow(count, static_cast<int64_t>(ElementSize(*dtype)),
+                             &extent) ||
       tensor.byte_offset > static_cast<uint64_t>(INT64_MAX - extent)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DLPack tensor shape ", ShapeToString(sizes), " with strides ",

@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace dcp::capi {
 namespace {
@@ -38,6 +39,47 @@ absl::Status StepError(const ObjectPath& path, size_t depth, Kind kind) {
 
 bool IsKey(const PathElement& element) {
   return std::holds_alternative<std::string>(element);
+}
+
+// The most entries one call may add to a list past its end: a larger index
+// is a mistake (an uninitialised path element), and growing the list to it
+// could take all memory.
+constexpr uint64_t kMaxListGrowth = uint64_t{1} << 20;
+
+// kInvalidArgument when a list index of `path` lies more than
+// kMaxListGrowth past the end of its list (a list the path would create is
+// empty). Reads only.
+absl::Status CheckListGrowth(const StateDict& root, const ObjectPath& path) {
+  const StateValue* node = nullptr;  // nullptr: not there (yet).
+  for (size_t depth = 0; depth < path.size(); ++depth) {
+    const PathElement& element = path[depth];
+    if (depth == 0) {
+      auto it = root.find(std::get<std::string>(element));
+      node = it == root.end() ? nullptr : &it->second;
+      continue;
+    }
+    if (IsKey(element)) {
+      if (node == nullptr || node->kind() != Kind::kDict) {
+        node = nullptr;
+        continue;
+      }
+      auto it = node->dict().find(std::get<std::string>(element));
+      node = it == node->dict().end() ? nullptr : &it->second;
+      continue;
+    }
+    const uint64_t index = static_cast<uint64_t>(std::get<int64_t>(element));
+    const uint64_t size = node != nullptr && node->kind() == Kind::kList
+                              ? node->list().size()
+                              : 0;
+    if (index > size + kMaxListGrowth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict path \"", PathToString(path), "\" has list index ", index,
+          " at element ", depth, ", more than ", kMaxListGrowth,
+          " past the end of its list (", size, " entries)"));
+    }
+    node = index < size ? &node->list()[index] : nullptr;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -83,6 +125,7 @@ absl::Status SetAtPath(StateDict& root, const ObjectPath& path,
                        StateValue value) {
   // Every container this creates is new and empty, so once one is created
   // no later step can fail: an error leaves the state dict as it was.
+  DCP_RETURN_IF_ERROR(CheckListGrowth(root, path));
   StateValue* node = nullptr;  // nullptr: the root map.
   for (size_t depth = 0; depth < path.size(); ++depth) {
     const PathElement& element = path[depth];
