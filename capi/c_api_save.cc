@@ -175,6 +175,15 @@ template <typename T>
 absl::Status WaitFor(const Future<T>& future, int64_t timeout_ms,
                      int32_t* done) {
   bool ready;
+  if (timeout_ms != 0 && CallbackScope::Active() && !future.ready()) {
+    // Completions (and callbacks) run on dcp threads one at a time: the one
+    // this waits for could be queued behind this callback.
+    return absl::FailedPreconditionError(
+        "dcp_async_save_wait with a timeout, called from an async save's "
+        "callback, for a completion that is not done would block the dcp "
+        "thread that completes saves; wait from the application's own "
+        "thread (or pass timeout 0)");
+  }
   if (timeout_ms == 0) {
     ready = future.ready();
   } else if (timeout_ms < 0) {

@@ -2124,6 +2124,10 @@ static void test_struct_sizes(void) {
   so.struct_size = 0;
   CHECK_ERROR(dcp_save(sd, &so, NULL), DCP_INVALID_ARGUMENT,
               "dcp_save_options_t.struct_size is 0");
+  /* A size no version has: it would cut checkpoint_id in two. */
+  so.struct_size = 12;
+  CHECK_ERROR(dcp_save(sd, &so, NULL), DCP_INVALID_ARGUMENT,
+              "dcp_save_options_t.struct_size is 12");
   memset(&big, 0, sizeof(big));
   big.options = save_options(dir);
   big.options.struct_size = sizeof(big);

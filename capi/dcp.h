@@ -5,16 +5,19 @@
  * driver API):
  * - Handles are opaque pointers made by dcp_*_create (or returned by a call)
  *   and released by the matching dcp_*_free. Every call checks its handles:
- *   NULL, a freed handle or a pointer that is not a live handle of the
- *   right type gives DCP_INVALID_ARGUMENT (never a crash). Freeing NULL is a
- *   no-op that returns DCP_OK.
+ *   NULL, or a pointer that is not a live handle of the right type, gives
+ *   DCP_INVALID_ARGUMENT (never a crash). As with free(3), a freed handle
+ *   must not be used again (its address may already belong to a new
+ *   handle), nor freed while another thread is in a call on it. Freeing
+ *   NULL is a no-op that returns DCP_OK.
  * - Every call returns a status code (dcp_status_t, the numbers of
  *   absl::StatusCode). A call that fails records the calling thread's last
  *   error (code, message, per-rank failures), readable with
  *   dcp_last_error_*() until the next failing call on that thread. A call
  *   that succeeds leaves it alone. No exception crosses this boundary.
- * - Option structs are versioned: the caller zero-initialises the struct,
- *   sets struct_size = sizeof(the struct) and the fields it wants. Zero means
+ * - Option structs are versioned: the caller zero-initialises the whole
+ *   struct (memset, padding included), sets struct_size = sizeof(the
+ *   struct) and the fields it wants. Zero means
  *   the default in every field. A struct_size of 0 or larger than the
  *   library's struct of that name is DCP_INVALID_ARGUMENT; a smaller one (a
  *   caller compiled against an older header) gets defaults for the fields
@@ -645,7 +648,9 @@ DCP_API int dcp_async_save_wait(dcp_async_save_t* save, int32_t which,
 
 /* Calls `callback(user, status)` once `which` completion is done: at once
  * on the calling thread when it already is, else on a dcp thread (keep it
- * short; it must not call dcp_async_save_wait on this save). */
+ * short). From a callback, dcp_async_save_wait with a timeout other than 0
+ * on a completion not yet done fails with DCP_FAILED_PRECONDITION (it could
+ * wait for the thread it blocks), as does dcp_shutdown. */
 DCP_API int dcp_async_save_on_done(dcp_async_save_t* save, int32_t which,
                                    void (*callback)(void* user, int status),
                                    void* user);
@@ -674,7 +679,9 @@ typedef struct dcp_stager_options {
    * write-protected, before they are copied; the tensors must then stay
    * allocated (they may change) until DCP_UPLOAD completes. Never for
    * tensors a device writes by DMA (page-locked memory). Without
-   * userfaultfd they are copied as usual. */
+   * userfaultfd they are copied as usual. It lies in what was the tail
+   * padding of the struct's first version (same sizeof): that version's
+   * callers must have zeroed the whole struct, as the conventions ask. */
   dcp_flag_t copy_on_write;
 } dcp_stager_options_t;
 

@@ -59,7 +59,10 @@ absl::StatusOr<std::map<std::string, int>> ReadMapping(
 
 absl::Status CheckStructSize(size_t struct_size, size_t size,
                              const char* type_name) {
-  if (struct_size == 0 || struct_size > size) {
+  // Every version's size is a multiple of alignof(size_t) (struct_size
+  // comes first): any other size would cut a field in two.
+  if (struct_size == 0 || struct_size > size ||
+      struct_size % alignof(size_t) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         type_name, ".struct_size is ", struct_size, "; set it to sizeof(",
         type_name, ") (", size,

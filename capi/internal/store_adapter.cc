@@ -37,12 +37,17 @@ struct Received {
   std::string value;
   int calls = 0;
   bool out_of_memory = false;
+  bool null_data = false;  // data NULL with size > 0
 };
 
 // The sink handed to the caller's get: C calls it, so nothing may throw.
 extern "C" void ReceiveValue(void* context, const void* data, size_t size) {
   auto* received = static_cast<Received*>(context);
   ++received->calls;
+  if (data == nullptr && size > 0) {
+    received->null_data = true;
+    return;
+  }
   try {
     received->value.assign(static_cast<const char*>(data), size);
   } catch (...) {
@@ -79,6 +84,11 @@ class CallbackStore final : public comm::KeyValueStore {
     if (received.out_of_memory) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of memory receiving the value of store key \"", key, "\""));
+    }
+    if (received.null_data) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dcp_store_t.get of key \"", key,
+                       "\" passed its sink NULL data with a non-zero size"));
     }
     if (received.calls != 1) {
       return absl::InternalError(absl::StrCat("dcp_store_t.get of key \"", key,
