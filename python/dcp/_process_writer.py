@@ -694,8 +694,12 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
     with _writer_lock:  # None: started after staging (below)
         writer = _writer if _running(_writer) else None
 
+    # A snapshot reads the tensors' memory until it has filled the segment:
+    # keep their storages too, should a tensor be given another meanwhile.
+    memory = _state.storages_of(tensors) if copy_on_write else None
+
     def stage():
-        nonlocal writer
+        nonlocal writer, memory
         import torch
         try:
             seg = _pool.acquire(total)
@@ -724,6 +728,7 @@ def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
                 return
             finally:
                 L.dcp_host_snapshot_free(snapshot)
+                memory = None
         job_id = next(_job_ids)
         error = None
         try:

@@ -181,6 +181,15 @@ def _dtensor_chunk(value, name):
     return local, tuple(value.shape), tuple(int(o) for o in offsets)
 
 
+def storages_of(objs) -> list:
+    """What keeps the memory of `objs` (torch tensors, numpy arrays)
+    allocated even if a tensor is given another storage: the storages of
+    the torch tensors, the arrays themselves. (Resizing a storage in place,
+    `resize_`, still frees its memory.)"""
+    return [o if isinstance(o, np.ndarray) else o.untyped_storage()
+            for o in objs]
+
+
 class Flat:
     """One state dict, flattened (see the module comment)."""
 
@@ -315,6 +324,10 @@ class Flat:
         elif not isinstance(t, np.ndarray):
             if t.requires_grad:
                 self.t_grad.append(len(self.t_paths))
+            if t.is_conj() or t.is_neg():
+                # A lazily conjugated or negated view: its memory holds the
+                # values before the conjugation or negation.
+                t = t.resolve_conj().resolve_neg()
             if not SAVE_STRIDED_CPU and not t.is_cuda and \
                     not t.is_contiguous():
                 t = t.contiguous()
@@ -333,7 +346,9 @@ class Flat:
                 self.copy_back.append((t, tmp))
                 return tmp
             return t
-        if not LOAD_STRIDED and not t.is_contiguous():
+        if t.is_conj() or t.is_neg() or (not LOAD_STRIDED and
+                                         not t.is_contiguous()):
+            # copy_ back applies a lazy conjugation or negation.
             tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
             self.copy_back.append((t, tmp))
             return tmp

@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from . import _lib
+from . import _lib, _state
 from .checkpoint import _stateful_to_state_dict, prepare_save, save
 from .metadata import Metadata
 from .process_group import resolve
@@ -122,16 +122,41 @@ def _ensure_thread():
             _thread.start()
 
 
+class _CompletionFuture(Future):
+    """A Future resolved on the dcp-completions thread, which also runs its
+    done-callbacks: a callback that waits there for a result not yet known
+    would wait for itself, so that raises instead."""
+
+    def result(self, timeout=None):
+        self._check_wait()
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        self._check_wait()
+        return super().exception(timeout)
+
+    def _check_wait(self):
+        if threading.current_thread() is _thread and not self.done():
+            raise RuntimeError(
+                "waiting for a dcp async_save future from a done-callback "
+                "of another would block the thread that completes them; "
+                "wait from your own thread")
+
+
 class _EngineJob:
     """One dcp_async_save: its handles, the borrowed tensors and futures."""
 
     def __init__(self, prepared, handle, keep_tensors=False):
         self.prepared = prepared
         self.handle = handle
-        # A copy-on-write stager reads the tensors until the upload.
+        # A copy-on-write stager reads the tensors' memory until the upload:
+        # their storages too, should a tensor be given another one
+        # (`param.data = ...`, `.to()` of a module) meanwhile.
         self.keep_tensors = keep_tensors
-        self.staging: Future = Future()
-        self.upload: Future = Future()
+        self.storages = (_state.storages_of(prepared.flat.t_objs)
+                         if keep_tensors else None)
+        self.staging: Future = _CompletionFuture()
+        self.upload: Future = _CompletionFuture()
         self.remaining = 2
         self.staging.set_running_or_notify_cancel()
         self.upload.set_running_or_notify_cancel()
@@ -148,29 +173,32 @@ class _EngineJob:
         return from_status(code, message, failures)
 
     def complete(self, which, status):
-        if which == _lib.STAGING:
-            if status == _lib.OK:
-                self.staging.set_result(None)
+        future = self.staging if which == _lib.STAGING else self.upload
+        try:
+            if status != _lib.OK:
+                future.set_exception(self._error(which, status))
+            elif which == _lib.STAGING:
+                future.set_result(None)
             else:
-                self.staging.set_exception(self._error(which, status))
-            # The engine holds its own copies now: drop the tensors.
-            if not self.keep_tensors:
-                self.prepared.flat = None
-        else:
-            if status == _lib.OK:
                 md = ctypes.c_void_p()
                 code = _lib.lib().dcp_async_save_metadata(self.handle,
                                                           ctypes.byref(md))
                 if code == _lib.OK:
-                    self.upload.set_result(Metadata._from_handle(md))
+                    future.set_result(Metadata._from_handle(md))
                 else:
-                    self.upload.set_exception(self._error(which, code))
-            else:
-                self.upload.set_exception(self._error(which, status))
-        self.remaining -= 1
-        if self.remaining == 0:
-            _lib.lib().dcp_async_save_free(self.handle)
-            self.prepared.free()
+                    future.set_exception(self._error(which, code))
+        except BaseException as e:  # never leave the caller waiting
+            if not future.done():
+                future.set_exception(e)
+        finally:
+            # The engine holds its own copies once staged: drop the tensors.
+            if which == _lib.STAGING and not self.keep_tensors:
+                self.prepared.flat = None
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.storages = None
+                _lib.lib().dcp_async_save_free(self.handle)
+                self.prepared.free()
 
 
 def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
@@ -243,12 +271,14 @@ def _stager_async_save(state_dict, async_stager, upload_fn):
         sd = staged.result() if isinstance(staged, Future) else staged
         return upload_fn(sd)
 
-    result = _upload_executor.submit(upload)
+    # A staged dict (not a Future) may still be filling from non-blocking
+    # device copies: synchronize before the upload reads it.
     if not isinstance(staged, Future) and bool(
             getattr(async_stager, "should_synchronize_after_execute", True)):
         sync = getattr(async_stager, "synchronize_staging", None)
         if callable(sync):
             sync()
+    result = _upload_executor.submit(upload)
     return AsyncSaveResponse(staging, result)
 
 

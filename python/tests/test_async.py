@@ -396,3 +396,31 @@ def test_fork_child_cannot_use_dcp_and_leaves_the_parents_writer(tmp_path):
     again.upload_completion.result(WAIT)
     assert _process_writer.writer_pid() == parent_writer
     _check(str(tmp_path / "6"), 6)
+
+
+class _FillAtSyncStager:
+    """A custom async_stager whose staged dict is filled only by
+    synchronize_staging (as non-blocking device copies would be)."""
+
+    def __init__(self):
+        self.pending = []
+
+    def stage(self, sd):
+        out = {k: torch.zeros_like(v) for k, v in sd.items()}
+        self.pending = [(out[k], v) for k, v in sd.items()]
+        return out
+
+    def synchronize_staging(self):
+        for dst, src in self.pending:
+            dst.copy_(src)
+
+
+def test_custom_stager_is_synchronized_before_the_upload_reads(tmp_path):
+    g = torch.Generator().manual_seed(9)
+    state = {"w": torch.randn(512, 512, generator=g)}
+    resp = dcp.async_save(state, checkpoint_id=str(tmp_path / "c"),
+                          async_stager=_FillAtSyncStager())
+    resp.upload_completion.result(WAIT)
+    got = {"w": torch.zeros(512, 512)}
+    dcp.load(got, checkpoint_id=str(tmp_path / "c"))
+    assert torch.equal(got["w"], state["w"])

@@ -356,3 +356,31 @@ def test_writer_options_reach_the_engine(tmp_path):
     dst = {k: torch.zeros(100_000) for k in state}
     dcp.load(dst, storage_reader=dcp.FileSystemReader(many, thread_count=2))
     assert all(torch.equal(dst[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("mode", ["sync", "thread"])
+def test_conjugate_and_negative_views_save_and_load_their_values(ckpt, mode):
+    """Lazily conjugated or negated views (their memory holds the values
+    before the conjugation or negation) save the values they show, and a
+    load into such a view gives it the saved values."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(6, 4, dtype=torch.complex64, generator=g)
+    conj = z.conj()
+    neg = z.conj().imag  # a negated view
+    assert conj.is_conj() and neg.is_neg()
+    state = {"conj": conj, "neg": neg}
+    want = {"conj": conj.resolve_conj(), "neg": neg.resolve_neg()}
+    if mode == "sync":
+        dcp.save(state, checkpoint_id=ckpt)
+    else:
+        dcp.async_save(state, checkpoint_id=ckpt).upload_completion.result()
+    plain = {"conj": torch.zeros(6, 4, dtype=torch.complex64),
+             "neg": torch.zeros(6, 4)}
+    dcp.load(plain, checkpoint_id=ckpt)
+    assert torch.equal(plain["conj"], want["conj"])
+    assert torch.equal(plain["neg"], want["neg"])
+    base = torch.zeros(6, 4, dtype=torch.complex64)
+    into = {"conj": base.conj(), "neg": torch.zeros(6, 4)}
+    dcp.load(into, checkpoint_id=ckpt)
+    assert torch.equal(into["conj"].resolve_conj(), want["conj"])
+    assert torch.equal(base, want["conj"].conj())

@@ -133,3 +133,24 @@ def test_copy_on_write_staging_keeps_the_values_of_the_call(tmp_path, kind):
         if _expect_copy_on_write():
             assert stager.copy_on_write_bytes >= (20 << 20) - 2 * 8192
     stager.close()
+
+
+def test_copy_on_write_keeps_a_replaced_storage_until_the_upload(tmp_path):
+    """After staging_completion a tensor may even be given another storage
+    (`param.data = ...`, a module's `.to()`): the old memory, which the
+    snapshot still reads, stays allocated until the upload, and the
+    checkpoint holds the values of the call."""
+    import gc
+    stager = dcp.DefaultStager(dcp.StagingOptions(copy_on_write=True))
+    big = torch.arange(16 << 20, dtype=torch.float32)  # 64 MiB: mmapped
+    want = big.clone()
+    r = dcp.async_save({"big": big}, checkpoint_id=str(tmp_path / "c"),
+                       async_stager=stager)
+    r.staging_completion.result()
+    big.data = torch.full_like(want, -1.0)  # the old storage's last user
+    gc.collect()
+    r.upload_completion.result()
+    into = {"big": torch.zeros_like(want)}
+    dcp.load(into, checkpoint_id=str(tmp_path / "c"))
+    assert torch.equal(into["big"], want)
+    stager.close()
