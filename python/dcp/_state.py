@@ -346,6 +346,11 @@ class Flat:
                 self.copy_back.append((t, tmp))
                 return tmp
             return t
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+            raise ValueError(
+                f"'{self.name()}': cannot load into a tensor whose elements "
+                f"share memory (shape {tuple(t.shape)}, strides "
+                f"{tuple(t.stride())}; e.g. from expand)")
         if t.is_conj() or t.is_neg() or (not LOAD_STRIDED and
                                          not t.is_contiguous()):
             # copy_ back applies a lazy conjugation or negation.

@@ -384,3 +384,12 @@ def test_conjugate_and_negative_views_save_and_load_their_values(ckpt, mode):
     dcp.load(into, checkpoint_id=ckpt)
     assert torch.equal(into["conj"].resolve_conj(), want["conj"])
     assert torch.equal(base, want["conj"].conj())
+
+
+def test_load_into_an_expanded_tensor_is_refused(ckpt):
+    dcp.save({"w": torch.arange(12.0).reshape(3, 4)}, checkpoint_id=ckpt)
+    base = torch.zeros(1, 4)
+    with pytest.raises(ValueError, match=r"'w': cannot load into a tensor "
+                                         r"whose elements share memory"):
+        dcp.load({"w": base.expand(3, 4)}, checkpoint_id=ckpt)
+    assert torch.equal(base, torch.zeros(1, 4))
