@@ -526,7 +526,15 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       DCP_RETURN_IF_ERROR(st.Validate(name));
       DCP_RETURN_IF_ERROR(
           CheckTensorMatches(name, st.dtype(), st.global_sizes(), *saved));
+      // Destinations are found by offset: two shards at one offset would
+      // both resolve to the first.
+      if (std::optional<Shape> repeated = RepeatedOffsets(st)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sharded tensor \"", name, "\" has two local shards at offsets ",
+            ShapeToString(*repeated)));
+      }
       for (const Shard& shard : st.local_shards()) {
+        if (UnplannedShard(st, shard)) continue;  // Nothing to read.
         requested.push_back({shard.offsets, shard.tensor.sizes()});
         views.push_back(&shard.tensor.view());
       }
@@ -549,9 +557,15 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       rest.reserve(fallback.size());
       for (size_t r : fallback) rest.push_back(requested[r]);
       std::vector<int64_t> covered(rest.size(), 0);
+      // Each request's boxes, relative to it: they must tile it exactly.
+      std::vector<std::vector<ChunkStorageMetadata>> parts(rest.size());
+      std::vector<std::vector<size_t>> part_sources(rest.size());
       ForEachOverlap(rest, saved->chunks,
                      [&](size_t i, size_t s, const ChunkStorageMetadata& box) {
                        covered[i] += ChunkVolume(box);
+                       parts[i].push_back(
+                           {Minus(box.offsets, rest[i].offsets), box.sizes});
+                       part_sources[i].push_back(s);
                        overlaps.push_back({s, box});
                        owners.push_back(fallback[i]);
                      });
@@ -562,6 +576,19 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
               " of ", ChunkVolume(rest[i]),
               " elements of the requested chunk [", ChunkToString(rest[i]),
               "]; its chunk list is incomplete (damaged metadata?)"));
+        }
+        // Volumes that add up can still hide a gap behind saved chunks
+        // that overlap each other.
+        absl::Status tiled = ValidateTiling(
+            name, rest[i].sizes, parts[i], [&](size_t k) {
+              return absl::StrCat(
+                  "saved chunk [",
+                  ChunkToString(saved->chunks[part_sources[i][k]]), "]");
+            });
+        if (!tiled.ok()) {
+          return absl::DataLossError(absl::StrCat(
+              "the checkpoint's chunks of tensor \"", name,
+              "\" overlap (damaged metadata?): ", tiled.message()));
         }
       }
     }

@@ -432,5 +432,30 @@ TEST_F(LoadErrorTest, IncompleteChunkListIsDataLoss) {
   EXPECT_THAT(status.message(), HasSubstr("holds 3 of 6 elements"));
 }
 
+// Saved chunks that overlap each other can add up to the requested volume
+// while leaving an element uncovered: the tiling is checked, not just the
+// volume.
+TEST_F(LoadErrorTest, OverlappingChunksHidingAGapAreDataLoss) {
+  auto& meta = std::get<TensorStorageMetadata>(
+      ckpt_.metadata.state_dict_metadata.at("a"));
+  // [0:2, 0:2] and [0:1, 1:3]: 4 + 2 = 6 elements, but (1, 2) is in neither.
+  meta.chunks = {{Shape{0, 0}, Shape{2, 2}}, {Shape{0, 1}, Shape{1, 2}}};
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {2, 3})}};
+  absl::Status status = Load(sd);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("chunks of tensor \"a\" overlap"),
+                    HasSubstr("damaged metadata")));
+}
+
+TEST_F(LoadErrorTest, TwoLocalShardsAtOneOffsetAreRefused) {
+  StateDict sd{{"a", EmptyShards(DType::kF32, {2, 3},
+                                 {{{0, 0}, {2, 3}}, {{0, 0}, {1, 3}}})}};
+  absl::Status status = Load(sd);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("\"a\" has two local shards at offsets [0, 0]"));
+}
+
 }  // namespace
 }  // namespace dcp
