@@ -11,6 +11,10 @@
 namespace dcp {
 
 int64_t NumElements(absl::Span<const int64_t> sizes) {
+  // An empty shape may have other dimensions whose product overflows.
+  for (int64_t s : sizes) {
+    if (s == 0) return 0;
+  }
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;

@@ -393,9 +393,14 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
         return absl::DataLossError(absl::StrCat(
             "value ", fqn, " has unknown kind ", proto.value_kind(i)));
       }
+      const size_t before = metadata.state_dict_metadata.size();
       metadata.state_dict_metadata.emplace_hint(
           metadata.state_dict_metadata.end(), std::string(fqn),
           std::move(decoded));
+      if (metadata.state_dict_metadata.size() == before) {
+        return absl::DataLossError(
+            absl::StrCat("value ", fqn, " is listed twice"));
+      }
     }
     for (const absl::Status& end :
          {cursor_tensor_dtype.ExpectEnd(), cursor_tensor_flags.ExpectEnd(),
@@ -511,8 +516,14 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
             absl::StrCat("item ", index.ToString(), " in data file ",
                          info.relative_path)));
       }
-      metadata.storage_data.emplace_hint(metadata.storage_data.end(),
-                                         std::move(index), std::move(info));
+      const size_t before = metadata.storage_data.size();
+      // try_emplace leaves `index` as it is when the key is there already.
+      metadata.storage_data.try_emplace(metadata.storage_data.end(),
+                                        std::move(index), std::move(info));
+      if (metadata.storage_data.size() == before) {
+        return absl::DataLossError(absl::StrCat(
+            "storage item ", index.ToString(), " is listed twice"));
+      }
     }
     DCP_RETURN_IF_ERROR(cursor_storage_chunk_offset.ExpectEnd());
     DCP_RETURN_IF_ERROR(cursor_storage_checksums.ExpectEnd());

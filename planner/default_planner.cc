@@ -579,8 +579,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
         }
         // Volumes that add up can still hide a gap behind saved chunks
         // that overlap each other.
-        absl::Status tiled = ValidateTiling(
-            name, rest[i].sizes, parts[i], [&](size_t k) {
+        absl::Status tiled =
+            ValidateTiling(name, rest[i].sizes, parts[i], [&](size_t k) {
               return absl::StrCat(
                   "saved chunk [",
                   ChunkToString(saved->chunks[part_sources[i][k]]), "]");
