@@ -187,6 +187,9 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
     return writer.PrepareGlobalPlan(std::move(global.plans));
   };
 
+  // This rank's write results went to the coordinator, which may commit
+  // from then on.
+  bool results_sent = false;
   auto run = [&]() -> absl::StatusOr<Metadata> {
     SavePlan central_plan;
     if (use_collectives && dist.size() > 1) {
@@ -239,7 +242,10 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
             [&]() -> absl::StatusOr<std::string> {
               DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results,
                                    write_step());
-              return internal::EncodeWriteResults(results);
+              absl::StatusOr<std::string> encoded =
+                  internal::EncodeWriteResults(results);
+              results_sent = encoded.ok();
+              return encoded;
             },
             [&](std::vector<std::string> encoded_results)
                 -> absl::StatusOr<std::string> {
@@ -283,7 +289,23 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
   };
 
   absl::StatusOr<Metadata> metadata = run();
-  if (!metadata.ok()) writer.Abort();
+  if (metadata.ok()) return metadata;
+  // The coordinator reports its outcome as a CheckpointException (or a
+  // decided failure, which keeps the files). Any other failure after this
+  // rank's results went out (the coordinator died, the broadcast timed
+  // out) leaves the outcome unknown: the coordinator may have committed a
+  // checkpoint that names this rank's files, so they stay (the next save
+  // in the directory removes them if it does not).
+  if (!is_coordinator && results_sent &&
+      !CheckpointFailures(metadata.status()).has_value()) {
+    writer.MarkCommitted().IgnoreError();
+    return Annotate(
+        metadata.status(),
+        absl::StrCat("rank ", dist.rank(),
+                     " did not learn whether the coordinator committed the "
+                     "checkpoint, so it kept its files"));
+  }
+  writer.Abort();
   return metadata;
 }
 

@@ -98,7 +98,16 @@ absl::Status ApplyCommitJournal(FileSystemBase& fs, const std::string& dir,
   std::set<std::string> dirs = {dir};
   for (const auto& [from, to] : journal.renames) {
     absl::Status renamed = fs.Rename(JoinPath(dir, from), JoinPath(dir, to));
-    if (!renamed.ok() && !absl::IsNotFound(renamed)) {
+    if (absl::IsNotFound(renamed)) {
+      // Renamed before, so the final name must be there. Neither there:
+      // the save's file is gone, and the journal would name what is not.
+      DCP_ASSIGN_OR_RETURN(bool there, fs.Exists(JoinPath(dir, to)));
+      if (!there) {
+        return absl::DataLossError(absl::StrCat(
+            "completing the commit of ", JoinPath(dir, journal_name), ": ",
+            from, " and ", to, " are both missing"));
+      }
+    } else if (!renamed.ok()) {
       return Annotate(renamed, "completing the commit");
     }
     if (!DirectoryOf(to).empty()) dirs.insert(JoinPath(dir, DirectoryOf(to)));

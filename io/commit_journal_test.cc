@@ -89,5 +89,29 @@ TEST(CommitJournal, ALeftJournalIsCompletedOnce) {
             absl::StatusCode::kDataLoss);
 }
 
+// A journal whose renamed file is missing under both names: the save's
+// data is gone, which completing must say rather than report success.
+TEST(CommitJournal, AFileMissingUnderBothNamesIsDataLoss) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      JoinPath(base != nullptr ? base : "/tmp", "journal-missing");
+  FileSystemBase& fs = LocalFileSystem();
+  ASSERT_TRUE(fs.CreateDir(dir).ok());
+  ASSERT_TRUE(WriteSmallFile(fs, JoinPath(dir, ".b.model.tmp-0123456789abcdef"),
+                             "new b", false)
+                  .ok());
+  CommitJournal journal;
+  journal.renames = {{".a.model.tmp-0123456789abcdef", "a.model"},
+                     {".b.model.tmp-0123456789abcdef", "b.model"}};
+  ASSERT_TRUE(WriteSmallFile(fs, JoinPath(dir, ".journal"),
+                             EncodeCommitJournal(journal), true)
+                  .ok());
+  absl::Status status = CompleteCommit(fs, dir, ".journal", IsModelFile, true);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("a.model are both missing"));
+  EXPECT_TRUE(*fs.Exists(JoinPath(dir, ".journal")));  // Kept, as evidence.
+}
+
 }  // namespace
 }  // namespace dcp::internal_io

@@ -10,6 +10,8 @@
 // commit was decided (StorageWriter::CommitDecided), the other ranks call
 // MarkCommitted instead of Abort, and the coordinator's Abort completes a
 // decided MEGA or Hugging Face commit.
+#include <unistd.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
@@ -137,6 +140,96 @@ TEST_P(DecidedCommitTest, AFailureOnceTheCommitIsDecidedLeavesOneCheckpoint) {
   }
   EXPECT_TRUE(steps == "1111" || steps == "2222")
       << "each rank's file from save: " << steps;
+}
+
+// The local file system, except that the process exits (as if killed) at
+// its `nth` directory sync.
+class ExitAtSyncDir final : public FileSystemBase {
+ public:
+  explicit ExitAtSyncDir(int nth) : nth_(nth) {}
+  absl::StatusOr<std::unique_ptr<File>> OpenForWrite(
+      const std::string& path, const OpenOptions& options) override {
+    return fs_.OpenForWrite(path, options);
+  }
+  absl::StatusOr<std::unique_ptr<File>> OpenForRead(
+      const std::string& path, const OpenOptions& options) override {
+    return fs_.OpenForRead(path, options);
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return fs_.Rename(from, to);
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    return fs_.RemoveFile(path);
+  }
+  absl::Status CreateDir(const std::string& path) override {
+    return fs_.CreateDir(path);
+  }
+  absl::StatusOr<bool> Exists(const std::string& path) override {
+    return fs_.Exists(path);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& path) override {
+    return fs_.ListDir(path);
+  }
+  absl::Status SyncDir(const std::string& path) override {
+    absl::Status status = fs_.SyncDir(path);
+    if (++syncs_ == nth_) _exit(0);
+    return status;
+  }
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
+      const std::string& dir, absl::string_view holder) override {
+    return fs_.LockDirectory(dir, holder);
+  }
+
+ private:
+  FileSystemBase& fs_ = LocalFileSystem();
+  const int nth_;
+  int syncs_ = 0;
+};
+
+// The coordinator commits (the native .metadata rename is durable) and is
+// gone before it can tell the others: they cannot know the outcome, so they
+// keep their files, which the committed checkpoint names.
+TEST(CoordinatorGoneAfterCommit, TheOtherRanksKeepTheirFiles) {
+  const std::string dir = FreshTestDir("gone_after_commit");
+  auto save = [&](int64_t step, bool exit_after_commit) {
+    return RunGlooWorld(kRanks, [&](int rank, comm::ProcessGroup& group) {
+      // The first sync makes the data files' names durable, the second the
+      // .metadata rename.
+      ExitAtSyncDir exiting(exit_after_commit && rank == 0 ? 2 : 0);
+      FileSystemWriterOptions options;
+      options.file_system = &exiting;
+      FileSystemWriter writer(dir, options);
+      Tensor tag = Tensor::Empty(DType::kI64, {1});
+      *static_cast<int64_t*>(tag.data()) = step;
+      StateDict state;
+      state[TagOf(rank)] = tag;
+      SaveOptions save;
+      save.storage_writer = &writer;
+      save.process_group = &group;
+      absl::Status status = Save(state, save).status();
+      if (!exit_after_commit)
+        return Check(status.ok(), rank, status.ToString());
+      return Check(
+          !status.ok() && absl::StrContains(status.message(), "kept its files"),
+          rank, status.ToString());
+    });
+  };
+  ASSERT_EQ(save(1, /*exit_after_commit=*/false), 0);
+  ASSERT_EQ(save(2, /*exit_after_commit=*/true), 0);
+  StateDict state;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    state[TagOf(rank)] = Tensor::Empty(DType::kI64, {1});
+  }
+  FileSystemReader reader(dir);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  absl::Status loaded = Load(state, load);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(*static_cast<int64_t*>(state[TagOf(rank)].tensor().data()), 2)
+        << "rank " << rank;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Storages, DecidedCommitTest,
