@@ -269,12 +269,26 @@ class LocalFileSystemImpl final : public FileSystemBase {
 
   absl::Status CreateDir(const std::string& path) override {
     if (path.empty()) return absl::InvalidArgumentError("mkdir: empty path");
-    // Create parents first, left to right.
+    // Create parents first, left to right; each directory made here is made
+    // durable in its parent (a checkpoint's directory must survive a power
+    // loss as its files do).
+    std::vector<size_t> ends;
     for (size_t pos = path.find('/', 1); pos != std::string::npos;
          pos = path.find('/', pos + 1)) {
-      DCP_RETURN_IF_ERROR(MakeOneDir(path.substr(0, pos)));
+      ends.push_back(pos);
     }
-    return MakeOneDir(path);
+    ends.push_back(path.size());
+    for (size_t end : ends) {
+      const std::string dir = path.substr(0, end);
+      DCP_ASSIGN_OR_RETURN(bool created, MakeOneDir(dir));
+      if (!created) continue;
+      const size_t slash = dir.rfind('/');
+      const std::string parent = slash == std::string::npos ? "."
+                                 : slash == 0               ? "/"
+                                              : dir.substr(0, slash);
+      DCP_RETURN_IF_ERROR(SyncDir(parent));
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> Exists(const std::string& path) override {
@@ -419,14 +433,15 @@ class LocalFileSystemImpl final : public FileSystemBase {
         absl::StrCat(what, ": ", kind, ", not a regular file"));
   }
 
-  static absl::Status MakeOneDir(const std::string& path) {
-    if (::mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
+  // Whether it made `path` (false: it was a directory already).
+  static absl::StatusOr<bool> MakeOneDir(const std::string& path) {
+    if (::mkdir(path.c_str(), 0755) == 0) return true;
     const int error = errno;
     // An existing directory is fine whatever mkdir said (a read-only parent
     // may report EROFS or EACCES before EEXIST).
     struct stat st;
     if (::stat(path.c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+      if (S_ISDIR(st.st_mode)) return false;
       return absl::FailedPreconditionError(
           absl::StrCat("mkdir ", path, ": exists and is not a directory"));
     }

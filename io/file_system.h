@@ -162,7 +162,8 @@ class FileSystemBase {
   // Removes a file; kNotFound when it does not exist.
   virtual absl::Status RemoveFile(const std::string& path) = 0;
 
-  // Creates `path` and missing parents (mkdir -p); OK if it exists as a
+  // Creates `path` and missing parents (mkdir -p), each directory it makes
+  // durable in its parent (fsync of the parent); OK if it exists as a
   // directory.
   virtual absl::Status CreateDir(const std::string& path) = 0;
 
