@@ -64,10 +64,13 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   // non-blocking device copies, when the copies have landed. The task
   // shares the owned stager: Shutdown may drop the upload that also holds
   // it.
+  // Asked now: once Shutdown has cancelled the upload, the caller may free
+  // its stager, which only a synchronization still in progress uses then.
+  const bool synchronize = stager->should_synchronize_after_execute();
   staging_waiter_.Schedule([this, released = released.future(), stager,
-                            owned_stager, staged_promise] {
+                            owned_stager, staged_promise, synchronize] {
     absl::Status status = released.Wait();
-    if (status.ok() && stager->should_synchronize_after_execute()) {
+    if (status.ok() && synchronize) {
       status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();
     }
     staged_promise.Set(status);
@@ -78,27 +81,44 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
       default_stager != nullptr && default_stager->options().copy_on_write;
   SaveOptions save = options.save;
   save.device_wait = DeviceWait{};
+  QueuedUpload queued{
+      upload_promise,
+      [staged, staged_done = response.staging_completion, upload_promise, save,
+       owned_stager] {
+        absl::Status staging = staged_done.Wait();
+        const absl::StatusOr<StateDict>& filled = staged.Wait();
+        if (staging.ok()) staging = filled.status();
+        // A failed stage still takes part in the save, so that every rank
+        // fails with it rather than wait for this one.
+        upload_promise.Set(
+            staging.ok() ? Save(*filled, save)
+                         : absl::StatusOr<Metadata>(
+                               internal::JoinSaveWithFailure(save, staging)));
+        if (owned_stager != nullptr) owned_stager->Close();
+      },
+      copy_on_write ? staged : Future<StateDict>()};
   {
     absl::MutexLock lock(&mu_);
-    queued_.push_back(
-        QueuedUpload{upload_promise,
-                     [staged, staged_done = response.staging_completion,
-                      upload_promise, save, owned_stager] {
-                       absl::Status staging = staged_done.Wait();
-                       const absl::StatusOr<StateDict>& filled = staged.Wait();
-                       if (!staging.ok()) {
-                         upload_promise.Set(staging);
-                       } else if (!filled.ok()) {
-                         upload_promise.Set(filled.status());
-                       } else {
-                         upload_promise.Set(Save(*filled, save));
-                       }
-                       if (owned_stager != nullptr) owned_stager->Close();
-                     },
-                     copy_on_write ? staged : Future<StateDict>()});
+    // Checked again here: a Shutdown since the check above has drained a
+    // queue this upload must not join. Scheduled under the lock, so the
+    // uploads run in the order they were queued, before any WaitForPending
+    // marker scheduled after this returns.
+    if (!shut_down_) {
+      queued_.push_back(std::move(queued));
+      uploader_.Schedule([this] { RunNextUpload(); });
+      return response;
+    }
   }
-  uploader_.Schedule([this] { RunNextUpload(); });
+  Cancel(queued);
   return response;
+}
+
+void AsyncCheckpointer::Cancel(QueuedUpload& upload) {
+  // A copy-on-write stage reads the caller's tensors until its dict has
+  // filled: the caller may free them once upload_completion is ready, so
+  // that comes last.
+  if (upload.filling.valid()) upload.filling.Wait().IgnoreError();
+  upload.promise.Set(ShutDownError());
 }
 
 void AsyncCheckpointer::RunNextUpload() {
@@ -131,12 +151,7 @@ void AsyncCheckpointer::Shutdown() {
     shut_down_ = true;
     cancelled.swap(queued_);
   }
-  for (QueuedUpload& upload : cancelled) upload.promise.Set(ShutDownError());
-  // A copy-on-write stage reads the caller's tensors until its dict has
-  // filled: the caller may free them once this returns.
-  for (QueuedUpload& upload : cancelled) {
-    if (upload.filling.valid()) upload.filling.Wait().IgnoreError();
-  }
+  for (QueuedUpload& upload : cancelled) Cancel(upload);
   cancelled.clear();  // Releases their staged copies.
   WaitForPending();
 }

@@ -101,6 +101,9 @@ class AsyncCheckpointer {
     Future<StateDict> filling;
   };
   bool shut_down() const;
+  // Fails a queued upload that will not run with kCancelled, once its stage
+  // no longer reads the caller's tensors.
+  static void Cancel(QueuedUpload& upload);
   // Runs the oldest queued upload, unless Shutdown took it.
   void RunNextUpload();
 

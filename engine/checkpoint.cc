@@ -398,15 +398,20 @@ void SetDefaultProcessGroup(comm::ProcessGroup* group) {
 
 comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 
-absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
-                                       StorageWriter& storage_writer,
-                                       SaveOptions options) {
+namespace {
+
+// SaveStateDict; a `local_failure` (not OK) fails this rank's part inside
+// the coordinated steps.
+absl::StatusOr<Metadata> SaveStateDictOrFail(
+    const StateDict& state_dict, StorageWriter& storage_writer,
+    SaveOptions options, const absl::Status& local_failure) {
   // As the seed's save_state_dict: a fresh save id per save, so a writer
   // reused for the next save never writes over the files of the checkpoint
   // it committed before; as its save, at checkpoint_id when one is given.
   // A rank whose writer refuses either fails inside the coordinated steps
   // below, so the other ranks learn it rather than wait for it.
-  absl::Status prepared = storage_writer.Reset(options.checkpoint_id);
+  absl::Status prepared = local_failure;
+  if (prepared.ok()) prepared = storage_writer.Reset(options.checkpoint_id);
   if (prepared.ok()) {
     prepared = storage_writer.SetDeviceWait(options.device_wait);
   }
@@ -447,10 +452,12 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                               options.use_collectives, prepared);
 }
 
-absl::StatusOr<Metadata> Save(const StateDict& state_dict,
-                              const SaveOptions& options) {
+absl::StatusOr<Metadata> SaveOrFail(const StateDict& state_dict,
+                                    const SaveOptions& options,
+                                    const absl::Status& local_failure) {
   if (options.storage_writer != nullptr) {
-    return SaveStateDict(state_dict, *options.storage_writer, options);
+    return SaveStateDictOrFail(state_dict, *options.storage_writer, options,
+                               local_failure);
   }
   if (options.checkpoint_id.empty()) {
     return absl::InvalidArgumentError(
@@ -463,8 +470,34 @@ absl::StatusOr<Metadata> Save(const StateDict& state_dict,
       StorageRegistry::Default().CreateWriter(options.checkpoint_id));
   SaveOptions at_writer = options;
   at_writer.checkpoint_id.clear();
-  return SaveStateDict(state_dict, *writer, at_writer);
+  return SaveStateDictOrFail(state_dict, *writer, at_writer, local_failure);
 }
+
+}  // namespace
+
+absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
+                                       StorageWriter& storage_writer,
+                                       SaveOptions options) {
+  return SaveStateDictOrFail(state_dict, storage_writer, std::move(options),
+                             absl::OkStatus());
+}
+
+absl::StatusOr<Metadata> Save(const StateDict& state_dict,
+                              const SaveOptions& options) {
+  return SaveOrFail(state_dict, options, absl::OkStatus());
+}
+
+namespace internal {
+
+absl::Status JoinSaveWithFailure(const SaveOptions& options,
+                                 absl::Status failure) {
+  if (failure.ok()) {
+    failure = absl::InternalError("JoinSaveWithFailure without a failure");
+  }
+  return SaveOrFail(StateDict{}, options, failure).status();
+}
+
+}  // namespace internal
 
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {

@@ -145,6 +145,17 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options = {});
 
+namespace internal {
+
+// Save(options) for a rank whose part failed before it could save (its
+// async staging): it joins the save's coordinated steps with `failure` as
+// its local failure, so every rank fails with a CheckpointException naming
+// it (instead of waiting for this rank, or meeting its next save), and
+// returns that. Nothing is written. `failure` must not be OK.
+absl::Status JoinSaveWithFailure(const SaveOptions& options,
+                                 absl::Status failure);
+
+}  // namespace internal
 }  // namespace dcp
 
 #endif  // DCP_ENGINE_CHECKPOINT_H_
