@@ -46,8 +46,10 @@ enum class AsyncCheckpointerType { kThread, kProcess };
 
 // The seed's AsyncSaveResponse.
 struct AsyncSaveResponse {
-  // Ready when every byte of the state dict is in host memory; an error if
-  // staging failed (then upload_completion carries the same error).
+  // Ready when the tensors of the state dict may change: every byte is in
+  // host memory, or (copy-on-write staging) snapshot so that later writes
+  // wait for their bytes' copy. An error if staging failed (then
+  // upload_completion fails too, on every rank of the save).
   Future<void> staging_completion;
   // Ready with the committed metadata, or the save's error.
   Future<Metadata> upload_completion;

@@ -714,18 +714,19 @@ Future<StateDict> WhenFilled(absl::StatusOr<StateDict> staged,
 }
 
 // An async Stage's end, once the sources are released with `status`: waits
-// for `filled` (when valid), then gives `promise` the staged dict or the
-// first error, and `done` the status.
+// for `filled` (when valid), then gives `done` the status and `promise` the
+// staged dict or the first error. `done` first: the promise's callbacks may
+// call SynchronizeStaging or Close, which wait for `done`.
 void FinishStage(absl::Status status, StateDict staged,
                  const Future<CowSnapshotStats>& filled,
                  const Promise<StateDict>& promise, const Promise<void>& done) {
   if (status.ok() && filled.valid()) status = filled.Wait().status();
+  done.Set(status);
   if (status.ok()) {
     promise.Set(std::move(staged));
   } else {
     promise.Set(status);
   }
-  done.Set(status);
 }
 
 }  // namespace

@@ -458,6 +458,25 @@ TEST_F(StagerAsyncTest, AsyncStageReturnsBeforeCopiesFinish) {
   EXPECT_TRUE(stager.SynchronizeStaging().ok());
 }
 
+// The staged future's callbacks run on the stager's thread once the stage is
+// done: one may call SynchronizeStaging (the seed's pattern) without
+// waiting for itself.
+TEST_F(StagerAsyncTest, ACallbackOfTheStagedFutureMaySynchronize) {
+  StagingOptions o;  // Seed defaults: async.
+  DefaultStager stager(o, runtime.get());
+  Future<StateDict> f = stager.Stage({{"w", t}});
+  hold.arrived.WaitForNotification();  // Not done before the callback is on.
+  absl::Notification called;
+  absl::Status synchronized = absl::UnknownError("not called");
+  f.OnReady([&](const absl::StatusOr<StateDict>& staged) {
+    synchronized = staged.ok() ? stager.SynchronizeStaging() : staged.status();
+    called.Notify();
+  });
+  hold.open.Notify();
+  called.WaitForNotification();
+  EXPECT_TRUE(synchronized.ok()) << synchronized;
+}
+
 TEST_F(StagerAsyncTest, NonBlockingCopyNeedsSynchronizeStaging) {
   StagingOptions o;
   o.use_async_staging = false;  // Non-blocking copies stay on.
