@@ -44,15 +44,16 @@ def _as_optimizers(optimizers: Any) -> tuple[torch.optim.Optimizer, ...]:
 
 
 @torch.no_grad()
-def _init_optimizer_state(optim: torch.optim.Optimizer) -> None:
-    """Creates the state of an optimizer that has none: one step, lr 0, zero grads."""
+def _init_optimizer_state(optim: torch.optim.Optimizer) -> bool:
+    """Creates the state of an optimizer that has none: one step, lr 0, zero
+    grads. Whether it did."""
     if optim.state:
-        return
+        return False
     params = [
         p for group in optim.param_groups for p in group[_PARAMS] if p.requires_grad
     ]
     if not params:
-        return
+        return False
     grads = [p.grad for p in params]
     lrs = [group.get("lr") for group in optim.param_groups]
     try:
@@ -71,6 +72,7 @@ def _init_optimizer_state(optim: torch.optim.Optimizer) -> None:
                 group["lr"] = lr
         for p, grad in zip(params, grads):
             p.grad = grad
+    return True
 
 
 # --------------------------------------------------------------------------
@@ -250,8 +252,30 @@ def _load_optimizers(
     source: Mapping[str, Any],
     options: StateDictOptions,
 ) -> None:
-    for optim in optimizers:
-        _init_optimizer_state(optim)
+    # State made here only gives the load tensors to fill: a parameter the
+    # state dict has no state for had none when saved (it never got a
+    # gradient), and keeps none.
+    made_up = {id(optim) for optim in optimizers if _init_optimizer_state(optim)}
+    try:
+        plans = _plan_optimizer_loads(index, optimizers, source, options, made_up)
+    except BaseException:
+        for optim in optimizers:
+            if id(optim) in made_up:
+                optim.state.clear()  # as it was: never stepped
+        raise
+    for optim, entries, native_groups in plans:
+        native_state = {}
+        for pid, (entry, param) in entries.items():
+            current = optim.state.get(param, {})
+            native_state[pid] = (
+                current if entry is None else _localize_entry(entry, current, param)
+            )
+        optim.load_state_dict({_STATE: native_state, _PARAM_GROUPS: native_groups})
+
+
+def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
+    """Per optimizer (optimizer, pid -> (loaded entry or None, param), param
+    groups): what _load_optimizers loads, every strict check made."""
     if options.broadcast_from_rank0:
         source = _broadcast_optimizer_source(index, optimizers, source)
     loaded = _LoadedOptimizerState(source, index)
@@ -275,7 +299,7 @@ def _load_optimizers(
                 fqn = loaded.find(fqns)
                 if fqn is not None and fqn in loaded.state:
                     entries[pid] = (loaded.state[fqn], param)
-                elif optim.state.get(param):
+                elif optim.state.get(param) and id(optim) not in made_up:
                     if options.strict and param.requires_grad:
                         raise RuntimeError(
                             f"optimizer state for parameter {fqns[0]!r} is missing "
@@ -308,15 +332,7 @@ def _load_optimizers(
             entry[_PARAMS] = ids
             native_groups.append(entry)
         plans.append((optim, entries, native_groups))
-
-    for optim, entries, native_groups in plans:
-        native_state = {}
-        for pid, (entry, param) in entries.items():
-            current = optim.state.get(param, {})
-            native_state[pid] = (
-                current if entry is None else _localize_entry(entry, current, param)
-            )
-        optim.load_state_dict({_STATE: native_state, _PARAM_GROUPS: native_groups})
+    return plans
 
 
 def _broadcast_optimizer_source(

@@ -718,3 +718,42 @@ def _tuples_as_lists(value):
     if isinstance(value, (list, tuple)):
         return [_tuples_as_lists(v) for v in value]
     return value
+
+
+def test_parameter_without_state_keeps_none_on_a_fresh_optimizer():
+    """A parameter that never got a gradient has no optimizer state in the
+    state dict; loading into a never-stepped optimizer leaves it none (not
+    the made-up state of the load's own initialisation), strict or not, and
+    the next step matches the uninterrupted run's."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+
+    def trained():
+        torch.manual_seed(0)
+        model = nn.ModuleDict({"used": nn.Linear(4, 4), "aux": nn.Linear(4, 4)})
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        model["used"](x).sum().backward()
+        opt.step()
+        return model, opt
+
+    def step(model, opt):
+        opt.zero_grad()
+        (model["used"](x) + model["aux"](x)).sum().backward()
+        opt.step()
+
+    for strict in (True, False):
+        src, opt = trained()
+        msd, osd = sd.get_state_dict(src, opt)
+        msd, osd = copy.deepcopy(msd), copy.deepcopy(osd)
+        assert not any(k.startswith("aux.") for k in osd["state"])
+        torch.manual_seed(5)  # other initial values
+        dst = nn.ModuleDict({"used": nn.Linear(4, 4), "aux": nn.Linear(4, 4)})
+        fresh = torch.optim.Adam(dst.parameters(), lr=0.1)
+        sd.set_state_dict(dst, fresh, model_state_dict=msd,
+                          optim_state_dict=osd,
+                          options=sd.StateDictOptions(strict=strict))
+        assert dst["aux"].weight not in fresh.state
+        assert dst["aux"].bias not in fresh.state
+        step(src, opt)  # aux's first gradient, on both
+        step(dst, fresh)
+        for (name, a), b in zip(src.named_parameters(), dst.parameters()):
+            assert torch.equal(a, b), (strict, name)
