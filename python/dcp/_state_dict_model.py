@@ -191,19 +191,36 @@ def _load_model(
             _comm_device(templates.values()),
             lambda path, t: _localize(t, templates.get(path[0])),
         )
-    assign = any(
-        isinstance(v, torch.Tensor)
+    # Tensors on meta have no memory to load into: those (only) are
+    # assigned, as new tensors of their dtype that the caller's state dict
+    # does not share (one per tied tensor); the rest are copied into.
+    on_meta = {
+        key
+        for key, v in local.items()
+        if isinstance(v, torch.Tensor)
         and (v.to_local() if _is_dtensor(v) else v).device.type == "meta"
-        for v in local.values()
-    )
-    to_load = {}
+    }
+    to_load, to_assign, made = {}, {}, {}
     for fqn, value in state_dict.items():
         key = key_of.get(fqn, fqn)
-        to_load[key] = _localize(value, local.get(key))
+        value = _localize(value, local.get(key))
+        if key not in on_meta or not isinstance(value, torch.Tensor):
+            to_load[key] = value
+            continue
+        template = local[key]
+        if id(template) not in made:
+            made[id(template)] = value.detach().to(
+                dtype=template.dtype, copy=True
+            )
+        to_assign[key] = made[id(template)]
     # strict=False so that the error, if any, names canonical FQNs.
-    result = model.load_state_dict(to_load, strict=False, assign=assign)
+    result = model.load_state_dict(to_load, strict=False)
+    missing_keys = set(result.missing_keys)
+    if to_assign:
+        assigned = model.load_state_dict(to_assign, strict=False, assign=True)
+        missing_keys &= set(assigned.missing_keys)
     fqn_of = {key: fqn for fqn, key in key_of.items()}
-    missing = [fqn_of.get(k, k) for k in result.missing_keys]
+    missing = [fqn_of.get(k, k) for k in result.missing_keys if k in missing_keys]
     if options.ignore_frozen_params:
         frozen = index.frozen_fqns()
         missing = [k for k in missing if k not in frozen]

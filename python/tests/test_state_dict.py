@@ -757,3 +757,28 @@ def test_parameter_without_state_keeps_none_on_a_fresh_optimizer():
         step(dst, fresh)
         for (name, a), b in zip(src.named_parameters(), dst.parameters()):
             assert torch.equal(a, b), (strict, name)
+
+
+def test_partly_meta_model_assigns_only_its_meta_tensors():
+    """A model whose base weights are on meta (LoRA-style) and whose adapter
+    is real: the meta tensors get new tensors of their dtype, the real ones
+    are loaded in place (the optimizer's parameters stay the model's), and
+    the caller's state dict is shared with neither."""
+    torch.manual_seed(0)
+    real = nn.ModuleDict({"base": nn.Linear(4, 4), "adapter": nn.Linear(4, 2)})
+    values = {k: v.detach().clone().double() if k.startswith("base.") else
+              v.detach().clone() for k, v in real.state_dict().items()}
+    model = nn.ModuleDict({"base": nn.Linear(4, 4, device="meta"),
+                           "adapter": nn.Linear(4, 2)})
+    adapter_params = list(model["adapter"].parameters())
+    sd.set_model_state_dict(model, values)
+    assert [p is q for p, q in zip(model["adapter"].parameters(),
+                                   adapter_params)] == [True, True]
+    for k, v in real.state_dict().items():
+        got = model.state_dict()[k]
+        assert got.device.type == "cpu" and got.dtype == torch.float32, k
+        assert torch.equal(got, v), k
+    for v in values.values():
+        v.fill_(7.0)  # the caller's tensors change; the model's do not
+    for k, v in real.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
