@@ -51,7 +51,11 @@ Shape ContiguousStrides(absl::Span<const int64_t> sizes) {
   int64_t stride = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= sizes[i] > 0 ? sizes[i] : 1;
+    // Only an empty tensor's product can overflow (callers check the bytes
+    // of the others first); its strides address nothing.
+    if (__builtin_mul_overflow(stride, sizes[i] > 0 ? sizes[i] : 1, &stride)) {
+      stride = 1;
+    }
   }
   return strides;
 }
