@@ -28,6 +28,7 @@ readonly TSAN_TARGETS=(
   //tests/comm/...
   //tests:async_save_test
   //tests:async_save_exit_test
+  //tests:async_save_distributed_test
   //tests:stream_order_test
   //tests:distributed_test
   //tests:decided_commit_test
