@@ -66,7 +66,12 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   // it.
   // Asked now: once Shutdown has cancelled the upload, the caller may free
   // its stager, which only a synchronization still in progress uses then.
-  const bool synchronize = stager->should_synchronize_after_execute();
+  // A DefaultStager's `released` comes once this stage's own non-blocking
+  // copies have landed: a SynchronizeStaging would also report another
+  // stage's failure as this one's.
+  const auto* default_stager = dynamic_cast<const DefaultStager*>(stager);
+  const bool synchronize =
+      default_stager == nullptr && stager->should_synchronize_after_execute();
   staging_waiter_.Schedule([this, released = released.future(), stager,
                             owned_stager, staged_promise, synchronize] {
     absl::Status status = released.Wait();
@@ -76,7 +81,6 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     staged_promise.Set(status);
   });
 
-  const auto* default_stager = dynamic_cast<const DefaultStager*>(stager);
   const bool copy_on_write =
       default_stager != nullptr && default_stager->options().copy_on_write;
   SaveOptions save = options.save;

@@ -3,13 +3,18 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "comm/process_group.h"
 #include "core/checkpoint_exception.h"
@@ -154,12 +159,10 @@ absl::Status DecidedFailure(absl::string_view encoded, int coordinator) {
 // `prepared`: how this rank's preparation of the writer went (Reset,
 // SetDeviceWait). A failure is this rank's local step's failure, so every
 // rank of the exchange fails with it instead of waiting for this one.
-absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
-                                              StorageWriter& writer,
-                                              SavePlanner& planner,
-                                              internal::DistWrapper& dist,
-                                              bool use_collectives,
-                                              const absl::Status& prepared) {
+absl::StatusOr<Metadata> SaveWithCoordination(
+    const StateDict& state_dict, StorageWriter& writer, SavePlanner& planner,
+    internal::DistWrapper& dist, bool use_collectives,
+    const absl::Status& prepared, const RankLocalSave* rank_local) {
   const bool is_coordinator = dist.is_coordinator();
   // Shared, not copied: with plan caching it is the planner's cached
   // metadata itself, so a cached re-plan costs O(ranks) on the critical
@@ -229,6 +232,7 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
       DCP_ASSIGN_OR_RETURN(std::vector<WriteResult> results, write_step());
       std::vector<std::vector<WriteResult>> all;
       all.push_back(std::move(results));
+      if (rank_local != nullptr) returned_metadata.rank_local = *rank_local;
       writer.DescribeCommit(returned_metadata);
       DCP_RETURN_IF_ERROR(writer.Finish(returned_metadata, all));
       DCP_RETURN_IF_ERROR(writer.MarkCommitted());
@@ -312,14 +316,20 @@ absl::StatusOr<Metadata> SaveWithCoordination(const StateDict& state_dict,
 // The seed's _load_state_dict: every rank reads the metadata and plans its
 // reads; the coordinator may rewrite the plans (read dedup); every rank
 // reads; the outcome is exchanged so every rank reports every failure.
-absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
-                                  LoadPlanner& planner,
-                                  internal::DistWrapper& dist) {
+// `preread`: the reader's metadata when the caller read it already.
+absl::Status LoadWithCoordination(
+    StateDict& state_dict, StorageReader& reader, LoadPlanner& planner,
+    internal::DistWrapper& dist,
+    std::optional<absl::StatusOr<Metadata>> preread = std::nullopt) {
   const bool is_coordinator = dist.is_coordinator();
   // Planner and reader keep references to the metadata until the load ends.
   Metadata metadata;
   auto local_step = [&]() -> absl::StatusOr<LoadPlan> {
-    DCP_ASSIGN_OR_RETURN(metadata, reader.ReadMetadata());
+    if (preread.has_value()) {
+      DCP_ASSIGN_OR_RETURN(metadata, *std::move(preread));
+    } else {
+      DCP_ASSIGN_OR_RETURN(metadata, reader.ReadMetadata());
+    }
     DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, metadata, is_coordinator));
     DCP_RETURN_IF_ERROR(reader.SetUp(metadata, is_coordinator));
     DCP_ASSIGN_OR_RETURN(LoadPlan plan, planner.CreateLocalPlan());
@@ -400,6 +410,75 @@ comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 
 namespace {
 
+// A rank-local save's id (RankLocalSave::group_save_id): 128 random bits.
+std::string NewGroupSaveId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+// What a rank tells the others of its rank-local checkpoint before a load:
+// 'E' (its metadata did not read: the load reports why), '-' (no record:
+// saved by a dcp before the record existed) or 'R' rank, world size and id.
+std::string DescribeRankLocal(const absl::StatusOr<Metadata>& metadata) {
+  if (!metadata.ok()) return "E";
+  if (!metadata->rank_local.has_value()) return "-";
+  const RankLocalSave& r = *metadata->rank_local;
+  return absl::StrCat("R", r.rank, "\n", r.world_size, "\n", r.group_save_id);
+}
+
+// Every rank of a rank-local load, with each rank's DescribeRankLocal: the
+// same verdict on every rank. The checkpoints load together only when all
+// come from one save of as many ranks as this load's, each rank its own.
+absl::Status CheckRankLocalSet(const std::vector<std::string>& described,
+                               absl::string_view location) {
+  std::map<std::string, std::vector<int>> ranks_by_save;
+  for (size_t r = 0; r < described.size(); ++r) {
+    const std::string& d = described[r];
+    if (d == "E") return absl::OkStatus();  // The load fails naming it.
+    if (d == "-") {
+      ranks_by_save["(one saved before dcp recorded save ids)"].push_back(
+          static_cast<int>(r));
+      continue;
+    }
+    std::vector<std::string> parts = absl::StrSplit(
+        absl::string_view(d).substr(1), absl::MaxSplits('\n', 2));
+    int rank = -1;
+    int world = -1;
+    if (d.front() != 'R' || parts.size() != 3 ||
+        !absl::SimpleAtoi(parts[0], &rank) ||
+        !absl::SimpleAtoi(parts[1], &world)) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", r, " described its rank-local checkpoint as \"", d, "\""));
+    }
+    if (world != static_cast<int>(described.size()) ||
+        rank != static_cast<int>(r)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the rank-local checkpoint rank ", r, " reads in ", location,
+          " was saved by rank ", rank, " of ", world,
+          ", but this load runs on ", described.size(),
+          " ranks: load rank-local checkpoints on the rank count that saved "
+          "them"));
+    }
+    ranks_by_save[absl::StrCat("save ", parts[2])].push_back(
+        static_cast<int>(r));
+  }
+  if (ranks_by_save.size() <= 1) return absl::OkStatus();
+  std::vector<std::string> held;
+  for (const auto& [save, ranks] : ranks_by_save) {
+    held.push_back(absl::StrCat(
+        ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "),
+        ranks.size() == 1 ? " holds " : " hold ", save));
+  }
+  return absl::DataLossError(absl::StrCat(
+      "the rank-local checkpoints in ", location,
+      " come from different saves (a save that committed on some ranks "
+      "only): ",
+      absl::StrJoin(held, "; "),
+      "; nothing was loaded: load an older checkpoint that every rank "
+      "saved"));
+}
+
 // SaveStateDict; a `local_failure` (not OK) fails this rank's part inside
 // the coordinated steps.
 absl::StatusOr<Metadata> SaveStateDictOrFail(
@@ -435,21 +514,36 @@ absl::StatusOr<Metadata> SaveStateDictOrFail(
     // Rank-local: each rank saves an independent checkpoint of its own
     // (where, the writer decides) without exchanging plans; only the
     // outcome is shared.
+    // Every rank's checkpoint records the save's id, the coordinator's
+    // choice, so a load tells one save's checkpoints from a mix of saves
+    // (one that committed on some ranks only).
     comm::ProcessGroup& group = *GroupFor(options.process_group, false);
+    absl::StatusOr<std::string> group_save_id = group.Broadcast(
+        group.rank() == options.coordinator_rank ? NewGroupSaveId()
+                                                 : std::string(),
+        options.coordinator_rank);
+    if (!group_save_id.ok()) {
+      return Annotate(group_save_id.status(),
+                      absl::StrCat("rank-local save on rank ", group.rank(),
+                                   ": agreeing on the save's id"));
+    }
+    const RankLocalSave record{*std::move(group_save_id), group.rank(),
+                               group.size()};
     internal::DistWrapper alone(nullptr, 0);
     absl::Status selected =
         prepared.ok() ? storage_writer.SelectRankLocal(group.rank()) : prepared;
     absl::StatusOr<Metadata> metadata =
         selected.ok()
             ? SaveWithCoordination(state_dict, storage_writer, *planner, alone,
-                                   /*use_collectives=*/false, selected)
+                                   /*use_collectives=*/false, selected, &record)
             : absl::StatusOr<Metadata>(selected);
     DCP_RETURN_IF_ERROR(
         ShareOutcome(group, "rank-local save", metadata.status()));
     return metadata;
   }
   return SaveWithCoordination(state_dict, storage_writer, *planner, dist,
-                              options.use_collectives, prepared);
+                              options.use_collectives, prepared,
+                              /*rank_local=*/nullptr);
 }
 
 absl::StatusOr<Metadata> SaveOrFail(const StateDict& state_dict,
@@ -499,8 +593,13 @@ absl::Status JoinSaveWithFailure(const SaveOptions& options,
 
 }  // namespace internal
 
-absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
-                           LoadOptions options) {
+namespace {
+
+// LoadStateDict; `location` names the checkpoint in errors.
+absl::Status LoadStateDictAt(StateDict& state_dict,
+                             StorageReader& storage_reader,
+                             const LoadOptions& options,
+                             absl::string_view location) {
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
   if (planner == nullptr) {
@@ -542,17 +641,36 @@ absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
   }
   if (dist.size() == 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        options.checkpoint_id.empty() ? "the location" : options.checkpoint_id,
+        location.empty() ? "the location" : std::string(location),
         " holds rank-local checkpoints (saved with use_collectives=false): "
         "load them on the rank count that saved them, each rank its own"));
   }
-  // Rank-local: each rank loads its own checkpoint, alone; only the outcome
-  // is shared.
+  // Rank-local: each rank loads its own checkpoint, alone, once the ranks
+  // have checked that their checkpoints come from one save; only the
+  // outcome is shared.
+  comm::ProcessGroup& group = *GroupFor(options.process_group, options.no_dist);
+  absl::StatusOr<Metadata> metadata = storage_reader.ReadMetadata();
+  absl::StatusOr<std::vector<std::string>> described =
+      group.AllGather(DescribeRankLocal(metadata));
+  if (!described.ok()) {
+    return Annotate(described.status(),
+                    absl::StrCat("rank-local load on rank ", group.rank(),
+                                 ": comparing the ranks' checkpoints"));
+  }
+  DCP_RETURN_IF_ERROR(CheckRankLocalSet(
+      *described, location.empty() ? "the reader's location" : location));
   internal::DistWrapper alone(nullptr, 0);
-  absl::Status status =
-      LoadWithCoordination(state_dict, storage_reader, *planner, alone);
-  return ShareOutcome(*GroupFor(options.process_group, options.no_dist),
-                      "rank-local load", status);
+  absl::Status status = LoadWithCoordination(
+      state_dict, storage_reader, *planner, alone, std::move(metadata));
+  return ShareOutcome(group, "rank-local load", status);
+}
+
+}  // namespace
+
+absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
+                           LoadOptions options) {
+  return LoadStateDictAt(state_dict, storage_reader, options,
+                         options.checkpoint_id);
 }
 
 absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
@@ -570,7 +688,7 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
       StorageRegistry::Default().CreateReader(options.checkpoint_id));
   LoadOptions at_reader = options;
   at_reader.checkpoint_id.clear();
-  return LoadStateDict(state_dict, *reader, at_reader);
+  return LoadStateDictAt(state_dict, *reader, at_reader, options.checkpoint_id);
 }
 
 }  // namespace dcp

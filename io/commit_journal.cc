@@ -207,9 +207,10 @@ absl::Status JournaledSave::Commit(FileSystemBase& fs, const std::string& dir,
                                    const std::string& temp_journal,
                                    const CommitJournal& journal, bool sync) {
   RecordCreated(temp_journal);
+  const std::string encoded = EncodeCommitJournal(journal);
+  DCP_RETURN_IF_ERROR(WriteSmallFile(fs, temp_journal, encoded, sync));
   DCP_RETURN_IF_ERROR(
-      WriteSmallFile(fs, temp_journal, EncodeCommitJournal(journal), sync));
-  DCP_RETURN_IF_ERROR(fs.Rename(temp_journal, JoinPath(dir, journal_name)));
+      RenameCommitFile(fs, temp_journal, JoinPath(dir, journal_name), encoded));
   decided_ = true;
   if (sync) DCP_RETURN_IF_ERROR(fs.SyncDir(dir));
   DCP_RETURN_IF_ERROR(ApplyCommitJournal(fs, dir, journal_name, journal, sync));

@@ -229,7 +229,10 @@ FaultInjectionFileSystem::Decision FaultInjectionFileSystem::Check(
     ++armed.seen;
     if (f.nth == 0 || armed.seen == f.nth) {
       armed.fired = true;
-      if (!d.fail) d = {true, f.short_write && op == FaultOp::kWrite, f.error};
+      if (!d.fail) {
+        d = {true, f.short_write && op == FaultOp::kWrite, f.error,
+             f.after && op == FaultOp::kRename};
+      }
     }
   }
   if (!d.fail && one_in_ > 0 &&
@@ -297,7 +300,7 @@ absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::OpenForRead(
 absl::Status FaultInjectionFileSystem::Rename(const std::string& from,
                                               const std::string& to) {
   Decision d = Check(FaultOp::kRename, from);
-  if (d.fail) {
+  if (d.fail && !d.after) {
     return Failure(d, FaultOp::kRename,
                    absl::StrCat("rename ", from, " to ", to));
   }
@@ -320,6 +323,10 @@ absl::Status FaultInjectionFileSystem::Rename(const std::string& from,
     synced_size_.erase(from);
   }
   unsynced_renames_.push_back(std::move(pending));
+  if (d.fail) {
+    return Failure(d, FaultOp::kRename,
+                   absl::StrCat("rename ", from, " to ", to));
+  }
   return absl::OkStatus();
 }
 

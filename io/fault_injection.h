@@ -66,6 +66,9 @@ struct Fault {
   // process does no more I/O. Close still releases the descriptor. Follow
   // with SimulateCrash.
   bool crash = false;
+  // kRename only: the rename is done, then reported failed with `error`
+  // (an NFS reply lost after the server renamed).
+  bool after = false;
 };
 
 class FaultInjectionFileSystem final : public FileSystemBase {
@@ -118,6 +121,7 @@ class FaultInjectionFileSystem final : public FileSystemBase {
     bool fail = false;
     bool short_write = false;
     int error = 0;
+    bool after = false;  // Fault::after.
   };
   // Counts a call and decides whether it fails.
   Decision Check(FaultOp op, const std::string& path);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -21,6 +23,41 @@
 
 namespace dcp {
 namespace {
+
+// The descriptors of the directory locks this process holds. A child of
+// fork(2) shares each lock's open file description, which would keep the
+// directory locked while the child lives even after this process died
+// without releasing it: the child closes its copies at once (its close
+// leaves the parent's lock in place). Lock-free slots, so the child, in
+// which only the forking thread runs, never waits for a lock.
+constexpr int kHeldLockSlots = 64;
+std::atomic<int> held_lock_fds[kHeldLockSlots];
+
+void CloseInheritedLocks() {
+  for (std::atomic<int>& slot : held_lock_fds) {
+    const int fd = slot.exchange(-1);
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+// The slot that now holds `fd`, or -1 when all are taken (the lock then
+// stays in fork children: a limit of this registry, not of the lock).
+int RegisterHeldLock(int fd) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (std::atomic<int>& slot : held_lock_fds) slot.store(-1);
+    ::pthread_atfork(nullptr, nullptr, CloseInheritedLocks);
+  });
+  for (int i = 0; i < kHeldLockSlots; ++i) {
+    int expected = -1;
+    if (held_lock_fds[i].compare_exchange_strong(expected, fd)) return i;
+  }
+  return -1;
+}
+
+void UnregisterHeldLock(int slot) {
+  if (slot >= 0) held_lock_fds[slot].store(-1);
+}
 
 // Whether `fd` is on a file system whose page cache is the file itself
 // (tmpfs and memfd, ramfs, hugetlbfs): nothing can leave it. Dropping
@@ -398,11 +435,19 @@ class LocalFileSystemImpl final : public FileSystemBase {
  private:
   // An flock(2) on `path` through `fd`. Destruction removes the file while
   // still holding the lock, then releases it.
+  // Only the process that took it releases it: in a fork child the
+  // descriptor was closed at the fork (RegisterHeldLock) and may name
+  // another file by now.
   class FlockDirectoryLock final : public DirectoryLock {
    public:
     FlockDirectoryLock(int fd, std::string path)
-        : fd_(fd), path_(std::move(path)) {}
+        : fd_(fd),
+          path_(std::move(path)),
+          owner_(::getpid()),
+          slot_(RegisterHeldLock(fd)) {}
     ~FlockDirectoryLock() override {
+      if (::getpid() != owner_) return;
+      UnregisterHeldLock(slot_);
       ::unlink(path_.c_str());
       ::close(fd_);
     }
@@ -410,6 +455,8 @@ class LocalFileSystemImpl final : public FileSystemBase {
    private:
     const int fd_;
     const std::string path_;
+    const pid_t owner_;
+    const int slot_;
   };
 
   // OK when `fd` is a regular file; otherwise closes it and fails with
@@ -485,6 +532,27 @@ std::string ProbeFileName(int rank, absl::string_view save_id) {
 
 bool IsProbeFileName(absl::string_view name) {
   return absl::StartsWith(name, kProbeFilePrefix);
+}
+
+absl::Status RenameCommitFile(FileSystemBase& fs, const std::string& from,
+                              const std::string& to,
+                              absl::string_view content) {
+  absl::Status renamed = fs.Rename(from, to);
+  if (renamed.ok()) return renamed;
+  absl::StatusOr<bool> source_there = fs.Exists(from);
+  if (!source_there.ok() || *source_there) return renamed;
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(to);
+  if (!file.ok()) return renamed;
+  absl::StatusOr<int64_t> size = (*file)->Size();
+  if (!size.ok() || *size != static_cast<int64_t>(content.size())) {
+    return renamed;
+  }
+  std::string bytes(content.size(), '\0');
+  absl::StatusOr<size_t> got = (*file)->PRead(
+      0, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()});
+  (*file)->Close().IgnoreError();
+  if (!got.ok() || *got != bytes.size() || bytes != content) return renamed;
+  return absl::OkStatus();  // Done, though reported failed.
 }
 
 absl::Status ProbeWritable(

@@ -231,6 +231,14 @@ absl::Status ProbeWritable(
     absl::FunctionRef<void(const std::string&)> created =
         [](const std::string&) {});
 
+// Renames `from` (a small file this process wrote, holding `content`) to
+// `to`: the step that commits a checkpoint. A rename that reports failure
+// but was done (over NFS a retried request finds its source gone and says
+// ENOENT) is success when `from` is gone and `to` holds exactly `content`;
+// otherwise the rename's error.
+absl::Status RenameCommitFile(FileSystemBase& fs, const std::string& from,
+                              const std::string& to, absl::string_view content);
+
 // The local POSIX file system (process-wide, stateless).
 FileSystemBase& LocalFileSystem();
 

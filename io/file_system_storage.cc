@@ -282,6 +282,25 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
 
 absl::Status FileSystemWriter::SetUpLocked() {
   const std::string metadata_path = JoinPath(dir_, kMetadataFileName);
+  // A directory holds one layout (FORMAT.md section 6): a checkpoint of
+  // the other layout committed beside an existing one would leave a
+  // directory that no load reads (which is newer is unknown).
+  const bool rank_local = dir_ != path_;
+  const std::string other_layout =
+      rank_local ? JoinPath(path_, kMetadataFileName)
+                 : JoinPath(RankLocalDirectory(path_, 0), kMetadataFileName);
+  DCP_ASSIGN_OR_RETURN(bool other_exists, fs_->Exists(other_layout));
+  if (other_exists) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, " already holds ",
+        rank_local
+            ? "a checkpoint saved by all ranks together ("
+            : "rank-local checkpoints saved with use_collectives=false (",
+        other_layout, "); a ",
+        rank_local ? "rank-local save" : "save of all ranks together",
+        " beside it would leave a directory no load can read: save into "
+        "another directory or move that one away"));
+  }
   if (!options_.overwrite) {
     DCP_ASSIGN_OR_RETURN(bool exists, fs_->Exists(metadata_path));
     if (exists) {

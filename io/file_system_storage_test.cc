@@ -215,11 +215,16 @@ TEST(FileSystemStorageTest, RankLocalLayoutLeavesThePathAndIsDetected) {
   sample.Destinations(load_planner);
   EXPECT_TRUE(LoadOneRank(reader, load_planner).ok());
 
-  // Reset ends the selection: this save is the directory's own.
+  // Reset ends the selection: this save is the directory's own, which a
+  // directory holding rank-local checkpoints refuses (naming them).
   FakeSavePlanner planner = sample.SavePlanner();
-  ASSERT_TRUE(SaveOneRank(writer, planner).ok());
+  absl::Status refused = SaveOneRank(writer, planner);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr(dir + "/rank-0/.metadata"));
   EXPECT_EQ(writer.directory(), dir);
-  EXPECT_THAT(List(dir), Contains(kMetadataFileName));
+  EXPECT_THAT(List(dir), ElementsAre("rank-0", "rank-1"));
+  // Both layouts, put together by hand: the reader refuses to guess.
+  std::filesystem::copy_file(dir + "/rank-0/.metadata", dir + "/.metadata");
   ASSERT_TRUE(reader.Reset("").ok());
   EXPECT_EQ(reader.directory(), dir);
   rank_local = reader.DetectRankLocal(1);

@@ -61,7 +61,8 @@ absl::Status WriteMetadataFile(FileSystemBase& fs, const std::string& dir,
       0, {reinterpret_cast<const std::byte*>(encoded.data()), encoded.size()}));
   if (sync) DCP_RETURN_IF_ERROR(file->Sync());
   DCP_RETURN_IF_ERROR(file->Close());
-  return fs.Rename(temp_path, JoinPath(dir, kMetadataFileName));
+  return RenameCommitFile(fs, temp_path, JoinPath(dir, kMetadataFileName),
+                          encoded);
 }
 
 absl::Status RemoveReplacedFiles(FileSystemBase& fs, const std::string& dir,

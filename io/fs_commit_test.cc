@@ -1,5 +1,6 @@
 #include "io/fs_commit.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 
@@ -75,6 +76,48 @@ TEST(FsCommit, AFailedRenameLeavesTheOldCheckpointAndAbortRemovesTheTemp) {
   created.RemoveAll(LocalFileSystem());
   EXPECT_THAT(*LocalFileSystem().ListDir(dir),
               ElementsAre(std::string(kMetadataFileName)));
+}
+
+// Over NFS a rename the server did can be reported failed (ENOENT for a
+// retried request): the commit happened, so it is success, and nothing of
+// the new checkpoint may be taken for a leftover.
+TEST(FsCommit, ARenameDoneButReportedFailedIsTheCommit) {
+  const std::string dir = FreshDir("commit_rename_lost_reply");
+  CreatedFiles ignored;
+  ASSERT_TRUE(WriteMetadataFile(LocalFileSystem(), dir, "0000000000000001",
+                                Encoded(kOld), true, ignored)
+                  .ok());
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject({.op = FaultOp::kRename, .error = ENOENT, .after = true});
+  CreatedFiles created;
+  absl::Status status = WriteMetadataFile(faulty, dir, "0000000000000002",
+                                          Encoded(kNew), true, created);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(*CommittedFileNames(LocalFileSystem(), dir), ElementsAre(kNew));
+  EXPECT_THAT(*LocalFileSystem().ListDir(dir),
+              ElementsAre(std::string(kMetadataFileName)));
+}
+
+// Reported failed and not done (the source is still there), or done by
+// someone else (the target holds other bytes): the rename's error.
+TEST(FsCommit, AFailedRenameIsNotTakenForADoneOne) {
+  const std::string dir = FreshDir("commit_rename_not_done");
+  const std::string from = JoinPath(dir, "from");
+  const std::string to = JoinPath(dir, "to");
+  {
+    auto file = LocalFileSystem().OpenForWrite(from);
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)
+                    ->PWrite(0, {reinterpret_cast<const std::byte*>("abc"), 3})
+                    .ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject({.op = FaultOp::kRename, .error = ENOENT});
+  EXPECT_TRUE(absl::IsNotFound(RenameCommitFile(faulty, from, to, "abc")));
+  faulty.Inject({.op = FaultOp::kRename, .error = ENOENT, .after = true});
+  EXPECT_TRUE(absl::IsNotFound(RenameCommitFile(faulty, from, to, "abd")));
+  EXPECT_THAT(*LocalFileSystem().ListDir(dir), ElementsAre("to"));
 }
 
 TEST(FsCommit, ACrashBeforeTheDirectorySyncBringsTheOldCheckpointBack) {

@@ -170,6 +170,50 @@ TEST(ConcurrentSaveTest, ASaveInAnotherProcessHoldsTheDirectory) {
   ExpectLoads(dir, Sample::Make(2));
 }
 
+// A save's process forks (a data-loader worker) and dies without releasing
+// its lock: the child's copy of the lock's descriptor must not keep the
+// directory locked while the child lives.
+TEST(ConcurrentSaveTest, AForkedChildDoesNotKeepADeadHoldersLock) {
+  const std::string dir = NewTestDir("lock_fork_child");
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    ::close(ready[0]);
+    ::close(go[1]);
+    auto lock = LocalFileSystem().LockDirectory(dir, "the holder");
+    if (!lock.ok()) ::_exit(2);
+    const pid_t worker = ::fork();
+    if (worker < 0) ::_exit(3);
+    if (worker == 0) {
+      // Lives until the test's word, holding whatever it inherited.
+      ::close(ready[1]);
+      char c;
+      ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 1);
+    }
+    char c = 'x';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
+    ::_exit(0);  // Dies holding the lock: no destructor runs.
+  }
+  ::close(ready[1]);
+  ::close(go[0]);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(holder, &wstatus, 0), holder);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the worker was not started";
+  // The lock file is still there, and the worker is still alive.
+  EXPECT_TRUE(std::filesystem::exists(JoinPath(dir, kDirectoryLockFileName)));
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =
+      LocalFileSystem().LockDirectory(dir, "the next saver");
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  ::close(ready[0]);
+  ::close(go[1]);
+  EXPECT_TRUE(lock.ok()) << lock.status();
+}
+
 // Writes a file of `bytes` bytes at `dir`/`name`.
 void WriteFileOfSize(const std::string& dir, const std::string& name,
                      int64_t bytes) {

@@ -556,6 +556,16 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
     meta.modules.assign(m.modules().begin(), m.modules().end());
     metadata.storage_meta = std::move(meta);
   }
+  if (proto.has_rank_local()) {
+    const format::RankLocal& r = proto.rank_local();
+    if (r.world_size() <= 0 || r.rank() < 0 || r.rank() >= r.world_size()) {
+      return absl::DataLossError(
+          absl::StrCat("the rank-local record names rank ", r.rank(), " of ",
+                       r.world_size(), " (damaged metadata?)"));
+    }
+    metadata.rank_local =
+        RankLocalSave{r.group_save_id(), r.rank(), r.world_size()};
+  }
   return absl::OkStatus();
 }
 
@@ -765,6 +775,12 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
     for (const std::string& module : metadata.storage_meta->modules) {
       m->add_modules(module);
     }
+  }
+  if (metadata.rank_local.has_value()) {
+    format::RankLocal* r = proto->mutable_rank_local();
+    r->set_group_save_id(metadata.rank_local->group_save_id);
+    r->set_rank(metadata.rank_local->rank);
+    r->set_world_size(metadata.rank_local->world_size);
   }
 
   const size_t payload_size = proto->ByteSizeLong();

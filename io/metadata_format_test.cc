@@ -3,11 +3,13 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "core/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -70,6 +72,7 @@ void ExpectEqual(const Metadata& a, const Metadata& b) {
     EXPECT_EQ(a.storage_meta->save_id, b.storage_meta->save_id);
     EXPECT_EQ(a.storage_meta->modules, b.storage_meta->modules);
   }
+  EXPECT_EQ(a.rank_local, b.rank_local);
   EXPECT_EQ(a.version, b.version);
   EXPECT_EQ(a.checksum_block_size, b.checksum_block_size);
 }
@@ -122,6 +125,22 @@ TEST(MetadataFormatTest, RoundTripsEveryField) {
   absl::StatusOr<Metadata> decoded = DecodeMetadata(*bytes, "x/.metadata");
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ExpectEqual(m, *decoded);
+}
+
+TEST(MetadataFormatTest, RankLocalRecordRoundTrips) {
+  Metadata m = SampleMetadata();
+  m.rank_local = RankLocalSave{"0123456789abcdef", 2, 3};
+  absl::StatusOr<Metadata> decoded =
+      DecodeMetadata(*EncodeMetadata(m), "x/.metadata");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ExpectEqual(m, *decoded);
+  ASSERT_TRUE(decoded->rank_local.has_value());
+  EXPECT_EQ(decoded->rank_local->group_save_id, "0123456789abcdef");
+  EXPECT_EQ(decoded->rank_local->rank, 2);
+  EXPECT_EQ(decoded->rank_local->world_size, 3);
+  // Without one, none comes back.
+  EXPECT_FALSE(DecodeMetadata(*EncodeMetadata(SampleMetadata()), ".metadata")
+                   ->rank_local.has_value());
 }
 
 TEST(MetadataFormatTest, EncodingIsDeterministic) {
@@ -363,6 +382,18 @@ TEST(CraftedMetadataTest, OffsetPlusLengthMustNotOverflow) {
                    proto.set_storage_offset(2, INT64_MAX - 8);
                  }),
                  {"model.w", "ending past the largest file offset"});
+}
+
+TEST(CraftedMetadataTest, RankLocalRecordOutsideItsWorldIsDataLoss) {
+  for (const auto& [rank, world] :
+       std::vector<std::pair<int, int>>{{3, 3}, {-1, 2}, {0, 0}, {0, -4}}) {
+    SCOPED_TRACE(absl::StrCat(rank, " of ", world));
+    ExpectDataLoss(DecodeCrafted([&](format::Metadata& proto) {
+                     proto.mutable_rank_local()->set_rank(rank);
+                     proto.mutable_rank_local()->set_world_size(world);
+                   }),
+                   {"rank-local record", absl::StrCat("rank ", rank)});
+  }
 }
 
 TEST(CraftedMetadataTest, ChecksumBlockSizeIsBounded) {

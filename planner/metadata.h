@@ -142,6 +142,18 @@ struct StorageMeta {
   friend bool operator==(const StorageMeta&, const StorageMeta&) = default;
 };
 
+// What each rank's checkpoint of one rank-local save records
+// (docs/FORMAT.md section 6): the same `group_save_id` on every rank, so a
+// load tells a set of checkpoints of one save from a mix of saves (one that
+// committed on some ranks only).
+struct RankLocalSave {
+  std::string group_save_id;
+  int rank = 0;
+  int world_size = 0;
+
+  friend bool operator==(const RankLocalSave&, const RankLocalSave&) = default;
+};
+
 struct Metadata {
   // By flattened name. std::map keeps the encoding deterministic.
   std::map<std::string, StorageMetadata> state_dict_metadata;
@@ -150,6 +162,8 @@ struct Metadata {
   // Where each stored item lives (the seed's storage_data).
   std::map<MetadataIndex, StorageInfo> storage_data;
   std::optional<StorageMeta> storage_meta;
+  // Only in the checkpoints of a rank-local save.
+  std::optional<RankLocalSave> rank_local;
   std::string version;  // The format version that wrote this (FORMAT.md).
   int64_t checksum_block_size = int64_t{4} << 20;
 

@@ -278,11 +278,15 @@ struct DefaultStager::Plan {
 DefaultStager::DefaultStager(StagingOptions options, DeviceRuntime* runtime)
     : options_(std::move(options)), external_runtime_(runtime) {
   if (options_.use_async_staging) background_ = std::make_unique<ThreadPool>(1);
+  if (!options_.use_async_staging && options_.use_non_blocking_copy) {
+    landing_waiter_ = std::make_unique<ThreadPool>(1);
+  }
 }
 
 DefaultStager::~DefaultStager() {
   Close();
   background_.reset();  // Joins after any task still queued.
+  landing_waiter_.reset();
   absl::MutexLock lock(&mu_);
   cpu_pool_.reset();
 }
@@ -368,14 +372,20 @@ absl::Status DefaultStager::WaitPendingCopies() {
   absl::Status first;
   DeviceRuntime* runtime =
       external_runtime_ != nullptr ? external_runtime_ : owned_runtime_.get();
-  for (OwnedEvent& event : pending_events_) {
-    absl::Status s = runtime->SynchronizeEvent(event.get());
-    if (first.ok() && !s.ok()) {
-      first = Annotate(s, "non-blocking staging copy");
+  while (!pending_.empty()) {
+    PendingStage stage = std::move(pending_.front());
+    pending_.pop_front();
+    absl::Status landed;
+    for (OwnedEvent& event : stage.events) {
+      absl::Status s = runtime->SynchronizeEvent(event.get());
+      if (landed.ok() && !s.ok()) {
+        landed = Annotate(s, "non-blocking staging copy");
+      }
     }
+    if (first.ok()) first = landed;
+    stage.landed.Set(landed);
   }
-  pending_events_.clear();
-  pending_memory_.clear();
+  if (unsynchronized_failure_.ok()) unsynchronized_failure_ = first;
   return first;
 }
 
@@ -562,7 +572,9 @@ absl::Status DefaultStager::CopyAll(const Plan& plan, std::byte* base,
     return error;
   }
   if (!wait) {
-    for (OwnedEvent& e : events) pending_events_.push_back(std::move(e));
+    if (!events.empty()) {
+      pending_.push_back(PendingStage{std::move(events), nullptr, {}});
+    }
     return absl::OkStatus();
   }
   for (OwnedEvent& e : events) {
@@ -625,14 +637,16 @@ Future<void> DefaultStager::Reserve(const StateDict& state_dict) {
 
 absl::StatusOr<StateDict> DefaultStager::StageNow(
     const StateDict& state_dict, bool wait_for_copies, const DeviceWait& wait,
-    Future<CowSnapshotStats>* filled) {
+    Future<CowSnapshotStats>* filled, Future<void>* landed) {
   absl::MutexLock lock(&mu_);
   if (closed_) {
     return absl::FailedPreconditionError(
         "DefaultStager: Stage called after Close");
   }
-  // Copies still landing from the previous non-blocking Stage first.
-  DCP_RETURN_IF_ERROR(WaitPendingCopies());
+  // Copies still landing from earlier non-blocking Stages first (their
+  // memory may be this one's). A failure there is theirs: their `landed`
+  // and SynchronizeStaging report it, not this Stage.
+  WaitPendingCopies().IgnoreError();
   DCP_ASSIGN_OR_RETURN(Plan plan, MakePlan(state_dict));
   std::shared_ptr<StagedMemory> memory = std::make_shared<StagedMemory>();
   std::byte* base = nullptr;
@@ -676,7 +690,10 @@ absl::StatusOr<StateDict> DefaultStager::StageNow(
     }
   }
   DCP_RETURN_IF_ERROR(copied);
-  if (!pending_events_.empty()) pending_memory_.push_back(memory);
+  if (!pending_.empty()) {  // This Stage's copies (the earlier landed above).
+    pending_.back().memory = memory;
+    if (landed != nullptr) *landed = pending_.back().landed.future();
+  }
   StateDict staged;
   for (const auto& [key, value] : state_dict) {
     staged.emplace(key, plan.Build(value, base, memory));
@@ -736,9 +753,19 @@ Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
                                                 const Promise<void>& released) {
   if (!options_.use_async_staging) {
     Future<CowSnapshotStats> filled;
-    absl::StatusOr<StateDict> staged =
-        StageNow(state_dict, !options_.use_non_blocking_copy, wait, &filled);
-    released.Set(staged.status());
+    Future<void> landed;
+    absl::StatusOr<StateDict> staged = StageNow(
+        state_dict, !options_.use_non_blocking_copy, wait, &filled, &landed);
+    if (staged.ok() && landed.valid()) {
+      // The sources are read until this stage's copies land.
+      landed.OnReady([released](const absl::Status& s) { released.Set(s); });
+      landing_waiter_->Schedule([this] {
+        absl::MutexLock lock(&mu_);
+        WaitPendingCopies().IgnoreError();
+      });
+    } else {
+      released.Set(staged.status());
+    }
     return WhenFilled(std::move(staged), filled);
   }
   Promise<StateDict> promise;
@@ -749,8 +776,9 @@ Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
     // work the caller enqueues after Stage returns is never waited for,
     // and never copied. The background thread waits for the copies.
     Future<CowSnapshotStats> filled;
+    Future<void> copies;
     absl::StatusOr<StateDict> staged =
-        StageNow(state_dict, /*wait_for_copies=*/false, wait, &filled);
+        StageNow(state_dict, /*wait_for_copies=*/false, wait, &filled, &copies);
     if (!staged.ok()) {
       released.Set(staged.status());
       return Future<StateDict>::Ready(staged.status());
@@ -759,12 +787,15 @@ Future<StateDict> DefaultStager::StageReleasing(const StateDict& state_dict,
       absl::MutexLock lock(&future_mu_);
       last_async_ = done.future();
     }
-    background_->Schedule([this, staged = *std::move(staged), filled, promise,
-                           released, done]() mutable {
+    background_->Schedule([this, staged = *std::move(staged), filled, copies,
+                           promise, released, done]() mutable {
       absl::Status landed;
-      {
-        absl::MutexLock lock(&mu_);
-        landed = WaitPendingCopies();
+      if (copies.valid()) {
+        {
+          absl::MutexLock lock(&mu_);
+          WaitPendingCopies().IgnoreError();
+        }
+        landed = copies.Wait();  // This stage's own copies.
       }
       released.Set(landed);
       FinishStage(landed, std::move(staged), filled, promise, done);
@@ -799,8 +830,10 @@ absl::Status DefaultStager::SynchronizeStaging() {
   }
   if (last.valid()) status = last.Wait();
   absl::MutexLock lock(&mu_);
-  absl::Status pending = WaitPendingCopies();
-  return status.ok() ? pending : status;
+  WaitPendingCopies().IgnoreError();
+  absl::Status copies =
+      std::exchange(unsynchronized_failure_, absl::OkStatus());
+  return status.ok() ? copies : status;
 }
 
 void DefaultStager::Close() {

@@ -35,6 +35,7 @@
 #define DCP_STAGING_STAGER_H_
 
 #include <cstddef>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -146,11 +147,15 @@ class AsyncStager {
   }
 
   // Stage, also saying when the caller may change its tensors again:
-  // `released` is set no later than the returned future is ready (with its
-  // error, if staging fails), earlier when the staged dict fills after the
-  // sources were let go (StagingOptions::copy_on_write). Until the returned
-  // future is ready the caller keeps its tensors allocated; until `released`
-  // also unchanged. The default sets `released` when the future is ready.
+  // `released` is set with this stage's outcome (its error, if staging
+  // fails) once the sources are no longer read: earlier than the returned
+  // future when the staged dict fills after the sources were let go
+  // (StagingOptions::copy_on_write), later when device copies were left
+  // running (DefaultStager with non-blocking copies sets it once this
+  // stage's own copies have landed, so the caller needs no
+  // SynchronizeStaging for it). Until the returned future is ready the
+  // caller keeps its tensors allocated; until `released` also unchanged.
+  // The default sets `released` when the future is ready.
   virtual Future<StateDict> StageReleasing(const StateDict& state_dict,
                                            const DeviceWait& wait,
                                            const Promise<void>& released) {
@@ -228,9 +233,14 @@ class DefaultStager final : public AsyncStager {
   // returns: *filled is then set to the snapshot's completion (otherwise
   // left as it is); with `filled` null it waits for the fill. Internal to
   // staging/ (BlockingStager and the async path use it).
-  absl::StatusOr<StateDict> StageNow(
-      const StateDict& state_dict, bool wait_for_copies,
-      const DeviceWait& wait = {}, Future<CowSnapshotStats>* filled = nullptr);
+  // `landed`, when not null and device copies were left running, is set to
+  // their completion (this stage's copies only; set once something waits
+  // for them: WaitPendingCopies).
+  absl::StatusOr<StateDict> StageNow(const StateDict& state_dict,
+                                     bool wait_for_copies,
+                                     const DeviceWait& wait = {},
+                                     Future<CowSnapshotStats>* filled = nullptr,
+                                     Future<void>* landed = nullptr);
 
  private:
   struct Plan;
@@ -254,6 +264,9 @@ class DefaultStager final : public AsyncStager {
   absl::Status CopyAll(const Plan& plan, std::byte* base, bool wait,
                        Future<CowSnapshotStats>* filled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the copies of every stage that left them running, oldest
+  // first; gives each stage its own outcome (PendingStage::landed), keeps
+  // the first failure for SynchronizeStaging, and returns it.
   absl::Status WaitPendingCopies() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Executor& CpuPool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -266,11 +279,18 @@ class DefaultStager final : public AsyncStager {
   std::vector<std::shared_ptr<HostBuffer>> cached_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<internal_staging::CopyStreams> copy_streams_
       ABSL_GUARDED_BY(mu_);
-  // Events after non-blocking copies, waited for by SynchronizeStaging.
-  std::vector<OwnedEvent> pending_events_ ABSL_GUARDED_BY(mu_);
-  // The staging memory those copies land in, kept until they have landed
-  // even if the caller drops the staged dict.
-  std::vector<std::shared_ptr<void>> pending_memory_ ABSL_GUARDED_BY(mu_);
+  // One Stage's non-blocking copies, still landing.
+  struct PendingStage {
+    std::vector<OwnedEvent> events;  // One per stream used.
+    // The staging memory they land in, kept until they have landed even
+    // if the caller drops the staged dict.
+    std::shared_ptr<void> memory;
+    Promise<void> landed;  // Their outcome: this stage's only.
+  };
+  std::deque<PendingStage> pending_ ABSL_GUARDED_BY(mu_);
+  // The first failure of a non-blocking copy not yet reported by
+  // SynchronizeStaging (the seed's contract: it reports any).
+  absl::Status unsynchronized_failure_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int buffers_made_ ABSL_GUARDED_BY(mu_) = 0;
   size_t copy_on_write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -284,6 +304,9 @@ class DefaultStager final : public AsyncStager {
   // memcpy of CPU tensors; created on first use.
   std::unique_ptr<ThreadPool> cpu_pool_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ThreadPool> background_;  // use_async_staging.
+  // Waits for the non-blocking copies of synchronous stages, so that
+  // `released` comes without a SynchronizeStaging.
+  std::unique_ptr<ThreadPool> landing_waiter_;
 };
 
 // Stages synchronously on the calling thread with blocking copies: the

@@ -631,6 +631,43 @@ TEST(StagerFaultTest, CopyFaultReachesTheFuture) {
   EXPECT_TRUE(g.Wait().ok());
 }
 
+// Non-blocking copies of one Stage fail: the failure is that Stage's (its
+// `released`, and SynchronizeStaging), never the next Stage's, which
+// stages CPU tensors and succeeds whether or not the first copies landed
+// before it began.
+TEST(StagerFaultTest, AFailedNonBlockingCopyIsReportedToItsOwnStage) {
+  HostRuntimeOptions ro;
+  ro.copy_fault = [](const HostCopyTrace& t) {
+    return t.kind == CopyKind::kDeviceToHost
+               ? absl::InternalError("injected D2H fault")
+               : absl::OkStatus();
+  };
+  auto runtime = CreateHostRuntime(ro);
+  DeviceTensors device(*runtime);
+  Tensor t = device.Make(1000, 0);
+  StagingOptions o;
+  o.use_async_staging = false;  // Non-blocking copies stay on.
+  DefaultStager stager(o, runtime.get());
+  Promise<void> first_released;
+  Future<StateDict> first =
+      stager.StageReleasing({{"w", t}}, DeviceWait{}, first_released);
+  ASSERT_TRUE(first.Wait().ok());  // Returned with the copy in flight.
+  Promise<void> second_released;
+  Future<StateDict> second =
+      stager.StageReleasing({{"c", Iota(4)}}, DeviceWait{}, second_released);
+  ASSERT_TRUE(second.Wait().ok()) << second.Wait().status();
+  EXPECT_TRUE(second_released.future().Wait().ok())
+      << second_released.future().Wait();
+  EXPECT_EQ(Values(second.Wait()->at("c").tensor()), Values(Iota(4)));
+  const absl::Status failed = first_released.future().Wait();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("injected D2H fault"));
+  // The seed's contract: SynchronizeStaging reports it too, once.
+  const absl::Status synchronized = stager.SynchronizeStaging();
+  EXPECT_THAT(synchronized.message(), HasSubstr("injected D2H fault"));
+  EXPECT_TRUE(stager.SynchronizeStaging().ok());
+}
+
 TEST(StagerRuntimeTest, CreatesItsOwnRuntimeWhenNoneIsGiven) {
   Tensor a = Iota(100);
   absl::StatusOr<StateDict> staged;

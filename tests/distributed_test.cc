@@ -137,6 +137,20 @@ absl::Status LoadOnRank(comm::ProcessGroup* group, const std::string& dir,
   return Load(state, options);
 }
 
+// A rank-local save: each rank writes with its own writer (on `file_system`
+// when given) in DIR/rank-R.
+absl::Status SaveRankLocal(comm::ProcessGroup& group, const std::string& dir,
+                           const StateDict& state,
+                           FileSystemBase* file_system = nullptr) {
+  FileSystemWriterOptions writer_options;
+  writer_options.file_system = file_system;
+  FileSystemWriter writer(dir, writer_options);
+  SaveOptions save;
+  save.process_group = &group;
+  save.use_collectives = false;
+  return SaveStateDict(state, writer, save).status();
+}
+
 // Forks `n` ranks that join a fresh Gloo group and run `body` with it.
 std::vector<RankExit> RunGroupRanks(
     int n, const std::function<int(int, comm::ProcessGroup&)>& body,
@@ -447,27 +461,82 @@ TEST(Distributed, RankLocalSavesLeaveTheWritersLocationAlone) {
   }
 }
 
-// A directory holding a checkpoint of all ranks and rank-local ones: which
-// is newer is unknown, so every rank's load fails naming both.
+// A save refuses to put a checkpoint of the other layout beside a
+// committed one (the directory would hold both), whichever came first; the
+// committed checkpoint stays and loads.
+TEST(Distributed, SavesRefuseToMixTheLayoutsInOneDirectory) {
+  const std::string shared_first = FreshTestDir("dist-shared-first");
+  const std::string local_first = FreshTestDir("dist-local-first");
+  ExpectAllExitedCleanly(
+      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
+        const Layout layout = SaveLayout(rank);
+        absl::Status s =
+            SaveOnRank(&group, shared_first, BuildState(layout, true, 1));
+        if (int rc = Check(s.ok(), rank, "shared save: " + s.ToString())) {
+          return rc;
+        }
+        s = SaveRankLocal(group, shared_first, BuildState(layout, true, 2));
+        if (int rc = Check(
+                s.code() == absl::StatusCode::kFailedPrecondition &&
+                    absl::StrContains(s.message(), shared_first + "/.metadata"),
+                rank, "rank-local save beside a shared one: " + s.ToString())) {
+          return rc;
+        }
+        s = SaveRankLocal(group, local_first, BuildState(layout, true, 3));
+        if (int rc = Check(s.ok(), rank, "rank-local save: " + s.ToString())) {
+          return rc;
+        }
+        s = SaveOnRank(&group, local_first, BuildState(layout, true, 4));
+        if (int rc = Check(
+                s.code() == absl::StatusCode::kFailedPrecondition &&
+                    absl::StrContains(s.message(),
+                                      local_first + "/rank-0/.metadata"),
+                rank, "shared save beside rank-local ones: " + s.ToString())) {
+          return rc;
+        }
+        StateDict state = BuildState(layout, false, 0);
+        s = LoadOnRank(&group, local_first, state);
+        if (int rc = Check(s.ok(), rank, "load: " + s.ToString())) return rc;
+        return Check(CheckState(state, layout, 3).empty(), rank,
+                     "the rank-local checkpoint changed");
+      }));
+  // The refused saves left no file (a rank's empty directory may stay).
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(
+        testing::ListFiles(absl::StrCat(shared_first, "/rank-", r)).empty())
+        << "rank " << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(local_first + "/.metadata"));
+}
+
+// A directory holding a checkpoint of all ranks and rank-local ones (put
+// together by hand: saves refuse to): which is newer is unknown, so every
+// rank's load fails naming both.
 TEST(Distributed, LoadRefusesBothLayoutsInOneDirectory) {
   const std::string dir = FreshTestDir("dist-both-layouts");
+  const std::string local = FreshTestDir("dist-both-layouts-local");
+  ExpectAllExitedCleanly(
+      RunGroupRanks(4, [&](int rank, comm::ProcessGroup& group) {
+        const Layout layout = SaveLayout(rank);
+        absl::Status s = SaveOnRank(&group, dir, BuildState(layout, true, 1));
+        if (int rc = Check(s.ok(), rank, "shared save: " + s.ToString())) {
+          return rc;
+        }
+        s = SaveRankLocal(group, local, BuildState(layout, true, 2));
+        if (int rc = Check(s.ok(), rank, "rank-local save: " + s.ToString())) {
+          return rc;
+        }
+        return 0;
+      }));
+  for (int r = 0; r < 4; ++r) {
+    std::filesystem::rename(absl::StrCat(local, "/rank-", r),
+                            absl::StrCat(dir, "/rank-", r));
+  }
   ExpectAllExitedCleanly(RunGroupRanks(4, [&](int rank,
                                               comm::ProcessGroup& group) {
     const Layout layout = SaveLayout(rank);
-    absl::Status s = SaveOnRank(&group, dir, BuildState(layout, true, 1));
-    if (int rc = Check(s.ok(), rank, "shared save: " + s.ToString())) {
-      return rc;
-    }
-    SaveOptions save;
-    save.checkpoint_id = dir;
-    save.process_group = &group;
-    save.use_collectives = false;
-    s = Save(BuildState(layout, true, 2), save).status();
-    if (int rc = Check(s.ok(), rank, "rank-local save: " + s.ToString())) {
-      return rc;
-    }
     StateDict state = BuildState(layout, false, 0);
-    s = LoadOnRank(&group, dir, state);
+    absl::Status s = LoadOnRank(&group, dir, state);
     if (int rc = Check(s.code() == absl::StatusCode::kFailedPrecondition, rank,
                        "load: " + s.ToString())) {
       return rc;
@@ -482,6 +551,80 @@ TEST(Distributed, LoadRefusesBothLayoutsInOneDirectory) {
     }
     return 0;
   }));
+}
+
+// A rank-local save that commits on ranks 0 and 2 and fails on rank 1
+// leaves rank 1's previous checkpoint beside the others' new ones: the
+// load refuses the mix on every rank, naming who holds which save, and
+// changes nothing.
+TEST(Distributed, RankLocalCheckpointsOfDifferentSavesAreRefusedOnLoad) {
+  const std::string dir = FreshTestDir("dist-local-mixed");
+  ExpectAllExitedCleanly(RunGroupRanks(3, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    const Layout layout = SaveLayout(rank);
+    absl::Status s = SaveRankLocal(group, dir, BuildState(layout, true, 1));
+    if (int rc = Check(s.ok(), rank, "save 1: " + s.ToString())) return rc;
+    FaultInjectionFileSystem faulty(LocalFileSystem());
+    if (rank == 1) faulty.Inject(Fault{.op = FaultOp::kWrite, .error = EIO});
+    s = SaveRankLocal(group, dir, BuildState(layout, true, 2), &faulty);
+    if (int rc = Check(!s.ok(), rank, "save 2 succeeded")) return rc;
+
+    StateDict state = BuildState(layout, false, 0);
+    s = LoadOnRank(&group, dir, state);
+    if (int rc = Check(s.code() == absl::StatusCode::kDataLoss, rank,
+                       "load: " + s.ToString())) {
+      return rc;
+    }
+    for (absl::string_view part :
+         {absl::string_view("come from different saves"),
+          absl::string_view("ranks 0, 2 hold save "),
+          absl::string_view("rank 1 holds save "), absl::string_view(dir)}) {
+      if (int rc = Check(absl::StrContains(s.message(), part), rank,
+                         absl::StrCat("load error lacks \"", part,
+                                      "\": ", s.ToString()))) {
+        return rc;
+      }
+    }
+    return Check(
+        state["step"].int_value() == 0 &&
+            !testing::VerifyState(state["model"].dict(), Globals(), layout)
+                 .empty(),
+        rank, "the refused load changed the state");
+  }));
+  // Each rank's own checkpoint is still whole: rank 1's from save 1.
+  for (int r = 0; r < 3; ++r) {
+    StateDict state = BuildState(SaveLayout(r), false, 0);
+    LoadOptions options;
+    options.checkpoint_id = absl::StrCat(dir, "/rank-", r);
+    options.no_dist = true;
+    ASSERT_TRUE(Load(state, options).ok()) << "rank " << r;
+    EXPECT_EQ(state["step"].int_value(), r == 1 ? 1 : 2) << "rank " << r;
+  }
+}
+
+// Rank-local checkpoints load only on the rank count that saved them: on
+// fewer ranks every rank fails naming the count.
+TEST(Distributed, RankLocalCheckpointsOnFewerRanksAreRefused) {
+  const std::string dir = FreshTestDir("dist-local-fewer");
+  ExpectAllExitedCleanly(
+      RunGroupRanks(3, [&](int rank, comm::ProcessGroup& group) {
+        absl::Status s =
+            SaveRankLocal(group, dir, BuildState(SaveLayout(rank), true, 1));
+        return Check(s.ok(), rank, "save: " + s.ToString());
+      }));
+  ExpectAllExitedCleanly(
+      RunGroupRanks(2, [&](int rank, comm::ProcessGroup& group) {
+        StateDict state = BuildState(SaveLayout(rank), false, 0);
+        absl::Status s = LoadOnRank(&group, dir, state);
+        if (int rc = Check(s.code() == absl::StatusCode::kFailedPrecondition,
+                           rank, "load: " + s.ToString())) {
+          return rc;
+        }
+        return Check(absl::StrContains(s.message(),
+                                       "of 3, but this load "
+                                       "runs on 2 ranks"),
+                     rank, "load error: " + s.ToString());
+      }));
 }
 
 }  // namespace
