@@ -46,6 +46,15 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     return response;
   }
 
+  // The upload's collectives come in this call's turn on the group: a
+  // later Save or Load on it waits for them (engine/internal/group_turns.h).
+  SaveOptions save = options.save;
+  if (!save.no_dist && save.process_group == nullptr) {
+    save.process_group = DefaultProcessGroup();
+  }
+  save.device_wait = DeviceWait{};
+  auto turn = std::make_shared<internal::GroupTurn>(internal::TakeTurn(save));
+
   std::shared_ptr<AsyncStager> owned_stager;
   AsyncStager* stager = options.async_stager;
   if (stager == nullptr) {
@@ -83,24 +92,26 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
 
   const bool copy_on_write =
       default_stager != nullptr && default_stager->options().copy_on_write;
-  SaveOptions save = options.save;
-  save.device_wait = DeviceWait{};
   QueuedUpload queued{
       upload_promise,
       [staged, staged_done = response.staging_completion, upload_promise, save,
-       owned_stager] {
+       owned_stager, turn] {
         absl::Status staging = staged_done.Wait();
         const absl::StatusOr<StateDict>& filled = staged.Wait();
         if (staging.ok()) staging = filled.status();
         // A failed stage still takes part in the save, so that every rank
         // fails with it rather than wait for this one.
-        upload_promise.Set(
-            staging.ok() ? Save(*filled, save)
-                         : absl::StatusOr<Metadata>(
-                               internal::JoinSaveWithFailure(save, staging)));
+        absl::StatusOr<Metadata> saved =
+            staging.ok()
+                ? internal::SaveInTurn(*filled, save, *turn)
+                : absl::StatusOr<Metadata>(
+                      internal::JoinSaveWithFailure(save, staging, turn.get()));
+        // Before the callbacks, which may save or load on the group.
+        turn->End();
+        upload_promise.Set(std::move(saved));
         if (owned_stager != nullptr) owned_stager->Close();
       },
-      copy_on_write ? staged : Future<StateDict>()};
+      copy_on_write ? staged : Future<StateDict>(), turn};
   {
     absl::MutexLock lock(&mu_);
     // Checked again here: a Shutdown since the check above has drained a
@@ -122,6 +133,7 @@ void AsyncCheckpointer::Cancel(QueuedUpload& upload) {
   // filled: the caller may free them once upload_completion is ready, so
   // that comes last.
   if (upload.filling.valid()) upload.filling.Wait().IgnoreError();
+  if (upload.turn != nullptr) upload.turn->End();
   upload.promise.Set(ShutDownError());
 }
 

@@ -101,6 +101,8 @@ class AsyncCheckpointer {
     // reads the caller's tensors until it is ready (it always becomes
     // ready), so Shutdown waits for it when it cancels the upload.
     Future<StateDict> filling;
+    // The upload's turn on its group, ended by the upload or by Cancel.
+    std::shared_ptr<internal::GroupTurn> turn;
   };
   bool shut_down() const;
   // Fails a queued upload that will not run with kCancelled, once its stage

@@ -20,6 +20,7 @@
 #include "core/checkpoint_exception.h"
 #include "core/status.h"
 #include "engine/internal/dist_wrapper.h"
+#include "engine/internal/group_turns.h"
 #include "engine/internal/write_results_codec.h"
 #include "io/file_system_storage.h"
 #include "io/metadata_format.h"
@@ -480,10 +481,20 @@ absl::Status CheckRankLocalSet(const std::vector<std::string>& described,
 }
 
 // SaveStateDict; a `local_failure` (not OK) fails this rank's part inside
-// the coordinated steps.
-absl::StatusOr<Metadata> SaveStateDictOrFail(
-    const StateDict& state_dict, StorageWriter& storage_writer,
-    SaveOptions options, const absl::Status& local_failure) {
+// the coordinated steps. `turn`: this save's turn on its group, taken when
+// it was submitted (null: taken now).
+absl::StatusOr<Metadata> SaveStateDictOrFail(const StateDict& state_dict,
+                                             StorageWriter& storage_writer,
+                                             SaveOptions options,
+                                             const absl::Status& local_failure,
+                                             internal::GroupTurn* turn) {
+  internal::GroupTurn own_turn;
+  if (turn == nullptr) {
+    own_turn = internal::GroupTurn::Take(
+        GroupFor(options.process_group, options.no_dist));
+    turn = &own_turn;
+  }
+  turn->Wait();
   // As the seed's save_state_dict: a fresh save id per save, so a writer
   // reused for the next save never writes over the files of the checkpoint
   // it committed before; as its save, at checkpoint_id when one is given.
@@ -548,10 +559,11 @@ absl::StatusOr<Metadata> SaveStateDictOrFail(
 
 absl::StatusOr<Metadata> SaveOrFail(const StateDict& state_dict,
                                     const SaveOptions& options,
-                                    const absl::Status& local_failure) {
+                                    const absl::Status& local_failure,
+                                    internal::GroupTurn* turn) {
   if (options.storage_writer != nullptr) {
     return SaveStateDictOrFail(state_dict, *options.storage_writer, options,
-                               local_failure);
+                               local_failure, turn);
   }
   if (options.checkpoint_id.empty()) {
     return absl::InvalidArgumentError(
@@ -559,12 +571,20 @@ absl::StatusOr<Metadata> SaveOrFail(const StateDict& state_dict,
   }
   // The storage the id names (io/storage_registry.h): native for a path.
   // The backend's factory took the id; the writer keeps its location.
-  DCP_ASSIGN_OR_RETURN(
-      std::unique_ptr<StorageWriter> writer,
-      StorageRegistry::Default().CreateWriter(options.checkpoint_id));
+  absl::StatusOr<std::unique_ptr<StorageWriter>> writer =
+      StorageRegistry::Default().CreateWriter(options.checkpoint_id);
   SaveOptions at_writer = options;
   at_writer.checkpoint_id.clear();
-  return SaveStateDictOrFail(state_dict, *writer, at_writer, local_failure);
+  if (!writer.ok()) {
+    // This rank still takes part, failing, so the others learn why
+    // instead of waiting for it; the placeholder is never written.
+    FileSystemWriter placeholder(options.checkpoint_id);
+    return SaveStateDictOrFail(
+        state_dict, placeholder, at_writer,
+        local_failure.ok() ? writer.status() : local_failure, turn);
+  }
+  return SaveStateDictOrFail(state_dict, **writer, at_writer, local_failure,
+                             turn);
 }
 
 }  // namespace
@@ -573,33 +593,48 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
                                        StorageWriter& storage_writer,
                                        SaveOptions options) {
   return SaveStateDictOrFail(state_dict, storage_writer, std::move(options),
-                             absl::OkStatus());
+                             absl::OkStatus(), /*turn=*/nullptr);
 }
 
 absl::StatusOr<Metadata> Save(const StateDict& state_dict,
                               const SaveOptions& options) {
-  return SaveOrFail(state_dict, options, absl::OkStatus());
+  return SaveOrFail(state_dict, options, absl::OkStatus(), /*turn=*/nullptr);
 }
 
 namespace internal {
 
 absl::Status JoinSaveWithFailure(const SaveOptions& options,
-                                 absl::Status failure) {
+                                 absl::Status failure, GroupTurn* turn) {
   if (failure.ok()) {
     failure = absl::InternalError("JoinSaveWithFailure without a failure");
   }
-  return SaveOrFail(StateDict{}, options, failure).status();
+  return SaveOrFail(StateDict{}, options, failure, turn).status();
+}
+
+GroupTurn TakeTurn(const SaveOptions& options) {
+  return GroupTurn::Take(GroupFor(options.process_group, options.no_dist));
+}
+
+absl::StatusOr<Metadata> SaveInTurn(const StateDict& state_dict,
+                                    const SaveOptions& options,
+                                    GroupTurn& turn) {
+  return SaveOrFail(state_dict, options, absl::OkStatus(), &turn);
 }
 
 }  // namespace internal
 
 namespace {
 
-// LoadStateDict; `location` names the checkpoint in errors.
+// LoadStateDict; `location` names the checkpoint in errors; a
+// `local_failure` (not OK) fails this rank's part in the shared setup.
 absl::Status LoadStateDictAt(StateDict& state_dict,
                              StorageReader& storage_reader,
                              const LoadOptions& options,
-                             absl::string_view location) {
+                             absl::string_view location,
+                             const absl::Status& local_failure) {
+  const internal::GroupTurn turn = internal::GroupTurn::Take(
+      GroupFor(options.process_group, options.no_dist));
+  turn.Wait();
   std::unique_ptr<DefaultLoadPlanner> default_planner;
   LoadPlanner* planner = options.planner;
   if (planner == nullptr) {
@@ -616,7 +651,8 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
   // Preparing the reader is this rank's own step: with several ranks its
   // outcome is shared, so a rank whose reader fails here fails every rank
   // (naming it) instead of leaving the others waiting in the plan exchange.
-  absl::Status prepared = options.checkpoint_id.empty()
+  absl::Status prepared = !local_failure.ok() ? local_failure
+                          : options.checkpoint_id.empty()
                               ? absl::OkStatus()
                               : storage_reader.Reset(options.checkpoint_id);
   if (prepared.ok()) {
@@ -670,7 +706,7 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
   return LoadStateDictAt(state_dict, storage_reader, options,
-                         options.checkpoint_id);
+                         options.checkpoint_id, absl::OkStatus());
 }
 
 absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
@@ -683,12 +719,19 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
   }
   // The storage the id names, or the one whose checkpoint the directory
   // holds (io/storage_registry.h). The backend's factory took the id.
-  DCP_ASSIGN_OR_RETURN(
-      std::unique_ptr<StorageReader> reader,
-      StorageRegistry::Default().CreateReader(options.checkpoint_id));
+  absl::StatusOr<std::unique_ptr<StorageReader>> reader =
+      StorageRegistry::Default().CreateReader(options.checkpoint_id);
   LoadOptions at_reader = options;
   at_reader.checkpoint_id.clear();
-  return LoadStateDictAt(state_dict, *reader, at_reader, options.checkpoint_id);
+  if (!reader.ok()) {
+    // This rank still takes part in the shared setup, failing, so the
+    // others learn why instead of waiting for it.
+    FileSystemReader placeholder(options.checkpoint_id);
+    return LoadStateDictAt(state_dict, placeholder, at_reader,
+                           options.checkpoint_id, reader.status());
+  }
+  return LoadStateDictAt(state_dict, **reader, at_reader, options.checkpoint_id,
+                         absl::OkStatus());
 }
 
 }  // namespace dcp

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "core/state_dict.h"
+#include "engine/internal/group_turns.h"
 #include "io/storage.h"
 #include "planner/metadata.h"
 #include "planner/planner.h"
@@ -152,8 +153,20 @@ namespace internal {
 // its local failure, so every rank fails with a CheckpointException naming
 // it (instead of waiting for this rank, or meeting its next save), and
 // returns that. Nothing is written. `failure` must not be OK.
+// `turn`: as SaveInTurn's (null: taken now).
 absl::Status JoinSaveWithFailure(const SaveOptions& options,
-                                 absl::Status failure);
+                                 absl::Status failure,
+                                 GroupTurn* turn = nullptr);
+
+// The turn on the group a Save with `options` uses
+// (engine/internal/group_turns.h), for a save submitted now that runs
+// later (AsyncSave's upload).
+GroupTurn TakeTurn(const SaveOptions& options);
+
+// Save(options), once `turn` (from TakeTurn with the same options) comes.
+absl::StatusOr<Metadata> SaveInTurn(const StateDict& state_dict,
+                                    const SaveOptions& options,
+                                    GroupTurn& turn);
 
 }  // namespace internal
 }  // namespace dcp

@@ -211,6 +211,13 @@ absl::Status CheckStorageAgainstValues(const Metadata& metadata) {
             absl::StrCat("stored item ", index.ToString(),
                          " has no chunk offset but names a tensor"));
       }
+      // Writers store only tensors through extensions; a bytes value's
+      // declared raw size would have nothing to bound it.
+      if (!info.extensions.empty()) {
+        return absl::DataLossError(
+            absl::StrCat("stored item ", index.ToString(),
+                         " is a bytes value stored through extensions"));
+      }
       continue;
     }
     if (tensor == nullptr) {

@@ -18,6 +18,7 @@
 namespace dcp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 Metadata SampleMetadata() {
@@ -469,6 +470,25 @@ TEST(MetadataExtensionsTest, ItemsWithoutExtensionsKeepVersion1) {
       DecodeMetadata(*EncodeMetadata(m), "x/.metadata");
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->version, kFormatVersion);
+}
+
+// Writers encode only tensors; a bytes value claiming an encoding (and a
+// raw size nothing bounds) is refused before any read allocates for it.
+TEST(MetadataExtensionsTest, BytesValueStoredThroughExtensionsIsDataLoss) {
+  Metadata m = WithExtensions();
+  StorageInfo& extra = m.storage_data[MetadataIndex("extra")];
+  extra.extensions = {"zstd/1.0"};
+  extra.length = 1;
+  extra.raw_length = 8;
+  extra.block_lengths = {1};
+  extra.block_checksums = {7};
+  absl::StatusOr<std::string> bytes = EncodeMetadata(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::Status status = DecodeMetadata(*bytes, "ckpt/.metadata").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("ckpt/.metadata"), HasSubstr("extra"),
+                    HasSubstr("bytes value stored through extensions")));
 }
 
 TEST(MetadataExtensionsTest, EncoderRefusesInconsistentRecords) {

@@ -5,9 +5,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "comm/process_group.h"
 #include "engine/checkpoint.h"
+#include "engine/internal/group_turns.h"
 #include "gtest/gtest.h"
 #include "io/file_system_storage.h"
 #include "staging/cow_snapshot.h"
@@ -129,6 +133,46 @@ TEST(AsyncSave, SecondSaveQueuesBehindFirstAndBothCommit) {
   ASSERT_TRUE(r2.upload_completion.Wait().ok());
   // Uploads run in call order: the first is done when the second is.
   EXPECT_TRUE(r1.upload_completion.ready());
+  ASSERT_TRUE(r1.upload_completion.Wait().ok());
+  ExpectSameState(LoadState(dir1), MakeState(10));
+  ExpectSameState(LoadState(dir2), MakeState(20));
+}
+
+// A Save on the group of an AsyncSave whose upload has not run yet waits
+// for that upload: their collectives never interleave
+// (engine/internal/group_turns.h).
+TEST(AsyncSave, ASaveOnTheGroupWaitsForTheUploadSubmittedBefore) {
+  const std::string dir1 = MakeTempDir("async-turn1");
+  const std::string dir2 = MakeTempDir("async-turn2");
+  comm::LocalProcessGroup group;
+  AsyncCheckpointer checkpointer;
+  HeldStager stager;
+  AsyncSaveOptions o1;
+  o1.save.checkpoint_id = dir1;
+  o1.save.process_group = &group;
+  o1.async_stager = &stager;
+  const StateDict s1 = MakeState(10);
+  absl::Notification waiting;
+  std::once_flag once;
+  auto notify = [&] { std::call_once(once, [&] { waiting.Notify(); }); };
+  internal::SetGroupTurnWaitObserverForTesting(notify);
+  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  // The upload's stage is released once the Save below waits for it.
+  std::thread release([&] {
+    waiting.WaitForNotification();
+    stager.Release(s1);
+  });
+  SaveOptions o2;
+  o2.checkpoint_id = dir2;
+  o2.process_group = &group;
+  const absl::Status saved = Save(MakeState(20), o2).status();
+  const bool first_committed = std::filesystem::exists(dir1 + "/.metadata");
+  notify();  // Releases the stage if the Save did not wait.
+  release.join();
+  internal::SetGroupTurnWaitObserverForTesting(nullptr);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_TRUE(first_committed)
+      << "the Save ran before the upload submitted before it";
   ASSERT_TRUE(r1.upload_completion.Wait().ok());
   ExpectSameState(LoadState(dir1), MakeState(10));
   ExpectSameState(LoadState(dir2), MakeState(20));

@@ -627,5 +627,36 @@ TEST(Distributed, RankLocalCheckpointsOnFewerRanksAreRefused) {
       }));
 }
 
+// A rank whose checkpoint id names no storage fails inside the shared
+// steps, so every rank fails at once naming it (instead of the others
+// waiting for it until the group times out): a save, then a load.
+TEST(Distributed, ARankWhoseStorageCannotBeMadeFailsEveryRankNamingIt) {
+  const std::string dir = FreshTestDir("dist-no-storage");
+  ExpectAllExitedCleanly(RunGroupRanks(2, [&](int rank,
+                                              comm::ProcessGroup& group) {
+    const std::string id = rank == 1 ? "nosuch://" + dir : dir;
+    SaveOptions save;
+    save.checkpoint_id = id;
+    save.process_group = &group;
+    absl::Status s = Save(BuildState(SaveLayout(rank), true, 1), save).status();
+    auto failures = CheckpointFailures(s);
+    if (int rc = Check(failures.has_value() && failures->count(1) == 1 &&
+                           absl::StrContains(s.message(), "nosuch"),
+                       rank, "save: " + s.ToString())) {
+      return rc;
+    }
+    StateDict state = BuildState(SaveLayout(rank), false, 0);
+    LoadOptions load;
+    load.checkpoint_id = id;
+    load.process_group = &group;
+    s = Load(state, load);
+    failures = CheckpointFailures(s);
+    return Check(failures.has_value() && failures->count(1) == 1 &&
+                     absl::StrContains(s.message(), "nosuch"),
+                 rank, "load: " + s.ToString());
+  }));
+  EXPECT_FALSE(testing::ListFiles(dir).count(".metadata"));
+}
+
 }  // namespace
 }  // namespace dcp
