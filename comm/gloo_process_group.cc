@@ -43,12 +43,15 @@ class GlooProcessGroup::Impl {
   Impl(int rank, int size) : rank_(rank), size_(size) {}
 
   absl::Status Connect(const GlooOptions& options) {
-    DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
     const std::string name =
         options.job_id.empty()
             ? options.group_name
             : absl::StrCat(options.group_name, "/job-", options.job_id);
+    // Numbered before anything can fail: every attempt uses up its number
+    // on every rank, so a rank whose attempt failed early meets the others
+    // again at the next one.
     const std::string base = absl::StrCat(name, "/", NextInstance(name, rank_));
+    DCP_ASSIGN_OR_RETURN(store_, OpenStore(options.store));
     const std::string where =
         absl::StrFormat("gloo rendezvous of rank %d of %d under \"%s\" in %s",
                         rank_, size_, base, options.store.ToString());

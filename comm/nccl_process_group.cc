@@ -347,11 +347,12 @@ class NcclProcessGroup::Impl {
   absl::StatusOr<std::string> ExchangeId(const NcclOptions& options,
                                          absl::Time deadline) {
     if (size_ == 1) return NewId();
-    DCP_ASSIGN_OR_RETURN(store_, internal::OpenStore(options.store));
-    keys_ = internal::AsKeyValueStore(*store_);
+    // Numbered before anything can fail (as the Gloo group's).
     base_ = absl::StrCat(options.group_name, "/",
                          internal::NextInstance(options.group_name, rank_),
                          "/nccl");
+    DCP_ASSIGN_OR_RETURN(store_, internal::OpenStore(options.store));
+    keys_ = internal::AsKeyValueStore(*store_);
     const std::string where =
         absl::StrFormat("nccl process group, rank %d of %d, under \"%s\" in %s",
                         rank_, size_, base_, options.store.ToString());

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -403,6 +404,44 @@ TEST(GlooProcessGroupTest, MissingRankTimesOutAtRendezvous) {
                      0, s.ToString());
       },
       absl::Seconds(30)));
+}
+
+// Rank 1's first attempt fails before it reaches the store (its store
+// directory is unusable) while rank 0's times out waiting for it; the ranks
+// then try again and must meet: every attempt uses up its instance number
+// on every rank, failed early or not.
+TEST(GlooProcessGroupTest, RanksMeetAgainAfterAnAttemptFailedEarlyOnOne) {
+  const std::string dir = FreshTestDir("retry_after_early_failure");
+  const std::string not_a_dir = dir + "/file";
+  { std::ofstream(not_a_dir) << "x"; }
+  Gate first_attempt_over;
+  ExpectAllExitedZero(RunRanks(
+      2,
+      [&](int rank) -> int {
+        GlooOptions options =
+            Options(rank == 1 ? not_a_dir : dir, rank, 2, absl::Seconds(10));
+        options.connect_timeout = absl::Seconds(1);
+        auto first = GlooProcessGroup::Create(options);
+        if (int rc = Check(!first.ok(), rank, "first attempt succeeded")) {
+          return rc;
+        }
+        // Rank 1 tries again only once rank 0's first attempt is over.
+        if (rank == 0) {
+          first_attempt_over.Release();
+        } else {
+          first_attempt_over.Hold(1);
+        }
+        GlooOptions again = Options(dir, rank, 2, absl::Seconds(10));
+        auto group = GlooProcessGroup::Create(again);
+        if (int rc = Check(group.ok(), rank, group.status().ToString())) {
+          return rc;
+        }
+        absl::StatusOr<std::vector<std::string>> all =
+            (*group)->AllGather(absl::StrCat(rank));
+        return Check(all.ok() && *all == std::vector<std::string>{"0", "1"},
+                     rank, all.status().ToString());
+      },
+      absl::Seconds(60)));
 }
 
 // A checkpoint group and a "training" group live side by side in the same
