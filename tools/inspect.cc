@@ -12,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "core/checksum.h"
 #include "core/status.h"
+#include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
 #include "io/metadata_format.h"
@@ -35,6 +37,9 @@ std::string ChunkToString(const ChunkStorageMetadata& chunk) {
 
 // The most bytes `dcp verify` reads at once.
 constexpr int64_t kVerifyPieceBytes = int64_t{4} << 20;
+// The largest raw block `dcp verify` decodes (larger ones are checked by
+// their checksums only).
+constexpr int64_t kVerifyDecodeBytes = int64_t{256} << 20;
 
 // Verifies one stored item against `file` (its data file, of `file_size`
 // bytes): the item has one checksum per block, lies inside the file, and
@@ -63,11 +68,34 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
                          "), the file ends at ", file_size)};
   }
   std::vector<std::string> problems;
+  // An encoded item must decode with this build's extensions, as a load
+  // would: each encoded block whose checksum matches is decoded too (up to
+  // kVerifyDecodeBytes of raw bytes per block).
+  std::vector<const StreamExtension*> chain;
+  if (encoded) {
+    absl::StatusOr<std::vector<const StreamExtension*>> resolved =
+        ResolveExtensions(ExtensionRegistry::Default(), info.extensions,
+                          index.ToString());
+    if (!resolved.ok()) {
+      return {absl::StrCat(index.ToString(),
+                           ": cannot be decoded by this "
+                           "build: ",
+                           resolved.status().message())};
+    }
+    chain = *std::move(resolved);
+  }
+  std::string stored;
+  std::vector<std::byte> raw_block;
+  std::vector<std::byte> scratch;
   int64_t stored_start = 0;  // Of block b, with extensions.
   for (int64_t b = 0; b < expected_blocks; ++b) {
     const int64_t start = encoded ? stored_start : b * block;
     const int64_t size =
         encoded ? info.block_lengths[b] : std::min(block, info.length - start);
+    const int64_t raw_size = std::min(block, info.RawLength() - b * block);
+    const bool decode =
+        encoded && size < raw_size && raw_size <= kVerifyDecodeBytes;
+    stored.clear();
     stored_start += size;
     StreamingChecksum sum;
     for (int64_t done = 0; done < size;) {
@@ -83,6 +111,7 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
         return problems;
       }
       sum.Update(buffer.data(), buffer.size());
+      if (decode) stored += buffer;
       done += static_cast<int64_t>(buffer.size());
     }
     bytes_checked += size;
@@ -91,6 +120,19 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
           absl::StrCat(index.ToString(), ": checksum mismatch in ",
                        info.relative_path, " at offset ", info.offset + start,
                        " (block ", b, ", ", size, " bytes)"));
+      continue;
+    }
+    if (!decode) continue;
+    raw_block.resize(static_cast<size_t>(raw_size));
+    absl::Status decoded = DecodeBlock(
+        chain,
+        {reinterpret_cast<const std::byte*>(stored.data()), stored.size()},
+        absl::MakeSpan(raw_block), scratch);
+    if (!decoded.ok()) {
+      problems.push_back(absl::StrCat(index.ToString(), ": block ", b, " in ",
+                                      info.relative_path, " at offset ",
+                                      info.offset + start,
+                                      " does not decode: ", decoded.message()));
     }
   }
   return problems;

@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
 #include "io/hf_storage.h"
@@ -69,6 +70,41 @@ TEST(InspectTest, VerifyReadsLargeBlocksInPiecesAndFindsAFlippedByte) {
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
   EXPECT_THAT(verified.message(),
               AllOf(HasSubstr("big"), HasSubstr("checksum mismatch")));
+}
+
+// A compressed checkpoint: `dcp verify` decodes its encoded blocks, and
+// refuses an encoding this build cannot decode (a load would fail).
+TEST(InspectTest, VerifyDecodesCompressedBlocksAndNamesUnknownEncodings) {
+  const std::string dir = NewTestDir("verify_compressed");
+  Tensor zeros = Tensor::Empty(DType::kF32, {1 << 18});
+  std::memset(zeros.data(), 0, zeros.nbytes());
+  StateDict state;
+  state["zeros"] = zeros;
+  FileSystemWriterOptions options;
+  options.checksum_block_size = 64 << 10;
+  options.extensions = *ParseCompression("zstd");
+  FileSystemWriter writer(dir, options);
+  SaveOptions save;
+  save.no_dist = true;
+  ASSERT_TRUE(SaveStateDict(state, writer, save).ok());
+  const Metadata metadata = *FileSystemReader(dir).ReadMetadata();
+  const StorageInfo& info =
+      metadata.storage_data.at(MetadataIndex("zeros", Shape{0}));
+  ASSERT_EQ(info.extensions, std::vector<std::string>{"zstd/1.0"});
+  ASSERT_LT(info.length, info.RawLength());  // Blocks were encoded.
+  absl::Status verified = RunVerify(dir);
+  EXPECT_TRUE(verified.ok()) << verified;
+
+  ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
+                for (std::string& e : *proto.mutable_extensions()) {
+                  e = "zstd/2.0";
+                }
+              }).ok());
+  verified = RunVerify(dir);
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
+  EXPECT_THAT(verified.message(),
+              AllOf(HasSubstr("zeros"), HasSubstr("cannot be decoded"),
+                    HasSubstr("zstd/2.0")));
 }
 
 TEST(InspectTest, DataFileOutsideTheCheckpointIsRefusedUnread) {
