@@ -212,6 +212,16 @@ absl::StatusOr<std::string> AdmitRanks(StoreClient& client,
         failure = client.Set(WelcomeKey(group, nonce), welcome_value);
         peer.nonce = nonce;
         progress = true;
+        // Welcomed all the same, so that rank learns the size and fails
+        // too; rank 0 fails now instead of waiting for ranks that may
+        // never come.
+        if (failure.ok() && their_size != size) {
+          failure = absl::InvalidArgumentError(absl::StrFormat(
+              "%s: rank %d was given %d ranks for store process group "
+              "\"%s\"; this rank was given %d",
+              client.what(), r, their_size, group, size));
+          break;
+        }
       }
       // Wait on a key seen missing just now, so the wait is a real one.
       if (wait_key.empty()) {

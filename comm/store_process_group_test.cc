@@ -426,7 +426,11 @@ TEST(StoreProcessGroupTest, SizeThatDiffersFromRankZerosIsInvalidArgument) {
   EXPECT_EQ(outcome.rank1.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(outcome.rank1.message(),
               HasSubstr("with 2 ranks; this rank was given 3"));
-  EXPECT_EQ(outcome.rank0.code(), absl::StatusCode::kDeadlineExceeded);
+  // Rank 0 fails as soon as it sees the size, naming the rank.
+  EXPECT_EQ(outcome.rank0.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outcome.rank0.message(),
+              HasSubstr("rank 1 was given 3 ranks for store process group "
+                        "\"sizes\"; this rank was given 2"));
 }
 
 TEST(StoreProcessGroupTest, AStoreErrorAbortsTheCallAndBreaksTheGroup) {
