@@ -212,11 +212,8 @@ def _child_main(conn):
 def _plain_metadata(md):
     """Metadata(**result) rebuilds `md` without its C handle (picklable,
     for the parent)."""
-    return dict(state_dict_metadata=dict(md.state_dict_metadata),
-                planner_data=dict(md.planner_data),
-                storage_data=(dict(md.storage_data)
-                              if md.storage_data is not None else None),
-                storage_meta=md.storage_meta, version=md.version)
+    from .metadata import plain_fields
+    return plain_fields(md)
 
 
 def _rebuild_flat(manifest, mm):

@@ -162,23 +162,158 @@ def _is_dtensor(value) -> bool:
             and callable(getattr(value, "to_local", None)))
 
 
+def _strided_shard_type():
+    """torch's _StridedShard (FSDP2 over TP), or None in a torch without
+    it. Not a Shard subclass in every torch."""
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:
+        return None
+    return _StridedShard
+
+
+def _chunk_runs(runs, n, i):
+    """Piece `i` of the index runs [(start, stop), ...] split in `n` as
+    torch.chunk splits (pieces of ceil(len / n), the last ones shorter or
+    empty)."""
+    total = sum(b - a for a, b in runs)
+    size = -(-total // n)
+    lo, hi = min(i * size, total), min((i + 1) * size, total)
+    out, pos = [], 0
+    for a, b in runs:
+        s, e = max(a, a + lo - pos), min(b, a + hi - pos)
+        if s < e:
+            out.append((s, e))
+        pos += b - a
+    return out
+
+
+def _check_box(value, name, placements, strided, local_shape, offsets):
+    """Raises unless this rank's elements of a DTensor with _StridedShard
+    placements are the box (local_shape, offsets): a _StridedShard applied
+    after another shard of its dim can give every rank strided rows, which
+    one chunk cannot describe."""
+    from torch.distributed.tensor import Replicate
+    coord = value.device_mesh.get_coordinate()
+    mesh_shape = value.device_mesh.shape
+    runs = {}
+    for mesh_dim, p in enumerate(placements):
+        if isinstance(p, Replicate):
+            continue
+        d = p.dim
+        cur = runs.get(d, [(0, value.shape[d])])
+        n, r = mesh_shape[mesh_dim], coord[mesh_dim]
+        if strided is not None and isinstance(p, strided):
+            cur = [run for j in range(p.split_factor)
+                   for run in _chunk_runs(_chunk_runs(cur, p.split_factor, j),
+                                          n, r)]
+        else:
+            cur = _chunk_runs(cur, n, r)
+        runs[d] = cur
+    for d, cur in runs.items():
+        merged = []
+        for a, b in cur:
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        if not merged or len(merged) == 1 and merged[0] == (
+                offsets[d], offsets[d] + local_shape[d]):
+            continue
+        raise ValueError(
+            f"'{name}': DTensor placements {placements} give this rank the "
+            f"indices {merged} of dim {d}, not one contiguous range; dcp "
+            "saves and loads one box per rank")
+
+
+def _is_async_collective(t) -> bool:
+    """Whether `t` is torch's AsyncCollectiveTensor (a collective's
+    result not yet waited for)."""
+    try:
+        from torch.distributed._functional_collectives import \
+            AsyncCollectiveTensor
+    except ImportError:
+        return False
+    return isinstance(t, AsyncCollectiveTensor)
+
+
 def _dtensor_chunk(value, name):
     """(local tensor, global shape, offsets) of a DTensor; offsets None when
     every placement is Replicate (the tensor is saved as a plain one)."""
     from torch.distributed.tensor import Replicate, Shard
+    strided = _strided_shard_type()
     placements = tuple(value.placements)
-    local = value.to_local()
-    if all(isinstance(p, Replicate) for p in placements):
-        return local, None, None
-    if not all(isinstance(p, (Replicate, Shard)) for p in placements):
+    for p in placements:
+        if isinstance(p, (Replicate, Shard)) or (
+                strided is not None and isinstance(p, strided)):
+            continue
+        if getattr(p, "is_partial", lambda: False)():
+            raise ValueError(
+                f"'{name}': DTensor placement {p} holds partial values "
+                "(Partial); redistribute it to Replicate or Shard first")
         raise ValueError(
-            f"'{name}': DTensor placements {placements} are not supported "
-            "(only Shard and Replicate; redistribute Partial first)")
+            f"'{name}': DTensor placement {p} is not supported (only Shard, "
+            "_StridedShard and Replicate)")
+    local = value.to_local()
+    if _is_async_collective(local):
+        # The result of an async_op redistribute: a wrapper without
+        # storage until its collective is waited for.
+        local = local.wait()
+    in_mesh = value.device_mesh.get_coordinate() is not None
+    if all(isinstance(p, Replicate) for p in placements):
+        if in_mesh and tuple(local.shape) != tuple(value.shape):
+            raise ValueError(
+                f"'{name}': replicated DTensor of shape "
+                f"{tuple(value.shape)} has a local tensor of shape "
+                f"{tuple(local.shape)}")
+        return local, None, None
     from torch.distributed.tensor._utils import \
         compute_local_shape_and_global_offset
-    _, offsets = compute_local_shape_and_global_offset(
+    local_shape, offsets = compute_local_shape_and_global_offset(
         value.shape, value.device_mesh, placements)
-    return local, tuple(value.shape), tuple(int(o) for o in offsets)
+    local_shape = tuple(int(s) for s in local_shape)
+    offsets = tuple(int(o) for o in offsets)
+    if in_mesh:
+        if tuple(local.shape) != local_shape:
+            raise ValueError(
+                f"'{name}': DTensor local tensor has shape "
+                f"{tuple(local.shape)} but its placements {placements} give "
+                f"this rank {local_shape} of the global shape "
+                f"{tuple(value.shape)} (dcp needs the torch.chunk split "
+                "DTensor makes; uneven from_local shards are not supported)")
+        if strided is not None and any(isinstance(p, strided)
+                                       for p in placements):
+            _check_box(value, name, placements, strided, local_shape,
+                       offsets)
+    return local, tuple(value.shape), offsets
+
+
+def _may_overlap(shape, strides, item) -> bool:
+    """Whether two elements of a view with `shape` and `strides` (in units
+    where one element spans `item`) may share memory. Conservative: False
+    proves they do not (each dimension, by increasing stride, steps past
+    everything the smaller ones span); a rare interleaved layout that does
+    not overlap still gets True."""
+    if 0 in shape:
+        return False
+    reach = 0  # the span of the dimensions so far, less one element
+    for stride, n in sorted((abs(st), n) for st, n in zip(strides, shape)
+                            if n > 1):
+        if stride < reach + item:
+            return True
+        reach += stride * (n - 1)
+    return False
+
+
+def _tensor_may_overlap(t) -> bool:
+    """Whether elements of torch tensor `t` may share memory: torch's own
+    test when this torch has it and can tell, else _may_overlap."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        verdict = check(t)  # 0: no, 1: yes, 2: too hard to tell
+        if verdict in (0, 1):
+            return verdict == 1
+    return _may_overlap(t.shape, t.stride(), 1)
 
 
 def storages_of(objs) -> list:
@@ -224,6 +359,7 @@ class Flat:
         self.host_bytes = 0
         self._arrays = []  # numpy buffers the C state dict points into
         self._paths_arr = None
+        self._values_paths_arr = None
 
     # -- the walk ----------------------------------------------------------
 
@@ -244,9 +380,16 @@ class Flat:
         if kid is None:
             if "\0" in key:
                 raise ValueError(f"state dict key {key!r} contains NUL")
+            try:
+                encoded = key.encode()
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"state dict key {key!r} at '{self.name()}' is not "
+                    "valid Unicode (a lone surrogate); dcp stores keys as "
+                    "UTF-8") from None
             kid = len(self._keys)
             self._key_ids[key] = kid
-            self._keys.append(key.encode())
+            self._keys.append(encoded)
         return kid << 1
 
     def add(self, obj) -> None:
@@ -305,6 +448,8 @@ class Flat:
                 local, gshape, offsets = _dtensor_chunk(v, self.name())
                 self._tensor(local, None if offsets is None else
                              (gshape, offsets))
+            elif _is_async_collective(v):
+                self._tensor(v.wait(), None)
             else:
                 self._tensor(v, None)
         elif isinstance(v, ShardedTensor):
@@ -319,6 +464,14 @@ class Flat:
             self._plain(v, parent, key)
 
     def _tensor(self, t, shard) -> None:
+        if not isinstance(t, np.ndarray) and (t.layout is not torch.strided
+                                              or t.is_nested):
+            raise ValueError(
+                f"'{self.name()}': "
+                + ("nested tensors are not supported by dcp (only dense, "
+                   "strided ones)" if t.is_nested else
+                   f"{t.layout} tensors are not supported by dcp (only "
+                   "dense, strided ones; convert with to_dense())"))
         if self.load:
             t = self._load_destination(t)
         elif not isinstance(t, np.ndarray):
@@ -341,20 +494,34 @@ class Flat:
                 raise ValueError(
                     f"'{self.name()}': cannot load into a read-only numpy "
                     "array")
+            if not t.flags.c_contiguous and _may_overlap(t.shape, t.strides,
+                                                         t.itemsize):
+                raise ValueError(
+                    f"'{self.name()}': cannot load into a numpy array whose "
+                    f"elements may share memory (shape {t.shape}, strides "
+                    f"{t.strides} bytes; e.g. from as_strided or "
+                    "broadcast_to)")
             if not LOAD_STRIDED and not t.flags.c_contiguous:
-                tmp = np.empty_like(t, order="C")
+                # A copy of the destination: what copy-back writes where the
+                # checkpoint lacks the key (allow_partial_load).
+                tmp = np.array(t, order="C")
                 self.copy_back.append((t, tmp))
                 return tmp
             return t
-        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        if not t.is_contiguous() and _tensor_may_overlap(t):
             raise ValueError(
                 f"'{self.name()}': cannot load into a tensor whose elements "
                 f"share memory (shape {tuple(t.shape)}, strides "
-                f"{tuple(t.stride())}; e.g. from expand)")
+                f"{tuple(t.stride())}; e.g. from expand, unfold or "
+                "as_strided)")
         if t.is_conj() or t.is_neg() or (not LOAD_STRIDED and
                                          not t.is_contiguous()):
-            # copy_ back applies a lazy conjugation or negation.
+            # copy_ back applies a lazy conjugation or negation. The
+            # temporary starts as the values the destination shows: a key
+            # the checkpoint lacks (allow_partial_load) copies them back
+            # unchanged.
             tmp = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            tmp.copy_(t)
             self.copy_back.append((t, tmp))
             return tmp
         return t
@@ -390,6 +557,11 @@ class Flat:
             return (_lib.VALUE_BYTES, b)
         elif isinstance(v, np.generic) and v.dtype.kind in "biuf":
             return self._encode(v.item())
+        if not self.allow_pickle and t is str:
+            raise TypeError(
+                f"cannot save '{self.name()}': the str is not valid Unicode "
+                "(a lone surrogate), so it has no UTF-8 form; pass "
+                "allow_pickle=True to store it pickled")
         if not self.allow_pickle:
             raise TypeError(
                 f"cannot save '{self.name()}': {t.__module__}.{t.__qualname__}"
@@ -401,22 +573,32 @@ class Flat:
 
     # -- the C state dict --------------------------------------------------
 
-    def build(self):
+    def build(self, values_only: bool = False):
         """A new dcp_state_dict_t holding every leaf (the caller frees it
-        with dcp_state_dict_free). Raises from the engine's checks."""
+        with dcp_state_dict_free). Raises from the engine's checks.
+
+        values_only (load): only the plain leaves, each list index in their
+        paths made a map key ("3"): the same flattened names, without the
+        list slots of the tensors (a list would fill them with None leaves
+        to load). read_values() reads it back."""
         L = _lib.lib()
         sd = ctypes.c_void_p()
         _lib.check(L.dcp_state_dict_create(ctypes.byref(sd)))
         try:
-            self._fill(L, sd)
+            if values_only:
+                self._fill_values(L, sd)
+            else:
+                self._fill(L, sd)
         except BaseException:
             L.dcp_state_dict_free(sd)
             raise
         return sd
 
-    def _paths(self):
-        """(paths array, elems array) for tensor leaves then value leaves."""
-        all_paths = self.t_paths + self.v_paths
+    def _paths(self, all_paths=None):
+        """The paths array of tensor leaves then value leaves (or of
+        `all_paths`)."""
+        if all_paths is None:
+            all_paths = self.t_paths + self.v_paths
         n = len(all_paths)
         lens = np.fromiter(map(len, all_paths), dtype=np.int64, count=n)
         total = int(lens.sum())
@@ -444,11 +626,10 @@ class Flat:
         paths["elems"][:n] = _addr(elems) + 16 * starts
         paths["len"][:n] = lens
         self._arrays += [blob, blob_arr, elems]
-        self._paths_arr = paths
         return paths
 
     def _fill(self, L, sd) -> None:
-        paths = self._paths()
+        paths = self._paths_arr = self._paths()
         nt = len(self.t_objs)
         if nt:
             tensors, shards = self._tensor_arrays()
@@ -460,6 +641,16 @@ class Flat:
                 self._arrays.append(marked)
                 _lib.check(L.dcp_state_dict_mark_requires_grad(
                     sd, len(self.t_grad), _addr(marked)))
+        self._set_values(L, sd, paths, nt)
+
+    def _fill_values(self, L, sd) -> None:
+        keyed = [tuple(self._key(str(e >> 1)) if e & 1 else e for e in path)
+                 for path in self.v_paths]
+        self._values_paths_arr = self._paths(keyed)
+        self._set_values(L, sd, self._values_paths_arr, 0)
+
+    def _set_values(self, L, sd, paths, first) -> None:
+        """Sets every plain leaf; value i's path is paths[first + i]."""
         setters = {
             _lib.VALUE_NONE: lambda p, _: L.dcp_state_dict_set_none(sd, p),
             _lib.VALUE_BOOL: lambda p, v: L.dcp_state_dict_set_bool(sd, p, v),
@@ -472,7 +663,7 @@ class Flat:
                 lambda p, v: L.dcp_state_dict_set_bytes(sd, p, v, len(v)),
         }
         for i, (kind, payload) in enumerate(self.v_vals):
-            path = Path.from_buffer(paths, (nt + i) * 16)
+            path = Path.from_buffer(paths, (first + i) * 16)
             _lib.check(setters[kind](path, payload))
 
     def _tensor_arrays(self):
@@ -610,25 +801,37 @@ class Flat:
 
     # -- after a load ------------------------------------------------------
 
-    def write_back(self, sd) -> None:
-        """Puts the loaded plain values into the caller's containers, copies
-        temporaries into strided destinations and rebuilds tuples."""
+    def read_values(self, sd) -> list:
+        """Load only: the loaded plain values of `sd` (built with
+        values_only), decoded, in v_slots order (_SKIP where the checkpoint
+        lacked the key). Raises, naming the key, on a value that cannot be
+        decoded (pickled without allow_pickle, an unpickling error); writes
+        nothing into the caller's containers."""
+        if not self.v_slots:
+            return []
+        L = _lib.lib()
+        info = _lib.sized(_lib.LeafInfo)
+        paths = self._values_paths_arr
+        out = []
+        for i, (_, _, old) in enumerate(self.v_slots):
+            path = Path.from_buffer(paths, i * 16)
+            _lib.check(L.dcp_state_dict_get(sd, path, ctypes.byref(info)))
+            out.append(self._decode(info, old, self.v_paths[i]))
+        return out
+
+    def write_back(self, values) -> None:
+        """Load only, after every check passed: copies temporaries into
+        strided (and conjugated/negated) destinations, puts the plain
+        values of read_values() into the caller's containers and rebuilds
+        tuples."""
         for dst, tmp in self.copy_back:
             if isinstance(dst, np.ndarray):
                 dst[...] = tmp
             else:
                 dst.copy_(tmp)
-        if self.v_slots:
-            L = _lib.lib()
-            info = _lib.sized(_lib.LeafInfo)
-            paths = self._paths_arr
-            nt = len(self.t_objs)
-            for i, (parent, key, old) in enumerate(self.v_slots):
-                path = Path.from_buffer(paths, (nt + i) * 16)
-                _lib.check(L.dcp_state_dict_get(sd, path, ctypes.byref(info)))
-                value = self._decode(info, old, self.v_paths[i])
-                if value is not _SKIP:
-                    parent[key] = value
+        for (parent, key, _), value in zip(self.v_slots, values):
+            if value is not _SKIP:
+                parent[key] = value
         for target, typ, parent, key in reversed(self._tuples):
             if hasattr(typ, "_fields"):  # namedtuple
                 parent[key] = typ(*target)
@@ -646,7 +849,12 @@ class Flat:
         elif kind == _lib.VALUE_BOOL:
             value = bool(info.bool_value)
         elif kind == _lib.VALUE_STRING:
-            return ctypes.string_at(info.data, info.size).decode()
+            raw = ctypes.string_at(info.data, info.size)
+            try:
+                return raw.decode()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"'{self.name(path)}': the saved string is "
+                                 f"not UTF-8 ({e})") from e
         elif kind == _lib.VALUE_BYTES:
             b = ctypes.string_at(info.data, info.size) if info.size else b""
             if b.startswith(_MARKER_PREFIX):
@@ -658,7 +866,12 @@ class Flat:
                             f"'{self.name(path)}' was saved pickled; loading "
                             "it runs pickle (arbitrary code): pass "
                             "allow_pickle=True if you trust the checkpoint")
-                    return pickle.loads(b[len(PICKLE_MARKER):])
+                    try:
+                        return pickle.loads(b[len(PICKLE_MARKER):])
+                    except Exception as e:
+                        raise ValueError(
+                            f"'{self.name(path)}': unpickling the saved value "
+                            f"failed: {type(e).__name__}: {e}") from e
                 if b.startswith(BYTES_ESCAPE):
                     b = b[len(BYTES_ESCAPE):]
             if type(old) is bytearray:
@@ -668,7 +881,12 @@ class Flat:
             raise ValueError(f"'{self.name(path)}': the checkpoint holds a "
                              "tensor where the state dict has a plain value")
         if isinstance(old, np.generic):
-            return type(old)(value)
+            try:
+                return type(old)(value)
+            except (OverflowError, ValueError, TypeError) as e:
+                raise ValueError(
+                    f"'{self.name(path)}': the saved value {value!r} does not "
+                    f"fit the state dict's {type(old).__name__}") from e
         return value
 
 

@@ -42,6 +42,7 @@ class _Prepared:
 
     def __init__(self):
         self.sd = None
+        self.values_sd = None
         self.writer = None
         self.reader = None
         self.flat = None
@@ -54,6 +55,9 @@ class _Prepared:
         if self.sd is not None:
             L.dcp_state_dict_free(self.sd)
             self.sd = None
+        if self.values_sd is not None:
+            L.dcp_state_dict_free(self.values_sd)
+            self.values_sd = None
         if self.writer is not None:
             L.dcp_storage_writer_free(self.writer)
             self.writer = None
@@ -181,6 +185,18 @@ def save_state_dict(state_dict, storage_writer, process_group=None,
                  stateful=False)
 
 
+def _load_checked(sd, options, path):
+    """dcp_load; raises on failure (CheckpointFileNotFoundError when there
+    is no checkpoint at `path`)."""
+    code = _lib.lib().dcp_load(sd, ctypes.byref(options))
+    if code == _lib.NOT_FOUND and not os.path.exists(
+            os.path.join(path, ".metadata")):
+        _, message, failures = _lib.last_error()
+        exc = errors.from_status(code, message, failures)
+        raise errors.CheckpointFileNotFoundError(exc.msg, exc.failures, code)
+    _lib.check(code)
+
+
 def _load(state_dict, *, checkpoint_id, storage_reader, planner,
           process_group, coordinator_rank, no_dist, allow_pickle, stateful):
     where = resolve(process_group, no_dist)
@@ -213,6 +229,12 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
         flat.add(target)
         p.flat = flat
         p.sd = flat.build()
+        # The plain values load first, on their own: a value that cannot
+        # be decoded (pickled without allow_pickle, an unpickling error)
+        # then raises before the load of p.sd writes any caller tensor.
+        # Every rank of a group takes both loads (they are collective).
+        if flat.v_slots or not where.no_dist:
+            p.values_sd = flat.build(values_only=True)
         if storage_reader is None and "://" not in path and (
                 os.path.exists(os.path.join(path, ".metadata")) or
                 os.path.exists(os.path.join(path, "rank-0", ".metadata"))):
@@ -243,15 +265,24 @@ def _load(state_dict, *, checkpoint_id, storage_reader, planner,
         error = e
     where.agree("load", error)
     try:
-        code = _lib.lib().dcp_load(p.sd, ctypes.byref(options))
-        if code == _lib.NOT_FOUND and not os.path.exists(
-                os.path.join(path, ".metadata")):
-            _, message, failures = _lib.last_error()
-            exc = errors.from_status(code, message, failures)
-            raise errors.CheckpointFileNotFoundError(exc.msg, exc.failures,
-                                                     code)
-        _lib.check(code)
-        flat.write_back(p.sd)
+        values = []
+        if p.values_sd is not None:
+            try:
+                _load_checked(p.values_sd, options, path)
+            except errors.CheckpointException:
+                # The engine checks (missing keys, types) fail the load of
+                # every leaf too, before it writes anything, and name what
+                # comes first in the state dict: raise that.
+                _load_checked(p.sd, options, path)
+                raise
+            error = None
+            try:
+                values = flat.read_values(p.values_sd)
+            except BaseException as e:
+                error = e
+            where.agree("load", error)
+        _load_checked(p.sd, options, path)
+        flat.write_back(values)
     finally:
         p.free()
     if target is not state_dict:

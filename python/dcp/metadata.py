@@ -3,12 +3,15 @@ and friends), read through dcp_metadata_* without loading any data.
 
 A Metadata made from a library handle reads its items lazily, on the first
 access of state_dict_metadata / planner_data, and frees the handle when it
-is garbage collected. The value objects are frozen dataclasses with the
-seed's fields; state_dict_metadata is a read-only mapping.
+(and whatever shares its handle's owner) is garbage collected; copy,
+deepcopy and pickle give a plain Metadata (every item read, no handle).
+The value objects are frozen dataclasses with the seed's fields;
+state_dict_metadata is a read-only mapping.
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import types
@@ -95,6 +98,30 @@ class StorageMeta:
     modules: list = field(default_factory=list)
 
 
+class _Handle:
+    """A dcp_metadata_t and the finalizer that frees it once no object
+    holds this owner any more (a Metadata, or a shallow copy of its
+    attributes)."""
+
+    __slots__ = ("value", "_finalizer", "__weakref__")
+
+    def __init__(self, handle: ctypes.c_void_p):
+        self.value = handle
+        self._finalizer = weakref.finalize(self, _lib.lib().dcp_metadata_free,
+                                           handle.value)
+
+
+def plain_fields(md) -> dict:
+    """Metadata(**result) rebuilds `md` without its C handle (every item
+    read; picklable)."""
+    return dict(state_dict_metadata=dict(md.state_dict_metadata),
+                planner_data=(dict(md.planner_data)
+                              if md.planner_data is not None else None),
+                storage_data=(dict(md.storage_data)
+                              if md.storage_data is not None else None),
+                storage_meta=md.storage_meta, version=md.version)
+
+
 class Metadata:
     """A committed checkpoint's metadata.
 
@@ -112,6 +139,7 @@ class Metadata:
     def __init__(self, state_dict_metadata=None, planner_data=None,
                  storage_data=None, storage_meta=None, version=None):
         self._handle = None
+        self._owner = None
         self._sdm = (types.MappingProxyType(dict(state_dict_metadata))
                      if state_dict_metadata is not None else
                      types.MappingProxyType({}))
@@ -124,13 +152,14 @@ class Metadata:
     def _from_handle(cls, handle: ctypes.c_void_p) -> "Metadata":
         """Takes ownership of a dcp_metadata_t."""
         self = cls.__new__(cls)
+        # The handle is freed with its owner, which every (shallow) copy
+        # of this object's attributes shares.
+        self._owner = _Handle(handle)
         self._handle = handle
         self._sdm = None
         self._planner_data = None
         self._storage_data = None
         L = _lib.lib()
-        self._finalizer = weakref.finalize(self, L.dcp_metadata_free,
-                                           handle.value)
         ckpt, save = ctypes.c_char_p(), ctypes.c_char_p()
         _lib.check(L.dcp_metadata_ids(handle, ctypes.byref(ckpt),
                                       ctypes.byref(save)))
@@ -167,6 +196,15 @@ class Metadata:
     @property
     def version(self):
         return self._version
+
+    def __reduce__(self):
+        return (_from_plain_fields, (plain_fields(self),))
+
+    def __copy__(self):
+        return Metadata(**plain_fields(self))
+
+    def __deepcopy__(self, memo):
+        return Metadata(**copy.deepcopy(plain_fields(self), memo))
 
     def __repr__(self):
         n = len(self.state_dict_metadata)
@@ -226,6 +264,11 @@ class Metadata:
                 tuple(info.shape[:ndim]) if ndim else (), tuple(chunks))
         self._sdm = types.MappingProxyType(sdm)
         self._planner_data = types.MappingProxyType(planner_data)
+
+
+def _from_plain_fields(fields: dict) -> Metadata:
+    """Unpickling: the plain Metadata of plain_fields()."""
+    return Metadata(**fields)
 
 
 def _metadata_or_raise(code: int, handle: ctypes.c_void_p) -> Metadata:

@@ -109,6 +109,89 @@ class Exploding:
         pass
 
 
+def strided_scenario(rank, world, ckpt):
+    """4 ranks, a 2x2 ("dp", "tp") mesh: FSDP2 over TP's placements
+    [_StridedShard(0, split_factor=2), Shard(0)] save and load back exact
+    values; DTensors whose local tensors are not the box their placements
+    give this rank raise naming the key, on save and on load; an async_op
+    redistribute's result saves its values."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+    assert world == 4
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    fsdp_tp = [_StridedShard(0, split_factor=2), Shard(0)]
+
+    def fsdp_over_tp(full, zero=False):
+        # What FSDP2 builds over TP(Shard(0)): the tp chunk's dp chunk.
+        local = full.chunk(2, dim=0)[tp].chunk(2, dim=0)[dp].clone()
+        if zero:
+            local.zero_()
+        return DTensor.from_local(local, mesh, fsdp_tp, shape=full.shape,
+                                  stride=full.stride(), run_check=False)
+
+    even = torch.arange(24.).reshape(8, 3)
+    uneven = torch.arange(14, dtype=torch.float64).reshape(7, 2)
+    path = os.path.join(ckpt, "strided")
+    dcp.save({"even": fsdp_over_tp(even), "uneven": fsdp_over_tp(uneven)},
+             checkpoint_id=path)
+    md = dcp.read_metadata(path)
+    chunks = md.state_dict_metadata["even"].chunks
+    offsets = sorted(c.offsets[0] for c in chunks)
+    assert offsets == [0, 2, 4, 6], offsets
+    whole = {"even": torch.zeros(8, 3),
+             "uneven": torch.zeros(7, 2, dtype=torch.float64)}
+    dcp.load(whole, checkpoint_id=path)
+    assert torch.equal(whole["even"], even), whole["even"]
+    assert torch.equal(whole["uneven"], uneven), whole["uneven"]
+    back = {"even": fsdp_over_tp(even, zero=True),
+            "uneven": fsdp_over_tp(uneven, zero=True)}
+    dcp.load(back, checkpoint_id=path)
+    for k, full in (("even", even), ("uneven", uneven)):
+        want = full.chunk(2, dim=0)[tp].chunk(2, dim=0)[dp]
+        assert torch.equal(back[k].to_local(), want), (k, back[k])
+
+    def raises(fn, *words):
+        try:
+            fn()
+        except dcp.CheckpointException as e:
+            for w in words:
+                assert w in str(e), str(e)
+        else:
+            raise AssertionError(f"no error naming {words}")
+
+    # Local shapes that are not DTensor's torch.chunk split of 8 rows
+    # (3 + 1 + 3 + 1 instead of 2 each): save and load both refuse.
+    n_rows = 3 if rank % 2 == 0 else 1
+    odd = DTensor.from_local(torch.zeros(n_rows, 3), mesh,
+                             [Shard(0), Shard(0)], shape=(8, 3),
+                             stride=(3, 1), run_check=False)
+    raises(lambda: dcp.save({"odd": odd, "w": torch.ones(2)},
+                            checkpoint_id=os.path.join(ckpt, "odd")),
+           "'odd'", "local tensor has shape")
+    raises(lambda: dcp.load({"even": odd}, checkpoint_id=path),
+           "'even'", "local tensor has shape")
+    assert torch.equal(odd.to_local(), torch.zeros(n_rows, 3))
+    # [Shard(0), _StridedShard(0, 2)] gives every rank rows {i, i + 2}:
+    # not one box.
+    gapped = DTensor.from_local(torch.zeros(2, 3), mesh,
+                                [Shard(0), _StridedShard(0, split_factor=2)],
+                                shape=(8, 3), stride=(3, 1), run_check=False)
+    raises(lambda: dcp.save({"gapped": gapped},
+                            checkpoint_id=os.path.join(ckpt, "gapped")),
+           "'gapped'", "not one contiguous range")
+    # An async_op redistribute's local tensor is an AsyncCollectiveTensor
+    # (no storage until waited for): saved once its collective is done.
+    from torch.distributed._functional_collectives import \
+        AsyncCollectiveTensor
+    pending = distribute_tensor(even, mesh, [Shard(0), Shard(1)]).redistribute(
+        mesh, [Replicate(), Replicate()], async_op=True)
+    assert isinstance(pending.to_local(), AsyncCollectiveTensor)
+    dcp.save({"r": pending}, checkpoint_id=os.path.join(ckpt, "async"))
+    got = {"r": torch.zeros(8, 3)}
+    dcp.load(got, checkpoint_id=os.path.join(ckpt, "async"))
+    assert torch.equal(got["r"], even), got["r"]
+
+
 def main():
     scenario, rank, world, store, ckpt = sys.argv[1:6]
     if rank == "env":  # under torchrun
@@ -207,6 +290,8 @@ def main():
             assert "model.w" in str(e), str(e)
         else:
             raise AssertionError("the load did not fail")
+    elif scenario == "strided":
+        strided_scenario(rank, world, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

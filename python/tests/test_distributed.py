@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import dcp
@@ -76,3 +77,13 @@ def test_sharded_save_and_reshard(tmp_path):
     # DTensor's Shard(0) splits 13 rows as torch.chunk does: 5, 5, 3.
     assert [c.offsets for c in chunks] == [(0, 0), (5, 0), (10, 0)]
     assert [c.sizes for c in chunks] == [(5, 7), (5, 7), (3, 7)]
+
+
+def test_strided_shard_fsdp_over_tp(tmp_path):
+    """FSDP2 over TP's [_StridedShard(0, 2), Shard(0)] on a 2x2 mesh (4
+    ranks) round-trips; local shapes other than DTensor's split raise."""
+    placement_types = __import__("torch.distributed.tensor.placement_types",
+                                 fromlist=["_StridedShard"])
+    if not hasattr(placement_types, "_StridedShard"):
+        pytest.skip("this torch has no _StridedShard")
+    _run("strided", 4, tmp_path, str(tmp_path / "ckpt"))

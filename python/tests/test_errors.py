@@ -1,6 +1,7 @@
 """Error paths: the exception type, code and message of each."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -47,6 +48,38 @@ def test_missing_key_strict_and_partial(ckpt):
     assert torch.equal(dst["a"], torch.ones(2))
     assert torch.equal(dst["b"], torch.zeros(2))
     assert dst["m"] == 5 and dst["n"] == 1
+
+
+class _Gone:
+    """Pickled by reference to this module; unpickling fails once the
+    attribute is removed."""
+
+
+def test_failed_value_decoding_writes_nothing(ckpt, monkeypatch):
+    """A value that cannot be decoded (pickled, loaded without
+    allow_pickle; an unpickling error) raises naming its key before any
+    tensor or value of the caller is written."""
+    dcp.save({"w": torch.ones(3), "n": 7, "obj": {1, 2}}, checkpoint_id=ckpt,
+             allow_pickle=True)
+    dst = {"w": torch.zeros(3), "n": 0, "obj": None}
+    with pytest.raises(ValueError, match="'obj'.*allow_pickle=True"):
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(dst["w"], torch.zeros(3))
+    assert dst["n"] == 0 and dst["obj"] is None
+    # In a list beside tensors, and an unpickling error.
+    dcp.save({"l": [torch.ones(2), 5, _Gone()]}, checkpoint_id=ckpt,
+             allow_pickle=True)
+    dst = {"l": [torch.zeros(2), 0, None]}
+    with monkeypatch.context() as m:
+        m.delattr(sys.modules[_Gone.__module__], "_Gone")
+        with pytest.raises(ValueError, match=r"'l\.2': unpickling the saved "
+                                             "value failed"):
+            dcp.load(dst, checkpoint_id=ckpt, allow_pickle=True)
+    assert torch.equal(dst["l"][0], torch.zeros(2))
+    assert dst["l"][1:] == [0, None]
+    dcp.load(dst, checkpoint_id=ckpt, allow_pickle=True)
+    assert torch.equal(dst["l"][0], torch.ones(2))
+    assert dst["l"][1] == 5 and isinstance(dst["l"][2], _Gone)
 
 
 def test_no_checkpoint_is_file_not_found(tmp_path):
@@ -102,6 +135,30 @@ def test_unsupported_values_and_keys_raise_before_the_engine(ckpt):
     with pytest.raises(ValueError, match="checkpoint_id"):
         dcp.save({"a": 1})
     assert not os.path.exists(ckpt)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_sparse_nested_and_surrogate_keys_raise_naming_the_key(ckpt):
+    """Sparse and nested tensors (save and load) and keys with a lone
+    surrogate (no UTF-8 form) raise a ValueError naming the key."""
+    sparse = {"sp": torch.eye(2).to_sparse(),
+              "csr": torch.eye(2).to_sparse_csr(),
+              "nt": torch.nested.nested_tensor([torch.ones(2),
+                                                torch.ones(3)]),
+              "jagged": torch.nested.nested_tensor(
+                  [torch.ones(2), torch.ones(3)], layout=torch.jagged)}
+    for key, t in sparse.items():
+        with pytest.raises(ValueError, match=rf"'{key}': .*not supported"):
+            dcp.save({"ok": torch.ones(1), key: t}, checkpoint_id=ckpt)
+    assert not os.path.exists(ckpt)
+    dcp.save({"sp": torch.eye(2)}, checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match=r"'sp': torch\.sparse_coo"):
+        dcp.load({"sp": torch.zeros(2, 2).to_sparse()}, checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match=r"key 'bad\\udcff' at 'a'"):
+        dcp.save({"a": {"bad\udcff": 1}}, checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match=r"key 'x\\ud800'"):
+        dcp.load({"x\ud800": torch.zeros(2)}, checkpoint_id=ckpt)
 
 
 def test_planner_and_storage_types_are_checked(ckpt):

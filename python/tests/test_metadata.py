@@ -1,6 +1,9 @@
 """Inspecting a checkpoint without loading it."""
 
+import copy
 import dataclasses
+import gc
+import pickle
 
 import pytest
 import torch
@@ -113,3 +116,38 @@ def test_version_and_storage_data(ckpt):
                         dict(md.storage_data), md.storage_meta, md.version)
     assert made.version == "dcp-1"
     assert made.storage_data == dict(md.storage_data)
+
+
+def _fields(md):
+    return (dict(md.state_dict_metadata), dict(md.planner_data),
+            dict(md.storage_data), md.storage_meta, md.version)
+
+
+def test_copies_and_pickles_are_plain_metadata(tmp_path):
+    """copy, deepcopy and pickle give a Metadata without the C handle:
+    equal to the original, and still readable after the original (and its
+    handle) is gone and another checkpoint's metadata took its memory."""
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    dcp.save({"first": torch.ones(2), "n": 1}, checkpoint_id=first)
+    dcp.save({"second": torch.ones(3), "other": 1}, checkpoint_id=second)
+    md = dcp.read_metadata(first)
+    want = _fields(md)
+    copies = [copy.copy(md), copy.deepcopy(md),
+              pickle.loads(pickle.dumps(md))]
+    del md
+    gc.collect()
+    others = [dcp.read_metadata(second) for _ in range(4)]
+    for c in copies:
+        assert c._handle is None
+        assert _fields(c) == want
+        assert list(c.state_dict_metadata) == ["first", "n"]
+    assert list(others[0].state_dict_metadata) == ["other", "second"]
+    # A copy of the attributes shares the handle, and keeps it alive.
+    md = dcp.read_metadata(first)
+    twin = dcp.Metadata.__new__(dcp.Metadata)
+    twin.__dict__.update(md.__dict__)
+    del md
+    gc.collect()
+    others = [dcp.read_metadata(second) for _ in range(4)]
+    assert list(twin.state_dict_metadata) == ["first", "n"]
+    assert copy.copy(dcp.Metadata()).planner_data is None

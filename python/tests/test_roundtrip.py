@@ -386,6 +386,33 @@ def test_conjugate_and_negative_views_save_and_load_their_values(ckpt, mode):
     assert torch.equal(base, want["conj"].conj())
 
 
+def test_partial_load_leaves_views_of_missing_keys_unchanged(
+        ckpt, monkeypatch):
+    """allow_partial_load: destinations loaded through a temporary (lazily
+    conjugated or negated views; strided ones when LOAD_STRIDED is off)
+    whose key the checkpoint lacks keep their values."""
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=ckpt)
+    partial = dcp.DefaultLoadPlanner(allow_partial_load=True)
+    base = torch.full((4,), 1 + 1j, dtype=torch.complex64)
+    nbase = torch.full((4,), 5.0)
+    dst = {"a": torch.zeros(2), "missing_c": base.conj(),
+           "missing_n": nbase._neg_view()}
+    dcp.load(dst, checkpoint_id=ckpt, planner=partial)
+    assert torch.equal(dst["a"], torch.ones(2))
+    assert torch.equal(base, torch.full((4,), 1 + 1j, dtype=torch.complex64))
+    assert torch.equal(nbase, torch.full((4,), 5.0))
+    monkeypatch.setattr(dcp._state, "LOAD_STRIDED", False)
+    tbase = torch.arange(12.0).reshape(3, 4)
+    nparr = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    dst = {"a": torch.zeros(2), "missing_t": tbase.T,
+           "missing_np": nparr.T}
+    dcp.load(dst, checkpoint_id=ckpt, planner=partial)
+    assert torch.equal(dst["a"], torch.ones(2))
+    assert torch.equal(tbase, torch.arange(12.0).reshape(3, 4))
+    assert np.array_equal(nparr,
+                          np.arange(12.0, dtype=np.float32).reshape(3, 4))
+
+
 def test_load_into_an_expanded_tensor_is_refused(ckpt):
     dcp.save({"w": torch.arange(12.0).reshape(3, 4)}, checkpoint_id=ckpt)
     base = torch.zeros(1, 4)
@@ -393,3 +420,30 @@ def test_load_into_an_expanded_tensor_is_refused(ckpt):
                                          r"whose elements share memory"):
         dcp.load({"w": base.expand(3, 4)}, checkpoint_id=ckpt)
     assert torch.equal(base, torch.zeros(1, 4))
+
+
+def test_load_into_self_overlapping_views_is_refused(ckpt):
+    """unfold / as_strided views whose elements share memory (torch and
+    numpy) raise naming the key and are left as they were; strided views
+    that do not overlap load."""
+    full = torch.arange(9.0).reshape(3, 3)
+    dcp.save({"x": full, "s": full[:, ::2]}, checkpoint_id=ckpt)
+    base = torch.zeros(5)
+    for view in (base.unfold(0, 3, 1), base.as_strided((3, 3), (1, 1))):
+        with pytest.raises(ValueError, match=r"'x': cannot load into a "
+                                             r"tensor whose elements share"):
+            dcp.load({"x": view}, checkpoint_id=ckpt)
+    assert torch.equal(base, torch.zeros(5))
+    nbase = np.zeros(5, np.float32)
+    for shape, strides in (((3, 3), (4, 4)), ((3, 3), (0, 4))):
+        view = np.lib.stride_tricks.as_strided(nbase, shape, strides,
+                                               writeable=True)
+        with pytest.raises(ValueError, match=r"'x': cannot load into a "
+                                             r"numpy array whose elements"):
+            dcp.load({"x": view}, checkpoint_id=ckpt)
+    assert np.array_equal(nbase, np.zeros(5, np.float32))
+    tbig, nbig = torch.zeros(3, 6), np.zeros((3, 6), np.float32)
+    dst = {"x": tbig[:, ::2].T, "s": nbig[:, 1::3]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(tbig[:, ::2], full.T)
+    assert np.array_equal(nbig[:, 1::3], full[:, ::2].numpy())
