@@ -29,13 +29,32 @@ is_system_lib() {
   esac
   return 1
 }
+# ldd's output is taken whole first: a failing ldd must stop the build
+# (read from a process substitution, its status would be lost), and so
+# must a library it cannot find ("libX.so => not found"), which the wheel
+# would otherwise lack.
+if ! deps="$(ldd "$stage/dcp/libdcp.so")"; then
+  echo "build_wheel.sh: ldd $lib failed; cannot collect its libraries" >&2
+  exit 1
+fi
+missing=()
 while read -r name _ path _; do
+  if [[ "${path:-}" == "not" ]]; then
+    missing+=("$name")
+    continue
+  fi
   [[ -n "${path:-}" && "$path" == /* ]] || continue
   is_system_lib "$name" && continue
   cp -L "$path" "$stage/dcp/_libs/$name"
   chmod 755 "$stage/dcp/_libs/$name"
   patchelf --set-rpath '$ORIGIN' "$stage/dcp/_libs/$name"
-done < <(ldd "$stage/dcp/libdcp.so")
+done <<<"$deps"
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "build_wheel.sh: $lib needs libraries ldd cannot find:" \
+    "${missing[*]} (install them or add their directory to" \
+    "LD_LIBRARY_PATH); not building a wheel without them" >&2
+  exit 1
+fi
 patchelf --set-rpath '$ORIGIN/_libs' "$stage/dcp/libdcp.so"
 
 mkdir -p dist

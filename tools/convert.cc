@@ -88,7 +88,10 @@ void ConvertElements(const std::byte* src, DType from, int64_t n,
   }
 }
 
-absl::Status PrepareDestination(const std::string& dst) {
+// Makes `dst` an empty directory: true when it created it, false when it
+// was one already. kAlreadyExists for anything else, kPermissionDenied
+// when it cannot be created.
+absl::StatusOr<bool> PrepareDestination(const std::string& dst) {
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) {
     if (!std::filesystem::is_directory(dst, ec) ||
@@ -97,14 +100,14 @@ absl::Status PrepareDestination(const std::string& dst) {
           "dcp convert: the destination ", dst,
           " exists and is not an empty directory; choose a new one"));
     }
-    return absl::OkStatus();
+    return false;
   }
   std::filesystem::create_directories(dst, ec);
   if (ec) {
     return absl::PermissionDeniedError(
         absl::StrCat("dcp convert: cannot create ", dst, ": ", ec.message()));
   }
-  return absl::OkStatus();
+  return true;
 }
 
 // "converting: 123 / 456 MiB (27%)" redrawn in place.
@@ -120,25 +123,18 @@ class Progress {
                 total_ > 0 ? static_cast<int>(100 * done_ / total_) : 100);
     std::fflush(stdout);
   }
+  // Ends the line (once; later calls do nothing).
   void Finish() {
-    if (enabled_) std::printf("\n");
+    if (enabled_ && !finished_) std::printf("\n");
+    finished_ = true;
   }
 
  private:
   const bool enabled_;
   const int64_t total_;
   int64_t done_ = 0;
+  bool finished_ = false;
 };
-
-absl::Status Rename(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  std::filesystem::rename(from, to, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("renaming ", from, " to ", to, ": ", ec.message()));
-  }
-  return absl::OkStatus();
-}
 
 // One window of whole rows of a tensor, loaded in a batch.
 struct Piece {
@@ -216,7 +212,6 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
   FileSystemReader reader(src, reader_options);
   DCP_RETURN_IF_ERROR(reader.Reset(src));
   DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
-  DCP_RETURN_IF_ERROR(PrepareDestination(dst));
 
   // Files in name order, split at max_shard_bytes.
   struct OutFile {
@@ -254,96 +249,131 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
     source_total += CheckedNumBytes(t->properties.dtype, t->size).value_or(0);
   }
 
-  Progress progress(options.progress, source_total);
-  FileSystemBase& fs = LocalFileSystem();
-  Json weight_map = Json::object();
-  std::vector<std::pair<std::string, std::string>> renames;
-  std::vector<std::byte> buffer, converted;
+  DCP_ASSIGN_OR_RETURN(const bool created, PrepareDestination(dst));
+  FileSystemBase& fs =
+      options.file_system != nullptr ? *options.file_system : LocalFileSystem();
+  // The files' final names, the index last, and their temporary names.
   const int count = static_cast<int>(files.size());
-  for (int f = 0; f < count; ++f) {
-    OutFile& file = files[f];
-    SortForSafetensors(file.layout);
-    DCP_ASSIGN_OR_RETURN(
-        std::string header,
-        EncodeSafetensorsHeader(file.layout, {{"format", "pt"}}));
-    const std::string name = HfFileName(f + 1, count);
-    const std::string temp = JoinPath(dst, absl::StrCat(".", name, ".tmp"));
-    OpenOptions open_options;
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> out,
-                         fs.OpenForWrite(temp, open_options));
-    int64_t at = 0;
-    auto append = [&](const std::byte* data, int64_t bytes) -> absl::Status {
-      DCP_RETURN_IF_ERROR(out->PWrite(at, {data, static_cast<size_t>(bytes)}));
-      at += bytes;
-      return absl::OkStatus();
-    };
-    DCP_RETURN_IF_ERROR(
-        append(reinterpret_cast<const std::byte*>(header.data()),
-               static_cast<int64_t>(header.size())));
+  std::vector<std::string> names, temps;
+  for (int f = 0; f < count; ++f) names.push_back(HfFileName(f + 1, count));
+  names.push_back(kHfIndexFileName);
+  for (const std::string& name : names) {
+    temps.push_back(JoinPath(dst, absl::StrCat(".", name, ".tmp")));
+  }
 
-    // Windows of whole rows, loaded in batches of at most buffer_bytes.
-    std::vector<Piece> batch;
-    int64_t batch_bytes = 0;
-    auto flush = [&]() -> absl::Status {
-      if (batch.empty()) return absl::OkStatus();
-      buffer.resize(batch_bytes);
-      DCP_RETURN_IF_ERROR(LoadPieces(reader, batch, buffer.data()));
-      int64_t offset = 0;
-      for (const Piece& p : batch) {
-        const std::byte* data = buffer.data() + offset;
-        offset += p.bytes;
-        progress.Add(p.bytes);
-        if (p.source == p.tensor->dtype) {
-          DCP_RETURN_IF_ERROR(append(data, p.bytes));
-          continue;
-        }
-        const int64_t n = p.bytes / static_cast<int64_t>(ElementSize(p.source));
-        converted.resize(n * ElementSize(p.tensor->dtype));
-        ConvertElements(data, p.source, n, converted.data(), p.tensor->dtype);
+  Progress progress(options.progress, source_total);
+  auto run = [&]() -> absl::Status {
+    Json weight_map = Json::object();
+    std::vector<std::byte> buffer, converted;
+    for (int f = 0; f < count; ++f) {
+      OutFile& file = files[f];
+      SortForSafetensors(file.layout);
+      DCP_ASSIGN_OR_RETURN(
+          std::string header,
+          EncodeSafetensorsHeader(file.layout, {{"format", "pt"}}));
+      DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> out,
+                           fs.OpenForWrite(temps[f], OpenOptions{}));
+      int64_t at = 0;
+      auto append = [&](const std::byte* data, int64_t bytes) -> absl::Status {
         DCP_RETURN_IF_ERROR(
-            append(converted.data(), static_cast<int64_t>(converted.size())));
-      }
-      batch.clear();
-      batch_bytes = 0;
-      return absl::OkStatus();
-    };
-    absl::Status status;
-    for (const SafetensorsTensor& t : file.layout) {
-      ForEachWindow(t, source_dtype.at(t.name), options.buffer_bytes,
-                    [&](const Piece& p) {
-                      if (!status.ok()) return;
-                      if (batch_bytes > 0 &&
-                          batch_bytes + p.bytes > options.buffer_bytes) {
-                        status = flush();
-                      }
-                      batch.push_back(p);
-                      batch_bytes += p.bytes;
-                    });
-      DCP_RETURN_IF_ERROR(status);
-    }
-    DCP_RETURN_IF_ERROR(flush());
-    DCP_RETURN_IF_ERROR(out->Sync());
-    DCP_RETURN_IF_ERROR(out->Close());
-    for (const SafetensorsTensor& t : file.layout) weight_map[t.name] = name;
-    renames.emplace_back(temp, JoinPath(dst, name));
-  }
-  progress.Finish();
+            out->PWrite(at, {data, static_cast<size_t>(bytes)}));
+        at += bytes;
+        return absl::OkStatus();
+      };
+      DCP_RETURN_IF_ERROR(
+          append(reinterpret_cast<const std::byte*>(header.data()),
+                 static_cast<int64_t>(header.size())));
 
-  const Json index = {{"metadata", {{"total_size", total}}},
-                      {"weight_map", weight_map}};
-  const std::string text = index.dump(2);
-  const std::string index_temp =
-      JoinPath(dst, absl::StrCat(".", kHfIndexFileName, ".tmp"));
-  {
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> out,
-                         fs.OpenForWrite(index_temp, OpenOptions{}));
-    DCP_RETURN_IF_ERROR(out->PWrite(
-        0, {reinterpret_cast<const std::byte*>(text.data()), text.size()}));
-    DCP_RETURN_IF_ERROR(out->Sync());
-    DCP_RETURN_IF_ERROR(out->Close());
+      // Windows of whole rows, loaded in batches of at most buffer_bytes.
+      std::vector<Piece> batch;
+      int64_t batch_bytes = 0;
+      auto flush = [&]() -> absl::Status {
+        if (batch.empty()) return absl::OkStatus();
+        buffer.resize(batch_bytes);
+        DCP_RETURN_IF_ERROR(LoadPieces(reader, batch, buffer.data()));
+        int64_t offset = 0;
+        for (const Piece& p : batch) {
+          const std::byte* data = buffer.data() + offset;
+          offset += p.bytes;
+          progress.Add(p.bytes);
+          if (p.source == p.tensor->dtype) {
+            DCP_RETURN_IF_ERROR(append(data, p.bytes));
+            continue;
+          }
+          const int64_t n =
+              p.bytes / static_cast<int64_t>(ElementSize(p.source));
+          converted.resize(n * ElementSize(p.tensor->dtype));
+          ConvertElements(data, p.source, n, converted.data(), p.tensor->dtype);
+          DCP_RETURN_IF_ERROR(
+              append(converted.data(), static_cast<int64_t>(converted.size())));
+        }
+        batch.clear();
+        batch_bytes = 0;
+        return absl::OkStatus();
+      };
+      absl::Status status;
+      for (const SafetensorsTensor& t : file.layout) {
+        ForEachWindow(t, source_dtype.at(t.name), options.buffer_bytes,
+                      [&](const Piece& p) {
+                        if (!status.ok()) return;
+                        if (batch_bytes > 0 &&
+                            batch_bytes + p.bytes > options.buffer_bytes) {
+                          status = flush();
+                        }
+                        batch.push_back(p);
+                        batch_bytes += p.bytes;
+                      });
+        DCP_RETURN_IF_ERROR(status);
+      }
+      DCP_RETURN_IF_ERROR(flush());
+      DCP_RETURN_IF_ERROR(out->Sync());
+      DCP_RETURN_IF_ERROR(out->Close());
+      for (const SafetensorsTensor& t : file.layout) {
+        weight_map[t.name] = names[f];
+      }
+    }
+    progress.Finish();
+
+    const Json index = {{"metadata", {{"total_size", total}}},
+                        {"weight_map", weight_map}};
+    const std::string text = index.dump(2);
+    {
+      DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> out,
+                           fs.OpenForWrite(temps[count], OpenOptions{}));
+      DCP_RETURN_IF_ERROR(out->PWrite(
+          0, {reinterpret_cast<const std::byte*>(text.data()), text.size()}));
+      DCP_RETURN_IF_ERROR(out->Sync());
+      DCP_RETURN_IF_ERROR(out->Close());
+    }
+    // The commit: the index first, made durable, then the files it names.
+    // A directory interrupted in between has an index naming files that
+    // are not there, which readers refuse; never files without an index,
+    // which readers take for the whole checkpoint (they fall back to every
+    // *.safetensors file).
+    DCP_RETURN_IF_ERROR(fs.Rename(temps[count], JoinPath(dst, names[count])));
+    DCP_RETURN_IF_ERROR(fs.SyncDir(dst));
+    for (int f = 0; f < count; ++f) {
+      DCP_RETURN_IF_ERROR(fs.Rename(temps[f], JoinPath(dst, names[f])));
+    }
+    return fs.SyncDir(dst);
+  };
+  absl::Status status = run();
+  if (!status.ok()) {
+    progress.Finish();
+    // Nothing stays behind, so that the same command can run again: every
+    // name this conversion may have created (DST was empty), the files
+    // before the index (an interrupted clean-up leaves what an interrupted
+    // commit does), then DST itself when it was made here.
+    for (int f = 0; f <= count; ++f) {
+      fs.RemoveFile(JoinPath(dst, names[f])).IgnoreError();
+    }
+    for (const std::string& temp : temps) fs.RemoveFile(temp).IgnoreError();
+    if (created) {
+      std::error_code ec;
+      std::filesystem::remove(dst, ec);  // Only when empty.
+    }
+    return status;
   }
-  renames.emplace_back(index_temp, JoinPath(dst, kHfIndexFileName));
-  for (const auto& [from, to] : renames) DCP_RETURN_IF_ERROR(Rename(from, to));
   std::printf("converted %s to %s: %zu tensors in %d files, %lld bytes\n",
               src.c_str(), dst.c_str(), source_dtype.size(), count,
               static_cast<long long>(total));
@@ -373,7 +403,7 @@ absl::Status ToDcp(const std::string& src, const std::string& dst,
   reader_options.thread_count = options.threads;
   HuggingFaceStorageReader reader(src, reader_options);
   DCP_ASSIGN_OR_RETURN(Metadata source_metadata, reader.ReadMetadata());
-  DCP_RETURN_IF_ERROR(PrepareDestination(dst));
+  DCP_RETURN_IF_ERROR(PrepareDestination(dst).status());
 
   std::vector<SafetensorsTensor> tensors;  // In the output dtype.
   std::vector<DType> sources;

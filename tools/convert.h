@@ -20,9 +20,18 @@
 //   removes every file written.
 // - dtype (optional) converts floating tensors (F16, BF16, F32, F64) to
 //   F32, BF16 or F16 (round to nearest even); other tensors keep theirs.
-// - Files are written under temporary names and renamed at the end, the
-//   index last. DST must not exist or be empty (kAlreadyExists otherwise).
-//   A progress line is drawn on stdout when it is a terminal.
+// - DST must not exist or be empty (kAlreadyExists otherwise). A progress
+//   line is drawn on stdout when it is a terminal.
+// - To safetensors, files are written and fsynced under temporary names
+//   (".NAME.tmp"), then renamed: the index first (and the directory
+//   fsynced), then the files it names, then the directory fsynced again.
+//   A directory that holds safetensors files without an index, which
+//   readers take for a whole checkpoint (they fall back to every
+//   *.safetensors file), is never left: one interrupted during the
+//   commit (killed, a power loss) has an index naming files that are not
+//   there, which readers refuse. Any failure removes every file written,
+//   temporary or renamed (and DST when it created it), so the same command
+//   can run again; only a conversion killed outright leaves its files.
 #ifndef DCP_TOOLS_CONVERT_H_
 #define DCP_TOOLS_CONVERT_H_
 
@@ -35,6 +44,8 @@
 
 namespace dcp {
 
+class FileSystemBase;  // io/file_system.h
+
 struct ConvertOptions {
   std::string to;  // "safetensors" or "dcp".
   int64_t max_shard_bytes = int64_t{5} << 30;
@@ -42,6 +53,10 @@ struct ConvertOptions {
   int threads = 4;
   int64_t buffer_bytes = int64_t{256} << 20;
   bool progress = false;  // Draw the progress line.
+  // To safetensors: the file system DST's files are written, renamed and
+  // removed through (tests inject faults with it); null: the local one.
+  // Not owned.
+  FileSystemBase* file_system = nullptr;
 };
 
 // Parses `dcp convert`'s flags as typed: --to, --max-shard-size (ParseSize),

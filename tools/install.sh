@@ -36,6 +36,15 @@ version_part() {
   sed -n "s/^#define DCP_VERSION_$1 \([0-9]*\)$/\1/p" "$headers/dcp.h"
 }
 major=$(version_part MAJOR) minor=$(version_part MINOR) patch=$(version_part PATCH)
+# Each must be one number: an empty one would install libdcp.so.. files.
+for part in "$major" "$minor" "$patch"; do
+  if ! [[ "$part" =~ ^[0-9]+$ ]]; then
+    echo "install.sh: cannot read the version from $headers/dcp.h: expected" \
+      "one '#define DCP_VERSION_MAJOR|MINOR|PATCH N' line each, found" \
+      "major='$major' minor='$minor' patch='$patch'" >&2
+    exit 1
+  fi
+done
 version="$major.$minor.$patch"
 
 mkdir -p "$prefix/include/dcp" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/dcp"

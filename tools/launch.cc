@@ -1,19 +1,26 @@
 #include "tools/launch.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,28 +37,90 @@ namespace dcp::tools {
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
+// The write end of SignalForwarding's wake-up pipe (-1 without one).
+volatile sig_atomic_t g_wake_fd = -1;
 
-void OnSignal(int sig) { g_signal = sig; }
+void OnSignal(int sig) {
+  g_signal = sig;
+  const int saved_errno = errno;
+  const int fd = g_wake_fd;
+  if (fd >= 0) {
+    const char byte = 0;
+    (void)!write(fd, &byte, 1);  // Full pipe: a wake-up is pending anyway.
+  }
+  errno = saved_errno;
+}
 
-// Installs SIGINT/SIGTERM handlers for the launcher's lifetime.
+// The signals the launcher passes on to its ranks.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// Installs the handlers of kForwardedSignals for the launcher's lifetime,
+// and a pipe the handler writes a byte to, so that the supervision loop's
+// poll wakes on a signal however it races with it. SIGINT and SIGTERM are
+// always caught; SIGHUP and SIGQUIT only when not ignored on entry (nohup,
+// a background job), so that they stay ignored, in the ranks too.
 class SignalForwarding {
  public:
   SignalForwarding() {
     g_signal = 0;
+    int wake[2];
+    if (pipe2(wake, O_CLOEXEC | O_NONBLOCK) == 0) {
+      wake_read_ = wake[0];
+      wake_write_ = wake[1];
+      g_wake_fd = wake_write_;
+    }
     struct sigaction action = {};
     action.sa_handler = OnSignal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &old_int_);
-    sigaction(SIGTERM, &action, &old_term_);
+    sigemptyset(&signals_);
+    for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      const int sig = kForwardedSignals[i];
+      sigaddset(&signals_, sig);
+      sigaction(sig, nullptr, &old_[i]);
+      if ((sig == SIGHUP || sig == SIGQUIT) && old_[i].sa_handler == SIG_IGN) {
+        continue;
+      }
+      sigaction(sig, &action, nullptr);
+      installed_[i] = true;
+    }
   }
   ~SignalForwarding() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      if (installed_[i]) sigaction(kForwardedSignals[i], &old_[i], nullptr);
+    }
+    g_wake_fd = -1;
+    if (wake_read_ >= 0) close(wake_read_);
+    if (wake_write_ >= 0) close(wake_write_);
+  }
+
+  // In a forked child before exec: the default action for every signal
+  // this object caught (an ignored one stays ignored).
+  void ResetInChild() const {
+    struct sigaction dfl = {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+      if (installed_[i]) sigaction(kForwardedSignals[i], &dfl, nullptr);
+    }
+  }
+
+  // kForwardedSignals, as a set.
+  const sigset_t& signals() const { return signals_; }
+
+  // Readable once a signal arrived since the last Drain; -1 without a pipe.
+  int wake_fd() const { return wake_read_; }
+  void Drain() const {
+    char buf[64];
+    while (wake_read_ >= 0 && read(wake_read_, buf, sizeof(buf)) > 0) {
+    }
   }
 
  private:
-  struct sigaction old_int_ = {};
-  struct sigaction old_term_ = {};
+  struct sigaction old_[std::size(kForwardedSignals)] = {};
+  bool installed_[std::size(kForwardedSignals)] = {};
+  sigset_t signals_;
+  int wake_read_ = -1;
+  int wake_write_ = -1;
 };
 
 void WriteAll(int fd, absl::string_view data) {
@@ -107,7 +176,12 @@ struct Stream {
 
 struct Rank {
   pid_t pid = -1;
+  // Readable once the rank has exited; -1 where pidfd_open is missing.
+  int pidfd = -1;
   bool running = false;
+  // Whether its process group (id `pid`) may still have members: children
+  // it left behind outlive it there. Cleared once kill finds it gone.
+  bool group = false;
   Stream out;
   Stream err;
   std::string prefix;
@@ -161,10 +235,86 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return out;
 }
 
-void SignalRank(const Rank& rank, int sig) {
-  if (!rank.running) return;
-  // Each rank leads its own process group, so its children stop too.
-  if (kill(-rank.pid, sig) != 0) kill(rank.pid, sig);
+// A descriptor that becomes readable when `pid` (a child) exits, or -1.
+int OpenPidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) {
+    fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+#endif
+  return -1;
+}
+
+// Sends `sig` to the process group of `rank` (each rank leads its own),
+// so that the children it started stop too, whether or not the rank itself
+// has exited already. ESRCH: the group is gone, and is not signalled again
+// (its id may be reused once empty).
+void SignalRank(Rank& rank, int sig) {
+  if (!rank.group) return;
+  if (kill(-rank.pid, sig) == 0) return;
+  if (errno == ESRCH) {
+    rank.group = false;
+    // A running rank that left its group (setsid) is still signalled.
+    if (rank.running) kill(rank.pid, sig);
+  }
+}
+
+// Forgets the process groups of `ranks` that have no member left but
+// zombies (orphans a slow init has not reaped yet: they can neither be
+// stopped nor hold anything, and waiting for them would wait for the
+// reaper). Returns whether any group has a live member. Reads /proc once
+// when kill(2) alone cannot tell; without /proc, a group with zombies
+// counts as live.
+bool UpdateLiveGroups(std::vector<Rank>& ranks) {
+  std::set<pid_t> unknown;  // Groups with members, perhaps only zombies.
+  for (Rank& rank : ranks) {
+    if (!rank.group) continue;
+    if (kill(-rank.pid, 0) != 0 && errno == ESRCH) {
+      rank.group = false;
+    } else if (!rank.running) {
+      unknown.insert(rank.pid);
+    }
+  }
+  if (!unknown.empty()) {
+    std::set<pid_t> live;
+    DIR* proc = opendir("/proc");
+    if (proc == nullptr) return true;
+    while (const dirent* entry = readdir(proc)) {
+      const char* name = entry->d_name;
+      if (*name < '0' || *name > '9') continue;
+      const int fd = open(absl::StrCat("/proc/", name, "/stat").c_str(),
+                          O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;  // Gone meanwhile.
+      char buf[512];
+      const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+      close(fd);
+      if (n <= 0) continue;
+      buf[n] = '\0';
+      // "PID (COMM) STATE PPID PGRP ...": COMM may hold anything but ends
+      // at the last ')'.
+      const char* rest = strrchr(buf, ')');
+      char state = 0;
+      int ppid = 0, pgrp = 0;
+      if (rest == nullptr ||
+          sscanf(rest + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) {
+        continue;
+      }
+      if (state != 'Z' && state != 'X' && unknown.count(pgrp) > 0) {
+        live.insert(pgrp);
+      }
+    }
+    closedir(proc);
+    for (Rank& rank : ranks) {
+      if (rank.group && !rank.running && live.count(rank.pid) == 0) {
+        rank.group = false;
+      }
+    }
+  }
+  bool any = false;
+  for (const Rank& rank : ranks) any |= rank.group;
+  return any;
 }
 
 }  // namespace
@@ -289,7 +439,15 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     std::vector<char*> envp = CStrings(env);
     std::vector<char*> argp = CStrings(args);
     std::fflush(nullptr);
+    const pid_t launcher = getpid();
+    // The forwarded signals are blocked across the fork: a child must not
+    // take one with the launcher's handler (and lose it) before it has reset
+    // its handlers; it then receives the pending signal as the default
+    // action.
+    sigset_t old_mask;
+    pthread_sigmask(SIG_BLOCK, &forwarding.signals(), &old_mask);
     const pid_t pid = fork();
+    if (pid != 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
     if (pid < 0) {
       start_error =
           absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
@@ -299,10 +457,13 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     }
     if (pid == 0) {
       setpgid(0, 0);
-      struct sigaction dfl = {};
-      dfl.sa_handler = SIG_DFL;
-      sigaction(SIGINT, &dfl, nullptr);
-      sigaction(SIGTERM, &dfl, nullptr);
+      forwarding.ResetInChild();
+      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+      // A launcher killed outright (SIGKILL, a crash) cannot stop its
+      // ranks: the kernel sends SIGTERM when it (the thread that forked)
+      // dies. If it died before this was set, stop here.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(128 + SIGTERM);
       dup2(out_pipe[1], STDOUT_FILENO);
       dup2(err_pipe[1], STDERR_FILENO);
       execvpe(argp[0], argp.data(), envp.data());
@@ -317,7 +478,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
     fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
     rank.pid = pid;
+    rank.pidfd = OpenPidfd(pid);
     rank.running = true;
+    rank.group = true;
     rank.out = {out_pipe[0], options.stdout_fd, ""};
     rank.err = {err_pipe[0], options.stderr_fd, ""};
   }
@@ -326,24 +489,43 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   if (!start_error.ok()) first_failure = 1;
   std::optional<absl::Time> stop_started;
   bool killed = false;
+  // Stopping reaches the process groups of ranks that exited too: their
+  // leftover children would otherwise outlive the launcher.
   auto stop_all = [&](int sig) {
-    for (const Rank& rank : ranks) SignalRank(rank, sig);
+    for (Rank& rank : ranks) SignalRank(rank, sig);
   };
   if (!start_error.ok()) {
     stop_started = absl::Now();
     stop_all(SIGTERM);
   }
 
+  // The loop blocks in poll until a rank writes, exits (its pidfd) or the
+  // launcher gets a signal (the wake-up pipe), or until the next deadline:
+  // the end of the grace period, the end of the wait for leftover pipes.
+  // It never spins, whatever the ranks did with their stdout and stderr.
   std::optional<absl::Time> all_exited_at;
+  absl::Duration timeout = absl::InfiniteDuration();
   for (;;) {
-    // Output.
     std::vector<pollfd> fds;
     for (Rank& rank : ranks) {
       for (Stream* s : {&rank.out, &rank.err}) {
         if (s->fd >= 0) fds.push_back({s->fd, POLLIN, 0});
       }
+      if (rank.running && rank.pidfd >= 0) {
+        fds.push_back({rank.pidfd, POLLIN, 0});
+      }
     }
-    if (!fds.empty()) poll(fds.data(), fds.size(), 50);
+    if (forwarding.wake_fd() >= 0) {
+      fds.push_back({forwarding.wake_fd(), POLLIN, 0});
+    }
+    const int timeout_ms = timeout == absl::InfiniteDuration()
+                               ? -1
+                               : static_cast<int>(std::clamp<int64_t>(
+                                     absl::ToInt64Milliseconds(absl::Ceil(
+                                         timeout, absl::Milliseconds(1))),
+                                     0, 60000));
+    poll(fds.data(), fds.size(), timeout_ms);
+    forwarding.Drain();
     for (Rank& rank : ranks) {
       rank.out.Drain(rank.prefix);
       rank.err.Drain(rank.prefix);
@@ -360,6 +542,8 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         continue;
       }
       rank.running = false;
+      if (rank.pidfd >= 0) close(rank.pidfd);
+      rank.pidfd = -1;
       const int code = got < 0             ? 1
                        : WIFEXITED(status) ? WEXITSTATUS(status)
                                            : 128 + WTERMSIG(status);
@@ -380,21 +564,46 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       stop_started = absl::Now();
       stop_all(SIGTERM);
     }
+    const absl::Time now = absl::Now();
     if (stop_started.has_value() && !killed &&
-        absl::Now() - *stop_started > options.grace) {
+        now - *stop_started >= options.grace) {
       stop_all(SIGKILL);
       killed = true;
     }
-    if (!any_running) {
-      if (!all_exited_at.has_value()) all_exited_at = absl::Now();
-      bool open = false;
-      for (const Rank& rank : ranks)
-        open |= rank.out.fd >= 0 || rank.err.fd >= 0;
-      // Leftover children of a rank may hold its pipes; stop waiting soon.
-      if (!open || absl::Now() - *all_exited_at > absl::Seconds(1)) break;
+    // While stopping, the leftover children of exited ranks are waited for
+    // too (until SIGKILL, which they cannot survive, has been sent).
+    const bool groups_left =
+        stop_started.has_value() && !killed && UpdateLiveGroups(ranks);
+    bool open = false;
+    for (const Rank& rank : ranks) {
+      open |= rank.out.fd >= 0 || rank.err.fd >= 0;
     }
+    if (!any_running && !all_exited_at.has_value()) all_exited_at = now;
+    // Leftover children of a rank may hold its pipes; stop waiting soon.
+    const absl::Time pipes_deadline =
+        all_exited_at.value_or(now) + absl::Seconds(1);
+    if (!any_running && !groups_left && (!open || now >= pipes_deadline)) {
+      break;
+    }
+
+    // How long the next poll may block.
+    timeout = absl::InfiniteDuration();
+    bool unwatched = forwarding.wake_fd() < 0;
+    for (const Rank& rank : ranks) unwatched |= rank.running && rank.pidfd < 0;
+    // Without a pidfd or a wake-up pipe, and for leftover children (whose
+    // end nothing notifies), look again shortly.
+    if (unwatched) timeout = absl::Milliseconds(50);
+    if (groups_left) timeout = std::min(timeout, absl::Milliseconds(20));
+    if (stop_started.has_value() && !killed) {
+      timeout = std::min(timeout, *stop_started + options.grace - now);
+    }
+    if (!any_running && open) {
+      timeout = std::min(timeout, pipes_deadline - now);
+    }
+    timeout = std::max(timeout, absl::ZeroDuration());
   }
   for (Rank& rank : ranks) {
+    if (rank.pidfd >= 0) close(rank.pidfd);
     for (Stream* s : {&rank.out, &rank.err}) {
       if (s->fd >= 0) close(s->fd);
       s->fd = -1;

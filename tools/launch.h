@@ -10,8 +10,20 @@
 // after a grace period) and the launcher exits with the first failure's
 // exit code (128 + signal for a rank killed by a signal); ranks on other
 // nodes then fail at their next collective, naming the lost ranks, and
-// their launchers exit non-zero the same way. SIGINT/SIGTERM sent to the
-// launcher are passed on to its ranks.
+// their launchers exit non-zero the same way. SIGINT, SIGTERM, SIGHUP and
+// SIGQUIT sent to the launcher stop its ranks the same way (exit code 128 +
+// the signal); SIGHUP and SIGQUIT only when not ignored when it started
+// (under nohup they stay ignored, in the ranks too).
+//
+// Each rank leads a process group of its own, and stopping signals the
+// whole group, also of ranks that have exited already: children a rank
+// left behind (data-loader workers, the child of a wrapper script) stop
+// with the job, and the launcher waits for them (SIGKILL after the grace
+// period) before it returns. After a successful job such children are left
+// alone. A launcher killed outright (SIGKILL) cannot stop anything itself:
+// its ranks get SIGTERM from the kernel when it dies (PR_SET_PDEATHSIG;
+// their own children do not). Supervision blocks until a rank writes or
+// exits or a signal or deadline comes; it uses no CPU while the ranks run.
 //
 // Rendezvous: on one node without --rendezvous, a fresh temporary directory,
 // removed afterwards. Across nodes --rendezvous is required: a directory
@@ -78,7 +90,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
 // for bad options (node rank outside [0, nodes), several nodes without
 // --rendezvous, a bad rendezvous address); kInternal when pipes, fork or the
 // temporary directory fail. Not thread-safe with itself (it installs
-// SIGINT/SIGTERM handlers for its duration and reaps its own children).
+// SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers for its duration and reaps its own
+// children). The ranks get SIGTERM when the calling thread exits, so call
+// it from a thread that outlives the job (Launch returns only after it).
 absl::StatusOr<int> Launch(const LaunchOptions& options);
 
 // ParseLaunchArgs + Launch, printing errors to stderr; returns the exit
