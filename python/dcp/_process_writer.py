@@ -634,9 +634,18 @@ def _stage_tensors(seg, specs, tensors, copy_on_write=False):
     return snapshot
 
 
-def async_save(state_dict, *, checkpoint_id, storage_writer, planner,
-               process_group, no_dist, use_collectives, allow_pickle,
-               copy_on_write=False):
+def async_save(state_dict, *, process_group, no_dist, **kwargs):
+    from .process_group import resolve, take_turn
+    # Submitted in call order with the other operations on the group
+    # (process_group.Turn).
+    with take_turn(resolve(process_group, no_dist)):
+        return _async_save_in_turn(state_dict, process_group=process_group,
+                                   no_dist=no_dist, **kwargs)
+
+
+def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
+                        process_group, no_dist, use_collectives, allow_pickle,
+                        copy_on_write=False):
     from .async_save import AsyncSaveResponse
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
     from .planner import save_options

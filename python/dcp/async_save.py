@@ -35,7 +35,7 @@ from typing import Any
 from . import _lib, _state
 from .checkpoint import _stateful_to_state_dict, prepare_save, save
 from .metadata import Metadata
-from .process_group import resolve
+from .process_group import resolve, take_turn
 
 __all__ = ["async_save", "AsyncCheckpointerType", "AsyncSaveResponse"]
 
@@ -201,9 +201,18 @@ class _EngineJob:
                 self.prepared.free()
 
 
-def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
-                       process_group, no_dist, use_collectives, allow_pickle,
-                       stager=None):
+def _engine_async_save(state_dict, *, process_group, no_dist, **kwargs):
+    # Submitted in call order with the other operations on the group
+    # (process_group.Turn); the engine orders the upload from there.
+    with take_turn(resolve(process_group, no_dist)):
+        return _engine_async_save_in_turn(
+            state_dict, process_group=process_group, no_dist=no_dist,
+            **kwargs)
+
+
+def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
+                               planner, process_group, no_dist,
+                               use_collectives, allow_pickle, stager=None):
     where = resolve(process_group, no_dist)
     p = None
     error = None
@@ -248,9 +257,16 @@ def _engine_async_save(state_dict, *, checkpoint_id, storage_writer, planner,
 _upload_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def _stager_async_save(state_dict, async_stager, upload_fn):
+def _stager_async_save(state_dict, async_stager, upload_fn, where):
     global _upload_executor
-    staged = async_stager.stage(_stateful_to_state_dict(state_dict))
+    # The upload runs later on the dcp-upload thread, in the turn taken
+    # now: a save or load called after this one waits for it.
+    turn = take_turn(where)
+    try:
+        staged = async_stager.stage(_stateful_to_state_dict(state_dict))
+    except BaseException:
+        turn.end()
+        raise
     staging: Future = Future()
     if isinstance(staged, Future):
         def complete(f):
@@ -268,17 +284,23 @@ def _stager_async_save(state_dict, async_stager, upload_fn):
                 1, thread_name_prefix="dcp-upload")
 
     def upload():
-        sd = staged.result() if isinstance(staged, Future) else staged
-        return upload_fn(sd)
+        with turn:
+            sd = staged.result() if isinstance(staged, Future) else staged
+            return upload_fn(sd)
 
     # A staged dict (not a Future) may still be filling from non-blocking
     # device copies: synchronize before the upload reads it.
-    if not isinstance(staged, Future) and bool(
-            getattr(async_stager, "should_synchronize_after_execute", True)):
-        sync = getattr(async_stager, "synchronize_staging", None)
-        if callable(sync):
-            sync()
-    result = _upload_executor.submit(upload)
+    try:
+        if not isinstance(staged, Future) and bool(
+                getattr(async_stager, "should_synchronize_after_execute",
+                        True)):
+            sync = getattr(async_stager, "synchronize_staging", None)
+            if callable(sync):
+                sync()
+        result = _upload_executor.submit(upload)
+    except BaseException:
+        turn.end()
+        raise
     return AsyncSaveResponse(staging, result)
 
 
@@ -318,13 +340,14 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
             return _stager_async_save(
                 state_dict, async_stager,
                 lambda sd: _process_writer.async_save(sd, **kwargs)
-                .upload_completion.result())
+                .upload_completion.result(), resolve(process_group, no_dist))
         return _process_writer.async_save(
             state_dict, copy_on_write=engine_stager is not None and
             engine_stager.config.copy_on_write, **kwargs)
     if async_stager is not None:
         return _stager_async_save(state_dict, async_stager,
-                                  lambda sd: save(sd, **kwargs))
+                                  lambda sd: save(sd, **kwargs),
+                                  resolve(process_group, no_dist))
     return _engine_async_save(state_dict, stager=engine_stager, **kwargs)
 
 

@@ -15,7 +15,7 @@ import os
 from . import _lib, _state, errors
 from .metadata import Metadata
 from .planner import load_options, save_options
-from .process_group import resolve
+from .process_group import resolve, take_turn
 from .stateful import is_stateful
 from .storage import READERS, WRITERS, FileSystemReader
 
@@ -114,9 +114,16 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
         raise
 
 
-def _save(state_dict, *, checkpoint_id, storage_writer, planner,
-          process_group, coordinator_rank, no_dist, use_collectives,
-          allow_pickle, stateful):
+def _save(state_dict, *, process_group, no_dist, **kwargs):
+    # In call order with the other operations on the group (Turn).
+    with take_turn(resolve(process_group, no_dist)):
+        return _save_in_turn(state_dict, process_group=process_group,
+                             no_dist=no_dist, **kwargs)
+
+
+def _save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
+                  process_group, coordinator_rank, no_dist, use_collectives,
+                  allow_pickle, stateful):
     where = resolve(process_group, no_dist)
     p = None
     error = None
@@ -197,8 +204,16 @@ def _load_checked(sd, options, path):
     _lib.check(code)
 
 
-def _load(state_dict, *, checkpoint_id, storage_reader, planner,
-          process_group, coordinator_rank, no_dist, allow_pickle, stateful):
+def _load(state_dict, *, process_group, no_dist, **kwargs):
+    # In call order with the other operations on the group (Turn).
+    with take_turn(resolve(process_group, no_dist)):
+        return _load_in_turn(state_dict, process_group=process_group,
+                             no_dist=no_dist, **kwargs)
+
+
+def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
+                  process_group, coordinator_rank, no_dist, allow_pickle,
+                  stateful):
     where = resolve(process_group, no_dist)
     p = _Prepared()
     error = None

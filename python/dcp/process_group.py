@@ -309,6 +309,97 @@ class Resolved:
         self.group.agree(what, error)
 
 
+class _Turns:
+    """Turns on a group, Python's side of the engine's
+    (engine/internal/group_turns.h): the saves, loads and async_saves that
+    use one group run their agreement and their engine call one at a time,
+    in the order they were called. Every rank calls in the same program
+    order, so an upload still running on the dcp-upload thread (a custom
+    async_stager's) and the caller's next save or load never meet each
+    other's collectives on another rank."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next = {}     # group -> the next turn's number
+        self._serving = {}  # group -> the number that may run
+        self._ended = {}    # group -> numbers ended before their turn
+
+    def take(self, group):
+        with self._cond:
+            n = self._next.get(group, 0)
+            self._next[group] = n + 1
+            self._serving.setdefault(group, 0)
+            return n
+
+    def wait(self, group, n):
+        with self._cond:
+            self._cond.wait_for(lambda: self._serving[group] == n)
+
+    def end(self, group, n):
+        with self._cond:
+            if self._serving[group] != n:
+                self._ended.setdefault(group, set()).add(n)
+                return
+            serving = n + 1
+            ended = self._ended.get(group, set())
+            while serving in ended:
+                ended.discard(serving)
+                serving += 1
+            if serving == self._next[group]:
+                # No turn outstanding: forget the group.
+                del self._next[group], self._serving[group]
+                self._ended.pop(group, None)
+            else:
+                self._serving[group] = serving
+            self._cond.notify_all()
+
+
+_turns = _Turns()
+_held = threading.local()  # .groups: the groups whose turn this thread has
+
+
+class Turn:
+    """One operation's turn on its group: taken when the operation is
+    called (take_turn), waited for and held while it runs (`with turn:`),
+    ended when the block exits (or by end(), for one that never runs).
+    Without a group, or on a thread already holding a turn on the group
+    (a save run inside an upload's turn), it never waits."""
+
+    __slots__ = ("_group", "_n", "_done")
+
+    def __init__(self, group):
+        held = getattr(_held, "groups", ())
+        self._group = group if group is not None and \
+            group not in held else None
+        self._n = _turns.take(self._group) if self._group is not None \
+            else None
+        self._done = False
+
+    def __enter__(self):
+        if self._group is not None:
+            _turns.wait(self._group, self._n)
+            if not hasattr(_held, "groups"):
+                _held.groups = set()
+            _held.groups.add(self._group)
+        return self
+
+    def __exit__(self, *exc):
+        if self._group is not None:
+            _held.groups.discard(self._group)
+        self.end()
+        return False
+
+    def end(self):
+        if self._group is not None and not self._done:
+            self._done = True
+            _turns.end(self._group, self._n)
+
+
+def take_turn(where: Resolved) -> Turn:
+    """The next turn on `where`'s group (see Turn)."""
+    return Turn(where.group)
+
+
 def resolve(process_group, no_dist: bool) -> Resolved:
     """The seed's rule: no_dist, or torch.distributed not initialized,
     means a single-process save/load."""

@@ -90,3 +90,35 @@ def test_store_bridge_callbacks(kind, tmp_path):
     assert s.remove(None, b"g/key") == _lib.OK
     assert not store.check(["g/key"])
     assert s.set(None, b"\xff\xfe", b"x", 1) == _lib.UNAVAILABLE  # bad UTF-8
+
+
+def test_turns_run_in_call_order_and_nest():
+    """Operations on one group run in the order their turns were taken
+    (an upload taken first runs first, whichever thread gets there first);
+    a turn taken inside a held one never waits; a turn ended unrun does
+    not hold later ones back."""
+    from dcp.process_group import Turn
+    group = object()
+    log = []
+    first, unrun, second = Turn(group), Turn(group), Turn(group)
+    unrun.end()
+    entered = threading.Event()
+
+    def later():
+        entered.set()
+        with second:
+            log.append("second")
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    entered.wait()
+    with first:
+        with Turn(group):  # nested: the held turn covers it
+            log.append("nested")
+        log.append("first")
+    thread.join()
+    assert log == ["nested", "first", "second"]
+    # Every turn ended: the group starts afresh.
+    with Turn(group):
+        log.append("fresh")
+    assert log[-1] == "fresh"
