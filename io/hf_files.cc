@@ -3,7 +3,6 @@
 // what a save completes, cleans up and replaces before it writes
 // (internal_hf::RollForward, RemoveTemporaryFiles, ReplaceableFiles).
 #include <algorithm>
-#include <exception>
 #include <map>
 #include <optional>
 #include <set>
@@ -23,6 +22,7 @@
 #include "io/hf_storage.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
+#include "io/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace dcp {
@@ -54,15 +54,6 @@ bool IsShardFileName(absl::string_view name) {
   const size_t dash = name.find('-');
   return dash != absl::string_view::npos && AllDigits(name.substr(0, dash)) &&
          IsModelFileName(name.substr(dash + 1));
-}
-
-absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
-  }
 }
 
 // Whether `relative` may be a final name of a checkpoint file: a
@@ -114,7 +105,7 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
   absl::StatusOr<std::string> index =
       ReadSmallFile(fs, index_path, kHfMaxIndexBytes);
   if (index.ok()) {
-    DCP_ASSIGN_OR_RETURN(Json json, ParseJson(*index, index_path));
+    DCP_ASSIGN_OR_RETURN(Json json, ParseUntrustedJson(*index, index_path));
     if (!json.is_object() || !json.contains("weight_map") ||
         !json["weight_map"].is_object()) {
       return absl::DataLossError(
@@ -124,9 +115,9 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
     for (const auto& [fqn, file] : json["weight_map"].items()) {
       if (!file.is_string() ||
           !internal_hf::CheckPlainName(file.get<std::string>()).ok()) {
-        return absl::DataLossError(
-            absl::StrCat(index_path, " maps \"", fqn, "\" to ", file.dump(),
-                         ", not a file name in the directory"));
+        return absl::DataLossError(absl::StrCat(
+            index_path, " maps \"", fqn, "\" to ", DescribeJsonValue(file),
+            ", not a file name in the directory"));
       }
       files.insert(file.get<std::string>());
       if (weight_map != nullptr) weight_map->emplace(fqn, file);
@@ -189,17 +180,18 @@ void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
 // The files of the checkpoint in `dir` that a new save replaces: the
 // single file, the index and what it names, the files a Hugging Face
 // writer names `model-N-of-M`, and the shards in sharded/. Never other
-// files (a LoRA adapter, a tokenizer).
-std::set<std::string> ReplaceableFiles(FileSystemBase& fs,
-                                       const std::string& dir) {
+// files (a LoRA adapter, a tokenizer). The listing's error when `dir`
+// cannot be listed; a missing sharded/ holds nothing.
+absl::StatusOr<std::set<std::string>> ReplaceableFiles(FileSystemBase& fs,
+                                                       const std::string& dir) {
   std::set<std::string> files;
-  absl::StatusOr<std::vector<std::string>> names = fs.ListDir(dir);
-  if (names.ok()) {
-    for (const std::string& name : *names) {
-      if (name == kHfSingleFileName || name == kHfIndexFileName ||
-          IsModelFileName(name)) {
-        files.insert(name);
-      }
+  // Never taken for empty when it cannot be listed: the save would commit
+  // beside the old checkpoint's model.safetensors, which readers prefer.
+  DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(dir));
+  for (const std::string& name : names) {
+    if (name == kHfSingleFileName || name == kHfIndexFileName ||
+        IsModelFileName(name)) {
+      files.insert(name);
     }
   }
   std::map<std::string, std::string> weight_map;
@@ -209,9 +201,10 @@ std::set<std::string> ReplaceableFiles(FileSystemBase& fs,
       if (absl::EndsWith(file, ".safetensors")) files.insert(file);
     }
   }
-  names = fs.ListDir(JoinPath(dir, kHfShardedDirName));
-  if (names.ok()) {
-    for (const std::string& name : *names) {
+  absl::StatusOr<std::vector<std::string>> shards =
+      fs.ListDir(JoinPath(dir, kHfShardedDirName));
+  if (shards.ok()) {
+    for (const std::string& name : *shards) {
       if (IsShardFileName(name)) {
         files.insert(absl::StrCat(kHfShardedDirName, "/", name));
       }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <exception>
 #include <limits>
 #include <optional>
 
@@ -41,12 +40,10 @@ absl::StatusOr<std::map<std::string, Shape>> ShardingInfo(
     return absl::DataLossError(absl::StrCat(path, ": __metadata__[\"",
                                             kHfShardingInfoKey, "\"] ", why));
   };
-  Json json;
-  try {
-    json = Json::parse(it->second);
-  } catch (const std::exception& e) {
-    return bad(absl::StrCat("is not valid JSON (", e.what(), ")"));
-  }
+  DCP_ASSIGN_OR_RETURN(
+      Json json,
+      ParseUntrustedJson(it->second, absl::StrCat(path, ": __metadata__[\"",
+                                                  kHfShardingInfoKey, "\"]")));
   if (!json.is_object()) return bad("is not a JSON object");
   std::map<std::string, const SafetensorsTensor*> tensors;
   for (const SafetensorsTensor& t : header.tensors) tensors[t.name] = &t;
@@ -70,7 +67,7 @@ absl::StatusOr<std::map<std::string, Shape>> ShardingInfo(
               static_cast<uint64_t>(std::numeric_limits<int64_t>::max() -
                                     sizes[d])) {
         return bad(absl::StrCat("gives \"", fqn, "\" the offsets ",
-                                entry[kHfSavedOffsetsKey].dump(),
+                                DescribeJsonValue(entry[kHfSavedOffsetsKey]),
                                 ", outside [0, 2^63) with its shape ",
                                 ShapeToString(sizes)));
       }

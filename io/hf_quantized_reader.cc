@@ -24,6 +24,7 @@
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/quantized_dequant.h"
+#include "io/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "staging/device_box_upload.h"
 #include "staging/device_fp8_dequant.h"
@@ -34,6 +35,9 @@ namespace {
 
 // The largest config.json read for its block size.
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+// The largest block edge config.json may give (real checkpoints use 128):
+// the scale shape and block arithmetic stay far from overflow.
+constexpr int64_t kMaxFp8BlockSize = int64_t{1} << 20;
 
 // Skipped bytes between row segments read through rather than split.
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
@@ -276,11 +280,8 @@ absl::StatusOr<std::optional<int64_t>> ConfiguredFp8BlockSize(
       internal_io::ReadSmallFile(fs, path, kMaxConfigBytes);
   if (absl::IsNotFound(text.status())) return std::nullopt;
   if (!text.ok()) return text.status();
-  const nlohmann::json config =
-      nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) {
-    return absl::DataLossError(absl::StrCat(path, " is not JSON"));
-  }
+  DCP_ASSIGN_OR_RETURN(const nlohmann::json config,
+                       ParseUntrustedJson(*text, path));
   if (!config.is_object()) return std::nullopt;
   auto quantization = config.find("quantization_config");
   if (quantization == config.end() || !quantization->is_object()) {
@@ -295,10 +296,16 @@ absl::StatusOr<std::optional<int64_t>> ConfiguredFp8BlockSize(
       !positive((*block)[1])) {
     return absl::DataLossError(
         absl::StrCat(path, ": quantization_config.weight_block_size is ",
-                     block->dump(), ", not two positive integers"));
+                     DescribeJsonValue(*block), ", not two positive integers"));
   }
   const int64_t rows = (*block)[0].get<int64_t>();
   const int64_t columns = (*block)[1].get<int64_t>();
+  if (rows > kMaxFp8BlockSize || columns > kMaxFp8BlockSize) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": quantization_config.weight_block_size is [", rows, ", ",
+        columns, "], larger than the largest block edge read (",
+        kMaxFp8BlockSize, ")"));
+  }
   if (rows != columns) {
     return absl::UnimplementedError(absl::StrCat(
         path, ": quantization_config.weight_block_size is [", rows, ", ",

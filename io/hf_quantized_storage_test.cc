@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -594,7 +595,7 @@ TEST(QuantizedConfig, MalformedBlockSizesNameTheFile) {
     std::string says;
   };
   for (const Case& c : std::vector<Case>{
-           {"{not json", absl::StatusCode::kDataLoss, "is not JSON"},
+           {"{not json", absl::StatusCode::kDataLoss, "is not valid JSON"},
            {R"({"quantization_config": {"weight_block_size": [128]}})",
             absl::StatusCode::kDataLoss, "[128], not two positive integers"},
            {R"({"quantization_config": {"weight_block_size": [0, 0]}})",
@@ -610,6 +611,51 @@ TEST(QuantizedConfig, MalformedBlockSizesNameTheFile) {
     EXPECT_THAT(status.message(), AllOf(HasSubstr(path), HasSubstr(c.says)))
         << c.text;
   }
+}
+
+// Messages used to dump() the block size, which recursed once per level of
+// it: kDeep levels overflowed the stack (50000 did under the sanitizers,
+// 100000 in -c opt). Nesting is capped while parsing.
+TEST(QuantizedConfig, DeeplyNestedConfigIsDataLossNamingTheFile) {
+  constexpr int kDeep = 200000;
+  const std::string dir = QuantizedCheckpoint();
+  WriteConfig(dir, R"({"quantization_config": {"weight_block_size": [)" +
+                       std::string(kDeep, '[') + std::string(kDeep, ']') +
+                       "]}}");
+  absl::Status status = ConfiguredFp8BlockSize(LocalFileSystem(), dir).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), AllOf(HasSubstr(dir + "/config.json"),
+                                      HasSubstr("more than 64 levels deep")));
+}
+
+// A block edge near 2^63 overflowed ceil(dim / block); config.json's is
+// capped at 2^20.
+TEST(QuantizedConfig, HugeBlockSizeIsDataLossNamingTheFile) {
+  const std::string dir = QuantizedCheckpoint();
+  WriteConfig(dir, R"({"quantization_config": {"weight_block_size":
+                       [9223372036854775807, 9223372036854775807]}})");
+  absl::Status status = ConfiguredFp8BlockSize(LocalFileSystem(), dir).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(dir + "/config.json"),
+                    HasSubstr("larger than the largest block edge read "
+                              "(1048576)")));
+  WriteConfig(dir, R"({"quantization_config": {"weight_block_size":
+                       [1048576, 1048576]}})");
+  EXPECT_EQ(ConfiguredFp8BlockSize(LocalFileSystem(), dir).value(), 1048576);
+}
+
+TEST(Fp8Dequant, ScaleShapeOfDimensionsNearTwoToThe63) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  absl::StatusOr<Shape> scale = Fp8ScaleShape({kMax, kMax - 1}, 128);
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_EQ(*scale, (Shape{kMax / 128 + 1, kMax / 128 + 1}));
+  scale = Fp8ScaleShape({kMax}, kMax);
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_EQ(*scale, (Shape{1}));
+  scale = Fp8ScaleShape({256, 255}, 128);
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_EQ(*scale, (Shape{2, 2}));
 }
 
 TEST(QuantizedErrors, MissingScale) {

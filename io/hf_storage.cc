@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
@@ -95,6 +96,21 @@ absl::StatusOr<RankFiles> DecodeRankFiles(const std::string& text) {
         absl::StrCat("malformed storage_data in a save plan: ", e.what()));
   }
   return r;
+}
+
+// kInvalidArgument naming (escaped) the first value of `plan` whose name is
+// not valid UTF-8: the headers, index and plans are JSON, which cannot
+// hold it (nlohmann's dump() throws).
+absl::Status CheckUtf8Names(const SavePlan& plan) {
+  for (const WriteItem& item : plan.items) {
+    if (!IsValidUtf8(item.index.fqn)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the name \"", absl::CHexEscape(item.index.fqn),
+          "\" is not valid UTF-8; a Hugging Face checkpoint (safetensors "
+          "headers, JSON index) holds UTF-8 names only"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int MappedIndex(const std::map<std::string, int>& mapping,
@@ -182,12 +198,20 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
                         absl::StrCat("checkpoint directory ", path_));
       }));
   RemoveTemporaryFiles(*fs_, path_);
-  replaced_ = ReplaceableFiles(*fs_, path_);
+  absl::StatusOr<std::set<std::string>> replaced =
+      ReplaceableFiles(*fs_, path_);
+  if (!replaced.ok()) {
+    return Annotate(replaced.status(),
+                    absl::StrCat(where, ": cannot list checkpoint directory ",
+                                 path_, " (the files this save replaces)"));
+  }
+  replaced_ = *std::move(replaced);
   return absl::OkStatus();
 }
 
 absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
     SavePlan plan) {
+  DCP_RETURN_IF_ERROR(CheckUtf8Names(plan));
   std::set<std::string> seen;
   for (const WriteItem& item : plan.items) {
     const std::string& fqn = item.index.fqn;
@@ -256,6 +280,9 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
       items[r] = last_items_[r];
       continue;
     }
+    // Again here: WriteData plans a single rank's plan by hand without
+    // PrepareLocalPlan.
+    DCP_RETURN_IF_ERROR(CheckUtf8Names(plans[r]));
     for (const WriteItem& item : plans[r].items) {
       items[r].push_back({item.index.fqn, item.StorageBytes()});
     }

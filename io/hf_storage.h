@@ -142,13 +142,15 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   // takes the directory lock (kFailedPrecondition naming the holder while
   // another save has it), completes a commit an interrupted save decided
   // (its journal), removes the temporary files of interrupted saves, and
-  // notes the files of the checkpoint there, which Finish replaces.
+  // notes the files of the checkpoint there, which Finish replaces (the
+  // listing's error, annotated, when the directory cannot be listed).
   absl::Status SetUp(bool is_coordinator, int rank,
                      bool use_collectives) override;
   // kInvalidArgument naming the value for what a Hugging Face directory
-  // cannot hold: a non-tensor value, a C128 tensor, a chunk of a tensor
-  // without save_distributed, two chunks of one tensor on one rank with
-  // it, a tensor the (non-empty) fqn_to_index_mapping lacks or maps below 1.
+  // cannot hold: a name that is not valid UTF-8 (named escaped), a
+  // non-tensor value, a C128 tensor, a chunk of a tensor without
+  // save_distributed, two chunks of one tensor on one rank with it, a
+  // tensor the (non-empty) fqn_to_index_mapping lacks or maps below 1.
   absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) override;
   // Assigns every file its name and its one writing rank (storage_data).
   absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(

@@ -4,8 +4,10 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,12 @@ using Json = nlohmann::json;
 
 // Numbers in a header stay below this, so sums of two never overflow.
 constexpr int64_t kMaxNumber = int64_t{1} << 62;
+
+// The deepest nesting of arrays and objects a header or index may have
+// (they nest three levels): code that walks a JSON value recursively
+// (dump(), comparisons) then cannot exhaust the stack on a hostile file.
+// As kMaxUntrustedJsonDepth in io/safetensors.h.
+constexpr int kMaxJsonDepth = 64;
 
 int64_t AlignUp(int64_t v) {
   return (v + kMegaAlignment - 1) / kMegaAlignment * kMegaAlignment;
@@ -82,14 +90,72 @@ std::string JsonText(const MegaHeader& header, bool with_checksums) {
   return json.dump();
 }
 
+// Parses untrusted JSON: kDataLoss naming `path` when it is not JSON or
+// nests arrays and objects more than kMaxJsonDepth levels deep (nothing
+// that deep is built).
 absl::StatusOr<Json> Parse(absl::string_view text, const std::string& path,
                            absl::string_view what) {
+  bool too_deep = false;
+  // `depth` counts the containers around the event (0: the top level).
+  auto callback = [&](int depth, Json::parse_event_t event, Json&) -> bool {
+    if ((event != Json::parse_event_t::object_start &&
+         event != Json::parse_event_t::array_start) ||
+        depth < kMaxJsonDepth) {
+      return true;
+    }
+    too_deep = true;
+    return false;  // Discarded.
+  };
+  Json json;
   try {
-    return Json::parse(text.begin(), text.end());
+    json = Json::parse(text.begin(), text.end(), callback);
   } catch (const std::exception& e) {
     return absl::DataLossError(absl::StrCat(
         path, ": the ", what, " is not valid JSON (", e.what(), ")"));
   }
+  if (too_deep) {
+    return absl::DataLossError(absl::StrCat(
+        path, ": the ", what, " nests arrays and objects more than ",
+        kMaxJsonDepth, " levels deep"));
+  }
+  return json;
+}
+
+// An untrusted value for a message, short and never throwing: numbers,
+// booleans, null and strings of at most 64 bytes as JSON, else its kind
+// and size (containers are never serialized). As DescribeJsonValue in
+// io/safetensors.h.
+std::string Describe(const Json& value) {
+  if (value.is_null() || value.is_boolean() || value.is_number() ||
+      (value.is_string() && value.get_ref<const std::string&>().size() <= 64)) {
+    return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
+  const auto count = [](size_t n, absl::string_view unit) {
+    return absl::StrCat(n, " ", unit, n == 1 ? "" : "s");
+  };
+  if (value.is_string()) {
+    return absl::StrCat(
+        "a string of ",
+        count(value.get_ref<const std::string&>().size(), "byte"));
+  }
+  if (value.is_array()) {
+    return absl::StrCat("an array of ", count(value.size(), "element"));
+  }
+  if (value.is_object()) {
+    return absl::StrCat("an object of ", count(value.size(), "member"));
+  }
+  return "a binary value";
+}
+
+// Whether nlohmann can write `text` as a JSON string (it throws on
+// invalid UTF-8).
+bool IsJsonString(const std::string& text) {
+  try {
+    Json(text).dump();
+  } catch (const Json::type_error&) {
+    return false;
+  }
+  return true;
 }
 
 // json[key] as a number in [0, kMaxNumber).
@@ -115,7 +181,8 @@ absl::StatusOr<Shape> Dims(const Json& json, const char* key,
     if (!v.is_number_unsigned() ||
         v.get<uint64_t>() >= static_cast<uint64_t>(kMaxNumber)) {
       return absl::DataLossError(absl::StrCat(
-          where, " has a \"", key, "\" outside [0, 2^62): ", json[key].dump()));
+          where, " has a \"", key, "\" outside [0, 2^62): ", Describe(v),
+          " at dimension ", dims.size()));
     }
     dims.push_back(static_cast<int64_t>(v.get<uint64_t>()));
   }
@@ -168,7 +235,7 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
         DTypeFromName(json["dtype"].get<std::string>());
     if (!dtype.ok()) {
       return absl::DataLossError(
-          absl::StrCat(at, " has the unknown dtype ", json["dtype"].dump()));
+          absl::StrCat(at, " has the unknown dtype ", Describe(json["dtype"])));
     }
     e.dtype = *dtype;
     DCP_ASSIGN_OR_RETURN(e.shape, Dims(json, "shape", at));
@@ -178,6 +245,13 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
         e.sizes.size() != e.shape.size()) {
       return absl::DataLossError(
           absl::StrCat(at, " has shape, offsets and sizes of different ranks"));
+    }
+    // The whole tensor's bytes must fit int64 too, not only this chunk's
+    // (an empty chunk of a [2^32, 2^32] tensor has none).
+    if (!CheckedNumBytes(e.dtype, e.shape).has_value()) {
+      return absl::DataLossError(absl::StrCat(
+          at, ": a ", DTypeName(e.dtype), " tensor of shape ",
+          ShapeToString(e.shape), " has a byte size that overflows"));
     }
     unsigned __int128 bytes = ElementSize(e.dtype);
     for (size_t d = 0; d < e.shape.size(); ++d) {
@@ -216,7 +290,7 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
     if (!sum.is_string() || sum.get<std::string>().size() != 16 ||
         !absl::SimpleHexAtoi(sum.get<std::string>(), &value)) {
       return absl::DataLossError(absl::StrCat(
-          at, " has the checksum ", sum.dump(), ", not 16 hex digits"));
+          at, " has the checksum ", Describe(sum), ", not 16 hex digits"));
     }
     e.checksums.push_back(value);
   }
@@ -253,6 +327,13 @@ absl::Status LayOutMegaFile(MegaHeader& header) {
         absl::StrCat("MEGA checksum block size ", block,
                      " is not a multiple of ", kMegaAlignment, " in [",
                      kMegaAlignment, ", ", kMegaMaxChecksumBlock, "]"));
+  }
+  for (const MegaEntry& e : header.entries) {
+    if (!IsJsonString(e.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("the MEGA entry name \"",
+                                                     absl::CHexEscape(e.name),
+                                                     "\" is not valid UTF-8"));
+    }
   }
   int64_t next = 0;
   for (MegaEntry& e : header.entries) {
@@ -426,11 +507,17 @@ absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
     return absl::DataLossError(absl::StrCat(
         path, " has no \"files\" array and \"weight_map\" object"));
   }
+  std::set<std::string> listed;
   for (const Json& file : json["files"]) {
     if (!file.is_string() || file.get<std::string>() == kMegaIndexFileName ||
         !IsMegaCheckpointFileName(file.get<std::string>())) {
-      return absl::DataLossError(absl::StrCat(path, " lists ", file.dump(),
+      return absl::DataLossError(absl::StrCat(path, " lists ", Describe(file),
                                               ", not a MEGA shard file name"));
+    }
+    // Read twice, a file's entries would be two copies of each chunk.
+    if (!listed.insert(file.get<std::string>()).second) {
+      return absl::DataLossError(absl::StrCat(
+          path, " lists ", file.get<std::string>(), " more than once"));
     }
     index.files.push_back(file.get<std::string>());
   }
@@ -438,15 +525,13 @@ absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
     std::vector<std::string>& out = index.weight_map[name];
     if (!files.is_array() || files.empty()) {
       return absl::DataLossError(
-          absl::StrCat(path, " maps \"", name, "\" to ", files.dump(),
+          absl::StrCat(path, " maps \"", name, "\" to ", Describe(files),
                        ", not a non-empty array of file names"));
     }
     for (const Json& file : files) {
-      if (!file.is_string() ||
-          std::find(index.files.begin(), index.files.end(),
-                    file.get<std::string>()) == index.files.end()) {
+      if (!file.is_string() || !listed.contains(file.get<std::string>())) {
         return absl::DataLossError(
-            absl::StrCat(path, " maps \"", name, "\" to ", file.dump(),
+            absl::StrCat(path, " maps \"", name, "\" to ", Describe(file),
                          ", which its \"files\" do not list"));
       }
       out.push_back(file.get<std::string>());

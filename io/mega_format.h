@@ -82,7 +82,8 @@ struct MegaHeader {
 // Gives each entry its `begin` (consecutive, each 4 KiB aligned, in entry
 // order) and sets data_start and file_size. Checksums need not be set yet:
 // they are fixed-width in the header, so the layout does not depend on
-// them. kInvalidArgument for a checksum block size out of range.
+// them. kInvalidArgument for a checksum block size out of range or an
+// entry name that is not valid UTF-8 (JSON cannot hold it).
 absl::Status LayOutMegaFile(MegaHeader& header);
 
 // The preamble and JSON header of `header` (laid out), zero-padded to
@@ -96,9 +97,11 @@ std::string EncodeMegaHeader(const MegaHeader& header);
 // the file's real size. kDataLoss naming `path` for a wrong magic, a
 // header whose checksum does not match, malformed JSON, an invalid entry
 // (unknown dtype, a chunk outside its tensor, a length that does not match
-// its shape, an unaligned or overlapping entry, a wrong checksum count) or
-// a file shorter or longer than its header says (truncated);
-// kUnimplemented naming both versions for another major version.
+// its shape, a tensor whose byte size overflows int64, an unaligned or
+// overlapping entry, a wrong checksum count), JSON nested more than 64
+// levels deep, or a file shorter or longer than its header says
+// (truncated); kUnimplemented naming both versions for another major
+// version.
 absl::StatusOr<MegaHeader> DecodeMegaHeader(absl::string_view prefix,
                                             int64_t file_size,
                                             const std::string& path,
@@ -116,9 +119,10 @@ struct MegaIndex {
 };
 
 std::string EncodeMegaIndex(const MegaIndex& index);
-// kDataLoss naming `path` when it does not parse, a file is not a plain
-// MEGA file name, or weight_map names a file `files` lacks; kUnimplemented
-// for another major version.
+// kDataLoss naming `path` when it does not parse (or nests more than 64
+// levels deep), a file is not a plain MEGA file name or is listed twice,
+// or weight_map names a file `files` lacks; kUnimplemented for another
+// major version.
 absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
                                           const std::string& path);
 

@@ -14,6 +14,7 @@
 namespace dcp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
@@ -92,9 +93,10 @@ TEST(MegaFormat, LayoutAlignsEveryEntryAndRoundTrips) {
   EXPECT_EQ(LayOutMegaFile(header).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Re-encodes `json` as the header of a file otherwise like `good`.
-std::string WithJson(const std::string& good, const Json& json, int64_t* size) {
-  const std::string text = json.dump();
+// Encodes `text` as the header of a file otherwise like `good` with
+// `data_bytes` bytes of data.
+std::string WithText(const std::string& good, const std::string& text,
+                     int64_t data_bytes, int64_t* size) {
   std::string bytes = good.substr(0, 32);
   for (int i = 0; i < 8; ++i) {
     bytes[16 + i] = static_cast<char>(text.size() >> 8 * i);
@@ -104,9 +106,30 @@ std::string WithJson(const std::string& good, const Json& json, int64_t* size) {
   bytes += text;
   const int64_t start =
       (static_cast<int64_t>(bytes.size()) + 4095) / 4096 * 4096;
-  bytes.resize(start + json["data_bytes"].get<int64_t>(), '\0');
+  bytes.resize(start + data_bytes, '\0');
   *size = static_cast<int64_t>(bytes.size());
   return bytes;
+}
+
+// Re-encodes `json` as the header of a file otherwise like `good`.
+std::string WithJson(const std::string& good, const Json& json, int64_t* size) {
+  return WithText(good, json.dump(), json["data_bytes"].get<int64_t>(), size);
+}
+
+// The JSON header of the file `bytes`.
+Json HeaderJson(const std::string& bytes) {
+  const size_t end = bytes.find('\0', 32);
+  return Json::parse(bytes.substr(
+      32, end == std::string::npos ? bytes.size() - 32 : end - 32));
+}
+
+// Deep enough that dump() overflowed an 8 MiB stack in every build (50000
+// levels did under the sanitizers, 100000 in -c opt).
+constexpr int kDeep = 200000;
+
+// `depth` nested arrays around nothing: "[[[...]]]".
+std::string Nested(int depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
 }
 
 TEST(MegaFormat, MalformedHeadersAreDataLossNamingTheFile) {
@@ -181,6 +204,84 @@ TEST(MegaFormat, MalformedHeadersAreDataLossNamingTheFile) {
     bytes = WithJson(good, bad, &size);
     expect(bytes, size, absl::StatusCode::kDataLoss, "xxh3-64");
   }
+}
+
+// Messages used to dump() the offending JSON value, which recursed once per
+// level: kDeep levels overflowed the stack. Nesting is capped while parsing.
+TEST(MegaFormat, DeeplyNestedHeaderIsDataLoss) {
+  MegaHeader header = TwoEntries();
+  ASSERT_TRUE(LayOutMegaFile(header).ok());
+  const std::string good = FileOf(header);
+  const Json json = HeaderJson(good);
+  std::string text = json.dump();
+  const std::string shape = R"("shape":[10,6])";
+  ASSERT_NE(text.find(shape), std::string::npos);
+  text.replace(text.find(shape), shape.size(),
+               R"("shape":[)" + Nested(kDeep) + "]");
+  int64_t size = 0;
+  const std::string bytes =
+      WithText(good, text, json["data_bytes"].get<int64_t>(), &size);
+  absl::StatusOr<MegaHeader> decoded = DecodeMegaHeader(bytes, size, "d.mega");
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss)
+      << decoded.status();
+  EXPECT_THAT(decoded.status().message(),
+              AllOf(HasSubstr("d.mega"), HasSubstr("more than 64 levels")));
+}
+
+TEST(MegaFormat, DeeplyNestedIndexIsDataLoss) {
+  const std::string text = absl::StrCat(
+      R"({"format":"mega","version":[1,0],"files":["model.mega"],)",
+      R"("weight_map":{"w":[)", Nested(kDeep), "]}}");
+  absl::Status status = DecodeMegaIndex(text, "deep.json").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("deep.json"),
+                                      HasSubstr("more than 64 levels deep")));
+  // Within the limit, the value is described, not dumped.
+  status =
+      DecodeMegaIndex(absl::StrCat(R"({"format":"mega","version":[1,0],)",
+                                   R"("files":["model.mega"],)",
+                                   R"("weight_map":{"w":[)", Nested(40), "]}}"),
+                      "deep.json")
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("deep.json"),
+                    HasSubstr("maps \"w\" to an array of 1 element")));
+}
+
+// A chunk without elements of a tensor whose element count overflows
+// int64 passed: only the chunk's bytes were checked.
+TEST(MegaFormat, TensorWhoseSizeOverflowsIsDataLoss) {
+  MegaHeader header;
+  header.checksum_block_size = 4096;
+  MegaEntry e;
+  e.name = "huge";
+  e.dtype = DType::kF32;
+  e.shape = {int64_t{1} << 32, int64_t{1} << 32};
+  e.offsets = {0, 0};
+  e.sizes = {0, 0};
+  header.entries = {e};
+  ASSERT_TRUE(LayOutMegaFile(header).ok());
+  absl::StatusOr<MegaHeader> decoded =
+      DecodeMegaHeader(FileOf(header), header.file_size, "o.mega");
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss)
+      << decoded.status();
+  EXPECT_THAT(decoded.status().message(),
+              AllOf(HasSubstr("o.mega"), HasSubstr("\"huge\""),
+                    HasSubstr("overflows")));
+}
+
+TEST(MegaFormat, IndexListingAFileTwiceIsDataLoss) {
+  MegaIndex index;
+  index.files = {"model-00001-of-00002.mega", "model-00002-of-00002.mega",
+                 "model-00001-of-00002.mega"};
+  index.weight_map["w"] = {"model-00001-of-00002.mega"};
+  absl::Status status =
+      DecodeMegaIndex(EncodeMegaIndex(index), "twice.json").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("twice.json"),
+                    HasSubstr("model-00001-of-00002.mega more than once")));
 }
 
 TEST(MegaFormat, IndexRoundTripAndRefusals) {

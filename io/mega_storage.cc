@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +23,7 @@
 #include "io/internal/parallel_work.h"
 #include "io/internal/sequential_writer.h"
 #include "io/mega_format.h"
+#include "io/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "planner/chunk_geometry.h"
 #include "planner/plan_cache.h"
@@ -70,6 +72,21 @@ int FileIndexOf(const std::map<std::string, int>& mapping,
 }
 
 const std::byte kZeros[kMegaAlignment] = {};
+
+// kInvalidArgument naming (escaped) the first value of `plan` whose name is
+// not valid UTF-8: the headers, index and plans are JSON, which cannot
+// hold it (nlohmann's dump() throws).
+absl::Status CheckUtf8Names(const SavePlan& plan) {
+  for (const WriteItem& item : plan.items) {
+    if (!IsValidUtf8(item.index.fqn)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the name \"", absl::CHexEscape(item.index.fqn),
+          "\" is not valid UTF-8; a MEGA checkpoint (JSON headers and "
+          "index) holds UTF-8 names only"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -179,6 +196,7 @@ absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {
   MegaHeader probe;
   probe.checksum_block_size = options_.checksum_block_size;
   DCP_RETURN_IF_ERROR(LayOutMegaFile(probe));
+  DCP_RETURN_IF_ERROR(CheckUtf8Names(plan));
   const auto& mapping = options_.fqn_to_index_mapping;
   if (mapping.empty()) return plan;
   for (const WriteItem& item : plan.items) {
@@ -208,6 +226,9 @@ absl::StatusOr<std::vector<SavePlan>> MegaStorageWriter::PrepareGlobalPlan(
       items[r] = last_items_[r];
       continue;
     }
+    // Again here: WriteData plans a single rank's plan by hand without
+    // PrepareLocalPlan.
+    DCP_RETURN_IF_ERROR(CheckUtf8Names(plans[r]));
     for (const WriteItem& item : plans[r].items) {
       items[r].emplace_back(item.index.fqn, item.StorageBytes());
     }
@@ -559,10 +580,20 @@ void MegaStorageWriter::Abort() {
 
 namespace {
 
-// Adds the entries of `file` (header `header`) to `metadata`; `seen` maps
-// each value to the files its entries were found in.
+// A tensor chunk a file's header holds.
+struct FoundChunk {
+  std::string path;  // The file, for messages.
+  ChunkStorageMetadata chunk;
+  StorageInfo info;
+};
+
+// Adds the entries of `file` (header `header`) to `metadata`: non-tensor
+// values, and each tensor with its dtype and shape; its chunks go to
+// `chunks` (AddChunks adds them). `seen` maps each value to the files its
+// entries were found in.
 absl::Status AddEntries(const std::string& file, const std::string& path,
                         const MegaHeader& header, Metadata& metadata,
+                        std::map<std::string, std::vector<FoundChunk>>& chunks,
                         std::map<std::string, std::set<std::string>>& seen) {
   for (const MegaEntry& e : header.entries) {
     seen[e.name].insert(file);
@@ -596,10 +627,44 @@ absl::Status AddEntries(const std::string& file, const std::string& path,
                        ", another ", DTypeName(tensor->properties.dtype), " ",
                        ShapeToString(tensor->size)));
     }
-    const int64_t position = static_cast<int64_t>(tensor->chunks.size());
-    tensor->chunks.push_back({e.offsets, e.sizes});
-    metadata.storage_data[MetadataIndex(e.name, e.offsets, position)] =
-        std::move(info);
+    chunks[e.name].push_back({path, {e.offsets, e.sizes}, std::move(info)});
+  }
+  return absl::OkStatus();
+}
+
+// Adds each tensor's chunks to `metadata` (its chunks and storage_data,
+// which is keyed by name and offsets). Chunks without elements (a rank
+// that held none of a dimension) are dropped when the tensor has other
+// chunks, as the Hugging Face reader does: one may share its offsets with
+// a real chunk, whose storage record it would replace. kDataLoss naming
+// both files for two remaining chunks at the same offsets.
+absl::Status AddChunks(std::map<std::string, std::vector<FoundChunk>>& chunks,
+                       Metadata& metadata) {
+  for (auto& [name, found] : chunks) {
+    auto& tensor =
+        std::get<TensorStorageMetadata>(metadata.state_dict_metadata[name]);
+    if (found.size() > 1) {
+      std::vector<FoundChunk> kept;
+      for (FoundChunk& c : found) {
+        if (NumElements(c.chunk.sizes) > 0) kept.push_back(std::move(c));
+      }
+      // A tensor without elements keeps one of its (empty) chunks.
+      if (kept.empty()) kept.push_back(std::move(found.front()));
+      found = std::move(kept);
+    }
+    std::map<Shape, const std::string*> path_at;
+    for (FoundChunk& c : found) {
+      auto [at, inserted] = path_at.try_emplace(c.chunk.offsets, &c.path);
+      if (!inserted) {
+        return absl::DataLossError(absl::StrCat(
+            *at->second, " and ", c.path, " both hold the chunk of tensor \"",
+            name, "\" at ", ShapeToString(c.chunk.offsets)));
+      }
+      const int64_t position = static_cast<int64_t>(tensor.chunks.size());
+      metadata.storage_data[MetadataIndex(name, c.chunk.offsets, position)] =
+          std::move(c.info);
+      tensor.chunks.push_back(std::move(c.chunk));
+    }
   }
   return absl::OkStatus();
 }
@@ -663,6 +728,7 @@ absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
   Metadata metadata;
   metadata.version = kFormatVersion;
   std::map<std::string, std::set<std::string>> seen;
+  std::map<std::string, std::vector<FoundChunk>> chunks;
   std::optional<int64_t> block;
   OpenOptions open_options;
   open_options.exclusive = false;
@@ -684,8 +750,9 @@ absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
           " bytes, other files of ", path_, " of ", *block));
     }
     block = header.checksum_block_size;
-    DCP_RETURN_IF_ERROR(AddEntries(name, path, header, metadata, seen));
+    DCP_RETURN_IF_ERROR(AddEntries(name, path, header, metadata, chunks, seen));
   }
+  DCP_RETURN_IF_ERROR(AddChunks(chunks, metadata));
   if (block.has_value()) metadata.checksum_block_size = *block;
   // The index names exactly the files each value's entries are in.
   for (const auto& [fqn, files] : seen) {

@@ -108,9 +108,9 @@ class MegaStorageWriter final : public StorageWriter {
   // and notes the MEGA files there, which Finish replaces.
   absl::Status SetUp(bool is_coordinator, int rank,
                      bool use_collectives) override;
-  // kInvalidArgument naming the value that the (non-empty)
-  // fqn_to_index_mapping lacks or maps below 1; for a checksum block size
-  // out of range.
+  // kInvalidArgument naming the value whose name is not valid UTF-8
+  // (escaped) or that the (non-empty) fqn_to_index_mapping lacks or maps
+  // below 1; for a checksum block size out of range.
   absl::StatusOr<SavePlan> PrepareLocalPlan(SavePlan plan) override;
   // Assigns every file its name and its one writing rank (storage_data).
   absl::StatusOr<std::vector<SavePlan>> PrepareGlobalPlan(

@@ -15,7 +15,9 @@ absl::StatusOr<Shape> Fp8ScaleShape(const Shape& weight, int64_t block) {
   Shape scale = weight;
   const size_t first = weight.size() >= 2 ? weight.size() - 2 : 0;
   for (size_t d = first; d < weight.size(); ++d) {
-    scale[d] = (weight[d] + block - 1) / block;
+    // ceil(weight[d] / block) without forming weight[d] + block - 1, which
+    // overflows for dimensions near 2^63.
+    scale[d] = weight[d] / block + (weight[d] % block != 0 ? 1 : 0);
   }
   return scale;
 }

@@ -43,17 +43,39 @@ void StoreLittleEndian64(uint64_t value, char* p) {
     p[i] = static_cast<char>((value >> (8 * i)) & 0xff);
 }
 
+// Whether a parse event opens an array or object nested more than
+// kMaxUntrustedJsonDepth levels deep (the callback's `depth` counts the
+// containers around the event: 0 for the top-level value).
+bool OpensTooDeep(int depth, Json::parse_event_t event) {
+  return (event == Json::parse_event_t::object_start ||
+          event == Json::parse_event_t::array_start) &&
+         depth >= kMaxUntrustedJsonDepth;
+}
+
+std::string TooDeep(absl::string_view what) {
+  return absl::StrCat(what, " nests arrays and objects more than ",
+                      kMaxUntrustedJsonDepth, " levels deep");
+}
+
 // Parses `json`, failing on a duplicate key in any object (the reference's
-// serde maps reject them; nlohmann keeps the last one silently). The
-// library throws; this is its adapter.
+// serde maps reject them; nlohmann keeps the last one silently) and on
+// nesting deeper than kMaxUntrustedJsonDepth. The library throws; this is
+// its adapter.
 absl::StatusOr<Json> ParseJsonNoDuplicates(absl::string_view json,
                                            absl::string_view file) {
   // One entry per open container: the keys seen so far for an object,
   // nullopt for an array.
   std::vector<std::optional<std::set<std::string>>> open;
   std::string duplicate;
-  auto callback = [&](int /*depth*/, Json::parse_event_t event,
+  bool too_deep = false;
+  auto callback = [&](int depth, Json::parse_event_t event,
                       Json& parsed) -> bool {
+    if (OpensTooDeep(depth, event)) {
+      // Discarded: nothing that deep is built (the error wins below).
+      too_deep = true;
+      return false;
+    }
+    if (too_deep) return true;  // `open` no longer matches the nesting.
     switch (event) {
       case Json::parse_event_t::object_start:
         open.emplace_back(std::set<std::string>());
@@ -84,6 +106,7 @@ absl::StatusOr<Json> ParseJsonNoDuplicates(absl::string_view json,
     return Broken(
         file, absl::StrCat("the header is not valid JSON (", e.what(), ")"));
   }
+  if (too_deep) return Broken(file, TooDeep("the header"));
   if (!duplicate.empty()) {
     return Broken(file, absl::StrCat("the header has the key \"", duplicate,
                                      "\" more than once"));
@@ -136,8 +159,10 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
   for (const Json& dim : *shape) {
     std::optional<int64_t> size = AsIndex(dim);
     if (!size.has_value()) {
-      return Broken(file, absl::StrCat(what, " has the shape ", shape->dump(),
-                                       ": sizes are integers in [0, 2^63)"));
+      return Broken(file, absl::StrCat(what, " has ", DescribeJsonValue(dim),
+                                       " as dimension ", tensor.shape.size(),
+                                       " of its shape: sizes are integers in "
+                                       "[0, 2^63)"));
     }
     tensor.shape.push_back(*size);
   }
@@ -150,17 +175,18 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
   std::optional<int64_t> begin = AsIndex((*offsets)[0]);
   std::optional<int64_t> end = AsIndex((*offsets)[1]);
   if (!begin.has_value() || !end.has_value()) {
-    return Broken(file,
-                  absl::StrCat(what, " has the data_offsets ", offsets->dump(),
-                               ": offsets are integers in [0, 2^63)"));
+    return Broken(file, absl::StrCat(what, " has the data_offsets ",
+                                     DescribeJsonValue(*offsets),
+                                     ": offsets are integers in [0, 2^63)"));
   }
   tensor.begin = *begin;
   tensor.end = *end;
+  // Both offsets are integers now: messages print them, not the JSON.
+  const std::string span =
+      absl::StrCat("[", tensor.begin, ",", tensor.end, "]");
   if (tensor.end < tensor.begin) {
-    return Broken(file,
-                  absl::StrCat(what, " has data_offsets ", offsets->dump(),
-                               " that end before they "
-                               "begin"));
+    return Broken(file, absl::StrCat(what, " has data_offsets ", span,
+                                     " that end before they begin"));
   }
   std::optional<int64_t> bytes = CheckedNumBytes(tensor.dtype, tensor.shape);
   if (!bytes.has_value()) {
@@ -173,8 +199,8 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
     return Broken(file,
                   absl::StrCat(what, " of shape ", ShapeToString(tensor.shape),
                                " and dtype ", dtype_name, " needs ", *bytes,
-                               " bytes but its data_offsets ", offsets->dump(),
-                               " span ", tensor.end - tensor.begin));
+                               " bytes but its data_offsets ", span, " span ",
+                               tensor.end - tensor.begin));
   }
   return tensor;
 }
@@ -229,6 +255,59 @@ bool IsValidUtf8(absl::string_view text) {
     p += extra + 1;
   }
   return true;
+}
+
+absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
+                                        absl::string_view what) {
+  bool too_deep = false;
+  auto callback = [&](int depth, Json::parse_event_t event, Json&) -> bool {
+    if (!OpensTooDeep(depth, event)) return true;
+    too_deep = true;
+    return false;  // Discarded: nothing that deep is built.
+  };
+  Json parsed;
+  try {
+    parsed = Json::parse(text.begin(), text.end(), callback);
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
+  }
+  if (too_deep) return absl::DataLossError(TooDeep(what));
+  return parsed;
+}
+
+std::string DescribeJsonValue(const Json& value) {
+  constexpr size_t kMaxStringBytes = 64;
+  constexpr size_t kMaxElements = 8;
+  // Replaces invalid UTF-8 rather than throwing (parsed strings are valid).
+  const auto dump = [](const Json& v) {
+    return v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  };
+  const auto short_scalar = [&](const Json& v) {
+    return v.is_null() || v.is_boolean() || v.is_number() ||
+           (v.is_string() &&
+            v.get_ref<const std::string&>().size() <= kMaxStringBytes);
+  };
+  if (short_scalar(value)) return dump(value);
+  const auto count = [](size_t n, absl::string_view unit) {
+    return absl::StrCat(n, " ", unit, n == 1 ? "" : "s");
+  };
+  switch (value.type()) {
+    case Json::value_t::string:
+      return absl::StrCat(
+          "a string of ",
+          count(value.get_ref<const std::string&>().size(), "byte"));
+    case Json::value_t::array:
+      if (value.size() <= kMaxElements &&
+          std::all_of(value.begin(), value.end(), short_scalar)) {
+        return dump(value);
+      }
+      return absl::StrCat("an array of ", count(value.size(), "element"));
+    case Json::value_t::object:
+      return absl::StrCat("an object of ", count(value.size(), "member"));
+    default:
+      return "a binary or discarded value";
+  }
 }
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(

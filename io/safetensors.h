@@ -10,8 +10,10 @@
 //   - it has at least 8 bytes, N <= kSafetensorsMaxHeaderBytes, and the
 //     file holds the 8 + N bytes the length claims;
 //   - the header is valid UTF-8, starts with '{', is JSON with no duplicate
-//     key in any object, and has the shape above (shape and offsets are
-//     non-negative integers, dtypes are the format's names);
+//     key in any object, nested at most kMaxUntrustedJsonDepth levels deep
+//     (it needs three; the reference's serde_json stops at 128), and has the
+//     shape above (shape and offsets are non-negative integers, dtypes are
+//     the format's names);
 //   - the product of a shape times the dtype's size does not overflow and
 //     equals end - begin;
 //   - sorted by offset, the tensors cover the data from 0 with no gap and
@@ -38,6 +40,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "io/file_system.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace dcp {
 
@@ -122,6 +125,28 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
 // Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF), as Rust's str::from_utf8 decides.
 bool IsValidUtf8(absl::string_view text);
+
+// Untrusted JSON beside the safetensors files (their headers, a Hugging
+// Face index, DCP_SHARDING_INFO, config.json).
+
+// The deepest nesting of arrays and objects a parser of untrusted JSON
+// accepts (real files nest a few levels). Code that walks a JSON value
+// recursively (nlohmann's dump(), comparisons, conversions) then cannot
+// exhaust the stack, whatever the file holds.
+inline constexpr int kMaxUntrustedJsonDepth = 64;
+
+// Parses `text`. kDataLoss "<what> is not valid JSON (...)", or naming
+// `what` when arrays and objects nest more than kMaxUntrustedJsonDepth
+// levels deep (nothing that deep is built).
+absl::StatusOr<nlohmann::json> ParseUntrustedJson(absl::string_view text,
+                                                  absl::string_view what);
+
+// A parsed JSON value as error messages show it, short and never throwing
+// whatever the value: a number, boolean, null, a string of at most 64
+// bytes or an array of at most 8 such scalars as JSON; otherwise its kind
+// and size ("an array of 50 elements"). Bounded work: containers are not
+// serialized.
+std::string DescribeJsonValue(const nlohmann::json& value);
 
 }  // namespace dcp
 

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "nlohmann/json.hpp"
 
 namespace dcp {
 namespace {
@@ -235,6 +236,76 @@ TEST(Safetensors, MalformedTensorEntries) {
                "entry \"k\" is not a string");
   ExpectBroken(MakeFile(R"({"__metadata__":[]})", 0),
                "\"__metadata__\" is not a JSON object");
+}
+
+// Deep enough that dump() overflowed an 8 MiB stack in every build (50000
+// levels did under the sanitizers, 100000 in -c opt).
+constexpr int kDeep = 200000;
+
+// `depth` nested arrays around nothing: "[[[...]]]".
+std::string Nested(int depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+// Messages used to dump() the offending JSON value, which recursed once per
+// level: kDeep levels overflowed the stack. Nesting is capped while parsing.
+TEST(Safetensors, DeeplyNestedHeaderIsDataLoss) {
+  const std::string deep = Nested(kDeep);
+  ExpectBroken(MakeFile(R"({"a":{"dtype":"F32","shape":)" + deep +
+                            R"(,"data_offsets":[0,0]}})",
+                        0),
+               "the header nests arrays and objects more than 64 levels deep");
+  ExpectBroken(MakeFile(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[)" +
+                            deep + ",1]}}",
+                        1),
+               "more than 64 levels deep");
+  ExpectBroken(MakeFile(R"({"__metadata__":{"k":)" + deep + "}}", 0),
+               "more than 64 levels deep");
+}
+
+TEST(Safetensors, UntrustedJsonNestsUpToTheLimit) {
+  absl::StatusOr<nlohmann::json> json =
+      ParseUntrustedJson(Nested(kMaxUntrustedJsonDepth), "j");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(json->is_array());
+  json =
+      ParseUntrustedJson("{\"a\":" + Nested(kMaxUntrustedJsonDepth) + "}", "j");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(json.status().message(), HasSubstr("j nests arrays and objects"));
+  json = ParseUntrustedJson("[1,", "j");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(json.status().message(), HasSubstr("j is not valid JSON"));
+}
+
+TEST(Safetensors, MessagesDescribeLargeValuesWithoutDumpingThem) {
+  std::string dims = "1";
+  for (int i = 0; i < 999; ++i) dims += ",1";
+  ExpectBroken(MakeFile(R"({"a":{"dtype":"U8","shape":[)" + dims +
+                            R"(,[1]],"data_offsets":[0,1]}})",
+                        1),
+               "has [1] as dimension 1000 of its shape");
+  ExpectBroken(MakeFile(R"({"a":{"dtype":"U8","shape":[)" + Nested(10) +
+                            R"(],"data_offsets":[0,1]}})",
+                        1),
+               "has an array of 1 element as dimension 0");
+  ExpectBroken(MakeFile(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[")" +
+                            std::string(1000, 'x') + R"(",1]}})",
+                        1),
+               "has the data_offsets an array of 2 elements");
+
+  using Json = nlohmann::json;
+  EXPECT_EQ(DescribeJsonValue(Json(-3)), "-3");
+  EXPECT_EQ(DescribeJsonValue(Json(nullptr)), "null");
+  EXPECT_EQ(DescribeJsonValue(Json("ab")), "\"ab\"");
+  EXPECT_EQ(DescribeJsonValue(Json(std::string(65, 'x'))),
+            "a string of 65 bytes");
+  EXPECT_EQ(DescribeJsonValue(Json::parse("[1,true,\"x\"]")), "[1,true,\"x\"]");
+  EXPECT_EQ(DescribeJsonValue(Json::parse("[1,2,3,4,5,6,7,8,9]")),
+            "an array of 9 elements");
+  EXPECT_EQ(DescribeJsonValue(Json::parse(R"({"a":1})")),
+            "an object of 1 member");
+  // Never throws, whatever the string holds.
+  EXPECT_EQ(DescribeJsonValue(Json(std::string("a\xff"))), "\"a\ufffd\"");
 }
 
 TEST(Safetensors, DTypesDcpDoesNotHoldAreUnimplemented) {

@@ -116,9 +116,12 @@ void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir);
 // The files of the checkpoint in `dir` that a new save replaces: the
 // single file, the index and what it names, the files a Hugging Face
 // writer names `model-N-of-M`, and the shards in sharded/. Never other
-// files (a LoRA adapter, a tokenizer).
-std::set<std::string> ReplaceableFiles(FileSystemBase& fs,
-                                       const std::string& dir);
+// files (a LoRA adapter, a tokenizer). The listing's error when `dir`
+// cannot be listed (a save that took it for empty would commit beside an
+// old model.safetensors, which readers prefer); a missing sharded/ holds
+// nothing.
+absl::StatusOr<std::set<std::string>> ReplaceableFiles(FileSystemBase& fs,
+                                                       const std::string& dir);
 
 }  // namespace dcp::internal_hf
 
