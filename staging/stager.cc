@@ -839,6 +839,9 @@ absl::Status DefaultStager::SynchronizeStaging() {
 void DefaultStager::Close() {
   SynchronizeStaging().IgnoreError();
   absl::MutexLock lock(&mu_);
+  // A Stage on another thread may have left copies running since: they
+  // land before the streams and the runtime they use go.
+  WaitPendingCopies().IgnoreError();
   closed_ = true;
   copy_streams_.reset();  // Before the runtime they belong to.
   cached_.clear();
