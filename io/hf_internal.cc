@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/box_copy.h"
 #include "core/status.h"
@@ -342,6 +343,17 @@ absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
     DCP_RETURN_IF_ERROR(CopyBoxPart(buffer.data, begin, end, sizes,
                                     storage_offsets, element_size, dst,
                                     dst_offsets, lengths));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUtf8Names(const SavePlan& plan, absl::string_view format) {
+  for (const WriteItem& item : plan.items) {
+    if (!IsValidUtf8(item.index.fqn)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the name \"", absl::CHexEscape(item.index.fqn),
+          "\" is not valid UTF-8; ", format, " holds UTF-8 names only"));
+    }
   }
   return absl::OkStatus();
 }

@@ -98,21 +98,6 @@ absl::StatusOr<RankFiles> DecodeRankFiles(const std::string& text) {
   return r;
 }
 
-// kInvalidArgument naming (escaped) the first value of `plan` whose name is
-// not valid UTF-8: the headers, index and plans are JSON, which cannot
-// hold it (nlohmann's dump() throws).
-absl::Status CheckUtf8Names(const SavePlan& plan) {
-  for (const WriteItem& item : plan.items) {
-    if (!IsValidUtf8(item.index.fqn)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the name \"", absl::CHexEscape(item.index.fqn),
-          "\" is not valid UTF-8; a Hugging Face checkpoint (safetensors "
-          "headers, JSON index) holds UTF-8 names only"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 int MappedIndex(const std::map<std::string, int>& mapping,
                 const std::string& fqn) {
   if (mapping.empty()) return 1;
@@ -211,7 +196,8 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
 
 absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
     SavePlan plan) {
-  DCP_RETURN_IF_ERROR(CheckUtf8Names(plan));
+  DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
+      plan, "a Hugging Face checkpoint (safetensors headers, JSON index)"));
   std::set<std::string> seen;
   for (const WriteItem& item : plan.items) {
     const std::string& fqn = item.index.fqn;
@@ -282,7 +268,9 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
     }
     // Again here: WriteData plans a single rank's plan by hand without
     // PrepareLocalPlan.
-    DCP_RETURN_IF_ERROR(CheckUtf8Names(plans[r]));
+    DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
+        plans[r],
+        "a Hugging Face checkpoint (safetensors headers, JSON index)"));
     for (const WriteItem& item : plans[r].items) {
       items[r].push_back({item.index.fqn, item.StorageBytes()});
     }

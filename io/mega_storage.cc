@@ -73,21 +73,6 @@ int FileIndexOf(const std::map<std::string, int>& mapping,
 
 const std::byte kZeros[kMegaAlignment] = {};
 
-// kInvalidArgument naming (escaped) the first value of `plan` whose name is
-// not valid UTF-8: the headers, index and plans are JSON, which cannot
-// hold it (nlohmann's dump() throws).
-absl::Status CheckUtf8Names(const SavePlan& plan) {
-  for (const WriteItem& item : plan.items) {
-    if (!IsValidUtf8(item.index.fqn)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the name \"", absl::CHexEscape(item.index.fqn),
-          "\" is not valid UTF-8; a MEGA checkpoint (JSON headers and "
-          "index) holds UTF-8 names only"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> MegaPathFromId(absl::string_view id) {
@@ -196,7 +181,8 @@ absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {
   MegaHeader probe;
   probe.checksum_block_size = options_.checksum_block_size;
   DCP_RETURN_IF_ERROR(LayOutMegaFile(probe));
-  DCP_RETURN_IF_ERROR(CheckUtf8Names(plan));
+  DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
+      plan, "a MEGA checkpoint (JSON headers and index)"));
   const auto& mapping = options_.fqn_to_index_mapping;
   if (mapping.empty()) return plan;
   for (const WriteItem& item : plan.items) {
@@ -228,7 +214,8 @@ absl::StatusOr<std::vector<SavePlan>> MegaStorageWriter::PrepareGlobalPlan(
     }
     // Again here: WriteData plans a single rank's plan by hand without
     // PrepareLocalPlan.
-    DCP_RETURN_IF_ERROR(CheckUtf8Names(plans[r]));
+    DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
+        plans[r], "a MEGA checkpoint (JSON headers and index)"));
     for (const WriteItem& item : plans[r].items) {
       items[r].emplace_back(item.index.fqn, item.StorageBytes());
     }

@@ -28,6 +28,7 @@
 #include "io/internal/parallel_work.h"
 #include "io/io_engine.h"
 #include "planner/metadata.h"
+#include "planner/plan.h"
 
 namespace dcp::internal_hf {
 
@@ -49,6 +50,12 @@ IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
 // at most NAME_MAX bytes.
 // kDataLoss otherwise.
 absl::Status CheckPlainName(absl::string_view name);
+
+// kInvalidArgument naming (escaped) the first value of `plan` whose name is
+// not valid UTF-8: the JSON headers, index and plans of the formats cannot
+// hold it (nlohmann's dump() throws). `format` names the format in the
+// message ("a Hugging Face checkpoint (safetensors headers, JSON index)").
+absl::Status CheckUtf8Names(const SavePlan& plan, absl::string_view format);
 
 // OK when `relative` is a plain name or "sharded/" and a plain name.
 absl::Status CheckRelativePath(absl::string_view relative);
