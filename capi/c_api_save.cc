@@ -246,6 +246,7 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
     load.checkpoint_id = in.checkpoint_id == nullptr ? "" : in.checkpoint_id;
     std::shared_ptr<dcp::DeviceStaging> staging;  // Outlives the reader.
     std::shared_ptr<dcp::StorageReader> reader;
+    absl::Status backend_failure;  // The reader is then a placeholder.
     if (in.storage_reader != nullptr) {
       DCP_ASSIGN_OR_RETURN(dcp_storage_reader * r, Resolve(in.storage_reader));
       reader = r->reader;
@@ -260,13 +261,17 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
       staging = std::make_shared<dcp::DeviceStaging>();
       dcp::FileSystemReaderOptions reader_options;
       reader_options.device_staging = staging.get();
-      DCP_ASSIGN_OR_RETURN(const std::string backend,
-                           dcp::StorageRegistry::Default().BackendFor(
-                               load.checkpoint_id, /*for_load=*/true));
-      if (backend == "mega") {
+      absl::StatusOr<std::string> backend =
+          dcp::StorageRegistry::Default().BackendFor(load.checkpoint_id,
+                                                     /*for_load=*/true);
+      if (!backend.ok()) {
+        backend_failure = backend.status();
+        reader = std::make_shared<dcp::FileSystemReader>(load.checkpoint_id,
+                                                         reader_options);
+      } else if (*backend == "mega") {
         reader = std::make_shared<dcp::MegaStorageReader>(load.checkpoint_id,
                                                           reader_options);
-      } else if (backend == "huggingface") {
+      } else if (*backend == "huggingface") {
         dcp::HuggingFaceStorageReaderOptions hf_options;
         hf_options.device_staging = staging.get();
         reader = std::make_shared<dcp::HuggingFaceStorageReader>(
@@ -279,6 +284,7 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
     // The engine points the reader at checkpoint_id (Reset) and passes the
     // wait, each rank inside the load's shared setup step.
     dcp::capi::OrderedReader ordered(reader, staging);
+    if (!backend_failure.ok()) ordered.FailResets(backend_failure);
     load.storage_reader = &ordered;
     DCP_ASSIGN_OR_RETURN(load.device_wait,
                          dcp::capi::DeviceWaitFromC(in.device_wait));

@@ -46,14 +46,15 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     return response;
   }
 
-  // The upload's collectives come in this call's turn on the group: a
-  // later Save or Load on it waits for them (engine/internal/group_turns.h).
+  // The upload's collectives come in this call's turn on the group, taken
+  // when the upload is queued: a later Save or Load on it waits for them
+  // (engine/internal/group_turns.h).
   SaveOptions save = options.save;
   if (!save.no_dist && save.process_group == nullptr) {
     save.process_group = DefaultProcessGroup();
   }
   save.device_wait = DeviceWait{};
-  auto turn = std::make_shared<internal::GroupTurn>(internal::TakeTurn(save));
+  auto turn = std::make_shared<internal::GroupTurn>();
 
   std::shared_ptr<AsyncStager> owned_stager;
   AsyncStager* stager = options.async_stager;
@@ -106,9 +107,10 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
                 ? internal::SaveInTurn(*filled, save, *turn)
                 : absl::StatusOr<Metadata>(
                       internal::JoinSaveWithFailure(save, staging, turn.get()));
-        // Before the callbacks, which may save or load on the group.
-        turn->End();
+        // The callbacks run in the upload's turn: one that saves or loads
+        // on the group does so here, at the same point on every rank.
         upload_promise.Set(std::move(saved));
+        turn->End();
         if (owned_stager != nullptr) owned_stager->Close();
       },
       copy_on_write ? staged : Future<StateDict>(), turn};
@@ -119,6 +121,7 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
     // uploads run in the order they were queued, before any WaitForPending
     // marker scheduled after this returns.
     if (!shut_down_) {
+      *turn = internal::TakeTurn(save);
       queued_.push_back(std::move(queued));
       uploader_.Schedule([this] { RunNextUpload(); });
       return response;

@@ -632,7 +632,7 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
                              const LoadOptions& options,
                              absl::string_view location,
                              const absl::Status& local_failure) {
-  const internal::GroupTurn turn = internal::GroupTurn::Take(
+  internal::GroupTurn turn = internal::GroupTurn::Take(
       GroupFor(options.process_group, options.no_dist));
   turn.Wait();
   std::unique_ptr<DefaultLoadPlanner> default_planner;

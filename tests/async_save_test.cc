@@ -178,6 +178,44 @@ TEST(AsyncSave, ASaveOnTheGroupWaitsForTheUploadSubmittedBefore) {
   ExpectSameState(LoadState(dir2), MakeState(20));
 }
 
+// A callback of an upload's completion runs in the upload's turn on the
+// upload thread: a Save it makes on the group runs there and then, even
+// with another AsyncSave on the group queued behind (it would otherwise
+// wait for that upload, which waits for this thread).
+TEST(AsyncSave, ACompletionCallbackMaySaveOnTheGroup) {
+  const std::string dir1 = MakeTempDir("async-cb1");
+  const std::string dir2 = MakeTempDir("async-cb2");
+  const std::string dir3 = MakeTempDir("async-cb3");
+  comm::LocalProcessGroup group;
+  AsyncCheckpointer checkpointer;
+  HeldStager stager;
+  AsyncSaveOptions o1, o2;
+  o1.save.checkpoint_id = dir1;
+  o1.save.process_group = &group;
+  o1.async_stager = &stager;
+  o2.save.checkpoint_id = dir2;
+  o2.save.process_group = &group;
+  const StateDict s1 = MakeState(10);
+  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  absl::Notification called;
+  absl::Status in_callback = absl::UnknownError("not called");
+  r1.upload_completion.OnReady([&](const absl::StatusOr<Metadata>&) {
+    SaveOptions o3;
+    o3.checkpoint_id = dir3;
+    o3.process_group = &group;
+    in_callback = Save(MakeState(30), o3).status();
+    called.Notify();
+  });
+  AsyncSaveResponse r2 = checkpointer.AsyncSave(MakeState(20), o2);
+  stager.Release(s1);  // The first upload runs, then its callback.
+  called.WaitForNotification();
+  EXPECT_TRUE(in_callback.ok()) << in_callback;
+  ASSERT_TRUE(r2.upload_completion.Wait().ok());
+  ExpectSameState(LoadState(dir1), MakeState(10));
+  ExpectSameState(LoadState(dir2), MakeState(20));
+  ExpectSameState(LoadState(dir3), MakeState(30));
+}
+
 TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
   const std::string dir = MakeTempDir("async-destroy");
   Future<Metadata> upload;

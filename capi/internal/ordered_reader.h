@@ -28,11 +28,17 @@ class OrderedReader final : public StorageReader {
                 std::shared_ptr<DeviceStaging> staging)
       : inner_(std::move(inner)), staging_(std::move(staging)) {}
 
-  // Clears the wait, as a writer's Reset does.
+  // Clears the wait, as a writer's Reset does. After FailResets, fails
+  // with that status instead.
   absl::Status Reset(const std::string& checkpoint_id) override {
     wait_ = DeviceWait{};
+    if (!reset_failure_.ok()) return reset_failure_;
     return inner_->Reset(checkpoint_id);
   }
+  // Every Reset fails with `failure` (not OK): a rank whose storage could
+  // not be made still takes part in the load's shared setup, failing
+  // there, so the other ranks learn why instead of waiting for it.
+  void FailResets(absl::Status failure) { reset_failure_ = std::move(failure); }
   absl::Status SetDeviceWait(const DeviceWait& wait) override {
     wait_ = wait;
     return absl::OkStatus();
@@ -65,6 +71,7 @@ class OrderedReader final : public StorageReader {
   std::shared_ptr<StorageReader> inner_;
   std::shared_ptr<DeviceStaging> staging_;
   DeviceWait wait_;
+  absl::Status reset_failure_;
 };
 
 }  // namespace dcp::capi

@@ -1,8 +1,10 @@
 #include "engine/internal/group_turns.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 
@@ -25,6 +27,14 @@ struct Registry {
   std::function<void()> wait_observer ABSL_GUARDED_BY(mu);
 };
 
+// The groups whose turn this thread holds (waited for, not yet ended).
+thread_local std::vector<comm::ProcessGroup*> held_groups;
+
+bool Holds(comm::ProcessGroup* group) {
+  return std::find(held_groups.begin(), held_groups.end(), group) !=
+         held_groups.end();
+}
+
 Registry& TheRegistry() {
   static Registry* registry = new Registry;
   return *registry;
@@ -33,26 +43,35 @@ Registry& TheRegistry() {
 }  // namespace
 
 GroupTurn GroupTurn::Take(comm::ProcessGroup* group) {
-  if (group == nullptr) return GroupTurn();
+  if (group == nullptr || Holds(group)) return GroupTurn();
   Registry& r = TheRegistry();
   absl::MutexLock lock(&r.mu);
   return GroupTurn(group, r.groups[group].next++);
 }
 
 GroupTurn::GroupTurn(GroupTurn&& other) noexcept
-    : group_(std::exchange(other.group_, nullptr)), number_(other.number_) {}
+    : group_(std::exchange(other.group_, nullptr)),
+      number_(other.number_),
+      held_(std::exchange(other.held_, false)) {}
 
 GroupTurn& GroupTurn::operator=(GroupTurn&& other) noexcept {
   if (this != &other) {
     End();
     group_ = std::exchange(other.group_, nullptr);
     number_ = other.number_;
+    held_ = std::exchange(other.held_, false);
   }
   return *this;
 }
 
-void GroupTurn::Wait() const {
-  if (group_ == nullptr) return;
+void GroupTurn::Wait() {
+  if (group_ == nullptr || held_) return;
+  WaitUnheld();
+  held_ = true;
+  held_groups.push_back(group_);
+}
+
+void GroupTurn::WaitUnheld() const {
   Registry& r = TheRegistry();
   std::function<void()> observer;
   {
@@ -73,6 +92,11 @@ void GroupTurn::Wait() const {
 
 void GroupTurn::End() {
   if (group_ == nullptr) return;
+  if (held_) {
+    held_ = false;
+    auto it = std::find(held_groups.begin(), held_groups.end(), group_);
+    if (it != held_groups.end()) held_groups.erase(it);
+  }
   Registry& r = TheRegistry();
   absl::MutexLock lock(&r.mu);
   auto it = r.groups.find(group_);

@@ -257,16 +257,12 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
 _upload_executor: concurrent.futures.ThreadPoolExecutor | None = None
 
 
+_submit_lock = threading.Lock()  # Turns in the order uploads are queued.
+
+
 def _stager_async_save(state_dict, async_stager, upload_fn, where):
     global _upload_executor
-    # The upload runs later on the dcp-upload thread, in the turn taken
-    # now: a save or load called after this one waits for it.
-    turn = take_turn(where)
-    try:
-        staged = async_stager.stage(_stateful_to_state_dict(state_dict))
-    except BaseException:
-        turn.end()
-        raise
+    staged = async_stager.stage(_stateful_to_state_dict(state_dict))
     staging: Future = Future()
     if isinstance(staged, Future):
         def complete(f):
@@ -283,6 +279,8 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
             _upload_executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="dcp-upload")
 
+    turn = None  # Taken when the upload is queued (below).
+
     def upload():
         with turn:
             sd = staged.result() if isinstance(staged, Future) else staged
@@ -290,17 +288,22 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
 
     # A staged dict (not a Future) may still be filling from non-blocking
     # device copies: synchronize before the upload reads it.
-    try:
-        if not isinstance(staged, Future) and bool(
-                getattr(async_stager, "should_synchronize_after_execute",
-                        True)):
-            sync = getattr(async_stager, "synchronize_staging", None)
-            if callable(sync):
-                sync()
-        result = _upload_executor.submit(upload)
-    except BaseException:
-        turn.end()
-        raise
+    if not isinstance(staged, Future) and bool(
+            getattr(async_stager, "should_synchronize_after_execute", True)):
+        sync = getattr(async_stager, "synchronize_staging", None)
+        if callable(sync):
+            sync()
+    # The upload runs on the dcp-upload thread in a turn taken as it is
+    # queued: a save or load called after this one waits for it.
+    with _submit_lock:
+        turn = take_turn(where)
+        try:
+            result = _upload_executor.submit(upload)
+        except BaseException:
+            turn.end()
+            raise
+    # A cancelled upload never runs: its turn ends with it.
+    result.add_done_callback(lambda f: f.cancelled() and turn.end())
     return AsyncSaveResponse(staging, result)
 
 

@@ -284,11 +284,14 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         if p.values_sd is not None:
             try:
                 _load_checked(p.values_sd, options, path)
-            except errors.CheckpointException:
-                # The engine checks (missing keys, types) fail the load of
+            except errors.CheckpointException as first:
+                # The engine's checks of keys and types fail the load of
                 # every leaf too, before it writes anything, and name what
-                # comes first in the state dict: raise that.
-                _load_checked(p.sd, options, path)
+                # comes first in the state dict: raise that. Any other
+                # failure (I/O, damaged data) is raised as it is: a second
+                # load could then succeed and write the caller's tensors.
+                if first.code in (_lib.NOT_FOUND, _lib.INVALID_ARGUMENT):
+                    _load_checked(p.sd, options, path)
                 raise
             error = None
             try:

@@ -377,7 +377,11 @@ class Turn:
 
     def __enter__(self):
         if self._group is not None:
-            _turns.wait(self._group, self._n)
+            try:
+                _turns.wait(self._group, self._n)
+            except BaseException:  # KeyboardInterrupt: __exit__ won't run
+                self.end()
+                raise
             if not hasattr(_held, "groups"):
                 _held.groups = set()
             _held.groups.add(self._group)

@@ -122,3 +122,33 @@ def test_turns_run_in_call_order_and_nest():
     with Turn(group):
         log.append("fresh")
     assert log[-1] == "fresh"
+
+
+def test_an_interrupted_wait_ends_its_turn(monkeypatch):
+    """Ctrl-C while a save waits for its turn (behind an upload) ends that
+    turn: the next operation on the group does not wait for it forever."""
+    from dcp import process_group
+    group = object()
+    running = process_group.Turn(group)
+    interrupted = process_group.Turn(group)
+    real_wait = process_group._turns.wait
+
+    def interrupt(g, n):
+        raise KeyboardInterrupt
+
+    with running:
+        monkeypatch.setattr(process_group._turns, "wait", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            with interrupted:
+                pass
+        monkeypatch.setattr(process_group._turns, "wait", real_wait)
+    done = threading.Event()
+
+    def later():
+        with process_group.Turn(group):
+            done.set()
+
+    thread = threading.Thread(target=later, daemon=True)
+    thread.start()
+    assert done.wait(60), "the interrupted turn still holds the group"
+    thread.join()
