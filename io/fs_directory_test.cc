@@ -188,13 +188,13 @@ TEST(ConcurrentSaveTest, AForkedChildDoesNotKeepADeadHoldersLock) {
     const pid_t worker = ::fork();
     if (worker < 0) ::_exit(3);
     if (worker == 0) {
-      // Lives until the test's word, holding whatever it inherited.
+      // Past fork(2), so the fork handlers have run here: says so, then
+      // lives until the test's word, holding whatever it kept.
+      char c = 'x';
+      if (::write(ready[1], &c, 1) != 1) ::_exit(4);
       ::close(ready[1]);
-      char c;
       ::_exit(::read(go[0], &c, 1) == 1 ? 0 : 1);
     }
-    char c = 'x';
-    if (::write(ready[1], &c, 1) != 1) ::_exit(4);
     ::_exit(0);  // Dies holding the lock: no destructor runs.
   }
   ::close(ready[1]);
