@@ -373,10 +373,23 @@ class GlooProcessGroup::Impl {
         peer >= 0 && peer < static_cast<int>(probes.size()) &&
         probes[peer].state == internal::ProbeResult::State::kUnreachable;
     if (peer >= 0 && peer != rank_ && !peer_cut_off) {
-      // A peer closes its sockets right after writing its record (or Gloo
-      // closes them just before): allow the record a moment to appear.
+      // A peer closes its sockets right after writing its record, or Gloo
+      // closes them first when one of the peer's own transfers fails, and
+      // the record follows once the peer has looked for the records of
+      // the ranks it gave up on and probed its peers. A live peer that
+      // closed the connection is giving up: wait for its record up to
+      // kRecordWaitLimit (bounded by the group's timeout); otherwise allow
+      // it a moment to appear.
+      const bool peer_closed_alive =
+          absl::IsUnavailable(status) &&
+          peer < static_cast<int>(probes.size()) &&
+          probes[peer].state == internal::ProbeResult::State::kAnswers;
+      const absl::Time wait_until =
+          absl::Now() + (peer_closed_alive
+                             ? std::min(timeout_, kRecordWaitLimit)
+                             : absl::Milliseconds(250));
       const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
-      for (int i = 0; i < 25 && !internal::KeyExists(*store_, key); ++i) {
+      while (!internal::KeyExists(*store_, key) && absl::Now() < wait_until) {
         absl::SleepFor(absl::Milliseconds(10));
       }
       absl::Status theirs;
@@ -417,6 +430,9 @@ class GlooProcessGroup::Impl {
   }
 
   static constexpr uint64_t kSlotBase = uint64_t{1} << 40;
+  // The longest GiveUp waits for the abort record of a live peer that
+  // closed its connections.
+  static constexpr absl::Duration kRecordWaitLimit = absl::Seconds(10);
 
   absl::Status PeerError(absl::string_view op, int peer, const char* doing,
                          absl::string_view what, absl::Time deadline) const {
