@@ -190,7 +190,8 @@ absl::Status JournaledSave::LockAndRecover(
     FileSystemBase& fs, const std::string& dir, const std::string& holder,
     absl::FunctionRef<absl::Status()> recover) {
   if (lock_ == nullptr) {
-    DCP_ASSIGN_OR_RETURN(lock_, fs.LockDirectory(dir, holder));
+    DCP_ASSIGN_OR_RETURN(lock_,
+                         fs.LockDirectory(dir, holder, LockMode::kExclusive));
   }
   absl::Status status = recover();
   if (!status.ok()) lock_.reset();

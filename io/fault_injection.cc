@@ -415,8 +415,9 @@ void FaultInjectionFileSystem::SimulateCrash() {
 
 absl::StatusOr<std::unique_ptr<DirectoryLock>>
 FaultInjectionFileSystem::LockDirectory(const std::string& dir,
-                                        absl::string_view holder) {
-  return base_.LockDirectory(dir, holder);
+                                        absl::string_view holder,
+                                        LockMode mode) {
+  return base_.LockDirectory(dir, holder, mode);
 }
 
 }  // namespace dcp

@@ -113,7 +113,7 @@ class FaultInjectionFileSystem final : public FileSystemBase {
   absl::Status SyncDir(const std::string& path) override;
   // Forwarded without a fault site.
   absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
-      const std::string& dir, absl::string_view holder) override;
+      const std::string& dir, absl::string_view holder, LockMode mode) override;
 
  private:
   class FaultyFile;

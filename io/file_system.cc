@@ -371,7 +371,9 @@ class LocalFileSystemImpl final : public FileSystemBase {
   }
 
   absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
-      const std::string& dir, absl::string_view holder) override {
+      const std::string& dir, absl::string_view holder,
+      LockMode mode) override {
+    const bool shared = mode == LockMode::kShared;
     const std::string path = JoinPath(dir, kDirectoryLockFileName);
     while (true) {
       int fd;
@@ -387,7 +389,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
           CheckRegular(fd, absl::StrCat("open lock file ", path)));
       int locked;
       do {
-        locked = ::flock(fd, LOCK_EX | LOCK_NB);
+        locked = ::flock(fd, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB);
       } while (locked != 0 && errno == EINTR);
       if (locked != 0) {
         const int error = errno;
@@ -421,7 +423,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
         ::close(fd);
         continue;
       }
-      auto lock = std::make_unique<FlockDirectoryLock>(fd, path);
+      auto lock = std::make_unique<FlockDirectoryLock>(fd, path, shared);
       const std::string description = absl::StrCat(holder, "\n");
       if (::ftruncate(fd, 0) != 0 ||
           ::pwrite(fd, description.data(), description.size(), 0) !=
@@ -434,27 +436,40 @@ class LocalFileSystemImpl final : public FileSystemBase {
 
  private:
   // An flock(2) on `path` through `fd`. Destruction removes the file while
-  // still holding the lock, then releases it.
+  // holding the lock exclusively, then releases it: a shared holder first
+  // tries to turn its lock exclusive, which only the last holder achieves
+  // (Linux drops the shared lock before trying, so of holders releasing
+  // together the last to try gets it); the others leave the file.
   // Only the process that took it releases it: in a fork child the
   // descriptor was closed at the fork (RegisterHeldLock) and may name
   // another file by now.
   class FlockDirectoryLock final : public DirectoryLock {
    public:
-    FlockDirectoryLock(int fd, std::string path)
+    FlockDirectoryLock(int fd, std::string path, bool shared)
         : fd_(fd),
           path_(std::move(path)),
+          shared_(shared),
           owner_(::getpid()),
           slot_(RegisterHeldLock(fd)) {}
     ~FlockDirectoryLock() override {
       if (::getpid() != owner_) return;
       UnregisterHeldLock(slot_);
-      ::unlink(path_.c_str());
+      bool alone = !shared_;
+      if (shared_) {
+        int rc;
+        do {
+          rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+        } while (rc != 0 && errno == EINTR);
+        alone = rc == 0;
+      }
+      if (alone) ::unlink(path_.c_str());
       ::close(fd_);
     }
 
    private:
     const int fd_;
     const std::string path_;
+    const bool shared_;
     const pid_t owner_;
     const int slot_;
   };

@@ -134,8 +134,12 @@ struct OpenOptions {
   bool no_follow = false;
 };
 
-// An exclusive advisory lock on a directory (FileSystemBase::LockDirectory),
-// held until the object is destroyed.
+// How FileSystemBase::LockDirectory holds a directory: alone, or together
+// with other shared holders (which keep exclusive holders out).
+enum class LockMode { kExclusive, kShared };
+
+// An advisory lock on a directory (FileSystemBase::LockDirectory), held
+// until the object is destroyed.
 class DirectoryLock {
  public:
   virtual ~DirectoryLock() = default;
@@ -178,19 +182,22 @@ class FileSystemBase {
   // Makes the entries of directory `path` durable (fsync of the directory).
   virtual absl::Status SyncDir(const std::string& path) = 0;
 
-  // Takes the exclusive advisory lock of directory `dir` without waiting:
-  // one writer at a time (a save holds it from SetUp to its commit).
-  // `holder` describes the taker (process, host, save) to whoever finds the
-  // lock taken. kFailedPrecondition naming `dir` and the holder's
-  // description when another holder has it, in this process or another.
-  // The lock goes when the returned object is destroyed or its process
-  // dies. The local file system locks `dir`/.lock with flock(2), which
-  // holds the description while locked and is removed on release (a crashed
+  // Takes the advisory lock of directory `dir` without waiting, in `mode`:
+  // an exclusive holder is alone (a save holds its directory from SetUp to
+  // its commit); shared holders (rank-local saves into subdirectories) keep
+  // exclusive ones out but not each other. `holder` describes the taker
+  // (process, host, save) to whoever finds the lock taken (with shared
+  // holders, the latest to describe itself). kFailedPrecondition naming
+  // `dir` and the holder's description when the lock is held in a mode
+  // that excludes `mode`, in this process or another. The lock goes when
+  // the returned object is destroyed or its process dies. The local file
+  // system locks `dir`/.lock with flock(2), which holds the description
+  // while locked and is removed by the last holder on release (a crashed
   // holder leaves it behind, unlocked); flock reaches other hosts only where
   // the file system forwards it (NFSv4 does; some network file systems do
   // not).
   virtual absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
-      const std::string& dir, absl::string_view holder) = 0;
+      const std::string& dir, absl::string_view holder, LockMode mode) = 0;
 };
 
 // The name of the lock file LockDirectory keeps in a locked directory.

@@ -211,6 +211,7 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   committed_files_.clear();
   orphan_cleanup_ = OrphanCleanup();
   directory_lock_.reset();
+  layout_lock_.reset();
   device_wait_ = DeviceWait{};
   created_->Forget();
   return absl::OkStatus();
@@ -269,14 +270,28 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   if (!is_coordinator_) return absl::OkStatus();
   // The coordinator holds the directory until the save commits or aborts:
   // a second save into it fails here, before it has written anything.
-  if (directory_lock_ == nullptr) {
+  const std::string holder =
+      absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")");
+  if (dir_ != path_ && layout_lock_ == nullptr) {
     DCP_ASSIGN_OR_RETURN(
-        directory_lock_,
-        fs_->LockDirectory(dir_, absl::StrCat(ThisProcessDescription(),
-                                              " (save ", save_id_, ")")));
+        layout_lock_,
+        fs_->LockDirectory(path_, absl::StrCat(holder, ", rank-local"),
+                           LockMode::kShared));
+  }
+  if (directory_lock_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =
+        fs_->LockDirectory(dir_, holder, LockMode::kExclusive);
+    if (!lock.ok()) {
+      layout_lock_.reset();
+      return lock.status();
+    }
+    directory_lock_ = *std::move(lock);
   }
   absl::Status status = SetUpLocked();
-  if (!status.ok()) directory_lock_.reset();
+  if (!status.ok()) {
+    directory_lock_.reset();
+    layout_lock_.reset();
+  }
   return status;
 }
 
@@ -497,6 +512,7 @@ absl::Status FileSystemWriter::MarkCommitted() {
       *fs_, dir_, replaceable_files_, committed_files_, options_.sync_files);
   replaceable_files_.clear();
   directory_lock_.reset();
+  layout_lock_.reset();
   return Annotate(status, "checkpoint committed; removing replaced files");
 }
 
@@ -507,6 +523,7 @@ void FileSystemWriter::Abort() {
     created_->RemoveAll(*fs_);
   }
   directory_lock_.reset();
+  layout_lock_.reset();
 }
 
 // ---------------------------------------------------------------------------

@@ -211,7 +211,9 @@ class FileSystemWriter final : public StorageWriter {
   absl::Status SelectRankLocal(int rank) override;
   StorageMeta GetStorageMeta() const override;
   // Creates the directory (and parents). The coordinator then takes the
-  // directory's advisory lock (FileSystemBase::LockDirectory), held until
+  // directory's advisory lock (FileSystemBase::LockDirectory; a rank-local
+  // save also takes path()'s lock shared, so saves of the other layout stay
+  // out), held until
   // MarkCommitted, Abort, Reset or destruction, notes the data files the
   // committed metadata there names (the files MarkCommitted may remove) and
   // removes the orphans of interrupted saves (RemoveOrphans; what it did is
@@ -300,6 +302,11 @@ class FileSystemWriter final : public StorageWriter {
   // The coordinator's lock of the directory, from SetUp until MarkCommitted,
   // Abort or Reset.
   std::unique_ptr<DirectoryLock> directory_lock_;
+  // A rank-local save's shared lock of path() (its parent), held with
+  // directory_lock_: a save of all ranks together locks path() exclusively,
+  // so the two layouts never run into one directory at once (each checks
+  // for the other's metadata under its lock).
+  std::unique_ptr<DirectoryLock> layout_lock_;
   // Data files the committed metadata references.
   std::set<std::string> committed_files_;
   OrphanCleanup orphan_cleanup_;

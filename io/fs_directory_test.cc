@@ -170,6 +170,71 @@ TEST(ConcurrentSaveTest, ASaveInAnotherProcessHoldsTheDirectory) {
   ExpectLoads(dir, Sample::Make(2));
 }
 
+TEST(ConcurrentSaveTest,
+     SharedHoldersKeepExclusiveOnesOutAndTheLastRemovesTheFile) {
+  const std::string dir = NewTestDir("lock_modes");
+  FileSystemBase& fs = LocalFileSystem();
+  const std::string file = JoinPath(dir, kDirectoryLockFileName);
+  auto a = fs.LockDirectory(dir, "shared a", LockMode::kShared);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = fs.LockDirectory(dir, "shared b", LockMode::kShared);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto exclusive = fs.LockDirectory(dir, "alone", LockMode::kExclusive);
+  EXPECT_EQ(exclusive.status().code(), absl::StatusCode::kFailedPrecondition)
+      << exclusive.status();
+  EXPECT_THAT(exclusive.status().message(),
+              AllOf(HasSubstr(dir), HasSubstr("shared b")));
+  a->reset();  // Not the last: the file stays, and so does the lock.
+  EXPECT_TRUE(std::filesystem::exists(file));
+  EXPECT_EQ(
+      fs.LockDirectory(dir, "alone", LockMode::kExclusive).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  b->reset();  // The last shared holder removes the file.
+  EXPECT_FALSE(std::filesystem::exists(file));
+  exclusive = fs.LockDirectory(dir, "alone", LockMode::kExclusive);
+  ASSERT_TRUE(exclusive.ok()) << exclusive.status();
+  auto shared = fs.LockDirectory(dir, "shared c", LockMode::kShared);
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition)
+      << shared.status();
+  EXPECT_THAT(shared.status().message(), HasSubstr("alone"));
+  exclusive->reset();
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+// A save of all ranks together and rank-local saves into one directory
+// exclude each other while they run (each refuses the other's committed
+// metadata only once it is there), while rank-local saves of different
+// ranks run together.
+TEST(ConcurrentSaveTest, TheTwoLayoutsNeverSaveIntoOneDirectoryAtOnce) {
+  const std::string dir = NewTestDir("layout_locks");
+  FileSystemWriter together(dir);
+  ASSERT_TRUE(together.SetUp(true, 0, true).ok());
+  FileSystemWriter rank1(dir);
+  ASSERT_TRUE(rank1.SelectRankLocal(1).ok());
+  absl::Status s = rank1.SetUp(true, 1, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr(dir), HasSubstr("overlap"),
+                                 HasSubstr(together.save_id())));
+  together.Abort();
+
+  ASSERT_TRUE(rank1.SetUp(true, 1, false).ok());
+  FileSystemWriter rank0(dir);
+  ASSERT_TRUE(rank0.SelectRankLocal(0).ok());
+  ASSERT_TRUE(rank0.SetUp(true, 0, false).ok());
+  s = together.SetUp(true, 0, true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank-local"));
+  rank1.Abort();
+  EXPECT_EQ(together.SetUp(true, 0, true).code(),
+            absl::StatusCode::kFailedPrecondition);
+  rank0.Abort();
+  ASSERT_TRUE(together.SetUp(true, 0, true).ok());
+  together.Abort();
+  EXPECT_THAT(
+      List(dir),
+      ::testing::Not(::testing::Contains(std::string(kDirectoryLockFileName))));
+}
+
 // A save's process forks (a data-loader worker) and dies without releasing
 // its lock: the child's copy of the lock's descriptor must not keep the
 // directory locked while the child lives.
@@ -183,7 +248,8 @@ TEST(ConcurrentSaveTest, AForkedChildDoesNotKeepADeadHoldersLock) {
   if (holder == 0) {
     ::close(ready[0]);
     ::close(go[1]);
-    auto lock = LocalFileSystem().LockDirectory(dir, "the holder");
+    auto lock = LocalFileSystem().LockDirectory(dir, "the holder",
+                                                LockMode::kExclusive);
     if (!lock.ok()) ::_exit(2);
     const pid_t worker = ::fork();
     if (worker < 0) ::_exit(3);
@@ -207,7 +273,8 @@ TEST(ConcurrentSaveTest, AForkedChildDoesNotKeepADeadHoldersLock) {
   // The lock file is still there, and the worker is still alive.
   EXPECT_TRUE(std::filesystem::exists(JoinPath(dir, kDirectoryLockFileName)));
   absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =
-      LocalFileSystem().LockDirectory(dir, "the next saver");
+      LocalFileSystem().LockDirectory(dir, "the next saver",
+                                      LockMode::kExclusive);
   ASSERT_EQ(::write(go[1], "x", 1), 1);
   ::close(ready[0]);
   ::close(go[1]);

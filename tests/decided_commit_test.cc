@@ -177,8 +177,9 @@ class ExitAtSyncDir final : public FileSystemBase {
     return status;
   }
   absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
-      const std::string& dir, absl::string_view holder) override {
-    return fs_.LockDirectory(dir, holder);
+      const std::string& dir, absl::string_view holder,
+      LockMode mode) override {
+    return fs_.LockDirectory(dir, holder, mode);
   }
 
  private:

@@ -259,8 +259,9 @@ absl::Status RunClean(const std::string& dir) {
   // running now is writing, so a running save makes this fail, naming it.
   DCP_ASSIGN_OR_RETURN(
       std::unique_ptr<DirectoryLock> lock,
-      fs.LockDirectory(dir, absl::StrCat(ThisProcessDescription(),
-                                         " (dcp verify --clean)")));
+      fs.LockDirectory(
+          dir, absl::StrCat(ThisProcessDescription(), " (dcp verify --clean)"),
+          LockMode::kExclusive));
   const OrphanCleanup cleanup = RemoveOrphans(fs, dir);
   for (const std::string& name : cleanup.removed) {
     std::printf("REMOVED  %s\n", name.c_str());

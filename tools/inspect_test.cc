@@ -224,7 +224,8 @@ TEST(VerifyCleanTest, FailsNamingTheSaveThatHoldsTheDirectory) {
     // orphans and must stay.
     absl::StatusOr<std::unique_ptr<DirectoryLock>> save_lock =
         LocalFileSystem().LockDirectory(
-            dir, "pid 4242 on host trainer (save 00000000deadbeef)");
+            dir, "pid 4242 on host trainer (save 00000000deadbeef)",
+            LockMode::kExclusive);
     ASSERT_TRUE(save_lock.ok()) << save_lock.status();
     auto [status, out] = CleanAndCapture(dir);
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
