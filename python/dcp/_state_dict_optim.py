@@ -84,10 +84,12 @@ def _optimizer_state_dict(
     optimizers: tuple[torch.optim.Optimizer, ...],
     options: StateDictOptions,
 ) -> dict[str, Any]:
-    state: dict[str, Any] = {}
+    # (fqn, entry, whether this call made the entry up, optimizer, param),
+    # in optimizer order.
+    entries: list[tuple[str, dict, bool, torch.optim.Optimizer, Any]] = []
     groups: list[dict[str, Any]] = []
     for optim in optimizers:
-        _init_optimizer_state(optim)
+        made_up = _init_optimizer_state(optim)
         native = optim.state_dict()
         if len(native[_PARAM_GROUPS]) != len(optim.param_groups):
             raise RuntimeError(
@@ -101,15 +103,30 @@ def _optimizer_state_dict(
                 fqn = index.fqns(param)[0]
                 fqns.append(fqn)
                 if pid in native[_STATE]:
-                    if fqn in state:
-                        raise ValueError(
-                            f"parameter {fqn!r} is held by more than one optimizer"
-                        )
                     # A copy of the entry's dict; its tensors stay shared.
-                    state[fqn] = dict(native[_STATE][pid])
+                    entries.append((fqn, dict(native[_STATE][pid]), made_up,
+                                    optim, param))
             entry = {k: v for k, v in saved.items() if k != _PARAMS}
             entry[_PARAMS] = fqns
             groups.append(entry)
+    # A parameter several optimizers hold has one state entry, keyed by its
+    # FQN: the real one (two real ones are ambiguous), else the first made
+    # up. An optimizer that had no state for it keeps none: the state made
+    # up for it here is dropped again.
+    real: set[str] = set()
+    for fqn, _, made_up, _, _ in entries:
+        if not made_up:
+            if fqn in real:
+                raise ValueError(
+                    f"parameter {fqn!r} is held by more than one optimizer"
+                )
+            real.add(fqn)
+    state: dict[str, Any] = {}
+    for fqn, entry, made_up, optim, param in entries:
+        if made_up and (fqn in real or fqn in state):
+            del optim.state[param]
+            continue
+        state[fqn] = entry
     result: dict[str, Any] = {_STATE: state, _PARAM_GROUPS: groups}
     if options.flatten_optimizer_state_dict:
         result = _flatten_optimizer(result)
@@ -143,6 +160,11 @@ class _LoadedOptimizerState:
         # fqn -> state entry; fqn -> group hyperparameters (without params).
         self.state: dict[str, Any] = {}
         self.group_of: dict[str, dict[str, Any]] = {}
+        # fqn -> every loaded group listing it, in order (nested source
+        # only): several where optimizers share the parameter.
+        self.groups_with: dict[str, list[dict[str, Any]]] = {}
+        # id(group hyperparameters) -> the FQNs that group lists.
+        self.group_fqns: dict[int, frozenset[str]] = {}
         # Hyperparameters of loaded groups without parameters, in order.
         self.empty_groups: list[dict[str, Any]] = []
         if _STATE in source or _PARAM_GROUPS in source:
@@ -157,8 +179,10 @@ class _LoadedOptimizerState:
             params = group.get(_PARAMS, [])
             if not params:
                 self.empty_groups.append(hyper)
+            self.group_fqns[id(hyper)] = frozenset(params)
             for fqn in params:
                 self.group_of[fqn] = hyper
+                self.groups_with.setdefault(fqn, []).append(hyper)
 
     def _read_flat(self, source: Mapping[str, Any], index: _ModelIndex) -> None:
         known = index.fqn_to_param
@@ -273,6 +297,54 @@ def _load_optimizers(
         optim.load_state_dict({_STATE: native_state, _PARAM_GROUPS: native_groups})
 
 
+def _state_owners(optimizers: tuple[torch.optim.Optimizer, ...]):
+    """takes(optim, param, entry): whether `optim` loads the state entry of
+    `param`. The state dict keys an entry by FQN only, so for a parameter
+    several optimizers hold it goes to those whose state for it (current,
+    or made up for this load) has the entry's keys: the kind of optimizer
+    that saved it (Adam's exp_avg, not SGD's momentum_buffer); the others
+    keep none. Where none or several match, which one saved it is unknown
+    and every holder loads it (as torch's set_optimizer_state_dict does)."""
+    holders: dict[int, list[torch.optim.Optimizer]] = {}
+    for optim in optimizers:
+        for group in optim.param_groups:
+            for param in group[_PARAMS]:
+                holders.setdefault(id(param), []).append(optim)
+
+    def takes(optim: torch.optim.Optimizer, param: torch.Tensor,
+              entry: Any) -> bool:
+        owners = holders.get(id(param), [])
+        if len(owners) < 2 or not isinstance(entry, Mapping):
+            return True
+        matching = [o for o in owners
+                    if set(o.state.get(param) or {}) == set(entry)]
+        return not matching or any(o is optim for o in matching)
+
+    return takes
+
+
+def _common_group(loaded: _LoadedOptimizerState, index: _ModelIndex,
+                  params: list) -> dict[str, Any] | None:
+    """The loaded group that lists every one of `params` the loaded state
+    dict names (the one that lists exactly those first), if one does: where
+    optimizers share a parameter, its FQN is in several loaded groups, and
+    this group's settings are those of the group it was saved from."""
+    common: list[dict[str, Any]] | None = None
+    fqns = set()
+    for param in params:
+        fqn = loaded.find(index.fqns(param))
+        if fqn is None or fqn not in loaded.groups_with:
+            continue
+        fqns.add(fqn)
+        groups = loaded.groups_with[fqn]
+        common = (list(groups) if common is None else
+                  [g for g in common if any(g is h for h in groups)])
+    if not common:
+        return None
+    exact = [g for g in common if loaded.group_fqns[id(g)] == fqns]
+    return (exact or common)[0]
+
+
 def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
     """Per optimizer (optimizer, pid -> (loaded entry or None, param), param
     groups): what _load_optimizers loads, every strict check made."""
@@ -280,6 +352,7 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
         source = _broadcast_optimizer_source(index, optimizers, source)
     loaded = _LoadedOptimizerState(source, index)
     empty_groups = iter(loaded.empty_groups)
+    takes = _state_owners(optimizers)
     # Everything is checked before any optimizer changes, so a strict error
     # leaves them as they were.
     plans = []
@@ -294,10 +367,13 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
             ids = []
             if not group[_PARAMS]:
                 hyper = next(empty_groups, None)
+            else:
+                hyper = _common_group(loaded, index, group[_PARAMS])
             for param in group[_PARAMS]:
                 fqns = index.fqns(param)
                 fqn = loaded.find(fqns)
-                if fqn is not None and fqn in loaded.state:
+                if (fqn is not None and fqn in loaded.state
+                        and takes(optim, param, loaded.state[fqn])):
                     entries[pid] = (loaded.state[fqn], param)
                 elif optim.state.get(param) and id(optim) not in made_up:
                     if options.strict and param.requires_grad:
@@ -309,6 +385,9 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
                     entries[pid] = (None, param)
                 if fqn is not None and fqn in loaded.group_of:
                     candidate = loaded.group_of[fqn]
+                    if hyper is not None and any(
+                            g is hyper for g in loaded.groups_with.get(fqn, ())):
+                        candidate = hyper
                     if hyper is None:
                         hyper, hyper_from = candidate, fqn
                     elif candidate is not hyper:

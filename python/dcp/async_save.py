@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import ctypes
 import enum
 import itertools
 import queue
+import signal
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -122,6 +124,33 @@ def _ensure_thread():
             _thread.start()
 
 
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Holds back SIGINT (Ctrl-C) until the block exits, then delivers it to
+    the handler there was: for steps that must not be cut in half, such as
+    a started save and the registration of its completions, or a turn taken
+    and handed to the upload that ends it. Python runs signal handlers on
+    the main thread only; elsewhere, or where the SIGINT handler was not
+    set from Python, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    received = []
+    try:
+        previous = signal.signal(signal.SIGINT,
+                                 lambda signum, frame: received.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)
+
+
 class _CompletionFuture(Future):
     """A Future resolved on the dcp-completions thread, which also runs its
     done-callbacks: a callback that waits there for a result not yet known
@@ -160,6 +189,22 @@ class _EngineJob:
         self.remaining = 2
         self.staging.set_running_or_notify_cancel()
         self.upload.set_running_or_notify_cancel()
+
+    def register(self):
+        """Has dcp report both completions of the started save to the
+        dcp-completions thread, which resolves the futures and, after the
+        second, frees the handle and the prepared state dict."""
+        L = _lib.lib()
+        for which in (_lib.STAGING, _lib.UPLOAD):
+            token = next(_tokens)
+            with _pending_lock:
+                _pending[token] = (self, which)
+            code = L.dcp_async_save_on_done(self.handle, which, _ON_DONE,
+                                            token)
+            if code != _lib.OK:  # cannot happen for a live handle
+                with _pending_lock:
+                    _pending.pop(token, None)
+                _lib.check(code)
 
     def _error(self, which, status):
         # dcp_async_save_wait records the completion's error as this
@@ -231,25 +276,28 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
             p.free()
     where.agree("async_save", error)
     L = _lib.lib()
+    # Everything the completions need exists before the save starts. Once
+    # dcp_async_save has written the handle the save runs on, and owns `p`
+    # until its completions: whatever is raised after that (Ctrl-C as the
+    # call returns included) still registers them, so the futures resolve
+    # and the handle and `p` are freed when the upload ends.
     handle = ctypes.c_void_p()
     try:
-        _lib.check(L.dcp_async_save(p.sd, ctypes.byref(p.options),
-                                    ctypes.byref(handle)))
+        job = _EngineJob(p, handle, keep_tensors=stager is not None and
+                         stager.config.copy_on_write)
+        _ensure_thread()
+        with _interrupts_deferred():
+            try:
+                code = L.dcp_async_save(p.sd, ctypes.byref(p.options),
+                                        ctypes.byref(handle))
+            finally:
+                if handle.value:
+                    job.register()
+        _lib.check(code)
     except BaseException:
-        p.free()
+        if not handle.value:
+            p.free()
         raise
-    job = _EngineJob(p, handle, keep_tensors=stager is not None and
-                     stager.config.copy_on_write)
-    _ensure_thread()
-    for which in (_lib.STAGING, _lib.UPLOAD):
-        token = next(_tokens)
-        with _pending_lock:
-            _pending[token] = (job, which)
-        code = L.dcp_async_save_on_done(handle, which, _ON_DONE, token)
-        if code != _lib.OK:  # cannot happen for a live handle
-            with _pending_lock:
-                _pending.pop(token, None)
-            _lib.check(code)
     return AsyncSaveResponse(job.staging, job.upload)
 
 
@@ -295,15 +343,18 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
             sync()
     # The upload runs on the dcp-upload thread in a turn taken as it is
     # queued: a save or load called after this one waits for it.
-    with _submit_lock:
+    # A turn taken is ended by the upload, or here if it is not queued;
+    # Ctrl-C between the two would leave it held (every later operation on
+    # the group then waits for it) or end one the upload still waits for.
+    with _submit_lock, _interrupts_deferred():
         turn = take_turn(where)
         try:
             result = _upload_executor.submit(upload)
         except BaseException:
             turn.end()
             raise
-    # A cancelled upload never runs: its turn ends with it.
-    result.add_done_callback(lambda f: f.cancelled() and turn.end())
+        # A cancelled upload never runs: its turn ends with it.
+        result.add_done_callback(lambda f: f.cancelled() and turn.end())
     return AsyncSaveResponse(staging, result)
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import enum
 import os
+import pickle
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -48,14 +50,55 @@ def _default_memory_format():
     return torch.contiguous_format if torch is not None else "contiguous"
 
 
+class _MemoryFormat(enum.Enum):
+    """A torch.memory_format in a pickle. pickle (protocols 0-3, which
+    torch.save uses) cannot store a torch.memory_format: its __reduce__
+    names "torch.contiguous_format", which those protocols cannot look up.
+    The seed's TensorProperties stores an enum for the same reason."""
+    CONTIGUOUS_FORMAT = "contiguous_format"
+    CHANNELS_LAST = "channels_last"
+    CHANNELS_LAST_3D = "channels_last_3d"
+    PRESERVE_FORMAT = "preserve_format"
+
+
 @dataclass(frozen=True)
 class TensorProperties:
-    """dtype is a torch.dtype when torch is importable, else its name."""
+    """dtype is a torch.dtype when torch is importable, else its name;
+    layout and memory_format likewise (torch.strided and
+    torch.contiguous_format by default).
+
+    Picklable with every protocol: a torch.memory_format is pickled as a
+    _MemoryFormat and restored as the same torch.memory_format."""
     dtype: Any = None
     layout: Any = field(default_factory=_default_layout)
     requires_grad: bool = False
     memory_format: Any = field(default_factory=_default_memory_format)
     pin_memory: bool = False
+
+    def __getstate__(self):
+        memory_format = self.memory_format
+        if torch is not None and isinstance(memory_format,
+                                            torch.memory_format):
+            name = str(memory_format).removeprefix("torch.")
+            try:
+                memory_format = _MemoryFormat(name)
+            except ValueError:
+                raise pickle.PicklingError(
+                    f"TensorProperties: unknown torch.memory_format "
+                    f"{memory_format}") from None
+        return (self.dtype, self.layout, self.requires_grad, memory_format,
+                self.pin_memory)
+
+    def __setstate__(self, state):
+        dtype, layout, requires_grad, memory_format, pin_memory = state
+        if isinstance(memory_format, _MemoryFormat):
+            memory_format = (getattr(torch, memory_format.value)
+                             if torch is not None else memory_format.value)
+        for name, value in (("dtype", dtype), ("layout", layout),
+                            ("requires_grad", requires_grad),
+                            ("memory_format", memory_format),
+                            ("pin_memory", pin_memory)):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ What they produce:
   or, with `flatten_optimizer_state_dict`, flat `state.<fqn>.<name>` and
   `param_groups.<fqn>.<key>`. Several optimizers over one model merge into
   one state dict; each later takes back the entries of its own parameters.
+  A parameter several optimizers hold has one entry: the state of the one
+  that has any (state made up for the others is dropped again; two with
+  state raise ValueError); on set it goes to the holders whose state for it
+  has the entry's keys (all of them where none or several do).
 - DTensor parameters (fully_shard, tensor parallel) stay DTensors unless
   `full_state_dict` gathers them; on set, a plain tensor with a DTensor
   parameter's global shape is re-sharded onto that parameter's mesh and
@@ -271,6 +275,11 @@ def _path_of(key: str, optimizer_key: str, planner_data: Any, fqns: set[str]):
             fqn = ".".join(parts[:cut])
             if fqn in fqns:
                 return (optimizer_key, _STATE, fqn, *parts[cut:])
+        if len(parts) > 1:
+            # A parameter the model state dict lacks: state.<fqn>.<name>,
+            # the FQN whole (a key, never list indices), as the saver's
+            # planner_data would give it.
+            return (optimizer_key, _STATE, ".".join(parts[:-1]), parts[-1])
     parts = rest.split(".")
     return (optimizer_key, *(int(p) if p.isdigit() else p for p in parts))
 

@@ -1,8 +1,10 @@
 """async_save: THREAD (the engine's) and PROCESS (a persistent writer
 process), their futures, and a writer process that dies."""
 
+import importlib
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -424,3 +426,122 @@ def test_custom_stager_is_synchronized_before_the_upload_reads(tmp_path):
     got = {"w": torch.zeros(512, 512)}
     dcp.load(got, checkpoint_id=str(tmp_path / "c"))
     assert torch.equal(got["w"], state["w"])
+
+
+def _interrupt(how):
+    """Ctrl-C as it arrives: a SIGINT whose handler raises at the next
+    bytecode, or the KeyboardInterrupt itself, raised there directly."""
+    if how == "signal":
+        signal.raise_signal(signal.SIGINT)
+    else:
+        raise KeyboardInterrupt
+
+
+def _value(handle):
+    return getattr(handle, "value", handle)
+
+
+def _on_daemon_thread(fn, *args, **kwargs):
+    """fn's result, from a daemon thread: a call that never returns fails
+    after WAIT seconds instead of hanging the test run."""
+    out = []
+    thread = threading.Thread(
+        target=lambda: out.append(fn(*args, **kwargs)), daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive(), f"{fn.__name__} did not return"
+    return out[0] if out else None
+
+
+@pytest.mark.parametrize("how", ["signal", "raise"])
+def test_interrupt_as_the_engine_save_returns_loses_nothing(tmp_path,
+                                                            monkeypatch, how):
+    """Ctrl-C just after dcp_async_save returned, before Python registered
+    its completions: the call raises KeyboardInterrupt, but the save it
+    started commits, its futures resolve, its handle is freed once after
+    both completions and its state dict only then (not as the interrupt
+    passes), and the group's turn is ended (the next save on it runs)."""
+    from torch.distributed import HashStore
+
+    from dcp import _lib
+    engine = importlib.import_module("dcp.async_save")
+    L = _lib.lib()
+    real_save = L.dcp_async_save
+    real_free, real_free_sd = L.dcp_async_save_free, L.dcp_state_dict_free
+    calls, jobs = [], []
+    freed = threading.Event()
+
+    def save_then_interrupt(*args):
+        code = real_save(*args)
+        _interrupt(how)
+        return code
+
+    def free(handle):
+        calls.append(("handle", _value(handle)))
+        return real_free(handle)
+
+    def free_sd(sd):
+        calls.append(("sd", _value(sd)))
+        code = real_free_sd(sd)
+        if jobs and _value(sd) == jobs[0].sd:
+            freed.set()
+        return code
+
+    class Job(engine._EngineJob):
+        def __init__(self, prepared, *args, **kwargs):
+            self.sd = _value(prepared.sd)
+            jobs.append(self)
+            super().__init__(prepared, *args, **kwargs)
+
+    group = dcp.ProcessGroup.from_store(HashStore(), 0, 1)
+    monkeypatch.setattr(L, "dcp_async_save", save_then_interrupt)
+    monkeypatch.setattr(L, "dcp_async_save_free", free)
+    monkeypatch.setattr(L, "dcp_state_dict_free", free_sd)
+    monkeypatch.setattr(engine, "_EngineJob", Job)
+    with pytest.raises(KeyboardInterrupt):
+        dcp.async_save(_state(3), checkpoint_id=str(tmp_path / "a"),
+                       process_group=group)
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert job.staging.result(WAIT) is None
+    md = job.upload.result(WAIT)
+    assert set(md.state_dict_metadata) == {"w", "b", "step", "name", "t.0",
+                                           "t.1"}
+    assert freed.wait(WAIT)
+    assert calls == [("handle", job.handle.value), ("sd", job.sd)]
+    monkeypatch.undo()
+    _check(str(tmp_path / "a"), 3)
+    _on_daemon_thread(dcp.save, _state(4), checkpoint_id=str(tmp_path / "b"),
+                      process_group=group)
+    _check(str(tmp_path / "b"), 4)
+    group.close()
+
+
+def test_interrupt_as_a_custom_stager_upload_is_queued_ends_its_turn(
+        tmp_path, monkeypatch):
+    """Ctrl-C (a SIGINT) just after a custom async_stager's upload took its
+    turn on the group, before it was queued: the call raises
+    KeyboardInterrupt once the upload is queued with its turn; the upload
+    commits and ends the turn, and the group's next save runs."""
+    from torch.distributed import HashStore
+
+    engine = importlib.import_module("dcp.async_save")
+    real_take_turn = engine.take_turn
+
+    def take_turn_then_interrupt(where):
+        turn = real_take_turn(where)
+        signal.raise_signal(signal.SIGINT)
+        return turn
+
+    group = dcp.ProcessGroup.from_store(HashStore(), 0, 1)
+    monkeypatch.setattr(engine, "take_turn", take_turn_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        dcp.async_save(_state(5), checkpoint_id=str(tmp_path / "a"),
+                       process_group=group, async_stager=_CopyStager())
+    monkeypatch.undo()
+    # Runs after the upload's turn: the upload has committed by then.
+    _on_daemon_thread(dcp.save, _state(6), checkpoint_id=str(tmp_path / "b"),
+                      process_group=group)
+    _check(str(tmp_path / "a"), 5)
+    _check(str(tmp_path / "b"), 6)
+    group.close()

@@ -3,6 +3,7 @@
 import copy
 import dataclasses
 import gc
+import io
 import pickle
 
 import pytest
@@ -151,3 +152,36 @@ def test_copies_and_pickles_are_plain_metadata(tmp_path):
     others = [dcp.read_metadata(second) for _ in range(4)]
     assert list(twin.state_dict_metadata) == ["first", "n"]
     assert copy.copy(dcp.Metadata()).planner_data is None
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_metadata_pickles_with_every_protocol_and_torch_save(tmp_path,
+                                                             protocol):
+    """A torch.memory_format cannot be pickled with protocols 0-3 (torch.save
+    uses 2): TensorProperties stores its name, and the copy has the same
+    torch.memory_format back."""
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save({"w": torch.arange(6.0).reshape(2, 3), "n": 1},
+             checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    want = _fields(md)
+    buffer = io.BytesIO()
+    torch.save(md, buffer, pickle_protocol=protocol)
+    buffer.seek(0)
+    copies = [pickle.loads(pickle.dumps(md, protocol=protocol)),
+              torch.load(buffer, weights_only=False)]
+    for c in copies:
+        assert _fields(c) == want
+        props = c.state_dict_metadata["w"].properties
+        assert props.memory_format is torch.contiguous_format
+        assert props.layout is torch.strided
+        assert props.dtype is torch.float32
+    # Every memory format torch has, not only the default.
+    for memory_format in (torch.channels_last, torch.channels_last_3d,
+                          torch.preserve_format, torch.contiguous_format):
+        props = dcp.TensorProperties(dtype=torch.int8, requires_grad=True,
+                                     memory_format=memory_format,
+                                     pin_memory=True)
+        back = pickle.loads(pickle.dumps(props, protocol=protocol))
+        assert back == props
+        assert back.memory_format is memory_format

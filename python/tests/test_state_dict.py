@@ -7,6 +7,7 @@ one-process gloo group).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import importlib
@@ -712,12 +713,98 @@ def test_load_sharded_optimizer_state_dict_with_dcp(tmp_path):
         _assert_same_tree(a.state_dict()["state"], b.state_dict()["state"])
 
 
+@pytest.mark.parametrize("names", [("0", "2"), ("body", "head")],
+                         ids=["sequential", "named"])
+def test_load_sharded_optimizer_state_dict_fqn_absent_from_model(tmp_path,
+                                                                 names):
+    """Without planner_data, the state of a parameter the model state dict
+    lacks nests under its whole FQN (state["head.weight"]["momentum_buffer"]),
+    as the saver's planner_data (which torch's function reads) has it; not
+    split at every dot (state["head"]["weight"]...; with "2" a list index)."""
+    dcp = _dcp_or_skip()
+    body, head = names
+    torch.manual_seed(0)
+    model = nn.Sequential(collections.OrderedDict(
+        [(body, nn.Linear(4, 8)), ("relu", nn.ReLU()), (head, nn.Linear(8, 3))]))
+    optims = [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                              foreach=False)]
+    _train_step(model, optims, 1)
+    msd, osd = sd.get_state_dict(model, optims)
+    dcp.save({"optim": osd}, checkpoint_id=str(tmp_path))
+    reader = dcp.FileSystemReader(str(tmp_path))
+    saved = reader.read_metadata()
+    assert saved.planner_data[f"optim.state.{head}.weight.momentum_buffer"] == (
+        "optim", "state", f"{head}.weight", "momentum_buffer")
+    without_paths = dcp.Metadata(
+        state_dict_metadata=saved.state_dict_metadata, planner_data=None,
+        storage_data=saved.storage_data, storage_meta=saved.storage_meta,
+        version=saved.version)
+    reader.read_metadata = lambda: without_paths
+    partial = {k: torch.zeros_like(v) for k, v in msd.items()
+               if not k.startswith(f"{head}.")}
+    result = sd.load_sharded_optimizer_state_dict(partial, "optim", reader)
+    assert sorted(result["optim"]["state"]) == sorted(
+        [f"{body}.bias", f"{body}.weight", f"{head}.bias", f"{head}.weight"])
+    _assert_same_tree(result["optim"], _tuples_as_lists(osd))
+
+
 def _tuples_as_lists(value):
     if isinstance(value, dict):
         return {k: _tuples_as_lists(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_tuples_as_lists(v) for v in value]
     return value
+
+
+def _shared_by_adam_and_sgd(seed: int):
+    """Parameters a.* held by an Adam (A) and an SGD with momentum (B);
+    b.* by B only."""
+    torch.manual_seed(seed)
+    model = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
+    adam = torch.optim.Adam(model["a"].parameters(), lr=0.1, foreach=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                          foreach=False)
+    return model, adam, sgd
+
+
+@pytest.mark.parametrize("sgd_stepped", [True, False],
+                         ids=["sgd_stepped_b", "sgd_never_stepped"])
+@pytest.mark.parametrize("order", ["adam_first", "sgd_first"])
+def test_shared_parameter_state_lands_in_the_optimizer_that_had_it(
+        sgd_stepped, order):
+    """a.* is held by both optimizers but only Adam has state for it. get
+    keeps Adam's real state (not SGD's made-up zeros, which torch's last
+    optimizer wins for) and leaves SGD without state for it; set loads it
+    into Adam only (torch's set gives SGD a copy of Adam's state), and both
+    optimizers' state dicts round-trip exactly."""
+    x = torch.randn(3, 2, generator=torch.Generator().manual_seed(1))
+    model, adam, sgd = _shared_by_adam_and_sgd(0)
+    if sgd_stepped:  # only b.* has a gradient: SGD gets state for b.* only
+        model["b"](x).sum().backward()
+        sgd.step()
+        sgd.zero_grad(set_to_none=True)
+    model["a"](x).sum().backward()
+    adam.step()
+    adam.zero_grad(set_to_none=True)
+    a_params = list(model["a"].parameters())
+    want_adam = copy.deepcopy(adam.state_dict())
+
+    def ordered(adam, sgd):
+        return [adam, sgd] if order == "adam_first" else [sgd, adam]
+
+    osd = sd.get_optimizer_state_dict(model, ordered(adam, sgd))
+    for fqn in ("a.weight", "a.bias"):
+        assert sorted(osd["state"][fqn]) == ["exp_avg", "exp_avg_sq", "step"]
+    assert sorted(osd["state"]) == ["a.bias", "a.weight", "b.bias", "b.weight"]
+    assert all(p not in sgd.state for p in a_params)
+    _assert_same_tree(adam.state_dict(), want_adam)
+    osd = copy.deepcopy(osd)
+
+    dst, dst_adam, dst_sgd = _shared_by_adam_and_sgd(5)
+    sd.set_optimizer_state_dict(dst, ordered(dst_adam, dst_sgd), osd)
+    assert all(p not in dst_sgd.state for p in dst["a"].parameters())
+    _assert_same_tree(dst_adam.state_dict(), adam.state_dict())
+    _assert_same_tree(dst_sgd.state_dict(), sgd.state_dict())
 
 
 def test_parameter_without_state_keeps_none_on_a_fresh_optimizer():
