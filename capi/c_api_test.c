@@ -1490,7 +1490,35 @@ typedef struct rank_run {
   char failed_message[512];
   float loaded[4];
   float expected[4];
+  /* Rank 0: what dcp_async_save_wait answered in a staging callback. */
+  int guard_status;
+  char guard_message[512];
 } rank_run;
+
+/* A staging callback that waits for its save's upload (and records what
+ * the wait answered), then tells the other rank through the store. */
+typedef struct guard_probe {
+  mem_store* store;
+  dcp_async_save_t* save;
+  int status;
+  char message[512];
+} guard_probe;
+
+static void ignore_value(void* ctx, const void* data, size_t size) {
+  (void)ctx;
+  (void)data;
+  (void)size;
+}
+
+static void guard_probe_cb(void* user, int status) {
+  guard_probe* probe = (guard_probe*)user;
+  int32_t done = 0;
+  (void)status;
+  probe->status = dcp_async_save_wait(probe->save, DCP_UPLOAD, -1, &done);
+  snprintf(probe->message, sizeof(probe->message), "%s",
+           dcp_last_error_message());
+  store_set(probe->store, "guard-probed", "1", 1);
+}
 
 /* Counts a failed check of a rank thread (CHECK is for the main thread). */
 #define RANK_CHECK(run, cond)                                               \
@@ -1585,6 +1613,43 @@ static void* rank_main(void* arg) {
     snprintf(run->failed_message, sizeof(run->failed_message), "%s", message);
   }
   RANK_CHECK(run, dcp_state_dict_free(sd) == DCP_OK);
+  /* An async save's staging callback waits for the upload, which cannot be
+   * done: rank 0's needs rank 1, which saves only after the callback. The
+   * wait is refused rather than blocking the dcp thread. */
+  {
+    dcp_state_dict_t* sd2 = NULL;
+    dcp_async_save_t* as = NULL;
+    guard_probe probe;
+    int32_t done = 0;
+    memset(&probe, 0, sizeof(probe));
+    probe.store = run->store;
+    probe.status = -1;
+    RANK_CHECK(run, dcp_state_dict_create(&sd2) == DCP_OK);
+    shard.offsets = row_offsets;
+    t = make_tensor(rows, 2, row_shape, NULL, kDLFloat, 32);
+    RANK_CHECK(run, dcp_state_dict_set_tensor(sd2, PATH(KEY("w")), &t,
+                                              &shard) == DCP_OK);
+    if (run->rank == 1) {
+      /* A plain save: the library's uploads run one at a time, so two
+       * ranks of one process cannot both save asynchronously. */
+      RANK_CHECK(run, store_get(run->store, "guard-probed", 120000,
+                                ignore_value, NULL) == DCP_OK);
+      RANK_CHECK(run, dcp_save(sd2, &so, NULL) == DCP_OK);
+    } else {
+      RANK_CHECK(run, dcp_async_save(sd2, &so, &as) == DCP_OK);
+      probe.save = as;
+      RANK_CHECK(run, dcp_async_save_on_done(as, DCP_STAGING, guard_probe_cb,
+                                             &probe) == DCP_OK);
+      RANK_CHECK(run,
+                 dcp_async_save_wait(as, DCP_UPLOAD, -1, &done) == DCP_OK &&
+                     done == 1);
+      RANK_CHECK(run, dcp_async_save_free(as) == DCP_OK);
+      run->guard_status = probe.status;
+      snprintf(run->guard_message, sizeof(run->guard_message), "%s",
+               probe.message);
+    }
+    RANK_CHECK(run, dcp_state_dict_free(sd2) == DCP_OK);
+  }
   RANK_CHECK(run, dcp_process_group_free(group) == DCP_OK);
   return NULL;
 }
@@ -1851,6 +1916,8 @@ static void test_store_process_group(void) {
     CHECK(runs[i].failed_code == DCP_INVALID_ARGUMENT);
     CHECK(strstr(runs[i].failed_message, "a.b") != NULL);
   }
+  CHECK(runs[0].guard_status == DCP_FAILED_PRECONDITION);
+  CHECK(strstr(runs[0].guard_message, "callback") != NULL);
   CHECK(store.sets > 0); /* The ranks met through the store. */
   store_destroy(&store);
 

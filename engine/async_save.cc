@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,7 +21,28 @@ absl::Status ShutDownError() {
 }  // namespace
 
 AsyncCheckpointer::AsyncCheckpointer() = default;
-AsyncCheckpointer::~AsyncCheckpointer() = default;  // Pools drain, then join.
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  // Every stage lands (as before the queued uploads can run), then the
+  // upload pool drains and joins.
+  absl::MutexLock lock(&staging_waiters_->mu);
+  staging_waiters_->mu.Await(absl::Condition(
+      +[](int* running) { return *running == 0; }, &staging_waiters_->running));
+}
+
+void AsyncCheckpointer::StartStagingWaiter(Task wait) {
+  std::shared_ptr<StagingWaiters> waiters = staging_waiters_;
+  {
+    absl::MutexLock lock(&waiters->mu);
+    ++waiters->running;
+  }
+  std::thread([wait = std::move(wait), waiters]() mutable {
+    std::move(wait)();
+    wait = nullptr;  // What it holds goes before the count drops.
+    absl::MutexLock lock(&waiters->mu);
+    --waiters->running;
+  }).detach();
+}
 
 bool AsyncCheckpointer::shut_down() const {
   absl::MutexLock lock(&mu_);
@@ -82,8 +104,11 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   const auto* default_stager = dynamic_cast<const DefaultStager*>(stager);
   const bool synchronize =
       default_stager == nullptr && stager->should_synchronize_after_execute();
-  staging_waiter_.Schedule([this, released = released.future(), stager,
-                            owned_stager, staged_promise, synchronize] {
+  // On a thread of this save's own: staging_completion's callbacks run
+  // there, and one that saves on the group waits for the uploads queued
+  // before its save, which wait for their own stages' threads.
+  StartStagingWaiter([this, released = released.future(), stager, owned_stager,
+                      staged_promise, synchronize] {
     absl::Status status = released.Wait();
     if (status.ok() && synchronize) {
       status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();

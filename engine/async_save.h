@@ -49,7 +49,10 @@ struct AsyncSaveResponse {
   // Ready when the tensors of the state dict may change: every byte is in
   // host memory, or (copy-on-write staging) snapshot so that later writes
   // wait for their bytes' copy. An error if staging failed (then
-  // upload_completion fails too, on every rank of the save).
+  // upload_completion fails too, on every rank of the save). Its callbacks
+  // run on a thread of this save's own, which nothing else waits for: one
+  // may save or load on the group (that waits for the uploads queued
+  // before it).
   Future<void> staging_completion;
   // Ready with the committed metadata, or the save's error.
   Future<Metadata> upload_completion;
@@ -110,14 +113,25 @@ class AsyncCheckpointer {
   static void Cancel(QueuedUpload& upload);
   // Runs the oldest queued upload, unless Shutdown took it.
   void RunNextUpload();
+  // Runs `wait` (which waits for one stage to land and sets its
+  // staging_completion) on a thread of its own, which the destructor waits
+  // for.
+  void StartStagingWaiter(Task wait);
+
+  // The staging waiter threads still running; shared with them, so the
+  // last one's unlock never touches a destroyed checkpointer.
+  struct StagingWaiters {
+    absl::Mutex mu;
+    int running ABSL_GUARDED_BY(mu) = 0;
+  };
 
   mutable absl::Mutex mu_;
   std::deque<QueuedUpload> queued_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<std::thread::id> upload_thread_{};
-  // Declared last, destroyed first: their tasks use the members above.
-  // Waits for staging (and non-blocking copies) to land.
-  ThreadPool staging_waiter_{1};
+  const std::shared_ptr<StagingWaiters> staging_waiters_ =
+      std::make_shared<StagingWaiters>();
+  // Declared last, destroyed first: its tasks use the members above.
   // Uploads, one at a time, in call order.
   ThreadPool uploader_{1};
 };

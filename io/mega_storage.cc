@@ -164,14 +164,19 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
                                        IsMegaFile, options_.sync_files),
                         absl::StrCat("MEGA directory ", path_));
       }));
+  // The files this save replaces: a directory that cannot be listed fails
+  // the save (taken for empty, the old files would outlive the commit).
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(path_);
-  if (names.ok()) {
-    for (const std::string& name : *names) {
-      if (IsTemporaryFileName(name)) {
-        fs_->RemoveFile(JoinPath(path_, name)).IgnoreError();
-      } else if (IsMegaCheckpointFileName(name)) {
-        replaced_.insert(name);
-      }
+  if (!names.ok()) {
+    return Annotate(names.status(),
+                    absl::StrCat("rank ", rank, ": cannot list MEGA directory ",
+                                 path_, " (the files this save replaces)"));
+  }
+  for (const std::string& name : *names) {
+    if (IsTemporaryFileName(name)) {
+      fs_->RemoveFile(JoinPath(path_, name)).IgnoreError();
+    } else if (IsMegaCheckpointFileName(name)) {
+      replaced_.insert(name);
     }
   }
   return absl::OkStatus();

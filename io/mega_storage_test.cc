@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "io/fault_injection.h"
 #include "io/mega_format.h"
 
 namespace dcp {
@@ -163,6 +164,41 @@ TEST(MegaFormat, LayOutRefusesANonUtf8Name) {
   ASSERT_NO_THROW(status = LayOutMegaFile(header));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("\"a\\xff\""));
+}
+
+// A save whose SetUp could not list the directory took it for empty: the
+// old checkpoint's files outlived the commit beside the new ones.
+TEST(MegaWriter, UnlistableDirectoryFailsTheSave) {
+  const std::string dir = TempDir("mega-unlistable");
+  StateDict state;
+  state["w"] = F32({1, 2});
+  {
+    MegaStorageWriter writer(dir);
+    SaveOptions save;
+    save.storage_writer = &writer;
+    ASSERT_TRUE(Save(state, save).ok());
+  }
+  FaultInjectionFileSystem fs(LocalFileSystem());
+  fs.Inject(Fault{
+      .op = FaultOp::kList, .error = EACCES, .path_contains = dir, .nth = 0});
+  MegaStorageWriterOptions options;
+  options.file_system = &fs;
+  MegaStorageWriter writer(dir, options);
+  SaveOptions save;
+  save.storage_writer = &writer;
+  StateDict newer;
+  newer["w"] = F32({3, 4});
+  absl::StatusOr<Metadata> saved = Save(newer, save);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kPermissionDenied)
+      << saved.status();
+  EXPECT_THAT(saved.status().message(),
+              AllOf(HasSubstr("cannot list MEGA directory"), HasSubstr(dir)));
+  // The old checkpoint is what a load sees.
+  StateDict loaded;
+  loaded["w"] = F32({0, 0});
+  ASSERT_TRUE(LoadMega(dir, loaded).ok());
+  EXPECT_EQ(ValuesOf(loaded["w"].tensor()), (std::vector<float>{1, 2}));
 }
 
 }  // namespace

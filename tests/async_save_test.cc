@@ -216,6 +216,46 @@ TEST(AsyncSave, ACompletionCallbackMaySaveOnTheGroup) {
   ExpectSameState(LoadState(dir3), MakeState(30));
 }
 
+// A callback of staging_completion may save on the group, even with
+// another AsyncSave queued before its save: that upload's staging lands on
+// a thread of its own while the callback waits for its turn.
+TEST(AsyncSave, AStagingCallbackMaySaveOnTheGroup) {
+  const std::string dir1 = MakeTempDir("async-scb1");
+  const std::string dir2 = MakeTempDir("async-scb2");
+  const std::string dir3 = MakeTempDir("async-scb3");
+  comm::LocalProcessGroup group;
+  AsyncCheckpointer checkpointer;
+  HeldStager stager;
+  AsyncSaveOptions o1, o2;
+  o1.save.checkpoint_id = dir1;
+  o1.save.process_group = &group;
+  o1.async_stager = &stager;
+  o2.save.checkpoint_id = dir2;
+  o2.save.process_group = &group;
+  const StateDict s1 = MakeState(11);
+  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  absl::Notification second_queued, called;
+  absl::Status in_callback = absl::UnknownError("not called");
+  r1.staging_completion.OnReady([&](const absl::Status&) {
+    second_queued.WaitForNotification();
+    SaveOptions o3;
+    o3.checkpoint_id = dir3;
+    o3.process_group = &group;
+    in_callback = Save(MakeState(31), o3).status();
+    called.Notify();
+  });
+  stager.Release(s1);  // Staging 1 lands: the callback runs and waits.
+  AsyncSaveResponse r2 = checkpointer.AsyncSave(MakeState(21), o2);
+  second_queued.Notify();
+  called.WaitForNotification();
+  EXPECT_TRUE(in_callback.ok()) << in_callback;
+  ASSERT_TRUE(r1.upload_completion.Wait().ok());
+  ASSERT_TRUE(r2.upload_completion.Wait().ok());
+  ExpectSameState(LoadState(dir1), MakeState(11));
+  ExpectSameState(LoadState(dir2), MakeState(21));
+  ExpectSameState(LoadState(dir3), MakeState(31));
+}
+
 TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
   const std::string dir = MakeTempDir("async-destroy");
   Future<Metadata> upload;
