@@ -24,6 +24,7 @@ targets=(
   //staging:staging_gpu_test
   //tests:device_save_gpu_test
   //tests:stream_order_gpu_test
+  //tests:hf_device_gpu_test
   //comm:nccl_process_group_test
   //tests/comm:nccl_rendezvous_test
   //bench:staging_bench

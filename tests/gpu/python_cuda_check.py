@@ -90,6 +90,9 @@ def check_stream_order(torch, dcp, device, base):
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
+        # About half a second of GPU time before the chain: a save that did
+        # not wait for this stream would copy x while it is still zero.
+        torch.cuda._sleep(1 << 30)
         for _ in range(50):  # 50 dependent kernels: x ends at 50.0
             x.add_(1.0)
         path = os.path.join(base, "stream_order")
@@ -112,6 +115,7 @@ def check_load_order(torch, dcp, device, base):
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 30)  # keeps the chain running at the load
         for _ in range(50):  # 50 dependent kernels still writing x
             x.add_(1.0)
         dcp.load({"x": x}, checkpoint_id=path)

@@ -115,6 +115,51 @@ fi
 
 overall=0
 results=()
+gpu_skipped=()
+# The summary, rewritten after every step: a run cut short by its caller's
+# time limit still leaves what finished.
+bench_json="null"
+bench_status="not run"
+device_save_json="null"
+device_save_status="not run"
+loop_status="not run"
+loop_summary=""
+part_json=()
+write_summary() {
+  local i sep
+  {
+    echo "{"
+    echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
+    echo "  \"host\": \"$(uname -n | json_escape)\","
+    echo "  \"gpu\": \"$(echo "$gpu_info" | json_escape)\","
+    echo "  \"nccl\": \"${DCP_NCCL_LIBRARY:-}\","
+    echo "  \"unresolved_libraries\": \"$(echo "$missing" | json_escape)\","
+    echo "  \"skipped_with_a_gpu\": \"${gpu_skipped[*]}\","
+    echo "  \"tests\": ["
+    for i in "${!results[@]}"; do
+      sep=","; ((i == ${#results[@]} - 1)) && sep=""
+      echo "    ${results[$i]}$sep"
+    done
+    echo "  ],"
+    echo "  \"staging_bench_status\": \"$bench_status\","
+    echo "  \"staging_bench_args\": \"$bench_args\","
+    echo "  \"staging_bench\": $bench_json,"
+    echo "  \"device_save_status\": \"$device_save_status\","
+    echo "  \"device_save_args\": \"$device_save_args\","
+    echo "  \"device_save\": $device_save_json,"
+    echo "  \"training_loop_status\": \"$loop_status\","
+    echo "  \"training_loop\": \"$loop_summary\","
+    echo "  \"parts\": {"
+    for i in "${!part_json[@]}"; do
+      sep=","; ((i == ${#part_json[@]} - 1)) && sep=""
+      echo "    ${part_json[$i]}$sep"
+    done
+    echo "  }"
+    echo "}"
+  } >"$out/summary.json.tmp" &&
+    mv "$out/summary.json.tmp" "$out/summary.json"
+}
+
 count() {  # count PATTERN LOG: the N of gtest's "[  TAG  ] N test" lines.
   grep -E "^\[ *$1 *\] [0-9]+ test" "$2" | head -1 | grep -oE '[0-9]+' |
     head -1
@@ -143,66 +188,22 @@ for exe in "$bundle"/bin/*_test; do
   skip_reasons="$(grep -A1 ': Skipped$' "$log" | grep -v -e ': Skipped$' -e '^--$' |
     sort -u | head -3 | json_escape)"
   results+=("{\"name\": \"$name\", \"status\": \"$status\", \"exit_code\": $rc, \"passed\": ${passed:-0}, \"skipped\": ${skipped:-0}, \"failed\": ${failed:-0}, \"seconds\": ${secs:-0}, \"skip_reasons\": \"$skip_reasons\"}")
+  if [[ "$gpu_info" != none ]] && grep -q 'no CUDA device' "$log"; then
+    gpu_skipped+=("$name")
+  fi
 done
-
-bench_json="null"
-bench_status="missing"
-[[ -x "$bundle/bin/staging_bench" ]] || overall=1
-if [[ -x "$bundle/bin/staging_bench" ]]; then
-  # shellcheck disable=SC2086  # word splitting of the flags is intended
-  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/staging_bench" \
-    $bench_args >"$out/staging_bench.json" 2>"$out/logs/staging_bench.log"
-  rc=$?
-  if ((rc == 0)) && [[ -s "$out/staging_bench.json" ]]; then
-    bench_status=ok
-    bench_json="$(tail -1 "$out/staging_bench.json")"
-  else
-    bench_status="failed (exit $rc)"
-    overall=1
-  fi
-  echo "run_gpu_checks: staging_bench $bench_status" >&2
+# A machine that shows a GPU but whose tests found none (a driver older
+# than the bundle's CUDA runtime) must not pass with every test skipped.
+if ((${#gpu_skipped[@]} > 0)); then
+  echo "run_gpu_checks: nvidia-smi shows a GPU, but ${gpu_skipped[*]}" \
+    "skipped with 'no CUDA device' (driver too old for CUDA 13?)" >&2
+  overall=1
 fi
-
-device_save_json="null"
-device_save_status="skipped"
-if [[ -x "$bundle/bin/staging_bench" && -n "$device_save_args" ]]; then
-  # shellcheck disable=SC2086
-  TMPDIR="$scratch" timeout --kill-after=10 "$bench_timeout" \
-    "$bundle/bin/staging_bench" $device_save_args \
-    >"$out/device_save.json" 2>"$out/logs/device_save.log"
-  rc=$?
-  if ((rc == 0)) && [[ -s "$out/device_save.json" ]]; then
-    device_save_status=ok
-    device_save_json="$(tail -1 "$out/device_save.json")"
-  else
-    device_save_status="failed (exit $rc)"
-    overall=1
-  fi
-  echo "run_gpu_checks: device save $device_save_status" >&2
-fi
-
-loop_status="missing"
-if [[ -x "$bundle/bin/training_loop" ]]; then
-  # shellcheck disable=SC2086
-  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/training_loop" \
-    $loop_args --dir "$scratch/training_loop" \
-    >"$out/logs/training_loop.log" 2>&1
-  rc=$?
-  if ((rc == 0)); then
-    loop_status=ok
-  else
-    loop_status="failed (exit $rc)"
-    overall=1
-  fi
-  echo "run_gpu_checks: training_loop $loop_status" >&2
-fi
-loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
-  2>/dev/null | json_escape)"
+write_summary
 
 # The parts: JSON lines each, kept even when a part is cut short (only
 # complete lines count).
 mkdir -p "$out/parts"
-part_json=()
 run_part() {  # run_part NAME ARGS COMMAND...: ARGS empty skips the part.
   local name="$1" args="$2" status rows
   shift 2
@@ -230,9 +231,8 @@ run_part() {  # run_part NAME ARGS COMMAND...: ARGS empty skips the part.
   echo "run_gpu_checks: part $name $status" >&2
   part_json+=("\"$name\": {\"status\": \"$status\", \"args\": \"$(echo "$args" | json_escape)\", \"rows\": [$rows]}")
 }
-run_part stager "$stager_args" "$bundle/bin/device_bench"
-run_part async "$async_args" "$bundle/bin/device_bench"
-run_part shm "$shm_args" "$bundle/bin/device_bench"
+# The Python package and torch first: the checks that never ran on a GPU,
+# before the benchmarks that did.
 torch_script="$(dirname "$0")/torch_async_save.py"
 if [[ -n "$torch_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
   echo "run_gpu_checks: part torch skipped: $python cannot import torch" >&2
@@ -249,34 +249,68 @@ if [[ -n "$python_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
 fi
 run_part python "$python_args" "$python" "$(dirname "$0")/python_cuda_check.py"
 run_part torch "$torch_args" "$python" "$torch_script"
-{
-  echo "{"
-  echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
-  echo "  \"host\": \"$(uname -n | json_escape)\","
-  echo "  \"gpu\": \"$(echo "$gpu_info" | json_escape)\","
-  echo "  \"nccl\": \"${DCP_NCCL_LIBRARY:-}\","
-  echo "  \"unresolved_libraries\": \"$(echo "$missing" | json_escape)\","
-  echo "  \"tests\": ["
-  for i in "${!results[@]}"; do
-    sep=","; ((i == ${#results[@]} - 1)) && sep=""
-    echo "    ${results[$i]}$sep"
-  done
-  echo "  ],"
-  echo "  \"staging_bench_status\": \"$bench_status\","
-  echo "  \"staging_bench_args\": \"$bench_args\","
-  echo "  \"staging_bench\": $bench_json,"
-  echo "  \"device_save_status\": \"$device_save_status\","
-  echo "  \"device_save_args\": \"$device_save_args\","
-  echo "  \"device_save\": $device_save_json,"
-  echo "  \"training_loop_status\": \"$loop_status\","
-  echo "  \"training_loop\": \"$loop_summary\","
-  echo "  \"parts\": {"
-  for i in "${!part_json[@]}"; do
-    sep=","; ((i == ${#part_json[@]} - 1)) && sep=""
-    echo "    ${part_json[$i]}$sep"
-  done
-  echo "  }"
-  echo "}"
-} >"$out/summary.json"
+write_summary
+
+
+bench_status="missing"
+[[ -x "$bundle/bin/staging_bench" ]] || overall=1
+if [[ -x "$bundle/bin/staging_bench" ]]; then
+  # shellcheck disable=SC2086  # word splitting of the flags is intended
+  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/staging_bench" \
+    $bench_args >"$out/staging_bench.json" 2>"$out/logs/staging_bench.log"
+  rc=$?
+  if ((rc == 0)) && [[ -s "$out/staging_bench.json" ]]; then
+    bench_status=ok
+    bench_json="$(tail -1 "$out/staging_bench.json")"
+  else
+    bench_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: staging_bench $bench_status" >&2
+fi
+write_summary
+
+device_save_status="skipped"
+if [[ -x "$bundle/bin/staging_bench" && -n "$device_save_args" ]]; then
+  # shellcheck disable=SC2086
+  TMPDIR="$scratch" timeout --kill-after=10 "$bench_timeout" \
+    "$bundle/bin/staging_bench" $device_save_args \
+    >"$out/device_save.json" 2>"$out/logs/device_save.log"
+  rc=$?
+  if ((rc == 0)) && [[ -s "$out/device_save.json" ]]; then
+    device_save_status=ok
+    device_save_json="$(tail -1 "$out/device_save.json")"
+  else
+    device_save_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: device save $device_save_status" >&2
+fi
+write_summary
+
+loop_status="missing"
+if [[ -x "$bundle/bin/training_loop" ]]; then
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 "$bench_timeout" "$bundle/bin/training_loop" \
+    $loop_args --dir "$scratch/training_loop" \
+    >"$out/logs/training_loop.log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    loop_status=ok
+  else
+    loop_status="failed (exit $rc)"
+    overall=1
+  fi
+  echo "run_gpu_checks: training_loop $loop_status" >&2
+fi
+loop_summary="$(grep -E '^(tensors in|staging|restored)' "$out/logs/training_loop.log" \
+  2>/dev/null | json_escape)"
+write_summary
+
+run_part stager "$stager_args" "$bundle/bin/device_bench"
+run_part async "$async_args" "$bundle/bin/device_bench"
+run_part shm "$shm_args" "$bundle/bin/device_bench"
+
+write_summary
 echo "run_gpu_checks: summary in $out/summary.json" >&2
 exit "$overall"

@@ -94,6 +94,23 @@ OUT="$tmp/out_nosave" DEVICE_SAVE_ARGS="" "$script" "$tmp/ok" 2>/dev/null
 expect "no device save exit code" test $? -eq 0
 expect "device save skipped on request" grep -q '"device_save": null' "$tmp/out_nosave/summary.json"
 
+# nvidia-smi shows a GPU, yet a test skipped for want of one (a driver
+# older than the bundle's CUDA runtime): a failure, naming the test.
+mkdir -p "$tmp/fakebin"
+printf '#!/bin/sh\necho "NVIDIA H200, 580.00, 143771 MiB"\n' >"$tmp/fakebin/nvidia-smi"
+chmod +x "$tmp/fakebin/nvidia-smi"
+OUT="$tmp/out_gpu" PATH="$tmp/fakebin:$PATH" STAGER_ARGS="" ASYNC_ARGS="" \
+  SHM_ARGS="" "$script" "$tmp/ok" 2>"$tmp/gpu.err"
+expect "skipped with a GPU exit code" test $? -eq 1
+expect "skipped with a GPU named" grep -q '"skipped_with_a_gpu": "b_test"' "$tmp/out_gpu/summary.json"
+expect "skipped with a GPU said" grep -q "b_test skipped with 'no CUDA device'" "$tmp/gpu.err"
+
+# A run killed mid-way leaves the summary of what finished.
+{ (OUT="$tmp/out_killed" PART_TIMEOUT_S=30 STAGER_ARGS="stager sleep" \
+  timeout -s KILL 5 "$script" "$tmp/ok") >/dev/null 2>&1; } 2>/dev/null
+s="$tmp/out_killed/summary.json"
+expect "killed run left a summary" /usr/bin/python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); assert d["tests"] and d["staging_bench_status"] == "ok"' "$s"
+
 # No bundle at all: exit 2 with advice.
 OUT="$tmp/out_none" "$script" "$tmp/does-not-exist" 2>"$tmp/none.err"
 expect "missing bundle exit code" test $? -eq 2
