@@ -351,6 +351,10 @@ class GlooProcessGroup::Impl {
 
   // Slots below this are left to Gloo's own collectives on the context.
   static std::string AbortKey(int rank) { return absl::StrCat("abort/", rank); }
+  // Whom a rank that gave up waits for, while it waits (GiveUp).
+  static std::string WaitingKey(int rank) {
+    return absl::StrCat("waiting/", rank);
+  }
 
   // Called once when a collective failed on this rank. If `peer` gave up
   // first (its abort record is in the store) the result carries the peer's
@@ -389,7 +393,34 @@ class GlooProcessGroup::Impl {
                              ? std::min(timeout_, kRecordWaitLimit)
                              : absl::Milliseconds(250));
       const std::string key = absl::StrCat(prefix_, "/", AbortKey(peer));
-      while (!internal::KeyExists(*store_, key) && absl::Now() < wait_until) {
+      // Two live ranks whose connection broke under them (neither gave up
+      // first) would each wait for the other: each says whom it waits for,
+      // and stops once that rank waits for it.
+      const std::string theirs_waiting =
+          absl::StrCat(prefix_, "/", WaitingKey(peer));
+      if (peer_closed_alive) {
+        try {
+          const std::string who = absl::StrCat(peer);
+          prefix_store_->set(WaitingKey(rank_),
+                             std::vector<char>(who.begin(), who.end()));
+        } catch (const std::exception&) {
+          // Best effort: without it a mutual wait ends at wait_until.
+        }
+      }
+      auto waits_for_this_rank = [&] {
+        if (!peer_closed_alive ||
+            !internal::KeyExists(*store_, theirs_waiting)) {
+          return false;
+        }
+        try {
+          const std::vector<char> who = prefix_store_->get(WaitingKey(peer));
+          return std::string(who.begin(), who.end()) == absl::StrCat(rank_);
+        } catch (const std::exception&) {
+          return false;
+        }
+      };
+      while (!internal::KeyExists(*store_, key) && absl::Now() < wait_until &&
+             !waits_for_this_rank()) {
         absl::SleepFor(absl::Milliseconds(10));
       }
       absl::Status theirs;

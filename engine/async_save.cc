@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -36,12 +37,23 @@ void AsyncCheckpointer::StartStagingWaiter(Task wait) {
     absl::MutexLock lock(&waiters->mu);
     ++waiters->running;
   }
-  std::thread([wait = std::move(wait), waiters]() mutable {
-    std::move(wait)();
-    wait = nullptr;  // What it holds goes before the count drops.
-    absl::MutexLock lock(&waiters->mu);
-    --waiters->running;
-  }).detach();
+  auto task = std::make_shared<Task>(std::move(wait));
+  try {
+    std::thread([task, waiters] {
+      std::move (*task)();
+      *task = nullptr;  // What it holds goes before the count drops.
+      absl::MutexLock lock(&waiters->mu);
+      --waiters->running;
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had (a thread or process limit): wait here, so the
+    // stage still completes and its callbacks still run.
+    {
+      absl::MutexLock lock(&waiters->mu);
+      --waiters->running;
+    }
+    std::move (*task)();
+  }
 }
 
 bool AsyncCheckpointer::shut_down() const {
@@ -107,10 +119,13 @@ AsyncSaveResponse AsyncCheckpointer::AsyncSave(
   // On a thread of this save's own: staging_completion's callbacks run
   // there, and one that saves on the group waits for the uploads queued
   // before its save, which wait for their own stages' threads.
+  // A custom stager's SynchronizeStaging is called by one thread at a time,
+  // as by one thread before.
   StartStagingWaiter([this, released = released.future(), stager, owned_stager,
-                      staged_promise, synchronize] {
+                      staged_promise, synchronize, waiters = staging_waiters_] {
     absl::Status status = released.Wait();
     if (status.ok() && synchronize) {
+      absl::MutexLock lock(&waiters->synchronize_mu);
       status = shut_down() ? ShutDownError() : stager->SynchronizeStaging();
     }
     staged_promise.Set(status);

@@ -115,7 +115,7 @@ class AsyncCheckpointer {
   void RunNextUpload();
   // Runs `wait` (which waits for one stage to land and sets its
   // staging_completion) on a thread of its own, which the destructor waits
-  // for.
+  // for; on the calling thread when no thread can be started.
   void StartStagingWaiter(Task wait);
 
   // The staging waiter threads still running; shared with them, so the
@@ -123,6 +123,8 @@ class AsyncCheckpointer {
   struct StagingWaiters {
     absl::Mutex mu;
     int running ABSL_GUARDED_BY(mu) = 0;
+    // Held around a custom stager's SynchronizeStaging.
+    absl::Mutex synchronize_mu;
   };
 
   mutable absl::Mutex mu_;

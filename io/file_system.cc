@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/status.h"
 #include "io/internal/read_drop_behind.h"
 
@@ -375,6 +376,7 @@ class LocalFileSystemImpl final : public FileSystemBase {
       LockMode mode) override {
     const bool shared = mode == LockMode::kShared;
     const std::string path = JoinPath(dir, kDirectoryLockFileName);
+    int busy_tries = 0;
     while (true) {
       int fd;
       do {
@@ -396,6 +398,21 @@ class LocalFileSystemImpl final : public FileSystemBase {
         if (error != EWOULDBLOCK) {
           ::close(fd);
           return ErrnoError(error, absl::StrCat("flock ", path));
+        }
+        // The last shared holder removes the file holding it exclusively
+        // for a moment: a shared taker that finds it so starts over once
+        // the name leads elsewhere, and tries again a few times while it
+        // still leads here.
+        if (shared) {
+          struct stat opened, named;
+          const bool moved =
+              ::fstat(fd, &opened) != 0 || ::stat(path.c_str(), &named) != 0 ||
+              named.st_dev != opened.st_dev || named.st_ino != opened.st_ino;
+          if (moved || ++busy_tries < kSharedLockTries) {
+            ::close(fd);
+            if (!moved) absl::SleepFor(absl::Milliseconds(1));
+            continue;
+          }
         }
         std::string held(1024, '\0');
         const ssize_t n = ::pread(fd, held.data(), held.size(), 0);
@@ -435,6 +452,10 @@ class LocalFileSystemImpl final : public FileSystemBase {
   }
 
  private:
+  // How often a shared LockDirectory tries a lock held exclusively, 1 ms
+  // apart, before it reports the holder.
+  static constexpr int kSharedLockTries = 50;
+
   // An flock(2) on `path` through `fd`. Destruction removes the file while
   // holding the lock exclusively, then releases it: a shared holder first
   // tries to turn its lock exclusive, which only the last holder achieves

@@ -273,10 +273,16 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   const std::string holder =
       absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")");
   if (dir_ != path_ && layout_lock_ == nullptr) {
-    DCP_ASSIGN_OR_RETURN(
-        layout_lock_,
-        fs_->LockDirectory(path_, absl::StrCat(holder, ", rank-local"),
-                           LockMode::kShared));
+    absl::StatusOr<std::unique_ptr<DirectoryLock>> lock = fs_->LockDirectory(
+        path_, absl::StrCat(holder, ", rank-local"), LockMode::kShared);
+    // A parent this process may not write is one no save of all ranks
+    // together from it could use either: the rank-local save goes on
+    // without the layout lock.
+    if (lock.ok()) {
+      layout_lock_ = *std::move(lock);
+    } else if (!absl::IsPermissionDenied(lock.status())) {
+      return lock.status();
+    }
   }
   if (directory_lock_ == nullptr) {
     absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =

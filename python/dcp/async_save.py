@@ -130,10 +130,11 @@ def _interrupts_deferred():
     the handler there was: for steps that must not be cut in half, such as
     a started save and the registration of its completions, or a turn taken
     and handed to the upload that ends it. Python runs signal handlers on
-    the main thread only; elsewhere, or where the SIGINT handler was not
-    set from Python, the block runs as it is."""
+    the main thread only; elsewhere, or where the SIGINT handler is not a
+    Python callable (ignored, the default action, or set outside Python),
+    the block runs as it is."""
     if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is None:
+            not callable(signal.getsignal(signal.SIGINT)):
         yield
         return
     received = []

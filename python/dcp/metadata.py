@@ -90,6 +90,13 @@ class TensorProperties:
                 self.pin_memory)
 
     def __setstate__(self, state):
+        if isinstance(state, dict):
+            # Pickled before __getstate__ existed: the fields by name.
+            state = tuple(state.get(name, default) for name, default in (
+                ("dtype", None), ("layout", _default_layout()),
+                ("requires_grad", False),
+                ("memory_format", _default_memory_format()),
+                ("pin_memory", False)))
         dtype, layout, requires_grad, memory_format, pin_memory = state
         if isinstance(memory_format, _MemoryFormat):
             memory_format = (getattr(torch, memory_format.value)

@@ -275,10 +275,11 @@ def _path_of(key: str, optimizer_key: str, planner_data: Any, fqns: set[str]):
             fqn = ".".join(parts[:cut])
             if fqn in fqns:
                 return (optimizer_key, _STATE, fqn, *parts[cut:])
-        if len(parts) > 1:
+        if len(parts) > 2 or (len(parts) == 2 and not parts[0].isdigit()):
             # A parameter the model state dict lacks: state.<fqn>.<name>,
             # the FQN whole (a key, never list indices), as the saver's
-            # planner_data would give it.
+            # planner_data would give it. Only `state.<id>.<name>` is an
+            # optimizer's own state dict, keyed by parameter id.
             return (optimizer_key, _STATE, ".".join(parts[:-1]), parts[-1])
     parts = rest.split(".")
     return (optimizer_key, *(int(p) if p.isdigit() else p for p in parts))

@@ -185,3 +185,17 @@ def test_metadata_pickles_with_every_protocol_and_torch_save(tmp_path,
         back = pickle.loads(pickle.dumps(props, protocol=protocol))
         assert back == props
         assert back.memory_format is memory_format
+
+
+def test_tensor_properties_pickled_by_field_names_load_back():
+    """A TensorProperties pickled before it had __getstate__ carries its
+    fields by name (a dict state): it loads with those values, not with the
+    names."""
+    props = dcp.TensorProperties.__new__(dcp.TensorProperties)
+    props.__setstate__({"dtype": torch.int8, "layout": torch.strided,
+                        "requires_grad": True,
+                        "memory_format": torch.channels_last,
+                        "pin_memory": True})
+    assert props == dcp.TensorProperties(dtype=torch.int8, requires_grad=True,
+                                         memory_format=torch.channels_last,
+                                         pin_memory=True)

@@ -869,3 +869,14 @@ def test_partly_meta_model_assigns_only_its_meta_tensors():
         v.fill_(7.0)  # the caller's tensors change; the model's do not
     for k, v in real.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
+
+
+def test_optimizer_state_keyed_by_parameter_id_keeps_integer_keys():
+    """Without planner data, `optim.state.0.exp_avg` (a torch optimizer's
+    own state dict, keyed by parameter id) stays keyed by the integer 0: a
+    string "0" would be ignored by Optimizer.load_state_dict."""
+    from dcp.state_dict import _path_of
+    assert _path_of("optim.state.0.exp_avg", "optim", None, set()) == (
+        "optim", "state", 0, "exp_avg")
+    assert _path_of("optim.state.head.weight.exp_avg", "optim", None,
+                    set()) == ("optim", "state", "head.weight", "exp_avg")

@@ -92,8 +92,10 @@ json_escape() {
 
 gpu_info="none"
 if command -v nvidia-smi >/dev/null 2>&1; then
+  # An nvidia-smi that fails (installed, no driver) shows no GPU.
   gpu_info="$(nvidia-smi --query-gpu=name,driver_version,memory.total \
-    --format=csv,noheader 2>&1 | head -4)"
+    --format=csv,noheader 2>&1)" && [[ -n "$gpu_info" ]] &&
+    gpu_info="$(head -4 <<<"$gpu_info")" || gpu_info="none"
   nvidia-smi >"$out/logs/nvidia-smi.log" 2>&1
 fi
 echo "run_gpu_checks: bundle $bundle" >&2
@@ -207,6 +209,7 @@ mkdir -p "$out/parts"
 run_part() {  # run_part NAME ARGS COMMAND...: ARGS empty skips the part.
   local name="$1" args="$2" status rows
   shift 2
+  rm -f "$out/parts/$name.jsonl"  # No rows of an earlier run into $OUT.
   if [[ -z "$args" ]]; then
     status="skipped"
   elif ! command -v "$1" >/dev/null 2>&1; then
@@ -245,7 +248,10 @@ elif [[ -n "$python_args" ]]; then
   python_args=""
 fi
 if [[ -n "$python_args" ]] && ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "run_gpu_checks: part python skipped: $python cannot import torch" >&2
   python_args=""
+  # On a GPU machine the Python package's CUDA checks are the point.
+  [[ "$gpu_info" != none ]] && overall=1
 fi
 run_part python "$python_args" "$python" "$(dirname "$0")/python_cuda_check.py"
 run_part torch "$torch_args" "$python" "$torch_script"

@@ -89,6 +89,19 @@ expect "bench missing" grep -q '"staging_bench_status": "missing"' "$tmp/out_nob
 expect "device save skipped" grep -q '"device_save_status": "skipped"' "$tmp/out_nobench/summary.json"
 expect "part missing" grep -q '"stager": {"status": "missing"' "$tmp/out_nobench/summary.json"
 
+# A part skipped in a run into a used $OUT shows no rows of the run before.
+OUT="$tmp/out_ok" ASYNC_ARGS="" "$script" "$tmp/ok" 2>/dev/null
+expect "reused OUT exit code" test $? -eq 0
+expect "skipped part has no old rows" grep -q '"async": {"status": "skipped", "args": "", "rows": \[\]}' "$tmp/out_ok/summary.json"
+
+# An nvidia-smi that fails (no driver) shows no GPU: skips stay skips.
+mkdir -p "$tmp/nodriver"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed"\nexit 9\n' >"$tmp/nodriver/nvidia-smi"
+chmod +x "$tmp/nodriver/nvidia-smi"
+OUT="$tmp/out_nodriver" PATH="$tmp/nodriver:$PATH" "$script" "$tmp/ok" 2>/dev/null
+expect "failing nvidia-smi exit code" test $? -eq 0
+expect "failing nvidia-smi is no GPU" grep -q '"gpu": "none"' "$tmp/out_nodriver/summary.json"
+
 # DEVICE_SAVE_ARGS empty: the second run is skipped.
 OUT="$tmp/out_nosave" DEVICE_SAVE_ARGS="" "$script" "$tmp/ok" 2>/dev/null
 expect "no device save exit code" test $? -eq 0
