@@ -409,8 +409,30 @@ class NcclProcessGroup::Impl {
     }
   }
 
-  // Waits until the work queued on the stream completed.
+  // Waits until the NCCL call just made (a collective, or ncclGroupEnd)
+  // is on the stream. On a non-blocking communicator it may have returned
+  // ncclInProgress: NCCL enqueues the work later, and reports ncclSuccess
+  // from ncclCommGetAsyncError once it has (no NCCL call and no stream
+  // work may come before). Past the deadline, aborts the communicator.
+  absl::Status WaitEnqueued(absl::string_view op, absl::Time deadline) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = nccl_->CommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) return NcclError(op, rc);
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) return NcclError(op, state);
+      if (absl::Now() >= deadline) {
+        return Abort(absl::StrCat(op, " (NCCL had not enqueued it)"),
+                     absl::ZeroDuration());
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
+
+  // Waits until the NCCL call just made is enqueued (WaitEnqueued), then
+  // until the work queued on the stream completed.
   absl::Status Wait(absl::string_view op, absl::Time deadline) {
+    DCP_RETURN_IF_ERROR(WaitEnqueued(op, deadline));
     DCP_RETURN_IF_ERROR(
         Annotate(runtime_->RecordEvent(done_.get(), stream_.get()),
                  absl::StrCat(op, ": stream")));

@@ -4,21 +4,26 @@
 // Handles: a DeviceStream* / DeviceEvent* points at a small heap record that
 // remembers the device the CUDA object belongs to, so every call can make
 // that device current first (the current device is per host thread, and the
-// staging threads are not the thread that created the stream).
+// staging threads are not the thread that created the stream). Calls that
+// select a device give the thread its previous device back (ScopedDevice):
+// they may run on the caller's thread, whose current device torch reads.
 #include "cuda/internal/cuda_runtime.h"
 
 #include <cuda_runtime_api.h>
 
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status.h"
 #include "cuda/device_runtime.h"
+#include "cuda/internal/scoped_device.h"
 
 namespace dcp::cuda_internal {
 namespace {
@@ -107,26 +112,23 @@ absl::Status SetDevice(int device, absl::string_view what) {
   return absl::OkStatus();
 }
 
-// cuMemGetAddressRange (driver API, through the runtime's entry point
-// query so that no libcuda link is needed): CUresult (CUdeviceptr* base,
-// size_t* size, CUdeviceptr ptr). Null when the driver lacks it.
+// cuMemGetAddressRange: CUresult (CUdeviceptr* base, size_t* size,
+// CUdeviceptr ptr).
 using GetAddressRangeFn = int (*)(unsigned long long*, size_t*,
                                   unsigned long long);
 
 GetAddressRangeFn GetAddressRange() {
-  static const GetAddressRangeFn fn = []() -> GetAddressRangeFn {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
-                                         cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // Not sticky; clear it for later checks.
-      return nullptr;
-    }
-    return reinterpret_cast<GetAddressRangeFn>(f);
-  }();
+  static const auto fn = reinterpret_cast<GetAddressRangeFn>(
+      DriverEntryPoint("cuMemGetAddressRange"));
   return fn;
+}
+
+// Makes `device` current on the calling thread until `scope` ends.
+absl::Status EnterDevice(ScopedDevice& scope, int device,
+                         absl::string_view what) {
+  DCP_CUDA_CHECK(scope.Enter(device),
+                 absl::StrFormat("%s: selecting device %d", what, device));
+  return absl::OkStatus();
 }
 
 class CudaRuntime final : public DeviceRuntime {
@@ -156,7 +158,8 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::StatusOr<DeviceStream*> CreateStream(int device) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateStream"));
-    DCP_RETURN_IF_ERROR(SetDevice(device, "CreateStream"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, device, "CreateStream"));
     auto record = std::make_unique<CudaStreamRecord>();
     record->device = device;
     DCP_CUDA_CHECK(
@@ -168,7 +171,8 @@ class CudaRuntime final : public DeviceRuntime {
   absl::Status DestroyStream(DeviceStream* stream) override {
     if (stream == nullptr) return absl::OkStatus();
     std::unique_ptr<CudaStreamRecord> record(AsRecord(stream));
-    DCP_RETURN_IF_ERROR(SetDevice(record->device, "DestroyStream"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, record->device, "DestroyStream"));
     const cudaError_t sync = cudaStreamSynchronize(record->stream);
     const cudaError_t destroy = cudaStreamDestroy(record->stream);
     DCP_CUDA_CHECK(sync, "DestroyStream: cudaStreamSynchronize");
@@ -187,7 +191,9 @@ class CudaRuntime final : public DeviceRuntime {
                                DeviceEvent* event) override {
     DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitEvent"));
     DCP_RETURN_IF_ERROR(CheckEvent(event, "StreamWaitEvent"));
-    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "StreamWaitEvent"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(stream)->device, "StreamWaitEvent"));
     DCP_CUDA_CHECK(cudaStreamWaitEvent(AsRecord(stream)->stream,
                                        AsRecord(event)->event, 0),
                    "cudaStreamWaitEvent");
@@ -198,8 +204,9 @@ class CudaRuntime final : public DeviceRuntime {
                                 const DeviceWait& wait) override {
     if (wait.empty()) return absl::OkStatus();
     DCP_RETURN_IF_ERROR(CheckStream(stream, "StreamWaitNative"));
+    ScopedDevice scope;
     DCP_RETURN_IF_ERROR(
-        SetDevice(AsRecord(stream)->device, "StreamWaitNative"));
+        EnterDevice(scope, AsRecord(stream)->device, "StreamWaitNative"));
     cudaEvent_t event = nullptr;
     cudaEvent_t marker = nullptr;
     if (wait.kind == DeviceWait::Kind::kEvent) {
@@ -234,7 +241,8 @@ class CudaRuntime final : public DeviceRuntime {
   absl::StatusOr<DeviceEvent*> CreateEvent(int device,
                                            bool enable_timing) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "CreateEvent"));
-    DCP_RETURN_IF_ERROR(SetDevice(device, "CreateEvent"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, device, "CreateEvent"));
     auto record = std::make_unique<CudaEventRecord>();
     record->device = device;
     DCP_CUDA_CHECK(
@@ -255,7 +263,9 @@ class CudaRuntime final : public DeviceRuntime {
   absl::Status RecordEvent(DeviceEvent* event, DeviceStream* stream) override {
     DCP_RETURN_IF_ERROR(CheckStream(stream, "RecordEvent"));
     DCP_RETURN_IF_ERROR(CheckEvent(event, "RecordEvent"));
-    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "RecordEvent"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(stream)->device, "RecordEvent"));
     DCP_CUDA_CHECK(
         cudaEventRecord(AsRecord(event)->event, AsRecord(stream)->stream),
         "cudaEventRecord");
@@ -298,7 +308,9 @@ class CudaRuntime final : public DeviceRuntime {
                          CopyKind kind, DeviceStream* stream) override {
     DCP_RETURN_IF_ERROR(CheckStream(stream, "CopyAsync"));
     if (bytes == 0) return absl::OkStatus();
-    DCP_RETURN_IF_ERROR(SetDevice(AsRecord(stream)->device, "CopyAsync"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(stream)->device, "CopyAsync"));
     DCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, ToCuda(kind),
                                    AsRecord(stream)->stream),
                    absl::StrFormat("cudaMemcpyAsync %s %d bytes dst=%p src=%p",
@@ -309,9 +321,33 @@ class CudaRuntime final : public DeviceRuntime {
   absl::Status Copy(void* dst, const void* src, size_t bytes,
                     CopyKind kind) override {
     if (bytes == 0) return absl::OkStatus();
-    DCP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, ToCuda(kind)),
-                   absl::StrFormat("cudaMemcpy %s %d bytes dst=%p src=%p",
-                                   CopyKindName(kind), bytes, dst, src));
+    // Issued, and waited for, on the legacy default stream of the device
+    // that holds the device side (the calling thread's device otherwise).
+    const void* device_side = kind == CopyKind::kDeviceToHost ? src
+                              : kind == CopyKind::kHostToHost ? nullptr
+                                                              : dst;
+    ScopedDevice scope;
+    if (device_side != nullptr) {
+      cudaPointerAttributes attributes{};
+      if (cudaPointerGetAttributes(&attributes, device_side) != cudaSuccess) {
+        cudaGetLastError();  // Not sticky: cudaMemcpy reports a bad pointer.
+      } else if (attributes.type == cudaMemoryTypeDevice &&
+                 attributes.device >= 0) {
+        DCP_RETURN_IF_ERROR(EnterDevice(scope, attributes.device, "Copy"));
+      }
+    }
+    const std::string what =
+        absl::StrFormat("cudaMemcpy %s %d bytes dst=%p src=%p",
+                        CopyKindName(kind), bytes, dst, src);
+    DCP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, ToCuda(kind)), what);
+    // cudaMemcpy returns before the bytes land for a pageable-host-to-device
+    // copy (once they are in the driver's staging memory) and for a
+    // device-to-device one; callers read the memory on dcp's non-blocking
+    // streams, which do not follow the legacy stream.
+    if (kind == CopyKind::kHostToDevice || kind == CopyKind::kDeviceToDevice) {
+      DCP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy),
+                     absl::StrCat(what, ": cudaStreamSynchronize"));
+    }
     return absl::OkStatus();
   }
 
@@ -343,7 +379,8 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::StatusOr<void*> AllocateDevice(int device, size_t bytes) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "AllocateDevice"));
-    DCP_RETURN_IF_ERROR(SetDevice(device, "AllocateDevice"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, device, "AllocateDevice"));
     void* p = nullptr;
     DCP_CUDA_CHECK(
         cudaMalloc(&p, bytes),
@@ -360,7 +397,25 @@ class CudaRuntime final : public DeviceRuntime {
   absl::StatusOr<DeviceAllocation> FindAllocation(int device,
                                                   const void* ptr) override {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "FindAllocation"));
-    DCP_RETURN_IF_ERROR(SetDevice(device, "FindAllocation"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, device, "FindAllocation"));
+    // With unified addressing cuMemGetAddressRange also resolves pinned
+    // host memory (cudaHostAlloc, cudaHostRegister): only memory the runtime
+    // calls device memory of `device` (or managed memory) qualifies.
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+      cudaGetLastError();  // Not sticky; clear it for later checks.
+      attributes.type = cudaMemoryTypeUnregistered;
+    }
+    const bool on_device = (attributes.type == cudaMemoryTypeDevice &&
+                            attributes.device == device) ||
+                           attributes.type == cudaMemoryTypeManaged;
+    if (!on_device) {
+      return absl::NotFoundError(absl::StrFormat(
+          "FindAllocation %p: not device memory of device %d (CUDA memory "
+          "type %d, device %d)",
+          ptr, device, static_cast<int>(attributes.type), attributes.device));
+    }
     const GetAddressRangeFn get_range = GetAddressRange();
     unsigned long long base = 0;
     size_t size = 0;

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "cuda/device_runtime.h"
+#include "cuda/fp8_dequant.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -104,6 +105,90 @@ TEST_F(CudaRuntimeGpuTest, HugeDeviceAllocationIsResourceExhausted) {
   absl::StatusOr<void*> p = runtime_->AllocateDevice(0, size_t{1} << 50);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), ::testing::HasSubstr("cudaMalloc"));
+}
+
+// Copy is finished on return even from pageable memory, where cudaMemcpy
+// returns once the bytes are in the driver's staging buffer: a copy on one
+// of dcp's non-blocking streams right after reads them all.
+TEST_F(CudaRuntimeGpuTest, CopyFromPageableMemoryHasLandedOnReturn) {
+  const size_t n = (256 << 20) + 4321;
+  std::vector<unsigned char> pageable(n);
+  for (size_t i = 0; i < n; ++i) pageable[i] = (i * 29 + (i >> 12)) & 0xff;
+  absl::StatusOr<void*> dev = runtime_->AllocateDevice(0, n);
+  absl::StatusOr<void*> back = runtime_->AllocatePinned(n);
+  ASSERT_TRUE(dev.ok() && back.ok());
+  std::memset(*back, 0, n);
+  auto stream = MakeOwnedStream(*runtime_, 0);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  ASSERT_TRUE(
+      runtime_->Copy(*dev, pageable.data(), n, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(
+      runtime_
+          ->CopyAsync(*back, *dev, n, CopyKind::kDeviceToHost, stream->get())
+          .ok());
+  ASSERT_TRUE(runtime_->SynchronizeStream(stream->get()).ok());
+  EXPECT_EQ(std::memcmp(*back, pageable.data(), n), 0);
+  ASSERT_TRUE(runtime_->FreeDevice(*dev).ok());
+  ASSERT_TRUE(runtime_->FreePinned(*back).ok());
+}
+
+// Registered (pinned) host memory is no device allocation either.
+TEST_F(CudaRuntimeGpuTest, FindAllocationRefusesRegisteredHostMemory) {
+  std::vector<char> host(1 << 20);
+  ASSERT_TRUE(runtime_->RegisterHost(host.data(), host.size()).ok());
+  EXPECT_EQ(runtime_->FindAllocation(0, host.data() + 100).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(runtime_->UnregisterHost(host.data()).ok());
+}
+
+// The runtime's calls give the thread its current device back.
+TEST_F(CudaRuntimeGpuTest, CallsKeepTheCallersCurrentDevice) {
+  if (runtime_->DeviceCount() < 2) GTEST_SKIP() << "needs two devices";
+  ASSERT_TRUE(runtime_->SetCurrentDevice(0).ok());
+  auto stream = MakeOwnedStream(*runtime_, 1);
+  auto event = MakeOwnedEvent(*runtime_, 1, false);
+  ASSERT_TRUE(stream.ok() && event.ok());
+  absl::StatusOr<void*> dev = runtime_->AllocateDevice(1, 4096);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  std::vector<char> host(4096, 7);
+  ASSERT_TRUE(runtime_
+                  ->CopyAsync(*dev, host.data(), host.size(),
+                              CopyKind::kHostToDevice, stream->get())
+                  .ok());
+  ASSERT_TRUE(runtime_->RecordEvent(event->get(), stream->get()).ok());
+  ASSERT_TRUE(runtime_->FindAllocation(1, *dev).ok());
+  ASSERT_TRUE(runtime_->SynchronizeStream(stream->get()).ok());
+  absl::StatusOr<int> previous = runtime_->SetCurrentDevice(0);
+  ASSERT_TRUE(previous.ok());
+  EXPECT_EQ(*previous, 0);
+  ASSERT_TRUE(runtime_->FreeDevice(*dev).ok());
+}
+
+// A failed CUDA call earlier on this thread (non-sticky) is not the
+// launch's error.
+TEST_F(CudaRuntimeGpuTest, DequantizeIgnoresAnEarlierUnrelatedError) {
+  int not_device_memory = 0;
+  EXPECT_FALSE(runtime_->FreeDevice(&not_device_memory).ok());
+  void* fp8 = *runtime_->AllocateDevice(0, 16);
+  void* scales = *runtime_->AllocateDevice(0, sizeof(float));
+  void* out = *runtime_->AllocateDevice(0, 16 * sizeof(float));
+  auto stream = MakeOwnedStream(*runtime_, 0);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  Fp8BlockDequantArgs args;
+  args.fp8 = fp8;
+  args.fp8_row_stride = 16;
+  args.scales = static_cast<const float*>(scales);
+  args.scale_row_stride = 1;
+  args.out = out;
+  args.out_row_stride = 16;
+  args.rows = 1;
+  args.cols = 16;
+  args.block = 128;
+  absl::Status launched =
+      DequantizeFp8BlocksOnDevice(*runtime_, stream->get(), args);
+  EXPECT_TRUE(launched.ok()) << launched;
+  ASSERT_TRUE(runtime_->SynchronizeStream(stream->get()).ok());
+  for (void* p : {fp8, scales, out}) ASSERT_TRUE(runtime_->FreeDevice(p).ok());
 }
 
 }  // namespace

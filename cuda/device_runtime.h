@@ -175,7 +175,8 @@ class DeviceRuntime {
   // The device allocation on `device` that holds `ptr`: its first byte and
   // its size. One copy may span any bytes of one allocation (all of them
   // are mapped), never two. kNotFound when `ptr` is not in device memory
-  // the runtime can place (callers then copy each buffer by itself).
+  // of `device` the runtime can place, pinned host memory included (callers
+  // then copy each buffer by itself).
   virtual absl::StatusOr<DeviceAllocation> FindAllocation(int device,
                                                           const void* ptr) = 0;
 

@@ -9,6 +9,7 @@
 #include "core/fp8_dequant_row.h"
 #include "core/status.h"
 #include "cuda/internal/fp8_dequant_kernel.h"
+#include "cuda/internal/scoped_device.h"
 
 namespace dcp {
 namespace {
@@ -92,11 +93,22 @@ absl::Status DequantizeFp8BlocksOnDevice(DeviceRuntime& runtime,
                      args.scale_row_stride, ", ", args.out_row_stride, ")"));
   }
   if (runtime.is_host()) return DequantizeOnHost(runtime, stream, args);
-  const int err = cuda_internal::LaunchFp8BlockDequant(
-      args.fp8, args.fp8_row_stride, args.scales, args.scale_row_stride,
-      args.out, args.out_row_stride, static_cast<int>(args.target), args.rows,
-      args.cols, args.row0, args.col0, args.block,
-      runtime.NativeStream(stream));
+  // CUDA launches only onto streams of the current device: the stream's,
+  // for the launch only.
+  void* native = runtime.NativeStream(stream);
+  cuda_internal::ScopedDevice scope;
+  int err = cudaSuccess;
+  if (native != nullptr) {
+    int device = 0;
+    err = cudaStreamGetDevice(static_cast<cudaStream_t>(native), &device);
+    if (err == cudaSuccess) err = scope.Enter(device);
+  }
+  if (err == cudaSuccess) {
+    err = cuda_internal::LaunchFp8BlockDequant(
+        args.fp8, args.fp8_row_stride, args.scales, args.scale_row_stride,
+        args.out, args.out_row_stride, static_cast<int>(args.target), args.rows,
+        args.cols, args.row0, args.col0, args.block, native);
+  }
   if (err != cudaSuccess) {
     const cudaError_t e = static_cast<cudaError_t>(err);
     return absl::InternalError(absl::StrCat(

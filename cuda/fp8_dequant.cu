@@ -74,6 +74,9 @@ int LaunchFp8BlockDequant(const void* fp8, int64_t fp8_row_stride,
   constexpr int kThreads = 256;
   const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                   static_cast<unsigned>(rows < 65535 ? rows : 65535));
+  // cudaGetLastError after the launch also returns an earlier, unrelated
+  // non-sticky error of this thread: clear it first.
+  cudaGetLastError();
   Fp8BlockDequantKernel<<<grid, kThreads, 0,
                           static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint8_t*>(fp8), fp8_row_stride, scales,

@@ -45,8 +45,10 @@ struct Fp8BlockDequantArgs {
 
 // Enqueues the dequantization of `args` on `stream` of `runtime` and
 // returns at once; the buffers must stay valid until the stream passes it.
-// The caller makes `stream`'s device current (DeviceRuntime::
-// SetCurrentDevice): CUDA launches only onto streams of the current device.
+// On CUDA, `stream`'s device is made current for the launch (CUDA launches
+// only onto streams of the current device) and the calling thread's
+// current device is given back afterwards; a null stream is the current
+// device's legacy default stream.
 // On the host runtime ("device" memory is host memory) the same arithmetic
 // runs on the calling thread with core/fp8_dequant_row.h, after the work
 // enqueued on `stream` so far (a null stream waits for nothing), and has

@@ -573,6 +573,10 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
           absl::StatusOr<DeviceRuntime*> runtime = staging->Runtime();
           if (!runtime.ok()) return fail(Annotate(runtime.status(), what));
           dequantizer = std::make_unique<DeviceFp8Dequantizer>(*runtime);
+          // The caller's work still using the destinations first, as for
+          // the plain uploads.
+          absl::Status ordered = dequantizer->OrderAfter(staging->UploadWait());
+          if (!ordered.ok()) return fail(Annotate(ordered, what));
         }
         absl::StatusOr<const float*> device_scales = dequantizer->DeviceScales(
             q.scale, *use.scale, dest->device().index);

@@ -13,6 +13,7 @@ DeviceFp8Dequantizer::DeviceFp8Dequantizer(DeviceRuntime* runtime)
 
 DeviceFp8Dequantizer::~DeviceFp8Dequantizer() {
   absl::MutexLock lock(&mu_);
+  after_.Reset();
   for (auto& [device, lanes] : idle_lanes_) {
     for (std::unique_ptr<Lane>& lane : lanes) DestroyLane(std::move(lane));
   }
@@ -88,6 +89,36 @@ absl::StatusOr<const float*> DeviceFp8Dequantizer::DeviceScales(
   return static_cast<const float*>(it->second);
 }
 
+absl::Status DeviceFp8Dequantizer::OrderAfter(const DeviceWait& wait) {
+  OwnedEvent after;
+  if (!wait.empty()) {
+    if (wait.device < 0 || wait.device >= runtime_->DeviceCount()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the caller's stream to wait for is on cuda:", wait.device, "; the ",
+          runtime_->name(), " runtime has ", runtime_->DeviceCount(),
+          " device(s)"));
+    }
+    // Captured now, on a lane's stream: an event recorded after the wait
+    // completes when the caller's work as it stands now is done.
+    DCP_ASSIGN_OR_RETURN(after, MakeOwnedEvent(*runtime_, wait.device,
+                                               /*enable_timing=*/false));
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<Lane> lane, TakeLane(wait.device));
+    absl::Status status = runtime_->StreamWaitNative(lane->stream.get(), wait);
+    if (status.ok())
+      status = runtime_->RecordEvent(after.get(), lane->stream.get());
+    if (!status.ok()) {
+      DestroyLane(std::move(lane));
+      return Annotate(status, "waiting for the caller's stream");
+    }
+    ReturnLane(std::move(lane));
+  }
+  // The event replaced may still be waited for by a lane's stream: both
+  // runtimes keep it until that wait is over.
+  absl::MutexLock lock(&mu_);
+  after_ = std::move(after);
+  return absl::OkStatus();
+}
+
 absl::Status DeviceFp8Dequantizer::Dequantize(const Fp8DeviceWindow& window) {
   const Fp8BlockDequantArgs& region = window.region;
   if (region.rows < 0 || region.cols < 0 || region.fp8_row_stride < 0) {
@@ -145,7 +176,16 @@ absl::Status DeviceFp8Dequantizer::Dequantize(const Fp8DeviceWindow& window) {
   args.fp8 = lane->scratch;
   args.fp8_row_stride = src_stride;
   DeviceStream* stream = lane->stream.get();
-  absl::Status status = runtime_->SetCurrentDevice(window.device).status();
+  absl::Status status;
+  {
+    // The kernel writes the caller's tensor: not before the caller's work
+    // on it (OrderAfter) is done.
+    absl::MutexLock lock(&mu_);
+    if (after_.get() != nullptr) {
+      status = Annotate(runtime_->StreamWaitEvent(stream, after_.get()),
+                        "waiting for the caller's stream");
+    }
+  }
   if (status.ok()) {
     status = runtime_->CopyAsync(lane->scratch, src, static_cast<size_t>(bytes),
                                  CopyKind::kHostToDevice, stream);

@@ -10,7 +10,10 @@
 // Dequantize call, its scratch grown to the largest window it has held.
 // Dequantize copies one window's fp8 rows into a lane's scratch, launches
 // the kernel on the lane's stream and waits for it: when it returns, the
-// output is in device memory and the host rows may be reused.
+// output is in device memory and the host rows may be reused. The lanes'
+// streams are dcp's own, so a load's device wait (LoadOptions::device_wait:
+// the caller's work that may still use the destination tensors) is given
+// to OrderAfter, and every later copy and kernel starts after that work.
 //
 // With the host runtime the same path runs ("device" memory is host memory,
 // the kernel its CPU twin), so tests exercise it without a GPU.
@@ -34,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "cuda/device_runtime.h"
 #include "cuda/fp8_dequant.h"
@@ -77,6 +81,15 @@ class DeviceFp8Dequantizer {
   // otherwise.
   absl::Status Dequantize(const Fp8DeviceWindow& window);
 
+  // Makes every later Dequantize wait, on the device, for the caller's
+  // work `wait` names as it stands now (a stream's work so far, an event's
+  // latest record; core/device.h) before its copy and its kernel start;
+  // the host does not block. Replaces the previous wait; an empty wait
+  // clears it. Call it before the Dequantize calls of a load, with the
+  // load's device wait. kInvalidArgument for a device the runtime does not
+  // have; the runtime's error otherwise (the previous wait then stays).
+  absl::Status OrderAfter(const DeviceWait& wait);
+
  private:
   struct Lane {
     int device = 0;
@@ -98,6 +111,8 @@ class DeviceFp8Dequantizer {
   std::map<int, std::vector<std::unique_ptr<Lane>>> idle_lanes_
       ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, void*> scales_ ABSL_GUARDED_BY(mu_);
+  // Completes when the work OrderAfter captured is done; empty: none.
+  OwnedEvent after_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dcp

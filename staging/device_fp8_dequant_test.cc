@@ -1,13 +1,18 @@
 // DeviceFp8Dequantizer on the host runtime (the path a CUDA device takes,
 // with host memory as device memory): windows of strided host rows equal
 // DequantizeFp8Row bit for bit, only fp8 bytes and each scale tensor once
-// cross to the "device", scratch exhaustion leaves the output untouched.
+// cross to the "device", scratch exhaustion leaves the output untouched,
+// and nothing reaches the device before the caller's work (OrderAfter).
 #include "staging/device_fp8_dequant.h"
 
 #include <atomic>
 #include <cstring>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/device.h"
 #include "core/fp8_dequant_row.h"
 #include "cuda/fp8_dequant.h"
 #include "cuda/host_runtime.h"
@@ -157,6 +162,88 @@ TEST(DeviceFp8Dequantizer, ExhaustedScratchWritesNothing) {
   region.rows = -1;
   EXPECT_EQ(dequantizer.Dequantize(window).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The caller's stream is still writing the destination (a copy the
+// observer holds back) when the load starts: the window's copy and kernel
+// must wait for it, so the dequantized values are what is left.
+TEST(DeviceFp8Dequantizer, WaitsForTheCallersStream) {
+  constexpr DType kDType = DType::kF32;
+  const std::vector<uint8_t> fp8 = Fp8();
+  const std::vector<float> scales = Scales();
+  absl::Notification window_copy_started;
+  absl::Mutex mu;
+  bool caller_copy_landed = false;
+  bool window_copy_after_caller = false;
+  HostRuntimeOptions options;
+  options.copy_observer = [&](const HostCopyTrace& trace) {
+    if (trace.kind == CopyKind::kDeviceToDevice) {
+      if (trace.phase == HostCopyTrace::Phase::kStart) {
+        // Long enough for a window that does not wait to start its copy
+        // (it then fails below); one that waits never does.
+        window_copy_started.WaitForNotificationWithTimeout(
+            absl::Milliseconds(500));
+      } else {
+        absl::MutexLock lock(&mu);
+        caller_copy_landed = true;
+      }
+    } else if (trace.kind == CopyKind::kHostToDevice &&
+               trace.phase == HostCopyTrace::Phase::kStart &&
+               trace.src == fp8.data()) {
+      {
+        absl::MutexLock lock(&mu);
+        window_copy_after_caller = caller_copy_landed;
+      }
+      window_copy_started.Notify();
+    }
+  };
+  std::unique_ptr<DeviceRuntime> runtime = CreateHostRuntime(options);
+  DeviceFp8Dequantizer dequantizer(runtime.get());
+  absl::StatusOr<const float*> d_scales =
+      dequantizer.DeviceScales("s", scales, 0);
+  ASSERT_TRUE(d_scales.ok()) << d_scales.status();
+  const size_t bytes = kRows * kCols * ElementSize(kDType);
+  void* out = *runtime->AllocateDevice(0, bytes);
+  void* stale = *runtime->AllocateDevice(0, bytes);
+  std::memset(stale, 0x77, bytes);
+  absl::StatusOr<OwnedStream> caller = MakeOwnedStream(*runtime, 0);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  ASSERT_TRUE(runtime
+                  ->CopyAsync(out, stale, bytes, CopyKind::kDeviceToDevice,
+                              caller->get())
+                  .ok());
+  ASSERT_TRUE(dequantizer
+                  .OrderAfter(DeviceWait::Stream(
+                      0, runtime->NativeStream(caller->get())))
+                  .ok());
+
+  Fp8DeviceWindow window;
+  Fp8BlockDequantArgs& region = window.region;
+  region.fp8 = fp8.data();
+  region.fp8_row_stride = kCols;
+  region.rows = kRows;
+  region.cols = kCols;
+  region.block = kBlock;
+  region.scales = *d_scales;
+  region.scale_row_stride = kScaleCols;
+  region.out = out;
+  region.out_row_stride = kCols;
+  region.target = *DequantTargetOf(kDType);
+  ASSERT_TRUE(dequantizer.Dequantize(window).ok());
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(window_copy_after_caller);
+  }
+  const std::vector<std::byte> want = Want(0, kRows, 0, kCols, kDType);
+  EXPECT_EQ(std::memcmp(out, want.data(), want.size()), 0);
+
+  // An empty wait clears it; a device the runtime lacks is refused.
+  EXPECT_TRUE(dequantizer.OrderAfter(DeviceWait{}).ok());
+  EXPECT_EQ(dequantizer.OrderAfter(DeviceWait::Stream(3, nullptr)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(runtime->SynchronizeStream(caller->get()).ok());
+  ASSERT_TRUE(runtime->FreeDevice(out).ok());
+  ASSERT_TRUE(runtime->FreeDevice(stale).ok());
 }
 
 }  // namespace

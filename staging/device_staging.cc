@@ -126,13 +126,23 @@ absl::Status DeviceStaging::UploadRuns(PoolChunk chunk,
 }
 
 absl::Status DeviceStaging::OrderUploadsAfter(const DeviceWait& wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    upload_wait_ = wait;
+  }
   if (wait.empty()) return absl::OkStatus();
   DCP_ASSIGN_OR_RETURN(DeviceUploader * uploader, Uploader());
   return uploader->WaitFor(wait);
 }
 
+DeviceWait DeviceStaging::UploadWait() {
+  absl::MutexLock lock(&mu_);
+  return upload_wait_;
+}
+
 absl::Status DeviceStaging::Flush() {
   absl::MutexLock lock(&mu_);
+  upload_wait_ = DeviceWait{};
   if (uploader_ == nullptr) return absl::OkStatus();
   absl::Status status = uploader_->Flush();
   // A failed copy is sticky in the uploader; the next load starts clean.

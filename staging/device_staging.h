@@ -89,6 +89,10 @@ class DeviceStaging {
   // work `wait` names (DeviceUploader::WaitFor); the host does not block.
   // A no-op for an empty wait; the runtime's error otherwise.
   absl::Status OrderUploadsAfter(const DeviceWait& wait);
+  // The wait the last OrderUploadsAfter was given (empty after Flush or
+  // before any): other device work of the same load (the fp8 dequantizer's
+  // lanes) orders itself after it too.
+  DeviceWait UploadWait();
 
   // Devices the runtime has (creating the runtime if needed; 0 on error).
   int DeviceCount();
@@ -114,6 +118,7 @@ class DeviceStaging {
   std::vector<std::unique_ptr<StagingPipeline>> idle_pipelines_
       ABSL_GUARDED_BY(mu_);
   std::unique_ptr<DeviceUploader> uploader_ ABSL_GUARDED_BY(mu_);
+  DeviceWait upload_wait_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dcp

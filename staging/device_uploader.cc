@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "cuda/host_copy.h"
 #include "staging/internal/copy_streams.h"
 
 namespace dcp {
@@ -47,9 +48,17 @@ absl::Status DeviceUploader::UploadRuns(PoolChunk chunk,
           chunk.valid() ? "leased" : "missing", chunk.size(), run.dst));
     }
   }
-  const bool to_device = device.is_cuda();
-  const int ordinal = to_device ? device.index : 0;
-  if (to_device && (ordinal < 0 || ordinal >= runtime_->DeviceCount())) {
+  if (!device.is_cuda()) {
+    // Host memory is copied here, not on a device's stream, which would
+    // create a CUDA context on device 0 for a job that may not use it. The
+    // chunk returns to its pool when `chunk` goes.
+    for (const UploadRun& run : runs) {
+      BulkHostCopy(run.dst, chunk.data() + run.chunk_offset, run.length);
+    }
+    return absl::OkStatus();
+  }
+  const int ordinal = device.index;
+  if (ordinal < 0 || ordinal >= runtime_->DeviceCount()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "DeviceUploader::Upload to %s: the %s runtime has %d device(s)",
         device.ToString(), runtime_->name(), runtime_->DeviceCount()));
@@ -61,9 +70,8 @@ absl::Status DeviceUploader::UploadRuns(PoolChunk chunk,
   absl::Status copied;
   std::string where;
   for (const UploadRun& run : runs) {
-    copied = runtime_->CopyAsync(
-        run.dst, chunk.data() + run.chunk_offset, run.length,
-        to_device ? CopyKind::kHostToDevice : CopyKind::kHostToHost, stream);
+    copied = runtime_->CopyAsync(run.dst, chunk.data() + run.chunk_offset,
+                                 run.length, CopyKind::kHostToDevice, stream);
     if (!copied.ok()) {
       where = absl::StrFormat("upload of %d bytes to %s %p", run.length,
                               device.ToString(), run.dst);

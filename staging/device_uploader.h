@@ -50,10 +50,11 @@ class DeviceUploader {
   DeviceUploader& operator=(const DeviceUploader&) = delete;
 
   // Copies chunk bytes [0, length) to `dst`, memory of `device` (a CUDA
-  // device of the runtime; for a CPU destination the copy is host-to-host on
-  // device 0's streams). Takes the lease; the chunk returns to its pool once
-  // the copy has landed. kInvalidArgument for length > chunk size, a null
-  // destination or an unknown device; the sticky error after a failure.
+  // device of the runtime; a CPU destination is copied on the calling
+  // thread before this returns, on no device's stream). Takes the lease;
+  // the chunk returns to its pool once the copy has landed. kInvalidArgument
+  // for length > chunk size, a null destination or an unknown device; the
+  // sticky error after a failure.
   absl::Status Upload(PoolChunk chunk, size_t length, void* dst, Device device);
 
   // Copies every run of the chunk to memory of `device` (one stream, in

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "cuda/host_copy.h"
 #include "staging/internal/copy_streams.h"
 
 namespace dcp {
@@ -63,27 +64,33 @@ void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
           break;
         }
         piece.chunk = *std::move(chunk);
-        absl::StatusOr<DeviceStream*> stream = streams_->Next(device);
-        absl::StatusOr<OwnedEvent> event =
-            stream.ok() ? streams_->TakeEvent(device) : stream.status();
-        if (!event.ok()) {
-          error = Annotate(event.status(), DescribeItem(items[i], i));
-          break;
-        }
-        piece.event = *std::move(event);
         const auto* from = static_cast<const std::byte*>(src.data()) + offset;
-        absl::Status copied = runtime_->CopyAsync(
-            piece.chunk.data(), from, piece.length,
-            on_device ? CopyKind::kDeviceToHost : CopyKind::kHostToHost,
-            *stream);
-        if (copied.ok()) {
-          copied = runtime_->RecordEvent(piece.event.get(), *stream);
-        }
-        if (!copied.ok()) {
-          error = Annotate(
-              copied, absl::StrFormat("%s offset %d", DescribeItem(items[i], i),
-                                      offset));
-          break;
+        if (!on_device) {
+          // Host memory is copied here, not on a device's stream, which
+          // would create a CUDA context on device 0 for a job that may not
+          // use that device. The piece needs no event: its bytes are there.
+          BulkHostCopy(piece.chunk.data(), from, piece.length);
+        } else {
+          absl::StatusOr<DeviceStream*> stream = streams_->Next(device);
+          absl::StatusOr<OwnedEvent> event =
+              stream.ok() ? streams_->TakeEvent(device) : stream.status();
+          if (!event.ok()) {
+            error = Annotate(event.status(), DescribeItem(items[i], i));
+            break;
+          }
+          piece.event = *std::move(event);
+          absl::Status copied =
+              runtime_->CopyAsync(piece.chunk.data(), from, piece.length,
+                                  CopyKind::kDeviceToHost, *stream);
+          if (copied.ok()) {
+            copied = runtime_->RecordEvent(piece.event.get(), *stream);
+          }
+          if (!copied.ok()) {
+            error = Annotate(
+                copied, absl::StrFormat("%s offset %d",
+                                        DescribeItem(items[i], i), offset));
+            break;
+          }
         }
       }
       offset += piece.length;

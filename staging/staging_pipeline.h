@@ -5,7 +5,9 @@
 // Each item is cut into pieces of at most pool->chunk_bytes(). A producer
 // thread leases a chunk per piece (blocking while the pool is exhausted: that
 // is what bounds memory), enqueues the copy on one of `num_streams` streams
-// of the item's device (round robin), and records an event after it. The
+// of the item's device (round robin), and records an event after it (a host
+// item's piece it copies itself, so a job without device tensors on device
+// 0 never touches that device). The
 // calling thread waits for each piece's event in order and hands the piece to
 // the consumer. The consumer owns the chunk lease inside the piece: it may
 // drop it on return (synchronous write) or keep it until its asynchronous
@@ -56,8 +58,9 @@ struct StagingPipelineOptions {
 
 // One contiguous range of tensor memory to stage.
 struct PipelineItem {
-  // Contiguous; host memory (copied host-to-host on the stream) or CUDA
-  // memory of a device the runtime has. Must stay valid and unchanged until
+  // Contiguous; host memory (copied by the producer thread with
+  // BulkHostCopy, no device stream) or CUDA memory of a device the runtime
+  // has. Must stay valid and unchanged until
   // Run returns.
   TensorView source;
   // The caller's id for where the bytes go (a WriteItem index, a file
