@@ -488,6 +488,16 @@ class Flat:
         self.t_objs.append(t)
         self.t_shards.append(shard)
 
+    def copy_pinned(self) -> None:
+        """Replaces every page-locked (pinned) CPU tensor leaf by a copy:
+        a copy-on-write snapshot protects pages against the CPU's writes,
+        but a device's DMA into pinned memory (a non_blocking copy of CPU
+        offload) bypasses the protection and would reach the snapshot."""
+        for i, t in enumerate(self.t_objs):
+            if (torch is not None and isinstance(t, torch.Tensor)
+                    and not t.is_cuda and t.is_pinned()):
+                self.t_objs[i] = t.clone()
+
     def _load_destination(self, t):
         if isinstance(t, np.ndarray):
             if not t.flags.writeable:

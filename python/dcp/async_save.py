@@ -264,11 +264,15 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
     error = None
     try:
         sd = _stateful_to_state_dict(state_dict)
+        flat = _state.Flat(load=False, allow_pickle=allow_pickle)
+        flat.add(sd)
+        if stager is not None and stager.config.copy_on_write:
+            flat.copy_pinned()  # Copied now, as the PROCESS writer does.
         p = prepare_save(sd, checkpoint_id=checkpoint_id,
                          storage_writer=storage_writer, planner=planner,
                          where=where, coordinator_rank=0,
                          use_collectives=use_collectives,
-                         allow_pickle=allow_pickle)
+                         allow_pickle=allow_pickle, flat=flat)
         if stager is not None:  # Before the ranks agree: a closed one fails.
             p.options.async_stager = stager._c_handle(p.flat.t_objs)
     except BaseException as e:

@@ -154,3 +154,40 @@ def test_copy_on_write_keeps_a_replaced_storage_until_the_upload(tmp_path):
     dcp.load(into, checkpoint_id=str(tmp_path / "c"))
     assert torch.equal(into["big"], want)
     stager.close()
+
+
+def test_copy_on_write_copies_pinned_tensors_in_the_call(tmp_path,
+                                                         monkeypatch):
+    """A device's DMA into page-locked memory (CPU offload's non_blocking
+    copies) bypasses a copy-on-write snapshot's page protection: THREAD
+    stages pinned CPU tensors from a copy made in the call. (This machine
+    cannot pin memory: `is_pinned` is faked for one tensor.)"""
+    from dcp import _state
+    pinned = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
+    plain = torch.arange(1 << 20, dtype=torch.float64)
+    fake_pinned = pinned.data_ptr()
+    real_is_pinned = torch.Tensor.is_pinned
+    monkeypatch.setattr(
+        torch.Tensor, "is_pinned",
+        lambda self, *a: self.data_ptr() == fake_pinned or
+        real_is_pinned(self, *a))
+    flat = _state.Flat(load=False, allow_pickle=False)
+    flat.add({"pinned": pinned, "plain": plain})
+    flat.copy_pinned()
+    by_ptr = {t.data_ptr() for t in flat.t_objs}
+    assert plain.data_ptr() in by_ptr  # Staged in place (snapshot).
+    assert fake_pinned not in by_ptr  # Staged from a copy.
+    assert any(torch.equal(t, pinned) for t in flat.t_objs)
+
+    stager = dcp.DefaultStager(dcp.StagingOptions(copy_on_write=True))
+    want = {"pinned": pinned.clone(), "plain": plain.clone()}
+    r = dcp.async_save({"pinned": pinned, "plain": plain},
+                       checkpoint_id=str(tmp_path / "c"), async_stager=stager)
+    r.staging_completion.result()
+    pinned.fill_(-1)
+    plain.fill_(-1)
+    r.upload_completion.result()
+    into = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcp.load(into, checkpoint_id=str(tmp_path / "c"))
+    assert all(torch.equal(into[k], want[k]) for k in want)
+    stager.close()
