@@ -67,6 +67,7 @@ class DeviceBuffer {
 // per thread.
 class DeviceScope {
  public:
+  // Gives the previous device back only where SetCurrentDevice says to.
   DeviceScope(DeviceRuntime* runtime, int device) : runtime_(runtime) {
     if (runtime_ == nullptr) return;
     absl::StatusOr<int> previous = runtime_->SetCurrentDevice(device);
@@ -129,7 +130,9 @@ class NcclProcessGroup::Impl {
     for (DeviceBuffer* buffer : {&sizes_, &send_, &recv_}) {
       buffer->Bind(runtime_.get(), device_);
     }
-    // ncclCommInitRank joins on the current device.
+    // ncclCommInitRank joins on the current device; the caller's comes
+    // back after.
+    DeviceScope scope(runtime_.get(), device_);
     DCP_RETURN_IF_ERROR(runtime_->SetCurrentDevice(device_).status());
     DCP_ASSIGN_OR_RETURN(stream_, MakeOwnedStream(*runtime_, device_));
     DCP_ASSIGN_OR_RETURN(done_, MakeOwnedEvent(*runtime_, device_,

@@ -441,10 +441,10 @@ class CudaRuntime final : public DeviceRuntime {
     DCP_RETURN_IF_ERROR(CheckDevice(device, "SetCurrentDevice"));
     int previous = 0;
     DCP_CUDA_CHECK(cudaGetDevice(&previous), "SetCurrentDevice: cudaGetDevice");
-    if (previous != device) {
-      DCP_RETURN_IF_ERROR(SetDevice(device, "SetCurrentDevice"));
-    }
-    return previous;
+    if (previous == device) return previous;
+    const bool give_back = HasActiveContext(previous);
+    DCP_RETURN_IF_ERROR(SetDevice(device, "SetCurrentDevice"));
+    return give_back ? previous : -1;
   }
 
  private:

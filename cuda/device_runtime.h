@@ -187,8 +187,11 @@ class DeviceRuntime {
   virtual void* NativeStream(DeviceStream* stream) = 0;
   // Makes `device` current on the calling thread, for libraries that read
   // the current device instead of taking one (ncclCommInitRank); returns
-  // the device current before. kInvalidArgument for an ordinal outside
-  // [0, DeviceCount()).
+  // the device current before, to give back afterwards, or -1 when there is
+  // nothing to give back: that device has no context yet (a thread that
+  // never used CUDA reports device 0), and making it current again would
+  // create one, and its memory, on a GPU the job may not use.
+  // kInvalidArgument for an ordinal outside [0, DeviceCount()).
   virtual absl::StatusOr<int> SetCurrentDevice(int device) = 0;
 };
 
