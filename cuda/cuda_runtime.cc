@@ -352,6 +352,8 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   absl::StatusOr<void*> AllocatePinned(size_t bytes) override {
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterContextDevice(scope, "AllocatePinned"));
     void* p = nullptr;
     DCP_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
                    absl::StrFormat("cudaHostAlloc %d bytes", bytes));
@@ -365,6 +367,8 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   absl::Status RegisterHost(void* ptr, size_t bytes) override {
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterContextDevice(scope, "RegisterHost"));
     DCP_CUDA_CHECK(
         cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
         absl::StrFormat("cudaHostRegister %p length=%d", ptr, bytes));
@@ -372,6 +376,8 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   absl::Status UnregisterHost(void* ptr) override {
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterContextDevice(scope, "UnregisterHost"));
     DCP_CUDA_CHECK(cudaHostUnregister(ptr),
                    absl::StrFormat("cudaHostUnregister %p", ptr));
     return absl::OkStatus();
@@ -448,6 +454,24 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
  private:
+  // Pinning memory (portable: usable from every context) needs a current
+  // context: on a thread whose current device has none (a staging thread
+  // reports device 0), the calls above use a device that has one (the
+  // job's), rather than create a context, and its memory, on device 0.
+  absl::Status EnterContextDevice(ScopedDevice& scope,
+                                  absl::string_view what) const {
+    int current = 0;
+    DCP_CUDA_CHECK(cudaGetDevice(&current),
+                   absl::StrCat(what, ": cudaGetDevice"));
+    if (HasActiveContext(current)) return absl::OkStatus();
+    for (int d = 0; d < device_count_; ++d) {
+      if (d != current && HasActiveContext(d)) {
+        return EnterDevice(scope, d, what);
+      }
+    }
+    return absl::OkStatus();  // No context anywhere: the current device's.
+  }
+
   absl::Status CheckDevice(int device, absl::string_view what) const {
     if (device < 0 || device >= device_count_) {
       return absl::InvalidArgumentError(
