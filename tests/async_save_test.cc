@@ -178,82 +178,84 @@ TEST(AsyncSave, ASaveOnTheGroupWaitsForTheUploadSubmittedBefore) {
   ExpectSameState(LoadState(dir2), MakeState(20));
 }
 
+// Two AsyncSaves on one group (the first staged by a HeldStager, so the
+// test says when its staging lands) and a Save that a callback of the
+// first makes on the same group, each into a directory of its own.
+struct SavesOnOneGroup {
+  explicit SavesOnOneGroup(const std::string& tag)
+      : dir1(MakeTempDir(tag + "1")),
+        dir2(MakeTempDir(tag + "2")),
+        dir3(MakeTempDir(tag + "3")) {
+    first.save.checkpoint_id = dir1;
+    first.save.process_group = &group;
+    first.async_stager = &stager;
+    second.save.checkpoint_id = dir2;
+    second.save.process_group = &group;
+  }
+  // The callback's Save, of MakeState(value) into dir3.
+  absl::Status SaveFromCallback(int value) {
+    SaveOptions options;
+    options.checkpoint_id = dir3;
+    options.process_group = &group;
+    return Save(MakeState(value), options).status();
+  }
+  void ExpectSaved(int first_value, int second_value, int callback_value) {
+    ExpectSameState(LoadState(dir1), MakeState(first_value));
+    ExpectSameState(LoadState(dir2), MakeState(second_value));
+    ExpectSameState(LoadState(dir3), MakeState(callback_value));
+  }
+
+  const std::string dir1, dir2, dir3;
+  comm::LocalProcessGroup group;
+  HeldStager stager;
+  AsyncSaveOptions first, second;
+  AsyncCheckpointer checkpointer;  // Last: its uploads use the above.
+};
+
 // A callback of an upload's completion runs in the upload's turn on the
 // upload thread: a Save it makes on the group runs there and then, even
 // with another AsyncSave on the group queued behind (it would otherwise
 // wait for that upload, which waits for this thread).
 TEST(AsyncSave, ACompletionCallbackMaySaveOnTheGroup) {
-  const std::string dir1 = MakeTempDir("async-cb1");
-  const std::string dir2 = MakeTempDir("async-cb2");
-  const std::string dir3 = MakeTempDir("async-cb3");
-  comm::LocalProcessGroup group;
-  AsyncCheckpointer checkpointer;
-  HeldStager stager;
-  AsyncSaveOptions o1, o2;
-  o1.save.checkpoint_id = dir1;
-  o1.save.process_group = &group;
-  o1.async_stager = &stager;
-  o2.save.checkpoint_id = dir2;
-  o2.save.process_group = &group;
+  SavesOnOneGroup t("async-cb");
   const StateDict s1 = MakeState(10);
-  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  AsyncSaveResponse r1 = t.checkpointer.AsyncSave(s1, t.first);
   absl::Notification called;
   absl::Status in_callback = absl::UnknownError("not called");
   r1.upload_completion.OnReady([&](const absl::StatusOr<Metadata>&) {
-    SaveOptions o3;
-    o3.checkpoint_id = dir3;
-    o3.process_group = &group;
-    in_callback = Save(MakeState(30), o3).status();
+    in_callback = t.SaveFromCallback(30);
     called.Notify();
   });
-  AsyncSaveResponse r2 = checkpointer.AsyncSave(MakeState(20), o2);
-  stager.Release(s1);  // The first upload runs, then its callback.
+  AsyncSaveResponse r2 = t.checkpointer.AsyncSave(MakeState(20), t.second);
+  t.stager.Release(s1);  // The first upload runs, then its callback.
   called.WaitForNotification();
   EXPECT_TRUE(in_callback.ok()) << in_callback;
   ASSERT_TRUE(r2.upload_completion.Wait().ok());
-  ExpectSameState(LoadState(dir1), MakeState(10));
-  ExpectSameState(LoadState(dir2), MakeState(20));
-  ExpectSameState(LoadState(dir3), MakeState(30));
+  t.ExpectSaved(10, 20, 30);
 }
 
 // A callback of staging_completion may save on the group, even with
 // another AsyncSave queued before its save: that upload's staging lands on
 // a thread of its own while the callback waits for its turn.
 TEST(AsyncSave, AStagingCallbackMaySaveOnTheGroup) {
-  const std::string dir1 = MakeTempDir("async-scb1");
-  const std::string dir2 = MakeTempDir("async-scb2");
-  const std::string dir3 = MakeTempDir("async-scb3");
-  comm::LocalProcessGroup group;
-  AsyncCheckpointer checkpointer;
-  HeldStager stager;
-  AsyncSaveOptions o1, o2;
-  o1.save.checkpoint_id = dir1;
-  o1.save.process_group = &group;
-  o1.async_stager = &stager;
-  o2.save.checkpoint_id = dir2;
-  o2.save.process_group = &group;
+  SavesOnOneGroup t("async-scb");
   const StateDict s1 = MakeState(11);
-  AsyncSaveResponse r1 = checkpointer.AsyncSave(s1, o1);
+  AsyncSaveResponse r1 = t.checkpointer.AsyncSave(s1, t.first);
   absl::Notification second_queued, called;
   absl::Status in_callback = absl::UnknownError("not called");
   r1.staging_completion.OnReady([&](const absl::Status&) {
     second_queued.WaitForNotification();
-    SaveOptions o3;
-    o3.checkpoint_id = dir3;
-    o3.process_group = &group;
-    in_callback = Save(MakeState(31), o3).status();
+    in_callback = t.SaveFromCallback(31);
     called.Notify();
   });
-  stager.Release(s1);  // Staging 1 lands: the callback runs and waits.
-  AsyncSaveResponse r2 = checkpointer.AsyncSave(MakeState(21), o2);
+  t.stager.Release(s1);  // Staging 1 lands: the callback runs and waits.
+  AsyncSaveResponse r2 = t.checkpointer.AsyncSave(MakeState(21), t.second);
   second_queued.Notify();
   called.WaitForNotification();
   EXPECT_TRUE(in_callback.ok()) << in_callback;
   ASSERT_TRUE(r1.upload_completion.Wait().ok());
   ASSERT_TRUE(r2.upload_completion.Wait().ok());
-  ExpectSameState(LoadState(dir1), MakeState(11));
-  ExpectSameState(LoadState(dir2), MakeState(21));
-  ExpectSameState(LoadState(dir3), MakeState(31));
+  t.ExpectSaved(11, 21, 31);
 }
 
 TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
