@@ -127,8 +127,13 @@ device_save_status="not run"
 loop_status="not run"
 loop_summary=""
 part_json=()
+json_items() {  # json_items ITEM...: one per line, comma-separated.
+  local i=0 item
+  for item in "$@"; do
+    ((++i < $#)) && echo "    $item," || echo "    $item"
+  done
+}
 write_summary() {
-  local i sep
   {
     echo "{"
     echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
@@ -138,10 +143,7 @@ write_summary() {
     echo "  \"unresolved_libraries\": \"$(echo "$missing" | json_escape)\","
     echo "  \"skipped_with_a_gpu\": \"${gpu_skipped[*]}\","
     echo "  \"tests\": ["
-    for i in "${!results[@]}"; do
-      sep=","; ((i == ${#results[@]} - 1)) && sep=""
-      echo "    ${results[$i]}$sep"
-    done
+    json_items "${results[@]}"
     echo "  ],"
     echo "  \"staging_bench_status\": \"$bench_status\","
     echo "  \"staging_bench_args\": \"$bench_args\","
@@ -152,10 +154,7 @@ write_summary() {
     echo "  \"training_loop_status\": \"$loop_status\","
     echo "  \"training_loop\": \"$loop_summary\","
     echo "  \"parts\": {"
-    for i in "${!part_json[@]}"; do
-      sep=","; ((i == ${#part_json[@]} - 1)) && sep=""
-      echo "    ${part_json[$i]}$sep"
-    done
+    json_items "${part_json[@]}"
     echo "  }"
     echo "}"
   } >"$out/summary.json.tmp" &&
