@@ -296,6 +296,10 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
     dcp::DefaultLoadPlanner planner(planner_options);
     load.planner = &planner;
     load.coordinator_rank = in.coordinator_rank;
+    if (in.metadata != nullptr) {
+      DCP_ASSIGN_OR_RETURN(dcp_metadata * md, Resolve(in.metadata));
+      load.metadata = &md->metadata;
+    }
     DCP_ASSIGN_OR_RETURN(dcp::capi::GroupPin group,
                          dcp::capi::PinGroup(in.process_group, no_dist));
     load.process_group = group.get();

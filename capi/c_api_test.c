@@ -834,6 +834,61 @@ static void test_writer_and_reader_handles(void) {
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
+/* dcp_load_options_t.metadata: a load plans against the metadata the
+ * caller read and does not read the file again; another checkpoint's
+ * metadata fails the load. */
+static void test_load_with_read_metadata(void) {
+  int32_t first[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  int32_t second[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+  int32_t dst[8];
+  int64_t shape[1] = {8};
+  char dir[4200], other[4200], path[4300];
+  dcp_state_dict_t* sd = NULL;
+  dcp_metadata_t* md = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor t;
+  FILE* f;
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  t = make_tensor(first, 1, shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  so = save_options(dir_for("read-metadata", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  t.data = second;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  so = save_options(dir_for("read-metadata-other", other, sizeof(other)));
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_metadata_read(dir, &md));
+
+  /* The file is garbage now: only the metadata read before can plan. */
+  snprintf(path, sizeof(path), "%s/.metadata", dir);
+  f = fopen(path, "wb");
+  CHECK(f != NULL);
+  fputs("not a checkpoint", f);
+  fclose(f);
+  memset(dst, 0, sizeof(dst));
+  t.data = dst;
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("x")), &t, NULL));
+  lo = load_options(dir);
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_DATA_LOSS, ".metadata");
+  lo.metadata = md;
+  CHECK_OK(dcp_load(sd, &lo));
+  CHECK(memcmp(first, dst, sizeof(first)) == 0);
+
+  /* Another checkpoint's metadata names data files (each save's own) that
+   * this location lacks. */
+  memset(dst, 0, sizeof(dst));
+  lo.checkpoint_id = other;
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_NOT_FOUND, ".distcp");
+  CHECK(dst[0] == 0);
+  /* A handle of another type is refused before anything is read. */
+  lo.metadata = (const dcp_metadata_t*)sd;
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_INVALID_ARGUMENT, "dcp_metadata_t");
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
 /* ------------------------------------------------------------------------
  * Hugging Face storage
  * ---------------------------------------------------------------------- */
@@ -2409,6 +2464,7 @@ int main(void) {
   test_metadata();
   test_metadata_extras();
   test_writer_and_reader_handles();
+  test_load_with_read_metadata();
   test_writer_compression();
   test_writer_safetensors();
   test_hf_roundtrip();

@@ -603,6 +603,16 @@ typedef struct dcp_load_options {
    * must be on `device_wait.device` (DCP_INVALID_ARGUMENT naming it
    * otherwise); ignored when the state dict has no device tensor. */
   dcp_device_wait_t device_wait;
+  /* The checkpoint's metadata when the caller read it already
+   * (dcp_metadata_read, dcp_storage_reader_read_metadata): the load plans
+   * against it instead of reading it again, which saves that read when one
+   * checkpoint is loaded in several steps. Not owned. It must be the
+   * metadata of the checkpoint loaded: dcp's own checkpoints name data
+   * files of their save, so another one's fails the load (DCP_NOT_FOUND),
+   * but Hugging Face files would be read at the other one's offsets.
+   * NULL: the load reads it.
+   * Ignored where the location holds rank-local checkpoints. */
+  const dcp_metadata_t* metadata;
 } dcp_load_options_t;
 
 /* Saves `sd` and commits the checkpoint. `metadata_out` (may be NULL)

@@ -317,22 +317,23 @@ absl::StatusOr<Metadata> SaveWithCoordination(
 // The seed's _load_state_dict: every rank reads the metadata and plans its
 // reads; the coordinator may rewrite the plans (read dedup); every rank
 // reads; the outcome is exchanged so every rank reports every failure.
-// `preread`: the reader's metadata when the caller read it already.
-absl::Status LoadWithCoordination(
-    StateDict& state_dict, StorageReader& reader, LoadPlanner& planner,
-    internal::DistWrapper& dist,
-    std::optional<absl::StatusOr<Metadata>> preread = std::nullopt) {
+// `preread`: the reader's metadata when the caller read it already (it
+// outlives the load).
+absl::Status LoadWithCoordination(StateDict& state_dict, StorageReader& reader,
+                                  LoadPlanner& planner,
+                                  internal::DistWrapper& dist,
+                                  const Metadata* preread = nullptr) {
   const bool is_coordinator = dist.is_coordinator();
   // Planner and reader keep references to the metadata until the load ends.
-  Metadata metadata;
+  Metadata read;
+  const Metadata* metadata = preread;
   auto local_step = [&]() -> absl::StatusOr<LoadPlan> {
-    if (preread.has_value()) {
-      DCP_ASSIGN_OR_RETURN(metadata, *std::move(preread));
-    } else {
-      DCP_ASSIGN_OR_RETURN(metadata, reader.ReadMetadata());
+    if (metadata == nullptr) {
+      DCP_ASSIGN_OR_RETURN(read, reader.ReadMetadata());
+      metadata = &read;
     }
-    DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, metadata, is_coordinator));
-    DCP_RETURN_IF_ERROR(reader.SetUp(metadata, is_coordinator));
+    DCP_RETURN_IF_ERROR(planner.SetUp(&state_dict, *metadata, is_coordinator));
+    DCP_RETURN_IF_ERROR(reader.SetUp(*metadata, is_coordinator));
     DCP_ASSIGN_OR_RETURN(LoadPlan plan, planner.CreateLocalPlan());
     return reader.PrepareLocalPlan(std::move(plan));
   };
@@ -673,7 +674,8 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
   // all take the same path below.
   const bool rank_local = *detected;
   if (!rank_local) {
-    return LoadWithCoordination(state_dict, storage_reader, *planner, dist);
+    return LoadWithCoordination(state_dict, storage_reader, *planner, dist,
+                                options.metadata);
   }
   if (dist.size() == 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -696,8 +698,10 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
   DCP_RETURN_IF_ERROR(CheckRankLocalSet(
       *described, location.empty() ? "the reader's location" : location));
   internal::DistWrapper alone(nullptr, 0);
-  absl::Status status = LoadWithCoordination(
-      state_dict, storage_reader, *planner, alone, std::move(metadata));
+  absl::Status status = metadata.ok()
+                            ? LoadWithCoordination(state_dict, storage_reader,
+                                                   *planner, alone, &*metadata)
+                            : metadata.status();
   return ShareOutcome(group, "rank-local load", status);
 }
 

@@ -117,6 +117,15 @@ struct LoadOptions {
   // device tensor. A reader that cannot order its copies fails the load
   // with kUnimplemented. Empty: the caller has synchronized.
   DeviceWait device_wait;
+  // The checkpoint's committed metadata when the caller read it already
+  // (the reader's ReadMetadata at the same location, or ReadMetadataFile):
+  // the load plans against it instead of reading it again. Not owned; it
+  // must outlive the call and be the metadata of the checkpoint loaded
+  // (dcp's own name data files of their save, so another one's fails the
+  // load with kNotFound; Hugging Face files would be read at the other
+  // one's offsets). Ignored where the location holds rank-local checkpoints
+  // (each rank reads its own).
+  const Metadata* metadata = nullptr;
 };
 
 // Saves `state_dict` and returns the committed metadata. On failure nothing

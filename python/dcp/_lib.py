@@ -225,7 +225,8 @@ class LoadOptions(Structure):
                 ("storage_reader", c_void_p),
                 ("planner", POINTER(LoadPlannerOptions)),
                 ("process_group", c_void_p), ("coordinator_rank", c_int32),
-                ("no_dist", c_int32), ("device_wait", DeviceWait)]
+                ("no_dist", c_int32), ("device_wait", DeviceWait),
+                ("metadata", c_void_p)]
 
 
 class StorageInfo(Structure):

@@ -45,6 +45,7 @@ class _Prepared:
         self.values_sd = None
         self.writer = None
         self.reader = None
+        self.metadata = None  # dcp_metadata_t read once for two loads
         self.flat = None
         self.keep = []
 
@@ -64,6 +65,9 @@ class _Prepared:
         if self.reader is not None:
             L.dcp_storage_reader_free(self.reader)
             self.reader = None
+        if self.metadata is not None:
+            L.dcp_metadata_free(self.metadata)
+            self.metadata = None
 
 
 def _checkpoint_path(checkpoint_id, storage, kind):
@@ -266,12 +270,21 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 direct_io=False)
         if storage_reader is not None:
             p.reader = storage_reader._create(path)
+        if p.values_sd is not None and \
+                isinstance(storage_reader, FileSystemReader) and \
+                os.path.exists(os.path.join(path, ".metadata")):
+            # Both loads plan against one read of the metadata. If the read
+            # fails, each load reads it and reports why.
+            handle = ctypes.c_void_p()
+            if _lib.lib().dcp_storage_reader_read_metadata(
+                    p.reader, None, ctypes.byref(handle)) == _lib.OK:
+                p.metadata = handle
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,
             coordinator_rank=coordinator_rank,
             no_dist=_lib.flag(where.no_dist),
-            device_wait=_state.current_streams(flat))
+            device_wait=_state.current_streams(flat), metadata=p.metadata)
         if planner_options is not None:
             options.planner = ctypes.pointer(planner_options)
         p.keep += [options, planner_options]

@@ -52,3 +52,40 @@ def test_every_read_mode_loads_the_same_bytes(ckpt, direct_io):
     dest = {"w": torch.zeros(1000, 300), "b": torch.from_numpy(aligned)}
     dcp.load(dest, checkpoint_id=ckpt)
     assert dest["w"].equal(src["w"]) and dest["b"].equal(src["b"])
+
+
+def test_a_load_with_plain_values_reads_the_metadata_once(ckpt, monkeypatch):
+    # The plain values load first, then everything (see checkpoint.py):
+    # both steps plan against the one metadata read before them.
+    src = {"w": torch.arange(12.0), "step": 7, "name": "run-1"}
+    dcp.save(src, checkpoint_id=ckpt)
+    L = _lib.lib()
+    real_load, real_read = L.dcp_load, L.dcp_storage_reader_read_metadata
+    given, reads = [], []
+
+    def load(sd, options):
+        given.append(options._obj.metadata)
+        return real_load(sd, options)
+
+    def read(*args):
+        reads.append(args)
+        return real_read(*args)
+
+    monkeypatch.setattr(L, "dcp_load", load)
+    monkeypatch.setattr(L, "dcp_storage_reader_read_metadata", read)
+    dest = {"w": torch.zeros(12), "step": 0, "name": ""}
+    dcp.load(dest, checkpoint_id=ckpt)
+    assert dest["w"].equal(src["w"]) and dest["step"] == 7 and \
+        dest["name"] == "run-1"
+    assert len(reads) == 1 and len(given) == 2
+    assert given[0] is not None and given[0] == given[1]
+
+    # A metadata file that no longer decodes: each step reads it and the
+    # load fails naming it, as without the read before.
+    with open(f"{ckpt}/.metadata", "wb") as f:
+        f.write(b"not a checkpoint")
+    given.clear()
+    with pytest.raises(dcp.CheckpointException, match=r"\.metadata"):
+        dcp.load(dest, checkpoint_id=ckpt)
+    assert given and all(g is None for g in given)
+    assert dest["step"] == 7
