@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
+#include "comm/internal/payload_limit.h"
 #include "comm/internal/peer_probe.h"
 #include "comm/store_process_group.h"
 #include "core/status.h"
@@ -40,7 +41,10 @@ using internal::Remaining;
 
 class GlooProcessGroup::Impl {
  public:
-  Impl(int rank, int size) : rank_(rank), size_(size) {}
+  Impl(int rank, int size, uint64_t max_payload_bytes)
+      : rank_(rank),
+        size_(size),
+        max_payload_(internal::MaxPayloadBytes(max_payload_bytes)) {}
 
   absl::Status Connect(const GlooOptions& options) {
     const std::string name =
@@ -66,6 +70,37 @@ class GlooProcessGroup::Impl {
         JoinGeneration(*keys, base, rank_, size_, deadline);
     if (!generation.ok()) return Annotate(generation.status(), where);
     prefix_ = absl::StrCat(base, "/", *generation);
+    absl::Status formed = FormMesh(options, where, deadline);
+    if (!formed.ok()) {
+      // Best effort, so a store that outlives many failed attempts does
+      // not fill with their keys: this rank's address keys go now (nobody
+      // connects to it any more), and the last rank to fail removes every
+      // rank's address keys and abort and waiting records (it knows every
+      // rank has read what it will: each leaves only once done).
+      std::vector<std::string> every_rank_keys;
+      for (int r = 0; r < size_; ++r) {
+        for (const std::string& key :
+             {AddressKey(r), HostKey(r), AbortKey(r), WaitingKey(r)}) {
+          every_rank_keys.push_back(absl::StrCat(prefix_, "/", key));
+        }
+      }
+      for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
+        internal::RemoveKey(*store_, absl::StrCat(prefix_, "/", key));
+      }
+      LeaveFailedGeneration(*keys, base, *generation, rank_, size_,
+                            every_rank_keys);
+      return formed;
+    }
+    if (rank_ == 0) {
+      ForgetGeneration(*keys, base, *generation).IgnoreError();
+    }
+    return absl::OkStatus();
+  }
+
+  // Connects the mesh under prefix_ and passes the barrier that hands every
+  // rank its peers' probe addresses; then removes this rank's address keys.
+  absl::Status FormMesh(const GlooOptions& options, const std::string& where,
+                        absl::Time deadline) {
     const std::string& prefix = prefix_;
     prefix_store_ =
         std::make_unique<gloo::rendezvous::PrefixStore>(prefix, *store_);
@@ -149,9 +184,6 @@ class GlooProcessGroup::Impl {
     }
     for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
       internal::RemoveKey(*store_, absl::StrCat(prefix, "/", key));
-    }
-    if (rank_ == 0) {
-      ForgetGeneration(*keys, base, *generation).IgnoreError();
     }
     return absl::OkStatus();
   }
@@ -325,10 +357,9 @@ class GlooProcessGroup::Impl {
   int size() const { return size_; }
 
  private:
-  // Payloads above this are taken for garbage, not for a plan.
-  static constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 40;
-
-  // kDataLoss when `peer` is not in the same collective as this rank.
+  // kDataLoss when `peer` is not in the same collective as this rank, or
+  // announces a payload larger than this rank accepts (max_payload_): a
+  // corrupt stream must fail here, before the size is allocated.
   absl::Status CheckHeader(absl::string_view op, int root, int peer,
                            Header& header) const {
     header.op[sizeof(header.op) - 1] = '\0';
@@ -340,11 +371,12 @@ class GlooProcessGroup::Impl {
           "same collectives in the same order with the same root",
           op, root, rank_, size_, peer, theirs, header.root));
     }
-    if (header.size > kMaxPayloadBytes) {
+    if (header.size > max_payload_) {
       return absl::DataLossError(absl::StrFormat(
-          "%s on rank %d of %d: rank %d announced %d bytes; the stream is "
-          "corrupt",
-          op, rank_, size_, peer, header.size));
+          "%s on rank %d of %d: rank %d announced a payload of %d bytes, "
+          "more than the %d this rank accepts (max_payload_bytes, by default "
+          "this machine's physical memory); the stream is corrupt",
+          op, rank_, size_, peer, header.size, max_payload_));
     }
     return absl::OkStatus();
   }
@@ -490,6 +522,8 @@ class GlooProcessGroup::Impl {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint64_t next_call_ = 0;
   absl::Duration timeout_ = absl::Minutes(5);
+  // The largest payload accepted from a peer (CheckHeader).
+  const uint64_t max_payload_;
   // Peers' probe addresses by rank ("" for this rank), once the group
   // formed; empty before.
   std::vector<std::string> probe_addresses_;
@@ -530,7 +564,8 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
                         options.rank, options.world_size));
   }
   IgnoreSigpipeUnlessHandled();
-  auto impl = std::make_unique<Impl>(options.rank, options.world_size);
+  auto impl = std::make_unique<Impl>(options.rank, options.world_size,
+                                     options.max_payload_bytes);
   if (options.world_size > 1) {
     absl::Status status = impl->Connect(options);
     if (!status.ok()) return status;

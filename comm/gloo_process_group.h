@@ -60,6 +60,11 @@
 // forms a fresh mesh. Once the mesh is up the ranks pass a barrier and each
 // removes its own address keys, and rank 0 the generation's ready key, so
 // a job that formed leaves only abort records of a failed group behind.
+// A creation that fails removes what it wrote (best effort): joining's
+// keys as store_process_group.h says; after joining, each rank its address
+// keys, and the last rank to fail every rank's address keys, abort and
+// waiting records and the ready key (LeaveFailedGeneration). Only a rank
+// that dies mid-creation leaves keys of that attempt behind.
 #ifndef DCP_COMM_GLOO_PROCESS_GROUP_H_
 #define DCP_COMM_GLOO_PROCESS_GROUP_H_
 

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "comm/internal/gloo_store.h"
 #include "comm/internal/nccl_library.h"
+#include "comm/internal/payload_limit.h"
 #include "comm/store_process_group.h"
 #include "core/status.h"
 
@@ -88,8 +89,11 @@ class DeviceScope {
 
 class NcclProcessGroup::Impl {
  public:
-  Impl(const NcclLibrary* nccl, int rank, int size)
-      : nccl_(nccl), rank_(rank), size_(size) {}
+  Impl(const NcclLibrary* nccl, int rank, int size, uint64_t max_payload)
+      : nccl_(nccl),
+        rank_(rank),
+        size_(size),
+        max_payload_(internal::MaxPayloadBytes(max_payload)) {}
 
   // Every call waited for its work, so aborting cuts nothing short, and
   // unlike a destroy it cannot block on a lost peer. The device work is
@@ -108,6 +112,18 @@ class NcclProcessGroup::Impl {
 
   absl::Status Init(const NcclOptions& options,
                     const RuntimeMaker& make_runtime) {
+    absl::Status status = JoinCommunicator(options, make_runtime);
+    if (!status.ok() && keys_ != nullptr && !generation_.empty()) {
+      // Best effort: the last rank to fail removes the unique id and the
+      // generation's ready key (a failed join removed its own keys).
+      LeaveFailedGeneration(*keys_, base_, generation_, rank_, size_,
+                            {id_key_});
+    }
+    return status;
+  }
+
+  absl::Status JoinCommunicator(const NcclOptions& options,
+                                const RuntimeMaker& make_runtime) {
     const absl::Time deadline = absl::Now() + options.connect_timeout;
     DCP_ASSIGN_OR_RETURN(std::string id, ExchangeId(options, deadline));
 
@@ -181,6 +197,7 @@ class NcclProcessGroup::Impl {
                                                      absl::Time deadline) {
     DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
                          AllGatherSizes(op, payload.size(), deadline));
+    DCP_RETURN_IF_ERROR(CheckSizes(op, sizes, /*from=*/-1, /*keep_all=*/true));
     const uint64_t max = *std::max_element(sizes.begin(), sizes.end());
     std::vector<std::string> all(size_);
     if (max == 0) return all;
@@ -204,6 +221,8 @@ class NcclProcessGroup::Impl {
                                                   absl::Time deadline) {
     DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
                          AllGatherSizes("gather", payload.size(), deadline));
+    DCP_RETURN_IF_ERROR(
+        CheckSizes("gather", sizes, /*from=*/-1, /*keep_all=*/rank_ == root));
     std::vector<uint64_t> offsets(size_ + 1, 0);
     for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
     if (rank_ == root) {
@@ -245,6 +264,10 @@ class NcclProcessGroup::Impl {
     DCP_RETURN_IF_ERROR(Wait("scatter", deadline));
     DCP_RETURN_IF_ERROR(
         ToHost(sizes.data(), sizes_.data(), size_ * sizeof(uint64_t)));
+    if (rank_ != root) {
+      DCP_RETURN_IF_ERROR(
+          CheckSizes("scatter", sizes, /*from=*/root, /*keep_all=*/false));
+    }
     std::vector<uint64_t> offsets(size_ + 1, 0);
     for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
     if (rank_ == root) {
@@ -274,6 +297,9 @@ class NcclProcessGroup::Impl {
                                       ncclUint64, root, comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
     DCP_RETURN_IF_ERROR(ToHost(&size, sizes_.data(), sizeof(size)));
+    if (rank_ != root && size > max_payload_) {
+      return OversizedPayload("broadcast", root, size);
+    }
     if (rank_ == root) {
       if (size == 0) return std::string();
       DCP_RETURN_IF_ERROR(recv_.Reserve(size));
@@ -330,6 +356,42 @@ class NcclProcessGroup::Impl {
     }
     DCP_RETURN_IF_ERROR(Check(op, nccl_->GroupEnd()));
     return Wait(op, deadline);
+  }
+
+  // kDataLoss when a payload size received from a peer is more than this
+  // rank accepts (max_payload_), before anything is allocated for it.
+  // sizes[r] came from rank r, or every one from rank `from` when it is not
+  // -1; with `keep_all`, this rank holds all of them at once, so their
+  // total is bounded too. Sizes this rank sent itself are not checked.
+  absl::Status CheckSizes(absl::string_view op,
+                          const std::vector<uint64_t>& sizes, int from,
+                          bool keep_all) const {
+    uint64_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int sender = from < 0 ? r : from;
+      if (sender == rank_) continue;
+      if (sizes[r] > max_payload_)
+        return OversizedPayload(op, sender, sizes[r]);
+      if (!keep_all && r != rank_) continue;
+      total += sizes[r];  // No overflow: each is at most max_payload_.
+      if (total > max_payload_) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s on rank %d of %d: the peers announced payloads of %d bytes "
+            "in all, more than the %d this rank accepts (max_payload_bytes, "
+            "by default this machine's physical memory); a size is corrupt",
+            op, rank_, size_, total, max_payload_));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status OversizedPayload(absl::string_view op, int peer,
+                                uint64_t size) const {
+    return absl::DataLossError(absl::StrFormat(
+        "%s on rank %d of %d: rank %d announced a payload of %d bytes, more "
+        "than the %d this rank accepts (max_payload_bytes, by default this "
+        "machine's physical memory); the size is corrupt",
+        op, rank_, size_, peer, size, max_payload_));
   }
 
   // A fresh unique id as bytes.
@@ -494,6 +556,8 @@ class NcclProcessGroup::Impl {
   const NcclLibrary* const nccl_;
   const int rank_;
   const int size_;
+  // The largest payload accepted from a peer (CheckSizes).
+  const uint64_t max_payload_;
   int device_ = 0;
   // Declared first among the device members: destroyed after them.
   std::unique_ptr<DeviceRuntime> runtime_;
@@ -534,7 +598,8 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::CreateWith(
         absl::StrFormat("nccl: rank %d outside a world of %d ranks",
                         options.rank, options.world_size));
   }
-  auto impl = std::make_unique<Impl>(&nccl, options.rank, options.world_size);
+  auto impl = std::make_unique<Impl>(&nccl, options.rank, options.world_size,
+                                     options.max_payload_bytes);
   DCP_RETURN_IF_ERROR(impl->Init(options, make_runtime));
   return std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(
       options.rank, options.world_size, options.timeout, std::move(impl)));

@@ -14,6 +14,8 @@
 // (non-blocking init, bounded by connect_timeout). Once rank 0's
 // communicator has formed, every rank has read the id: rank 0 removes it
 // and the generation's ready key, and the store is left as it was found.
+// A creation that fails leaves it so too once every rank has failed
+// (LeaveFailedGeneration in store_process_group.h; best effort).
 // All device work goes through the DeviceRuntime (cuda/device_runtime.h).
 //
 // Variable payload sizes: sizes travel first (all-gather or broadcast of

@@ -390,5 +390,37 @@ TEST(NcclProcessGroupHostTest, CrashedJobsKeysAreNotRead) {
   EXPECT_EQ(FilesIn(dir), stale_left);
 }
 
+// Sizes from peers are checked before anything is allocated for them: two
+// ranks that accept at most 1 KiB each all-gather 4 KiB and both fail with
+// kDataLoss naming the peer and the size.
+TEST(NcclProcessGroupHostTest, PayloadLargerThanTheBoundIsDataLoss) {
+  const std::string dir = TestDir("nccl_host_bound");
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      NcclOptions options = Options(dir, rank, 2, absl::Seconds(20), "bounded");
+      options.max_payload_bytes = 1024;
+      auto group = NcclProcessGroup::CreateWith(options, FakeNccl(),
+                                                HostRuntimeForThisThread);
+      if (!group.ok()) {
+        results[rank] = group.status();
+        return;
+      }
+      results[rank] = (*group)->AllGather(Payload(rank, 4096)).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = results[rank];
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(absl::StrCat(
+                  "allgather on rank ", rank, " of 2: rank ", 1 - rank,
+                  " announced a payload of 4096 bytes, more than the 1024")),
+              std::string::npos)
+        << s;
+  }
+}
+
 }  // namespace
 }  // namespace dcp::comm

@@ -23,6 +23,7 @@
 #ifndef DCP_COMM_RENDEZVOUS_H_
 #define DCP_COMM_RENDEZVOUS_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -79,6 +80,10 @@ struct GroupMembership {
   absl::Duration timeout = absl::Minutes(5);
   // How long joining waits for every rank.
   absl::Duration connect_timeout = absl::Minutes(5);
+  // The largest payload a rank accepts from a peer, in bytes; 0 means this
+  // machine's physical memory. A peer announcing more is taken for a
+  // corrupt stream (kDataLoss) before anything is allocated for it.
+  uint64_t max_payload_bytes = 0;
 };
 
 // Looks up one environment variable; nullopt when unset.

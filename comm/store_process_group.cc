@@ -31,6 +31,11 @@ constexpr int kBroadcastsPerAck = 16;
 constexpr absl::Duration kFirstPoll = absl::Milliseconds(10);
 constexpr absl::Duration kLastPoll = absl::Milliseconds(500);
 
+// How long rank 0, whose joining failed, waits for the ranks it welcomed
+// to say they left before it removes the creation's keys. A live rank says
+// so within a poll interval; this bounds only the wait for one that died.
+constexpr absl::Duration kDepartureWait = absl::Seconds(10);
+
 absl::Duration Remaining(absl::Time deadline) {
   return std::max(deadline - absl::Now(), absl::ZeroDuration());
 }
@@ -250,7 +255,26 @@ absl::StatusOr<std::string> AdmitRanks(StoreClient& client,
   // itself failed it may not get there; they then time out on rank 0.
   const absl::Status told =
       client.Set(keys.Key(0, "ready", 0), EncodeStatus(failure));
-  if (!failure.ok()) return failure;
+  if (!failure.ok()) {
+    // The ranks welcomed may still read the record just written (and a
+    // welcome); each says when it is done (JoinGroup's "left" key). Then
+    // nothing of this creation is read again: its keys go, so a store
+    // that outlives many failed attempts does not fill with them.
+    const absl::Time until = absl::Now() + kDepartureWait;
+    for (int r = 1; r < size; ++r) {
+      if (!peers[r].nonce.has_value()) continue;
+      if (!client.Get(keys.Key(0, "left", r), until).ok()) break;
+    }
+    for (int r = 1; r < size; ++r) {
+      if (peers[r].nonce.has_value()) {
+        client.Remove(WelcomeKey(group, *peers[r].nonce)).IgnoreError();
+      }
+      client.Remove(keys.Key(0, "joined", r)).IgnoreError();
+      client.Remove(keys.Key(0, "left", r)).IgnoreError();
+    }
+    client.Remove(keys.Key(0, "ready", 0)).IgnoreError();
+    return failure;
+  }
   if (!told.ok()) return told;
   return generation;
 }
@@ -272,10 +296,12 @@ absl::StatusOr<std::string> Await(StoreClient& client, absl::string_view group,
 // The side of rank `rank` > 0: announces a nonce, learns the generation
 // from rank 0's welcome, confirms, and waits until rank 0 says every rank
 // joined. Returns the generation.
-absl::StatusOr<std::string> JoinGroup(StoreClient& client,
-                                      const std::string& group, int rank,
-                                      int size, absl::Time deadline) {
-  DCP_ASSIGN_OR_RETURN(const std::string nonce, RandomId());
+// `*generation` is set once rank 0's welcome has been read.
+absl::StatusOr<std::string> JoinWithNonce(StoreClient& client,
+                                          const std::string& group, int rank,
+                                          int size, absl::Time deadline,
+                                          const std::string& nonce,
+                                          std::string* generation_read) {
   const std::string join_key = JoinKey(group, rank);
   const std::string welcome_key = WelcomeKey(group, nonce);
   DCP_RETURN_IF_ERROR(client.Set(join_key, IdAndSize(nonce, size)));
@@ -290,6 +316,7 @@ absl::StatusOr<std::string> JoinGroup(StoreClient& client,
                         "<size>\"",
                         client.what(), welcome_key, absl::CHexEscape(welcome)));
   }
+  *generation_read = generation;
   // Rank 0 has read both keys: nobody reads them again.
   DCP_RETURN_IF_ERROR(client.Remove(welcome_key));
   DCP_RETURN_IF_ERROR(client.Remove(join_key));
@@ -315,6 +342,28 @@ absl::StatusOr<std::string> JoinGroup(StoreClient& client,
         absl::StrCat(client.what(), ": rank 0 gave up: ", outcome.message()));
   }
   return generation;
+}
+
+absl::StatusOr<std::string> JoinGroup(StoreClient& client,
+                                      const std::string& group, int rank,
+                                      int size, absl::Time deadline) {
+  DCP_ASSIGN_OR_RETURN(const std::string nonce, RandomId());
+  std::string generation;
+  absl::StatusOr<std::string> joined =
+      JoinWithNonce(client, group, rank, size, deadline, nonce, &generation);
+  if (!joined.ok()) {
+    // Best effort: the keys this rank set, and the welcome meant for it,
+    // go; once it knows the generation, it tells rank 0 it left (AdmitRanks
+    // waits for that before it removes the rest).
+    client.Remove(JoinKey(group, rank)).IgnoreError();
+    client.Remove(WelcomeKey(group, nonce)).IgnoreError();
+    if (!generation.empty()) {
+      const KeyScheme keys(group, generation);
+      client.Remove(keys.Key(0, "joined", rank)).IgnoreError();
+      client.Set(keys.Key(0, "left", rank), "").IgnoreError();
+    }
+  }
+  return joined;
 }
 
 class StoreProcessGroup final : public ProcessGroup {
@@ -585,6 +634,26 @@ absl::Status ForgetGeneration(KeyValueStore& store,
                               const std::string& generation) {
   StoreClient client(store, "forgetting a joined generation");
   return client.Remove(KeyScheme(group_name, generation).Key(0, "ready", 0));
+}
+
+void LeaveFailedGeneration(KeyValueStore& store, const std::string& group_name,
+                           const std::string& generation, int rank, int size,
+                           const std::vector<std::string>& keys) {
+  StoreClient client(store,
+                     absl::StrCat("leaving a failed group on rank ", rank));
+  const KeyScheme scheme(group_name, generation);
+  if (!client.Set(scheme.Key(0, "left", rank), "").ok()) return;
+  // Each rank sets its key before it looks, so the last one sees them all.
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::optional<std::string>> left =
+        client.GetFor(scheme.Key(0, "left", r), absl::ZeroDuration());
+    if (!left.ok() || !left->has_value()) return;
+  }
+  for (const std::string& key : keys) client.Remove(key).IgnoreError();
+  client.Remove(scheme.Key(0, "ready", 0)).IgnoreError();
+  for (int r = 0; r < size; ++r) {
+    client.Remove(scheme.Key(0, "left", r)).IgnoreError();
+  }
 }
 
 absl::Status InMemoryKeyValueStore::Set(const std::string& key,

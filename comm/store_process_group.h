@@ -20,6 +20,8 @@
 // collective ever reads a key of an earlier group, even one that crashed,
 // or one made by an earlier job with the same name on the same store.
 //
+//   <generation>/0/left/<rank>       rank -> all: done with a creation
+//                                    that failed (see "Failed creations")
 // Joining: rank r sets join/<r> and waits for welcome/<its nonce>, which
 // only this creation's rank 0 can write (it learns the nonce by reading
 // join/<r>). join/<r> is the one key an earlier group may have left
@@ -31,6 +33,17 @@
 // ranks create the groups of one name one at a time, in the same order.
 // Two jobs must not create groups of one name on one store at the same
 // time.
+//
+// Failed creations remove their keys (best effort), so a store that
+// outlives many failed attempts (torchrun's TCPStore, a shared directory)
+// does not fill with them. A rank other than 0 whose joining failed removes
+// its join key, the welcome for its nonce and its joined key, and, once it
+// knew the generation, sets left/<rank>. Rank 0, whose joining failed,
+// leaves the record of why in the ready key, waits (at most 10 s, for a
+// rank that died) until every rank it welcomed has set left/<rank>, then
+// removes the ready, welcome, joined and left keys. A failure after joining
+// (in the backends that connect by themselves) ends with
+// LeaveFailedGeneration below.
 //
 // Key removal (so a long job's store stays small; a store whose Remove is
 // kUnimplemented keeps every key and the group works the same):
@@ -149,6 +162,19 @@ absl::StatusOr<std::string> JoinGeneration(KeyValueStore& store,
 absl::Status ForgetGeneration(KeyValueStore& store,
                               const std::string& group_name,
                               const std::string& generation);
+
+// For a creation that failed after JoinGeneration returned `generation`
+// (Gloo's mesh, NCCL's communicator did not form): rank `rank` is done
+// with every key of the generation and says so under
+// "<group_name>/<generation>/0/left/<rank>"; the last of the `size` ranks
+// to say so removes `keys` (full keys of every rank: addresses, abort
+// records), the generation's ready key and the departure keys. Call it on
+// every rank whose creation failed, after it has read all it will read.
+// Best effort: keys stay when the store fails or cannot remove keys, or
+// when a rank died before calling it.
+void LeaveFailedGeneration(KeyValueStore& store, const std::string& group_name,
+                           const std::string& generation, int rank, int size,
+                           const std::vector<std::string>& keys);
 
 // An in-memory KeyValueStore for tests and single-process use: every rank
 // of a group runs in one process (threads) and holds the same instance.

@@ -392,6 +392,8 @@ TEST(StoreProcessGroupTest, CreationTimesOutNamingTheMissingRank) {
 struct JoinOutcome {
   absl::Status rank0;
   absl::Status rank1;
+  // The store's keys once both creations returned.
+  std::vector<std::string> keys_left;
 };
 JoinOutcome JoinWithImpatientRankZero(const std::string& name, int rank0_size,
                                       int rank1_size) {
@@ -406,6 +408,7 @@ JoinOutcome JoinWithImpatientRankZero(const std::string& name, int rank0_size,
                                           {name, absl::Milliseconds(1)})
                       .status();
   joiner.join();
+  outcome.keys_left = static_cast<InMemoryKeyValueStore&>(*store).Keys();
   return outcome;
 }
 
@@ -431,6 +434,39 @@ TEST(StoreProcessGroupTest, SizeThatDiffersFromRankZerosIsInvalidArgument) {
   EXPECT_THAT(outcome.rank0.message(),
               HasSubstr("rank 1 was given 3 ranks for store process group "
                         "\"sizes\"; this rank was given 2"));
+}
+
+// A failed creation removes what it wrote (the join, welcome, joined and
+// ready keys and the departures), so a long-lived store does not fill
+// with failed attempts: rank 0 removes the record of why it gave up once
+// every rank it welcomed has read it and said it left.
+TEST(StoreProcessGroupTest, FailedCreationsLeaveNoKeys) {
+  const JoinOutcome timed_out = JoinWithImpatientRankZero("gone", 3, 3);
+  EXPECT_EQ(timed_out.rank0.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed_out.rank1.message(), HasSubstr("rank 0 gave up"));
+  EXPECT_THAT(timed_out.keys_left, IsEmpty())
+      << absl::StrJoin(timed_out.keys_left, "\n");
+
+  const JoinOutcome sizes = JoinWithImpatientRankZero("gone-sizes", 2, 3);
+  EXPECT_EQ(sizes.rank1.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(sizes.keys_left, IsEmpty())
+      << absl::StrJoin(sizes.keys_left, "\n");
+
+  // Alone: rank 0 welcomed nobody and waits for nobody.
+  auto store = std::make_shared<InMemoryKeyValueStore>();
+  EXPECT_EQ(CreateStoreProcessGroup(store, 0, 2,
+                                    {"gone-alone", absl::Milliseconds(1)})
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(store->Keys(), IsEmpty()) << absl::StrJoin(store->Keys(), "\n");
+  // A rank whose rank 0 never came removes its join key.
+  EXPECT_EQ(CreateStoreProcessGroup(store, 1, 2,
+                                    {"gone-alone", absl::Milliseconds(1)})
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(store->Keys(), IsEmpty()) << absl::StrJoin(store->Keys(), "\n");
 }
 
 TEST(StoreProcessGroupTest, AStoreErrorAbortsTheCallAndBreaksTheGroup) {

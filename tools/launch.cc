@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -261,6 +262,40 @@ void SignalRank(Rank& rank, int sig) {
   }
 }
 
+// How many live (not zombie) processes each process group in `groups`
+// holds, from one read of /proc; groups without one are absent. nullopt
+// without /proc.
+std::optional<std::map<pid_t, int>> LiveMembers(const std::set<pid_t>& groups) {
+  std::map<pid_t, int> live;
+  if (groups.empty()) return live;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return std::nullopt;
+  while (const dirent* entry = readdir(proc)) {
+    const char* name = entry->d_name;
+    if (*name < '0' || *name > '9') continue;
+    const int fd = open(absl::StrCat("/proc/", name, "/stat").c_str(),
+                        O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // Gone meanwhile.
+    char buf[512];
+    const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    // "PID (COMM) STATE PPID PGRP ...": COMM may hold anything but ends
+    // at the last ')'.
+    const char* rest = strrchr(buf, ')');
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (rest == nullptr ||
+        sscanf(rest + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) {
+      continue;
+    }
+    if (state != 'Z' && state != 'X' && groups.count(pgrp) > 0) ++live[pgrp];
+  }
+  closedir(proc);
+  return live;
+}
+
 // Forgets the process groups of `ranks` that have no member left but
 // zombies (orphans a slow init has not reaped yet: they can neither be
 // stopped nor hold anything, and waiting for them would wait for the
@@ -278,36 +313,10 @@ bool UpdateLiveGroups(std::vector<Rank>& ranks) {
     }
   }
   if (!unknown.empty()) {
-    std::set<pid_t> live;
-    DIR* proc = opendir("/proc");
-    if (proc == nullptr) return true;
-    while (const dirent* entry = readdir(proc)) {
-      const char* name = entry->d_name;
-      if (*name < '0' || *name > '9') continue;
-      const int fd = open(absl::StrCat("/proc/", name, "/stat").c_str(),
-                          O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;  // Gone meanwhile.
-      char buf[512];
-      const ssize_t n = read(fd, buf, sizeof(buf) - 1);
-      close(fd);
-      if (n <= 0) continue;
-      buf[n] = '\0';
-      // "PID (COMM) STATE PPID PGRP ...": COMM may hold anything but ends
-      // at the last ')'.
-      const char* rest = strrchr(buf, ')');
-      char state = 0;
-      int ppid = 0, pgrp = 0;
-      if (rest == nullptr ||
-          sscanf(rest + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) {
-        continue;
-      }
-      if (state != 'Z' && state != 'X' && unknown.count(pgrp) > 0) {
-        live.insert(pgrp);
-      }
-    }
-    closedir(proc);
+    const std::optional<std::map<pid_t, int>> live = LiveMembers(unknown);
+    if (!live.has_value()) return true;
     for (Rank& rank : ranks) {
-      if (rank.group && !rank.running && live.count(rank.pid) == 0) {
+      if (rank.group && !rank.running && live->count(rank.pid) == 0) {
         rank.group = false;
       }
     }
@@ -315,6 +324,37 @@ bool UpdateLiveGroups(std::vector<Rank>& ranks) {
   bool any = false;
   for (const Rank& rank : ranks) any |= rank.group;
   return any;
+}
+
+// Once every rank has exited and none failed: stops what is left in the
+// ranks' process groups (a daemon, a data-loader worker that outlived its
+// rank), which would otherwise outlive the job, saying on `stderr_fd` how
+// many processes of which rank's group. Returns whether any was signalled.
+bool StopStrays(std::vector<Rank>& ranks, int first_rank, int stderr_fd) {
+  if (!UpdateLiveGroups(ranks)) return false;
+  std::set<pid_t> groups;
+  for (const Rank& rank : ranks) {
+    if (rank.group) groups.insert(rank.pid);
+  }
+  const std::optional<std::map<pid_t, int>> live = LiveMembers(groups);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    Rank& rank = ranks[r];
+    if (!rank.group) continue;
+    const int count = !live.has_value()           ? -1
+                      : live->count(rank.pid) > 0 ? live->at(rank.pid)
+                                                  : 0;
+    if (count == 0) continue;  // Exited since UpdateLiveGroups looked.
+    WriteAll(stderr_fd,
+             absl::StrFormat(
+                 "[dcp_launch] every rank exited; stopping %s left in the "
+                 "process group of rank %d\n",
+                 count < 0    ? std::string("the processes")
+                 : count == 1 ? std::string("1 process")
+                              : absl::StrCat(count, " processes"),
+                 first_rank + static_cast<int>(r)));
+    SignalRank(rank, SIGTERM);
+  }
+  return true;
 }
 
 }  // namespace
@@ -563,6 +603,13 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       if (!first_failure.has_value()) first_failure = 128 + g_signal;
       stop_started = absl::Now();
       stop_all(SIGTERM);
+    }
+    // A successful job's leftovers are stopped the same way (SIGTERM, then
+    // SIGKILL after the grace period); the exit code stays 0.
+    if (!any_running && !stop_started.has_value() &&
+        StopStrays(ranks, options.node_rank * options.num_ranks,
+                   options.stderr_fd)) {
+      stop_started = absl::Now();
     }
     const absl::Time now = absl::Now();
     if (stop_started.has_value() && !killed &&

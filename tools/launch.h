@@ -19,8 +19,12 @@
 // whole group, also of ranks that have exited already: children a rank
 // left behind (data-loader workers, the child of a wrapper script) stop
 // with the job, and the launcher waits for them (SIGKILL after the grace
-// period) before it returns. After a successful job such children are left
-// alone. A launcher killed outright (SIGKILL) cannot stop anything itself:
+// period) before it returns. After a successful job (every rank exited 0)
+// what is left in the ranks' process groups is stopped the same way, and
+// the launcher says on stderr how many processes of which rank's group; the
+// exit code stays 0. (torchrun signals only the groups of ranks still
+// running.) A child that left its rank's group (setsid, a daemon) is out of
+// reach. A launcher killed outright (SIGKILL) cannot stop anything itself:
 // its ranks get SIGTERM from the kernel when it dies (PR_SET_PDEATHSIG;
 // their own children do not). Supervision blocks until a rank writes or
 // exits or a signal or deadline comes; it uses no CPU while the ranks run.

@@ -1,8 +1,8 @@
 // Tests of the launcher's supervision (tools/launch.h): it stops the
-// children a failed rank left behind, forwards SIGHUP and SIGQUIT, and its
-// ranks stop when it is killed outright. (That it blocks rather than spins
-// once the ranks closed their output is a matter of CPU time, which tests
-// do not measure.) (tests/comm/launch_test.cc covers the rest.)
+// children a failed or a successful rank left behind, forwards SIGHUP and
+// SIGQUIT, and its ranks stop when it is killed outright. (That it blocks
+// rather than spins once the ranks closed their output is a matter of CPU time,
+// which tests do not measure.) (tests/comm/launch_test.cc covers the rest.)
 #include "tools/launch.h"
 
 #include <fcntl.h>
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,40 @@ TEST(LaunchSupervisionTest, StopsChildrenAFailedRankLeftBehind) {
   const bool exited = WaitForExit(child, absl::Seconds(20));
   EXPECT_TRUE(exited) << "the rank's child " << child << " still runs";
   if (!exited) kill(child, SIGKILL);
+}
+
+// A rank that succeeds but leaves a child in its process group (a daemon, a
+// worker that outlived it): once every rank has exited the launcher stops
+// the child, says so on stderr, and still exits 0.
+TEST(LaunchSupervisionTest, StopsChildrenASuccessfulRankLeftBehind) {
+  const std::string dir = FreshDir("leftover_ok");
+  const std::string pid_file = dir + "/child.pid";
+  const std::string err_file = dir + "/stderr";
+  LaunchOptions options = Options(
+      2, {"/bin/sh", "-c",
+          absl::StrCat("if [ \"$DCP_RANK\" = 1 ]; then sleep 1000 & echo $! > ",
+                       pid_file, "; fi; exit 0")});
+  close(options.stderr_fd);
+  options.stderr_fd =
+      open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(options.stderr_fd, 0);
+  absl::StatusOr<int> code = Launch(options);
+  close(options.stdout_fd);
+  close(options.stderr_fd);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  const pid_t child = ReadPid(pid_file);
+  ASSERT_GT(child, 0);
+  // Launch returns once the child is gone; the limit only bounds a hang.
+  const bool exited = WaitForExit(child, absl::Seconds(20));
+  EXPECT_TRUE(exited) << "the rank's child " << child << " still runs";
+  if (!exited) kill(child, SIGKILL);
+  std::ifstream in(err_file);
+  const std::string err((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+  EXPECT_EQ(err,
+            "[dcp_launch] every rank exited; stopping 1 process left in the "
+            "process group of rank 1\n");
 }
 
 // SIGHUP and SIGQUIT sent to the launcher stop the ranks like SIGINT and
