@@ -14,6 +14,7 @@
 #include "io/fs_read_plan.h"
 #include "io/fs_read_window.h"
 #include "io/internal/parallel_work.h"
+#include "io/internal/storage_resources.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
 #include "staging/device_staging.h"
@@ -25,32 +26,10 @@ using internal_fs::CommittedFileNames;
 using internal_fs::IsDataFileName;
 using internal_fs::IsTempMetadataFileName;
 using internal_fs::ReadMetadataFile;
-using internal_io::AlignUp;
+using internal_io::EngineOrOwn;
 using internal_io::FirstError;
+using internal_io::OrLocal;
 using internal_io::RunWorkers;
-
-// The staging pool a reader creates for device destinations.
-constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
-
-FileSystemBase* OrLocal(FileSystemBase* fs) {
-  return fs != nullptr ? fs : &LocalFileSystem();
-}
-
-// `given`, or a new engine of `mode` stored in `owned` (a set-up failure
-// goes to `error`, reported at SetUp).
-IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
-                      std::unique_ptr<IoEngine>& owned, absl::Status& error) {
-  if (given != nullptr) return given;
-  IoEngineOptions options;
-  options.mode = mode;
-  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine(options);
-  if (!engine.ok()) {
-    error = engine.status();
-    return nullptr;
-  }
-  owned = *std::move(engine);
-  return owned.get();
-}
 
 // The orphans in `dir`, given the names its committed metadata uses
 // (`committed`): see RemoveOrphans.
@@ -162,14 +141,8 @@ absl::StatusOr<DeviceStaging*> FileSystemWriter::Staging() {
   DeviceStaging* staging = options_.device_staging;
   if (staging == nullptr) {
     if (owned_staging_ == nullptr) {
-      DeviceStagingOptions staging_options;
-      const size_t per_thread =
-          AlignUp(std::max<int64_t>(
-                      options_.per_thread_copy_ahead,
-                      2 * static_cast<int64_t>(staging_options.chunk_bytes)),
-                  staging_options.chunk_bytes);
-      staging_options.pool_bytes = per_thread * options_.thread_count;
-      owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
+      owned_staging_ = internal_io::NewWriteStaging(
+          options_.per_thread_copy_ahead, options_.thread_count);
     }
     staging = owned_staging_.get();
   }
@@ -656,18 +629,8 @@ absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
   window.piece_bytes =
       std::min(internal_fs::kReadPieceBytes, window.window_bytes);
   window.thread_count = options_.thread_count;
-  auto device_staging = [this]() -> absl::StatusOr<DeviceStaging*> {
-    DeviceStaging* staging = options_.device_staging;
-    if (staging == nullptr) {
-      if (owned_staging_ == nullptr) {
-        DeviceStagingOptions staging_options;
-        staging_options.pool_bytes = kReadStagingPoolBytes;
-        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
-      }
-      staging = owned_staging_.get();
-    }
-    DCP_RETURN_IF_ERROR(staging->Pool().status());
-    return staging;
+  auto device_staging = [this]() {
+    return internal_io::ReadStaging(options_.device_staging, owned_staging_);
   };
   internal_fs::BounceMeter meter;
   absl::Status status =

@@ -138,16 +138,8 @@ absl::Status HuggingFaceStorageWriter::Consolidate(
         EncodeSafetensorsHeader(layout, {{"format", "pt"}},
                                 internal_hf::kDirectIoAlignment));
     const std::string path = TempPath(out.relative);
-    OpenOptions open_options;
-    open_options.direct = options_.direct_io;
-    open_options.uncached = options_.uncached_writes;
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                         fs_->OpenForWrite(path, open_options));
-    commit_->RecordCreated(path);
-    internal_io::SequentialWriterOptions writer_options;
-    writer_options.direct = file->direct();
-    writer_options.writeback_bytes =
-        options_.sync_files ? options_.writeback_bytes : 0;
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, CreateTempFile(path));
+    internal_io::SequentialWriterOptions writer_options = WriterOptions(*file);
     writer_options.chunk_bytes = std::clamp<int64_t>(
         internal_hf::AlignDown(quarter / 2, internal_hf::kDirectIoAlignment),
         internal_hf::kDirectIoAlignment, int64_t{8} << 20);

@@ -81,24 +81,6 @@ absl::StatusOr<std::map<std::string, Shape>> ShardingInfo(
 
 }  // namespace
 
-FileSystemBase* OrLocal(FileSystemBase* fs) {
-  return fs != nullptr ? fs : &LocalFileSystem();
-}
-
-IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
-                      std::unique_ptr<IoEngine>& owned, absl::Status& error) {
-  if (given != nullptr) return given;
-  IoEngineOptions options;
-  options.mode = mode;
-  absl::StatusOr<std::unique_ptr<IoEngine>> engine = NewIoEngine(options);
-  if (!engine.ok()) {
-    error = engine.status();
-    return nullptr;
-  }
-  owned = *std::move(engine);
-  return owned.get();
-}
-
 absl::Status CheckPlainName(absl::string_view name) {
   if (name.empty() || name == "." || name == ".." || name.size() > NAME_MAX ||
       name.find('/') != absl::string_view::npos ||
@@ -118,15 +100,6 @@ absl::Status CheckRelativePath(absl::string_view relative) {
         kHfShardedDirName, "/"));
   }
   return CheckPlainName(relative.substr(slash + 1));
-}
-
-std::string TempRelativePath(absl::string_view relative,
-                             absl::string_view save_id) {
-  const size_t slash = relative.rfind('/');
-  const absl::string_view dir =
-      slash == absl::string_view::npos ? "" : relative.substr(0, slash + 1);
-  const absl::string_view base = relative.substr(dir.size());
-  return absl::StrCat(dir, ".", base, ".tmp-", save_id);
 }
 
 void BoxRuns(absl::Span<const int64_t> sizes, absl::Span<const int64_t> offsets,
@@ -343,17 +316,6 @@ absl::Status ReadBoxFromFile(File& file, int64_t offset, int64_t length,
     DCP_RETURN_IF_ERROR(CopyBoxPart(buffer.data, begin, end, sizes,
                                     storage_offsets, element_size, dst,
                                     dst_offsets, lengths));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckUtf8Names(const SavePlan& plan, absl::string_view format) {
-  for (const WriteItem& item : plan.items) {
-    if (!IsValidUtf8(item.index.fqn)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the name \"", absl::CHexEscape(item.index.fqn),
-          "\" is not valid UTF-8; ", format, " holds UTF-8 names only"));
-    }
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include "io/hf_quantized_storage.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
+#include "io/internal/storage_resources.h"
 #include "io/quantized_dequant.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -41,7 +42,6 @@ constexpr int64_t kMaxFp8BlockSize = int64_t{1} << 20;
 
 // Skipped bytes between row segments read through rather than split.
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
-constexpr size_t kStagingPoolBytes = size_t{64} << 20;
 
 HuggingFaceStorageReaderOptions InnerOptions(
     const QuantizedHuggingFaceStorageReaderOptions& options) {
@@ -268,7 +268,7 @@ absl::StatusOr<int64_t> QuantizedHuggingFaceStorageReader::BlockSize() const {
   if (options_.block_size > 0) return options_.block_size;
   DCP_ASSIGN_OR_RETURN(
       std::optional<int64_t> configured,
-      ConfiguredFp8BlockSize(*internal_hf::OrLocal(options_.base.file_system),
+      ConfiguredFp8BlockSize(*internal_io::OrLocal(options_.base.file_system),
                              path_));
   return configured.value_or(kDefaultFp8BlockSize);
 }
@@ -446,7 +446,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   if (items.empty()) return Future<void>::Ready(absl::OkStatus());
 
   const Metadata& metadata = *metadata_;
-  FileSystemBase* fs = internal_hf::OrLocal(options_.base.file_system);
+  FileSystemBase* fs = internal_io::OrLocal(options_.base.file_system);
   OpenOptions open_options;
   open_options.exclusive = false;
   open_options.no_follow = true;
@@ -554,16 +554,10 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
                     item.dest_offsets, item.lengths);
     if (!box.ok()) return fail(Annotate(box, what));
     if (!dest->device().is_cpu()) {
-      if (staging == nullptr) {
-        if (owned_staging_ == nullptr) {
-          DeviceStagingOptions staging_options;
-          staging_options.pool_bytes = kStagingPoolBytes;
-          owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
-        }
-        staging = owned_staging_.get();
-      }
-      absl::Status pool = staging->Pool().status();
-      if (!pool.ok()) return fail(Annotate(pool, what));
+      absl::StatusOr<DeviceStaging*> got =
+          internal_io::ReadStaging(staging, owned_staging_);
+      if (!got.ok()) return fail(Annotate(got.status(), what));
+      staging = *got;
       use.on_device = true;
       use.staging = staging;
       staging_used = true;

@@ -15,6 +15,7 @@
 #include "io/fs_read_window.h"
 #include "io/hf_storage.h"
 #include "io/internal/hf_internal.h"
+#include "io/internal/storage_resources.h"
 #include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 
@@ -29,7 +30,6 @@ using internal_hf::kDirectIoAlignment;
 
 constexpr int64_t kReadPieceBytes = int64_t{16} << 20;
 constexpr int64_t kReadGapBytes = int64_t{64} << 10;
-constexpr size_t kReadStagingPoolBytes = size_t{64} << 20;
 
 // Bounce buffers in power-of-two sizes, reused from piece to piece: a fresh
 // 16 MiB buffer per piece costs page faults and the kernel's zeroing of
@@ -193,9 +193,9 @@ HuggingFaceStorageReader::HuggingFaceStorageReader(
     std::string path, HuggingFaceStorageReaderOptions options)
     : path_(std::move(path)),
       options_(options),
-      fs_(internal_hf::OrLocal(options.file_system)) {
+      fs_(internal_io::OrLocal(options.file_system)) {
   options_.thread_count = std::max(1, options_.thread_count);
-  engine_ = internal_hf::EngineOrOwn(options_.io_engine, options_.io_mode,
+  engine_ = internal_io::EngineOrOwn(options_.io_engine, options_.io_mode,
                                      owned_engine_, engine_error_);
 }
 
@@ -309,18 +309,8 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   }
 
   // Plan the pieces: destinations resolved once, boxes checked.
-  auto device_staging = [&]() -> absl::StatusOr<DeviceStaging*> {
-    DeviceStaging* staging = options_.device_staging;
-    if (staging == nullptr) {
-      if (owned_staging_ == nullptr) {
-        DeviceStagingOptions staging_options;
-        staging_options.pool_bytes = kReadStagingPoolBytes;
-        owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
-      }
-      staging = owned_staging_.get();
-    }
-    DCP_RETURN_IF_ERROR(staging->Pool().status());
-    return staging;
+  auto device_staging = [&]() {
+    return internal_io::ReadStaging(options_.device_staging, owned_staging_);
   };
   DeviceStaging* staging_used = nullptr;
   const int64_t piece_bytes = std::min(

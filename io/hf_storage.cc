@@ -1,10 +1,7 @@
 #include "io/hf_storage.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -21,6 +18,7 @@
 #include "core/tensor.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
+#include "io/internal/journaled_writer.h"
 #include "io/internal/sequential_writer.h"
 #include "io/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -30,15 +28,11 @@
 
 namespace dcp {
 
-using internal_hf::AlignUp;
 using internal_hf::CheckRelativePath;
-using internal_hf::EngineOrOwn;
-using internal_hf::FirstError;
-using internal_hf::OrLocal;
 using internal_hf::RemoveTemporaryFiles;
 using internal_hf::ReplaceableFiles;
 using internal_hf::RollForward;
-using internal_hf::TempRelativePath;
+using internal_io::TempRelativePath;
 using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
 
@@ -48,14 +42,9 @@ namespace {
 // padded with spaces): O_DIRECT reads and writes of tensors need no bounce.
 constexpr int64_t kDataAlignment = internal_io::kDirectIoAlignment;
 
-std::string FreshSaveId() {
-  uint64_t bits = 0;
-  if (::getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
-    bits = static_cast<uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-  return absl::StrFormat("%016x", bits);
-}
+// What a Hugging Face directory holds names in, for CheckUtf8Names.
+constexpr char kHfNamesHeldBy[] =
+    "a Hugging Face checkpoint (safetensors headers, JSON index)";
 
 }  // namespace
 
@@ -115,13 +104,9 @@ int HighestIndex(const std::map<std::string, int>& mapping) {
 
 HuggingFaceStorageWriter::HuggingFaceStorageWriter(
     std::string path, HuggingFaceStorageWriterOptions options)
-    : path_(std::move(path)),
-      options_(std::move(options)),
-      fs_(OrLocal(options_.file_system)),
-      save_id_(FreshSaveId()),
-      commit_(std::make_unique<internal_io::JournaledSave>()) {
-  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
-                        engine_error_);
+    : JournaledStorageWriter(std::move(path),
+                             internal_io::JournaledOptionsOf(options)),
+      options_(std::move(options)) {
   options_.thread_count = std::max(1, options_.thread_count);
   options_.thread_count_consolidation =
       std::max(1, options_.thread_count_consolidation);
@@ -131,30 +116,14 @@ HuggingFaceStorageWriter::~HuggingFaceStorageWriter() = default;
 
 absl::Status HuggingFaceStorageWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
-  save_id_ = FreshSaveId();
-  commit_->Reset();
-  replaced_.clear();
+  StartSave();
   weight_map_.clear();
   total_size_ = 0;
-  device_wait_ = DeviceWait{};
   return absl::OkStatus();
 }
 
-StorageMeta HuggingFaceStorageWriter::GetStorageMeta() const {
-  StorageMeta meta;
-  meta.checkpoint_id = path_;
-  meta.save_id = save_id_;
-  return meta;
-}
-
-absl::Status HuggingFaceStorageWriter::SetDeviceWait(const DeviceWait& wait) {
-  device_wait_ = wait;
-  return absl::OkStatus();
-}
-
-std::string HuggingFaceStorageWriter::TempPath(
-    const std::string& relative) const {
-  return JoinPath(path_, TempRelativePath(relative, save_id_));
+absl::Status HuggingFaceStorageWriter::CompleteCommitOnDisk() {
+  return RollForward(*fs_, path_, options_.sync_files);
 }
 
 absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
@@ -176,12 +145,7 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
   if (!is_coordinator_) return absl::OkStatus();
   // Holding the lock: a decided commit an interrupted save left is
   // completed first, then its temporary files are orphans.
-  DCP_RETURN_IF_ERROR(commit_->LockAndRecover(
-      *fs_, path_,
-      absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")"), [&] {
-        return Annotate(RollForward(*fs_, path_, options_.sync_files),
-                        absl::StrCat("checkpoint directory ", path_));
-      }));
+  DCP_RETURN_IF_ERROR(LockAndRecover("checkpoint directory"));
   RemoveTemporaryFiles(*fs_, path_);
   absl::StatusOr<std::set<std::string>> replaced =
       ReplaceableFiles(*fs_, path_);
@@ -196,8 +160,7 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
 
 absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
     SavePlan plan) {
-  DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
-      plan, "a Hugging Face checkpoint (safetensors headers, JSON index)"));
+  DCP_RETURN_IF_ERROR(internal_io::CheckUtf8Names(plan, kHfNamesHeldBy));
   std::set<std::string> seen;
   for (const WriteItem& item : plan.items) {
     const std::string& fqn = item.index.fqn;
@@ -249,33 +212,9 @@ absl::StatusOr<std::vector<SavePlan>>
 HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
   const auto& mapping = options_.fqn_to_index_mapping;
   const int highest = HighestIndex(mapping);
-  // With plan caching a rank whose plan is unchanged sends a marker without
-  // items: its items are those of its plan in this writer's previous save.
-  // (A marker for an older plan fails that rank's WriteData, or Finish's
-  // check of the index against the results, before anything commits.)
-  std::vector<std::vector<PlannedItem>> items(plans.size());
-  for (size_t r = 0; r < plans.size(); ++r) {
-    if (IsUnchangedSavePlan(plans[r])) {
-      if (r >= last_items_.size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", r,
-            " sent an unchanged-plan marker, but this "
-            "HuggingFaceStorageWriter has not seen its plan (reuse the "
-            "writer across saves with enable_plan_caching)"));
-      }
-      items[r] = last_items_[r];
-      continue;
-    }
-    // Again here: WriteData plans a single rank's plan by hand without
-    // PrepareLocalPlan.
-    DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
-        plans[r],
-        "a Hugging Face checkpoint (safetensors headers, JSON index)"));
-    for (const WriteItem& item : plans[r].items) {
-      items[r].push_back({item.index.fqn, item.StorageBytes()});
-    }
-  }
-  last_items_ = items;
+  DCP_ASSIGN_OR_RETURN(
+      std::vector<PlannedItems> items,
+      PlannedItemsOf(plans, "HuggingFaceStorageWriter", kHfNamesHeldBy));
   weight_map_.clear();
   total_size_ = 0;
   std::vector<RankFiles> ranks(plans.size());
@@ -288,12 +227,12 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
   };
   if (options_.save_distributed) {
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const PlannedItem& item : items[r]) {
+      for (const auto& [fqn, bytes] : items[r]) {
         const std::string name =
             absl::StrCat(kHfShardedDirName, "/",
-                         HfFileName(MappedIndex(mapping, item.fqn), highest,
+                         HfFileName(MappedIndex(mapping, fqn), highest,
                                     static_cast<int>(r) + 1));
-        ranks[r].file_of[item.fqn] = file_number(ranks[r], name);
+        ranks[r].file_of[fqn] = file_number(ranks[r], name);
       }
     }
   } else {
@@ -301,8 +240,8 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
     // ranks becomes one file per rank, and the files are renumbered.
     std::map<int, std::set<size_t>> ranks_of;
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const PlannedItem& item : items[r]) {
-        ranks_of[MappedIndex(mapping, item.fqn)].insert(r);
+      for (const auto& [fqn, bytes] : items[r]) {
+        ranks_of[MappedIndex(mapping, fqn)].insert(r);
       }
     }
     const bool split =
@@ -319,11 +258,11 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
       }
     }
     for (size_t r = 0; r < plans.size(); ++r) {
-      for (const PlannedItem& item : items[r]) {
-        const std::string& name = names[{MappedIndex(mapping, item.fqn), r}];
-        ranks[r].file_of[item.fqn] = file_number(ranks[r], name);
-        weight_map_[item.fqn] = name;
-        total_size_ += item.bytes;
+      for (const auto& [fqn, bytes] : items[r]) {
+        const std::string& name = names[{MappedIndex(mapping, fqn), r}];
+        ranks[r].file_of[fqn] = file_number(ranks[r], name);
+        weight_map_[fqn] = name;
+        total_size_ += bytes;
       }
     }
   }
@@ -331,20 +270,6 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
     plans[r].storage_data = EncodeRankFiles(ranks[r]);
   }
   return plans;
-}
-
-absl::StatusOr<DeviceStaging*> HuggingFaceStorageWriter::Staging() {
-  absl::MutexLock lock(&mu_);
-  if (options_.device_staging != nullptr) return options_.device_staging;
-  if (owned_staging_ == nullptr) {
-    DeviceStagingOptions staging_options;
-    const int64_t chunk = static_cast<int64_t>(staging_options.chunk_bytes);
-    staging_options.pool_bytes = static_cast<size_t>(
-        AlignUp(std::max(options_.per_thread_copy_ahead, 2 * chunk), chunk) *
-        options_.thread_count);
-    owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
-  }
-  return owned_staging_.get();
 }
 
 absl::Status HuggingFaceStorageWriter::WriteFile(
@@ -397,26 +322,17 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
       data_start + (layout.empty() ? 0 : layout.back().end);
 
   const std::string path = TempPath(assignment.relative);
-  OpenOptions open_options;
-  open_options.direct = options_.direct_io;
-  open_options.uncached = options_.uncached_writes;
-  absl::StatusOr<std::unique_ptr<File>> opened =
-      fs_->OpenForWrite(path, open_options);
+  absl::StatusOr<std::unique_ptr<File>> opened = CreateTempFile(path);
   if (!opened.ok()) return Annotate(opened.status(), where);
   std::unique_ptr<File> file = *std::move(opened);
-  commit_->RecordCreated(path);
   if (file->direct()) {
     // ext4 runs O_DIRECT writes that allocate one at a time (as
     // FileSystemWriter::WriteFile).
     DCP_RETURN_IF_ERROR(Annotate(file->Preallocate(file_size), where));
   }
-  internal_io::SequentialWriterOptions writer_options;
-  writer_options.direct = file->direct();
-  writer_options.writeback_bytes =
-      options_.sync_files ? options_.writeback_bytes : 0;
   absl::Status status;
   {
-    internal_io::SequentialWriter writer(*engine_, *file, writer_options);
+    internal_io::SequentialWriter writer(*engine_, *file, WriterOptions(*file));
     status = writer.Append(reinterpret_cast<const std::byte*>(header->data()),
                            data_start);
     if (!on_device) {
@@ -434,22 +350,9 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
         staged.push_back(
             {tensors[item_of[layout[k].name]].view(), k, layout[k].name});
       }
-      absl::StatusOr<DeviceStaging*> staging = Staging();
-      status =
-          staging.ok()
-              ? (*staging)->Stage(
-                    staged,
-                    [&](StagedPiece piece) -> absl::Status {
-                      if (piece.length == 0) return absl::OkStatus();
-                      const std::byte* data = piece.chunk.data();
-                      auto lease =
-                          std::make_shared<PoolChunk>(std::move(piece.chunk));
-                      return writer.Append(data,
-                                           static_cast<int64_t>(piece.length),
-                                           std::move(lease));
-                    },
-                    device_wait_)
-              : staging.status();
+      status = StageAndAppend(
+          staged, writer,
+          [](size_t, const std::byte*, int64_t) { return absl::OkStatus(); });
     }
     absl::Status finished = writer.Finish();
     status.Update(finished);
@@ -478,14 +381,9 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
 Future<std::vector<WriteResult>> HuggingFaceStorageWriter::WriteData(
     const SavePlan& plan, SavePlanner& planner) {
   using Result = Future<std::vector<WriteResult>>;
-  std::string storage_data = plan.storage_data;
-  if (storage_data.empty()) {
-    // Planned without PrepareGlobalPlan (a single rank driven by hand).
-    absl::StatusOr<std::vector<SavePlan>> planned = PrepareGlobalPlan({plan});
-    if (!planned.ok()) return Result::Ready(planned.status());
-    storage_data = planned->front().storage_data;
-  }
-  absl::StatusOr<RankFiles> rank_files = DecodeRankFiles(storage_data);
+  absl::StatusOr<std::string> storage_data = StorageDataOf(plan);
+  if (!storage_data.ok()) return Result::Ready(storage_data.status());
+  absl::StatusOr<RankFiles> rank_files = DecodeRankFiles(*storage_data);
   if (!rank_files.ok()) return Result::Ready(rank_files.status());
   // Temporary names carry the coordinator's save id: its Finish renames
   // every rank's files.
@@ -516,24 +414,14 @@ Future<std::vector<WriteResult>> HuggingFaceStorageWriter::WriteData(
     work[it->second].items.push_back(&plan.items[i]);
     work[it->second].results.push_back(&results[i]);
   }
-  FirstError error;
-  std::atomic<size_t> next{0};
-  internal_io::RunWorkers(
-      internal_io::PoolOf(pool_, std::max(options_.thread_count,
-                                          options_.thread_count_consolidation)),
-      static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
-      [&](int) {
-        for (size_t f = next++; f < work.size() && !error.failed();
-             f = next++) {
-          error.Update(WriteFile(work[f].assignment, work[f].items, planner,
-                                 work[f].results));
-        }
-      });
-  absl::Status status = error.status();
-  if (status.ok() && options_.sync_files && !work.empty()) {
-    status = fs_->SyncDir(
-        options_.save_distributed ? JoinPath(path_, kHfShardedDirName) : path_);
-  }
+  absl::Status status = WriteFiles(
+      work.size(),
+      std::max(options_.thread_count, options_.thread_count_consolidation),
+      [&](size_t f) {
+        return WriteFile(work[f].assignment, work[f].items, planner,
+                         work[f].results);
+      },
+      options_.save_distributed ? JoinPath(path_, kHfShardedDirName) : path_);
   if (!status.ok()) return Result::Ready(status);
   return Result::Ready(std::move(results));
 }
@@ -609,25 +497,10 @@ absl::Status HuggingFaceStorageWriter::Finish(
   }
   // The decision: once the journal is durable under its name, the save
   // completes whatever happens next.
-  return commit_->Commit(
-      *fs_, path_, kHfCommitJournalName,
-      JoinPath(path_,
-               absl::StrCat(".", kHfCommitJournalName + 1, ".tmp-", save_id_)),
-      journal, options_.sync_files);
-}
-
-bool HuggingFaceStorageWriter::CommitDecided() const {
-  return commit_->decided();
-}
-
-absl::Status HuggingFaceStorageWriter::MarkCommitted() {
-  commit_->MarkCommitted();
-  return absl::OkStatus();
-}
-
-void HuggingFaceStorageWriter::Abort() {
-  commit_->Abort(*fs_,
-                 [&] { return RollForward(*fs_, path_, options_.sync_files); });
+  return CommitSave(kHfCommitJournalName,
+                    JoinPath(path_, absl::StrCat(".", kHfCommitJournalName + 1,
+                                                 ".tmp-", save_id_)),
+                    journal);
 }
 
 }  // namespace dcp

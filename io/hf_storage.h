@@ -53,15 +53,13 @@
 #include "absl/synchronization/mutex.h"
 #include "core/executor.h"
 #include "io/file_system.h"
+#include "io/internal/journaled_writer.h"
 #include "io/io_engine.h"
 #include "io/storage.h"
 
 namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
-namespace internal_io {
-class JournaledSave;  // io/internal/commit_journal.h
-}  // namespace internal_io
 
 // Names in a Hugging Face directory.
 inline constexpr char kHfIndexFileName[] = "model.safetensors.index.json";
@@ -127,7 +125,10 @@ struct HuggingFaceStorageWriterOptions {
   DeviceStaging* device_staging = nullptr;
 };
 
-class HuggingFaceStorageWriter final : public StorageWriter {
+// GetStorageMeta, SetDeviceWait, CommitDecided, MarkCommitted, Abort,
+// path() and save_id() are internal_io::JournaledStorageWriter's.
+class HuggingFaceStorageWriter final
+    : public internal_io::JournaledStorageWriter {
  public:
   explicit HuggingFaceStorageWriter(
       std::string path, HuggingFaceStorageWriterOptions options = {});
@@ -135,8 +136,6 @@ class HuggingFaceStorageWriter final : public StorageWriter {
 
   // A fresh save id; a non-empty `checkpoint_id` replaces the directory.
   absl::Status Reset(const std::string& checkpoint_id) override;
-  StorageMeta GetStorageMeta() const override;
-  absl::Status SetDeviceWait(const DeviceWait& wait) override;
   // Creates the directory (and sharded/ for save_distributed) and probes
   // that it takes files (kPermissionDenied naming it). The coordinator then
   // takes the directory lock (kFailedPrecondition naming the holder while
@@ -170,16 +169,7 @@ class HuggingFaceStorageWriter final : public StorageWriter {
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;
-  // True once Finish has made its commit journal durable.
-  bool CommitDecided() const override;
-  // Releases the directory lock; on other ranks, keeps this save's files.
-  absl::Status MarkCommitted() override;
-  // Before the commit was decided: removes this save's files. After: the
-  // commit is completed instead. Releases the lock.
-  void Abort() override;
 
-  const std::string& path() const { return path_; }
-  const std::string& save_id() const { return save_id_; }
   // What the last consolidation held at most at once in windows and write
   // buffers (bytes).
   int64_t consolidation_peak_bytes() const { return consolidation_peak_; }
@@ -194,38 +184,15 @@ class HuggingFaceStorageWriter final : public StorageWriter {
                            std::vector<std::string>& outputs,
                            std::map<std::string, std::string>& weight_map,
                            int64_t& total_size);
-  absl::StatusOr<DeviceStaging*> Staging();
-  std::string TempPath(const std::string& relative) const;
+  // RollForward: the commit journal's renames and removals.
+  absl::Status CompleteCommitOnDisk() override;
 
-  std::string path_;
   HuggingFaceStorageWriterOptions options_;
-  FileSystemBase* fs_;
-  std::unique_ptr<IoEngine> owned_engine_;
-  IoEngine* engine_ = nullptr;
-  absl::Status engine_error_;
-  std::string save_id_;
   bool is_coordinator_ = true;
-  int rank_ = 0;
-  DeviceWait device_wait_;
-  // The created files, the decision and the directory lock of this save.
-  std::unique_ptr<internal_io::JournaledSave> commit_;
-  // Files (relative to path_) of the checkpoint this save replaces.
-  std::set<std::string> replaced_;
-  // The coordinator's view of each rank's items in the last global plan
-  // (kept across saves: plan caching sends markers for unchanged plans).
-  struct PlannedItem {
-    std::string fqn;
-    int64_t bytes = 0;
-  };
-  std::vector<std::vector<PlannedItem>> last_items_;
   // The coordinator's plan: the weight map of the index it will write.
   std::map<std::string, std::string> weight_map_;
   int64_t total_size_ = 0;
   int64_t consolidation_peak_ = 0;
-  std::unique_ptr<ThreadPool> pool_;  // Writer and consolidation threads.
-
-  absl::Mutex mu_;
-  std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
 };
 
 struct HuggingFaceStorageReaderOptions {

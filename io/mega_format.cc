@@ -16,21 +16,19 @@
 #include "absl/strings/strip.h"
 #include "core/checksum.h"
 #include "core/status.h"
+#include "io/internal/untrusted_json.h"
 #include "nlohmann/json.hpp"
 
 namespace dcp {
 namespace {
 
+using internal_io::DescribeJsonValue;
+using internal_io::IsValidUtf8;
+using internal_io::ParseUntrustedJson;
 using Json = nlohmann::json;
 
 // Numbers in a header stay below this, so sums of two never overflow.
 constexpr int64_t kMaxNumber = int64_t{1} << 62;
-
-// The deepest nesting of arrays and objects a header or index may have
-// (they nest three levels): code that walks a JSON value recursively
-// (dump(), comparisons) then cannot exhaust the stack on a hostile file.
-// As kMaxUntrustedJsonDepth in io/safetensors.h.
-constexpr int kMaxJsonDepth = 64;
 
 int64_t AlignUp(int64_t v) {
   return (v + kMegaAlignment - 1) / kMegaAlignment * kMegaAlignment;
@@ -90,74 +88,6 @@ std::string JsonText(const MegaHeader& header, bool with_checksums) {
   return json.dump();
 }
 
-// Parses untrusted JSON: kDataLoss naming `path` when it is not JSON or
-// nests arrays and objects more than kMaxJsonDepth levels deep (nothing
-// that deep is built).
-absl::StatusOr<Json> Parse(absl::string_view text, const std::string& path,
-                           absl::string_view what) {
-  bool too_deep = false;
-  // `depth` counts the containers around the event (0: the top level).
-  auto callback = [&](int depth, Json::parse_event_t event, Json&) -> bool {
-    if ((event != Json::parse_event_t::object_start &&
-         event != Json::parse_event_t::array_start) ||
-        depth < kMaxJsonDepth) {
-      return true;
-    }
-    too_deep = true;
-    return false;  // Discarded.
-  };
-  Json json;
-  try {
-    json = Json::parse(text.begin(), text.end(), callback);
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": the ", what, " is not valid JSON (", e.what(), ")"));
-  }
-  if (too_deep) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": the ", what, " nests arrays and objects more than ",
-        kMaxJsonDepth, " levels deep"));
-  }
-  return json;
-}
-
-// An untrusted value for a message, short and never throwing: numbers,
-// booleans, null and strings of at most 64 bytes as JSON, else its kind
-// and size (containers are never serialized). As DescribeJsonValue in
-// io/safetensors.h.
-std::string Describe(const Json& value) {
-  if (value.is_null() || value.is_boolean() || value.is_number() ||
-      (value.is_string() && value.get_ref<const std::string&>().size() <= 64)) {
-    return value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  }
-  const auto count = [](size_t n, absl::string_view unit) {
-    return absl::StrCat(n, " ", unit, n == 1 ? "" : "s");
-  };
-  if (value.is_string()) {
-    return absl::StrCat(
-        "a string of ",
-        count(value.get_ref<const std::string&>().size(), "byte"));
-  }
-  if (value.is_array()) {
-    return absl::StrCat("an array of ", count(value.size(), "element"));
-  }
-  if (value.is_object()) {
-    return absl::StrCat("an object of ", count(value.size(), "member"));
-  }
-  return "a binary value";
-}
-
-// Whether nlohmann can write `text` as a JSON string (it throws on
-// invalid UTF-8).
-bool IsJsonString(const std::string& text) {
-  try {
-    Json(text).dump();
-  } catch (const Json::type_error&) {
-    return false;
-  }
-  return true;
-}
-
 // json[key] as a number in [0, kMaxNumber).
 absl::StatusOr<int64_t> Count(const Json& json, const char* key,
                               const std::string& where) {
@@ -180,9 +110,9 @@ absl::StatusOr<Shape> Dims(const Json& json, const char* key,
   for (const Json& v : json[key]) {
     if (!v.is_number_unsigned() ||
         v.get<uint64_t>() >= static_cast<uint64_t>(kMaxNumber)) {
-      return absl::DataLossError(absl::StrCat(
-          where, " has a \"", key, "\" outside [0, 2^62): ", Describe(v),
-          " at dimension ", dims.size()));
+      return absl::DataLossError(
+          absl::StrCat(where, " has a \"", key, "\" outside [0, 2^62): ",
+                       DescribeJsonValue(v), " at dimension ", dims.size()));
     }
     dims.push_back(static_cast<int64_t>(v.get<uint64_t>()));
   }
@@ -234,8 +164,8 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
     absl::StatusOr<DType> dtype =
         DTypeFromName(json["dtype"].get<std::string>());
     if (!dtype.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(at, " has the unknown dtype ", Describe(json["dtype"])));
+      return absl::DataLossError(absl::StrCat(
+          at, " has the unknown dtype ", DescribeJsonValue(json["dtype"])));
     }
     e.dtype = *dtype;
     DCP_ASSIGN_OR_RETURN(e.shape, Dims(json, "shape", at));
@@ -289,8 +219,9 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
     uint64_t value = 0;
     if (!sum.is_string() || sum.get<std::string>().size() != 16 ||
         !absl::SimpleHexAtoi(sum.get<std::string>(), &value)) {
-      return absl::DataLossError(absl::StrCat(
-          at, " has the checksum ", Describe(sum), ", not 16 hex digits"));
+      return absl::DataLossError(absl::StrCat(at, " has the checksum ",
+                                              DescribeJsonValue(sum),
+                                              ", not 16 hex digits"));
     }
     e.checksums.push_back(value);
   }
@@ -329,7 +260,7 @@ absl::Status LayOutMegaFile(MegaHeader& header) {
                      kMegaAlignment, ", ", kMegaMaxChecksumBlock, "]"));
   }
   for (const MegaEntry& e : header.entries) {
-    if (!IsJsonString(e.name)) {
+    if (!IsValidUtf8(e.name)) {
       return absl::InvalidArgumentError(absl::StrCat("the MEGA entry name \"",
                                                      absl::CHexEscape(e.name),
                                                      "\" is not valid UTF-8"));
@@ -405,7 +336,8 @@ absl::StatusOr<MegaHeader> DecodeMegaHeader(absl::string_view prefix,
     return absl::DataLossError(absl::StrCat(
         path, ": the header does not match its checksum (corrupted)"));
   }
-  DCP_ASSIGN_OR_RETURN(Json json, Parse(text, path, "header"));
+  DCP_ASSIGN_OR_RETURN(
+      Json json, ParseUntrustedJson(text, absl::StrCat(path, ": the header")));
   DCP_RETURN_IF_ERROR(CheckVersion(json, path));
   MegaHeader header;
   header.minor_version = json["version"][1].is_number_unsigned()
@@ -494,7 +426,8 @@ std::string EncodeMegaIndex(const MegaIndex& index) {
 
 absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
                                           const std::string& path) {
-  DCP_ASSIGN_OR_RETURN(Json json, Parse(text, path, "index"));
+  DCP_ASSIGN_OR_RETURN(
+      Json json, ParseUntrustedJson(text, absl::StrCat(path, ": the index")));
   DCP_RETURN_IF_ERROR(CheckVersion(json, path));
   MegaIndex index;
   if (json.contains("metadata") && json["metadata"].is_object() &&
@@ -511,7 +444,8 @@ absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
   for (const Json& file : json["files"]) {
     if (!file.is_string() || file.get<std::string>() == kMegaIndexFileName ||
         !IsMegaCheckpointFileName(file.get<std::string>())) {
-      return absl::DataLossError(absl::StrCat(path, " lists ", Describe(file),
+      return absl::DataLossError(absl::StrCat(path, " lists ",
+                                              DescribeJsonValue(file),
                                               ", not a MEGA shard file name"));
     }
     // Read twice, a file's entries would be two copies of each chunk.
@@ -524,15 +458,15 @@ absl::StatusOr<MegaIndex> DecodeMegaIndex(absl::string_view text,
   for (const auto& [name, files] : json["weight_map"].items()) {
     std::vector<std::string>& out = index.weight_map[name];
     if (!files.is_array() || files.empty()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " maps \"", name, "\" to ", Describe(files),
-                       ", not a non-empty array of file names"));
+      return absl::DataLossError(absl::StrCat(
+          path, " maps \"", name, "\" to ", DescribeJsonValue(files),
+          ", not a non-empty array of file names"));
     }
     for (const Json& file : files) {
       if (!file.is_string() || !listed.contains(file.get<std::string>())) {
-        return absl::DataLossError(
-            absl::StrCat(path, " maps \"", name, "\" to ", Describe(file),
-                         ", which its \"files\" do not list"));
+        return absl::DataLossError(absl::StrCat(
+            path, " maps \"", name, "\" to ", DescribeJsonValue(file),
+            ", which its \"files\" do not list"));
       }
       out.push_back(file.get<std::string>());
     }

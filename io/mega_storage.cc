@@ -1,10 +1,7 @@
 #include "io/mega_storage.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -19,11 +16,11 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/internal/commit_journal.h"
-#include "io/internal/hf_internal.h"
+#include "io/internal/journaled_writer.h"
 #include "io/internal/parallel_work.h"
 #include "io/internal/sequential_writer.h"
+#include "io/internal/storage_resources.h"
 #include "io/mega_format.h"
-#include "io/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "planner/chunk_geometry.h"
 #include "planner/plan_cache.h"
@@ -31,28 +28,21 @@
 
 namespace dcp {
 
-using internal_hf::EngineOrOwn;
-using internal_hf::OrLocal;
-using internal_hf::TempRelativePath;
 using internal_io::AlignedBuffer;
 using internal_io::CommitJournal;
 using internal_io::CompleteCommit;
-using internal_io::FirstError;
 using internal_io::IsTemporaryFileName;
+using internal_io::OrLocal;
 using internal_io::ReadSmallFile;
+using internal_io::TempRelativePath;
 using internal_io::WriteSmallFile;
 using Json = nlohmann::json;
 
 namespace {
 
-std::string NewSaveId() {
-  uint64_t bits = 0;
-  if (::getrandom(&bits, sizeof(bits), 0) != sizeof(bits)) {
-    bits = static_cast<uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-  return absl::StrFormat("%016x", bits);
-}
+// What a MEGA directory holds names in, for CheckUtf8Names.
+constexpr char kMegaNamesHeldBy[] =
+    "a MEGA checkpoint (JSON headers and index)";
 
 bool IsMegaFile(absl::string_view relative) {
   return IsMegaCheckpointFileName(relative);
@@ -104,15 +94,11 @@ struct MegaStorageWriter::FileWork {
 
 MegaStorageWriter::MegaStorageWriter(std::string path,
                                      MegaStorageWriterOptions options)
-    : options_(std::move(options)),
-      fs_(OrLocal(options_.file_system)),
-      save_id_(NewSaveId()),
-      commit_(std::make_unique<internal_io::JournaledSave>()) {
+    : JournaledStorageWriter(path, internal_io::JournaledOptionsOf(options)),
+      options_(std::move(options)) {
   absl::StatusOr<std::string> dir = MegaPathFromId(path);
-  path_ = dir.ok() ? *dir : path;
+  if (dir.ok()) path_ = *std::move(dir);
   path_error_ = dir.status();
-  engine_ = EngineOrOwn(options_.io_engine, options_.io_mode, owned_engine_,
-                        engine_error_);
   options_.thread_count = std::max(1, options_.thread_count);
 }
 
@@ -123,29 +109,15 @@ absl::Status MegaStorageWriter::Reset(const std::string& checkpoint_id) {
     DCP_ASSIGN_OR_RETURN(path_, MegaPathFromId(checkpoint_id));
     path_error_ = absl::OkStatus();
   }
-  save_id_ = NewSaveId();
-  commit_->Reset();
-  replaced_.clear();
+  StartSave();
   weight_map_.clear();
   total_size_ = 0;
-  device_wait_ = DeviceWait{};
   return absl::OkStatus();
 }
 
-StorageMeta MegaStorageWriter::GetStorageMeta() const {
-  StorageMeta meta;
-  meta.checkpoint_id = path_;
-  meta.save_id = save_id_;
-  return meta;
-}
-
-absl::Status MegaStorageWriter::SetDeviceWait(const DeviceWait& wait) {
-  device_wait_ = wait;
-  return absl::OkStatus();
-}
-
-std::string MegaStorageWriter::TempPath(const std::string& name) const {
-  return JoinPath(path_, TempRelativePath(name, save_id_));
+absl::Status MegaStorageWriter::CompleteCommitOnDisk() {
+  return CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
+                        options_.sync_files);
 }
 
 absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
@@ -157,13 +129,7 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
       fs_->CreateDir(path_),
       absl::StrCat("rank ", rank, ": cannot create MEGA directory ", path_)));
   if (!is_coordinator) return absl::OkStatus();
-  DCP_RETURN_IF_ERROR(commit_->LockAndRecover(
-      *fs_, path_,
-      absl::StrCat(ThisProcessDescription(), " (save ", save_id_, ")"), [&] {
-        return Annotate(CompleteCommit(*fs_, path_, kMegaCommitJournalName,
-                                       IsMegaFile, options_.sync_files),
-                        absl::StrCat("MEGA directory ", path_));
-      }));
+  DCP_RETURN_IF_ERROR(LockAndRecover("MEGA directory"));
   // The files this save replaces: a directory that cannot be listed fails
   // the save (taken for empty, the old files would outlive the commit).
   absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(path_);
@@ -186,8 +152,7 @@ absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {
   MegaHeader probe;
   probe.checksum_block_size = options_.checksum_block_size;
   DCP_RETURN_IF_ERROR(LayOutMegaFile(probe));
-  DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
-      plan, "a MEGA checkpoint (JSON headers and index)"));
+  DCP_RETURN_IF_ERROR(internal_io::CheckUtf8Names(plan, kMegaNamesHeldBy));
   const auto& mapping = options_.fqn_to_index_mapping;
   if (mapping.empty()) return plan;
   for (const WriteItem& item : plan.items) {
@@ -204,28 +169,9 @@ absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {
 
 absl::StatusOr<std::vector<SavePlan>> MegaStorageWriter::PrepareGlobalPlan(
     std::vector<SavePlan> plans) {
-  std::vector<std::vector<std::pair<std::string, int64_t>>> items(plans.size());
-  for (size_t r = 0; r < plans.size(); ++r) {
-    if (IsUnchangedSavePlan(plans[r])) {
-      if (r >= last_items_.size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "rank ", r,
-            " sent an unchanged-plan marker, but this MegaStorageWriter has "
-            "not seen its plan (reuse the writer across saves with "
-            "enable_plan_caching)"));
-      }
-      items[r] = last_items_[r];
-      continue;
-    }
-    // Again here: WriteData plans a single rank's plan by hand without
-    // PrepareLocalPlan.
-    DCP_RETURN_IF_ERROR(internal_hf::CheckUtf8Names(
-        plans[r], "a MEGA checkpoint (JSON headers and index)"));
-    for (const WriteItem& item : plans[r].items) {
-      items[r].emplace_back(item.index.fqn, item.StorageBytes());
-    }
-  }
-  last_items_ = items;
+  DCP_ASSIGN_OR_RETURN(
+      std::vector<PlannedItems> items,
+      PlannedItemsOf(plans, "MegaStorageWriter", kMegaNamesHeldBy));
   // (file index, rank) pairs that hold values: each becomes one file.
   std::map<std::pair<int, size_t>, std::string> names;
   for (size_t r = 0; r < items.size(); ++r) {
@@ -263,21 +209,6 @@ absl::StatusOr<std::vector<SavePlan>> MegaStorageWriter::PrepareGlobalPlan(
         Json{{"save_id", files.save_id}, {"files", files.files}}.dump();
   }
   return plans;
-}
-
-absl::StatusOr<DeviceStaging*> MegaStorageWriter::Staging() {
-  absl::MutexLock lock(&mu_);
-  if (options_.device_staging != nullptr) return options_.device_staging;
-  if (owned_staging_ == nullptr) {
-    DeviceStagingOptions staging_options;
-    const int64_t chunk = static_cast<int64_t>(staging_options.chunk_bytes);
-    const int64_t per_thread =
-        std::max(options_.per_thread_copy_ahead, 2 * chunk);
-    staging_options.pool_bytes = static_cast<size_t>(
-        (per_thread + chunk - 1) / chunk * chunk * options_.thread_count);
-    owned_staging_ = std::make_unique<DeviceStaging>(staging_options);
-  }
-  return owned_staging_.get();
 }
 
 absl::Status MegaStorageWriter::WriteFile(FileWork& work,
@@ -327,25 +258,16 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
   const std::string placeholder = EncodeMegaHeader(header);
 
   const std::string path = TempPath(work.name);
-  OpenOptions open_options;
-  open_options.direct = options_.direct_io;
-  open_options.uncached = options_.uncached_writes;
-  absl::StatusOr<std::unique_ptr<File>> opened =
-      fs_->OpenForWrite(path, open_options);
+  absl::StatusOr<std::unique_ptr<File>> opened = CreateTempFile(path);
   if (!opened.ok()) return Annotate(opened.status(), where);
   std::unique_ptr<File> file = *std::move(opened);
-  commit_->RecordCreated(path);
   absl::Status status;
   if (file->direct()) status = file->Preallocate(header.file_size);
   std::vector<BlockChecksummer> sums;
   sums.reserve(n);
   for (size_t i = 0; i < n; ++i) sums.emplace_back(header.checksum_block_size);
   if (status.ok()) {
-    internal_io::SequentialWriterOptions writer_options;
-    writer_options.direct = file->direct();
-    writer_options.writeback_bytes =
-        options_.sync_files ? options_.writeback_bytes : 0;
-    internal_io::SequentialWriter writer(*engine_, *file, writer_options);
+    internal_io::SequentialWriter writer(*engine_, *file, WriterOptions(*file));
     // Zero padding up to entry i's start.
     auto pad_to = [&](size_t i) {
       const int64_t gap =
@@ -396,24 +318,13 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
         }
         staged.push_back({staged_tensors[i].view(), i, header.entries[i].name});
       }
-      absl::StatusOr<DeviceStaging*> staging = Staging();
-      status =
-          staging.ok()
-              ? (*staging)->Stage(
-                    staged,
-                    [&](StagedPiece piece) -> absl::Status {
-                      if (piece.length == 0) return absl::OkStatus();
-                      const size_t i = piece.destination;
-                      DCP_RETURN_IF_ERROR(pad_to(i));
-                      const std::byte* bytes = piece.chunk.data();
-                      const auto length = static_cast<int64_t>(piece.length);
-                      sums[i].Update(bytes, length);
-                      auto lease =
-                          std::make_shared<PoolChunk>(std::move(piece.chunk));
-                      return writer.Append(bytes, length, std::move(lease));
-                    },
-                    device_wait_)
-              : staging.status();
+      status = StageAndAppend(staged, writer,
+                              [&](size_t i, const std::byte* bytes,
+                                  int64_t length) -> absl::Status {
+                                DCP_RETURN_IF_ERROR(pad_to(i));
+                                sums[i].Update(bytes, length);
+                                return absl::OkStatus();
+                              });
     }
     absl::Status finished = writer.Finish();
     status.Update(finished);
@@ -449,16 +360,11 @@ absl::Status MegaStorageWriter::WriteFile(FileWork& work,
 Future<std::vector<WriteResult>> MegaStorageWriter::WriteData(
     const SavePlan& plan, SavePlanner& planner) {
   using Result = Future<std::vector<WriteResult>>;
-  std::string storage_data = plan.storage_data;
-  if (storage_data.empty()) {
-    // Planned without PrepareGlobalPlan (a single rank driven by hand).
-    absl::StatusOr<std::vector<SavePlan>> planned = PrepareGlobalPlan({plan});
-    if (!planned.ok()) return Result::Ready(planned.status());
-    storage_data = planned->front().storage_data;
-  }
+  absl::StatusOr<std::string> storage_data = StorageDataOf(plan);
+  if (!storage_data.ok()) return Result::Ready(storage_data.status());
   RankFiles rank_files;
   try {
-    const Json json = Json::parse(storage_data);
+    const Json json = Json::parse(*storage_data);
     rank_files.save_id = json.at("save_id").get<std::string>();
     rank_files.files =
         json.at("files").get<std::map<std::string, std::vector<std::string>>>();
@@ -489,21 +395,9 @@ Future<std::vector<WriteResult>> MegaStorageWriter::WriteData(
     work[it->second].items.push_back(&plan.items[i]);
     work[it->second].results.push_back(&results[i]);
   }
-  FirstError error;
-  std::atomic<size_t> next{0};
-  internal_io::RunWorkers(
-      internal_io::PoolOf(pool_, options_.thread_count),
-      static_cast<int>(std::min<size_t>(options_.thread_count, work.size())),
-      [&](int) {
-        for (size_t f = next++; f < work.size() && !error.failed();
-             f = next++) {
-          error.Update(WriteFile(work[f], planner));
-        }
-      });
-  absl::Status status = error.status();
-  if (status.ok() && options_.sync_files && !work.empty()) {
-    status = fs_->SyncDir(path_);
-  }
+  absl::Status status = WriteFiles(
+      work.size(), options_.thread_count,
+      [&](size_t f) { return WriteFile(work[f], planner); }, path_);
   if (!status.ok()) return Result::Ready(status);
   return Result::Ready(std::move(results));
 }
@@ -548,23 +442,8 @@ absl::Status MegaStorageWriter::Finish(
   }
   // The decision: once the journal is durable under its name, the save
   // completes whatever happens next.
-  return commit_->Commit(*fs_, path_, kMegaCommitJournalName,
-                         TempPath(kMegaCommitJournalName), journal,
-                         options_.sync_files);
-}
-
-bool MegaStorageWriter::CommitDecided() const { return commit_->decided(); }
-
-absl::Status MegaStorageWriter::MarkCommitted() {
-  commit_->MarkCommitted();
-  return absl::OkStatus();
-}
-
-void MegaStorageWriter::Abort() {
-  commit_->Abort(*fs_, [&] {
-    return CompleteCommit(*fs_, path_, kMegaCommitJournalName, IsMegaFile,
-                          options_.sync_files);
-  });
+  return CommitSave(kMegaCommitJournalName, TempPath(kMegaCommitJournalName),
+                    journal);
 }
 
 // ---------------------------------------------------------------------------

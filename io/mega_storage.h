@@ -46,15 +46,13 @@
 #include "core/executor.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
+#include "io/internal/journaled_writer.h"
 #include "io/io_engine.h"
 #include "io/storage.h"
 
 namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
-namespace internal_io {
-class JournaledSave;  // io/internal/commit_journal.h
-}  // namespace internal_io
 
 inline constexpr char kMegaScheme[] = "mega";
 
@@ -90,7 +88,10 @@ struct MegaStorageWriterOptions {
   DeviceStaging* device_staging = nullptr;
 };
 
-class MegaStorageWriter final : public StorageWriter {
+// GetStorageMeta, SetDeviceWait, CommitDecided, MarkCommitted, Abort,
+// path() (the path of a mega:// URI) and save_id() are
+// internal_io::JournaledStorageWriter's.
+class MegaStorageWriter final : public internal_io::JournaledStorageWriter {
  public:
   // `path`: a directory or a mega:// URI (an invalid one fails SetUp).
   explicit MegaStorageWriter(std::string path,
@@ -100,8 +101,6 @@ class MegaStorageWriter final : public StorageWriter {
   // A fresh save id; a non-empty `checkpoint_id` (path or mega:// URI)
   // replaces the directory. kInvalidArgument for an invalid URI.
   absl::Status Reset(const std::string& checkpoint_id) override;
-  StorageMeta GetStorageMeta() const override;
-  absl::Status SetDeviceWait(const DeviceWait& wait) override;
   // Creates the directory. The coordinator then takes the directory lock
   // (kFailedPrecondition naming the holder), completes a commit an
   // interrupted save decided, removes temporary files of interrupted saves
@@ -128,45 +127,18 @@ class MegaStorageWriter final : public StorageWriter {
   void DescribeCommit(Metadata& metadata) const override {
     metadata.checksum_block_size = options_.checksum_block_size;
   }
-  // True once Finish has made its commit journal durable.
-  bool CommitDecided() const override;
-  absl::Status MarkCommitted() override;
-  void Abort() override;
-
-  // The directory (the path of a mega:// URI).
-  const std::string& path() const { return path_; }
-  const std::string& save_id() const { return save_id_; }
 
  private:
   struct FileWork;
   absl::Status WriteFile(FileWork& work, SavePlanner& planner);
-  absl::StatusOr<DeviceStaging*> Staging();
-  std::string TempPath(const std::string& name) const;
+  // CompleteCommit of the MEGA commit journal.
+  absl::Status CompleteCommitOnDisk() override;
 
-  std::string path_;
   absl::Status path_error_;
   MegaStorageWriterOptions options_;
-  FileSystemBase* fs_;
-  std::unique_ptr<IoEngine> owned_engine_;
-  IoEngine* engine_ = nullptr;
-  absl::Status engine_error_;
-  std::string save_id_;
-  int rank_ = 0;
-  DeviceWait device_wait_;
-  // The created files, the decision and the directory lock of this save.
-  std::unique_ptr<internal_io::JournaledSave> commit_;
-  // MEGA files of the checkpoint this save replaces.
-  std::set<std::string> replaced_;
-  // The coordinator's view of each rank's items in the last global plan
-  // (kept across saves: plan caching sends markers for unchanged plans).
-  std::vector<std::vector<std::pair<std::string, int64_t>>> last_items_;
   // The index the coordinator planned.
   std::map<std::string, std::set<std::string>> weight_map_;
   int64_t total_size_ = 0;
-  std::unique_ptr<ThreadPool> pool_;  // Writer threads.
-
-  absl::Mutex mu_;
-  std::unique_ptr<DeviceStaging> owned_staging_ ABSL_GUARDED_BY(mu_);
 };
 
 // The reader delivers through the native reader (FileSystemReader) over

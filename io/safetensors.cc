@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "io/internal/untrusted_json.h"
 #include "nlohmann/json.hpp"
 
 namespace dcp {
@@ -50,11 +51,6 @@ bool OpensTooDeep(int depth, Json::parse_event_t event) {
   return (event == Json::parse_event_t::object_start ||
           event == Json::parse_event_t::array_start) &&
          depth >= kMaxUntrustedJsonDepth;
-}
-
-std::string TooDeep(absl::string_view what) {
-  return absl::StrCat(what, " nests arrays and objects more than ",
-                      kMaxUntrustedJsonDepth, " levels deep");
 }
 
 // Parses `json`, failing on a duplicate key in any object (the reference's
@@ -106,7 +102,7 @@ absl::StatusOr<Json> ParseJsonNoDuplicates(absl::string_view json,
     return Broken(
         file, absl::StrCat("the header is not valid JSON (", e.what(), ")"));
   }
-  if (too_deep) return Broken(file, TooDeep("the header"));
+  if (too_deep) return Broken(file, internal_io::TooDeepMessage("the header"));
   if (!duplicate.empty()) {
     return Broken(file, absl::StrCat("the header has the key \"", duplicate,
                                      "\" more than once"));
@@ -222,93 +218,6 @@ absl::Status ParseMetadata(const Json& value, absl::string_view file,
 }
 
 }  // namespace
-
-bool IsValidUtf8(absl::string_view text) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const auto* end = p + text.size();
-  while (p < end) {
-    const unsigned char c = *p;
-    if (c < 0x80) {
-      ++p;
-      continue;
-    }
-    int extra = 0;
-    uint32_t code = 0;
-    uint32_t min = 0;
-    if ((c & 0xe0) == 0xc0) {
-      extra = 1, code = c & 0x1f, min = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-      extra = 2, code = c & 0x0f, min = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-      extra = 3, code = c & 0x07, min = 0x10000;
-    } else {
-      return false;
-    }
-    if (end - p <= extra) return false;
-    for (int i = 1; i <= extra; ++i) {
-      if ((p[i] & 0xc0) != 0x80) return false;
-      code = (code << 6) | (p[i] & 0x3f);
-    }
-    if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
-      return false;
-    }
-    p += extra + 1;
-  }
-  return true;
-}
-
-absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
-                                        absl::string_view what) {
-  bool too_deep = false;
-  auto callback = [&](int depth, Json::parse_event_t event, Json&) -> bool {
-    if (!OpensTooDeep(depth, event)) return true;
-    too_deep = true;
-    return false;  // Discarded: nothing that deep is built.
-  };
-  Json parsed;
-  try {
-    parsed = Json::parse(text.begin(), text.end(), callback);
-  } catch (const std::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
-  }
-  if (too_deep) return absl::DataLossError(TooDeep(what));
-  return parsed;
-}
-
-std::string DescribeJsonValue(const Json& value) {
-  constexpr size_t kMaxStringBytes = 64;
-  constexpr size_t kMaxElements = 8;
-  // Replaces invalid UTF-8 rather than throwing (parsed strings are valid).
-  const auto dump = [](const Json& v) {
-    return v.dump(-1, ' ', false, Json::error_handler_t::replace);
-  };
-  const auto short_scalar = [&](const Json& v) {
-    return v.is_null() || v.is_boolean() || v.is_number() ||
-           (v.is_string() &&
-            v.get_ref<const std::string&>().size() <= kMaxStringBytes);
-  };
-  if (short_scalar(value)) return dump(value);
-  const auto count = [](size_t n, absl::string_view unit) {
-    return absl::StrCat(n, " ", unit, n == 1 ? "" : "s");
-  };
-  switch (value.type()) {
-    case Json::value_t::string:
-      return absl::StrCat(
-          "a string of ",
-          count(value.get_ref<const std::string&>().size(), "byte"));
-    case Json::value_t::array:
-      if (value.size() <= kMaxElements &&
-          std::all_of(value.begin(), value.end(), short_scalar)) {
-        return dump(value);
-      }
-      return absl::StrCat("an array of ", count(value.size(), "element"));
-    case Json::value_t::object:
-      return absl::StrCat("an object of ", count(value.size(), "member"));
-    default:
-      return "a binary or discarded value";
-  }
-}
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     absl::string_view json, int64_t data_length, absl::string_view file) {

@@ -40,6 +40,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "io/file_system.h"
+#include "io/internal/untrusted_json.h"
 #include "nlohmann/json_fwd.hpp"
 
 namespace dcp {
@@ -122,31 +123,14 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
     std::vector<SafetensorsTensor>& tensors,
     const std::map<std::string, std::string>& metadata, int64_t alignment = 8);
 
-// Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
-// points above U+10FFFF), as Rust's str::from_utf8 decides.
-bool IsValidUtf8(absl::string_view text);
-
-// Untrusted JSON beside the safetensors files (their headers, a Hugging
-// Face index, DCP_SHARDING_INFO, config.json).
-
-// The deepest nesting of arrays and objects a parser of untrusted JSON
-// accepts (real files nest a few levels). Code that walks a JSON value
-// recursively (nlohmann's dump(), comparisons, conversions) then cannot
-// exhaust the stack, whatever the file holds.
-inline constexpr int kMaxUntrustedJsonDepth = 64;
-
-// Parses `text`. kDataLoss "<what> is not valid JSON (...)", or naming
-// `what` when arrays and objects nest more than kMaxUntrustedJsonDepth
-// levels deep (nothing that deep is built).
-absl::StatusOr<nlohmann::json> ParseUntrustedJson(absl::string_view text,
-                                                  absl::string_view what);
-
-// A parsed JSON value as error messages show it, short and never throwing
-// whatever the value: a number, boolean, null, a string of at most 64
-// bytes or an array of at most 8 such scalars as JSON; otherwise its kind
-// and size ("an array of 50 elements"). Bounded work: containers are not
-// serialized.
-std::string DescribeJsonValue(const nlohmann::json& value);
+// The checks of untrusted JSON the parsers here apply, for the JSON beside
+// the safetensors files (a Hugging Face index, DCP_SHARDING_INFO,
+// config.json): IsValidUtf8, kMaxUntrustedJsonDepth, ParseUntrustedJson
+// and DescribeJsonValue (io/internal/untrusted_json.h states them).
+using internal_io::DescribeJsonValue;
+using internal_io::IsValidUtf8;
+using internal_io::kMaxUntrustedJsonDepth;
+using internal_io::ParseUntrustedJson;
 
 }  // namespace dcp
 

@@ -26,7 +26,6 @@
 #include "core/tensor.h"
 #include "io/file_system.h"
 #include "io/internal/parallel_work.h"
-#include "io/io_engine.h"
 #include "planner/metadata.h"
 #include "planner/plan.h"
 
@@ -38,32 +37,13 @@ using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::kDirectIoAlignment;
 
-// `fs`, or the local file system when it is null.
-FileSystemBase* OrLocal(FileSystemBase* fs);
-
-// `given`, or a new engine of `mode` kept in `owned` (a set-up failure goes
-// to `error`, which the storage reports at SetUp).
-IoEngine* EngineOrOwn(IoEngine* given, IoMode mode,
-                      std::unique_ptr<IoEngine>& owned, absl::Status& error);
-
 // OK when `name` is a plain file name: not empty, ".", "..", no '/' or NUL,
 // at most NAME_MAX bytes.
 // kDataLoss otherwise.
 absl::Status CheckPlainName(absl::string_view name);
 
-// kInvalidArgument naming (escaped) the first value of `plan` whose name is
-// not valid UTF-8: the JSON headers, index and plans of the formats cannot
-// hold it (nlohmann's dump() throws). `format` names the format in the
-// message ("a Hugging Face checkpoint (safetensors headers, JSON index)").
-absl::Status CheckUtf8Names(const SavePlan& plan, absl::string_view format);
-
 // OK when `relative` is a plain name or "sharded/" and a plain name.
 absl::Status CheckRelativePath(absl::string_view relative);
-
-// The temporary name of checkpoint file `relative` in save `save_id`:
-// ".NAME.tmp-<save id>" in the same directory.
-std::string TempRelativePath(absl::string_view relative,
-                             absl::string_view save_id);
 
 // Appends to `out` the row-major element ranges [begin, end) of a chunk of
 // shape `sizes` that hold the box (`offsets`, `lengths`): every box element
