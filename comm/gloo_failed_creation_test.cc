@@ -44,8 +44,10 @@ GlooOptions Options(const std::string& dir, const std::string& name, int rank,
   options.store.path = dir;
   options.group_name = name;
   options.job_id = "job";
-  options.connect_timeout = absl::Seconds(2);
-  options.timeout = absl::Seconds(2);
+  // Both ranks must join within it (rank 0 then waits it out for rank 1's
+  // address): room for a loaded or sanitizer machine.
+  options.connect_timeout = absl::Seconds(6);
+  options.timeout = absl::Seconds(6);
   return options;
 }
 

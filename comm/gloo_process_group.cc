@@ -73,19 +73,18 @@ class GlooProcessGroup::Impl {
     absl::Status formed = FormMesh(options, where, deadline);
     if (!formed.ok()) {
       // Best effort, so a store that outlives many failed attempts does
-      // not fill with their keys: this rank's address keys go now (nobody
-      // connects to it any more), and the last rank to fail removes every
+      // not fill with their keys: the last rank to fail removes every
       // rank's address keys and abort and waiting records (it knows every
-      // rank has read what it will: each leaves only once done).
+      // rank has read what it will: each leaves only once done). A rank's
+      // own address keys stay until then: a peer still connecting reads
+      // them, and without them would name this rank as one that never
+      // joined.
       std::vector<std::string> every_rank_keys;
       for (int r = 0; r < size_; ++r) {
         for (const std::string& key :
              {AddressKey(r), HostKey(r), AbortKey(r), WaitingKey(r)}) {
           every_rank_keys.push_back(absl::StrCat(prefix_, "/", key));
         }
-      }
-      for (const std::string& key : {AddressKey(rank_), HostKey(rank_)}) {
-        internal::RemoveKey(*store_, absl::StrCat(prefix_, "/", key));
       }
       LeaveFailedGeneration(*keys, base, *generation, rank_, size_,
                             every_rank_keys);

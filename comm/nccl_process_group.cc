@@ -197,7 +197,7 @@ class NcclProcessGroup::Impl {
                                                      absl::Time deadline) {
     DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
                          AllGatherSizes(op, payload.size(), deadline));
-    DCP_RETURN_IF_ERROR(CheckSizes(op, sizes, /*from=*/-1, /*keep_all=*/true));
+    DCP_RETURN_IF_ERROR(CheckSizes(op, sizes, /*from=*/-1, /*all_held=*/true));
     const uint64_t max = *std::max_element(sizes.begin(), sizes.end());
     std::vector<std::string> all(size_);
     if (max == 0) return all;
@@ -222,7 +222,7 @@ class NcclProcessGroup::Impl {
     DCP_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes,
                          AllGatherSizes("gather", payload.size(), deadline));
     DCP_RETURN_IF_ERROR(
-        CheckSizes("gather", sizes, /*from=*/-1, /*keep_all=*/rank_ == root));
+        CheckSizes("gather", sizes, /*from=*/-1, /*all_held=*/true));
     std::vector<uint64_t> offsets(size_ + 1, 0);
     for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
     if (rank_ == root) {
@@ -264,10 +264,8 @@ class NcclProcessGroup::Impl {
     DCP_RETURN_IF_ERROR(Wait("scatter", deadline));
     DCP_RETURN_IF_ERROR(
         ToHost(sizes.data(), sizes_.data(), size_ * sizeof(uint64_t)));
-    if (rank_ != root) {
-      DCP_RETURN_IF_ERROR(
-          CheckSizes("scatter", sizes, /*from=*/root, /*keep_all=*/false));
-    }
+    DCP_RETURN_IF_ERROR(
+        CheckSizes("scatter", sizes, /*from=*/root, /*all_held=*/false));
     std::vector<uint64_t> offsets(size_ + 1, 0);
     for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + sizes[r];
     if (rank_ == root) {
@@ -297,9 +295,7 @@ class NcclProcessGroup::Impl {
                                       ncclUint64, root, comm_, stream())));
     DCP_RETURN_IF_ERROR(Wait("broadcast", deadline));
     DCP_RETURN_IF_ERROR(ToHost(&size, sizes_.data(), sizeof(size)));
-    if (rank_ != root && size > max_payload_) {
-      return OversizedPayload("broadcast", root, size);
-    }
+    if (size > max_payload_) return OversizedPayload("broadcast", root, size);
     if (rank_ == root) {
       if (size == 0) return std::string();
       DCP_RETURN_IF_ERROR(recv_.Reserve(size));
@@ -358,27 +354,28 @@ class NcclProcessGroup::Impl {
     return Wait(op, deadline);
   }
 
-  // kDataLoss when a payload size received from a peer is more than this
-  // rank accepts (max_payload_), before anything is allocated for it.
-  // sizes[r] came from rank r, or every one from rank `from` when it is not
-  // -1; with `keep_all`, this rank holds all of them at once, so their
-  // total is bounded too. Sizes this rank sent itself are not checked.
+  // kDataLoss when a payload size is more than a rank accepts
+  // (max_payload_), before anything is allocated for it: any one size, or
+  // with `all_held` (a rank receives them all at once) their total. sizes[r]
+  // came from rank r, or every one from rank `from` when it is not -1.
+  // Every rank of the collective holds the same sizes and checks all of
+  // them, its own too, so either every rank fails here or none does (none
+  // is left waiting in the collective for a rank that refused it).
   absl::Status CheckSizes(absl::string_view op,
                           const std::vector<uint64_t>& sizes, int from,
-                          bool keep_all) const {
+                          bool all_held) const {
     uint64_t total = 0;
     for (int r = 0; r < size_; ++r) {
-      const int sender = from < 0 ? r : from;
-      if (sender == rank_) continue;
-      if (sizes[r] > max_payload_)
-        return OversizedPayload(op, sender, sizes[r]);
-      if (!keep_all && r != rank_) continue;
+      if (sizes[r] > max_payload_) {
+        return OversizedPayload(op, from < 0 ? r : from, sizes[r]);
+      }
+      if (!all_held) continue;
       total += sizes[r];  // No overflow: each is at most max_payload_.
       if (total > max_payload_) {
         return absl::DataLossError(absl::StrFormat(
-            "%s on rank %d of %d: the peers announced payloads of %d bytes "
-            "in all, more than the %d this rank accepts (max_payload_bytes, "
-            "by default this machine's physical memory); a size is corrupt",
+            "%s on rank %d of %d: the ranks announced payloads of %d bytes "
+            "in all, more than the %d a rank accepts (max_payload_bytes, by "
+            "default this machine's physical memory); a size is corrupt",
             op, rank_, size_, total, max_payload_));
       }
     }

@@ -393,32 +393,52 @@ TEST(NcclProcessGroupHostTest, CrashedJobsKeysAreNotRead) {
 // Sizes from peers are checked before anything is allocated for them: two
 // ranks that accept at most 1 KiB each all-gather 4 KiB and both fail with
 // kDataLoss naming the peer and the size.
+// Every rank holds every size, checks all of them and fails alike: no rank
+// is left in the collective waiting for one that refused it.
 TEST(NcclProcessGroupHostTest, PayloadLargerThanTheBoundIsDataLoss) {
   const std::string dir = TestDir("nccl_host_bound");
-  std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
+  // `op` on both ranks of a fresh group whose ranks accept 1 KiB.
+  auto on_both = [&](const std::string& name, auto op) {
+    std::vector<absl::Status> results(2);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        NcclOptions options = Options(dir, rank, 2, absl::Seconds(20), name);
+        options.max_payload_bytes = 1024;
+        auto group = NcclProcessGroup::CreateWith(options, FakeNccl(),
+                                                  HostRuntimeForThisThread);
+        results[rank] = group.ok() ? op(**group, rank) : group.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  };
+  const std::vector<absl::Status> all_gathered =
+      on_both("bounded", [](NcclProcessGroup& group, int rank) {
+        return group.AllGather(Payload(rank, 4096)).status();
+      });
+  // Each payload fits; the root would hold 1200 bytes.
+  const std::vector<absl::Status> gathered =
+      on_both("bounded_total", [](NcclProcessGroup& group, int rank) {
+        return group.Gather(Payload(rank, 600), 0).status();
+      });
   for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      NcclOptions options = Options(dir, rank, 2, absl::Seconds(20), "bounded");
-      options.max_payload_bytes = 1024;
-      auto group = NcclProcessGroup::CreateWith(options, FakeNccl(),
-                                                HostRuntimeForThisThread);
-      if (!group.ok()) {
-        results[rank] = group.status();
-        return;
-      }
-      results[rank] = (*group)->AllGather(Payload(rank, 4096)).status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int rank = 0; rank < 2; ++rank) {
-    const absl::Status& s = results[rank];
+    const absl::Status& s = all_gathered[rank];
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find(absl::StrCat(
-                  "allgather on rank ", rank, " of 2: rank ", 1 - rank,
-                  " announced a payload of 4096 bytes, more than the 1024")),
+                  "allgather on rank ", rank,
+                  " of 2: rank 0 announced a payload of 4096 bytes, more "
+                  "than the 1024")),
               std::string::npos)
         << s;
+    const absl::Status& g = gathered[rank];
+    EXPECT_EQ(g.code(), absl::StatusCode::kDataLoss) << g;
+    EXPECT_NE(g.message().find(absl::StrCat(
+                  "gather on rank ", rank,
+                  " of 2: the ranks announced payloads of 1200 bytes in all, "
+                  "more than the 1024")),
+              std::string::npos)
+        << g;
   }
 }
 

@@ -82,7 +82,9 @@ struct GroupMembership {
   absl::Duration connect_timeout = absl::Minutes(5);
   // The largest payload a rank accepts from a peer, in bytes; 0 means this
   // machine's physical memory. A peer announcing more is taken for a
-  // corrupt stream (kDataLoss) before anything is allocated for it.
+  // corrupt stream (kDataLoss) before anything is allocated for it. NCCL
+  // groups, whose ranks all learn every size, also bound the total a rank
+  // holds at once (a gather's root, an all-gather) and fail on every rank.
   uint64_t max_payload_bytes = 0;
 };
 

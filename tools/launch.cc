@@ -528,6 +528,8 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   std::optional<int> first_failure;
   if (!start_error.ok()) first_failure = 1;
   std::optional<absl::Time> stop_started;
+  // Whether the stop under way is that of a successful job's leftovers.
+  bool stopping_strays = false;
   bool killed = false;
   // Stopping reaches the process groups of ranks that exited too: their
   // leftover children would otherwise outlive the launcher.
@@ -599,19 +601,29 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         stop_all(SIGTERM);
       }
     }
-    if (g_signal != 0 && !stop_started.has_value()) {
+    if (g_signal != 0 && (!stop_started.has_value() || stopping_strays)) {
       if (!first_failure.has_value()) first_failure = 128 + g_signal;
-      stop_started = absl::Now();
-      stop_all(SIGTERM);
-    }
-    // A successful job's leftovers are stopped the same way (SIGTERM, then
-    // SIGKILL after the grace period); the exit code stays 0.
-    if (!any_running && !stop_started.has_value() &&
-        StopStrays(ranks, options.node_rank * options.num_ranks,
-                   options.stderr_fd)) {
-      stop_started = absl::Now();
+      if (!stop_started.has_value()) {
+        stop_started = absl::Now();
+        stop_all(SIGTERM);
+      }
+      stopping_strays = false;
     }
     const absl::Time now = absl::Now();
+    if (!any_running && !all_exited_at.has_value()) all_exited_at = now;
+    // A successful job's leftovers get stray_wait to exit on their own,
+    // then are stopped the same way (SIGTERM, then SIGKILL after the grace
+    // period); the exit code stays 0.
+    bool strays_waited_for = false;
+    if (!any_running && !stop_started.has_value()) {
+      if (now < *all_exited_at + options.stray_wait) {
+        strays_waited_for = UpdateLiveGroups(ranks);
+      } else if (StopStrays(ranks, options.node_rank * options.num_ranks,
+                            options.stderr_fd)) {
+        stop_started = now;
+        stopping_strays = true;
+      }
+    }
     if (stop_started.has_value() && !killed &&
         now - *stop_started >= options.grace) {
       stop_all(SIGKILL);
@@ -625,11 +637,11 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     for (const Rank& rank : ranks) {
       open |= rank.out.fd >= 0 || rank.err.fd >= 0;
     }
-    if (!any_running && !all_exited_at.has_value()) all_exited_at = now;
     // Leftover children of a rank may hold its pipes; stop waiting soon.
     const absl::Time pipes_deadline =
         all_exited_at.value_or(now) + absl::Seconds(1);
-    if (!any_running && !groups_left && (!open || now >= pipes_deadline)) {
+    if (!any_running && !groups_left && !strays_waited_for &&
+        (!open || now >= pipes_deadline)) {
       break;
     }
 
@@ -640,7 +652,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     // Without a pidfd or a wake-up pipe, and for leftover children (whose
     // end nothing notifies), look again shortly.
     if (unwatched) timeout = absl::Milliseconds(50);
-    if (groups_left) timeout = std::min(timeout, absl::Milliseconds(20));
+    if (groups_left || strays_waited_for) {
+      timeout = std::min(timeout, absl::Milliseconds(20));
+    }
     if (stop_started.has_value() && !killed) {
       timeout = std::min(timeout, *stop_started + options.grace - now);
     }

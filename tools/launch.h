@@ -20,14 +20,17 @@
 // left behind (data-loader workers, the child of a wrapper script) stop
 // with the job, and the launcher waits for them (SIGKILL after the grace
 // period) before it returns. After a successful job (every rank exited 0)
-// what is left in the ranks' process groups is stopped the same way, and
-// the launcher says on stderr how many processes of which rank's group; the
-// exit code stays 0. (torchrun signals only the groups of ranks still
-// running.) A child that left its rank's group (setsid, a daemon) is out of
-// reach. A launcher killed outright (SIGKILL) cannot stop anything itself:
-// its ranks get SIGTERM from the kernel when it dies (PR_SET_PDEATHSIG;
-// their own children do not). Supervision blocks until a rank writes or
-// exits or a signal or deadline comes; it uses no CPU while the ranks run.
+// what is left in the ranks' process groups gets `stray_wait` to exit on
+// its own (a resource tracker or worker that exits when its rank's pipe
+// closes), then is stopped the same way, and the launcher says on stderr
+// how many processes of which rank's group; the exit code stays 0 unless
+// a signal reaches the launcher meanwhile (128 + the signal). (torchrun signals
+// only the groups of ranks still running.) A child that left its rank's group
+// (setsid, a daemon) is out of reach. A launcher killed outright (SIGKILL)
+// cannot stop anything itself: its ranks get SIGTERM from the kernel when it
+// dies (PR_SET_PDEATHSIG; their own children do not). Supervision blocks until
+// a rank writes or exits or a signal or deadline comes; it uses no CPU while
+// the ranks run.
 //
 // Rendezvous: on one node without --rendezvous, a fresh temporary directory,
 // removed afterwards. Across nodes --rendezvous is required: a directory
@@ -65,6 +68,9 @@ struct LaunchOptions {
   std::vector<std::string> command;
   // Between SIGTERM and SIGKILL when stopping the ranks.
   absl::Duration grace = absl::Seconds(5);
+  // After every rank exited 0: how long what is left in their process
+  // groups may take to exit on its own before it is stopped.
+  absl::Duration stray_wait = absl::Seconds(1);
   // Where the prefixed lines go.
   int stdout_fd = 1;
   int stderr_fd = 2;

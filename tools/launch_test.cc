@@ -127,6 +127,38 @@ TEST(LaunchSupervisionTest, StopsChildrenASuccessfulRankLeftBehind) {
             "process group of rank 1\n");
 }
 
+// A child that exits by itself once its rank is gone (as Python's resource
+// tracker does when its pipe closes) is left to do so: no signal, no word
+// on stderr. stray_wait is long here so that only a hang could fail it;
+// Launch returns once the child's group is empty.
+TEST(LaunchSupervisionTest, LetsAChildThatEndsWithItsRankEndByItself) {
+  const std::string dir = FreshDir("leftover_ends");
+  const std::string done_file = dir + "/done";
+  const std::string err_file = dir + "/stderr";
+  LaunchOptions options =
+      Options(1, {"/bin/bash", "-c",
+                  absl::StrCat("exec 3> >(cat > /dev/null; echo done > ",
+                               done_file, "); exit 0")});
+  options.stray_wait = absl::Seconds(60);
+  close(options.stderr_fd);
+  options.stderr_fd =
+      open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(options.stderr_fd, 0);
+  absl::StatusOr<int> code = Launch(options);
+  close(options.stdout_fd);
+  close(options.stderr_fd);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  std::ifstream done(done_file);
+  std::string word;
+  done >> word;
+  EXPECT_EQ(word, "done") << "the child did not end by itself";
+  std::ifstream in(err_file);
+  const std::string err((std::istreambuf_iterator<char>(in)),
+                        std::istreambuf_iterator<char>());
+  EXPECT_EQ(err, "");
+}
+
 // SIGHUP and SIGQUIT sent to the launcher stop the ranks like SIGINT and
 // SIGTERM, and the launcher exits 128 + the signal (rather than dying of
 // the signal's default action). The rank itself signals the launcher.

@@ -10,7 +10,7 @@
 namespace dcp::comm::internal {
 
 // This machine's physical memory in bytes (sysconf _SC_PHYS_PAGES times
-// the page size); UINT64_MAX when the system does not say.
+// the page size); 1 TiB when the system does not say.
 uint64_t PhysicalMemoryBytes();
 
 // The most bytes one received payload may have: `configured` when it is

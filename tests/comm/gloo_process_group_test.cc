@@ -577,11 +577,14 @@ TEST(GlooProcessGroupTest, ConsecutiveJobsReuseADirectory) {
   ExpectAllExitedZero(RunRanks(2, job, absl::Seconds(30)));
 }
 
-// Jobs with job id "train-1" crash before their ranks meet: one where rank
-// 1 never came (rank 0 leaves its join state and, before generations, its
-// Gloo address keys), one where rank 0 never came (rank 1 leaves a join key
-// with a nonce nobody will answer). The job restarted with the same job id
-// forms a fresh generation and works; so does another job beside it.
+// Jobs with job id "train-1" fail before their ranks meet: one where rank
+// 1 never came, one where rank 0 never came (each lone rank times out and
+// removes what it wrote, best effort). The job restarted with the same job
+// id forms a fresh generation and works; so does another job beside it.
+// Keys a job that crashed outright leaves (join keys with nonces nobody
+// answers, a welcome, a ready key) are covered where the joining is shared:
+// comm/store_process_group_test.cc and NcclProcessGroupHostTest
+// CrashedJobsKeysAreNotRead.
 void CrashedJobsAreLeftBehind(const std::string& store) {
   auto join = [&](int rank, int size, const std::string& job_id,
                   absl::Duration connect) -> absl::Status {
