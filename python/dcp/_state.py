@@ -829,6 +829,15 @@ class Flat:
             out.append(self._decode(info, old, self.v_paths[i]))
         return out
 
+    def mark_written(self) -> None:
+        """Load only: bumps the autograd version counter of every torch
+        destination, as torch's in-place copy_ would, since the engine
+        wrote their memory behind torch's back: a graph that saved one of
+        them for backward then refuses to use the overwritten values."""
+        tensors = [t for t in self.t_objs if type(t) is not np.ndarray]
+        if tensors:
+            _increment_versions(tensors)
+
     def write_back(self, values) -> None:
         """Load only, after every check passed: copies temporaries into
         strided (and conjugated/negated) destinations, puts the plain
@@ -922,3 +931,19 @@ def current_streams(flat: Flat):
     for d in devices:
         torch.cuda.current_stream(d).synchronize()
     return wait
+
+
+def _increment_versions(tensors) -> None:
+    """torch.autograd.graph.increment_version over `tensors` (one call where
+    this torch takes a list, else one per tensor)."""
+    from torch.autograd.graph import increment_version
+    try:
+        increment_version(tensors)
+    except (TypeError, RuntimeError):
+        # A torch that takes one tensor at a time, or an inference tensor
+        # among them (older torch refuses those: they keep no version).
+        for t in tensors:
+            try:
+                increment_version(t)
+            except RuntimeError:
+                pass

@@ -312,7 +312,11 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             except BaseException as e:
                 error = e
             where.agree("load", error)
-        _load_checked(p.sd, options, path)
+        try:
+            _load_checked(p.sd, options, path)
+        finally:
+            # Even a failed load may have written some of them.
+            flat.mark_written()
         flat.write_back(values)
     finally:
         p.free()

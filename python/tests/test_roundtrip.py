@@ -447,3 +447,21 @@ def test_load_into_self_overlapping_views_is_refused(ckpt):
     dcp.load(dst, checkpoint_id=ckpt)
     assert torch.equal(tbig[:, ::2], full.T)
     assert np.array_equal(nbig[:, 1::3], full[:, ::2].numpy())
+
+
+def test_a_load_bumps_autograd_version_counters(ckpt):
+    # As torch's in-place copy_ would: a graph that saved a tensor for
+    # backward refuses the values a load put there.
+    w = torch.nn.Parameter(torch.full((3,), 2.0))
+    dcp.save({"w": w}, checkpoint_id=ckpt)
+    x = torch.ones(3, requires_grad=True)
+    loss = (w * x).sum()  # keeps w for x's gradient
+    before = w._version
+    dcp.load({"w": w}, checkpoint_id=ckpt)
+    assert w._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace"):
+        loss.backward()
+    with torch.inference_mode():
+        frozen = torch.zeros(3)
+    dcp.load({"w": frozen}, checkpoint_id=ckpt)
+    assert frozen.equal(torch.full((3,), 2.0))
