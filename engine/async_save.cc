@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
 #include <system_error>
@@ -12,6 +14,8 @@
 
 namespace dcp {
 namespace {
+
+std::atomic<bool> refuse_waiter_threads{false};
 
 absl::Status ShutDownError() {
   return absl::CancelledError(
@@ -39,6 +43,10 @@ void AsyncCheckpointer::StartStagingWaiter(Task wait) {
   }
   auto task = std::make_shared<Task>(std::move(wait));
   try {
+    if (refuse_waiter_threads.load(std::memory_order_relaxed)) {
+      throw std::system_error(EAGAIN, std::generic_category(),
+                              "staging waiter threads refused (a test)");
+    }
     std::thread([task, waiters] {
       std::move (*task)();
       *task = nullptr;  // What it holds goes before the count drops.
@@ -244,4 +252,11 @@ void WaitForPendingAsyncSaves() { ProcessCheckpointer().WaitForPending(); }
 
 void ShutdownAsyncCheckpointer() { ProcessCheckpointer().Shutdown(); }
 
+namespace internal {
+
+void RefuseStagingWaiterThreadsForTesting(bool refuse) {
+  refuse_waiter_threads.store(refuse, std::memory_order_relaxed);
+}
+
+}  // namespace internal
 }  // namespace dcp

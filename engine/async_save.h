@@ -151,6 +151,13 @@ void WaitForPendingAsyncSaves();
 // free AsyncSave calls fail with kCancelled.
 void ShutdownAsyncCheckpointer();
 
+namespace internal {
+
+// Tests only: while `refuse` is set, the wait for a save's staging finds no
+// thread to run on (as under a thread limit) and runs in AsyncSave's call.
+void RefuseStagingWaiterThreadsForTesting(bool refuse);
+
+}  // namespace internal
 }  // namespace dcp
 
 #endif  // DCP_ENGINE_ASYNC_SAVE_H_

@@ -272,6 +272,27 @@ TEST(AsyncSave, DestructionWaitsForUploadsInFlight) {
   ExpectSameState(LoadState(dir), MakeState(3));
 }
 
+// With no thread to be had for the wait for its staging (a thread or
+// process limit), the save waits in the call: staging is complete when
+// AsyncSave returns, the upload commits, and the checkpointer's destruction
+// does not wait for a waiter that never ran.
+TEST(AsyncSave, AStagingWaitWithoutAThreadRunsInTheCall) {
+  const std::string dir = MakeTempDir("async-no-thread");
+  internal::RefuseStagingWaiterThreadsForTesting(true);
+  {
+    AsyncCheckpointer checkpointer;
+    AsyncSaveOptions options;
+    options.save.checkpoint_id = dir;
+    AsyncSaveResponse response = checkpointer.AsyncSave(MakeState(5), options);
+    EXPECT_TRUE(response.staging_completion.ready());
+    EXPECT_TRUE(response.staging_completion.Wait().ok());
+    absl::StatusOr<Metadata> committed = response.upload_completion.Wait();
+    EXPECT_TRUE(committed.ok()) << committed.status();
+  }
+  internal::RefuseStagingWaiterThreadsForTesting(false);
+  ExpectSameState(LoadState(dir), MakeState(5));
+}
+
 // A checkpoint_id given with a storage writer points the writer there, as
 // it does for Save.
 TEST(AsyncSave, CheckpointIdRedirectsAGivenWriter) {
