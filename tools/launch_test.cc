@@ -93,24 +93,38 @@ TEST(LaunchSupervisionTest, StopsChildrenAFailedRankLeftBehind) {
   if (!exited) kill(child, SIGKILL);
 }
 
+// Launch with the launcher's own stderr lines captured in `*err`.
+absl::StatusOr<int> LaunchCapturingStderr(LaunchOptions options,
+                                          const std::string& dir,
+                                          std::string* err) {
+  const std::string err_file = dir + "/stderr";
+  close(options.stderr_fd);
+  options.stderr_fd =
+      open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (options.stderr_fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open ", err_file));
+  }
+  absl::StatusOr<int> code = Launch(options);
+  close(options.stdout_fd);
+  close(options.stderr_fd);
+  std::ifstream in(err_file);
+  err->assign(std::istreambuf_iterator<char>(in),
+              std::istreambuf_iterator<char>());
+  return code;
+}
+
 // A rank that succeeds but leaves a child in its process group (a daemon, a
 // worker that outlived it): once every rank has exited the launcher stops
 // the child, says so on stderr, and still exits 0.
 TEST(LaunchSupervisionTest, StopsChildrenASuccessfulRankLeftBehind) {
   const std::string dir = FreshDir("leftover_ok");
   const std::string pid_file = dir + "/child.pid";
-  const std::string err_file = dir + "/stderr";
-  LaunchOptions options = Options(
+  const LaunchOptions options = Options(
       2, {"/bin/sh", "-c",
           absl::StrCat("if [ \"$DCP_RANK\" = 1 ]; then sleep 1000 & echo $! > ",
                        pid_file, "; fi; exit 0")});
-  close(options.stderr_fd);
-  options.stderr_fd =
-      open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  ASSERT_GE(options.stderr_fd, 0);
-  absl::StatusOr<int> code = Launch(options);
-  close(options.stdout_fd);
-  close(options.stderr_fd);
+  std::string err;
+  absl::StatusOr<int> code = LaunchCapturingStderr(options, dir, &err);
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   const pid_t child = ReadPid(pid_file);
@@ -119,9 +133,6 @@ TEST(LaunchSupervisionTest, StopsChildrenASuccessfulRankLeftBehind) {
   const bool exited = WaitForExit(child, absl::Seconds(20));
   EXPECT_TRUE(exited) << "the rank's child " << child << " still runs";
   if (!exited) kill(child, SIGKILL);
-  std::ifstream in(err_file);
-  const std::string err((std::istreambuf_iterator<char>(in)),
-                        std::istreambuf_iterator<char>());
   EXPECT_EQ(err,
             "[dcp_launch] every rank exited; stopping 1 process left in the "
             "process group of rank 1\n");
@@ -134,28 +145,19 @@ TEST(LaunchSupervisionTest, StopsChildrenASuccessfulRankLeftBehind) {
 TEST(LaunchSupervisionTest, LetsAChildThatEndsWithItsRankEndByItself) {
   const std::string dir = FreshDir("leftover_ends");
   const std::string done_file = dir + "/done";
-  const std::string err_file = dir + "/stderr";
   LaunchOptions options =
       Options(1, {"/bin/bash", "-c",
                   absl::StrCat("exec 3> >(cat > /dev/null; echo done > ",
                                done_file, "); exit 0")});
   options.stray_wait = absl::Seconds(60);
-  close(options.stderr_fd);
-  options.stderr_fd =
-      open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  ASSERT_GE(options.stderr_fd, 0);
-  absl::StatusOr<int> code = Launch(options);
-  close(options.stdout_fd);
-  close(options.stderr_fd);
+  std::string err;
+  absl::StatusOr<int> code = LaunchCapturingStderr(options, dir, &err);
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
   std::ifstream done(done_file);
   std::string word;
   done >> word;
   EXPECT_EQ(word, "done") << "the child did not end by itself";
-  std::ifstream in(err_file);
-  const std::string err((std::istreambuf_iterator<char>(in)),
-                        std::istreambuf_iterator<char>());
   EXPECT_EQ(err, "");
 }
 
