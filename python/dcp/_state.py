@@ -351,6 +351,9 @@ class Flat:
         self._tuples: list = []
         # Load only: (destination, contiguous temporary).
         self.copy_back: list = []
+        # Load only: DTensor destinations (their local tensors are in
+        # t_objs).
+        self._wrappers: list = []
         self.has_cuda = False
         self.cuda_devices: set = set()
         # Load only, after build(): bytes of host destinations whose memory
@@ -445,6 +448,10 @@ class Flat:
     def _other(self, v, parent, key) -> None:
         if torch is not None and isinstance(v, torch.Tensor):
             if _is_dtensor(v):
+                if self.load:
+                    # Autograd saves the wrapper, whose version counter is
+                    # its own (mark_written).
+                    self._wrappers.append(v)
                 local, gshape, offsets = _dtensor_chunk(v, self.name())
                 self._tensor(local, None if offsets is None else
                              (gshape, offsets))
@@ -835,6 +842,7 @@ class Flat:
         wrote their memory behind torch's back: a graph that saved one of
         them for backward then refuses to use the overwritten values."""
         tensors = [t for t in self.t_objs if type(t) is not np.ndarray]
+        tensors += self._wrappers
         if tensors:
             _increment_versions(tensors)
 

@@ -279,7 +279,13 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
         error = e
         if p is not None:
             p.free()
-    where.agree("async_save", error)
+    try:
+        where.agree("async_save", error)
+    except BaseException:
+        # Another rank failed: nothing of this rank's will run.
+        if error is None:
+            p.free()
+        raise
     L = _lib.lib()
     # Everything the completions need exists before the save starts. Once
     # dcp_async_save has written the handle the save runs on, and owns `p`

@@ -140,14 +140,17 @@ def _save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                          allow_pickle=allow_pickle)
     except BaseException as e:
         error = e
-    where.agree("save", error)
     try:
+        # Raises on every rank when any failed: what this rank prepared is
+        # freed then too.
+        where.agree("save", error)
         md = ctypes.c_void_p()
         _lib.check(_lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
                                        ctypes.byref(md)))
         return Metadata._from_handle(md)
     finally:
-        p.free()
+        if p is not None:
+            p.free()
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None,
@@ -291,8 +294,10 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
     except BaseException as e:
         p.free()
         error = e
-    where.agree("load", error)
     try:
+        # Raises on every rank when any failed: what this rank prepared is
+        # freed then too.
+        where.agree("load", error)
         values = []
         if p.values_sd is not None:
             try:

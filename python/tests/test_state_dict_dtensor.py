@@ -29,6 +29,7 @@ _SCENARIOS = [
     "set_broadcast_from_rank0_flat",
     "broadcast_refuses_dtensor_on_rank0",
     "load_sharded_optimizer_state_dict_into_dtensors",
+    "load_bumps_dtensor_versions",
 ]
 
 
@@ -193,6 +194,26 @@ def _run_scenario(name: str, rank: int, mesh, out_dir: str) -> None:
         _assert_same_tree(
             _full_tree(result["optim"]), sd.get_optimizer_state_dict(ref, ref_optim)
         )
+    elif name == "load_bumps_dtensor_versions":
+        # Autograd saves the DTensor wrapper, whose version counter is its
+        # own: a load must bump it, as copy_ would.
+        import dcp
+        from torch.distributed.tensor import distribute_tensor
+
+        full = torch.arange(8.0).reshape(4, 2)
+        p = nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+        path = os.path.join(out_dir, "versions")
+        dcp.save({"p": p}, checkpoint_id=path)
+        loss = (p * p).sum()  # keeps p for its gradient
+        before = p._version
+        dcp.load({"p": p}, checkpoint_id=path)
+        assert p._version > before
+        try:
+            loss.backward()
+        except RuntimeError as error:
+            assert "modified by an inplace" in str(error), error
+        else:
+            raise AssertionError("backward used the loaded values")
     else:
         raise AssertionError(f"unknown scenario {name}")
 
