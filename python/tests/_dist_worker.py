@@ -243,12 +243,24 @@ def main():
                                             [Shard(0)]))
             dcp.load(back, checkpoint_id=os.path.join(ckpt, sub))
             check(back, full)
-        # A rank that raises before its save: every rank raises.
+        # A rank that raises before its save: every rank raises, and the
+        # others free the C state dict they had prepared.
         bad = 1
+        freed = []
+        real_free = dcp.checkpoint._Prepared.free
+
+        def counting_free(prepared):
+            if prepared.sd is not None:
+                freed.append(prepared.sd)
+            real_free(prepared)
+
+        dcp.checkpoint._Prepared.free = counting_free
         try:
             dcp.save({"x": Exploding(rank, bad), "y": torch.ones(3)},
                      checkpoint_id=os.path.join(ckpt, "bad"))
         except dcp.CheckpointException as e:
+            dcp.checkpoint._Prepared.free = real_free
+            assert rank == bad or len(freed) == 1, freed
             assert list(e.failures) == [bad], e.failures
             assert f"rank {bad} exploded" in str(e), str(e)
             if rank == bad:
