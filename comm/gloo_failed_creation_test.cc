@@ -14,18 +14,12 @@
 #include "absl/time/time.h"
 #include "comm/gloo_process_group.h"
 #include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
 
 namespace dcp::comm {
 namespace {
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using ::dcp::testing::FreshTestDir;
 
 // The files under `dir`: the keys the store holds.
 std::vector<std::string> FilesUnder(const std::string& dir) {
@@ -55,7 +49,7 @@ GlooOptions Options(const std::string& dir, const std::string& name, int rank,
 // interface) and fails at once, rank 0 when rank 1's address does not come
 // within its connect timeout. Whichever fails last removes every key.
 TEST(GlooFailedCreationTest, AFailureAfterJoiningLeavesNoKeys) {
-  const std::string dir = TestDir("gloo_failed_mesh");
+  const std::string dir = FreshTestDir("gloo_failed_mesh");
   absl::Status rank1;
   std::thread other([&] {
     GlooOptions options = Options(dir, "mesh", 1, 2);
@@ -74,7 +68,7 @@ TEST(GlooFailedCreationTest, AFailureAfterJoiningLeavesNoKeys) {
 // Rank 1 never comes: rank 0 fails joining, and removes the record of why
 // (it welcomed nobody, so nobody reads it).
 TEST(GlooFailedCreationTest, AFailedJoinLeavesNoKeys) {
-  const std::string dir = TestDir("gloo_failed_join");
+  const std::string dir = FreshTestDir("gloo_failed_join");
   GlooOptions options = Options(dir, "join", 0, 2);
   options.connect_timeout = absl::Milliseconds(1);
   const absl::Status rank0 = GlooProcessGroup::Create(options).status();

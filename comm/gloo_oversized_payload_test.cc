@@ -28,9 +28,12 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
 
 namespace dcp::comm {
 namespace {
+
+using ::dcp::testing::FreshTestDir;
 
 // The layout GlooProcessGroup puts before every payload.
 struct Header {
@@ -40,14 +43,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == 24);
 constexpr uint64_t kSlotBase = uint64_t{1} << 40;
-
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 // Rank 1 of `options`' group, by hand: joins, forms the mesh, passes the
 // "joined" exchange (announcing no probe address), then announces a
@@ -105,7 +100,7 @@ absl::Status BroadcastFromALiar(const std::string& name,
   GlooOptions options;
   options.rank = 0;
   options.world_size = 2;
-  options.store.path = TestDir(name);
+  options.store.path = FreshTestDir(name);
   options.group_name = name;
   options.connect_timeout = absl::Seconds(60);
   options.timeout = absl::Seconds(60);

@@ -20,9 +20,12 @@
 #include "comm/nccl_process_group.h"
 #include "cuda/host_runtime.h"
 #include "gtest/gtest.h"
+#include "tests/comm/multiprocess.h"
 
 namespace dcp::comm {
 namespace {
+
+using ::dcp::testing::FreshTestDir;
 
 // The runtime of the rank running on this thread: the fake synchronizes a
 // stream (a host runtime handle) before it reads what was copied onto it.
@@ -239,15 +242,6 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> HostRuntimeForThisThread() {
   return runtime;
 }
 
-std::string TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 NcclOptions Options(const std::string& dir, int rank, int size,
                     absl::Duration connect, const std::string& group) {
   NcclOptions options;
@@ -327,7 +321,7 @@ std::vector<absl::Status> RunRanks(const std::string& dir, int size,
 }
 
 TEST(NcclProcessGroupHostTest, ThreeRanksMoveExactBytesAndLeaveNoKeys) {
-  const std::string dir = TestDir("nccl_host_three");
+  const std::string dir = FreshTestDir("nccl_host_three");
   for (const absl::Status& s : RunRanks(dir, 3, "three"))
     EXPECT_TRUE(s.ok()) << s;
   // The join state, the generation's ready key and the unique id are gone.
@@ -344,7 +338,7 @@ TEST(NcclProcessGroupHostTest, ThreeRanksMoveExactBytesAndLeaveNoKeys) {
 // next job forms a fresh generation, moves exact bytes and leaves nothing
 // of its own.
 TEST(NcclProcessGroupHostTest, CrashedJobsKeysAreNotRead) {
-  const std::string dir = TestDir("nccl_host_crashed");
+  const std::string dir = FreshTestDir("nccl_host_crashed");
   const std::string base = "crashed-job/0/nccl";
   {
     StoreAddress address;
@@ -396,7 +390,7 @@ TEST(NcclProcessGroupHostTest, CrashedJobsKeysAreNotRead) {
 // Every rank holds every size, checks all of them and fails alike: no rank
 // is left in the collective waiting for one that refused it.
 TEST(NcclProcessGroupHostTest, PayloadLargerThanTheBoundIsDataLoss) {
-  const std::string dir = TestDir("nccl_host_bound");
+  const std::string dir = FreshTestDir("nccl_host_bound");
   // `op` on both ranks of a fresh group whose ranks accept 1 KiB.
   auto on_both = [&](const std::string& name, auto op) {
     std::vector<absl::Status> results(2);
