@@ -377,9 +377,18 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions* options) {
                  "the job's id, the same on every node (default: from the "
                  "environment, or random on one node)");
   app.add_option_function<double>(
-      "--grace-seconds",
-      [options](double seconds) { options->grace = absl::Seconds(seconds); },
-      "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)");
+         "--grace-seconds",
+         [options](double seconds) { options->grace = absl::Seconds(seconds); },
+         "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option_function<double>(
+         "--stray-wait-seconds",
+         [options](double seconds) {
+           options->stray_wait = absl::Seconds(seconds);
+         },
+         "after every rank exited 0: seconds what is left in their process "
+         "groups may take to exit by itself before it is stopped (default 1)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("command", options->command, "-- PROGRAM ARGS...")->required();
 }
 

@@ -20,9 +20,9 @@
 // left behind (data-loader workers, the child of a wrapper script) stop
 // with the job, and the launcher waits for them (SIGKILL after the grace
 // period) before it returns. After a successful job (every rank exited 0)
-// what is left in the ranks' process groups gets `stray_wait` to exit on
-// its own (a resource tracker or worker that exits when its rank's pipe
-// closes), then is stopped the same way, and the launcher says on stderr
+// what is left in the ranks' process groups gets `stray_wait`
+// (--stray-wait-seconds, default 1) to exit on its own (a resource
+// tracker or worker that exits when its rank's pipe closes), then is stopped the same way, and the launcher says on stderr
 // how many processes of which rank's group; the exit code stays 0 unless
 // a signal reaches the launcher meanwhile (128 + the signal). (torchrun signals
 // only the groups of ranks still running.) A child that left its rank's group

@@ -146,19 +146,30 @@ TEST(LaunchTest, MissingProgramIs127) {
 }
 
 TEST(LaunchTest, ParsesCommandLine) {
-  const char* argv[] = {
-      "dcp_launch", "-n", "4",    "--rendezvous", "/tmp/rv", "--grace-seconds",
-      "0.5",        "--", "prog", "-x",           "--flag"};
-  auto options = ParseLaunchArgs(11, argv);
+  const char* argv[] = {"dcp_launch", "-n",
+                        "4",          "--rendezvous",
+                        "/tmp/rv",    "--grace-seconds",
+                        "0.5",        "--stray-wait-seconds",
+                        "2.5",        "--",
+                        "prog",       "-x",
+                        "--flag"};
+  auto options = ParseLaunchArgs(13, argv);
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->num_ranks, 4);
   EXPECT_EQ(options->rendezvous, "/tmp/rv");
   EXPECT_EQ(options->grace, absl::Milliseconds(500));
+  EXPECT_EQ(options->stray_wait, absl::Milliseconds(2500));
   EXPECT_EQ(options->command,
             (std::vector<std::string>{"prog", "-x", "--flag"}));
   const char* bad[] = {"dcp_launch", "--", "prog"};
   EXPECT_EQ(ParseLaunchArgs(3, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+  const char* negative[] = {"dcp_launch", "-n", "2",   "--stray-wait-seconds",
+                            "-1",         "--", "prog"};
+  const absl::Status refused = ParseLaunchArgs(7, negative).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("--stray-wait-seconds"));
 }
 
 // A real Gloo job: three ranks join through the launcher's environment.
