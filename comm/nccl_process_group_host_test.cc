@@ -436,5 +436,69 @@ TEST(NcclProcessGroupHostTest, PayloadLargerThanTheBoundIsDataLoss) {
   }
 }
 
+// A creation that fails after the ranks met (the unique id was exchanged)
+// leaves nothing in the store: every rank says it left and the last one
+// removes the id, the generation's ready key and the departure keys. Two
+// failures: the communicator does not form on any rank, and no rank has a
+// usable GPU.
+ncclResult_t FailingInit(ncclComm_t* comm, int, ncclUniqueId, int,
+                         ncclConfig_t*) {
+  *comm = nullptr;
+  return ncclSystemError;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceRuntime>> NoRuntime() {
+  return absl::UnavailableError("no CUDA driver");
+}
+
+TEST(NcclProcessGroupHostTest, FailedCreationsAfterMeetingLeaveNoKeys) {
+  static const internal::NcclLibrary* failing = [] {
+    auto* lib = new internal::NcclLibrary(FakeNccl());
+    lib->CommInitRankConfig = FailingInit;
+    return lib;
+  }();
+  struct Case {
+    std::string name;
+    const internal::NcclLibrary* nccl;
+    NcclProcessGroup::RuntimeMaker runtime;
+    absl::StatusCode code;
+    std::string before_rank, after_rank;  // The message names the rank.
+  };
+  const std::vector<Case> cases = {
+      {"init_fails", failing, HostRuntimeForThisThread,
+       absl::StatusCode::kUnavailable, "ncclCommInitRank on rank ",
+       " of 3: NCCL error: fake nccl error"},
+      {"no_gpu", &FakeNccl(), NoRuntime, absl::StatusCode::kFailedPrecondition,
+       "nccl process group, rank ", " of 3: no usable GPU (no CUDA driver)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = FreshTestDir(absl::StrCat("nccl_host_", c.name));
+    std::vector<absl::Status> results(3);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        results[rank] = NcclProcessGroup::CreateWith(
+                            Options(dir, rank, 3, absl::Seconds(20), c.name),
+                            *c.nccl, c.runtime)
+                            .status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(results[rank].code(), c.code) << results[rank];
+      EXPECT_NE(results[rank].message().find(
+                    absl::StrCat(c.before_rank, rank, c.after_rank)),
+                std::string::npos)
+          << results[rank];
+    }
+    std::vector<std::string> left;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      left.push_back(entry.path().filename().string());
+    }
+    EXPECT_TRUE(left.empty()) << ::testing::PrintToString(left);
+  }
+}
+
 }  // namespace
 }  // namespace dcp::comm
