@@ -461,6 +461,38 @@ int dcp_state_dict_leaf(const dcp_state_dict_t* sd, size_t index,
   });
 }
 
+int dcp_state_dict_dtype_mismatches(const dcp_state_dict_t* sd,
+                                    const dcp_metadata_t* md, size_t capacity,
+                                    size_t* indices, int32_t* saved_dtypes,
+                                    size_t* count) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(count, "size_t* count"));
+    DCP_ASSIGN_OR_RETURN(dcp_state_dict * h, Resolve(sd));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * m, Resolve(md));
+    DCP_ASSIGN_OR_RETURN(const auto* leaves, dcp::capi::Leaves(*h));
+    // Both are in flattened-name order: one merge walk.
+    size_t found = 0;
+    auto item = m->items.begin();
+    for (size_t i = 0; i < leaves->size(); ++i) {
+      const auto& [name, value] = (*leaves)[i];
+      if (!value->is_tensor() && !value->is_sharded_tensor()) continue;
+      while (item != m->items.end() && *item->name < name) ++item;
+      if (item == m->items.end()) break;
+      if (*item->name != name || item->tensor == nullptr) continue;
+      const int32_t saved =
+          static_cast<int32_t>(item->tensor->properties.dtype);
+      if (dcp::capi::LeafInfo(*value).dtype == saved) continue;
+      if (found < capacity) {
+        if (indices != nullptr) indices[found] = i;
+        if (saved_dtypes != nullptr) saved_dtypes[found] = saved;
+      }
+      ++found;
+    }
+    *count = found;
+    return absl::OkStatus();
+  });
+}
+
 int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd, dcp_path_t path,
                               DLManagedTensor** out) {
   return Guard([&]() -> absl::Status {

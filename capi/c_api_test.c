@@ -889,6 +889,63 @@ static void test_load_with_read_metadata(void) {
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
+/* dcp_state_dict_dtype_mismatches: the tensor leaves a load would refuse
+ * for their dtype, with the checkpoint's dtypes; leaves the checkpoint
+ * lacks or holds as plain values do not count. */
+static void test_dtype_mismatches(void) {
+  float f32[4] = {1, 2, 3, 4};
+  int32_t i32[4] = {5, 6, 7, 8};
+  double f64[4];
+  int64_t shape[1] = {4};
+  size_t indices[4], count = 99;
+  int32_t dtypes[4];
+  const char* name = NULL;
+  dcp_leaf_info_t info;
+  char dir[4200];
+  dcp_state_dict_t* sd = NULL;
+  dcp_metadata_t* md = NULL;
+  dcp_save_options_t so;
+  dcp_load_options_t lo;
+  DLTensor a, b, c;
+
+  CHECK_OK(dcp_state_dict_create(&sd));
+  a = make_tensor(f32, 1, shape, NULL, kDLFloat, 32);
+  b = make_tensor(i32, 1, shape, NULL, kDLInt, 32);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("m"), KEY("a")), &a, NULL));
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("m"), KEY("b")), &b, NULL));
+  CHECK_OK(dcp_state_dict_set_int(sd, PATH(KEY("v")), 3));
+  so = save_options(dir_for("dtype-mismatches", dir, sizeof(dir)));
+  CHECK_OK(dcp_save(sd, &so, NULL));
+  CHECK_OK(dcp_metadata_read(dir, &md));
+  CHECK_OK(dcp_state_dict_free(sd));
+
+  /* m.a as f64 (mismatch), m.b as i32 (same), v as a tensor (a plain value
+   * in the checkpoint), z (not in the checkpoint). */
+  CHECK_OK(dcp_state_dict_create(&sd));
+  c = make_tensor(f64, 1, shape, NULL, kDLFloat, 64);
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("m"), KEY("a")), &c, NULL));
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("m"), KEY("b")), &b, NULL));
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("v")), &c, NULL));
+  CHECK_OK(dcp_state_dict_set_tensor(sd, PATH(KEY("z")), &c, NULL));
+  CHECK_OK(dcp_state_dict_dtype_mismatches(sd, md, 0, NULL, NULL, &count));
+  CHECK(count == 1);
+  CHECK_OK(dcp_state_dict_dtype_mismatches(sd, md, 4, indices, dtypes, &count));
+  CHECK(count == 1 && dtypes[0] == DCP_DTYPE_F32);
+  info.struct_size = sizeof(info);
+  CHECK_OK(dcp_state_dict_leaf(sd, indices[0], &name, &info));
+  CHECK(strcmp(name, "m.a") == 0 && info.dtype == DCP_DTYPE_F64);
+  /* What the load refuses, naming the tensor. */
+  lo = load_options(dir);
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_INVALID_ARGUMENT, "\"m.a\"");
+  CHECK_ERROR(dcp_state_dict_dtype_mismatches(sd, md, 0, NULL, NULL, NULL),
+              DCP_INVALID_ARGUMENT, "count");
+  CHECK_ERROR(dcp_state_dict_dtype_mismatches(sd, (const dcp_metadata_t*)sd, 0,
+                                              NULL, NULL, &count),
+              DCP_INVALID_ARGUMENT, "dcp_metadata_t");
+  CHECK_OK(dcp_metadata_free(md));
+  CHECK_OK(dcp_state_dict_free(sd));
+}
+
 /* ------------------------------------------------------------------------
  * Hugging Face storage
  * ---------------------------------------------------------------------- */
@@ -2465,6 +2522,7 @@ int main(void) {
   test_metadata_extras();
   test_writer_and_reader_handles();
   test_load_with_read_metadata();
+  test_dtype_mismatches();
   test_writer_compression();
   test_writer_safetensors();
   test_hf_roundtrip();

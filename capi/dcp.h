@@ -316,6 +316,20 @@ DCP_API int dcp_state_dict_num_leaves(const dcp_state_dict_t* sd, size_t* out);
 DCP_API int dcp_state_dict_leaf(const dcp_state_dict_t* sd, size_t index,
                                 const char** name, dcp_leaf_info_t* out);
 
+/* Tensor leaves of `sd` whose dtype differs from that of the tensor of the
+ * same flattened name in the checkpoint metadata `md` (what a load of `sd`
+ * refuses with DCP_INVALID_ARGUMENT): how many into `*count`, and the first
+ * `capacity` of their leaf indices (dcp_state_dict_leaf order) into
+ * `indices` and the checkpoint's dtypes (dcp_dtype_t) into `saved_dtypes`
+ * (either may be NULL). Leaves the checkpoint lacks or holds as a plain
+ * value do not count. A caller that converts on load loads these leaves
+ * into tensors of the saved dtypes, then converts them itself. */
+DCP_API int dcp_state_dict_dtype_mismatches(const dcp_state_dict_t* sd,
+                                            const dcp_metadata_t* md,
+                                            size_t capacity, size_t* indices,
+                                            int32_t* saved_dtypes,
+                                            size_t* count);
+
 /* Exports the tensor leaf at `path` as DLPack, sharing its memory (which
  * the DLManagedTensor keeps alive until its deleter is called). */
 DCP_API int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd,
