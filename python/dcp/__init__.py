@@ -30,6 +30,11 @@ from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
                        MetadataIndex, StorageInfo, StorageMeta,
                        TensorProperties,
                        TensorStorageMetadata, read_metadata)
+from .interfaces import (BytesIOWriteData, CheckpointableTensor, FileSystem,
+                         FileSystemBase, LoadItemType, LoadPlan, LoadPlanner,
+                         ReadItem, SavePlan, SavePlanner, StorageReader,
+                         StorageWriter, TensorWriteData, WriteItem,
+                         WriteItemType)
 from .planner import DefaultLoadPlanner, DefaultSavePlanner
 from .process_group import ProcessGroup
 from .stateful import Stateful
@@ -75,4 +80,8 @@ __all__ = [
     "get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
     "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict",
     "StateDictOptions", "load_sharded_optimizer_state_dict",
+    "BytesIOWriteData", "CheckpointableTensor", "FileSystem",
+    "FileSystemBase", "LoadItemType", "LoadPlan", "LoadPlanner", "ReadItem",
+    "SavePlan", "SavePlanner", "StorageReader", "StorageWriter",
+    "TensorWriteData", "WriteItem", "WriteItemType",
 ]

@@ -244,11 +244,41 @@ class ItemInfo(Structure):
                 ("path_len", c_size_t)]
 
 
+_INT_TYPES = (ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_int64,
+              ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32,
+              ctypes.c_uint64)
+_bounds_cache: dict = {}
+
+
+def _int_bounds(struct_type):
+    """{field name: (low, high)} of the integer fields of `struct_type`."""
+    bounds = _bounds_cache.get(struct_type)
+    if bounds is None:
+        bounds = {}
+        for name, ctype, *_ in struct_type._fields_:
+            if any(ctype is t or ctype.__name__ == t.__name__
+                   for t in _INT_TYPES):
+                bits = 8 * ctypes.sizeof(ctype)
+                signed = ctype(-1).value < 0
+                bounds[name] = ((-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+                                if signed else (0, (1 << bits) - 1))
+        _bounds_cache[struct_type] = bounds
+    return bounds
+
+
 def sized(struct_type, **fields):
-    """A zeroed option struct with struct_size set, then `fields`."""
+    """A zeroed option struct with struct_size set, then `fields`. An int
+    outside its field's C type raises ValueError naming the field and the
+    value (ctypes would wrap it silently)."""
     s = struct_type()
     s.struct_size = ctypes.sizeof(struct_type)
+    bounds = _int_bounds(struct_type)
     for name, value in fields.items():
+        limits = bounds.get(name)
+        if limits is not None and isinstance(value, int) and \
+                not limits[0] <= value <= limits[1]:
+            raise ValueError(f"{name}={value} is outside [{limits[0]}, "
+                             f"{limits[1]}]")
         setattr(s, name, value)
     return s
 
@@ -289,6 +319,9 @@ _PROTOTYPES = {
     "dcp_state_dict_leaf": (
         c_int, [_P, c_size_t, POINTER(c_char_p), POINTER(LeafInfo)]),
     "dcp_state_dict_get_dlpack": (c_int, [_P, Path, _PP]),
+    "dcp_state_dict_dtype_mismatches": (
+        c_int, [_P, _P, c_size_t, POINTER(c_size_t), POINTER(c_int32),
+                POINTER(c_size_t)]),
     "dcp_fs_writer_create": (
         c_int, [c_char_p, POINTER(FsWriterOptions), _PP]),
     "dcp_storage_writer_free": (c_int, [_P]),

@@ -650,17 +650,12 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
     from .planner import save_options
     from .process_group import resolve
-    from .storage import WRITERS
+    from .storage import WRITERS, check_writer
     global _debug_hold_next, _stager
     where = resolve(process_group, no_dist)
     error = None
     try:
-        if storage_writer is not None and not isinstance(storage_writer,
-                                                         WRITERS):
-            raise TypeError(
-                f"storage_writer {type(storage_writer).__name__} is not "
-                "supported; dcp writes through FileSystemWriter, "
-                "HuggingFaceStorageWriter or MegaStorageWriter")
+        check_writer(storage_writer)
         path = _checkpoint_path(checkpoint_id, storage_writer, "save")
         save_options(planner)  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
@@ -674,7 +669,11 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     total = offset
     writer_spec = None
     if storage_writer is not None:
-        writer_spec = type(storage_writer)(**storage_writer._spec())
+        # dcp's own class of the writer: a subclass's constructor may take
+        # other arguments.
+        writer_class = next(c for c in type(storage_writer).__mro__
+                            if c in WRITERS)
+        writer_spec = writer_class(**storage_writer._spec())
     from .planner import DefaultSavePlanner
     spec = dict(checkpoint_id=path, storage_writer=writer_spec,
                 planner=(DefaultSavePlanner(**planner._spec())
@@ -763,9 +762,14 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             _pool.release(seg)
             job.upload.set_exception(error)
 
-    with _writer_lock:
-        if _stager is None:
-            _stager = ThreadPoolExecutor(
-                1, thread_name_prefix="dcp-process-stager")
-        _stager.submit(stage)
+    if threading.current_thread().name.startswith("dcp-process-stager"):
+        # Called from a done-callback of an earlier save's staging, on the
+        # stager's one thread: queued behind itself it would never run.
+        stage()
+    else:
+        with _writer_lock:
+            if _stager is None:
+                _stager = ThreadPoolExecutor(
+                    1, thread_name_prefix="dcp-process-stager")
+            _stager.submit(stage)
     return AsyncSaveResponse(job.staging, job.upload)

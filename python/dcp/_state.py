@@ -435,7 +435,10 @@ class Flat:
         t = type(v)
         if torch is not None and (t is torch.Tensor or
                                   t is torch.nn.Parameter):
-            self._tensor(v, None)
+            if getattr(v, "global_shape", None) is None:
+                self._tensor(v, None)
+            else:
+                self._checkpointable(v)
         elif t is dict:
             self._dict(v)
         elif t is list or t is tuple:
@@ -457,6 +460,8 @@ class Flat:
                              (gshape, offsets))
             elif _is_async_collective(v):
                 self._tensor(v.wait(), None)
+            elif getattr(v, "global_shape", None) is not None:
+                self._checkpointable(v)
             else:
                 self._tensor(v, None)
         elif isinstance(v, ShardedTensor):
@@ -469,6 +474,54 @@ class Flat:
             self._seq(v, parent, key)
         else:
             self._plain(v, parent, key)
+
+    def _checkpointable(self, t) -> None:
+        """A CheckpointableTensor (dcp.interfaces): a local tensor holding
+        a shard of the global tensor of shape t.global_shape."""
+        name = self.name()
+        try:
+            gshape = tuple(int(s) for s in t.global_shape)
+            goffsets = [tuple(int(o) for o in g) for g in t.global_offsets]
+            loffsets = [tuple(int(o) for o in g) for g in t.local_offsets]
+            lsizes = [tuple(int(s) for s in g) for g in t.local_sizes]
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"'{name}': a tensor with global_shape must also carry "
+                "global_offsets, local_offsets and local_sizes, one tuple "
+                f"of ints per shard (CheckpointableTensor): {e}") from None
+        if not (len(goffsets) == len(loffsets) == len(lsizes)):
+            raise ValueError(
+                f"'{name}': global_offsets, local_offsets and local_sizes "
+                f"list {len(goffsets)}, {len(loffsets)} and {len(lsizes)} "
+                "shards; they must list the same shards")
+        if len(goffsets) != 1:
+            raise NotImplementedError(
+                f"'{name}': a CheckpointableTensor with {len(goffsets)} "
+                "shards; dcp takes one shard per tensor (pass each shard "
+                "as a ShardedTensor of its own slice)")
+        ndim = t.dim()
+        for what, v in (("global_shape", gshape), ("global_offsets",
+                                                   goffsets[0]),
+                        ("local_offsets", loffsets[0]),
+                        ("local_sizes", lsizes[0])):
+            if len(v) != ndim:
+                raise ValueError(
+                    f"'{name}': {what} {v} has {len(v)} dims, the tensor "
+                    f"{ndim}")
+        box = []
+        for d in range(ndim):
+            lo, size = loffsets[0][d], lsizes[0][d]
+            if lo < 0 or size < 0 or lo + size > t.shape[d] or \
+                    goffsets[0][d] < 0 or \
+                    goffsets[0][d] + size > gshape[d]:
+                raise ValueError(
+                    f"'{name}': shard of local offsets {loffsets[0]} and "
+                    f"sizes {lsizes[0]} at global offsets {goffsets[0]} "
+                    f"does not fit the local shape {tuple(t.shape)} and the "
+                    f"global shape {gshape}")
+            box.append(slice(lo, lo + size))
+        local = t[tuple(box)] if ndim else t
+        self._tensor(local, (gshape, goffsets[0]))
 
     def _tensor(self, t, shard) -> None:
         if not isinstance(t, np.ndarray) and (t.layout is not torch.strided
@@ -542,6 +595,64 @@ class Flat:
             self.copy_back.append((t, tmp))
             return tmp
         return t
+
+    def convert_on_load(self, sd, metadata) -> bool:
+        """Load only, before the load of `sd` (this Flat's build): where a
+        destination tensor's dtype differs from the checkpoint's (the C
+        metadata handle `metadata`), loads into a temporary of the saved
+        dtype instead, which write_back copies into the destination,
+        converting as torch's copy_ (numpy: assignment) does. Returns
+        whether any leaf changed (then build again). numpy destinations of
+        a dtype numpy lacks (bf16, float8) are left for the load to
+        refuse."""
+        L = _lib.lib()
+        count = ctypes.c_size_t()
+        _lib.check(L.dcp_state_dict_dtype_mismatches(
+            sd, metadata, 0, None, None, ctypes.byref(count)))
+        if count.value == 0:
+            return False
+        n = count.value
+        indices = (ctypes.c_size_t * n)()
+        dtypes = (ctypes.c_int32 * n)()
+        _lib.check(L.dcp_state_dict_dtype_mismatches(
+            sd, metadata, n, indices, dtypes, ctypes.byref(count)))
+        info = _lib.sized(_lib.LeafInfo)
+        name = ctypes.c_char_p()
+        saved = {}
+        for k in range(n):
+            _lib.check(L.dcp_state_dict_leaf(sd, indices[k],
+                                             ctypes.byref(name),
+                                             ctypes.byref(info)))
+            saved[name.value.decode()] = dtypes[k]
+        # The temporaries already standing in for strided destinations.
+        standing = {id(tmp): j for j, (_, tmp) in enumerate(self.copy_back)}
+        changed = False
+        for i, path in enumerate(self.t_paths):
+            code = saved.get(self.name(path))
+            if code is None:
+                continue
+            t = self.t_objs[i]
+            if isinstance(t, np.ndarray):
+                np_name = DCP_DTYPE_NAMES.get(code)
+                if np_name is None or not hasattr(np, np_name):
+                    continue
+                tmp = t.astype(getattr(np, np_name), order="C")
+            else:
+                dtype = torch_dtype(code)
+                if not isinstance(dtype, torch.dtype):
+                    continue
+                # Starts as the destination's values, as _load_destination's
+                # temporaries do.
+                tmp = t.detach().to(dtype=dtype, memory_format=torch
+                                    .contiguous_format, copy=True)
+            j = standing.get(id(t))
+            if j is not None:
+                self.copy_back[j] = (self.copy_back[j][0], tmp)
+            else:
+                self.copy_back.append((t, tmp))
+            self.t_objs[i] = tmp
+            changed = True
+        return changed
 
     def _plain(self, v, parent, key) -> None:
         self.v_paths.append(tuple(self._path))
@@ -698,7 +809,7 @@ class Flat:
         torch_dl = _TORCH_DL
         cpu = _lib.DL_CPU
         for t in objs:
-            if type(t) is np.ndarray:
+            if isinstance(t, np.ndarray):
                 ptr, dl, dev = self._numpy_info(t, len(ptrs))
                 if self.load:
                     self.host_bytes += t.nbytes
@@ -797,7 +908,7 @@ class Flat:
         it does not support, a big-endian or oddly strided numpy array),
         without building: for callers that hand the tensors on."""
         for i, t in enumerate(self.t_objs):
-            if type(t) is np.ndarray:
+            if isinstance(t, np.ndarray):
                 self._numpy_info(t, i)
             elif _TORCH_DL.get(t.dtype) is None:
                 raise TypeError(f"'{self.name(self.t_paths[i])}': dtype "
@@ -841,7 +952,7 @@ class Flat:
         destination, as torch's in-place copy_ would, since the engine
         wrote their memory behind torch's back: a graph that saved one of
         them for backward then refuses to use the overwritten values."""
-        tensors = [t for t in self.t_objs if type(t) is not np.ndarray]
+        tensors = [t for t in self.t_objs if not isinstance(t, np.ndarray)]
         tensors += self._wrappers
         if tensors:
             _increment_versions(tensors)
@@ -855,7 +966,10 @@ class Flat:
             if isinstance(dst, np.ndarray):
                 dst[...] = tmp
             else:
-                dst.copy_(tmp)
+                # A parameter (a leaf that requires grad) takes the values
+                # as torch's DCP gives them; the copy bumps its version.
+                with torch.no_grad():
+                    dst.copy_(tmp)
         for (parent, key, _), value in zip(self.v_slots, values):
             if value is not _SKIP:
                 parent[key] = value

@@ -2,10 +2,12 @@
 
 THREAD (the default) is the engine's own: dcp_async_save stages the
 tensors into host memory on dcp's threads and writes and commits in the
-background. async_save returns at once with an AsyncSaveResponse whose
-staging_completion resolves when the caller may change its tensors again
-and upload_completion (to the committed Metadata) when the checkpoint is
-committed. The caller's tensors are kept referenced until staging is done.
+background. Its staging_completion resolves when the caller may change its
+tensors again and upload_completion (to the committed Metadata) when the
+checkpoint is committed; async_save returns the upload Future once staging
+is done, or at once an AsyncSaveResponse of both when a DefaultStager
+stages asynchronously (the seed's rule, see async_save). The caller's
+tensors are kept referenced until staging is done.
 
 PROCESS runs the upload in one persistent writer process (see
 dcp._process_writer).
@@ -37,7 +39,7 @@ from typing import Any
 from . import _lib, _state
 from .checkpoint import _stateful_to_state_dict, prepare_save, save
 from .metadata import Metadata
-from .process_group import resolve, take_turn
+from .process_group import free_parked_groups, resolve, take_turn
 
 __all__ = ["async_save", "AsyncCheckpointerType", "AsyncSaveResponse"]
 
@@ -53,9 +55,9 @@ class AsyncSaveResponse:
     (the tensors may change again). upload_completion: Future[Metadata],
     done when the checkpoint is committed.
 
-    It also behaves as the upload Future (result(), done(), exception(),
-    add_done_callback(), cancel()), so code written for the seed's plain
-    Future return keeps working."""
+    async_save returns one when staging continues after the call (see
+    async_save). It also behaves as the upload Future (result(), done(),
+    exception(), add_done_callback(), cancel())."""
 
     staging_completion: Future
     upload_completion: Future
@@ -176,9 +178,14 @@ class _CompletionFuture(Future):
 class _EngineJob:
     """One dcp_async_save: its handles, the borrowed tensors and futures."""
 
-    def __init__(self, prepared, handle, keep_tensors=False):
+    def __init__(self, prepared, handle, keep_tensors=False, group=None):
         self.prepared = prepared
         self.handle = handle
+        # The dcp.ProcessGroup the save runs in: its store callbacks must
+        # outlive the upload, whatever the caller drops or closes.
+        self.group = group
+        self._lock = threading.Lock()
+        self._waiters = 0  # wait_staged calls on the C handle
         # A copy-on-write stager reads the tensors' memory until the upload:
         # their storages too, should a tensor be given another one
         # (`param.data = ...`, `.to()` of a module) meanwhile.
@@ -240,11 +247,37 @@ class _EngineJob:
             # The engine holds its own copies once staged: drop the tensors.
             if which == _lib.STAGING and not self.keep_tensors:
                 self.prepared.flat = None
-            self.remaining -= 1
+            with self._lock:
+                self.remaining -= 1
+                last = self.remaining == 0 and self._waiters == 0
+            if last:
+                self._free()
+
+    def _free(self):
+        self.storages = None
+        _lib.lib().dcp_async_save_free(self.handle)
+        self.prepared.free()
+        self.group = None
+        free_parked_groups()
+
+    def wait_staged(self):
+        """Blocks until the engine has staged (its own completion, not the
+        staging future, which the dcp-completions thread resolves: this
+        works on that thread too)."""
+        with self._lock:
             if self.remaining == 0:
-                self.storages = None
-                _lib.lib().dcp_async_save_free(self.handle)
-                self.prepared.free()
+                return  # both completions done, the handle freed
+            self._waiters += 1
+        try:
+            done = ctypes.c_int32()
+            _lib.lib().dcp_async_save_wait(self.handle, _lib.STAGING, -1,
+                                           ctypes.byref(done))
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                last = self.remaining == 0 and self._waiters == 0
+            if last:
+                self._free()
 
 
 def _engine_async_save(state_dict, *, process_group, no_dist, **kwargs):
@@ -295,7 +328,7 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
     handle = ctypes.c_void_p()
     try:
         job = _EngineJob(p, handle, keep_tensors=stager is not None and
-                         stager.config.copy_on_write)
+                         stager.config.copy_on_write, group=where.group)
         _ensure_thread()
         with _interrupts_deferred():
             try:
@@ -309,7 +342,9 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
         if not handle.value:
             p.free()
         raise
-    return AsyncSaveResponse(job.staging, job.upload)
+    response = AsyncSaveResponse(job.staging, job.upload)
+    response._wait_staged = job.wait_staged
+    return response
 
 
 # Uploads after a custom async_stager: one at a time, in call order.
@@ -321,7 +356,12 @@ _submit_lock = threading.Lock()  # Turns in the order uploads are queued.
 
 def _stager_async_save(state_dict, async_stager, upload_fn, where):
     global _upload_executor
-    staged = async_stager.stage(_stateful_to_state_dict(state_dict))
+    try:
+        staged = async_stager.stage(_stateful_to_state_dict(state_dict))
+    except BaseException as error:  # the seed: a failed Future, not a raise
+        failure: Future = Future()
+        failure.set_exception(error)
+        return failure
     staging: Future = Future()
     if isinstance(staged, Future):
         def complete(f):
@@ -366,7 +406,28 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
             raise
         # A cancelled upload never runs: its turn ends with it.
         result.add_done_callback(lambda f: f.cancelled() and turn.end())
-    return AsyncSaveResponse(staging, result)
+    response = AsyncSaveResponse(staging, result)
+    # The seed: a stager that staged in the call gives the upload Future.
+    return _staged_in_call(response) if not isinstance(staged, Future) \
+        else response
+
+
+def _staged_in_call(response: AsyncSaveResponse) -> Future:
+    """The seed's return for a save whose staging ended in the call: the
+    upload Future, once staging is done (waited for here when it is not
+    yet). It also carries `staging_completion` and `upload_completion`
+    (itself), as an AsyncSaveResponse would; staging_completion is done,
+    except in a call from a done-callback of another dcp save (which runs
+    on the thread that resolves it): it then resolves just after."""
+    wait_staged = getattr(response, "_wait_staged", None)
+    if wait_staged is not None:
+        wait_staged()  # the engine's own completion
+    if threading.current_thread() is not _thread:
+        concurrent.futures.wait([response.staging_completion])
+    upload = response.upload_completion
+    upload.staging_completion = response.staging_completion
+    upload.upload_completion = upload
+    return upload
 
 
 def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
@@ -376,15 +437,25 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
                no_dist=False, use_collectives=True, allow_pickle=False):
     """Stages `state_dict` and writes the checkpoint in the background.
 
-    Returns an AsyncSaveResponse at once (see it); do not change the
-    tensors before staging_completion is done. THREAD: the engine stages
-    and uploads on its threads. PROCESS: staged into shared memory, written
-    by a persistent writer process. async_stager: an object with
-    stage(state_dict) (returning the staged state dict or a Future of it);
-    the staged dict is then saved synchronously on a background thread
-    (THREAD) or by the writer process (PROCESS). Errors in the arguments
-    or the state dict raise here; errors of the save itself fail the
-    futures with CheckpointException.
+    What it returns follows the seed. Without async_stager, or with a
+    dcp.DefaultStager whose StagingOptions.use_async_staging is False,
+    staging ends in the call and the return is the upload Future
+    (concurrent.futures.Future of the committed Metadata; it also carries
+    staging_completion, done, and upload_completion, itself): the tensors
+    may change as soon as it returns. With a dcp.DefaultStager staging
+    asynchronously (the default StagingOptions) the call returns at once
+    with an AsyncSaveResponse: do not change the tensors before its
+    staging_completion is done.
+
+    THREAD: the engine stages and uploads on its threads. PROCESS: staged
+    into shared memory, written by a persistent writer process.
+    async_stager may also be an object of the caller's with
+    stage(state_dict), returning the staged state dict (the return is then
+    the upload Future) or a Future of it (an AsyncSaveResponse); the staged
+    dict is saved on a background thread (THREAD) or by the writer process
+    (PROCESS); an exception from stage() fails the returned Future. Errors
+    in the arguments or the state dict raise here; errors of the save
+    itself fail the futures with CheckpointException.
     """
     if not isinstance(async_checkpointer_type, AsyncCheckpointerType):
         async_checkpointer_type = AsyncCheckpointerType(
@@ -399,27 +470,34 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
         # The engine's stager: THREAD stages through it; PROCESS stages
         # into the writer process's shared memory instead.
         engine_stager, async_stager = async_stager, None
+    if async_stager is not None:  # a stager of the caller's
+        if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
+            from . import _process_writer
+            upload = (lambda sd: _process_writer.async_save(sd, **kwargs)
+                      .upload_completion.result())
+        else:
+            upload = (lambda sd: save(sd, **kwargs))
+        return _stager_async_save(state_dict, async_stager, upload,
+                                  resolve(process_group, no_dist))
+    # The seed stages in the call unless a stager stages asynchronously.
+    in_call = engine_stager is None or \
+        not engine_stager.config.use_async_staging
     if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
         from . import _process_writer
-        if async_stager is not None:
-            return _stager_async_save(
-                state_dict, async_stager,
-                lambda sd: _process_writer.async_save(sd, **kwargs)
-                .upload_completion.result(), resolve(process_group, no_dist))
-        return _process_writer.async_save(
+        response = _process_writer.async_save(
             state_dict, copy_on_write=engine_stager is not None and
             engine_stager.config.copy_on_write, **kwargs)
-    if async_stager is not None:
-        return _stager_async_save(state_dict, async_stager,
-                                  lambda sd: save(sd, **kwargs),
-                                  resolve(process_group, no_dist))
-    return _engine_async_save(state_dict, stager=engine_stager, **kwargs)
+    else:
+        response = _engine_async_save(state_dict, stager=engine_stager,
+                                      **kwargs)
+    return _staged_in_call(response) if in_call else response
 
 
 def _at_exit():
     L = _lib._lib
     if L is not None:
         L.dcp_shutdown()  # waits for every upload; callbacks still run
+        free_parked_groups()
 
 
 atexit.register(_at_exit)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 
 from . import _lib, _state, errors
 from .metadata import Metadata
 from .planner import load_options, save_options
 from .process_group import resolve, take_turn
 from .stateful import is_stateful
-from .storage import READERS, WRITERS, FileSystemReader
+from .storage import FileSystemReader, check_reader, check_writer
 
 __all__ = ["save", "load", "save_state_dict", "load_state_dict"]
 
@@ -71,12 +72,22 @@ class _Prepared:
 
 
 def _checkpoint_path(checkpoint_id, storage, kind):
+    """The directory (or URI) a save/load of `kind` uses, as the seed's
+    _storage_setup: checkpoint_id when given, and then a given `storage` is
+    reset(checkpoint_id) to point there too; else the storage's path.
+    Neither raises errors.CheckpointIdMissingError (a ValueError and a
+    RuntimeError)."""
     if checkpoint_id is not None:
-        return os.fspath(checkpoint_id)
+        path = os.fspath(checkpoint_id)
+        reset = getattr(storage, "reset", None)
+        if callable(reset):
+            reset(checkpoint_id)
+        return path
     if storage is not None:
         return storage.path
-    raise ValueError(f"{kind}: pass checkpoint_id or a storage_"
-                     f"{'writer' if kind == 'save' else 'reader'}")
+    raise errors.CheckpointIdMissingError(
+        f"{kind}: pass checkpoint_id or a storage_"
+        f"{'writer' if kind == 'save' else 'reader'}")
 
 
 def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
@@ -84,11 +95,7 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
                  flat=None):
     """The C state dict and options of a save (raises on bad input).
     `flat`: an already walked state dict (state_dict is then ignored)."""
-    if storage_writer is not None and not isinstance(storage_writer,
-                                                     WRITERS):
-        raise TypeError(f"storage_writer {type(storage_writer).__name__} is "
-                        "not supported; dcp writes through FileSystemWriter, "
-                        "HuggingFaceStorageWriter or MegaStorageWriter")
+    check_writer(storage_writer)
     path = _checkpoint_path(checkpoint_id, storage_writer, "save")
     planner_options = save_options(planner)
     p = _Prepared()
@@ -145,8 +152,12 @@ def _save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
         # freed then too.
         where.agree("save", error)
         md = ctypes.c_void_p()
-        _lib.check(_lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
-                                       ctypes.byref(md)))
+        code = _lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
+                                   ctypes.byref(md))
+        if code != _lib.OK:
+            _, message, failures = _lib.last_error()
+            raise errors.from_status(code, message, failures,
+                                     rank=where.rank)
         return Metadata._from_handle(md)
     finally:
         if p is not None:
@@ -163,12 +174,16 @@ def save(state_dict, *, checkpoint_id=None, storage_writer=None,
       arrays and plain values; top-level Stateful objects are saved as
       their state_dict(). Nothing is copied: do not change the tensors
       until save returns.
-    checkpoint_id: the checkpoint directory (or storage_writer's path).
+    checkpoint_id: the checkpoint directory (or storage_writer's path);
+      given with storage_writer, the writer is reset(checkpoint_id) to it.
+      Neither raises errors.CheckpointIdMissingError (ValueError,
+      RuntimeError).
     storage_writer: a FileSystemWriter, HuggingFaceStorageWriter or
       MegaStorageWriter (its options).
     planner: a DefaultSavePlanner (its options).
     process_group: None (torch.distributed's group when initialized, else
-      a single process), a torch ProcessGroup or a dcp.ProcessGroup.
+      a single process), a torch ProcessGroup (ignored, as None, while
+      torch.distributed is not initialized) or a dcp.ProcessGroup.
     no_dist: save without any collective.
     use_collectives: False: each rank saves its own rank-local checkpoint.
     allow_pickle (dcp only): store other objects pickled; loading such a
@@ -199,16 +214,89 @@ def save_state_dict(state_dict, storage_writer, process_group=None,
                  stateful=False)
 
 
-def _load_checked(sd, options, path):
-    """dcp_load; raises on failure (CheckpointFileNotFoundError when there
-    is no checkpoint at `path`)."""
+def _load_checked(sd, options, path, rank=0, file_system=False):
+    """dcp_load; raises on failure (errors.from_status, this process being
+    `rank`): CheckpointFileNotFoundError when there is no checkpoint at
+    `path`; for a FileSystem checkpoint (`file_system`) whose .metadata
+    torch.distributed.checkpoint wrote, CheckpointNotImplementedError
+    saying how to convert it (errors.foreign_checkpoint_error)."""
     code = _lib.lib().dcp_load(sd, ctypes.byref(options))
+    if code == _lib.OK:
+        return
+    _, message, failures = _lib.last_error()
     if code == _lib.NOT_FOUND and not os.path.exists(
             os.path.join(path, ".metadata")):
-        _, message, failures = _lib.last_error()
-        exc = errors.from_status(code, message, failures)
-        raise errors.CheckpointFileNotFoundError(exc.msg, exc.failures, code)
-    _lib.check(code)
+        raise errors.from_status(code, message, failures, rank=rank,
+                                 cls=errors.CheckpointFileNotFoundError)
+    exc = errors.from_status(code, message, failures, rank=rank)
+    foreign = errors.foreign_checkpoint_error(exc, path) \
+        if file_system else None
+    if foreign is not None:
+        raise foreign from exc
+    raise exc
+
+
+def _convert_dtypes(flat, p, path, storage_reader) -> bool:
+    """Has `flat` load its tensors whose dtype differs from the checkpoint's
+    through temporaries of the saved dtype, converted into the destinations
+    afterwards, as torch's DCP converts with copy_ (_state.Flat
+    .convert_on_load). The metadata is what the load plans against
+    (p.metadata), else read here through the storage the load uses (a Hugging
+    Face or MEGA directory without a storage_reader: the one the library
+    picks). Returns whether p.sd must be built again. Where the metadata
+    cannot be read, nothing is converted and the load reports why."""
+    if not flat.t_objs:
+        return False
+    if p.metadata is not None:
+        return flat.convert_on_load(p.sd, p.metadata)
+    L = _lib.lib()
+    reader = p.reader
+    own_reader = None
+    try:
+        if reader is None:
+            from .metadata import _is_hf_directory, _is_mega_directory
+            if _is_mega_directory(path):
+                from .storage import MegaStorageReader
+                own_reader = MegaStorageReader(path)._create(path)
+            elif "://" not in path and _is_hf_directory(path):
+                from .storage import HuggingFaceStorageReader
+                own_reader = HuggingFaceStorageReader(path)._create(path)
+            reader = own_reader
+        if reader is None:
+            return False
+        handle = ctypes.c_void_p()
+        if L.dcp_storage_reader_read_metadata(reader, None,
+                                              ctypes.byref(handle)) != _lib.OK:
+            return False
+        try:
+            return flat.convert_on_load(p.sd, handle)
+        finally:
+            L.dcp_metadata_free(handle)
+    finally:
+        if own_reader is not None:
+            L.dcp_storage_reader_free(own_reader)
+
+
+_PLAIN_AS_BYTES = re.compile(
+    r'^"(?P<name>(?:[^"\\]|\\.)*)" is a bytes in the state dict but')
+
+
+def _name_plain_destination(exc, flat) -> None:
+    """A plain destination goes to the engine as a bytes placeholder (its
+    type comes from the checkpoint), so the engine's kind mismatch calls it
+    "a bytes": names the caller's type instead, in place."""
+    match = _PLAIN_AS_BYTES.match(exc.msg)
+    if match is None or flat is None:
+        return
+    name = match.group("name")
+    for path, (_, _, old) in zip(flat.v_paths, flat.v_slots):
+        if flat.name(path) == name:
+            what = "None" if old is None else \
+                f"a value of type {type(old).__name__}"
+            exc.msg = exc.msg.replace(" is a bytes in the state dict",
+                                      f" is {what} in the state dict", 1)
+            exc.args = (exc.msg,)
+            return
 
 
 def _load(state_dict, *, process_group, no_dist, **kwargs):
@@ -229,13 +317,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict, not "
                             f"{type(state_dict).__name__}")
-        if storage_reader is not None and not isinstance(storage_reader,
-                                                         READERS):
-            raise TypeError(
-                f"storage_reader {type(storage_reader).__name__} is not "
-                "supported; dcp reads through FileSystemReader, "
-                "HuggingFaceStorageReader, QuantizedHuggingFaceStorageReader "
-                "or MegaStorageReader")
+        check_reader(storage_reader)
         path = _checkpoint_path(checkpoint_id, storage_reader, "load")
         planner_options = load_options(planner)
         target = state_dict
@@ -273,8 +355,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 direct_io=False)
         if storage_reader is not None:
             p.reader = storage_reader._create(path)
-        if p.values_sd is not None and \
-                isinstance(storage_reader, FileSystemReader) and \
+        if isinstance(storage_reader, FileSystemReader) and \
                 os.path.exists(os.path.join(path, ".metadata")):
             # Both loads plan against one read of the metadata. If the read
             # fails, each load reads it and reports why.
@@ -282,6 +363,10 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
+        if _convert_dtypes(flat, p, path, storage_reader):
+            _lib.lib().dcp_state_dict_free(p.sd)
+            p.sd = None
+            p.sd = flat.build()
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,
@@ -294,6 +379,9 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
     except BaseException as e:
         p.free()
         error = e
+    # What _load_checked needs to name a failure.
+    checked = dict(rank=where.rank, file_system=isinstance(
+        storage_reader, FileSystemReader))
     try:
         # Raises on every rank when any failed: what this rank prepared is
         # freed then too.
@@ -301,7 +389,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         values = []
         if p.values_sd is not None:
             try:
-                _load_checked(p.values_sd, options, path)
+                _load_checked(p.values_sd, options, path, **checked)
             except errors.CheckpointException as first:
                 # The engine's checks of keys and types fail the load of
                 # every leaf too, before it writes anything, and name what
@@ -309,7 +397,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 # failure (I/O, damaged data) is raised as it is: a second
                 # load could then succeed and write the caller's tensors.
                 if first.code in (_lib.NOT_FOUND, _lib.INVALID_ARGUMENT):
-                    _load_checked(p.sd, options, path)
+                    _load_checked(p.sd, options, path, **checked)
                 raise
             error = None
             try:
@@ -318,11 +406,14 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 error = e
             where.agree("load", error)
         try:
-            _load_checked(p.sd, options, path)
+            _load_checked(p.sd, options, path, **checked)
         finally:
             # Even a failed load may have written some of them.
             flat.mark_written()
         flat.write_back(values)
+    except errors.CheckpointValueError as e:
+        _name_plain_destination(e, p.flat)
+        raise
     finally:
         p.free()
     if target is not state_dict:
@@ -346,8 +437,10 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None,
     DefaultLoadPlanner(allow_partial_load=True); a shape or dtype that
     differs raises CheckpointValueError naming the tensor; no checkpoint
     at checkpoint_id raises CheckpointFileNotFoundError; corrupt data
-    raises CheckpointCorruptError naming the file. A value saved pickled
-    needs allow_pickle=True (else ValueError).
+    raises CheckpointCorruptError naming the file; a directory written by
+    torch.distributed.checkpoint raises CheckpointNotImplementedError. A
+    value saved pickled needs allow_pickle=True (else ValueError).
+    checkpoint_id, storage_reader and process_group as for save.
     """
     _load(state_dict, checkpoint_id=checkpoint_id,
           storage_reader=storage_reader, planner=planner,

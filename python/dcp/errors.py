@@ -23,15 +23,26 @@ plain Python errors keeps working:
 name, and `.failures` maps each failing rank to (exception, StackSummary) as
 in the seed; the StackSummary is empty for a failure inside the engine (no
 Python frames). A failure of this process alone (a single-process save, or
-a local error the engine did not share with other ranks) has {}.
+a local error the engine did not share with other ranks) has one entry,
+{rank: (an exception of the same class, code and message, StackSummary())}
+with this process's rank in the operation's group (0 without a group, as
+the seed's no_dist); that exception has no failures of its own, so the
+whole stays picklable.
+
+A directory written by torch.distributed.checkpoint (its .metadata is a
+Python pickle) raises CheckpointNotImplementedError saying so (see
+foreign_checkpoint_error), not CheckpointCorruptError.
 
 Errors found in Python before the engine is called (an object that cannot
 be saved without allow_pickle, a key that is not a str or int) raise plain
-TypeError/ValueError naming the key.
+TypeError/ValueError naming the key; neither checkpoint_id nor a storage
+object raises CheckpointIdMissingError (a ValueError and, as the seed's
+error, a RuntimeError).
 """
 
 from __future__ import annotations
 
+import os
 import traceback
 
 from . import _lib
@@ -41,6 +52,7 @@ __all__ = [
     "CheckpointFileNotFoundError", "CheckpointExistsError",
     "CheckpointPermissionError", "CheckpointTimeoutError",
     "CheckpointNotImplementedError", "CheckpointCorruptError",
+    "CheckpointIdMissingError",
 ]
 
 _CODE_NAMES = {
@@ -131,12 +143,71 @@ def exception_class(code: int) -> type[CheckpointException]:
 
 
 def from_status(code: int, message: str, rank_failures=(),
-                what: str | None = None) -> CheckpointException:
+                what: str | None = None, *, rank: int = 0,
+                cls: type[CheckpointException] | None = None
+                ) -> CheckpointException:
     """The exception for a failed C call: `rank_failures` is
-    [(rank, code, message)] from dcp_last_error_rank_failure."""
+    [(rank, code, message)] from dcp_last_error_rank_failure. When it is
+    empty (the failure of this process alone) `.failures` is {rank: (an
+    exception of the same class and message, StackSummary())}; `rank` is
+    this process's rank in the operation's group (0: none). `cls`: the
+    class to raise (default: exception_class(code))."""
+    cls = cls or exception_class(code)
     failures = {}
-    for rank, rcode, rmsg in rank_failures:
-        failures[rank] = (exception_class(rcode)(rmsg, None, rcode),
-                          traceback.StackSummary())
+    for r, rcode, rmsg in rank_failures:
+        failures[r] = (exception_class(rcode)(rmsg, None, rcode),
+                       traceback.StackSummary())
     msg = f"{what}: {message}" if what else message
-    return exception_class(code)(msg, failures, code)
+    if not failures:
+        failures[rank] = (cls(msg, None, code), traceback.StackSummary())
+    return cls(msg, failures, code)
+
+
+class CheckpointIdMissingError(ValueError, RuntimeError):
+    """save/load were given neither checkpoint_id nor a storage object.
+    A ValueError (dcp's earlier contract) and a RuntimeError (the seed's
+    "`checkpoint_id` must be specified ..." error); raised before the
+    engine is called, so not a CheckpointException."""
+
+
+# The opcode a Python pickle of protocol 2 or later starts with (PROTO),
+# followed by the protocol number: torch.distributed.checkpoint's
+# FileSystemWriter pickles its Metadata into .metadata.
+_PICKLE_PROTO = 0x80
+
+
+def is_torch_dcp_checkpoint(directory) -> bool:
+    """Whether `directory`/.metadata looks like torch.distributed.checkpoint's
+    (a Python pickle) rather than dcp's. Reads its first two bytes only;
+    False when it cannot be read."""
+    try:
+        with open(os.path.join(os.fspath(directory), ".metadata"), "rb") as f:
+            head = f.read(2)
+    except (OSError, TypeError, ValueError):
+        return False
+    return len(head) == 2 and head[0] == _PICKLE_PROTO and 2 <= head[1] <= 5
+
+
+def foreign_checkpoint_error(error: CheckpointException, directory
+                             ) -> CheckpointException | None:
+    """For `error`, a failure reading the FileSystem checkpoint in
+    `directory`: a CheckpointNotImplementedError (code UNIMPLEMENTED) saying
+    how to convert it when `error` is DATA_LOSS and the directory holds a
+    checkpoint written by torch.distributed.checkpoint; else None. Its
+    failures name the same ranks as `error`'s. Raise it `from error`."""
+    if not isinstance(error, CheckpointException) or \
+            error.code != _lib.DATA_LOSS or \
+            not is_torch_dcp_checkpoint(directory):
+        return None
+    directory = os.fspath(directory)
+    msg = (f"{directory} holds a checkpoint written by "
+           "torch.distributed.checkpoint (its .metadata is a Python "
+           "pickle), which dcp does not read. Convert it once: load it with "
+           "torch.distributed.checkpoint.load(state_dict, checkpoint_id="
+           f"{directory!r}) and save that state dict with dcp.save("
+           "state_dict, checkpoint_id=NEW_DIR)")
+    code = _lib.UNIMPLEMENTED
+    failures = {r: (CheckpointNotImplementedError(msg, None, code),
+                    traceback.StackSummary())
+                for r in (error.failures or {0: None})}
+    return CheckpointNotImplementedError(msg, failures, code)

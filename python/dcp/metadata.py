@@ -42,6 +42,13 @@ class ChunkStorageMetadata:
     sizes: tuple
 
 
+def _default_dtype():
+    """The seed's default TensorProperties.dtype: torch's default dtype
+    (torch.get_default_dtype(), read when the object is made); None
+    without torch."""
+    return torch.get_default_dtype() if torch is not None else None
+
+
 def _default_layout():
     return torch.strided if torch is not None else "strided"
 
@@ -64,12 +71,12 @@ class _MemoryFormat(enum.Enum):
 @dataclass(frozen=True)
 class TensorProperties:
     """dtype is a torch.dtype when torch is importable, else its name;
-    layout and memory_format likewise (torch.strided and
-    torch.contiguous_format by default).
+    layout and memory_format likewise. Defaults: torch.get_default_dtype()
+    (None without torch), torch.strided and torch.contiguous_format.
 
     Picklable with every protocol: a torch.memory_format is pickled as a
     _MemoryFormat and restored as the same torch.memory_format."""
-    dtype: Any = None
+    dtype: Any = field(default_factory=_default_dtype)
     layout: Any = field(default_factory=_default_layout)
     requires_grad: bool = False
     memory_format: Any = field(default_factory=_default_memory_format)
@@ -184,6 +191,10 @@ class Metadata:
       length): where each stored item (tensor chunk or plain value) lives.
     version: the checkpoint's format: "dcp-1" (dcp's own), "safetensors"
       (a Hugging Face directory).
+
+    Two Metadata are equal when all five fields are (a read of a library
+    handle and a plain Metadata alike: two reads of one checkpoint compare
+    equal). Like the seed's (a mutable dataclass), Metadata is unhashable.
     """
 
     def __init__(self, state_dict_metadata=None, planner_data=None,
@@ -246,6 +257,21 @@ class Metadata:
     @property
     def version(self):
         return self._version
+
+    def __eq__(self, other):
+        if not isinstance(other, Metadata):
+            return NotImplemented
+        if self is other:
+            return True
+        # Cheap fields first; the items and storage are read only if needed.
+        # (A read-only mapping equals a dict with the same items.)
+        return (self.version == other.version and
+                self.storage_meta == other.storage_meta and
+                self.state_dict_metadata == other.state_dict_metadata and
+                self.planner_data == other.planner_data and
+                self.storage_data == other.storage_data)
+
+    __hash__ = None  # equal by value, and the seed's is unhashable
 
     def __reduce__(self):
         return (_from_plain_fields, (plain_fields(self),))
@@ -321,12 +347,46 @@ def _from_plain_fields(fields: dict) -> Metadata:
     return Metadata(**fields)
 
 
-def _metadata_or_raise(code: int, handle: ctypes.c_void_p) -> Metadata:
+def _metadata_or_raise(code: int, handle: ctypes.c_void_p,
+                       directory=None) -> Metadata:
+    """The Metadata of a successful read, else raises: NOT_FOUND as
+    CheckpointFileNotFoundError; DATA_LOSS from the FileSystem checkpoint
+    in `directory` (None: not one) whose .metadata torch.distributed
+    .checkpoint wrote as CheckpointNotImplementedError
+    (errors.foreign_checkpoint_error)."""
+    if code == _lib.OK:
+        return Metadata._from_handle(handle)
+    _, message, failures = _lib.last_error()
     if code == _lib.NOT_FOUND:
-        _, message, _ = _lib.last_error()
-        raise errors.CheckpointFileNotFoundError(message, None, code)
-    _lib.check(code)
-    return Metadata._from_handle(handle)
+        raise errors.from_status(code, message, failures,
+                                 cls=errors.CheckpointFileNotFoundError)
+    exc = errors.from_status(code, message, failures)
+    foreign = (errors.foreign_checkpoint_error(exc, directory)
+               if directory is not None else None)
+    if foreign is not None:
+        raise foreign from exc
+    raise exc
+
+
+_MEGA_SCHEME = "mega://"
+# What marks a MEGA directory (io/mega_format.h): its index, or the journal
+# of a commit that did not finish (the reader then says so).
+_MEGA_FILES = ("model.mega.index.json", ".dcp-mega-commit")
+
+
+def _has_dcp_metadata(path: str) -> bool:
+    return os.path.exists(os.path.join(path, ".metadata")) or \
+        os.path.exists(os.path.join(path, "rank-0", ".metadata"))
+
+
+def _is_mega_directory(path: str) -> bool:
+    """mega://DIR, or a directory without dcp metadata holding a MEGA
+    index: the checkpoints a load without a storage_reader reads as MEGA
+    (io/storage_registry.h)."""
+    if path.startswith(_MEGA_SCHEME):
+        return True
+    return not _has_dcp_metadata(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in _MEGA_FILES)
 
 
 def _is_hf_directory(path: str) -> bool:
@@ -344,28 +404,40 @@ def _is_hf_directory(path: str) -> bool:
 
 def read_metadata(checkpoint_id) -> Metadata:
     """The metadata of the checkpoint in directory `checkpoint_id`, without
-    loading anything else: a dcp checkpoint, or a Hugging Face directory
-    (safetensors files; read as HuggingFaceStorageReader(checkpoint_id)
-    .read_metadata() does). CheckpointFileNotFoundError when there is none;
-    CheckpointCorruptError when it does not decode."""
+    loading anything else, read from the storage a load without a
+    storage_reader picks: a dcp checkpoint; a MEGA directory (or
+    mega://DIR; read as MegaStorageReader(checkpoint_id).read_metadata()
+    does); a Hugging Face directory (safetensors files; read as
+    HuggingFaceStorageReader(checkpoint_id).read_metadata() does).
+    CheckpointFileNotFoundError when there is none; CheckpointCorruptError
+    when it does not decode; CheckpointNotImplementedError for a directory
+    that torch.distributed.checkpoint wrote."""
     path = os.fspath(checkpoint_id)
+    if _is_mega_directory(path):
+        from .storage import MegaStorageReader
+        return read_metadata_through(MegaStorageReader(path))
     if _is_hf_directory(path):
         from .storage import HuggingFaceStorageReader
         return read_metadata_through(HuggingFaceStorageReader(path))
     handle = ctypes.c_void_p()
     code = _lib.lib().dcp_metadata_read(path.encode(), ctypes.byref(handle))
-    return _metadata_or_raise(code, handle)
+    return _metadata_or_raise(code, handle, directory=path)
 
 
 def read_metadata_through(storage_reader) -> Metadata:
-    """The metadata of the checkpoint `storage_reader` (a FileSystemReader
-    or HuggingFaceStorageReader) points at, read by its C reader."""
+    """The metadata of the checkpoint `storage_reader` (a FileSystemReader,
+    HuggingFaceStorageReader, QuantizedHuggingFaceStorageReader or
+    MegaStorageReader) points at, read by its C reader."""
     L = _lib.lib()
     reader = storage_reader._create()
     try:
         handle = ctypes.c_void_p()
         code = L.dcp_storage_reader_read_metadata(reader, None,
                                                   ctypes.byref(handle))
-        return _metadata_or_raise(code, handle)
+        from .storage import FileSystemReader
+        return _metadata_or_raise(
+            code, handle, directory=(
+                storage_reader.path
+                if isinstance(storage_reader, FileSystemReader) else None))
     finally:
         L.dcp_storage_reader_free(reader)

@@ -1,12 +1,15 @@
 """DefaultSavePlanner / DefaultLoadPlanner: the seed's planners as option
 holders, mapped onto dcp_save_planner_options_t / dcp_load_planner_options_t.
-The planning itself runs in the engine; custom planner subclasses (Python
-create_local_plan etc.) are not supported and raise TypeError at save/load.
+The planning itself runs in the engine: they count as instances of the
+seed's SavePlanner / LoadPlanner (dcp.interfaces), and other planners, or
+subclasses overriding a protocol method (create_local_plan etc.), raise
+TypeError at save/load.
 """
 
 from __future__ import annotations
 
 from . import _lib
+from .interfaces import LoadPlanner, SavePlanner, check_planner
 
 __all__ = ["DefaultSavePlanner", "DefaultLoadPlanner"]
 
@@ -76,19 +79,16 @@ class DefaultLoadPlanner:
 
 
 def save_options(planner):
-    """The C options of `planner` (None: defaults); TypeError for others."""
-    if planner is None:
-        return None
-    if isinstance(planner, DefaultSavePlanner):
-        return planner._options()
-    raise TypeError(f"planner {type(planner).__name__} is not supported: dcp "
-                    "plans in the engine; pass a DefaultSavePlanner")
+    """The C options of `planner` (None: defaults); TypeError for others
+    (dcp.interfaces.check_planner)."""
+    check_planner(planner, DefaultSavePlanner, "save")
+    return None if planner is None else planner._options()
 
 
 def load_options(planner):
-    if planner is None:
-        return None
-    if isinstance(planner, DefaultLoadPlanner):
-        return planner._options()
-    raise TypeError(f"planner {type(planner).__name__} is not supported: dcp "
-                    "plans in the engine; pass a DefaultLoadPlanner")
+    check_planner(planner, DefaultLoadPlanner, "load")
+    return None if planner is None else planner._options()
+
+
+SavePlanner.register(DefaultSavePlanner)
+LoadPlanner.register(DefaultLoadPlanner)

@@ -163,8 +163,14 @@ class ProcessGroup:
                    group_name or "dcp-checkpoint", timeout=timeout)
 
     def close(self) -> None:
-        """Frees the group (no save may be using it)."""
-        self._finalizer()
+        """Frees the group. Raises CheckpointException (FAILED_PRECONDITION)
+        while a save still uses it (an async_save until its upload ends);
+        the group then stays usable and is freed when collected."""
+        if not self._finalizer.alive:
+            return
+        code = _lib.lib().dcp_process_group_free(self._handle)
+        _lib.check(code, "closing the dcp checkpoint group")
+        self._finalizer.detach()
 
     def __repr__(self):
         return (f"dcp.ProcessGroup(rank={self.rank}, size={self.size}, "
@@ -246,9 +252,30 @@ def _code_of(error) -> int:
     return _lib.UNKNOWN
 
 
+# Groups collected while the library still used them (it refuses to free
+# them): freed by free_parked_groups, with their store callbacks kept alive
+# until then.
+_parked: list = []
+_parked_lock = threading.Lock()
+
+
 def _free_group(handle_value, bridge):
-    if _lib._lib is not None and handle_value:
-        _lib._lib.dcp_process_group_free(handle_value)
+    L = _lib._lib
+    if L is not None and handle_value and \
+            L.dcp_process_group_free(handle_value) != _lib.OK:
+        with _parked_lock:
+            _parked.append((handle_value, bridge))
+
+
+def free_parked_groups() -> None:
+    """Frees the parked groups the library no longer uses (after an
+    upload ends, and at exit)."""
+    L = _lib._lib
+    if L is None:
+        return
+    with _parked_lock:
+        _parked[:] = [(h, b) for h, b in _parked
+                      if L.dcp_process_group_free(h) != _lib.OK]
 
 
 # One group per torch group, for the life of that group.
@@ -406,7 +433,10 @@ def take_turn(where: Resolved) -> Turn:
 
 def resolve(process_group, no_dist: bool) -> Resolved:
     """The seed's rule: no_dist, or torch.distributed not initialized,
-    means a single-process save/load."""
+    means a single-process save/load. A torch `process_group` is then
+    ignored (the seed's `no_dist = no_dist or not dist.is_initialized()`);
+    a dcp.ProcessGroup needs no torch.distributed and is used unless
+    no_dist."""
     if isinstance(process_group, ProcessGroup):
         return Resolved(None if no_dist else process_group, no_dist)
     if no_dist:
@@ -417,9 +447,6 @@ def resolve(process_group, no_dist: bool) -> Resolved:
     except ImportError:
         initialized = False
     if not initialized:
-        if process_group is not None:
-            raise ValueError("process_group given but torch.distributed is "
-                             "not initialized")
         return Resolved(None, True)
     return Resolved(_torch_group(process_group), False)
 

@@ -18,6 +18,7 @@ AsyncCheckpointerType.PROCESS)`` maps and faults in that memory and starts
 the writer process ahead of the first save, for the same effect.
 """
 
+import copy
 import ctypes
 import dataclasses
 import threading
@@ -121,6 +122,35 @@ class DefaultStager:
         finally:
             _lib.lib().dcp_state_dict_free(sd)
 
+    def stage(self, state_dict):
+        """The seed's stage(): a copy of ``state_dict`` whose tensors live
+        in host memory (torch tensors on the CPU, page-locked where
+        ``use_pinned_memory`` and a GPU allows it; numpy arrays copied),
+        every other value as it is. A Future of it where
+        ``use_async_staging``, else the copy itself. async_save does not
+        call this (the engine stages through ``reserve``'s memory); it is
+        for code that stages by hand."""
+        if self._handle is None:
+            raise ValueError("this DefaultStager is closed")
+        if not self.config.use_async_staging:
+            return _host_copy(state_dict, self.config.use_pinned_memory)
+        from concurrent.futures import Future
+        future = Future()
+
+        def run():
+            try:
+                future.set_result(_host_copy(state_dict,
+                                             self.config.use_pinned_memory))
+            except BaseException as e:
+                future.set_exception(e)
+        threading.Thread(target=run, name="dcp-stage", daemon=True).start()
+        return future
+
+    def synchronize_staging(self):
+        """The seed's synchronize_staging(): stage() copies synchronously
+        on its thread, so a returned copy is complete; nothing to wait
+        for."""
+
     def close(self):
         """Releases the stager; saves still staging through it keep it
         until their uploads end. Idempotent."""
@@ -150,3 +180,28 @@ class DefaultStager:
             self.close()
         except Exception:
             pass
+
+
+def _host_copy(value, pin: bool):
+    """`value` with every tensor copied into host memory (see stage)."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    torch = _state.torch
+    if torch is not None and isinstance(value, torch.Tensor):
+        if _state._is_dtensor(value):
+            raise NotImplementedError(
+                "DefaultStager.stage does not copy DTensors; async_save "
+                "stages them (pass the stager as async_stager=)")
+        pin = pin and torch.cuda.is_available()
+        out = torch.empty(value.shape, dtype=value.dtype, device="cpu",
+                          pin_memory=pin)
+        out.copy_(value.detach())
+        return out
+    if isinstance(value, dict):
+        out = copy.copy(value)  # keeps the mapping's type
+        for k, v in value.items():
+            out[k] = _host_copy(v, pin)
+        return out
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_host_copy(v, pin) for v in value)
+    return value

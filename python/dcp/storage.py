@@ -17,6 +17,7 @@ import os
 
 from . import _lib
 from .extensions import ExtensionRegistry, compression_of
+from .interfaces import StorageReader, StorageWriter, check_storage
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
            "HuggingFaceStorageWriter", "HuggingFaceStorageReader",
@@ -505,3 +506,19 @@ class MegaStorageReader(_Storage):
 WRITERS = (FileSystemWriter, HuggingFaceStorageWriter, MegaStorageWriter)
 READERS = (FileSystemReader, HuggingFaceStorageReader,
            QuantizedHuggingFaceStorageReader, MegaStorageReader)
+for _writer in WRITERS:
+    StorageWriter.register(_writer)
+for _reader in READERS:
+    StorageReader.register(_reader)
+
+
+def check_writer(storage_writer) -> None:
+    """TypeError unless `storage_writer` is None or one of dcp's writers
+    overriding no protocol method (dcp.interfaces.check_storage)."""
+    check_storage(storage_writer, WRITERS, "storage_writer")
+
+
+def check_reader(storage_reader) -> None:
+    """TypeError unless `storage_reader` is None or one of dcp's readers
+    overriding no protocol method (dcp.interfaces.check_storage)."""
+    check_storage(storage_reader, READERS, "storage_reader")

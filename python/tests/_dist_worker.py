@@ -8,6 +8,7 @@ otherwise.
 """
 
 import faulthandler
+import gc
 import os
 import sys
 
@@ -192,6 +193,47 @@ def strided_scenario(rank, world, ckpt):
     assert torch.equal(got["r"], even), got["r"]
 
 
+def dropped_group_scenario(rank, world, ckpt):
+    """A dcp.ProcessGroup the caller closes or drops while an async_save
+    still uploads through it: close() refuses, and dropping it leaves the
+    save its store callbacks. Rank 0's upload is still waiting for the
+    other ranks (gated through torch's store) when it drops the group."""
+    store = dist.distributed_c10d._get_default_store()
+
+    class Gated:
+        """Rank 1's store: the engine's collective keys wait for rank 0's
+        go, so rank 0's upload is still running when it drops its group."""
+
+        def set(self, key, value):
+            if "/gather/" in key:
+                store.wait(["dropped-go"])
+            store.set(key, value)
+
+        def __getattr__(self, name):  # get, wait, check, add, delete_key
+            return getattr(store, name)
+
+    pg = dcp.ProcessGroup.from_store(store if rank == 0 else Gated(), rank,
+                                     world, group_name="dropped")
+    resp = dcp.async_save({f"x{rank}": torch.full((1 << 16,), float(rank))},
+                          checkpoint_id=os.path.join(ckpt, "dropped"),
+                          process_group=pg)
+    if rank == 0:
+        try:
+            pg.close()
+        except dcp.CheckpointException as e:
+            assert e.code_name == "FAILED_PRECONDITION", e
+        else:
+            raise AssertionError("close() of a group in use returned")
+        del pg
+        gc.collect()
+        store.set("dropped-go", "1")
+    resp.result(WAIT)
+    back = {f"x{r}": torch.zeros(1 << 16) for r in range(world)}
+    dcp.load(back, checkpoint_id=os.path.join(ckpt, "dropped"), no_dist=True)
+    for r in range(world):
+        assert torch.equal(back[f"x{r}"], torch.full((1 << 16,), float(r)))
+
+
 def main():
     scenario, rank, world, store, ckpt = sys.argv[1:6]
     if rank == "env":  # under torchrun
@@ -304,6 +346,8 @@ def main():
             raise AssertionError("the load did not fail")
     elif scenario == "strided":
         strided_scenario(rank, world, ckpt)
+    elif scenario == "dropped_group":
+        dropped_group_scenario(rank, world, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

@@ -1,6 +1,7 @@
 """async_save: THREAD (the engine's) and PROCESS (a persistent writer
 process), their futures, and a writer process that dies."""
 
+import concurrent.futures
 import importlib
 import os
 import signal
@@ -38,7 +39,12 @@ def test_thread_staging_then_upload(tmp_path):
     state = _state(1)
     w_ptr = state["w"].data_ptr()
     resp = dcp.async_save(state, checkpoint_id=str(tmp_path / "a"))
-    assert isinstance(resp, dcp.AsyncSaveResponse)
+    # The seed: staged in the call, so the upload Future (which also
+    # carries both completions).
+    assert isinstance(resp, concurrent.futures.Future)
+    assert not isinstance(resp, dcp.AsyncSaveResponse)
+    assert resp.staging_completion.done()
+    assert resp.upload_completion is resp
     assert resp.staging_completion.result(WAIT) is None
     # Staged: the caller may change its tensors; the checkpoint keeps the
     # values of the call.
@@ -48,6 +54,48 @@ def test_thread_staging_then_upload(tmp_path):
     assert resp.result(WAIT) is md  # the response behaves as the Future
     assert state["w"].data_ptr() == w_ptr
     _check(str(tmp_path / "a"), 1)
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_seed_return_types_and_staging_at_return(tmp_path, kind):
+    """Without a stager (or with one staging synchronously) the seed
+    stages in the call and returns the upload Future: a loop that changes
+    its tensors right after the call must not reach the checkpoint. With
+    an asynchronous DefaultStager: an AsyncSaveResponse."""
+    kind = dcp.AsyncCheckpointerType[kind]
+    sync = dcp.DefaultStager(dcp.StagingOptions(False, False, False, False))
+    for name, stager in (("none", None), ("sync", sync)):
+        x = torch.zeros(1 << 20)
+        fut = dcp.async_save({"x": x}, checkpoint_id=str(tmp_path / name),
+                             async_checkpointer_type=kind,
+                             async_stager=stager)
+        assert isinstance(fut, concurrent.futures.Future)
+        x.fill_(7.0)
+        done, _ = concurrent.futures.wait([fut], timeout=WAIT)
+        assert fut in done
+        out = {"x": torch.ones(1 << 20)}
+        dcp.load(out, checkpoint_id=str(tmp_path / name))
+        assert torch.equal(out["x"], torch.zeros(1 << 20)), name
+    sync.close()
+    stager = dcp.DefaultStager()
+    resp = dcp.async_save({"x": torch.zeros(4)},
+                          checkpoint_id=str(tmp_path / "async"),
+                          async_checkpointer_type=kind, async_stager=stager)
+    assert isinstance(resp, dcp.AsyncSaveResponse)
+    resp.upload_completion.result(WAIT)
+    stager.close()
+
+
+def test_a_failing_custom_stager_fails_the_returned_future(ckpt):
+    class Failing:
+        def stage(self, state_dict):
+            raise RuntimeError("stage failed")
+
+    fut = dcp.async_save({"x": torch.ones(1)}, checkpoint_id=ckpt,
+                         async_stager=Failing())
+    with pytest.raises(RuntimeError, match="stage failed"):
+        fut.result(WAIT)
+    assert not os.path.exists(ckpt)
 
 
 def test_thread_several_in_flight(tmp_path):
@@ -545,3 +593,61 @@ def test_interrupt_as_a_custom_stager_upload_is_queued_ends_its_turn(
     _check(str(tmp_path / "a"), 5)
     _check(str(tmp_path / "b"), 6)
     group.close()
+
+
+def _chained_save(tmp_path, kind):
+    """A Future of the async_save that chain() starts, and chain()."""
+    chained = concurrent.futures.Future()
+
+    def chain(_):
+        try:
+            chained.set_result(dcp.async_save(
+                {"y": torch.full((4,), 2.0)},
+                checkpoint_id=str(tmp_path / "second"),
+                async_checkpointer_type=kind))
+        except BaseException as e:
+            chained.set_exception(e)
+    return chained, chain
+
+
+def _check_second(tmp_path):
+    out = {"y": torch.zeros(4)}
+    dcp.load(out, checkpoint_id=str(tmp_path / "second"))
+    assert torch.equal(out["y"], torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_async_save_from_an_upload_done_callback(tmp_path, kind):
+    """An upload's done-callback runs on the thread that resolves dcp's
+    futures: an async_save from it must not wait for that thread, or no
+    save would complete again."""
+    kind = dcp.AsyncCheckpointerType[kind]
+    chained, chain = _chained_save(tmp_path, kind)
+    first = dcp.async_save({"x": torch.ones(4)},
+                           checkpoint_id=str(tmp_path / "first"),
+                           async_checkpointer_type=kind)
+    first.add_done_callback(chain)
+    chained.result(WAIT).result(WAIT)
+    _check_second(tmp_path)
+
+
+def test_process_async_save_from_a_staging_done_callback(tmp_path):
+    """A PROCESS staging's done-callback runs on the one thread that stages
+    PROCESS saves: an async_save from it stages there and then."""
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    dcp.async_save({"w": torch.ones(2)}, checkpoint_id=str(tmp_path / "w"),
+                   async_checkpointer_type=kind).result(WAIT)
+    gate = threading.Event()
+    _process_writer._stager.submit(gate.wait)  # holds the staging thread
+    stager = dcp.DefaultStager()
+    chained, chain = _chained_save(tmp_path, kind)
+    first = dcp.async_save({"x": torch.ones(4)},
+                           checkpoint_id=str(tmp_path / "first"),
+                           async_checkpointer_type=kind, async_stager=stager)
+    assert isinstance(first, dcp.AsyncSaveResponse)
+    first.staging_completion.add_done_callback(chain)
+    gate.set()
+    chained.result(WAIT).result(WAIT)
+    first.result(WAIT)
+    stager.close()
+    _check_second(tmp_path)

@@ -87,3 +87,7 @@ def test_strided_shard_fsdp_over_tp(tmp_path):
     if not hasattr(placement_types, "_StridedShard"):
         pytest.skip("this torch has no _StridedShard")
     _run("strided", 4, tmp_path, str(tmp_path / "ckpt"))
+
+
+def test_a_group_dropped_during_an_async_save(tmp_path):
+    _run("dropped_group", 2, tmp_path, str(tmp_path / "ckpt"))

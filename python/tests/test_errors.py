@@ -3,6 +3,7 @@
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,10 +24,11 @@ def test_wrong_shape_names_the_tensor(ckpt):
 
 
 def test_wrong_dtype_names_the_tensor(ckpt):
-    dcp.save({"w": torch.ones(3)}, checkpoint_id=ckpt)
+    # torch destinations convert (test_load_convert.py); a numpy array of a
+    # dtype numpy cannot load through (bf16) is refused.
+    dcp.save({"w": torch.ones(3, dtype=torch.bfloat16)}, checkpoint_id=ckpt)
     with pytest.raises(dcp.CheckpointValueError, match=r"\bw\b"):
-        dcp.load({"w": torch.zeros(3, dtype=torch.float64)},
-                 checkpoint_id=ckpt)
+        dcp.load({"w": np.zeros(3)}, checkpoint_id=ckpt)
 
 
 def test_tensor_where_a_value_was_saved(ckpt):
@@ -194,3 +196,26 @@ def test_exception_is_picklable_with_failures():
     f = pickle.loads(pickle.dumps(e))
     assert type(f) is dcp.CheckpointCorruptError and f.code == 15
     assert f.failures[1][0].msg == "rank 1 bad"
+
+
+def test_a_plain_destination_for_a_tensor_is_named_by_its_type(ckpt):
+    dcp.save({"m": {"w": torch.ones(4)}}, checkpoint_id=ckpt)
+    for value, what in ((3, "a value of type int"), (None, "None"),
+                        ("x", "a value of type str")):
+        with pytest.raises(dcp.CheckpointValueError) as e:
+            dcp.load({"m": {"w": value}}, checkpoint_id=ckpt)
+        assert str(e.value).startswith(
+            f'"m.w" is {what} in the state dict but a tensor in the '
+            'checkpoint'), str(e.value)
+
+
+def test_integer_options_out_of_their_c_range_are_refused(ckpt):
+    sd = {"a": torch.ones(2)}
+    with pytest.raises(ValueError, match=r"coordinator_rank=4294967296 is "
+                       r"outside \[-2147483648, 2147483647\]"):
+        dcp.save_state_dict(sd, dcp.FileSystemWriter(ckpt),
+                            coordinator_rank=1 << 32, no_dist=True)
+    with pytest.raises(ValueError, match=r"thread_count=4294967298"):
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(
+            ckpt, thread_count=(1 << 32) + 2))
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))

@@ -465,3 +465,29 @@ def test_a_load_bumps_autograd_version_counters(ckpt):
         frozen = torch.zeros(3)
     dcp.load({"w": frozen}, checkpoint_id=ckpt)
     assert frozen.equal(torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("kind", ["sync", "THREAD", "PROCESS"])
+def test_numpy_subclasses_round_trip(tmp_path, kind):
+    """np.memmap and other ndarray subclasses are numpy arrays to dcp."""
+    mm = np.memmap(str(tmp_path / "mm.bin"), dtype=np.float32, mode="w+",
+                   shape=(4, 5))
+    mm[:] = np.arange(20, dtype=np.float32).reshape(4, 5)
+
+    class Sub(np.ndarray):
+        pass
+
+    sub = np.arange(6, dtype=np.int16).view(Sub)
+    ckpt = str(tmp_path / "ckpt")
+    if kind == "sync":
+        dcp.save({"mm": mm, "sub": sub}, checkpoint_id=ckpt)
+    else:
+        dcp.async_save({"mm": mm, "sub": sub}, checkpoint_id=ckpt,
+                       async_checkpointer_type=dcp.AsyncCheckpointerType[
+                           kind]).result(120)
+    back = np.memmap(str(tmp_path / "back.bin"), dtype=np.float32,
+                     mode="w+", shape=(4, 5))
+    out_sub = np.zeros(6, dtype=np.int16).view(Sub)
+    dcp.load({"mm": back, "sub": out_sub}, checkpoint_id=ckpt)
+    assert (np.asarray(back) == np.asarray(mm)).all()
+    assert (np.asarray(out_sub) == np.arange(6)).all()

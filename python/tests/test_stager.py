@@ -1,5 +1,7 @@
 """dcp.DefaultStager: the engine's stager kept across async saves."""
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,31 @@ def test_copy_on_write_copies_pinned_tensors_in_the_call(tmp_path,
     dcp.load(into, checkpoint_id=str(tmp_path / "c"))
     assert all(torch.equal(into[k], want[k]) for k in want)
     stager.close()
+
+
+def test_stage_copies_tensors_to_host_and_keeps_other_values():
+    import collections
+    src = collections.OrderedDict(
+        w=torch.arange(6.0).reshape(2, 3), n=np.arange(3), step=5,
+        nested={"l": [torch.ones(2), "s"]})
+    for options, is_future in ((dcp.StagingOptions(), True),
+                               (dcp.StagingOptions(False, False, False,
+                                                   False), False)):
+        stager = dcp.DefaultStager(options)
+        staged = stager.stage(src)
+        assert isinstance(staged, concurrent.futures.Future) == is_future
+        if is_future:
+            staged = staged.result(30)
+        stager.synchronize_staging()
+        assert type(staged) is collections.OrderedDict
+        assert torch.equal(staged["w"], src["w"])
+        assert staged["w"].data_ptr() != src["w"].data_ptr()
+        assert staged["n"] is not src["n"] and (staged["n"] == src["n"]).all()
+        assert staged["step"] == 5 and staged["nested"]["l"][1] == "s"
+        assert torch.equal(staged["nested"]["l"][0], torch.ones(2))
+        src["w"].add_(1)  # the copy does not follow
+        assert torch.equal(staged["w"], torch.arange(6.0).reshape(2, 3))
+        src["w"].sub_(1)
+        stager.close()
+        with pytest.raises(ValueError, match="closed"):
+            stager.stage(src)

@@ -1,0 +1,223 @@
+"""The seed's classes: every one is exported; the plan data classes have
+the seed's fields; planners and storage objects whose overrides dcp would
+not call are refused; CheckpointableTensor shards round-trip."""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import dcp
+
+# The seed's 36 classes and 12 functions (tensorplay.distributed.checkpoint).
+SEED_NAMES = [
+    "AsyncCheckpointerType", "AsyncSaveResponse", "BytesIOWriteData",
+    "BytesStorageMetadata", "CheckpointableTensor", "ChunkStorageMetadata",
+    "DefaultLoadPlanner", "DefaultSavePlanner", "FileSystem",
+    "FileSystemBase", "FileSystemReader", "FileSystemWriter",
+    "HuggingFaceStorageReader", "HuggingFaceStorageWriter", "LoadItemType",
+    "LoadPlan", "LoadPlanner", "MegaStorageReader", "MegaStorageWriter",
+    "Metadata", "MetadataIndex", "QuantizedHuggingFaceStorageReader",
+    "ReadItem", "SavePlan", "SavePlanner", "SerializationFormat",
+    "StateDictOptions", "Stateful", "StorageMeta", "StorageReader",
+    "StorageWriter", "TensorProperties", "TensorStorageMetadata",
+    "TensorWriteData", "WriteItem", "WriteItemType", "async_save",
+    "get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
+    "load_sharded_optimizer_state_dict", "load_state_dict", "load",
+    "save_state_dict", "save", "set_model_state_dict",
+    "set_optimizer_state_dict", "set_state_dict", "CheckpointException",
+]
+
+
+def test_every_seed_name_is_exported():
+    assert len(SEED_NAMES) == 49
+    missing = [n for n in SEED_NAMES if not hasattr(dcp, n)]
+    assert missing == []
+    assert set(SEED_NAMES) <= set(dcp.__all__)
+
+
+def test_plan_data_classes_have_the_seed_fields():
+    fields = {
+        dcp.BytesIOWriteData: ["nbytes"],
+        dcp.TensorWriteData: ["chunk", "properties", "size"],
+        dcp.WriteItem: ["index", "type", "bytes_io_data", "tensor_data"],
+        dcp.ReadItem: ["type", "dest_index", "dest_offsets",
+                       "storage_index", "storage_offsets", "lengths"],
+        dcp.SavePlan: ["items", "storage_data", "planner_data", "usable"],
+        dcp.LoadPlan: ["items", "storage_data", "planner_data"],
+    }
+    for cls, names in fields.items():
+        assert [f.name for f in dataclasses.fields(cls)] == names, cls
+    assert [m.name for m in dcp.WriteItemType] == ["TENSOR", "SHARD",
+                                                   "BYTE_IO"]
+    assert [m.name for m in dcp.LoadItemType] == ["TENSOR", "BYTE_IO"]
+    item = dcp.WriteItem(
+        index=dcp.MetadataIndex("w", (0, 0)), type=dcp.WriteItemType.SHARD,
+        tensor_data=dcp.TensorWriteData(
+            chunk=dcp.ChunkStorageMetadata((0, 0), (2, 3)),
+            properties=dcp.TensorProperties(dtype=torch.bfloat16),
+            size=(4, 3)))
+    assert item.tensor_storage_size() == 2 * 3 * 2
+    assert dcp.WriteItem(index=dcp.MetadataIndex("v"),
+                         type=dcp.WriteItemType.BYTE_IO,
+                         bytes_io_data=dcp.BytesIOWriteData(5)
+                         ).tensor_storage_size() is None
+    assert dcp.SavePlan([item]).usable is True
+
+
+def test_dcp_classes_are_instances_of_the_seed_protocols(tmp_path):
+    assert isinstance(dcp.DefaultSavePlanner(), dcp.SavePlanner)
+    assert isinstance(dcp.DefaultLoadPlanner(), dcp.LoadPlanner)
+    for cls in (dcp.FileSystemWriter, dcp.HuggingFaceStorageWriter,
+                dcp.MegaStorageWriter):
+        assert issubclass(cls, dcp.StorageWriter), cls
+    for cls in (dcp.FileSystemReader, dcp.HuggingFaceStorageReader,
+                dcp.QuantizedHuggingFaceStorageReader,
+                dcp.MegaStorageReader):
+        assert issubclass(cls, dcp.StorageReader), cls
+    with pytest.raises(TypeError):
+        dcp.SavePlanner()  # abstract
+
+
+class RaisingPlanner(dcp.DefaultSavePlanner):
+    def create_local_plan(self):
+        raise AssertionError("dcp cannot call this")
+
+
+class OptionsOnlyPlanner(dcp.DefaultSavePlanner):
+    def __init__(self):
+        super().__init__(dedup_save_to_lowest_rank=True)
+
+
+class RaisingLoadPlanner(dcp.DefaultLoadPlanner):
+    def transform_tensor(self, read_item, tensor):
+        raise AssertionError("dcp cannot call this")
+
+
+class RaisingWriter(dcp.FileSystemWriter):
+    def write_data(self, plan, planner):
+        raise AssertionError("dcp cannot call this")
+
+
+class RaisingReader(dcp.FileSystemReader):
+    def read_data(self, plan, planner):
+        raise AssertionError("dcp cannot call this")
+
+
+class NotAPlanner:
+    pass
+
+
+def test_overriding_planners_are_refused_before_anything_is_written(ckpt):
+    sd = {"w": torch.arange(4.0)}
+    with pytest.raises(TypeError,
+                       match=r"RaisingPlanner overrides "
+                       r"RaisingPlanner\.create_local_plan"):
+        dcp.save(sd, checkpoint_id=ckpt, planner=RaisingPlanner())
+    with pytest.raises(TypeError, match=r"NotAPlanner is not supported"):
+        dcp.save(sd, checkpoint_id=ckpt, planner=NotAPlanner())
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))
+    # Options only: honoured.
+    dcp.save(sd, checkpoint_id=ckpt, planner=OptionsOnlyPlanner())
+    out = {"w": torch.zeros(4)}
+    with pytest.raises(TypeError, match=r"RaisingLoadPlanner\."
+                       r"transform_tensor"):
+        dcp.load(out, checkpoint_id=ckpt, planner=RaisingLoadPlanner())
+    assert torch.equal(out["w"], torch.zeros(4))
+    dcp.load(out, checkpoint_id=ckpt)
+    assert torch.equal(out["w"], torch.arange(4.0))
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_async_save_refuses_overriding_planners_and_writers(ckpt, kind):
+    sd = {"w": torch.arange(4.0)}
+    kind = dcp.AsyncCheckpointerType[kind]
+    with pytest.raises(TypeError, match=r"create_local_plan"):
+        dcp.async_save(sd, checkpoint_id=ckpt, planner=RaisingPlanner(),
+                       async_checkpointer_type=kind)
+    with pytest.raises(TypeError, match=r"RaisingWriter\.write_data"):
+        dcp.async_save(sd, storage_writer=RaisingWriter(ckpt),
+                       async_checkpointer_type=kind)
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))
+
+
+def test_overriding_storage_is_refused(ckpt):
+    sd = {"w": torch.arange(4.0)}
+    with pytest.raises(TypeError, match=r"RaisingWriter overrides "
+                       r"RaisingWriter\.write_data"):
+        dcp.save(sd, storage_writer=RaisingWriter(ckpt))
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))
+    dcp.save(sd, checkpoint_id=ckpt)
+    out = {"w": torch.zeros(4)}
+    with pytest.raises(TypeError, match=r"RaisingReader\.read_data"):
+        dcp.load(out, storage_reader=RaisingReader(ckpt))
+    assert torch.equal(out["w"], torch.zeros(4))
+
+
+def checkpointable(t, global_shape, global_offset, local_offset, size):
+    t.global_shape = global_shape
+    t.global_offsets = (global_offset,)
+    t.local_offsets = (local_offset,)
+    t.local_sizes = (size,)
+    return t
+
+
+def test_checkpointable_tensor_saves_its_shard_of_the_global_tensor(ckpt):
+    # A padded local buffer: rows 1-2 hold the whole 2x3 global tensor.
+    local = torch.full((4, 3), -1.0)
+    local[1:3] = torch.arange(6.0).reshape(2, 3)
+    t = checkpointable(local, (2, 3), (0, 0), (1, 0), (2, 3))
+    assert isinstance(t, dcp.CheckpointableTensor)
+    assert not isinstance(torch.zeros(1), dcp.CheckpointableTensor)
+    dcp.save({"w": t}, checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    assert md.state_dict_metadata["w"].size == (2, 3)
+    plain = {"w": torch.zeros(2, 3)}
+    dcp.load(plain, checkpoint_id=ckpt)
+    assert torch.equal(plain["w"], torch.arange(6.0).reshape(2, 3))
+    # Global row 1 into row 2 of another padded buffer.
+    dest = torch.full((3, 3), 7.0)
+    checkpointable(dest, (2, 3), (1, 0), (2, 0), (1, 3))
+    dcp.load({"w": dest}, checkpoint_id=ckpt)
+    assert torch.equal(dest[2], torch.arange(3.0, 6.0))
+    assert torch.equal(dest[:2], torch.full((2, 3), 7.0))  # untouched
+
+
+def test_checkpointable_tensor_errors_name_the_key(ckpt):
+    bad = checkpointable(torch.zeros(2, 3), (4, 3), (3, 0), (0, 0), (2, 3))
+    with pytest.raises(ValueError, match=r"'w': shard .* does not fit"):
+        dcp.save({"w": bad}, checkpoint_id=ckpt)
+    two = torch.zeros(4, 3)
+    two.global_shape = (8, 3)
+    two.global_offsets = ((0, 0), (4, 0))
+    two.local_offsets = ((0, 0), (2, 0))
+    two.local_sizes = ((2, 3), (2, 3))
+    with pytest.raises(NotImplementedError, match=r"'w': .* 2 shards"):
+        dcp.save({"w": two}, checkpoint_id=ckpt)
+    partial = torch.zeros(2)
+    partial.global_shape = (4,)
+    with pytest.raises(ValueError, match=r"'w': .*global_offsets"):
+        dcp.save({"w": partial}, checkpoint_id=ckpt)
+
+
+def test_file_system_streams_paths_and_renames(tmp_path):
+    fs = dcp.FileSystem()
+    assert isinstance(fs, dcp.FileSystemBase)
+    root = fs.init_path(str(tmp_path))
+    sub = fs.concat_path(root, "a/b")
+    fs.mkdir(sub)
+    path = fs.concat_path(sub, "f.bin")
+    with fs.create_stream(path, "wb") as stream:
+        stream.write(b"bytes")
+    fs.rename(path, fs.concat_path(sub, "g.bin"))
+    assert not fs.exists(path)
+    with fs.create_stream(fs.concat_path(sub, "g.bin"), "rb") as stream:
+        assert stream.read() == b"bytes"
+    fs.rm_file(fs.concat_path(sub, "g.bin"))
+    assert not fs.exists(fs.concat_path(sub, "g.bin"))
+    with pytest.raises(ValueError, match="not binary"):
+        with fs.create_stream(fs.concat_path(sub, "h"), "w"):
+            pass
+    assert dcp.FileSystem.validate_checkpoint_id(str(tmp_path / "new"))
+    assert not dcp.FileSystem.validate_checkpoint_id("s3://bucket/x")
