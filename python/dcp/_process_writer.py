@@ -703,8 +703,9 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     # keep their storages too, should a tensor be given another meanwhile.
     memory = _state.storages_of(tensors) if copy_on_write else None
 
-    def stage():
-        nonlocal writer, memory
+    def copy_in():
+        """Stages the tensors into a segment; (segment, snapshot or None),
+        or None when it failed (the futures say why)."""
         import torch
         try:
             seg = _pool.acquire(total)
@@ -719,8 +720,14 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             job.upload.set_exception(e)
             if job.segment is not None:
                 _pool.release(job.segment)
-            return
+            return None
         job.staging.set_result(None)
+        return seg, snapshot
+
+    def hand_over(seg, snapshot):
+        """Gives the staged segment to the writer process (after the
+        snapshot, if any, has filled it)."""
+        nonlocal writer, memory
         if snapshot is not None:
             # The tensors may change now; the segment fills from the
             # write-protected pages (this closure keeps them referenced).
@@ -762,10 +769,19 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             _pool.release(seg)
             job.upload.set_exception(error)
 
+    def stage():
+        staged = copy_in()
+        if staged is not None:
+            hand_over(*staged)
+
     if threading.current_thread().name.startswith("dcp-process-stager"):
         # Called from a done-callback of an earlier save's staging, on the
-        # stager's one thread: queued behind itself it would never run.
-        stage()
+        # stager's one thread: queued behind itself the copy would never
+        # run, so it runs here; the hand-over to the writer is queued, after
+        # the earlier save's (uploads keep the call order).
+        staged = copy_in()
+        if staged is not None:
+            _stager.submit(hand_over, *staged)
     else:
         with _writer_lock:
             if _stager is None:

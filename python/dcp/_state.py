@@ -596,21 +596,21 @@ class Flat:
             return tmp
         return t
 
-    def convert_on_load(self, sd, metadata) -> bool:
+    def convert_on_load(self, sd, metadata) -> None:
         """Load only, before the load of `sd` (this Flat's build): where a
         destination tensor's dtype differs from the checkpoint's (the C
         metadata handle `metadata`), loads into a temporary of the saved
         dtype instead, which write_back copies into the destination,
-        converting as torch's copy_ (numpy: assignment) does. Returns
-        whether any leaf changed (then build again). numpy destinations of
-        a dtype numpy lacks (bf16, float8) are left for the load to
+        converting as torch's copy_ (numpy: assignment) does, and sets the
+        temporaries in `sd` in the destinations' place. numpy destinations
+        of a dtype numpy lacks (bf16, float8) are left for the load to
         refuse."""
         L = _lib.lib()
         count = ctypes.c_size_t()
         _lib.check(L.dcp_state_dict_dtype_mismatches(
             sd, metadata, 0, None, None, ctypes.byref(count)))
         if count.value == 0:
-            return False
+            return
         n = count.value
         indices = (ctypes.c_size_t * n)()
         dtypes = (ctypes.c_int32 * n)()
@@ -626,8 +626,10 @@ class Flat:
             saved[name.value.decode()] = dtypes[k]
         # The temporaries already standing in for strided destinations.
         standing = {id(tmp): j for j, (_, tmp) in enumerate(self.copy_back)}
-        changed = False
+        changed = []
         for i, path in enumerate(self.t_paths):
+            if len(changed) == len(saved):
+                break
             code = saved.get(self.name(path))
             if code is None:
                 continue
@@ -651,8 +653,25 @@ class Flat:
             else:
                 self.copy_back.append((t, tmp))
             self.t_objs[i] = tmp
-            changed = True
-        return changed
+            changed.append(i)
+        if changed:
+            self._set_tensors(L, sd, changed)
+
+    def _set_tensors(self, L, sd, indices) -> None:
+        """Sets tensors `indices` (t_objs order) in `sd` again, replacing
+        the leaves at their paths (after _fill)."""
+        objs, shards = self.t_objs, self.t_shards
+        self.t_objs = [objs[i] for i in indices]
+        self.t_shards = [shards[i] for i in indices]
+        try:
+            tensors, sub_shards = self._tensor_arrays()
+        finally:
+            self.t_objs, self.t_shards = objs, shards
+        paths = self._paths_arr[np.asarray(indices, dtype=np.int64)]
+        self._arrays.append(paths)
+        _lib.check(L.dcp_state_dict_set_tensors(
+            sd, len(indices), _addr(paths), _addr(tensors),
+            None if sub_shards is None else _addr(sub_shards)))
 
     def _plain(self, v, parent, key) -> None:
         self.v_paths.append(tuple(self._path))

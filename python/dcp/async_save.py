@@ -178,9 +178,11 @@ class _CompletionFuture(Future):
 class _EngineJob:
     """One dcp_async_save: its handles, the borrowed tensors and futures."""
 
-    def __init__(self, prepared, handle, keep_tensors=False, group=None):
+    def __init__(self, prepared, handle, keep_tensors=False, group=None,
+                 rank=0):
         self.prepared = prepared
         self.handle = handle
+        self.rank = rank  # this process's, in the save's group
         # The dcp.ProcessGroup the save runs in: its store callbacks must
         # outlive the upload, whatever the caller drops or closes.
         self.group = group
@@ -223,7 +225,7 @@ class _EngineJob:
         code = code or status
         _, message, failures = _lib.last_error()
         from .errors import from_status
-        return from_status(code, message, failures)
+        return from_status(code, message, failures, rank=self.rank)
 
     def complete(self, which, status):
         future = self.staging if which == _lib.STAGING else self.upload
@@ -270,8 +272,10 @@ class _EngineJob:
             self._waiters += 1
         try:
             done = ctypes.c_int32()
-            _lib.lib().dcp_async_save_wait(self.handle, _lib.STAGING, -1,
-                                           ctypes.byref(done))
+            # In slices, so that a signal's Python handler (Ctrl-C) runs.
+            while not done.value:
+                _lib.lib().dcp_async_save_wait(self.handle, _lib.STAGING,
+                                               100, ctypes.byref(done))
         finally:
             with self._lock:
                 self._waiters -= 1
@@ -328,7 +332,8 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
     handle = ctypes.c_void_p()
     try:
         job = _EngineJob(p, handle, keep_tensors=stager is not None and
-                         stager.config.copy_on_write, group=where.group)
+                         stager.config.copy_on_write, group=where.group,
+                         rank=where.rank)
         _ensure_thread()
         with _interrupts_deferred():
             try:
@@ -416,13 +421,15 @@ def _staged_in_call(response: AsyncSaveResponse) -> Future:
     """The seed's return for a save whose staging ended in the call: the
     upload Future, once staging is done (waited for here when it is not
     yet). It also carries `staging_completion` and `upload_completion`
-    (itself), as an AsyncSaveResponse would; staging_completion is done,
-    except in a call from a done-callback of another dcp save (which runs
-    on the thread that resolves it): it then resolves just after."""
+    (itself), as an AsyncSaveResponse would. For the engine's saves the
+    wait is for the engine's own staging completion: their
+    staging_completion, which the dcp-completions thread resolves (it may
+    be running a callback that waits for the caller), resolves just
+    after."""
     wait_staged = getattr(response, "_wait_staged", None)
     if wait_staged is not None:
-        wait_staged()  # the engine's own completion
-    if threading.current_thread() is not _thread:
+        wait_staged()
+    else:  # PROCESS, a custom stager: resolved on threads of their own
         concurrent.futures.wait([response.staging_completion])
     upload = response.upload_completion
     upload.staging_completion = response.staging_completion

@@ -236,19 +236,20 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
     raise exc
 
 
-def _convert_dtypes(flat, p, path, storage_reader) -> bool:
+def _convert_dtypes(flat, p, path, storage_reader) -> None:
     """Has `flat` load its tensors whose dtype differs from the checkpoint's
     through temporaries of the saved dtype, converted into the destinations
     afterwards, as torch's DCP converts with copy_ (_state.Flat
     .convert_on_load). The metadata is what the load plans against
     (p.metadata), else read here through the storage the load uses (a Hugging
     Face or MEGA directory without a storage_reader: the one the library
-    picks). Returns whether p.sd must be built again. Where the metadata
-    cannot be read, nothing is converted and the load reports why."""
+    picks). Where the metadata cannot be read, nothing is converted and the
+    load reports why."""
     if not flat.t_objs:
-        return False
+        return
     if p.metadata is not None:
-        return flat.convert_on_load(p.sd, p.metadata)
+        flat.convert_on_load(p.sd, p.metadata)
+        return
     L = _lib.lib()
     reader = p.reader
     own_reader = None
@@ -263,13 +264,13 @@ def _convert_dtypes(flat, p, path, storage_reader) -> bool:
                 own_reader = HuggingFaceStorageReader(path)._create(path)
             reader = own_reader
         if reader is None:
-            return False
+            return
         handle = ctypes.c_void_p()
         if L.dcp_storage_reader_read_metadata(reader, None,
                                               ctypes.byref(handle)) != _lib.OK:
-            return False
+            return
         try:
-            return flat.convert_on_load(p.sd, handle)
+            flat.convert_on_load(p.sd, handle)
         finally:
             L.dcp_metadata_free(handle)
     finally:
@@ -363,10 +364,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
-        if _convert_dtypes(flat, p, path, storage_reader):
-            _lib.lib().dcp_state_dict_free(p.sd)
-            p.sd = None
-            p.sd = flat.build()
+        _convert_dtypes(flat, p, path, storage_reader)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,

@@ -72,6 +72,7 @@ class DefaultStager:
                             f"{type(config).__name__}")
         self.config = config
         self._lock = threading.Lock()
+        self._staging = []  # stage() futures not known to be done
         self._handle = self._create(config)
         # Without copy-on-write, for states holding pinned CPU tensors;
         # made on first need.
@@ -132,24 +133,41 @@ class DefaultStager:
         for code that stages by hand."""
         if self._handle is None:
             raise ValueError("this DefaultStager is closed")
+        pin = self.config.use_pinned_memory
         if not self.config.use_async_staging:
-            return _host_copy(state_dict, self.config.use_pinned_memory)
+            return _host_copy(state_dict, pin)
         from concurrent.futures import Future
+        torch = _state.torch
+        # The copies run on another thread, whose current streams are not
+        # the caller's: they wait for the work queued on the caller's.
+        events = []
+        for device in _cuda_devices(state_dict, set()):
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append((device, event))
         future = Future()
 
         def run():
             try:
-                future.set_result(_host_copy(state_dict,
-                                             self.config.use_pinned_memory))
+                for device, event in events:
+                    torch.cuda.current_stream(device).wait_event(event)
+                future.set_result(_host_copy(state_dict, pin))
             except BaseException as e:
                 future.set_exception(e)
+        with self._lock:
+            self._staging = [f for f in self._staging if not f.done()]
+            self._staging.append(future)
         threading.Thread(target=run, name="dcp-stage", daemon=True).start()
         return future
 
     def synchronize_staging(self):
-        """The seed's synchronize_staging(): stage() copies synchronously
-        on its thread, so a returned copy is complete; nothing to wait
-        for."""
+        """The seed's synchronize_staging(): waits for every stage() still
+        copying (their copies are blocking, so a finished one is
+        complete)."""
+        from concurrent.futures import wait
+        with self._lock:
+            pending = list(self._staging)
+        wait(pending)
 
     def close(self):
         """Releases the stager; saves still staging through it keep it
@@ -182,6 +200,10 @@ class DefaultStager:
             pass
 
 
+_CHECKPOINTABLE = ("global_shape", "global_offsets", "local_offsets",
+                   "local_sizes")
+
+
 def _host_copy(value, pin: bool):
     """`value` with every tensor copied into host memory (see stage)."""
     if isinstance(value, np.ndarray):
@@ -196,12 +218,45 @@ def _host_copy(value, pin: bool):
         out = torch.empty(value.shape, dtype=value.dtype, device="cpu",
                           pin_memory=pin)
         out.copy_(value.detach())
+        for name in _CHECKPOINTABLE:  # a CheckpointableTensor stays one
+            if hasattr(value, name):
+                setattr(out, name, getattr(value, name))
         return out
+    if isinstance(value, _state.ShardedTensor):
+        return _state.ShardedTensor(_host_copy(value.local, pin),
+                                    value.global_shape, value.offsets)
     if isinstance(value, dict):
         out = copy.copy(value)  # keeps the mapping's type
         for k, v in value.items():
             out[k] = _host_copy(v, pin)
         return out
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(_host_copy(v, pin) for v in value)
+    if isinstance(value, list):
+        out = copy.copy(value)  # keeps a list subclass
+        out[:] = [_host_copy(v, pin) for v in value]
+        return out
+    if isinstance(value, tuple):
+        items = [_host_copy(v, pin) for v in value]
+        if hasattr(type(value), "_fields"):  # a namedtuple
+            return type(value)(*items)
+        try:
+            return type(value)(items)
+        except TypeError:
+            return tuple(items)
     return value
+
+
+def _cuda_devices(value, out: set) -> set:
+    """The CUDA devices of the tensors in `value`."""
+    torch = _state.torch
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            out.add(value.device)
+    elif isinstance(value, _state.ShardedTensor):
+        _cuda_devices(value.local, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _cuda_devices(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _cuda_devices(v, out)
+    return out

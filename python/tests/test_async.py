@@ -43,7 +43,6 @@ def test_thread_staging_then_upload(tmp_path):
     # carries both completions).
     assert isinstance(resp, concurrent.futures.Future)
     assert not isinstance(resp, dcp.AsyncSaveResponse)
-    assert resp.staging_completion.done()
     assert resp.upload_completion is resp
     assert resp.staging_completion.result(WAIT) is None
     # Staged: the caller may change its tensors; the checkpoint keeps the
@@ -595,40 +594,44 @@ def test_interrupt_as_a_custom_stager_upload_is_queued_ends_its_turn(
     group.close()
 
 
-def _chained_save(tmp_path, kind):
-    """A Future of the async_save that chain() starts, and chain()."""
+def _chained_save(tmp_path, kind, where="second"):
+    """A Future of the async_save that chain() starts (of {"step": 2.0},
+    a tensor chain() changes as soon as the call returns), and chain()."""
     chained = concurrent.futures.Future()
 
     def chain(_):
         try:
-            chained.set_result(dcp.async_save(
-                {"y": torch.full((4,), 2.0)},
-                checkpoint_id=str(tmp_path / "second"),
-                async_checkpointer_type=kind))
+            step = torch.full((1 << 16,), 2.0)
+            fut = dcp.async_save({"step": step},
+                                 checkpoint_id=str(tmp_path / where),
+                                 async_checkpointer_type=kind)
+            step.fill_(7.0)  # staged in the call: not in the checkpoint
+            chained.set_result(fut)
         except BaseException as e:
             chained.set_exception(e)
     return chained, chain
 
 
-def _check_second(tmp_path):
-    out = {"y": torch.zeros(4)}
-    dcp.load(out, checkpoint_id=str(tmp_path / "second"))
-    assert torch.equal(out["y"], torch.full((4,), 2.0))
+def _check_step(tmp_path, where="second"):
+    out = {"step": torch.zeros(1 << 16)}
+    dcp.load(out, checkpoint_id=str(tmp_path / where))
+    assert torch.equal(out["step"], torch.full((1 << 16,), 2.0))
 
 
-@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
-def test_async_save_from_an_upload_done_callback(tmp_path, kind):
+@pytest.mark.parametrize("first_kind,kind", [
+    ("THREAD", "THREAD"), ("PROCESS", "PROCESS"), ("THREAD", "PROCESS")])
+def test_async_save_from_an_upload_done_callback(tmp_path, first_kind, kind):
     """An upload's done-callback runs on the thread that resolves dcp's
-    futures: an async_save from it must not wait for that thread, or no
-    save would complete again."""
-    kind = dcp.AsyncCheckpointerType[kind]
-    chained, chain = _chained_save(tmp_path, kind)
+    futures: an async_save from it must not wait for that thread (no save
+    would complete again), yet stage before it returns."""
+    chained, chain = _chained_save(tmp_path, dcp.AsyncCheckpointerType[kind])
     first = dcp.async_save({"x": torch.ones(4)},
                            checkpoint_id=str(tmp_path / "first"),
-                           async_checkpointer_type=kind)
+                           async_checkpointer_type=dcp.AsyncCheckpointerType[
+                               first_kind])
     first.add_done_callback(chain)
     chained.result(WAIT).result(WAIT)
-    _check_second(tmp_path)
+    _check_step(tmp_path)
 
 
 def test_process_async_save_from_a_staging_done_callback(tmp_path):
@@ -640,9 +643,10 @@ def test_process_async_save_from_a_staging_done_callback(tmp_path):
     gate = threading.Event()
     _process_writer._stager.submit(gate.wait)  # holds the staging thread
     stager = dcp.DefaultStager()
-    chained, chain = _chained_save(tmp_path, kind)
-    first = dcp.async_save({"x": torch.ones(4)},
-                           checkpoint_id=str(tmp_path / "first"),
+    # Both to one directory: the later call's upload must come last.
+    chained, chain = _chained_save(tmp_path, kind, where="same")
+    first = dcp.async_save({"step": torch.full((1 << 16,), 1.0)},
+                           checkpoint_id=str(tmp_path / "same"),
                            async_checkpointer_type=kind, async_stager=stager)
     assert isinstance(first, dcp.AsyncSaveResponse)
     first.staging_completion.add_done_callback(chain)
@@ -650,4 +654,4 @@ def test_process_async_save_from_a_staging_done_callback(tmp_path):
     chained.result(WAIT).result(WAIT)
     first.result(WAIT)
     stager.close()
-    _check_second(tmp_path)
+    _check_step(tmp_path, where="same")

@@ -221,3 +221,30 @@ def test_stage_copies_tensors_to_host_and_keeps_other_values():
         stager.close()
         with pytest.raises(ValueError, match="closed"):
             stager.stage(src)
+
+
+def test_stage_copies_inside_namedtuples_sharded_and_list_subclasses():
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+
+    class Items(list):
+        pass
+
+    src = {"pair": Pair(torch.ones(3), 2),
+           "shard": dcp.ShardedTensor(torch.ones(2, 2), (4, 2), (2, 0)),
+           "items": Items([torch.ones(1)])}
+    stager = dcp.DefaultStager()
+    staged = stager.stage(src)
+    stager.synchronize_staging()
+    assert staged.done()
+    staged = staged.result()
+    assert type(staged["pair"]) is Pair and staged["pair"].b == 2
+    assert type(staged["items"]) is Items
+    assert staged["shard"].global_shape == (4, 2)
+    assert staged["shard"].offsets == (2, 0)
+    for t in (src["pair"].a, src["shard"].local, src["items"][0]):
+        t.fill_(5.0)
+    assert torch.equal(staged["pair"].a, torch.ones(3))
+    assert torch.equal(staged["shard"].local, torch.ones(2, 2))
+    assert torch.equal(staged["items"][0], torch.ones(1))
+    stager.close()
