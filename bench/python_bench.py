@@ -15,6 +15,9 @@ Each phase runs in its own subprocess, alternating the two libraries, for
   save          get_state_dict + save, wall seconds, GB/s, peak RSS
   load          set_state_dict(load into a fresh model), page cache of the
                 checkpoint dropped first; every byte checked afterwards
+  load-convert  the model's bf16 weights loaded into an fp32 copy of the
+                model (upcast on load), page cache dropped, every value
+                checked (not in the default --phases; after save)
   async-thread  async_save(THREAD): seconds the loop is blocked (call to
                 return, and call to staging done), and to upload done
   async-process the same with AsyncCheckpointerType.PROCESS (first call,
@@ -235,6 +238,26 @@ def phase(args):
         smsd, sosd = sdm.get_state_dict(model, opt)
         out["verified"] = digest(torch, loaded) == digest(
             torch, {"model": smsd, "optim": sosd})
+        return out
+    if args.phase == "load-convert":
+        # The bf16 checkpoint into an fp32 copy of the model (upcast on
+        # load; both libraries convert as they copy). Model only.
+        fresh, _ = build_training_state(torch, args.params, seed=2)
+        fresh = fresh.float()
+        drop_page_cache(args.dir)
+        rss_before = max_rss_bytes()
+        start = time.perf_counter()
+        msd = sdm.get_model_state_dict(fresh)
+        m.load({"model": msd}, checkpoint_id=args.dir)
+        sdm.set_model_state_dict(fresh, msd)
+        out["seconds"] = time.perf_counter() - start
+        out["rss_before_bytes"] = rss_before
+        out["peak_rss_bytes"] = max_rss_bytes()
+        saved = sdm.get_model_state_dict(model)
+        out["bytes"] = state_bytes(torch, msd)
+        out["verified"] = all(
+            msd[k].dtype == torch.float32 and
+            torch.equal(msd[k], saved[k].float()) for k in saved)
         return out
     msd, osd = sdm.get_state_dict(model, opt)
     sd = {"model": msd, "optim": osd}

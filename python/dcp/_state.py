@@ -634,19 +634,19 @@ class Flat:
             if code is None:
                 continue
             t = self.t_objs[i]
+            # The checkpoint holds the tensor (else it would not mismatch),
+            # so a load that succeeds fills the whole temporary, and
+            # write_back runs only after one: it needs no initial values.
             if isinstance(t, np.ndarray):
                 np_name = DCP_DTYPE_NAMES.get(code)
                 if np_name is None or not hasattr(np, np_name):
                     continue
-                tmp = t.astype(getattr(np, np_name), order="C")
+                tmp = np.empty(t.shape, dtype=getattr(np, np_name))
             else:
                 dtype = torch_dtype(code)
                 if not isinstance(dtype, torch.dtype):
                     continue
-                # Starts as the destination's values, as _load_destination's
-                # temporaries do.
-                tmp = t.detach().to(dtype=dtype, memory_format=torch
-                                    .contiguous_format, copy=True)
+                tmp = torch.empty(t.shape, dtype=dtype, device=t.device)
             j = standing.get(id(t))
             if j is not None:
                 self.copy_back[j] = (self.copy_back[j][0], tmp)
