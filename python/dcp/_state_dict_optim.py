@@ -46,13 +46,14 @@ def _as_optimizers(optimizers: Any) -> tuple[torch.optim.Optimizer, ...]:
 @torch.no_grad()
 def _init_optimizer_state(optim: torch.optim.Optimizer) -> bool:
     """Creates the state of an optimizer that has none: one step, lr 0, zero
-    grads. Whether it did."""
+    grads. Whether it did. Not when a parameter has a gradient (as torch's
+    helpers): the training loop is between a backward and its first step,
+    and a step taken here would make its step the optimizer's second."""
     if optim.state:
         return False
-    params = [
-        p for group in optim.param_groups for p in group[_PARAMS] if p.requires_grad
-    ]
-    if not params:
+    every = [p for group in optim.param_groups for p in group[_PARAMS]]
+    params = [p for p in every if p.requires_grad]
+    if not params or any(p.grad is not None for p in every):
         return False
     grads = [p.grad for p in params]
     lrs = [group.get("lr") for group in optim.param_groups]
@@ -269,6 +270,18 @@ def _localize_entry(entry: Any, current: Any, param: torch.Tensor) -> Any:
     return value if value is not entry else value.detach().clone()
 
 
+def _is_native(source: Mapping[str, Any]) -> bool:
+    """Whether `source` is an optimizer's own state_dict(): state keyed by
+    parameter ids (ints), param groups listing ids."""
+    state, groups = source.get(_STATE), source.get(_PARAM_GROUPS)
+    if not isinstance(state, Mapping) or not isinstance(groups, list):
+        return False
+    ids = [p for group in groups for p in group.get(_PARAMS, [])]
+    return bool(ids) and all(
+        isinstance(k, int) and not isinstance(k, bool) for k in [*state, *ids]
+    )
+
+
 @torch.no_grad()
 def _load_optimizers(
     index: _ModelIndex,
@@ -276,6 +289,17 @@ def _load_optimizers(
     source: Mapping[str, Any],
     options: StateDictOptions,
 ) -> None:
+    if _is_native(source):
+        # An optimizer's own state_dict() (an older checkpoint), as torch's
+        # helpers take it: its ids are that optimizer's parameter order.
+        if len(optimizers) != 1:
+            raise ValueError(
+                "an optimizer's own state_dict() (state keyed by parameter "
+                f"ids) cannot be split between {len(optimizers)} optimizers; "
+                "pass the one optimizer it came from"
+            )
+        optimizers[0].load_state_dict(source)
+        return
     # State made here only gives the load tensors to fill: a parameter the
     # state dict has no state for had none when saved (it never got a
     # gradient), and keeps none.

@@ -38,8 +38,13 @@ Lazily created optimizer state: an optimizer that has never stepped has no
 state tensors to save or to load into. `get_*` and `set_*` then create them
 the way the seed does, with one `step()` over zero gradients and `lr` set to
 0 (params and grads are restored afterwards; counters such as Adam's `step`
-read 1, as torch's implementation of the seed leaves them). Optimizers whose
-`step()` needs a closure (LBFGS) are not supported.
+read 1, as torch's implementation of the seed leaves them). Not while a
+parameter has a gradient (as torch: the loop is between a backward and its
+first step, which must stay the optimizer's first); `get_*` then returns no
+state for that optimizer. Optimizers whose `step()` needs a closure (LBFGS)
+are not supported. `set_*` also takes an optimizer's own `state_dict()`
+(state keyed by parameter ids) for a single optimizer, as torch's helpers
+do.
 
 Threading: none of these functions is thread-safe with respect to the model
 or optimizer they touch. With a process group, every rank must make the same
