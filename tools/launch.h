@@ -22,11 +22,12 @@
 // period) before it returns. After a successful job (every rank exited 0)
 // what is left in the ranks' process groups gets `stray_wait`
 // (--stray-wait-seconds, default 1) to exit on its own (a resource
-// tracker or worker that exits when its rank's pipe closes), then is stopped the same way, and the launcher says on stderr
-// how many processes of which rank's group; the exit code stays 0 unless
-// a signal reaches the launcher meanwhile (128 + the signal). (torchrun signals
-// only the groups of ranks still running.) A child that left its rank's group
-// (setsid, a daemon) is out of reach. A launcher killed outright (SIGKILL)
+// tracker or worker that exits when its rank's pipe closes), then is
+// stopped the same way, and the launcher says on stderr how many processes
+// of which rank's group; the exit code stays 0 unless a signal reaches the
+// launcher meanwhile (128 + the signal). (torchrun signals only the groups
+// of ranks still running.) A child that left its rank's group (setsid, a
+// daemon) is out of reach. A launcher killed outright (SIGKILL)
 // cannot stop anything itself: its ranks get SIGTERM from the kernel when it
 // dies (PR_SET_PDEATHSIG; their own children do not). Supervision blocks until
 // a rank writes or exits or a signal or deadline comes; it uses no CPU while
