@@ -349,10 +349,6 @@ class Flat:
         self.v_slots: list = []
         # Load only: (tuple container as list, type, parent, key) to rebuild.
         self._tuples: list = []
-        # Load only: (path, list) of every list or tuple walked (tuples as
-        # their list), and (list, items) grown by grow_lists.
-        self._lists: list = []
-        self._extensions: list = []
         # Load only: (destination, contiguous temporary).
         self.copy_back: list = []
         # Load only: DTensor destinations (their local tensors are in
@@ -430,8 +426,6 @@ class Flat:
             if self.load:
                 target = list(seq)
                 self._tuples.append((target, type(seq), parent, key))
-        if self.load:
-            self._lists.append((tuple(path), target))
         for i, v in enumerate(seq):
             path.append((i << 1) | 1)
             self._value(v, target, i)
@@ -662,50 +656,6 @@ class Flat:
             changed.append(i)
         if changed:
             self._set_tensors(L, sd, changed)
-
-    def grow_lists(self, metadata) -> bool:
-        """Load only, before build(): a list (or tuple) the checkpoint holds
-        more items of than the destination (an empty `history` list in a
-        fresh state) gets the saved items after its own, as torch's load
-        returns a saved list whole: plain values, and tensors (CPU, of the
-        saved dtype and shape) where torch is there. Items that are lists
-        or maps themselves end the growth. The caller's lists change only
-        in write_back. Returns whether any leaf was added (then build)."""
-        if not self._lists:
-            return False
-        L = _lib.lib()
-        index = ctypes.c_size_t()
-        info = _lib.sized(_lib.ItemInfo)
-        grew = False
-        for path, target in self._lists:
-            base = self.name(path)
-            items = []
-            n = len(target)
-            while True:
-                name = f"{base}.{n + len(items)}"
-                if L.dcp_metadata_find(metadata, name.encode(),
-                                       ctypes.byref(index)) != _lib.OK:
-                    break
-                _lib.check(L.dcp_metadata_item(metadata, index.value,
-                                               ctypes.byref(info)))
-                self._path = list(path) + [((n + len(items)) << 1) | 1]
-                if info.is_tensor:
-                    dtype = torch_dtype(info.dtype)
-                    if torch is None or not isinstance(dtype, torch.dtype):
-                        break
-                    value = torch.empty(
-                        [info.shape[d] for d in range(info.ndim)],
-                        dtype=dtype)
-                    items.append(value)
-                    self._tensor(value, None)
-                else:
-                    items.append(None)
-                    self._plain(None, items, len(items) - 1)
-            self._path = []
-            if items:
-                self._extensions.append((target, items))
-                grew = True
-        return grew
 
     def _set_tensors(self, L, sd, indices) -> None:
         """Sets tensors `indices` (t_objs order) in `sd` again, replacing
@@ -1042,8 +992,6 @@ class Flat:
         for (parent, key, _), value in zip(self.v_slots, values):
             if value is not _SKIP:
                 parent[key] = value
-        for target, items in self._extensions:
-            target.extend(items)
         for target, typ, parent, key in reversed(self._tuples):
             if hasattr(typ, "_fields"):  # namedtuple
                 parent[key] = typ(*target)

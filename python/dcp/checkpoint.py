@@ -364,17 +364,6 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
-        if p.metadata is not None and flat.grow_lists(p.metadata):
-            # Saved lists longer than the destination's: built again with
-            # the added leaves (rare: only then).
-            L = _lib.lib()
-            L.dcp_state_dict_free(p.sd)
-            p.sd = None
-            p.sd = flat.build()
-            if p.values_sd is not None:
-                L.dcp_state_dict_free(p.values_sd)
-                p.values_sd = None
-            p.values_sd = flat.build(values_only=True)
         _convert_dtypes(flat, p, path, storage_reader)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
