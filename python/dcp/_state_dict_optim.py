@@ -282,6 +282,35 @@ def _is_native(source: Mapping[str, Any]) -> bool:
     )
 
 
+def _native_by_fqn(
+    index: _ModelIndex, optim: torch.optim.Optimizer, source: Mapping[str, Any]
+) -> dict[str, Any]:
+    """`source`, an optimizer's own state_dict(), keyed by FQNs: its ids
+    number the parameters of its groups in order, matched group by group
+    with `optim`'s, as Optimizer.load_state_dict matches them."""
+    saved = source[_PARAM_GROUPS]
+    if len(saved) != len(optim.param_groups):
+        raise ValueError(
+            f"the optimizer state_dict has {len(saved)} param groups, the "
+            f"optimizer {len(optim.param_groups)}"
+        )
+    fqn_of: dict[int, str] = {}
+    groups = []
+    for g, (group, current) in enumerate(zip(saved, optim.param_groups)):
+        ids = list(group.get(_PARAMS, []))
+        if len(ids) != len(current[_PARAMS]):
+            raise ValueError(
+                f"param group {g} of the optimizer state_dict has {len(ids)} "
+                f"parameters, the optimizer's {len(current[_PARAMS])}"
+            )
+        for i, param in zip(ids, current[_PARAMS]):
+            fqn_of[i] = index.fqns(param)[0]
+        hyper = {k: v for k, v in group.items() if k != _PARAMS}
+        groups.append({**hyper, _PARAMS: [fqn_of[i] for i in ids]})
+    state = {fqn_of[i]: entry for i, entry in source[_STATE].items() if i in fqn_of}
+    return {_STATE: state, _PARAM_GROUPS: groups}
+
+
 @torch.no_grad()
 def _load_optimizers(
     index: _ModelIndex,
@@ -291,15 +320,15 @@ def _load_optimizers(
 ) -> None:
     if _is_native(source):
         # An optimizer's own state_dict() (an older checkpoint), as torch's
-        # helpers take it: its ids are that optimizer's parameter order.
+        # helpers take it; keyed by FQNs, it then loads as any other
+        # (broadcast, re-sharded, checked, copied).
         if len(optimizers) != 1:
             raise ValueError(
                 "an optimizer's own state_dict() (state keyed by parameter "
                 f"ids) cannot be split between {len(optimizers)} optimizers; "
                 "pass the one optimizer it came from"
             )
-        optimizers[0].load_state_dict(source)
-        return
+        source = _native_by_fqn(index, optimizers[0], source)
     # State made here only gives the load tensors to fill: a parameter the
     # state dict has no state for had none when saved (it never got a
     # gradient), and keeps none.

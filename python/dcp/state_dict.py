@@ -43,8 +43,9 @@ parameter has a gradient (as torch: the loop is between a backward and its
 first step, which must stay the optimizer's first); `get_*` then returns no
 state for that optimizer. Optimizers whose `step()` needs a closure (LBFGS)
 are not supported. `set_*` also takes an optimizer's own `state_dict()`
-(state keyed by parameter ids) for a single optimizer, as torch's helpers
-do.
+(state keyed by parameter ids, numbered in the optimizer's group order) for
+a single optimizer, as torch's helpers do; it is keyed by FQNs first and
+then loads as any other (broadcast, re-sharded, checked, copied).
 
 Threading: none of these functions is thread-safe with respect to the model
 or optimizer they touch. With a process group, every rank must make the same

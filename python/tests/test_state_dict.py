@@ -914,6 +914,17 @@ def test_an_optimizers_own_state_dict_loads_as_torch_takes_it():
         assert o2.param_groups[0]["lr"] == 0.05
         assert torch.equal(o2.state[m2.weight]["exp_avg"],
                            o.state[m.weight]["exp_avg"])
+        # Copied, not shared with the source optimizer.
+        assert o2.state[m2.weight]["exp_avg"].data_ptr() != \
+            o.state[m.weight]["exp_avg"].data_ptr()
+    # Checked as any other: a trainable parameter's state missing.
+    partial = {"state": {1: native["state"][1]},
+               "param_groups": native["param_groups"]}
+    m4, o4 = _linear_adam(4)
+    m4(torch.ones(3, 4)).sum().backward()
+    o4.step()  # has state of its own for the missing entry
+    with pytest.raises(RuntimeError, match="'weight' is missing"):
+        sd.set_optimizer_state_dict(m4, o4, partial)
     m3, o3 = _linear_adam(2)
     other = torch.optim.SGD(m3.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="cannot be split between 2"):
