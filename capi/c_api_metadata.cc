@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -32,6 +33,20 @@ absl::StatusOr<const MetadataItem*> ItemAt(const dcp_metadata& md,
   }
   return &md.items[index];
 }
+
+// Orders items by the first `size` bytes of their names.
+struct ByPrefix {
+  size_t size;
+  std::string_view Head(const MetadataItem& item) const {
+    return std::string_view(*item.name).substr(0, size);
+  }
+  bool operator()(const MetadataItem& a, std::string_view b) const {
+    return Head(a) < b;
+  }
+  bool operator()(std::string_view a, const MetadataItem& b) const {
+    return a < Head(b);
+  }
+};
 
 }  // namespace
 }  // namespace dcp::capi
@@ -112,6 +127,27 @@ int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
           absl::StrCat("the checkpoint has no item named \"", key, "\""));
     }
     *index = static_cast<size_t>(it - h->items.begin());
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_find_prefix(const dcp_metadata_t* md, const char* prefix,
+                             size_t* first, size_t* count) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(first, "size_t* first"));
+    DCP_RETURN_IF_ERROR(CheckOut(count, "size_t* count"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (prefix == nullptr) {
+      return absl::InvalidArgumentError(
+          "dcp_metadata_find_prefix: prefix is NULL");
+    }
+    const std::string_view key = prefix;
+    // Names in order compare in order by their first key.size() bytes, so
+    // the names with the prefix are one range.
+    const auto [lo, hi] = std::equal_range(
+        h->items.begin(), h->items.end(), key, dcp::capi::ByPrefix{key.size()});
+    *first = static_cast<size_t>(lo - h->items.begin());
+    *count = static_cast<size_t>(hi - lo);
     return absl::OkStatus();
   });
 }

@@ -550,6 +550,22 @@ static void test_metadata(void) {
     CHECK(index == 2);
     CHECK_ERROR(dcp_metadata_find(md, "model", &index), DCP_NOT_FOUND,
                 "\"model\"");
+    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.", &index, &n));
+    CHECK(index == 0 && n == 2);
+    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.1.", &index, &n));
+    CHECK(index == 1 && n == 1);
+    CHECK_OK(dcp_metadata_find_prefix(md, "", &index, &n));
+    CHECK(index == 0 && n == 3);
+    CHECK_OK(dcp_metadata_find_prefix(md, "st", &index, &n));
+    CHECK(index == 2 && n == 1);
+    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.2", &index, &n));
+    CHECK(index == 2 && n == 0);
+    CHECK_OK(dcp_metadata_find_prefix(md, "zz", &index, &n));
+    CHECK(index == 3 && n == 0);
+    CHECK_ERROR(dcp_metadata_find_prefix(md, NULL, &index, &n),
+                DCP_INVALID_ARGUMENT, "prefix is NULL");
+    CHECK_ERROR(dcp_metadata_find_prefix(md, "m", &index, NULL),
+                DCP_INVALID_ARGUMENT, "count");
     CHECK_OK(dcp_metadata_ids(md, &checkpoint_id, &save_id));
     CHECK(strcmp(checkpoint_id, dir) == 0);
     CHECK(strlen(save_id) > 0);

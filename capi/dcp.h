@@ -809,6 +809,13 @@ DCP_API int dcp_metadata_item(const dcp_metadata_t* md, size_t index,
 /* The item named `name`: DCP_NOT_FOUND when there is none. */
 DCP_API int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
                               size_t* index);
+/* The items whose flattened names start with `prefix` (the leaves under a
+ * container: prefix "model.layers."), which are adjacent in name order:
+ * `*count` of them from index `*first` on. None: *count 0, *first where
+ * they would be. */
+DCP_API int dcp_metadata_find_prefix(const dcp_metadata_t* md,
+                                     const char* prefix, size_t* first,
+                                     size_t* count);
 /* Chunk `chunk` of tensor item `index`: offsets and sizes, ndim each. */
 DCP_API int dcp_metadata_chunk(const dcp_metadata_t* md, size_t index,
                                size_t chunk, const int64_t** offsets,

@@ -349,6 +349,17 @@ class Flat:
         self.v_slots: list = []
         # Load only: (tuple container as list, type, parent, key) to rebuild.
         self._tuples: list = []
+        # Load only: the outermost lists and tuples holding plain values
+        # only (nested ones too, no tensor, no map), which a load replaces
+        # whole when the checkpoint's list differs (reshape_lists): (path,
+        # the list or tuple, its target, first and end index of its plain
+        # leaves, first and end index of the _tuples inside it, whether it
+        # holds lists or tuples).
+        self._plain_lists: list = []
+        self._not_plain = 0  # maps and other containers walked, load only
+        # Load only: (target, new items, tuples inside to rebuild) of the
+        # lists reshape_lists replaced.
+        self._replaced: list = []
         # Load only: (destination, contiguous temporary).
         self.copy_back: list = []
         # Load only: DTensor destinations (their local tensors are in
@@ -405,6 +416,7 @@ class Flat:
     def _dict(self, d) -> None:
         path = self._path
         seen = None
+        self._not_plain += 1
         for k, v in d.items():
             enc = self._key(k)
             if type(k) is not str:
@@ -426,10 +438,25 @@ class Flat:
             if self.load:
                 target = list(seq)
                 self._tuples.append((target, type(seq), parent, key))
+        if self.load:
+            mark = (len(self.t_paths), len(self.v_paths), len(self._tuples),
+                    len(self._plain_lists), self._not_plain)
         for i, v in enumerate(seq):
             path.append((i << 1) | 1)
             self._value(v, target, i)
             path.pop()
+        if self.load:
+            t0, v0, tu0, pl0, np0 = mark
+            if len(self.t_paths) == t0 and self._not_plain == np0 and (
+                    type(seq) is list or type(seq) is tuple):
+                # Plain values only: replaces the plain lists inside.
+                nested = len(self._plain_lists) > pl0
+                del self._plain_lists[pl0:]
+                self._plain_lists.append((tuple(path), seq, target, v0,
+                                          len(self.v_paths), tu0,
+                                          len(self._tuples), nested))
+            else:
+                self._not_plain += 1
 
     def _value(self, v, parent, key) -> None:
         t = type(v)
@@ -656,6 +683,96 @@ class Flat:
             changed.append(i)
         if changed:
             self._set_tensors(L, sd, changed)
+
+    def has_plain_lists(self) -> bool:
+        return bool(self._plain_lists)
+
+    def reshape_lists(self, metadata) -> bool:
+        """Load only, before build() (else build again): a list or tuple
+        of plain values only (lists and tuples of them too) comes back as
+        the checkpoint holds it, as torch's load returns such a list whole:
+        where the saved list's shape differs (a `history` list that grew
+        since the destination state was made), its plain leaves are the
+        saved ones, in new lists that write_back puts in the destination
+        list's place (its items replaced in place; inner tuples where the
+        destination had a tuple at that index). Left as it is, for the
+        load to check item by item: a list the checkpoint holds nothing
+        under (absent, or saved empty: the format cannot tell), or holds
+        tensors or maps under. `metadata`: the C metadata handle. An empty
+        list or tuple inside is not stored (a None pads it where later
+        items follow): the destination's empty container at that index is
+        kept. Returns whether any list changed."""
+        if not self._plain_lists:
+            return False
+        L = _lib.lib()
+        first, count = ctypes.c_size_t(), ctypes.c_size_t()
+        changes = []
+        for entry in self._plain_lists:
+            path, seq, _, v0, v1, _, _, nested = entry
+            base = self.name(path) + "."
+            _lib.check(L.dcp_metadata_find_prefix(
+                metadata, base.encode(), ctypes.byref(first),
+                ctypes.byref(count)))
+            n = count.value
+            if n == 0 or (n == v1 - v0 and not (nested and
+                                                 _holds_empty(seq))):
+                # Nothing saved under it, or as many leaves as it has (the
+                # load checks their names: a list of another shape fails
+                # there, naming a missing one).
+                continue
+            saved = self._saved_tree(L, metadata, path, first.value, n)
+            if saved is None or _same_shape(seq, saved):
+                continue
+            changes.append((entry, saved))
+        for entry, saved in reversed(changes):
+            path, seq, target, v0, v1, tu0, tu1, _ = entry
+            paths, slots, tuples = [], [], []
+            items = _rebuild(seq, saved, list(path), paths, slots, tuples)
+            self.v_paths[v0:v1] = paths
+            self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)] * len(paths)
+            self.v_slots[v0:v1] = slots
+            del self._tuples[tu0:tu1]
+            self._replaced.append((target, items, tuples))
+        return bool(changes)
+
+    def _saved_tree(self, L, metadata, path, first, n):
+        """The checkpoint's items first..first+n-1 (those named under
+        `path`) as a tree: {index: subtree or item index}, for the items at
+        list indices under `path` that are plain values; None if any item
+        is not that (a tensor, a map key, another path of the same name)."""
+        info = _lib.sized(_lib.ItemInfo)
+        elem = _lib.PathElem()
+        depth = len(path)
+        keys = [None if e & 1 else self._keys[e >> 1] for e in path]
+        tree: dict = {}
+        for index in range(first, first + n):
+            _lib.check(L.dcp_metadata_item(metadata, index,
+                                           ctypes.byref(info)))
+            if info.is_tensor or info.path_len <= depth:
+                return None
+            rel = []
+            for j in range(info.path_len):
+                _lib.check(L.dcp_metadata_item_path(metadata, index, j,
+                                                    ctypes.byref(elem)))
+                if j < depth:
+                    if keys[j] is not None:
+                        if elem.key != keys[j]:
+                            return None
+                    elif elem.key is not None or elem.index != path[j] >> 1:
+                        return None
+                elif elem.key is not None or elem.index < 0:
+                    return None
+                else:
+                    rel.append(elem.index)
+            node = tree
+            for i in rel[:-1]:
+                node = node.setdefault(i, {})
+                if not isinstance(node, dict):
+                    return None
+            if rel[-1] in node:
+                return None
+            node[rel[-1]] = index
+        return tree
 
     def _set_tensors(self, L, sd, indices) -> None:
         """Sets tensors `indices` (t_objs order) in `sd` again, replacing
@@ -992,6 +1109,10 @@ class Flat:
         for (parent, key, _), value in zip(self.v_slots, values):
             if value is not _SKIP:
                 parent[key] = value
+        for target, items, tuples in self._replaced:
+            for parent, i in tuples:
+                parent[i] = tuple(parent[i])
+            target[:] = items
         for target, typ, parent, key in reversed(self._tuples):
             if hasattr(typ, "_fields"):  # namedtuple
                 parent[key] = typ(*target)
@@ -1051,6 +1172,63 @@ class Flat:
 
 
 _SKIP = object()
+
+
+def _is_seq(v) -> bool:
+    return type(v) is list or type(v) is tuple
+
+
+def _holds_empty(seq) -> bool:
+    """Whether list or tuple `seq` holds an empty one at any depth."""
+    return any(_is_seq(v) and (not v or _holds_empty(v)) for v in seq)
+
+
+def _same_shape(dest, saved) -> bool:
+    """Whether the saved tree (Flat._saved_tree) has the shape of `dest`, a
+    list or tuple of plain values: the same length and the same shape at
+    each index, where an empty list or tuple of the destination matches
+    nothing saved or one plain value (how an empty one is stored)."""
+    if not isinstance(saved, dict) or (saved and max(saved) >= len(dest)):
+        return False
+    for i, d in enumerate(dest):
+        s = saved.get(i)
+        if _is_seq(d):
+            if not d:
+                if isinstance(s, dict):
+                    return False
+            elif s is None or not _same_shape(d, s):
+                return False
+        elif s is None or isinstance(s, dict):
+            return False
+    return True
+
+
+def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
+    """New nested lists of the saved tree's shape: appends each plain leaf's
+    path (under `path`) to `paths` and where write_back puts it (the new
+    list, its index, the destination's value there as the decoding's type
+    hint) to `slots`, and (list, index) of each list inside to rebuild as a
+    tuple to `tuples` (inner ones first). An index the checkpoint holds
+    nothing at, or a plain value where the destination has an empty list
+    or tuple: an empty container (the destination's type there, else a
+    list)."""
+    size = max(saved) + 1 if saved else 0
+    items = [None] * size
+    for i in range(size):
+        d = dest[i] if dest is not None and i < len(dest) else None
+        s = saved.get(i)
+        if isinstance(s, dict):
+            inner = d if _is_seq(d) else None
+            items[i] = _rebuild(inner, s, path + [(i << 1) | 1], paths, slots,
+                                tuples)
+            if type(d) is tuple:
+                tuples.append((items, i))
+        elif s is None or (_is_seq(d) and not d):
+            items[i] = type(d)() if _is_seq(d) else []
+        else:
+            paths.append(tuple(path + [(i << 1) | 1]))
+            slots.append((items, i, None if _is_seq(d) else d))
+    return items
 
 
 def current_streams(flat: Flat):

@@ -236,19 +236,21 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
     raise exc
 
 
-def _convert_dtypes(flat, p, path, storage_reader) -> None:
-    """Has `flat` load its tensors whose dtype differs from the checkpoint's
-    through temporaries of the saved dtype, converted into the destinations
-    afterwards, as torch's DCP converts with copy_ (_state.Flat
-    .convert_on_load). The metadata is what the load plans against
-    (p.metadata), else read here through the storage the load uses (a Hugging
-    Face or MEGA directory without a storage_reader: the one the library
-    picks). Where the metadata cannot be read, nothing is converted and the
-    load reports why."""
-    if not flat.t_objs:
+def _plan_with_metadata(flat, p, path, storage_reader) -> None:
+    """Fits what `flat` loads to the checkpoint's metadata before the load:
+    lists of plain values take the saved list's shape (_state.Flat
+    .reshape_lists; then p.sd and p.values_sd are built again), and tensors
+    whose dtype differs from the checkpoint's load through temporaries of
+    the saved dtype, converted into the destinations afterwards, as torch's
+    DCP converts with copy_ (_state.Flat.convert_on_load). The metadata is
+    what the load plans against (p.metadata), else read here through the
+    storage the load uses (a Hugging Face or MEGA directory without a
+    storage_reader: the one the library picks). Where the metadata cannot be
+    read, nothing changes and the load reports why."""
+    if not flat.t_objs and not flat.has_plain_lists():
         return
     if p.metadata is not None:
-        flat.convert_on_load(p.sd, p.metadata)
+        _fit(flat, p, p.metadata)
         return
     L = _lib.lib()
     reader = p.reader
@@ -270,12 +272,28 @@ def _convert_dtypes(flat, p, path, storage_reader) -> None:
                                               ctypes.byref(handle)) != _lib.OK:
             return
         try:
-            flat.convert_on_load(p.sd, handle)
+            _fit(flat, p, handle)
         finally:
             L.dcp_metadata_free(handle)
     finally:
         if own_reader is not None:
             L.dcp_storage_reader_free(own_reader)
+
+
+def _fit(flat, p, metadata) -> None:
+    if flat.reshape_lists(metadata):
+        L = _lib.lib()
+        L.dcp_state_dict_free(p.sd)
+        p.sd = None
+        p.sd = flat.build()
+        values = p.values_sd is not None
+        if values:
+            L.dcp_state_dict_free(p.values_sd)
+            p.values_sd = None
+        if values or flat.v_slots:
+            p.values_sd = flat.build(values_only=True)
+    if flat.t_objs:
+        flat.convert_on_load(p.sd, metadata)
 
 
 _PLAIN_AS_BYTES = re.compile(
@@ -364,7 +382,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
-        _convert_dtypes(flat, p, path, storage_reader)
+        _plan_with_metadata(flat, p, path, storage_reader)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,
@@ -429,7 +447,8 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None,
 
     Tensors (torch CPU/CUDA, numpy, DTensor and ShardedTensor chunks) are
     filled in their own memory, resharded as needed; plain values are
-    replaced in their containers (tuples rebuilt); top-level Stateful
+    replaced in their containers (tuples rebuilt; a list of plain values
+    takes the saved list's length, as in torch); top-level Stateful
     objects get load_state_dict() with their loaded state. Keys the
     checkpoint lacks raise CheckpointNotFoundError unless the planner is
     DefaultLoadPlanner(allow_partial_load=True); a shape or dtype that

@@ -1,0 +1,121 @@
+"""Lists of plain values come back as the checkpoint holds them, as torch's
+load returns such a list whole (Flat.reshape_lists)."""
+import pytest
+import torch
+
+import dcp
+
+
+def test_a_list_that_grew_comes_back_whole_in_the_same_object(ckpt):
+    saved = [1, 2.5, "x", None, b"raw", True]
+    dcp.save({"history": saved, "w": torch.ones(2)}, checkpoint_id=ckpt)
+    history = []
+    dst = {"history": history, "w": torch.zeros(2)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["history"] is history
+    assert history == saved
+    assert [type(v) for v in history] == [type(v) for v in saved]
+    assert torch.equal(dst["w"], torch.ones(2))
+
+
+def test_a_longer_destination_list_takes_the_saved_length(ckpt):
+    dcp.save({"h": [1, 2]}, checkpoint_id=ckpt)
+    dst = {"h": [0, 0, 0, 0]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"] == [1, 2]
+
+
+def test_nested_lists_and_tuples_take_the_saved_shape(ckpt):
+    dcp.save({"pairs": [[1, 0.5], [2, 0.25], [3, 0.125]],
+              "t": (1, 2, 3), "cfg": {"betas": (0.9, 0.99, 0.999)}},
+             checkpoint_id=ckpt)
+    dst = {"pairs": [], "t": (), "cfg": {"betas": (0.0, 0.0)}}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["pairs"] == [[1, 0.5], [2, 0.25], [3, 0.125]]
+    assert dst["t"] == (1, 2, 3) and type(dst["t"]) is tuple
+    assert dst["cfg"]["betas"] == (0.9, 0.99, 0.999)
+    # Where the destination has a tuple at an index, the saved items come
+    # back in a tuple there; elsewhere in lists (the format stores no
+    # container types).
+    dst = {"pairs": [(0, 0.0)]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["pairs"] == [(1, 0.5), [2, 0.25], [3, 0.125]]
+
+
+def test_a_list_of_the_same_shape_loads_item_by_item(ckpt):
+    dcp.save({"h": [[1, 2], [], [3]]}, checkpoint_id=ckpt)
+    inner = [0, 0]
+    dst = {"h": [inner, [], [0]]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    # Same shape: the destination's own inner lists are filled.
+    assert dst["h"] == [[1, 2], [], [3]] and dst["h"][0] is inner
+
+
+def test_an_empty_inner_list_is_kept_where_the_destination_has_one(ckpt):
+    # A saved empty list is not stored; one followed by items is a None.
+    dcp.save({"h": [[], [1, 2]]}, checkpoint_id=ckpt)
+    dst = {"h": [(), [0]]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"] == [(), [1, 2]]
+    dst = {"h": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"] == [None, [1, 2]]
+
+
+def test_lists_holding_tensors_or_maps_still_load_item_by_item(ckpt):
+    dcp.save({"t": [torch.ones(2), 5], "m": [{"a": 1}]}, checkpoint_id=ckpt)
+    dst = {"t": [], "m": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"t": [], "m": []}
+    two = torch.zeros(2)
+    dst = {"t": [two, 0], "m": [{"a": 0}]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(two, torch.ones(2)) and dst["t"][1] == 5
+    assert dst["m"] == [{"a": 1}]
+
+
+def test_a_list_the_checkpoint_lacks_is_still_a_missing_key(ckpt):
+    dcp.save({"other": [1]}, checkpoint_id=ckpt)
+    dst = {"h": [0, 0]}
+    with pytest.raises(dcp.CheckpointNotFoundError, match='"h.0"'):
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"h": [0, 0]}
+
+
+def test_a_failed_load_leaves_the_list_unchanged(ckpt):
+    dcp.save({"h": [1, 2, 3], "w": torch.ones(3)}, checkpoint_id=ckpt)
+    history = []
+    dst = {"h": history, "w": torch.zeros(4)}  # wrong shape: the load fails
+    with pytest.raises(dcp.CheckpointValueError, match="w"):
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert history == []
+
+
+def test_a_pickled_item_of_a_grown_list_needs_allow_pickle(ckpt):
+    dcp.save({"h": [1, 2**70]}, checkpoint_id=ckpt, allow_pickle=True)
+    history = []
+    with pytest.raises(ValueError, match="'h.1'.*allow_pickle=True"):
+        dcp.load({"h": history}, checkpoint_id=ckpt)
+    assert history == []
+    dcp.load({"h": history}, checkpoint_id=ckpt, allow_pickle=True)
+    assert history == [1, 2**70]
+
+
+def test_an_optimizer_param_group_takes_the_saved_params(ckpt):
+    # The params list of a param group is a list of plain values.
+    group = {"params": ["a.weight", "a.bias"], "lr": 0.1}
+    dcp.save({"optim": {"param_groups": [group]}}, checkpoint_id=ckpt)
+    dst = {"optim": {"param_groups": [{"params": ["a.weight"], "lr": 0.0}]}}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["optim"]["param_groups"] == [group]
+
+
+def test_a_key_with_a_dot_is_not_taken_for_a_list_item(ckpt):
+    # "h.0" at the top level has the name of h's item 0.
+    dcp.save({"h.0": 7, "g": {"0": 1}}, checkpoint_id=ckpt)
+    dst = {"h": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"] == []  # not reshaped: a key is not a list index
+    dst = {"g": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["g"] == []
