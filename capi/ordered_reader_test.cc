@@ -13,12 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
 #include "core/state_dict.h"
 #include "cuda/host_runtime.h"
 #include "engine/checkpoint.h"
@@ -45,6 +44,10 @@ class OrderedReaderTest : public ::testing::Test {
   void SetUp() override {
     HostRuntimeOptions options;
     options.copy_observer = [this](const HostCopyTrace& t) { Observe(t); };
+    // The held work goes once a stream waits for the caller's stream.
+    options.wait_observer = [this](const HostWaitTrace& t) {
+      if (t.recorder != nullptr && t.recorder == caller_) Release();
+    };
     runtime_ = CreateHostRuntime(std::move(options));
     device_ = *runtime_->AllocateDevice(0, kFloats * sizeof(float));
     caller_ = *runtime_->CreateStream(0);
@@ -76,12 +79,13 @@ class OrderedReaderTest : public ::testing::Test {
                     .ok());
   }
   void Release() {
-    if (!release_.HasBeenNotified()) release_.Notify();
+    std::call_once(released_, [this] { release_.Notify(); });
   }
 
   // Loads the checkpoint into the device tensor through an OrderedReader
-  // whose staging uses the host runtime, with `wait`; Release()s the held
-  // fill once a broken order had its chance to show.
+  // whose staging uses the host runtime, with `wait`. The held fill goes
+  // when a staging stream waits for the caller's stream (a correct order),
+  // or when an upload starts before it (a broken one, counted).
   absl::Status LoadWith(const DeviceWait& wait) {
     DeviceStagingOptions staging_options;
     staging_options.chunk_bytes = 64 << 10;
@@ -99,14 +103,7 @@ class OrderedReaderTest : public ::testing::Test {
     LoadOptions load;
     load.storage_reader = &reader;
     load.device_wait = wait;
-    absl::Status loaded;
-    std::thread loader([&] { loaded = Load(state, load); });
-    // The wait bounds only how long a broken load is given to copy early;
-    // a correct one passes whatever the timing.
-    early_upload_seen_.WaitForNotificationWithTimeout(absl::Milliseconds(300));
-    Release();
-    loader.join();
-    return loaded;
+    return Load(state, load);
   }
 
   void ExpectTensorHoldsTheCheckpoint() {
@@ -145,7 +142,7 @@ class OrderedReaderTest : public ::testing::Test {
       uploads_.fetch_add(1);
       if (!fill_done_.load()) {
         early_uploads_.fetch_add(1);
-        if (!early_upload_seen_.HasBeenNotified()) early_upload_seen_.Notify();
+        Release();
       }
     }
   }
@@ -153,7 +150,7 @@ class OrderedReaderTest : public ::testing::Test {
   std::vector<float> saved_;
   std::vector<float> fill_;
   absl::Notification release_;
-  absl::Notification early_upload_seen_;
+  std::once_flag released_;
   std::atomic<bool> fill_done_{false};
 };
 

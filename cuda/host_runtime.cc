@@ -42,6 +42,7 @@ struct EventState {
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;  // Generation last reached.
   absl::Status status ABSL_GUARDED_BY(mu);     // Stream error when reached.
   absl::Time time ABSL_GUARDED_BY(mu);         // When it was reached.
+  DeviceStream* recorder ABSL_GUARDED_BY(mu) = nullptr;  // Last recorded on.
 
   bool DoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return completed >= recorded;
@@ -197,15 +198,25 @@ class HostRuntime final : public DeviceRuntime {
     DCP_ASSIGN_OR_RETURN(std::shared_ptr<EventState> state,
                          FindEvent(event, "StreamWaitEvent"));
     uint64_t target;
+    DeviceStream* recorder;
     {
       absl::MutexLock lock(&state->mu);
       target = state->recorded;
+      recorder = state->recorder;
     }
-    s->Enqueue([state, target](const absl::Status&) {
-      absl::MutexLock lock(&state->mu);
+    s->Enqueue([this, state, target, stream, recorder](const absl::Status&) {
       auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
         return state->completed >= target;
       };
+      if (options_.wait_observer) {
+        bool blocks;
+        {
+          absl::MutexLock lock(&state->mu);
+          blocks = !reached();
+        }
+        if (blocks) options_.wait_observer({stream, recorder});
+      }
+      absl::MutexLock lock(&state->mu);
       state->mu.Await(absl::Condition(&reached));
       return absl::OkStatus();
     });
@@ -255,6 +266,7 @@ class HostRuntime final : public DeviceRuntime {
     {
       absl::MutexLock lock(&state->mu);
       generation = ++state->recorded;
+      state->recorder = stream;
     }
     s->Enqueue([state, generation](const absl::Status& sticky) {
       absl::MutexLock lock(&state->mu);

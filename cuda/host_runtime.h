@@ -38,6 +38,13 @@ struct HostCopyTrace {
   DeviceStream* stream = nullptr;  // nullptr for synchronous Copy.
 };
 
+// A stream worker about to block in a StreamWaitEvent (or StreamWaitNative)
+// whose event its recording stream has not reached yet.
+struct HostWaitTrace {
+  DeviceStream* stream = nullptr;    // The stream that waits.
+  DeviceStream* recorder = nullptr;  // The stream the event was recorded on.
+};
+
 struct HostRuntimeOptions {
   // Called on the stream worker right before (kStart) and right after (kEnd)
   // each copy. Tests use it to record sequences or to hold a copy back until
@@ -47,6 +54,11 @@ struct HostRuntimeOptions {
   // non-OK result fails that copy instead of performing it (the stream's
   // error becomes sticky, as a CUDA fault would).
   std::function<absl::Status(const HostCopyTrace&)> copy_fault;
+  // Called on the stream worker right before it blocks in a wait (see
+  // HostWaitTrace); a wait whose event was reached already calls nothing.
+  // Tests use it to release held work only once a wait for it is in place.
+  // Must be thread-safe; may block, but not on the awaited event.
+  std::function<void(const HostWaitTrace&)> wait_observer;
   // Bytes AllocateDevice may hand out in total; 0 means no limit. Beyond it
   // AllocateDevice returns kResourceExhausted, like cudaMalloc.
   size_t device_memory_limit = 0;

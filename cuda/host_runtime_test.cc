@@ -365,6 +365,51 @@ TEST(HostRuntimeFaultTest, FailedCopyIsStickyOnItsStream) {
   EXPECT_TRUE(runtime->SynchronizeStream(other->get()).ok());
 }
 
+// The wait observer sees a stream about to block on an event another stream
+// has not reached (which stream waits, which recorded), and nothing for an
+// event already reached.
+TEST(HostRuntimeWaitTest, ObserverSeesOnlyWaitsThatBlock) {
+  CopyGate gate;
+  absl::Mutex mu;
+  std::vector<HostWaitTrace> waits;
+  HostRuntimeOptions options;
+  options.copy_observer = [&](const HostCopyTrace& t) { gate.Observe(t); };
+  options.wait_observer = [&](const HostWaitTrace& t) {
+    {
+      absl::MutexLock lock(&mu);
+      waits.push_back(t);
+    }
+    gate.Open();  // The held copy may run now that the wait is in place.
+  };
+  auto runtime = CreateHostRuntime(options);
+  const size_t n = 4096;
+  const std::vector<unsigned char> a = Pattern(n, 5);
+  void* dev = *runtime->AllocateDevice(0, n);
+  auto s1 = MakeOwnedStream(*runtime, 0);
+  auto s2 = MakeOwnedStream(*runtime, 0);
+  auto ev = MakeOwnedEvent(*runtime, 0, false);
+  ASSERT_TRUE(s1.ok() && s2.ok() && ev.ok());
+  gate.Hold(dev);
+  ASSERT_TRUE(
+      runtime->CopyAsync(dev, a.data(), n, CopyKind::kHostToDevice, s1->get())
+          .ok());
+  ASSERT_TRUE(runtime->RecordEvent(ev->get(), s1->get()).ok());
+  ASSERT_TRUE(runtime->StreamWaitEvent(s2->get(), ev->get()).ok());
+  ASSERT_TRUE(runtime->SynchronizeStream(s2->get()).ok());
+  EXPECT_EQ(std::memcmp(dev, a.data(), n), 0);
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(waits.size(), 1u);
+    EXPECT_EQ(waits[0].stream, s2->get());
+    EXPECT_EQ(waits[0].recorder, s1->get());
+  }
+  // Reached already: no call.
+  ASSERT_TRUE(runtime->StreamWaitEvent(s2->get(), ev->get()).ok());
+  ASSERT_TRUE(runtime->SynchronizeStream(s2->get()).ok());
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(waits.size(), 1u);
+}
+
 TEST(HostRuntimeLifetimeTest, DestroyingRuntimeDrainsPendingWork) {
   std::vector<unsigned char> src = Pattern(1 << 20, 5);
   std::vector<unsigned char> dst(1 << 20, 0);

@@ -10,8 +10,6 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
 #include "core/device.h"
 #include "core/fp8_dequant_row.h"
 #include "cuda/fp8_dequant.h"
@@ -166,35 +164,38 @@ TEST(DeviceFp8Dequantizer, ExhaustedScratchWritesNothing) {
 
 // The caller's stream is still writing the destination (a copy the
 // observer holds back) when the load starts: the window's copy and kernel
-// must wait for it, so the dequantized values are what is left.
+// must wait for it, so the dequantized values are what is left. The held
+// copy goes when a stream waits for the caller's stream (a correct order)
+// or when the window's copy starts first (a broken one, which fails).
 TEST(DeviceFp8Dequantizer, WaitsForTheCallersStream) {
   constexpr DType kDType = DType::kF32;
   const std::vector<uint8_t> fp8 = Fp8();
   const std::vector<float> scales = Scales();
-  absl::Notification window_copy_started;
   absl::Mutex mu;
+  DeviceStream* caller_stream = nullptr;
+  bool released = false;
   bool caller_copy_landed = false;
   bool window_copy_after_caller = false;
   HostRuntimeOptions options;
   options.copy_observer = [&](const HostCopyTrace& trace) {
+    absl::MutexLock lock(&mu);
     if (trace.kind == CopyKind::kDeviceToDevice) {
       if (trace.phase == HostCopyTrace::Phase::kStart) {
-        // Long enough for a window that does not wait to start its copy
-        // (it then fails below); one that waits never does.
-        window_copy_started.WaitForNotificationWithTimeout(
-            absl::Milliseconds(500));
+        mu.Await(absl::Condition(&released));
       } else {
-        absl::MutexLock lock(&mu);
         caller_copy_landed = true;
       }
     } else if (trace.kind == CopyKind::kHostToDevice &&
                trace.phase == HostCopyTrace::Phase::kStart &&
                trace.src == fp8.data()) {
-      {
-        absl::MutexLock lock(&mu);
-        window_copy_after_caller = caller_copy_landed;
-      }
-      window_copy_started.Notify();
+      window_copy_after_caller = caller_copy_landed;
+      released = true;
+    }
+  };
+  options.wait_observer = [&](const HostWaitTrace& trace) {
+    absl::MutexLock lock(&mu);
+    if (caller_stream != nullptr && trace.recorder == caller_stream) {
+      released = true;
     }
   };
   std::unique_ptr<DeviceRuntime> runtime = CreateHostRuntime(options);
@@ -208,6 +209,10 @@ TEST(DeviceFp8Dequantizer, WaitsForTheCallersStream) {
   std::memset(stale, 0x77, bytes);
   absl::StatusOr<OwnedStream> caller = MakeOwnedStream(*runtime, 0);
   ASSERT_TRUE(caller.ok()) << caller.status();
+  {
+    absl::MutexLock lock(&mu);
+    caller_stream = caller->get();
+  }
   ASSERT_TRUE(runtime
                   ->CopyAsync(out, stale, bytes, CopyKind::kDeviceToDevice,
                               caller->get())
