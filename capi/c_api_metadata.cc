@@ -132,7 +132,8 @@ int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
 }
 
 int dcp_metadata_find_prefix(const dcp_metadata_t* md, const char* prefix,
-                             size_t* first, size_t* count) {
+                             size_t* first, size_t* count, size_t* min_path_len,
+                             size_t* max_path_len) {
   return Guard([&]() -> absl::Status {
     DCP_RETURN_IF_ERROR(CheckOut(first, "size_t* first"));
     DCP_RETURN_IF_ERROR(CheckOut(count, "size_t* count"));
@@ -148,6 +149,13 @@ int dcp_metadata_find_prefix(const dcp_metadata_t* md, const char* prefix,
         h->items.begin(), h->items.end(), key, dcp::capi::ByPrefix{key.size()});
     *first = static_cast<size_t>(lo - h->items.begin());
     *count = static_cast<size_t>(hi - lo);
+    size_t shortest = lo == hi ? 0 : SIZE_MAX, longest = 0;
+    for (auto it = lo; it != hi; ++it) {
+      shortest = std::min(shortest, it->path.size());
+      longest = std::max(longest, it->path.size());
+    }
+    if (min_path_len != nullptr) *min_path_len = shortest;
+    if (max_path_len != nullptr) *max_path_len = longest;
     return absl::OkStatus();
   });
 }

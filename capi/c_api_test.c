@@ -491,7 +491,7 @@ static void test_metadata(void) {
   dcp_save_options_t so;
   dcp_item_info_t item;
   dcp_path_elem_t elem;
-  size_t n = 0, index = 99;
+  size_t n = 0, index = 99, lo = 0, hi = 0;
   const int64_t* chunk_offsets = NULL;
   const int64_t* chunk_sizes = NULL;
   const char* checkpoint_id = NULL;
@@ -550,21 +550,24 @@ static void test_metadata(void) {
     CHECK(index == 2);
     CHECK_ERROR(dcp_metadata_find(md, "model", &index), DCP_NOT_FOUND,
                 "\"model\"");
-    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.", &index, &n));
-    CHECK(index == 0 && n == 2);
-    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.1.", &index, &n));
+    CHECK_OK(
+        dcp_metadata_find_prefix(md, "model.layers.", &index, &n, &lo, &hi));
+    CHECK(index == 0 && n == 2 && lo == 3 && hi == 4);
+    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.1.", &index, &n, NULL,
+                                      NULL));
     CHECK(index == 1 && n == 1);
-    CHECK_OK(dcp_metadata_find_prefix(md, "", &index, &n));
-    CHECK(index == 0 && n == 3);
-    CHECK_OK(dcp_metadata_find_prefix(md, "st", &index, &n));
-    CHECK(index == 2 && n == 1);
-    CHECK_OK(dcp_metadata_find_prefix(md, "model.layers.2", &index, &n));
-    CHECK(index == 2 && n == 0);
-    CHECK_OK(dcp_metadata_find_prefix(md, "zz", &index, &n));
+    CHECK_OK(dcp_metadata_find_prefix(md, "", &index, &n, &lo, &hi));
+    CHECK(index == 0 && n == 3 && lo == 1 && hi == 4);
+    CHECK_OK(dcp_metadata_find_prefix(md, "st", &index, &n, &lo, NULL));
+    CHECK(index == 2 && n == 1 && lo == 1);
+    CHECK_OK(
+        dcp_metadata_find_prefix(md, "model.layers.2", &index, &n, &lo, &hi));
+    CHECK(index == 2 && n == 0 && lo == 0 && hi == 0);
+    CHECK_OK(dcp_metadata_find_prefix(md, "zz", &index, &n, NULL, NULL));
     CHECK(index == 3 && n == 0);
-    CHECK_ERROR(dcp_metadata_find_prefix(md, NULL, &index, &n),
+    CHECK_ERROR(dcp_metadata_find_prefix(md, NULL, &index, &n, NULL, NULL),
                 DCP_INVALID_ARGUMENT, "prefix is NULL");
-    CHECK_ERROR(dcp_metadata_find_prefix(md, "m", &index, NULL),
+    CHECK_ERROR(dcp_metadata_find_prefix(md, "m", &index, NULL, NULL, NULL),
                 DCP_INVALID_ARGUMENT, "count");
     CHECK_OK(dcp_metadata_ids(md, &checkpoint_id, &save_id));
     CHECK(strcmp(checkpoint_id, dir) == 0);

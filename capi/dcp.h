@@ -812,10 +812,12 @@ DCP_API int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
 /* The items whose flattened names start with `prefix` (the leaves under a
  * container: prefix "model.layers."), which are adjacent in name order:
  * `*count` of them from index `*first` on. None: *count 0, *first where
- * they would be. */
+ * they would be. `min_path_len` and `max_path_len` (either may be NULL):
+ * the shortest and longest nesting path among them (0 when none). */
 DCP_API int dcp_metadata_find_prefix(const dcp_metadata_t* md,
                                      const char* prefix, size_t* first,
-                                     size_t* count);
+                                     size_t* count, size_t* min_path_len,
+                                     size_t* max_path_len);
 /* Chunk `chunk` of tensor item `index`: offsets and sizes, ndim each. */
 DCP_API int dcp_metadata_chunk(const dcp_metadata_t* md, size_t index,
                                size_t chunk, const int64_t** offsets,

@@ -371,7 +371,8 @@ _PROTOTYPES = {
     "dcp_metadata_item": (c_int, [_P, c_size_t, POINTER(ItemInfo)]),
     "dcp_metadata_find": (c_int, [_P, c_char_p, POINTER(c_size_t)]),
     "dcp_metadata_find_prefix": (
-        c_int, [_P, c_char_p, POINTER(c_size_t), POINTER(c_size_t)]),
+        c_int, [_P, c_char_p, POINTER(c_size_t), POINTER(c_size_t),
+                POINTER(c_size_t), POINTER(c_size_t)]),
     "dcp_metadata_chunk": (
         c_int, [_P, c_size_t, c_size_t, POINTER(POINTER(c_int64)),
                 POINTER(POINTER(c_int64))]),

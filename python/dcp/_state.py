@@ -706,20 +706,31 @@ class Flat:
             return False
         L = _lib.lib()
         first, count = ctypes.c_size_t(), ctypes.c_size_t()
+        shortest, longest = ctypes.c_size_t(), ctypes.c_size_t()
+        index = ctypes.c_size_t()
         changes = []
         for entry in self._plain_lists:
             path, seq, _, v0, v1, _, _, nested = entry
             base = self.name(path) + "."
             _lib.check(L.dcp_metadata_find_prefix(
                 metadata, base.encode(), ctypes.byref(first),
-                ctypes.byref(count)))
+                ctypes.byref(count), ctypes.byref(shortest),
+                ctypes.byref(longest)))
             n = count.value
-            if n == 0 or (n == v1 - v0 and not (nested and
-                                                 _holds_empty(seq))):
-                # Nothing saved under it, or as many leaves as it has (the
-                # load checks their names: a list of another shape fails
-                # there, naming a missing one).
-                continue
+            if n == 0:
+                continue  # nothing saved under it
+            if n == v1 - v0:
+                # As many items as it has leaves, and each of its leaves
+                # saved: the same names, so the same shape.
+                if not nested:
+                    if shortest.value == longest.value == len(path) + 1:
+                        continue
+                elif not _holds_empty(seq) and all(
+                        L.dcp_metadata_find(
+                            metadata, self.name(p).encode(),
+                            ctypes.byref(index)) == _lib.OK
+                        for p in self.v_paths[v0:v1]):
+                    continue
             saved = self._saved_tree(L, metadata, path, first.value, n)
             if saved is None or _same_shape(seq, saved):
                 continue
@@ -736,10 +747,10 @@ class Flat:
         return bool(changes)
 
     def _saved_tree(self, L, metadata, path, first, n):
-        """The checkpoint's items first..first+n-1 (those named under
-        `path`) as a tree: {index: subtree or item index}, for the items at
-        list indices under `path` that are plain values; None if any item
-        is not that (a tensor, a map key, another path of the same name)."""
+        """The checkpoint's items under `path` among items first..first+n-1
+        (those whose names start with its name) as a tree: {index: subtree
+        or item index}; None if there are none, or any is not a plain value
+        at list indices (a tensor, a map key)."""
         info = _lib.sized(_lib.ItemInfo)
         elem = _lib.PathElem()
         depth = len(path)
@@ -748,31 +759,33 @@ class Flat:
         for index in range(first, first + n):
             _lib.check(L.dcp_metadata_item(metadata, index,
                                            ctypes.byref(info)))
-            if info.is_tensor or info.path_len <= depth:
-                return None
+            if info.path_len <= depth:
+                continue  # another key that starts with the list's name
             rel = []
             for j in range(info.path_len):
                 _lib.check(L.dcp_metadata_item_path(metadata, index, j,
                                                     ctypes.byref(elem)))
                 if j < depth:
-                    if keys[j] is not None:
-                        if elem.key != keys[j]:
-                            return None
-                    elif elem.key is not None or elem.index != path[j] >> 1:
-                        return None
+                    if (elem.key != keys[j] if keys[j] is not None else
+                            elem.key is not None or
+                            elem.index != path[j] >> 1):
+                        break  # under another key of the same name
                 elif elem.key is not None or elem.index < 0:
                     return None
                 else:
                     rel.append(elem.index)
-            node = tree
-            for i in rel[:-1]:
-                node = node.setdefault(i, {})
-                if not isinstance(node, dict):
+            else:
+                if info.is_tensor:
                     return None
-            if rel[-1] in node:
-                return None
-            node[rel[-1]] = index
-        return tree
+                node = tree
+                for i in rel[:-1]:
+                    node = node.setdefault(i, {})
+                    if not isinstance(node, dict):
+                        return None
+                if rel[-1] in node:
+                    return None
+                node[rel[-1]] = index
+        return tree or None
 
     def _set_tensors(self, L, sd, indices) -> None:
         """Sets tensors `indices` (t_objs order) in `sd` again, replacing
@@ -1106,8 +1119,10 @@ class Flat:
                 # as torch's DCP gives them; the copy bumps its version.
                 with torch.no_grad():
                     dst.copy_(tmp)
-        for (parent, key, _), value in zip(self.v_slots, values):
+        for (parent, key, old), value in zip(self.v_slots, values):
             if value is not _SKIP:
+                if value is None and type(old) is _EmptyHint:
+                    value = old.kind()
                 parent[key] = value
         for target, items, tuples in self._replaced:
             for parent, i in tuples:
@@ -1183,18 +1198,29 @@ def _holds_empty(seq) -> bool:
     return any(_is_seq(v) and (not v or _holds_empty(v)) for v in seq)
 
 
+class _EmptyHint:
+    """The destination's empty container where the checkpoint holds a plain
+    value: a None there is how an empty one is stored, and write_back puts
+    an empty container of this kind in its place."""
+    __slots__ = ("kind",)
+
+    def __init__(self, kind):
+        self.kind = kind
+
+
 def _same_shape(dest, saved) -> bool:
     """Whether the saved tree (Flat._saved_tree) has the shape of `dest`, a
     list or tuple of plain values: the same length and the same shape at
     each index, where an empty list or tuple of the destination matches
-    nothing saved or one plain value (how an empty one is stored)."""
+    nothing saved (a saved value there, perhaps the None an empty one is
+    stored as, is loaded: _rebuild)."""
     if not isinstance(saved, dict) or (saved and max(saved) >= len(dest)):
         return False
     for i, d in enumerate(dest):
         s = saved.get(i)
         if _is_seq(d):
             if not d:
-                if isinstance(s, dict):
+                if s is not None:
                     return False
             elif s is None or not _same_shape(d, s):
                 return False
@@ -1209,9 +1235,9 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
     list, its index, the destination's value there as the decoding's type
     hint) to `slots`, and (list, index) of each list inside to rebuild as a
     tuple to `tuples` (inner ones first). An index the checkpoint holds
-    nothing at, or a plain value where the destination has an empty list
-    or tuple: an empty container (the destination's type there, else a
-    list)."""
+    nothing at: an empty container (the destination's type there, else a
+    list); a plain value where the destination has an empty list or tuple:
+    that value, unless it is None (then the destination's empty kind)."""
     size = max(saved) + 1 if saved else 0
     items = [None] * size
     for i in range(size):
@@ -1223,11 +1249,14 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
                                 tuples)
             if type(d) is tuple:
                 tuples.append((items, i))
-        elif s is None or (_is_seq(d) and not d):
+        elif s is None:
             items[i] = type(d)() if _is_seq(d) else []
         else:
             paths.append(tuple(path + [(i << 1) | 1]))
-            slots.append((items, i, None if _is_seq(d) else d))
+            hint = d
+            if _is_seq(d):
+                hint = None if d else _EmptyHint(type(d))
+            slots.append((items, i, hint))
     return items
 
 

@@ -236,23 +236,37 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
     raise exc
 
 
-def _plan_with_metadata(flat, p, path, storage_reader) -> None:
+def _plan_with_metadata(flat, p, path, rank) -> None:
     """Fits what `flat` loads to the checkpoint's metadata before the load:
     lists of plain values take the saved list's shape (_state.Flat
     .reshape_lists; then p.sd and p.values_sd are built again), and tensors
     whose dtype differs from the checkpoint's load through temporaries of
     the saved dtype, converted into the destinations afterwards, as torch's
     DCP converts with copy_ (_state.Flat.convert_on_load). The metadata is
-    what the load plans against (p.metadata), else read here through the
-    storage the load uses (a Hugging Face or MEGA directory without a
-    storage_reader: the one the library picks). Where the metadata cannot be
-    read, nothing changes and the load reports why."""
+    what the load plans against (p.metadata), else read here: rank `rank`'s
+    own of a rank-local checkpoint, else through the storage the load uses
+    (a Hugging Face or MEGA directory without a storage_reader: the one the
+    library picks). Where the metadata cannot be read, nothing changes and
+    the load reports why."""
     if not flat.t_objs and not flat.has_plain_lists():
         return
     if p.metadata is not None:
         _fit(flat, p, p.metadata)
         return
     L = _lib.lib()
+    local = os.path.join(path, f"rank-{rank}")
+    if "://" not in path and not os.path.exists(
+            os.path.join(path, ".metadata")) and os.path.exists(
+                os.path.join(local, ".metadata")):
+        # A rank-local checkpoint (use_collectives=False): this rank's own.
+        handle = ctypes.c_void_p()
+        if L.dcp_metadata_read(local.encode(),
+                               ctypes.byref(handle)) == _lib.OK:
+            try:
+                _fit(flat, p, handle)
+            finally:
+                L.dcp_metadata_free(handle)
+        return
     reader = p.reader
     own_reader = None
     try:
@@ -382,7 +396,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
-        _plan_with_metadata(flat, p, path, storage_reader)
+        _plan_with_metadata(flat, p, path, where.rank)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,

@@ -267,6 +267,13 @@ def main():
         back = blank_like(sharded_state(mesh, full, rank, world, [Shard(0)]))
         dcp.load(back, checkpoint_id=local)
         check(back, full)
+        # A list of plain values takes this rank's saved length there too.
+        local_lists = os.path.join(ckpt, "local_lists")
+        dcp.save({"h": [rank] * (3 + rank)}, checkpoint_id=local_lists,
+                 use_collectives=False)
+        history = {"h": []}
+        dcp.load(history, checkpoint_id=local_lists)
+        assert history == {"h": [rank] * (3 + rank)}, history
         writer = dcp.FileSystemWriter(os.path.join(ckpt, "coord1"))
         dcp.save_state_dict(state, writer, coordinator_rank=1)
         back = blank_like(sharded_state(mesh, full, rank, world, [Shard(1)]))

@@ -43,12 +43,14 @@ def test_nested_lists_and_tuples_take_the_saved_shape(ckpt):
 
 
 def test_a_list_of_the_same_shape_loads_item_by_item(ckpt):
-    dcp.save({"h": [[1, 2], [], [3]]}, checkpoint_id=ckpt)
+    dcp.save({"h": [[1, 2], [3]], "e": [[1, 2], [], [3]]},
+             checkpoint_id=ckpt)
     inner = [0, 0]
-    dst = {"h": [inner, [], [0]]}
+    dst = {"h": [inner, [0]], "e": [[0, 0], [], [0]]}
     dcp.load(dst, checkpoint_id=ckpt)
     # Same shape: the destination's own inner lists are filled.
-    assert dst["h"] == [[1, 2], [], [3]] and dst["h"][0] is inner
+    assert dst["h"] == [[1, 2], [3]] and dst["h"][0] is inner
+    assert dst["e"] == [[1, 2], [], [3]]
 
 
 def test_an_empty_inner_list_is_kept_where_the_destination_has_one(ckpt):
@@ -119,3 +121,28 @@ def test_a_key_with_a_dot_is_not_taken_for_a_list_item(ckpt):
     dst = {"g": []}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst["g"] == []
+
+
+def test_a_list_of_as_many_items_but_another_shape_takes_the_saved_one(ckpt):
+    dcp.save({"nested": [[1], [2, 3]], "flat": [[1, 2], 3]},
+             checkpoint_id=ckpt)
+    dst = {"nested": [[0, 0], [0]], "flat": [0, 0, 0]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"nested": [[1], [2, 3]], "flat": [[1, 2], 3]}
+
+
+def test_a_saved_value_where_the_destination_has_an_empty_list(ckpt):
+    # The None an empty list is stored as keeps the destination's empty
+    # container; any other saved value replaces it.
+    dcp.save({"a": [5, 6, 7], "b": ["x", 6], "c": [None, [1]]},
+             checkpoint_id=ckpt)
+    dst = {"a": [[], 0], "b": [(), 0], "c": [(), [0]]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"a": [5, 6, 7], "b": ["x", 6], "c": [(), [1]]}
+
+
+def test_a_key_that_starts_with_the_lists_name_is_not_in_its_way(ckpt):
+    dcp.save({"h": [1, 2, 3], "h.x": 5, "h.0.y": 6}, checkpoint_id=ckpt)
+    dst = {"h": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"h": [1, 2, 3]}
