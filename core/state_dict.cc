@@ -35,8 +35,12 @@ absl::string_view StateKindName(StateValue::Kind kind) {
 
 std::string PathToString(const ObjectPath& path) {
   std::string out;
+  bool first = true;
   for (const PathElement& element : path) {
-    if (!out.empty()) out.push_back('.');
+    // A dot between elements, also after an empty key ({"": {"w": ...}} is
+    // ".w", as torch names it).
+    if (!first) out.push_back('.');
+    first = false;
     if (const auto* key = std::get_if<std::string>(&element)) {
       out += *key;
     } else {

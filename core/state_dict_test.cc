@@ -91,6 +91,21 @@ TEST(FlattenStateDict, NamesOutOfOrderAndTheirCollisions) {
   EXPECT_NE(status.message().find("\"l.10\""), absl::string_view::npos);
 }
 
+// An empty key is an element like any other: {"": {"w": ...}} is ".w"
+// (as torch names it), apart from a top-level "w".
+TEST(FlattenStateDict, AnEmptyKeyKeepsItsDot) {
+  StateDict sd;
+  sd[""] = StateDict{{"w", 1}, {"", 2}};
+  sd["w"] = 3;
+  absl::StatusOr<FlatStateDict> flat = FlattenStateDict(sd);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  std::vector<std::string> names;
+  for (const auto& [name, value] : flat->leaves) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{".", ".w", "w"}));
+  EXPECT_EQ(PathToString({std::string(""), int64_t{0}}), ".0");
+  EXPECT_EQ(PathToString({std::string("")}), "");
+}
+
 TEST(FlattenStateDict, DottedKeyWithoutCollisionRoundTrips) {
   StateDict sd;
   sd["layer.0"] = StateDict{{"w", 5}};

@@ -491,3 +491,19 @@ def test_numpy_subclasses_round_trip(tmp_path, kind):
     dcp.load({"mm": back, "sub": out_sub}, checkpoint_id=ckpt)
     assert (np.asarray(back) == np.asarray(mm)).all()
     assert (np.asarray(out_sub) == np.arange(6)).all()
+
+
+def test_an_empty_top_level_key_is_named_as_torch_names_it(ckpt):
+    # {"": {"w": ...}} is ".w", apart from a top-level "w"; the list and
+    # dtype checks find its leaves by that name.
+    dcp.save({"": {"w": torch.tensor([1, 2], dtype=torch.int16),
+                   "hist": [1, 2, 3]}, "w": torch.zeros(2)},
+             checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    assert sorted(md.state_dict_metadata) == [
+        ".hist.0", ".hist.1", ".hist.2", ".w", "w"]
+    dst = {"": {"w": torch.zeros(2), "hist": [0]}, "w": torch.ones(2)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert torch.equal(dst[""]["w"], torch.tensor([1.0, 2.0]))
+    assert dst[""]["hist"] == [1, 2, 3]
+    assert torch.equal(dst["w"], torch.zeros(2))
