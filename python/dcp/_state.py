@@ -16,8 +16,9 @@ puts each loaded value into the caller's container: dicts and lists in
 place, tuples rebuilt from the caller's structure (so they stay tuples, and
 namedtuples stay namedtuples), numpy scalars converted back to their type.
 
-Values: None, bool, int (int64), float, str, bytes/bytearray round-trip
-with their type. Other objects are stored as pickled bytes behind a marker,
+Values: None, bool, int (int64), float, str, bytes round-trip with their
+type (bytes and bytearray are stored alike: a load gives the destination's
+of the two). Other objects are stored as pickled bytes behind a marker,
 only with allow_pickle=True on save and on load (unpickling runs code).
 A user bytes value that happens to start with a marker's prefix is escaped,
 so no bytes value is ever mistaken for a pickle.
@@ -687,7 +688,7 @@ class Flat:
     def has_plain_lists(self) -> bool:
         return bool(self._plain_lists)
 
-    def reshape_lists(self, metadata) -> bool:
+    def reshape_lists(self, metadata, flat_names: bool = False) -> bool:
         """Load only, before build() (else build again): a list or tuple
         of plain values only (lists and tuples of them too) comes back as
         the checkpoint holds it, as torch's load returns such a list whole:
@@ -698,7 +699,9 @@ class Flat:
         destination had a tuple at that index). Left as it is, for the
         load to check item by item: a list the checkpoint holds nothing
         under (absent, or saved empty: the format cannot tell), or holds
-        tensors or maps under. `metadata`: the C metadata handle. An empty
+        tensors or maps under. `metadata`: the C metadata handle;
+        `flat_names`: its items carry their flattened names only (MEGA), so
+        the list indices are read off the names. An empty
         list or tuple inside is not stored (a None pads it where later
         items follow): the destination's empty container at that index is
         kept. Returns whether any list changed."""
@@ -719,11 +722,17 @@ class Flat:
             n = count.value
             if n == 0:
                 continue  # nothing saved under it
-            if n == v1 - v0:
+            k = len(seq)
+            if n == v1 - v0 and not flat_names:
                 # As many items as it has leaves, and each of its leaves
-                # saved: the same names, so the same shape.
+                # saved: the same names, so the same shape. (A flat list:
+                # its last index saved means the range holds only the
+                # list's items, whose indices are contiguous.)
                 if not nested:
-                    if shortest.value == longest.value == len(path) + 1:
+                    if shortest.value == longest.value == len(path) + 1 \
+                            and L.dcp_metadata_find(
+                                metadata, f"{base}{k - 1}".encode(),
+                                ctypes.byref(index)) == _lib.OK:
                         continue
                 elif not _holds_empty(seq) and all(
                         L.dcp_metadata_find(
@@ -731,7 +740,8 @@ class Flat:
                             ctypes.byref(index)) == _lib.OK
                         for p in self.v_paths[v0:v1]):
                     continue
-            saved = self._saved_tree(L, metadata, path, first.value, n)
+            saved = self._saved_tree(L, metadata, path, first.value, n,
+                                     base if flat_names else None)
             if saved is None or _same_shape(seq, saved):
                 continue
             changes.append((entry, saved))
@@ -746,11 +756,12 @@ class Flat:
             self._replaced.append((target, items, tuples))
         return bool(changes)
 
-    def _saved_tree(self, L, metadata, path, first, n):
+    def _saved_tree(self, L, metadata, path, first, n, base=None):
         """The checkpoint's items under `path` among items first..first+n-1
         (those whose names start with its name) as a tree: {index: subtree
         or item index}; None if there are none, or any is not a plain value
-        at list indices (a tensor, a map key)."""
+        at list indices (a tensor, a map key). `base` (MEGA): the list's
+        name and a dot; the indices are read off the items' names."""
         info = _lib.sized(_lib.ItemInfo)
         elem = _lib.PathElem()
         depth = len(path)
@@ -759,33 +770,52 @@ class Flat:
         for index in range(first, first + n):
             _lib.check(L.dcp_metadata_item(metadata, index,
                                            ctypes.byref(info)))
-            if info.path_len <= depth:
+            if base is not None:
+                parts = info.name.decode()[len(base):].split(".")
+                if not all(p.isascii() and p.isdigit() for p in parts):
+                    return None  # a key under it: not a list
+                rel = [int(p) for p in parts]
+            elif info.path_len <= depth:
                 continue  # another key that starts with the list's name
-            rel = []
-            for j in range(info.path_len):
-                _lib.check(L.dcp_metadata_item_path(metadata, index, j,
-                                                    ctypes.byref(elem)))
-                if j < depth:
-                    if (elem.key != keys[j] if keys[j] is not None else
-                            elem.key is not None or
-                            elem.index != path[j] >> 1):
-                        break  # under another key of the same name
-                elif elem.key is not None or elem.index < 0:
-                    return None
-                else:
-                    rel.append(elem.index)
             else:
-                if info.is_tensor:
+                rel = self._relative_indices(L, metadata, index, info, path,
+                                             keys, elem)
+                if rel is None:
+                    continue  # under another key of the same name
+                if not rel:
+                    return None  # a map key under it
+            if info.is_tensor:
+                return None
+            node = tree
+            for i in rel[:-1]:
+                node = node.setdefault(i, {})
+                if not isinstance(node, dict):
                     return None
-                node = tree
-                for i in rel[:-1]:
-                    node = node.setdefault(i, {})
-                    if not isinstance(node, dict):
-                        return None
-                if rel[-1] in node:
-                    return None
-                node[rel[-1]] = index
+            if rel[-1] in node:
+                return None
+            node[rel[-1]] = index
         return tree or None
+
+    @staticmethod
+    def _relative_indices(L, metadata, index, info, path, keys, elem):
+        """The list indices of item `index`'s path after `path`; None if its
+        path does not start with `path`, [] if a map key follows it."""
+        rel = []
+        depth = len(path)
+        for j in range(info.path_len):
+            _lib.check(L.dcp_metadata_item_path(metadata, index, j,
+                                                ctypes.byref(elem)))
+            if j < depth:
+                if keys[j] is not None:
+                    if elem.key != keys[j]:
+                        return None
+                elif elem.key is not None or elem.index != path[j] >> 1:
+                    return None
+            elif elem.key is not None or elem.index < 0:
+                return []
+            else:
+                rel.append(elem.index)
+        return rel
 
     def _set_tensors(self, L, sd, indices) -> None:
         """Sets tensors `indices` (t_objs order) in `sd` again, replacing

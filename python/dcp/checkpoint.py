@@ -236,7 +236,7 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
     raise exc
 
 
-def _plan_with_metadata(flat, p, path, rank) -> None:
+def _plan_with_metadata(flat, p, path, rank, storage_reader) -> None:
     """Fits what `flat` loads to the checkpoint's metadata before the load:
     lists of plain values take the saved list's shape (_state.Flat
     .reshape_lists; then p.sd and p.values_sd are built again), and tensors
@@ -267,14 +267,17 @@ def _plan_with_metadata(flat, p, path, rank) -> None:
             finally:
                 L.dcp_metadata_free(handle)
         return
+    from .storage import MegaStorageReader
     reader = p.reader
     own_reader = None
+    # MEGA metadata names items by their flattened names only.
+    flat_names = isinstance(storage_reader, MegaStorageReader)
     try:
         if reader is None:
             from .metadata import _is_hf_directory, _is_mega_directory
             if _is_mega_directory(path):
-                from .storage import MegaStorageReader
                 own_reader = MegaStorageReader(path)._create(path)
+                flat_names = True
             elif "://" not in path and _is_hf_directory(path):
                 from .storage import HuggingFaceStorageReader
                 own_reader = HuggingFaceStorageReader(path)._create(path)
@@ -286,7 +289,7 @@ def _plan_with_metadata(flat, p, path, rank) -> None:
                                               ctypes.byref(handle)) != _lib.OK:
             return
         try:
-            _fit(flat, p, handle)
+            _fit(flat, p, handle, flat_names)
         finally:
             L.dcp_metadata_free(handle)
     finally:
@@ -294,8 +297,8 @@ def _plan_with_metadata(flat, p, path, rank) -> None:
             L.dcp_storage_reader_free(own_reader)
 
 
-def _fit(flat, p, metadata) -> None:
-    if flat.reshape_lists(metadata):
+def _fit(flat, p, metadata, flat_names=False) -> None:
+    if flat.reshape_lists(metadata, flat_names):
         L = _lib.lib()
         L.dcp_state_dict_free(p.sd)
         p.sd = None
@@ -396,7 +399,8 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             if _lib.lib().dcp_storage_reader_read_metadata(
                     p.reader, None, ctypes.byref(handle)) == _lib.OK:
                 p.metadata = handle
-        _plan_with_metadata(flat, p, path, where.rank)
+        _plan_with_metadata(flat, p, path, where.rank,
+                            storage_reader)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=path.encode(),
             storage_reader=p.reader, process_group=where.handle,

@@ -146,3 +146,27 @@ def test_a_key_that_starts_with_the_lists_name_is_not_in_its_way(ckpt):
     dst = {"h": []}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst == {"h": [1, 2, 3]}
+
+
+def test_a_dotted_key_next_to_the_list_does_not_hide_its_length(ckpt):
+    # "h.x.y" has as many path elements as an item of h: h's last index
+    # decides.
+    dcp.save({"h": [1, 2], "h.x": {"y": 5}}, checkpoint_id=ckpt)
+    dst = {"h": [0, 0, 0]}
+    dcp.load(dst, checkpoint_id=ckpt,
+             planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert dst == {"h": [1, 2]}
+
+
+def test_mega_checkpoints_return_lists_whole(tmp_path):
+    # MEGA stores flattened names only: the indices come from the names.
+    path = str(tmp_path / "mega")
+    dcp.save({"h": [1, 2, 3], "n": [[1], [2, 3]], "w": torch.ones(2)},
+             checkpoint_id="mega://" + path)
+    for kw in ({"checkpoint_id": "mega://" + path},
+               {"checkpoint_id": path},
+               {"storage_reader": dcp.MegaStorageReader(path)}):
+        dst = {"h": [0], "n": [], "w": torch.zeros(2)}
+        dcp.load(dst, **kw)
+        assert dst["h"] == [1, 2, 3] and dst["n"] == [[1], [2, 3]], kw
+        assert torch.equal(dst["w"], torch.ones(2))
