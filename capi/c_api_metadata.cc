@@ -15,6 +15,7 @@
 #include "capi/internal/last_error.h"
 #include "capi/internal/options.h"
 #include "capi/internal/registry.h"
+#include "capi/internal/state_tree.h"
 #include "core/state_dict.h"
 #include "core/status.h"
 #include "dcp/dcp.h"
@@ -125,6 +126,27 @@ int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
     if (it == h->items.end() || *it->name != key) {
       return absl::NotFoundError(
           absl::StrCat("the checkpoint has no item named \"", key, "\""));
+    }
+    *index = static_cast<size_t>(it - h->items.begin());
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_find_path(const dcp_metadata_t* md, dcp_path_t path,
+                           size_t* index) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(index, "size_t* index"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    DCP_ASSIGN_OR_RETURN(dcp::ObjectPath wanted, dcp::capi::PathFromC(path));
+    const std::string name = dcp::PathToString(wanted);
+    const auto it =
+        std::lower_bound(h->items.begin(), h->items.end(), name,
+                         [](const MetadataItem& item, const std::string& k) {
+                           return *item.name < k;
+                         });
+    if (it == h->items.end() || *it->name != name || it->path != wanted) {
+      return absl::NotFoundError(
+          absl::StrCat("the checkpoint has no item at path \"", name, "\""));
     }
     *index = static_cast<size_t>(it - h->items.begin());
     return absl::OkStatus();

@@ -550,6 +550,18 @@ static void test_metadata(void) {
     CHECK(index == 2);
     CHECK_ERROR(dcp_metadata_find(md, "model", &index), DCP_NOT_FOUND,
                 "\"model\"");
+    CHECK_OK(dcp_metadata_find_path(
+        md, PATH(KEY("model"), KEY("layers"), IDX(1), KEY("w")), &index));
+    CHECK(index == 1);
+    CHECK_OK(dcp_metadata_find_path(
+        md, PATH(KEY("model"), KEY("layers"), IDX(0)), &index));
+    CHECK(index == 0);
+    /* The same name, another path. */
+    CHECK_ERROR(dcp_metadata_find_path(
+                    md, PATH(KEY("model.layers"), IDX(1), KEY("w")), &index),
+                DCP_NOT_FOUND, "\"model.layers.1.w\"");
+    CHECK_ERROR(dcp_metadata_find_path(md, PATH(KEY("model")), &index),
+                DCP_NOT_FOUND, "\"model\"");
     CHECK_OK(
         dcp_metadata_find_prefix(md, "model.layers.", &index, &n, &lo, &hi));
     CHECK(index == 0 && n == 2 && lo == 3 && hi == 4);

@@ -809,6 +809,11 @@ DCP_API int dcp_metadata_item(const dcp_metadata_t* md, size_t index,
 /* The item named `name`: DCP_NOT_FOUND when there is none. */
 DCP_API int dcp_metadata_find(const dcp_metadata_t* md, const char* name,
                               size_t* index);
+/* The item whose nesting path (dcp_metadata_item_path) is `path`: its name
+ * and its path elements both match (a key "b.1" under "a" is not list item
+ * 1 of "a.b"). DCP_NOT_FOUND when there is none. */
+DCP_API int dcp_metadata_find_path(const dcp_metadata_t* md, dcp_path_t path,
+                                   size_t* index);
 /* The items whose flattened names start with `prefix` (the leaves under a
  * container: prefix "model.layers."), which are adjacent in name order:
  * `*count` of them from index `*first` on. None: *count 0, *first where

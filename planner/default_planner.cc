@@ -460,6 +460,33 @@ Shape Minus(const Shape& a, const Shape& b) {
   return out;
 }
 
+// For a missing-key error: where the checkpoint holds something else at a
+// missing name (a list or dict saved where the state dict has a value, or a
+// value where it has a list or dict), what; else "".
+std::string SavedInstead(const std::vector<std::string>& missing,
+                         const Metadata& metadata) {
+  const auto& items = metadata.state_dict_metadata;
+  for (const std::string& name : missing) {
+    const std::string prefix = name + ".";
+    const auto below = items.lower_bound(prefix);
+    if (below != items.end() && below->first.starts_with(prefix)) {
+      return absl::StrCat(" (the checkpoint holds \"", below->first,
+                          "\": a list or dict was saved at \"", name,
+                          "\" where the state dict has a value)");
+    }
+    for (size_t dot = name.rfind('.'); dot != std::string::npos && dot > 0;
+         dot = name.rfind('.', dot - 1)) {
+      const std::string parent = name.substr(0, dot);
+      if (items.count(parent) != 0) {
+        return absl::StrCat(" (the checkpoint holds a single value at \"",
+                            parent,
+                            "\" where the state dict has a list or dict)");
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
@@ -630,7 +657,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
         missing.size() > kListed
             ? absl::StrCat(" (and ", missing.size() - kListed, " more)")
             : "",
-        "; load with allow_partial_load to skip missing keys"));
+        "; load with allow_partial_load to skip missing keys",
+        SavedInstead(listed, *metadata_)));
   }
   return plan;
 }

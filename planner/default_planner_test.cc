@@ -382,6 +382,26 @@ TEST_F(LoadErrorTest, MissingKeyIsNotFoundUnlessPartial) {
   EXPECT_EQ(sd["also_gone"].int_value(), 1);  // Untouched.
 }
 
+// A missing name where the checkpoint holds something of another kind:
+// the message says what.
+TEST_F(LoadErrorTest, MissingKeyNamesWhatTheCheckpointHoldsInstead) {
+  StateDict value_for_list{{"n", StateList{StateValue(int64_t{0})}}};
+  absl::Status status = Load(value_for_list);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("no \"n.0\""),
+                    HasSubstr("holds a single value at \"n\"")));
+  StateDict sd;
+  sd["l"] = StateList{StateValue(int64_t{1}), StateValue(int64_t{2})};
+  absl::StatusOr<InMemoryCheckpoint> lists = SaveOne(sd);
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  StateDict value_for_saved_list{{"l", int64_t{0}}};
+  status = LoadOne(*lists, value_for_saved_list);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("no \"l\""), HasSubstr("holds \"l.0\"")));
+}
+
 TEST_F(LoadErrorTest, UnexpectedSavedKeysAreFine) {
   StateDict sd{{"n", int64_t{0}}};
   ASSERT_TRUE(Load(sd).ok());

@@ -370,6 +370,7 @@ _PROTOTYPES = {
     "dcp_metadata_num_items": (c_int, [_P, POINTER(c_size_t)]),
     "dcp_metadata_item": (c_int, [_P, c_size_t, POINTER(ItemInfo)]),
     "dcp_metadata_find": (c_int, [_P, c_char_p, POINTER(c_size_t)]),
+    "dcp_metadata_find_path": (c_int, [_P, Path, POINTER(c_size_t)]),
     "dcp_metadata_find_prefix": (
         c_int, [_P, c_char_p, POINTER(c_size_t), POINTER(c_size_t),
                 POINTER(c_size_t), POINTER(c_size_t)]),

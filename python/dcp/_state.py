@@ -689,7 +689,8 @@ class Flat:
         return bool(self._plain_lists)
 
     def reshape_lists(self, metadata, flat_names: bool = False) -> bool:
-        """Load only, before build() (else build again): a list or tuple
+        """Load only, after build() (build again when it returns True;
+        without a build it still works, only slower): a list or tuple
         of plain values only (lists and tuples of them too) comes back as
         the checkpoint holds it, as torch's load returns such a list whole:
         where the saved list's shape differs (a `history` list that grew
@@ -722,23 +723,20 @@ class Flat:
             n = count.value
             if n == 0:
                 continue  # nothing saved under it
-            k = len(seq)
-            if n == v1 - v0 and not flat_names:
-                # As many items as it has leaves, and each of its leaves
-                # saved: the same names, so the same shape. (A flat list:
-                # its last index saved means the range holds only the
-                # list's items, whose indices are contiguous.)
+            if n == v1 - v0 and not flat_names and self._paths_arr is not None:
+                # As many items as it has leaves, and its leaves saved at
+                # their own paths (not another split of the same names):
+                # the same shape. A flat list needs only its last item
+                # saved, all items one level down: saved indices are
+                # contiguous, so its own items fill the range.
+                rows = range(len(self.t_paths) + v0, len(self.t_paths) + v1)
                 if not nested:
                     if shortest.value == longest.value == len(path) + 1 \
-                            and L.dcp_metadata_find(
-                                metadata, f"{base}{k - 1}".encode(),
-                                ctypes.byref(index)) == _lib.OK:
+                            and self._saved_at(L, metadata, rows[-1], index):
                         continue
                 elif not _holds_empty(seq) and all(
-                        L.dcp_metadata_find(
-                            metadata, self.name(p).encode(),
-                            ctypes.byref(index)) == _lib.OK
-                        for p in self.v_paths[v0:v1]):
+                        self._saved_at(L, metadata, row, index)
+                        for row in rows):
                     continue
             saved = self._saved_tree(L, metadata, path, first.value, n,
                                      base if flat_names else None)
@@ -756,6 +754,13 @@ class Flat:
             self._replaced.append((target, items, tuples))
         return bool(changes)
 
+    def _saved_at(self, L, metadata, row, index) -> bool:
+        """Whether the checkpoint holds an item at the path of leaf `row`
+        of the built paths (tensors first)."""
+        return L.dcp_metadata_find_path(
+            metadata, Path.from_buffer(self._paths_arr, row * 16),
+            ctypes.byref(index)) == _lib.OK
+
     def _saved_tree(self, L, metadata, path, first, n, base=None):
         """The checkpoint's items under `path` among items first..first+n-1
         (those whose names start with its name) as a tree: {index: subtree
@@ -772,7 +777,8 @@ class Flat:
                                            ctypes.byref(info)))
             if base is not None:
                 parts = info.name.decode()[len(base):].split(".")
-                if not all(p.isascii() and p.isdigit() for p in parts):
+                if not all(p.isascii() and p.isdigit() and
+                           str(int(p)) == p for p in parts):
                     return None  # a key under it: not a list
                 rel = [int(p) for p in parts]
             elif info.path_len <= depth:

@@ -170,3 +170,21 @@ def test_mega_checkpoints_return_lists_whole(tmp_path):
         dcp.load(dst, **kw)
         assert dst["h"] == [1, 2, 3] and dst["n"] == [[1], [2, 3]], kw
         assert torch.equal(dst["w"], torch.ones(2))
+
+
+def test_keys_with_dots_on_the_lists_path_do_not_lend_it_items(ckpt):
+    # "a.b.1" is also the name of key "b.1" under "a"; "h.0.1" of key "1"
+    # under a top-level "h.0".
+    dcp.save({"a.b": [1], "a": {"b.1": 7, "b.2": 8}, "h": [[7]],
+              "h.0": {"1": 5}}, checkpoint_id=ckpt)
+    dst = {"a.b": [0, 0, 0], "h": [[0, 0]]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"a.b": [1], "h": [[7]]}
+
+
+def test_a_mega_key_like_an_index_with_a_leading_zero_is_not_one(tmp_path):
+    path = "mega://" + str(tmp_path / "mega")
+    dcp.save({"h": [5], "h.01": 2}, checkpoint_id=path)
+    dst = {"h": [0]}
+    dcp.load(dst, checkpoint_id=path)
+    assert dst == {"h": [5]}
