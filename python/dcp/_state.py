@@ -776,7 +776,8 @@ class Flat:
             _lib.check(L.dcp_metadata_item(metadata, index,
                                            ctypes.byref(info)))
             if base is not None:
-                parts = info.name.decode()[len(base):].split(".")
+                name = info.name.decode(errors="replace")
+                parts = name[len(base):].split(".")
                 if not all(p.isascii() and p.isdigit() and
                            str(int(p)) == p for p in parts):
                     return None  # a key under it: not a list
