@@ -968,6 +968,28 @@ static void test_dtype_mismatches(void) {
   /* What the load refuses, naming the tensor. */
   lo = load_options(dir);
   CHECK_ERROR(dcp_load(sd, &lo), DCP_INVALID_ARGUMENT, "\"m.a\"");
+  /* With convert_dtypes, m.a loads widened into f64 (v and z still fail:
+   * dropped here). */
+  {
+    dcp_load_planner_options_t po;
+    dcp_state_dict_t* convert = NULL;
+    int k;
+    memset(&po, 0, sizeof(po));
+    po.struct_size = sizeof(po);
+    po.convert_dtypes = DCP_TRUE;
+    lo.planner = &po;
+    memset(f64, 0, sizeof(f64));
+    CHECK_OK(dcp_state_dict_create(&convert));
+    CHECK_OK(dcp_state_dict_set_tensor(convert, PATH(KEY("m"), KEY("a")), &c,
+                                       NULL));
+    CHECK_OK(dcp_load(convert, &lo));
+    for (k = 0; k < 4; ++k) CHECK(f64[k] == (double)f32[k]);
+    po.convert_dtypes = 7;
+    CHECK_ERROR(dcp_load(convert, &lo), DCP_INVALID_ARGUMENT,
+                "convert_dtypes");
+    lo.planner = NULL;
+    CHECK_OK(dcp_state_dict_free(convert));
+  }
   CHECK_ERROR(dcp_state_dict_dtype_mismatches(sd, md, 0, NULL, NULL, NULL),
               DCP_INVALID_ARGUMENT, "count");
   CHECK_ERROR(dcp_state_dict_dtype_mismatches(sd, (const dcp_metadata_t*)sd, 0,

@@ -568,6 +568,18 @@ typedef struct dcp_load_planner_options {
   dcp_flag_t flatten_state_dict;      /* default true */
   dcp_flag_t flatten_sharded_tensors; /* default true */
   dcp_flag_t allow_partial_load;      /* default false */
+  /* default false. Load a floating-point tensor (F64, F32, BF16, F16)
+   * saved as another of those dtypes by converting it as torch's copy_
+   * does (round to nearest even; F64 to BF16 or F16 through F32). Host
+   * destinations only: a device destination of another dtype is refused
+   * as without this flag. Each converted tensor is read into a temporary
+   * of the saved dtype and converted when it is complete; the FileSystem
+   * and Hugging Face readers hold about two read windows of those
+   * temporaries at once (read_window_bytes). It lies in what was
+   * the tail padding of the struct's first version (same sizeof): that
+   * version's callers must have zeroed the whole struct, as the
+   * conventions ask. */
+  dcp_flag_t convert_dtypes;
 } dcp_load_planner_options_t;
 
 /* ------------------------------------------------------------------------

@@ -181,11 +181,13 @@ struct LoadOptions {
   dcp_process_group_t* process_group = nullptr;
   bool no_dist = false;
   bool allow_partial_load = false;
+  bool convert_dtypes = false;  // dcp_load_planner_options_t.convert_dtypes
 
   dcp_load_options_t c_options(dcp_load_planner_options_t& planner) const {
     planner = dcp_load_planner_options_t{};
     planner.struct_size = sizeof(planner);
     planner.allow_partial_load = allow_partial_load ? DCP_TRUE : DCP_DEFAULT;
+    planner.convert_dtypes = convert_dtypes ? DCP_TRUE : DCP_DEFAULT;
     dcp_load_options_t o{};
     o.struct_size = sizeof(o);
     o.checkpoint_id = checkpoint_id.c_str();

@@ -75,8 +75,12 @@ absl::Status PlanItem(
     add({0, blocks, 0, 0});
     return absl::OkStatus();
   }
+  // Temporaries the planner allocated for the destinations (a converting
+  // load) count as this item's memory in the window.
+  int64_t temporary_bytes = 0;
   for (const ReadItem* item : stored.uses) {
     DCP_ASSIGN_OR_RETURN(TensorView dest, planner.ResolveTensor(*item));
+    temporary_bytes += planner.TemporaryBytes(*item);
     const std::string what =
         absl::StrCat("loading ", item->storage_index.ToString(), " into ",
                      item->dest_index.ToString());
@@ -104,14 +108,17 @@ absl::Status PlanItem(
     // one-block tail buffer (PrepareSlot).
     const bool tail = options.direct &&
                       (slot.io_end - slot.io_begin) % kDirectIoAlignment != 0;
-    slot.buffer_bytes = tail ? kDirectIoAlignment : 0;
+    slot.buffer_bytes = (tail ? kDirectIoAlignment : 0) + temporary_bytes;
     slot.target = static_cast<std::byte*>(stored.dests.front().data());
     return absl::OkStatus();
   }
+  const size_t first_piece = out.size();
   for (const ReadPiece& piece :
        PlanPieces(stored, block_size, options.piece_bytes)) {
     add(piece);
   }
+  if (out.size() > first_piece)
+    out[first_piece].buffer_bytes += temporary_bytes;
   if (*stored.pieces_left == 0) {  // Only empty boxes: nothing to read.
     for (size_t u = 0; u < stored.uses.size(); ++u) {
       DCP_RETURN_IF_ERROR(

@@ -315,24 +315,30 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   DeviceStaging* staging_used = nullptr;
   const int64_t piece_bytes = std::min(
       kReadPieceBytes, std::max<int64_t>(1, options_.read_window_bytes));
-  std::vector<Piece> pieces;
-  for (Stored& s : stored) {
+  // Pieces are planned as the windows reach their stored chunk (a deque:
+  // pieces in flight keep their place as more are added), so the
+  // temporaries a planner hands out for destinations (a converting load)
+  // count against the window too.
+  std::deque<Piece> pieces;
+  auto plan_stored = [&](Stored& s) -> absl::Status {
     s.pieces_left = std::make_unique<std::atomic<int64_t>>(0);
+    int64_t temporary_bytes = 0;
     for (const ReadItem* item : s.uses) {
       absl::StatusOr<TensorView> dest = planner.ResolveTensor(*item);
-      if (!dest.ok()) return fail(dest.status());
+      if (!dest.ok()) return dest.status();
+      temporary_bytes += planner.TemporaryBytes(*item);
       const std::string what =
           absl::StrCat("loading ", item->storage_index.ToString(), " into ",
                        item->dest_index.ToString());
       if (!dest->device().is_cpu() && s.staging == nullptr) {
         absl::StatusOr<DeviceStaging*> staging = device_staging();
-        if (!staging.ok()) return fail(Annotate(staging.status(), what));
+        if (!staging.ok()) return Annotate(staging.status(), what);
         s.staging = staging_used = *staging;
       }
       absl::Status box = CopyBoxPart(
           nullptr, 0, 0, s.chunk_sizes, item->storage_offsets, s.element_size,
           AsHostView(*dest), item->dest_offsets, item->lengths);
-      if (!box.ok()) return fail(Annotate(box, what));
+      if (!box.ok()) return Annotate(box, what);
       s.dests.push_back(*std::move(dest));
     }
     const TensorView& dest = s.dests.front();
@@ -343,7 +349,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
            s.info->offset % kDirectIoAlignment != 0)) {
         absl::StatusOr<const OpenFiles::Entry*> file =
             buffered_files.Get(s.info->relative_path);
-        if (!file.ok()) return fail(file.status());
+        if (!file.ok()) return file.status();
         buffered = (*file)->file.get();
       }
       Piece& piece = pieces.emplace_back();
@@ -352,8 +358,9 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
       piece.zero_copy = true;
       piece.buffered = buffered;
       piece.target = static_cast<std::byte*>(dest.data());
+      piece.buffer_bytes = temporary_bytes;
       s.pieces_left->fetch_add(1);
-      continue;
+      return absl::OkStatus();
     }
     const int64_t es = static_cast<int64_t>(s.element_size);
     std::vector<std::pair<int64_t, int64_t>> runs;
@@ -362,6 +369,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
                            kReadGapBytes / es, runs);
     }
     // Pieces whose 4 KiB aligned extent fits a piece_bytes buffer.
+    const size_t first_piece = pieces.size();
     for (const auto& [begin, end] : internal_hf::MergeAndSplit(
              std::move(runs), kReadGapBytes / es,
              std::max<int64_t>(piece_bytes - 2 * kDirectIoAlignment, 1) / es)) {
@@ -373,13 +381,16 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
           BouncePool::SizeFor((end - begin) * es + 2 * kDirectIoAlignment);
       s.pieces_left->fetch_add(1);
     }
+    if (pieces.size() > first_piece) {
+      pieces[first_piece].buffer_bytes += temporary_bytes;
+    }
     if (*s.pieces_left == 0) {  // Only empty boxes: nothing to read.
       for (size_t u = 0; u < s.uses.size(); ++u) {
-        absl::Status committed = planner.CommitTensor(*s.uses[u], s.dests[u]);
-        if (!committed.ok()) return fail(committed);
+        DCP_RETURN_IF_ERROR(planner.CommitTensor(*s.uses[u], s.dests[u]));
       }
     }
-  }
+    return absl::OkStatus();
+  };
 
   // Windows of at most read_window_bytes of bounce buffers: window w + 1
   // is read while window w is copied out on thread_count threads.
@@ -390,12 +401,18 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   int64_t peak = 0;
   const int64_t window_bytes = std::max<int64_t>(1, options_.read_window_bytes);
   size_t next = 0;
+  size_t next_stored = 0;
   auto submit_window = [&]() -> std::pair<size_t, size_t> {
     const size_t begin = next;
     int64_t bytes = 0;
     std::vector<IoRequest> batch;
     std::vector<Piece*> owners;
-    while (next < pieces.size()) {
+    while (!error.failed()) {
+      if (next == pieces.size()) {
+        if (next_stored == stored.size()) break;
+        error.Update(plan_stored(stored[next_stored++]));
+        continue;
+      }
       Piece& piece = pieces[next];
       if (bytes > 0 && bytes + piece.buffer_bytes > window_bytes) break;
       ++next;
@@ -449,7 +466,10 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
                  absl::StrCat("copying into device tensors from ", path_)));
     for (Stored& s : stored) {
       if (error.failed()) break;
-      if (s.staging == nullptr || *s.pieces_left != 0) continue;
+      if (s.staging == nullptr || s.pieces_left == nullptr ||
+          *s.pieces_left != 0) {
+        continue;
+      }
       for (size_t u = 0; u < s.uses.size() && !error.failed(); ++u) {
         error.Update(planner.CommitTensor(*s.uses[u], s.dests[u]));
       }

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/dtype_convert.h"
 #include "core/status.h"
 #include "planner/chunk_geometry.h"
 #include "planner/global_load_plan.h"
@@ -431,6 +433,11 @@ absl::Status DefaultLoadPlanner::SetUp(StateDict* state_dict,
   is_coordinator_ = is_coordinator;
   destinations_.clear();
   value_destinations_.clear();
+  conversions_.clear();
+  absl::MutexLock lock(&mu_);
+  temporaries_.clear();
+  temporary_bytes_ = 0;
+  peak_temporary_bytes_ = 0;
   return absl::OkStatus();
 }
 
@@ -452,6 +459,16 @@ absl::Status CheckTensorMatches(const std::string& name, DType dtype,
         " but the checkpoint has ", ShapeToString(saved.size)));
   }
   return absl::OkStatus();
+}
+
+// Whether a tensor of `dtype` whose chunks are `views` (host or device)
+// loads the saved `saved` dtype by conversion under convert_dtypes.
+bool Converts(bool convert_dtypes, DType dtype, DType saved,
+              const std::vector<const TensorView*>& views) {
+  return convert_dtypes && dtype != saved && IsConvertibleFloat(dtype) &&
+         IsConvertibleFloat(saved) &&
+         std::all_of(views.begin(), views.end(),
+                     [](const TensorView* v) { return v->device().is_cpu(); });
 }
 
 Shape Minus(const Shape& a, const Shape& b) {
@@ -497,6 +514,12 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       auto leaves, LeavesInPlace(*state_dict_, options_.flatten_state_dict));
   destinations_.clear();
   value_destinations_.clear();
+  conversions_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    temporaries_.clear();
+    temporary_bytes_ = 0;
+  }
   destinations_.reserve(leaves.size());
   LoadPlan plan;
   std::vector<std::string> missing;
@@ -542,17 +565,28 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
     }
     requested.clear();
     views.clear();
+    const DType saved_dtype = saved->properties.dtype;
+    bool converts = false;
     if (value.is_tensor()) {
       const Tensor& t = value.tensor();
-      DCP_RETURN_IF_ERROR(
-          CheckTensorMatches(name, t.dtype(), t.sizes(), *saved));
+      converts = Converts(options_.convert_dtypes, t.dtype(), saved_dtype,
+                          {&t.view()});
+      DCP_RETURN_IF_ERROR(CheckTensorMatches(
+          name, converts ? saved_dtype : t.dtype(), t.sizes(), *saved));
       requested.push_back({Zeros(t.sizes().size()), t.sizes()});
       views.push_back(&t.view());
     } else {
       const ShardedTensor& st = value.sharded_tensor();
       DCP_RETURN_IF_ERROR(st.Validate(name));
+      std::vector<const TensorView*> shard_views;
+      for (const Shard& shard : st.local_shards()) {
+        shard_views.push_back(&shard.tensor.view());
+      }
+      converts = Converts(options_.convert_dtypes, st.dtype(), saved_dtype,
+                          shard_views);
       DCP_RETURN_IF_ERROR(
-          CheckTensorMatches(name, st.dtype(), st.global_sizes(), *saved));
+          CheckTensorMatches(name, converts ? saved_dtype : st.dtype(),
+                             st.global_sizes(), *saved));
       // Destinations are found by offset: two shards at one offset would
       // both resolve to the first.
       if (std::optional<Shape> repeated = RepeatedOffsets(st)) {
@@ -644,8 +678,15 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
                 return a.storage_index.offset < b.storage_index.offset;
               });
     for (size_t r = 0; r < requested.size(); ++r) {
-      destinations_.emplace(MetadataIndex(name, requested[r].offsets),
-                            views[r]);
+      MetadataIndex index(name, requested[r].offsets);
+      if (converts) {
+        conversions_.emplace(
+            index,
+            Conversion{views[r], saved_dtype, 0,
+                       static_cast<int64_t>(NumElements(views[r]->sizes()) *
+                                            ElementSize(saved_dtype))});
+      }
+      destinations_.emplace(std::move(index), views[r]);
     }
   }
   if (!missing.empty() && !options_.allow_partial_load) {
@@ -670,6 +711,14 @@ absl::StatusOr<std::vector<LoadPlan>> DefaultLoadPlanner::CreateGlobalPlan(
 }
 
 absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {
+  if (!conversions_.empty()) {
+    for (auto& [index, conversion] : conversions_) conversion.items = 0;
+    for (const ReadItem& item : central_plan.items) {
+      if (item.type != LoadItemType::kTensor) continue;
+      auto it = conversions_.find(item.dest_index);
+      if (it != conversions_.end()) ++it->second.items;
+    }
+  }
   return central_plan;
 }
 
@@ -697,12 +746,63 @@ absl::StatusOr<TensorView> DefaultLoadPlanner::ResolveTensor(
                                             item.dest_index.ToString(),
                                             " is not in this rank's plan"));
   }
-  return *it->second;
+  auto conversion = conversions_.find(item.dest_index);
+  if (conversion == conversions_.end()) return *it->second;
+  const Conversion& c = conversion->second;
+  absl::MutexLock lock(&mu_);
+  Temporary& temporary = temporaries_[item.dest_index];
+  if (temporary.buffer == nullptr) {
+    // Uninitialised: the chunk's items write every element before the
+    // last commit converts it.
+    constexpr std::align_val_t kAlignment{4096};  // For O_DIRECT reads.
+    try {
+      temporary.buffer = std::shared_ptr<std::byte>(
+          static_cast<std::byte*>(::operator new(
+              static_cast<size_t>(std::max<int64_t>(c.bytes, 1)), kAlignment)),
+          [](std::byte* p) { ::operator delete(p, kAlignment); });
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", c.bytes, " bytes to convert ",
+                       item.dest_index.ToString(), " from ", DTypeName(c.saved),
+                       " to ", DTypeName(c.dest->dtype())));
+    }
+    temporary_bytes_ += c.bytes;
+    peak_temporary_bytes_ = std::max(peak_temporary_bytes_, temporary_bytes_);
+  }
+  return TensorView(temporary.buffer.get(), c.saved, c.dest->sizes());
+}
+
+int64_t DefaultLoadPlanner::TemporaryBytes(const ReadItem& item) const {
+  auto it = conversions_.find(item.dest_index);
+  return it == conversions_.end() ? 0 : it->second.bytes;
 }
 
 absl::Status DefaultLoadPlanner::CommitTensor(const ReadItem& item,
                                               const TensorView& tensor) {
-  return absl::OkStatus();
+  auto conversion = conversions_.find(item.dest_index);
+  if (conversion == conversions_.end()) return absl::OkStatus();
+  const Conversion& c = conversion->second;
+  std::shared_ptr<std::byte> buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = temporaries_.find(item.dest_index);
+    if (it == temporaries_.end() || it->second.buffer == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("commit of ", item.dest_index.ToString(),
+                       " before its ResolveTensor"));
+    }
+    if (++it->second.committed < c.items) return absl::OkStatus();
+    buffer = std::move(it->second.buffer);
+    temporaries_.erase(it);
+    temporary_bytes_ -= c.bytes;
+  }
+  return Annotate(ConvertInto(buffer.get(), c.saved, *c.dest),
+                  absl::StrCat("converting ", item.dest_index.ToString()));
+}
+
+int64_t DefaultLoadPlanner::peak_temporary_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_temporary_bytes_;
 }
 
 }  // namespace dcp

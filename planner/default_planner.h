@@ -21,9 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "planner/global_save_plan.h"
 #include "planner/metadata.h"
 #include "planner/plan.h"
@@ -151,6 +153,15 @@ struct DefaultLoadPlannerOptions {
   // one reader (see LoadPlan::read_for_peers). Only annotates the plans:
   // every rank keeps the items it needs.
   bool dedup_reads = true;
+  // Load a floating-point tensor (F64, F32, BF16, F16) saved as another of
+  // those dtypes by converting it as torch's copy_ does
+  // (core/dtype_convert.h). Host destinations only: a device destination
+  // of another dtype is refused as without this option. Each converted
+  // destination chunk is read into a temporary of the saved dtype
+  // (ResolveTensor), converted into the destination when its last box
+  // arrives and freed (CommitTensor): a reader that plans items as it
+  // reads them (the file-system reader) holds about a window of them.
+  bool convert_dtypes = false;
 };
 
 class DefaultLoadPlanner : public LoadPlanner {
@@ -185,14 +196,39 @@ class DefaultLoadPlanner : public LoadPlanner {
 
   // The destination chunk `item.dest_index`: the caller's tensor (or shard)
   // memory itself, with its own strides (a reader copying a box at
-  // dest_offsets must honour them). kNotFound for an unplanned chunk.
+  // dest_offsets must honour them). For a chunk that converts
+  // (convert_dtypes): a contiguous host temporary of the saved dtype,
+  // shaped as the chunk, allocated by the first call for any of its items
+  // (kResourceExhausted naming the tensor when the memory is not there).
+  // kNotFound for an unplanned chunk.
   absl::StatusOr<TensorView> ResolveTensor(const ReadItem& item) override;
 
-  // No-op: ResolveTensor hands out the destination itself.
+  // The chunk's temporary bytes for an item of a chunk that converts, else
+  // 0.
+  int64_t TemporaryBytes(const ReadItem& item) const override;
+
+  // For a chunk that converts, once every item FinishPlan planned into it
+  // has been committed: converts the temporary into the destination and
+  // frees it. Otherwise a no-op (the destination was written in place).
   absl::Status CommitTensor(const ReadItem& item,
                             const TensorView& tensor) override;
 
+  // The most temporary bytes (convert_dtypes) held at once since SetUp.
+  int64_t peak_temporary_bytes() const;
+
  private:
+  // A destination chunk read through a temporary (convert_dtypes).
+  struct Conversion {
+    const TensorView* dest = nullptr;
+    DType saved = DType::kF32;
+    int64_t items = 0;  // Of the finished plan.
+    int64_t bytes = 0;  // Of the temporary.
+  };
+  struct Temporary {
+    std::shared_ptr<std::byte> buffer;
+    int64_t committed = 0;
+  };
+
   DefaultLoadPlannerOptions options_;
   StateDict* state_dict_ = nullptr;
   const Metadata* metadata_ = nullptr;
@@ -201,6 +237,13 @@ class DefaultLoadPlanner : public LoadPlanner {
   // *state_dict_ (LoadBytes assigns values, which moves no other leaf).
   absl::flat_hash_map<MetadataIndex, const TensorView*> destinations_;
   absl::flat_hash_map<std::string, StateValue*> value_destinations_;
+  // Filled by CreateLocalPlan and FinishPlan, read-only afterwards.
+  absl::flat_hash_map<MetadataIndex, Conversion> conversions_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<MetadataIndex, Temporary> temporaries_
+      ABSL_GUARDED_BY(mu_);
+  int64_t temporary_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t peak_temporary_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dcp

@@ -1,8 +1,10 @@
 #include "planner/default_planner.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
+#include "core/dtype_convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/in_memory_checkpoint.h"
@@ -352,6 +354,82 @@ TEST(DefaultPlannerTest, ReshardsNdUnevenLayouts) {
   ASSERT_TRUE(LoadOne(*ckpt, whole).ok());
   EXPECT_TRUE(whole["t"].tensor().BytesEqual(full));
   EXPECT_TRUE(whole["whole"].tensor().BytesEqual(full));
+}
+
+// The elements of contiguous host tensor `t` converted to `dtype`.
+Tensor Converted(const Tensor& t, DType dtype) {
+  Tensor out = Tensor::Empty(dtype, t.sizes());
+  ConvertElements(static_cast<const std::byte*>(t.data()), t.dtype(), t.numel(),
+                  static_cast<std::byte*>(out.data()), dtype);
+  return out;
+}
+
+// convert_dtypes: a tensor saved as F32 by three ranks loads into BF16
+// shards of another layout and into a strided F64 tensor, each element
+// converted as ConvertElements converts it; the temporaries are gone once
+// the load returns.
+TEST(DefaultPlannerTest, ConvertDtypesReadsThroughTemporaries) {
+  Tensor full = RandomTensor(DType::kF32, {4, 6}, 5);
+  // Random bytes include NaNs, whose payloads need not survive: use
+  // finite values.
+  auto* values = static_cast<float*>(full.data());
+  for (int64_t i = 0; i < full.numel(); ++i) {
+    if (!std::isfinite(values[i])) values[i] = static_cast<float>(i) / 3;
+  }
+  std::vector<StateDict> saved(3);
+  std::vector<DefaultSavePlanner> sp(3);
+  const std::vector<std::pair<Shape, Shape>> layout = {
+      {{0, 0}, {2, 6}}, {{2, 0}, {2, 3}}, {{2, 3}, {2, 3}}};
+  for (int r = 0; r < 3; ++r) {
+    saved[r]["w"] = Shards(full, {layout[r]});
+  }
+  absl::StatusOr<InMemoryCheckpoint> ckpt =
+      SaveInMemory({&saved[0], &saved[1], &saved[2]}, {&sp[0], &sp[1], &sp[2]});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+
+  // Without the option: refused, naming both dtypes.
+  StateDict bf16{{"w", EmptyShards(DType::kBF16, {4, 6},
+                                   {{{1, 0}, {3, 4}}, {{0, 4}, {4, 2}}})}};
+  absl::Status refused = LoadOne(*ckpt, bf16);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), AllOf(HasSubstr("BF16"), HasSubstr("F32")));
+
+  DefaultLoadPlanner planner({.convert_dtypes = true});
+  ASSERT_TRUE(LoadFromMemory(*ckpt, {&bf16}, {&planner}).ok());
+  const Tensor want = Converted(full, DType::kBF16);
+  const auto& shards = bf16["w"].sharded_tensor().local_shards();
+  EXPECT_TRUE(shards[0].tensor.BytesEqual(Slice(want, {1, 0}, {3, 4})));
+  EXPECT_TRUE(shards[1].tensor.BytesEqual(Slice(want, {0, 4}, {4, 2})));
+  // Both chunks' temporaries (3x4 and 4x2 F32) were held at once at most.
+  EXPECT_GT(planner.peak_temporary_bytes(), 0);
+  EXPECT_LE(planner.peak_temporary_bytes(), (12 + 8) * 4);
+
+  // A strided F64 destination: the transpose of a 6x4 buffer.
+  std::vector<double> buffer(24, -1);
+  StateDict f64{{"w", Tensor::Wrap(TensorView(buffer.data(), DType::kF64,
+                                              {4, 6}, {1, 4}, Device{}))}};
+  DefaultLoadPlanner to_f64({.convert_dtypes = true});
+  ASSERT_TRUE(LoadFromMemory(*ckpt, {&f64}, {&to_f64}).ok());
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 6; ++j) {
+      ASSERT_EQ(buffer[j * 4 + i], static_cast<double>(values[i * 6 + j]))
+          << i << "," << j;
+    }
+  }
+}
+
+// convert_dtypes converts floating-point dtypes only.
+TEST(DefaultPlannerTest, ConvertDtypesLeavesIntegersRefused) {
+  StateDict sd{{"i", RandomTensor(DType::kI32, {3}, 2)}};
+  absl::StatusOr<InMemoryCheckpoint> ckpt = SaveOne(sd);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  StateDict dest{{"i", Tensor::Empty(DType::kI64, {3})}};
+  absl::Status status = LoadOne(*ckpt, dest, {.convert_dtypes = true});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("I64"), HasSubstr("I32")));
+  StateDict to_float{{"i", Tensor::Empty(DType::kF32, {3})}};
+  EXPECT_EQ(LoadOne(*ckpt, to_float, {.convert_dtypes = true}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 class LoadErrorTest : public ::testing::Test {

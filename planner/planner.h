@@ -117,6 +117,12 @@ class LoadPlanner {
   // reader copies the box into at `item.dest_offsets`.
   virtual absl::StatusOr<TensorView> ResolveTensor(const ReadItem& item) = 0;
 
+  // The bytes of memory ResolveTensor(item) hands out that the planner
+  // allocated for the load (a temporary CommitTensor frees), 0 when it
+  // hands out the destination itself: a reader that bounds the memory it
+  // holds counts them. Thread-safe.
+  virtual int64_t TemporaryBytes(const ReadItem& item) const { return 0; }
+
   // Called once the box of `item` has been copied into `tensor` (the view
   // ResolveTensor returned); a planner that resolved to a temporary copies it
   // to the final destination here (thread-safe).

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype_convert.h"
 #include "core/state_dict.h"
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
@@ -186,6 +188,59 @@ TEST(EngineRoundTrip, ShardedTensorReshardsOnLoad) {
   whole["w"] = Tensor::Empty(DType::kF32, {7, 6});
   ASSERT_TRUE(LoadFrom(dir, whole).ok());
   EXPECT_TRUE(whole["w"].tensor().BytesEqual(full));
+}
+
+// A load into BF16 tensors of a checkpoint saved as F32, with
+// convert_dtypes: every element converted as ConvertElements converts it,
+// and the file-system reader holds about two read windows of temporaries
+// (not all of them), whether items are read in place or through bounce
+// runs.
+TEST(EngineRoundTrip, ConvertingLoadHoldsAboutTwoWindowsOfTemporaries) {
+  const std::string dir = MakeTempDir("convert_window");
+  StateDict saved;
+  // 40 tensors of 64 KiB (read in place) and 200 of 400 bytes (read in
+  // runs through bounce buffers).
+  for (int i = 0; i < 40; ++i) {
+    saved[absl::StrCat("big", i)] = SeededTensor(DType::kF32, {256, 64}, i);
+  }
+  for (int i = 0; i < 200; ++i) {
+    saved[absl::StrCat("small", i)] = SeededTensor(DType::kF32, {100}, 100 + i);
+  }
+  for (auto& [name, value] : saved) {  // Finite values: NaN payloads vary.
+    auto* f = static_cast<float*>(value.tensor().data());
+    for (int64_t k = 0; k < value.tensor().numel(); ++k) {
+      if (!std::isfinite(f[k])) f[k] = static_cast<float>(k);
+    }
+  }
+  ASSERT_TRUE(SaveTo(dir, saved).ok());
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "direct" : "buffered");
+    StateDict sd;
+    for (const auto& [name, value] : saved) {
+      sd[name] = Tensor::Empty(DType::kBF16, value.tensor().sizes());
+    }
+    FileSystemReaderOptions reader_options;
+    reader_options.direct_io = direct;
+    reader_options.read_window_bytes = 128 << 10;
+    FileSystemReader reader(dir, reader_options);
+    DefaultLoadPlanner planner({.convert_dtypes = true});
+    LoadOptions options;
+    options.storage_reader = &reader;
+    options.planner = &planner;
+    ASSERT_TRUE(Load(sd, options).ok());
+    for (const auto& [name, value] : saved) {
+      const Tensor& t = value.tensor();
+      Tensor want = Tensor::Empty(DType::kBF16, t.sizes());
+      ConvertElements(static_cast<const std::byte*>(t.data()), DType::kF32,
+                      t.numel(), static_cast<std::byte*>(want.data()),
+                      DType::kBF16);
+      ASSERT_TRUE(sd[name].tensor().BytesEqual(want)) << name;
+    }
+    // All of them would be 40 * 64 KiB + 200 * 400 bytes.
+    EXPECT_GT(planner.peak_temporary_bytes(), 0);
+    EXPECT_LE(planner.peak_temporary_bytes(),
+              2 * reader_options.read_window_bytes + (64 << 10));
+  }
 }
 
 class EngineLoadErrors : public ::testing::Test {

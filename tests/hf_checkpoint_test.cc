@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/dtype_convert.h"
 #include "core/state_dict.h"
 #include "engine/checkpoint.h"
 #include "gmock/gmock.h"
@@ -325,6 +326,64 @@ TEST(HfCheckpoint, ReshardedLoadsReadOnlyTheirSlice) {
     EXPECT_TRUE(shards[0].tensor.BytesEqual(box(w, 0, 256, 0, 100)));
     EXPECT_TRUE(shards[1].tensor.BytesEqual(box(w, 0, 256, 300, 212)));
     EXPECT_TRUE(cols["wide"].tensor().BytesEqual(wide));
+  }
+}
+
+// BF16 safetensors loaded into F32 tensors with convert_dtypes (a
+// released model fine-tuned in F32): every element widened exactly, a
+// resharded slice too, and the reader holds about two windows of
+// temporaries, not all of them.
+TEST(HfCheckpoint, ConvertingLoadHoldsAboutTwoWindowsOfTemporaries) {
+  const std::string dir = MakeTempDir("hf_convert");
+  StateDict saved;
+  for (int i = 0; i < 30; ++i) {
+    saved[absl::StrCat("layer", i)] = SeededTensor(DType::kBF16, {128, 256}, i);
+  }
+  ASSERT_TRUE(SaveHf(dir, saved).ok());
+  auto widened = [](const Tensor& t) {
+    Tensor out = Tensor::Empty(DType::kF32, t.sizes());
+    ConvertElements(static_cast<const std::byte*>(t.data()), DType::kBF16,
+                    t.numel(), static_cast<std::byte*>(out.data()),
+                    DType::kF32);
+    return out;
+  };
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "direct" : "buffered");
+    HuggingFaceStorageReaderOptions options;
+    options.direct_io = direct;
+    options.read_window_bytes = 128 << 10;  // Two 64 KiB tensors.
+    HuggingFaceStorageReader reader(dir, options);
+    StateDict sd;
+    for (const auto& [name, value] : saved) {
+      sd[name] = Tensor::Empty(DType::kF32, {128, 256});
+    }
+    // Rows [32, 96) of layer0 into an F32 shard.
+    sd["layer0"] =
+        ShardedTensor(DType::kF32, {128, 256},
+                      {Shard{{32, 0}, Tensor::Empty(DType::kF32, {64, 256})}});
+    DefaultLoadPlanner planner({.convert_dtypes = true});
+    LoadOptions load;
+    load.storage_reader = &reader;
+    load.planner = &planner;
+    ASSERT_TRUE(Load(sd, load).ok());
+    for (const auto& [name, value] : saved) {
+      const Tensor want = widened(value.tensor());
+      if (name == "layer0") {
+        const Tensor& shard =
+            sd[name].sharded_tensor().local_shards()[0].tensor;
+        EXPECT_EQ(
+            std::memcmp(shard.data(),
+                        static_cast<const char*>(want.data()) + 32 * 256 * 4,
+                        shard.nbytes()),
+            0);
+        continue;
+      }
+      EXPECT_TRUE(sd[name].tensor().BytesEqual(want)) << name;
+    }
+    // All of them would be 30 * 64 KiB.
+    EXPECT_GT(planner.peak_temporary_bytes(), 0);
+    EXPECT_LE(planner.peak_temporary_bytes(),
+              2 * options.read_window_bytes + (64 << 10));
   }
 }
 

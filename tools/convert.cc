@@ -15,6 +15,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/dtype_convert.h"
 #include "core/state_dict.h"
 #include "core/status.h"
 #include "engine/checkpoint.h"
@@ -35,57 +36,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool IsFloating(DType d) {
-  return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32 ||
-         d == DType::kF64;
-}
-
 DType OutputDtype(DType d, const ConvertOptions& options) {
-  return options.dtype.has_value() && IsFloating(d) ? *options.dtype : d;
-}
-
-float ToFloat(const std::byte* p, DType d) {
-  switch (d) {
-    case DType::kF32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DType::kF64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return static_cast<float>(v);
-    }
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      const uint32_t bits = uint32_t{h} << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      return v;
-    }
-    default: {  // kF16
-      _Float16 h;
-      std::memcpy(&h, p, 2);
-      return static_cast<float>(h);
-    }
-  }
-}
-
-// Converts `n` elements; `to` is F32, BF16 or F16 (F64 sources are
-// narrowed through float).
-void ConvertElements(const std::byte* src, DType from, int64_t n,
-                     std::byte* dst, DType to) {
-  const size_t in = ElementSize(from);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = ToFloat(src + i * in, from);
-    if (to == DType::kF32) {
-      std::memcpy(dst + i * 4, &v, 4);
-    } else {
-      const uint16_t h = to == DType::kBF16 ? FloatToBf16(v) : FloatToF16(v);
-      std::memcpy(dst + i * 2, &h, 2);
-    }
-  }
+  return options.dtype.has_value() && IsConvertibleFloat(d) ? *options.dtype
+                                                            : d;
 }
 
 // Makes `dst` an empty directory: true when it created it, false when it

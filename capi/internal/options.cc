@@ -349,6 +349,9 @@ absl::StatusOr<DefaultLoadPlannerOptions> LoadPlannerOptionsFromC(
       out.allow_partial_load,
       ReadFlag(in.allow_partial_load, out.allow_partial_load,
                "dcp_load_planner_options_t.allow_partial_load"));
+  DCP_ASSIGN_OR_RETURN(out.convert_dtypes,
+                       ReadFlag(in.convert_dtypes, out.convert_dtypes,
+                                "dcp_load_planner_options_t.convert_dtypes"));
   return out;
 }
 

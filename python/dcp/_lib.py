@@ -197,7 +197,8 @@ class LoadPlannerOptions(Structure):
     _fields_ = [("struct_size", c_size_t),
                 ("flatten_state_dict", c_int32),
                 ("flatten_sharded_tensors", c_int32),
-                ("allow_partial_load", c_int32)]
+                ("allow_partial_load", c_int32),
+                ("convert_dtypes", c_int32)]
 
 
 class SaveOptions(Structure):

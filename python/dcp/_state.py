@@ -86,6 +86,13 @@ _BY_NAME = {
 # dcp dtype -> name
 DCP_DTYPE_NAMES = {v[2]: k for k, v in _BY_NAME.items()}
 
+# The dtypes the engine converts between on load (convert_dtypes): dcp
+# codes (float16, bfloat16, float32, float64) and their torch dtypes.
+_ENGINE_CONVERTS = frozenset((9, 10, 11, 12))
+_ENGINE_CONVERTS_TORCH = frozenset(
+    getattr(torch, n) for n in ("float16", "bfloat16", "float32", "float64")
+) if torch is not None else frozenset()
+
 # torch.dtype -> packed DLDataType (code | bits << 8 | lanes << 16).
 _TORCH_DL = {}
 if torch is not None:
@@ -363,6 +370,9 @@ class Flat:
         self._replaced: list = []
         # Load only: (destination, contiguous temporary).
         self.copy_back: list = []
+        # Load only: the engine converts some tensors to their destination
+        # dtype (convert_on_load): the load must ask for convert_dtypes.
+        self.engine_converts = False
         # Load only: DTensor destinations (their local tensors are in
         # t_objs).
         self._wrappers: list = []
@@ -627,12 +637,16 @@ class Flat:
     def convert_on_load(self, sd, metadata) -> None:
         """Load only, before the load of `sd` (this Flat's build): where a
         destination tensor's dtype differs from the checkpoint's (the C
-        metadata handle `metadata`), loads into a temporary of the saved
-        dtype instead, which write_back copies into the destination,
-        converting as torch's copy_ (numpy: assignment) does, and sets the
-        temporaries in `sd` in the destinations' place. numpy destinations
-        of a dtype numpy lacks (bf16, float8) are left for the load to
-        refuse."""
+        metadata handle `metadata`), has it converted as torch's copy_
+        (numpy: assignment) converts. A CPU torch tensor whose dtype and
+        the saved one are both float64, float32, bfloat16 or float16 is
+        converted by the engine (sets engine_converts: the load asks for
+        convert_dtypes), which reads a window of tensors at a time into
+        temporaries of the saved dtype. Any other loads into a temporary
+        of the saved dtype instead, set in `sd` in the destination's
+        place, which write_back copies into the destination. numpy
+        destinations of a dtype numpy lacks (bf16, float8) are left for
+        the load to refuse."""
         L = _lib.lib()
         count = ctypes.c_size_t()
         _lib.check(L.dcp_state_dict_dtype_mismatches(
@@ -655,13 +669,21 @@ class Flat:
         # The temporaries already standing in for strided destinations.
         standing = {id(tmp): j for j, (_, tmp) in enumerate(self.copy_back)}
         changed = []
+        seen = 0
         for i, path in enumerate(self.t_paths):
-            if len(changed) == len(saved):
+            if seen == len(saved):
                 break
             code = saved.get(self.name(path))
             if code is None:
                 continue
+            seen += 1
             t = self.t_objs[i]
+            if (code in _ENGINE_CONVERTS and torch is not None
+                    and isinstance(t, torch.Tensor)
+                    and t.device.type == "cpu"
+                    and t.dtype in _ENGINE_CONVERTS_TORCH):
+                self.engine_converts = True
+                continue
             # The checkpoint holds the tensor (else it would not mismatch),
             # so a load that succeeds fills the whole temporary, and
             # write_back runs only after one: it needs no initial values.

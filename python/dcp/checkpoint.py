@@ -15,7 +15,7 @@ import re
 
 from . import _lib, _state, errors
 from .metadata import Metadata
-from .planner import load_options, save_options
+from .planner import DefaultLoadPlanner, load_options, save_options
 from .process_group import resolve, take_turn
 from .stateful import is_stateful
 from .storage import FileSystemReader, check_reader, check_writer
@@ -407,6 +407,10 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             coordinator_rank=coordinator_rank,
             no_dist=_lib.flag(where.no_dist),
             device_wait=_state.current_streams(flat), metadata=p.metadata)
+        if flat.engine_converts:
+            if planner_options is None:
+                planner_options = DefaultLoadPlanner()._options()
+            planner_options.convert_dtypes = _lib.flag(True)
         if planner_options is not None:
             options.planner = ctypes.pointer(planner_options)
         p.keep += [options, planner_options]

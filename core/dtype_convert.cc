@@ -1,0 +1,161 @@
+#include "core/dtype_convert.h"
+
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/fp8_dequant_row.h"
+
+namespace dcp {
+namespace {
+
+template <DType D>
+struct Element;
+template <>
+struct Element<DType::kF64> {
+  using Wide = double;
+  static double Load(const std::byte* p) {
+    double v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  static void Store(double v, std::byte* p) { std::memcpy(p, &v, 8); }
+};
+template <>
+struct Element<DType::kF32> {
+  using Wide = float;
+  static float Load(const std::byte* p) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  static void Store(float v, std::byte* p) { std::memcpy(p, &v, 4); }
+};
+template <>
+struct Element<DType::kBF16> {
+  using Wide = float;
+  static float Load(const std::byte* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return std::bit_cast<float>(uint32_t{h} << 16);
+  }
+  static void Store(float v, std::byte* p) {
+    const uint16_t h = FloatToBf16(v);
+    std::memcpy(p, &h, 2);
+  }
+};
+template <>
+struct Element<DType::kF16> {
+  using Wide = float;
+  static float Load(const std::byte* p) {
+    _Float16 h;
+    std::memcpy(&h, p, 2);
+    return static_cast<float>(h);
+  }
+  static void Store(float v, std::byte* p) {
+    const uint16_t h = FloatToF16(v);
+    std::memcpy(p, &h, 2);
+  }
+};
+
+// `n` elements, `src_step` / `dst_step` bytes apart. A narrowing to a
+// 16-bit type from F64 goes through float (Store takes a float).
+template <DType From, DType To>
+void ConvertRun(const std::byte* src, int64_t src_step, int64_t n,
+                std::byte* dst, int64_t dst_step) {
+  using Out = typename Element<To>::Wide;
+  for (int64_t i = 0; i < n; ++i) {
+    Element<To>::Store(
+        static_cast<Out>(Element<From>::Load(src + i * src_step)),
+        dst + i * dst_step);
+  }
+}
+
+using RunFn = void (*)(const std::byte*, int64_t, int64_t, std::byte*, int64_t);
+
+template <DType From>
+RunFn RunTo(DType to) {
+  switch (to) {
+    case DType::kF64:
+      return &ConvertRun<From, DType::kF64>;
+    case DType::kF32:
+      return &ConvertRun<From, DType::kF32>;
+    case DType::kBF16:
+      return &ConvertRun<From, DType::kBF16>;
+    default:
+      return &ConvertRun<From, DType::kF16>;
+  }
+}
+
+RunFn Run(DType from, DType to) {
+  switch (from) {
+    case DType::kF64:
+      return RunTo<DType::kF64>(to);
+    case DType::kF32:
+      return RunTo<DType::kF32>(to);
+    case DType::kBF16:
+      return RunTo<DType::kBF16>(to);
+    default:
+      return RunTo<DType::kF16>(to);
+  }
+}
+
+}  // namespace
+
+bool IsConvertibleFloat(DType dtype) {
+  return dtype == DType::kF64 || dtype == DType::kF32 ||
+         dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+void ConvertElements(const std::byte* src, DType from, int64_t n,
+                     std::byte* dst, DType to) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * ElementSize(from));
+    return;
+  }
+  Run(from, to)(src, static_cast<int64_t>(ElementSize(from)), n, dst,
+                static_cast<int64_t>(ElementSize(to)));
+}
+
+absl::Status ConvertInto(const std::byte* src, DType from,
+                         const TensorView& dst) {
+  if (!IsConvertibleFloat(from) || !IsConvertibleFloat(dst.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot convert ", DTypeName(from), " to ", DTypeName(dst.dtype()),
+        ": only F64, F32, BF16 and F16 convert"));
+  }
+  if (!dst.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        "converting into a device tensor: host memory only");
+  }
+  const int64_t numel = dst.numel();
+  if (numel == 0) return absl::OkStatus();
+  auto* out = static_cast<std::byte*>(dst.data());
+  const int64_t in_size = static_cast<int64_t>(ElementSize(from));
+  const int64_t out_size = static_cast<int64_t>(ElementSize(dst.dtype()));
+  if (dst.is_contiguous()) {
+    ConvertElements(src, from, numel, out, dst.dtype());
+    return absl::OkStatus();
+  }
+  // Row by row along the last dimension; `index` counts the rows in
+  // row-major order over the leading dimensions.
+  const RunFn run = Run(from, dst.dtype());
+  const Shape& sizes = dst.sizes();
+  const Shape& strides = dst.strides();
+  const int64_t rank = dst.dim();
+  const int64_t row = rank == 0 ? 1 : sizes.back();
+  const int64_t row_step = rank == 0 ? 0 : strides.back() * out_size;
+  Shape index(rank > 0 ? rank - 1 : 0, 0);
+  for (int64_t done = 0; done < numel; done += row) {
+    int64_t offset = 0;
+    for (size_t d = 0; d < index.size(); ++d) offset += index[d] * strides[d];
+    run(src + done * in_size, in_size, row, out + offset * out_size, row_step);
+    for (int64_t d = static_cast<int64_t>(index.size()) - 1; d >= 0; --d) {
+      if (++index[d] < sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dcp
