@@ -575,7 +575,8 @@ typedef struct dcp_load_planner_options {
    * as without this flag. Each converted tensor is read into a temporary
    * of the saved dtype and converted when it is complete; the FileSystem
    * and Hugging Face readers hold about two read windows of those
-   * temporaries at once (read_window_bytes). It lies in what was
+   * temporaries at once (read_window_bytes), the quantized Hugging Face
+   * reader all of them. It lies in what was
    * the tail padding of the struct's first version (same sizeof): that
    * version's callers must have zeroed the whole struct, as the
    * conventions ask. */

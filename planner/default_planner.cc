@@ -701,6 +701,7 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
         "; load with allow_partial_load to skip missing keys",
         SavedInstead(listed, *metadata_)));
   }
+  CountConversionItems(plan);
   return plan;
 }
 
@@ -710,15 +711,18 @@ absl::StatusOr<std::vector<LoadPlan>> DefaultLoadPlanner::CreateGlobalPlan(
   return BuildGlobalLoadPlan(std::move(local_plans), *metadata_);
 }
 
-absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {
-  if (!conversions_.empty()) {
-    for (auto& [index, conversion] : conversions_) conversion.items = 0;
-    for (const ReadItem& item : central_plan.items) {
-      if (item.type != LoadItemType::kTensor) continue;
-      auto it = conversions_.find(item.dest_index);
-      if (it != conversions_.end()) ++it->second.items;
-    }
+void DefaultLoadPlanner::CountConversionItems(const LoadPlan& plan) {
+  if (conversions_.empty()) return;
+  for (auto& [index, conversion] : conversions_) conversion.items = 0;
+  for (const ReadItem& item : plan.items) {
+    if (item.type != LoadItemType::kTensor) continue;
+    auto it = conversions_.find(item.dest_index);
+    if (it != conversions_.end()) ++it->second.items;
   }
+}
+
+absl::StatusOr<LoadPlan> DefaultLoadPlanner::FinishPlan(LoadPlan central_plan) {
+  CountConversionItems(central_plan);
   return central_plan;
 }
 
@@ -774,7 +778,10 @@ absl::StatusOr<TensorView> DefaultLoadPlanner::ResolveTensor(
 
 int64_t DefaultLoadPlanner::TemporaryBytes(const ReadItem& item) const {
   auto it = conversions_.find(item.dest_index);
-  return it == conversions_.end() ? 0 : it->second.bytes;
+  if (it == conversions_.end()) return 0;
+  const Conversion& c = it->second;
+  const int64_t items = std::max<int64_t>(c.items, 1);
+  return (c.bytes + items - 1) / items;
 }
 
 absl::Status DefaultLoadPlanner::CommitTensor(const ReadItem& item,

@@ -160,7 +160,8 @@ struct DefaultLoadPlannerOptions {
   // destination chunk is read into a temporary of the saved dtype
   // (ResolveTensor), converted into the destination when its last box
   // arrives and freed (CommitTensor): a reader that plans items as it
-  // reads them (the file-system reader) holds about a window of them.
+  // reads them and counts TemporaryBytes against its read window (the
+  // FileSystem and Hugging Face readers) holds about two windows of them.
   bool convert_dtypes = false;
 };
 
@@ -203,8 +204,9 @@ class DefaultLoadPlanner : public LoadPlanner {
   // kNotFound for an unplanned chunk.
   absl::StatusOr<TensorView> ResolveTensor(const ReadItem& item) override;
 
-  // The chunk's temporary bytes for an item of a chunk that converts, else
-  // 0.
+  // For an item of a chunk that converts, its share of the chunk's
+  // temporary (the bytes divided among the chunk's items, so a reader
+  // counting every item counts the temporary once); else 0.
   int64_t TemporaryBytes(const ReadItem& item) const override;
 
   // For a chunk that converts, once every item FinishPlan planned into it
@@ -217,11 +219,14 @@ class DefaultLoadPlanner : public LoadPlanner {
   int64_t peak_temporary_bytes() const;
 
  private:
+  // Sets each Conversion's item count from `plan`.
+  void CountConversionItems(const LoadPlan& plan);
+
   // A destination chunk read through a temporary (convert_dtypes).
   struct Conversion {
     const TensorView* dest = nullptr;
     DType saved = DType::kF32;
-    int64_t items = 0;  // Of the finished plan.
+    int64_t items = 0;  // Of the local plan, then of the finished one.
     int64_t bytes = 0;  // Of the temporary.
   };
   struct Temporary {

@@ -119,8 +119,9 @@ class LoadPlanner {
 
   // The bytes of memory ResolveTensor(item) hands out that the planner
   // allocated for the load (a temporary CommitTensor frees), 0 when it
-  // hands out the destination itself: a reader that bounds the memory it
-  // holds counts them. Thread-safe.
+  // hands out the destination itself; where several items share one
+  // temporary, each item's share. A reader that bounds the memory it holds
+  // counts them. Thread-safe.
   virtual int64_t TemporaryBytes(const ReadItem& item) const { return 0; }
 
   // Called once the box of `item` has been copied into `tensor` (the view

@@ -92,6 +92,8 @@ _ENGINE_CONVERTS = frozenset((9, 10, 11, 12))
 _ENGINE_CONVERTS_TORCH = frozenset(
     getattr(torch, n) for n in ("float16", "bfloat16", "float32", "float64")
 ) if torch is not None else frozenset()
+_ENGINE_CONVERTS_NUMPY = frozenset(
+    np.dtype(n) for n in ("float16", "float32", "float64"))
 
 # torch.dtype -> packed DLDataType (code | bits << 8 | lanes << 16).
 _TORCH_DL = {}
@@ -638,15 +640,16 @@ class Flat:
         """Load only, before the load of `sd` (this Flat's build): where a
         destination tensor's dtype differs from the checkpoint's (the C
         metadata handle `metadata`), has it converted as torch's copy_
-        (numpy: assignment) converts. A CPU torch tensor whose dtype and
-        the saved one are both float64, float32, bfloat16 or float16 is
-        converted by the engine (sets engine_converts: the load asks for
-        convert_dtypes), which reads a window of tensors at a time into
+        converts. A CPU tensor (torch, or a float16/32/64 numpy array)
+        whose dtype and the saved one are both float64, float32, bfloat16
+        or float16 is converted by the engine (sets engine_converts: the
+        load asks for convert_dtypes, which converts every host tensor of
+        those dtypes), reading a window of tensors at a time into
         temporaries of the saved dtype. Any other loads into a temporary
         of the saved dtype instead, set in `sd` in the destination's
-        place, which write_back copies into the destination. numpy
-        destinations of a dtype numpy lacks (bf16, float8) are left for
-        the load to refuse."""
+        place, which write_back copies into the destination (numpy:
+        assignment). numpy destinations of other dtypes where numpy lacks
+        the saved one (float8) are left for the load to refuse."""
         L = _lib.lib()
         count = ctypes.c_size_t()
         _lib.check(L.dcp_state_dict_dtype_mismatches(
@@ -678,10 +681,12 @@ class Flat:
                 continue
             seen += 1
             t = self.t_objs[i]
-            if (code in _ENGINE_CONVERTS and torch is not None
-                    and isinstance(t, torch.Tensor)
-                    and t.device.type == "cpu"
-                    and t.dtype in _ENGINE_CONVERTS_TORCH):
+            if code in _ENGINE_CONVERTS and (
+                    (isinstance(t, np.ndarray)
+                     and t.dtype in _ENGINE_CONVERTS_NUMPY)
+                    or (torch is not None and isinstance(t, torch.Tensor)
+                        and t.device.type == "cpu"
+                        and t.dtype in _ENGINE_CONVERTS_TORCH)):
                 self.engine_converts = True
                 continue
             # The checkpoint holds the tensor (else it would not mismatch),

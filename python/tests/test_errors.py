@@ -24,9 +24,10 @@ def test_wrong_shape_names_the_tensor(ckpt):
 
 
 def test_wrong_dtype_names_the_tensor(ckpt):
-    # torch destinations convert (test_load_convert.py); a numpy array of a
-    # dtype numpy cannot load through (bf16) is refused.
-    dcp.save({"w": torch.ones(3, dtype=torch.bfloat16)}, checkpoint_id=ckpt)
+    # Floating destinations convert (test_load_convert.py); a numpy array of
+    # a dtype numpy cannot load through (float8) is refused.
+    dcp.save({"w": torch.ones(3, dtype=torch.float8_e5m2)},
+             checkpoint_id=ckpt)
     with pytest.raises(dcp.CheckpointValueError, match=r"\bw\b"):
         dcp.load({"w": np.zeros(3)}, checkpoint_id=ckpt)
 

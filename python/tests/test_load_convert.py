@@ -52,21 +52,30 @@ def test_converted_destinations_count_as_modified_by_autograd(ckpt):
         loss.backward()
 
 
-def test_numpy_destinations_convert_where_numpy_has_the_dtype(ckpt):
+def test_numpy_destinations_convert(ckpt):
+    w = torch.linspace(-2, 2, 6)
     dcp.save({"a": np.arange(6, dtype=np.float32),
-              "b": torch.arange(3.0).to(torch.bfloat16)}, checkpoint_id=ckpt)
+              "b": torch.arange(3.0).to(torch.bfloat16),
+              "i": np.arange(4, dtype=np.int32),
+              "f8": w.to(torch.float8_e4m3fn), "t": w},
+             checkpoint_id=ckpt)
+    partial = dcp.DefaultLoadPlanner(allow_partial_load=True)
     a = np.zeros(6, dtype=np.float64)
-    dcp.load({"a": a}, checkpoint_id=ckpt,
-             planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    b = np.zeros(3, dtype=np.float32)  # from bf16, which numpy lacks
+    i = np.zeros(4, dtype=np.int64)  # through a numpy temporary
+    dcp.load({"a": a, "b": b, "i": i}, checkpoint_id=ckpt, planner=partial)
     assert (a == np.arange(6)).all()
-    # numpy has no bfloat16 to load through: the load refuses, naming it.
-    b = np.zeros(3, dtype=np.float32)
+    assert (b == np.arange(3)).all()
+    assert (i == np.arange(4)).all()
+    # numpy has no float8 to load through: the load refuses, naming it,
+    # also when a torch tensor of the same load converts in the engine.
+    f8 = np.zeros(6, dtype=np.float32)
+    t = torch.zeros(6, dtype=torch.float64)
     with pytest.raises(dcp.CheckpointValueError,
-                       match=r'"b": the state dict has dtype F32 but the '
-                       r'checkpoint has BF16'):
-        dcp.load({"b": b}, checkpoint_id=ckpt,
-                 planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
-    assert (b == 0).all()
+                       match=r'"f8": the state dict has dtype F32 but the '
+                       r'checkpoint has F8_E4M3'):
+        dcp.load({"f8": f8, "t": t}, checkpoint_id=ckpt, planner=partial)
+    assert (f8 == 0).all()
 
 
 def test_hugging_face_weights_convert_with_and_without_a_reader(tmp_path):
