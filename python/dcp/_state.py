@@ -57,6 +57,10 @@ SAVE_STRIDED_CPU = True
 LOAD_STRIDED = True
 
 PICKLE_MARKER = b"\x00dcp.pickle.v1\x00"
+# What an empty list or tuple is saved as (a plain leaf at its path: torch's
+# DCP stores it whole, and its load returns it), so that it loads back.
+EMPTY_LIST_MARKER = b"\x00dcp.empty.list.v1\x00"
+EMPTY_TUPLE_MARKER = b"\x00dcp.empty.tuple.v1\x00"
 BYTES_ESCAPE = b"\x00dcp.bytes.v1\x00"
 _MARKER_PREFIX = b"\x00dcp."
 # Placeholder of a plain value before a load: what the engine leaves when
@@ -446,6 +450,12 @@ class Flat:
 
     def _seq(self, seq, parent, key) -> None:
         path = self._path
+        if not seq and not self.load:
+            self.v_paths.append(tuple(path))
+            self.v_vals.append((_lib.VALUE_BYTES, EMPTY_TUPLE_MARKER
+                                if isinstance(seq, tuple) else
+                                EMPTY_LIST_MARKER))
+            return
         target = seq
         if not isinstance(seq, list):  # a tuple: rebuilt after a load
             if self.load:
@@ -467,7 +477,8 @@ class Flat:
                 del self._plain_lists[pl0:]
                 self._plain_lists.append((tuple(path), seq, target, v0,
                                           len(self.v_paths), tu0,
-                                          len(self._tuples), nested))
+                                          len(self._tuples), nested,
+                                          parent, key))
             else:
                 self._not_plain += 1
 
@@ -741,7 +752,7 @@ class Flat:
         index = ctypes.c_size_t()
         changes = []
         for entry in self._plain_lists:
-            path, seq, _, v0, v1, _, _, nested = entry
+            path, seq, _, v0, v1, _, _, nested, _, _ = entry
             base = self.name(path) + "."
             _lib.check(L.dcp_metadata_find_prefix(
                 metadata, base.encode(), ctypes.byref(first),
@@ -749,7 +760,13 @@ class Flat:
                 ctypes.byref(longest)))
             n = count.value
             if n == 0:
-                continue  # nothing saved under it
+                # Nothing saved under it: a value saved at its own path (an
+                # empty list, or a value of another kind) replaces it, as
+                # torch's load replaces it; else the load reports it missing.
+                if not flat_names and self._holds_value_at(L, metadata, path,
+                                                           index):
+                    changes.append((entry, None))
+                continue
             if n == v1 - v0 and not flat_names and self._paths_arr is not None:
                 # As many items as it has leaves, and its leaves saved at
                 # their own paths (not another split of the same names):
@@ -771,7 +788,15 @@ class Flat:
                 continue
             changes.append((entry, saved))
         for entry, saved in reversed(changes):
-            path, seq, target, v0, v1, tu0, tu1, _ = entry
+            path, seq, target, v0, v1, tu0, tu1, _, parent, key = entry
+            if saved is None:  # replaced whole by the value at its path
+                self.v_paths[v0:v1] = [path]
+                self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)]
+                self.v_slots[v0:v1] = [(parent, key, seq)]
+                del self._tuples[tu0:tu1]
+                if target is not seq:  # a tuple: not rebuilt from target
+                    del self._tuples[tu0 - 1]
+                continue
             paths, slots, tuples = [], [], []
             items = _rebuild(seq, saved, list(path), paths, slots, tuples)
             self.v_paths[v0:v1] = paths
@@ -780,6 +805,22 @@ class Flat:
             del self._tuples[tu0:tu1]
             self._replaced.append((target, items, tuples))
         return bool(changes)
+
+    def _holds_value_at(self, L, metadata, path, index) -> bool:
+        """Whether the checkpoint holds a plain value at `path` itself."""
+        elems = (_lib.PathElem * max(len(path), 1))()
+        for j, e in enumerate(path):
+            if e & 1:
+                elems[j].index = e >> 1
+            else:
+                elems[j].key = self._keys[e >> 1]
+        if L.dcp_metadata_find_path(metadata, Path(elems, len(path)),
+                                    ctypes.byref(index)) != _lib.OK:
+            return False
+        info = _lib.sized(_lib.ItemInfo)
+        _lib.check(L.dcp_metadata_item(metadata, index.value,
+                                       ctypes.byref(info)))
+        return not info.is_tensor
 
     def _saved_at(self, L, metadata, row, index) -> bool:
         """Whether the checkpoint holds an item at the path of leaf `row`
@@ -1116,6 +1157,17 @@ class Flat:
         "Python package vs torch DCP")."""
         return self.unaligned_host_bytes * 2 > self.host_bytes
 
+    def drop_empty_markers(self) -> None:
+        """Save only: leaves out the values standing for empty lists and
+        tuples, for storage that holds tensors only (Hugging Face, MEGA),
+        where an empty container is not saved at all."""
+        keep = [i for i, (kind, payload) in enumerate(self.v_vals)
+                if kind != _lib.VALUE_BYTES or payload not in
+                (EMPTY_LIST_MARKER, EMPTY_TUPLE_MARKER)]
+        if len(keep) != len(self.v_vals):
+            self.v_paths = [self.v_paths[i] for i in keep]
+            self.v_vals = [self.v_vals[i] for i in keep]
+
     def check_tensors(self) -> None:
         """Raises what build() would for a tensor dcp cannot take (a dtype
         it does not support, a big-endian or oddly strided numpy array),
@@ -1220,6 +1272,10 @@ class Flat:
             if b.startswith(_MARKER_PREFIX):
                 if b == _UNLOADED:
                     return _SKIP
+                if b == EMPTY_LIST_MARKER:
+                    return []
+                if b == EMPTY_TUPLE_MARKER:
+                    return ()
                 if b.startswith(PICKLE_MARKER):
                     if not self.allow_pickle:
                         raise ValueError(

@@ -90,6 +90,16 @@ def _checkpoint_path(checkpoint_id, storage, kind):
         f"{'writer' if kind == 'save' else 'reader'}")
 
 
+def _holds_tensors_only(storage_writer, path) -> bool:
+    """Whether the save goes to storage that holds tensors only (Hugging
+    Face, MEGA), which refuses plain values."""
+    from .storage import HuggingFaceStorageWriter, MegaStorageWriter
+    if storage_writer is not None:
+        return isinstance(storage_writer,
+                          (HuggingFaceStorageWriter, MegaStorageWriter))
+    return path.startswith(("mega://", "huggingface://"))
+
+
 def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
                  where, coordinator_rank, use_collectives, allow_pickle,
                  flat=None):
@@ -103,6 +113,8 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
         if flat is None:
             flat = _state.Flat(load=False, allow_pickle=allow_pickle)
             flat.add(state_dict)
+        if _holds_tensors_only(storage_writer, path):
+            flat.drop_empty_markers()
         p.flat = flat
         p.sd = flat.build()
         if storage_writer is not None:

@@ -53,15 +53,61 @@ def test_a_list_of_the_same_shape_loads_item_by_item(ckpt):
     assert dst["e"] == [[1, 2], [], [3]]
 
 
-def test_an_empty_inner_list_is_kept_where_the_destination_has_one(ckpt):
-    # A saved empty list is not stored; one followed by items is a None.
-    dcp.save({"h": [[], [1, 2]]}, checkpoint_id=ckpt)
+def _save_as_before_empty_markers(monkeypatch, state, ckpt):
+    """Saves `state` as dcp did before it stored empty lists and tuples
+    (as it still saves to storage that holds tensors only)."""
+    from dcp import checkpoint
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "_holds_tensors_only", lambda *_: True)
+        dcp.save(state, checkpoint_id=ckpt)
+
+
+def test_empty_lists_and_tuples_load_back_as_torch_returns_them(ckpt):
+    saved = {"h": [], "t": (), "n": [1, [], 2, []], "d": {"x": []},
+             "deep": [[[]], ()], "w": torch.ones(2)}
+    dcp.save(saved, checkpoint_id=ckpt)
+    for dst in ({"h": [5, 6], "t": (1,), "n": [0, 0, 0, 0], "d": {"x": None},
+                 "deep": [], "w": torch.zeros(2)},
+                {"h": [], "t": (), "n": [9], "d": {"x": 3}, "deep": [1, 2],
+                 "w": torch.zeros(2)}):
+        dcp.load(dst, checkpoint_id=ckpt)
+        assert {k: v for k, v in dst.items() if k != "w"} == \
+            {k: v for k, v in saved.items() if k != "w"}
+        assert type(dst["t"]) is tuple and type(dst["deep"][1]) is tuple
+        assert type(dst["n"][1]) is list and type(dst["n"][3]) is list
+
+
+def test_a_value_saved_where_the_destination_has_a_list_replaces_it(ckpt):
+    dcp.save({"h": 5, "t": "s", "e": []}, checkpoint_id=ckpt)
+    dst = {"h": [1, 2], "t": (1,), "e": (3, 4)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"h": 5, "t": "s", "e": []}
+
+
+def test_storage_holding_tensors_only_leaves_empty_lists_out(tmp_path):
+    state = {"w": torch.ones(2), "h": [], "m": {"t": ()}}
+    for writer in (dcp.HuggingFaceStorageWriter(str(tmp_path / "hf")),
+                   dcp.MegaStorageWriter(str(tmp_path / "mega"))):
+        dcp.save(state, storage_writer=writer)
+        dst = {"w": torch.zeros(2)}
+        dcp.load(dst, checkpoint_id=writer.path)
+        assert torch.equal(dst["w"], torch.ones(2))
+
+
+def test_checkpoints_without_empty_markers_load_as_before(ckpt, monkeypatch):
+    # A saved empty list was not stored; one followed by items was a None.
+    _save_as_before_empty_markers(monkeypatch, {"h": [[], [1, 2]]}, ckpt)
     dst = {"h": [(), [0]]}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst["h"] == [(), [1, 2]]
     dst = {"h": []}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst["h"] == [None, [1, 2]]
+    # Now stored: it comes back whole.
+    dcp.save({"h": [[], [1, 2]]}, checkpoint_id=ckpt)
+    for dst in ({"h": [(), [0]]}, {"h": []}):
+        dcp.load(dst, checkpoint_id=ckpt)
+        assert dst["h"] == [[], [1, 2]]
 
 
 def test_lists_holding_tensors_or_maps_still_load_item_by_item(ckpt):
