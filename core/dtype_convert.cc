@@ -82,6 +82,51 @@ bool HasF16c() {
   return has;
 }
 
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// BF16 <-> F32 8 elements at a time, bit for bit as Element<kBF16>.
+__attribute__((target("avx2"))) int64_t Bf16ToF32Vector(const std::byte* src,
+                                                        int64_t n,
+                                                        std::byte* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 4 * i),
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t F32ToBf16Vector(const std::byte* src,
+                                                        int64_t n,
+                                                        std::byte* dst) {
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i half = _mm256_set1_epi32(0x7fff);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  const __m256i infinity = _mm256_set1_epi32(0x7f800000);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i bits =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 4 * i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, half), lsb), 16);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(bits, magnitude), infinity);
+    const __m256i out = _mm256_blendv_epi8(
+        rounded, _mm256_or_si256(_mm256_srli_epi32(bits, 16), quiet), nan);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i),
+                     _mm_packus_epi32(_mm256_castsi256_si128(out),
+                                      _mm256_extracti128_si256(out, 1)));
+  }
+  return i;
+}
+
 // The hardware's F16 conversions (round to nearest even, as the scalar
 // _Float16 casts), 8 elements at a time; the elements done.
 __attribute__((target("avx,f16c"))) int64_t F16ToF32Vector(const std::byte* src,
@@ -161,6 +206,10 @@ void ConvertElements(const std::byte* src, DType from, int64_t n,
     done = F16ToF32Vector(src, n, dst);
   } else if (HasF16c() && from == DType::kF32 && to == DType::kF16) {
     done = F32ToF16Vector(src, n, dst);
+  } else if (HasAvx2() && from == DType::kBF16 && to == DType::kF32) {
+    done = Bf16ToF32Vector(src, n, dst);
+  } else if (HasAvx2() && from == DType::kF32 && to == DType::kBF16) {
+    done = F32ToBf16Vector(src, n, dst);
   }
 #endif
   Run(from, to)(src + done * in, in, n - done, dst + done * out, out);

@@ -98,41 +98,48 @@ TEST(DtypeConvertTest, F32ToF16RoundsAndOverflows) {
             (std::vector<uint16_t>{0x3c00, 0x7bff, 0x7c00, 0x0000, 0x3c00}));
 }
 
-// The vector paths (F16 <-> F32 with F16C) agree with the scalar
-// conversion element by element: random bit patterns, runs not a multiple
-// of the vector width.
+// The vector paths (F16 <-> F32 with F16C, BF16 <-> F32 with AVX2) agree
+// with the scalar conversion element by element: random bit patterns, runs
+// not a multiple of the vector width.
 TEST(DtypeConvertTest, VectorPathsAgreeWithOneElementAtATime) {
   std::mt19937 rng(11);
   std::vector<uint32_t> f32(1003);
   for (uint32_t& bits : f32) bits = rng();
-  std::vector<uint16_t> f16(f32.size()), one(f32.size());
+  f32[5] = 0x7f800001u;  // A NaN whose payload bf16 drops.
+  f32[6] = 0xff800000u;  // -inf
+  f32[7] = 0x3f808000u;  // A bf16 tie.
   const auto* f32_bytes = reinterpret_cast<const std::byte*>(f32.data());
-  ConvertElements(f32_bytes, DType::kF32, static_cast<int64_t>(f32.size()),
-                  reinterpret_cast<std::byte*>(f16.data()), DType::kF16);
-  for (size_t i = 0; i < f32.size(); ++i) {
-    ConvertElements(f32_bytes + 4 * i, DType::kF32, 1,
-                    reinterpret_cast<std::byte*>(&one[i]), DType::kF16);
-    const bool nan = (f32[i] & 0x7fffffffu) > 0x7f800000u;
-    if (nan) {
-      ASSERT_EQ(f16[i] & 0x7c00, 0x7c00) << i;
-      ASSERT_NE(f16[i] & 0x03ff, 0) << i;
-    } else {
-      ASSERT_EQ(f16[i], one[i]) << i << " " << std::hex << f32[i];
+  for (DType narrow : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(narrow));
+    const uint16_t exponent = narrow == DType::kF16 ? 0x7c00 : 0x7f80;
+    std::vector<uint16_t> many(f32.size()), one(f32.size());
+    ConvertElements(f32_bytes, DType::kF32, static_cast<int64_t>(f32.size()),
+                    reinterpret_cast<std::byte*>(many.data()), narrow);
+    for (size_t i = 0; i < f32.size(); ++i) {
+      ConvertElements(f32_bytes + 4 * i, DType::kF32, 1,
+                      reinterpret_cast<std::byte*>(&one[i]), narrow);
+      const bool nan = (f32[i] & 0x7fffffffu) > 0x7f800000u;
+      if (nan) {  // NaN stays NaN; payloads may differ between paths.
+        ASSERT_EQ(many[i] & exponent, exponent) << i;
+        ASSERT_NE(many[i] & ~exponent & 0x7fff, 0) << i;
+      } else {
+        ASSERT_EQ(many[i], one[i]) << i << " " << std::hex << f32[i];
+      }
     }
-  }
-  std::vector<float> wide(f16.size()), wide_one(f16.size());
-  ConvertElements(reinterpret_cast<const std::byte*>(f16.data()), DType::kF16,
-                  static_cast<int64_t>(f16.size()),
-                  reinterpret_cast<std::byte*>(wide.data()), DType::kF32);
-  for (size_t i = 0; i < f16.size(); ++i) {
-    ConvertElements(reinterpret_cast<const std::byte*>(&f16[i]), DType::kF16, 1,
-                    reinterpret_cast<std::byte*>(&wide_one[i]), DType::kF32);
-    if (std::isnan(wide[i])) {
-      ASSERT_TRUE(std::isnan(wide_one[i])) << i;
-    } else {
-      ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]),
-                std::bit_cast<uint32_t>(wide_one[i]))
-          << i;
+    std::vector<float> wide(many.size()), wide_one(many.size());
+    ConvertElements(reinterpret_cast<const std::byte*>(many.data()), narrow,
+                    static_cast<int64_t>(many.size()),
+                    reinterpret_cast<std::byte*>(wide.data()), DType::kF32);
+    for (size_t i = 0; i < many.size(); ++i) {
+      ConvertElements(reinterpret_cast<const std::byte*>(&many[i]), narrow, 1,
+                      reinterpret_cast<std::byte*>(&wide_one[i]), DType::kF32);
+      if (std::isnan(wide[i])) {
+        ASSERT_TRUE(std::isnan(wide_one[i])) << i;
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(wide[i]),
+                  std::bit_cast<uint32_t>(wide_one[i]))
+            << i;
+      }
     }
   }
 }
