@@ -784,15 +784,26 @@ class Flat:
                     continue
             saved = self._saved_tree(L, metadata, path, first.value, n,
                                      base if flat_names else None)
-            if saved is None or _same_shape(seq, saved):
+            if saved is None:
+                # No list items under it (keys that extend its name): as
+                # for nothing saved under it.
+                if not flat_names and self._holds_value_at(L, metadata, path,
+                                                           index):
+                    changes.append((entry, None))
+                continue
+            if _same_shape(seq, saved):
                 continue
             changes.append((entry, saved))
         for entry, saved in reversed(changes):
             path, seq, target, v0, v1, tu0, tu1, _, parent, key = entry
             if saved is None:  # replaced whole by the value at its path
+                # A None there is how checkpoints saved before empty lists
+                # were stored padded one: it loads as an empty one of the
+                # destination's kind (_EmptyHint).
                 self.v_paths[v0:v1] = [path]
                 self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)]
-                self.v_slots[v0:v1] = [(parent, key, seq)]
+                self.v_slots[v0:v1] = [(parent, key, _EmptyHint(
+                    tuple if isinstance(seq, tuple) else list))]
                 del self._tuples[tu0:tu1]
                 if target is not seq:  # a tuple: not rebuilt from target
                     del self._tuples[tu0 - 1]
@@ -1276,6 +1287,13 @@ class Flat:
                     return []
                 if b == EMPTY_TUPLE_MARKER:
                     return ()
+                if not b.startswith((PICKLE_MARKER, BYTES_ESCAPE)):
+                    # Saved bytes that start so are escaped (BYTES_ESCAPE):
+                    # this is a kind of value a newer dcp stores.
+                    raise ValueError(
+                        f"'{self.name(path)}' holds a value this version "
+                        f"of dcp does not know ({b[:32]!r}); load it with "
+                        "the dcp that saved it")
                 if b.startswith(PICKLE_MARKER):
                     if not self.allow_pickle:
                         raise ValueError(

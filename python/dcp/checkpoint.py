@@ -97,7 +97,7 @@ def _holds_tensors_only(storage_writer, path) -> bool:
     if storage_writer is not None:
         return isinstance(storage_writer,
                           (HuggingFaceStorageWriter, MegaStorageWriter))
-    return path.startswith(("mega://", "huggingface://"))
+    return path.startswith("mega://")
 
 
 def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,

@@ -234,3 +234,33 @@ def test_a_mega_key_like_an_index_with_a_leading_zero_is_not_one(tmp_path):
     dst = {"h": [0]}
     dcp.load(dst, checkpoint_id=path)
     assert dst == {"h": [5]}
+
+
+def test_old_checkpoints_pad_an_empty_list_beside_tensors(ckpt, monkeypatch):
+    # Saved before empties were stored: the engine padded the empty list
+    # with a None, which loads as an empty container of the destination's
+    # kind.
+    _save_as_before_empty_markers(
+        monkeypatch, {"h": [[], torch.ones(2)], "m": [[], {"a": 1}]}, ckpt)
+    for inner, want in (([], []), ((), ()), ([5, 6], [])):
+        dst = {"h": [inner, torch.zeros(2)], "m": [[], {"a": 0}]}
+        dcp.load(dst, checkpoint_id=ckpt)
+        assert dst["h"][0] == want and type(dst["h"][0]) is type(want)
+        assert torch.equal(dst["h"][1], torch.ones(2))
+        assert dst["m"] == [[], {"a": 1}]
+
+
+def test_a_key_extending_the_lists_name_does_not_stop_its_replacement(ckpt):
+    dcp.save({"h": [], "h.x": 1, "g": 7, "g.y": 2}, checkpoint_id=ckpt)
+    dst = {"h": [5], "h.x": 0, "g": (1, 2), "g.y": 0}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"h": [], "h.x": 1, "g": 7, "g.y": 2}
+
+
+def test_a_marker_this_version_does_not_know_raises(ckpt, monkeypatch):
+    from dcp import _state
+    with monkeypatch.context() as m:
+        m.setattr(_state, "EMPTY_LIST_MARKER", b"\x00dcp.future.v9\x00")
+        dcp.save({"h": []}, checkpoint_id=ckpt)
+    with pytest.raises(ValueError, match=r"'h' holds a value this version"):
+        dcp.load({"h": None}, checkpoint_id=ckpt)
