@@ -483,10 +483,14 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None,
     filled in their own memory, resharded as needed; plain values are
     replaced in their containers (tuples rebuilt; a list of plain values
     takes the saved list's length, as in torch); top-level Stateful
-    objects get load_state_dict() with their loaded state. Keys the
-    checkpoint lacks raise CheckpointNotFoundError unless the planner is
-    DefaultLoadPlanner(allow_partial_load=True); a shape or dtype that
-    differs raises CheckpointValueError naming the tensor; no checkpoint
+    objects get load_state_dict() with their loaded state. A tensor of
+    another dtype than the saved one is converted as torch's copy_
+    converts (floats into CPU tensors by the engine, a read window of
+    temporaries at a time). Keys the checkpoint lacks raise
+    CheckpointNotFoundError unless the planner is
+    DefaultLoadPlanner(allow_partial_load=True); a shape that differs, or
+    a dtype that cannot load (float8 into numpy), raises
+    CheckpointValueError naming the tensor; no checkpoint
     at checkpoint_id raises CheckpointFileNotFoundError; corrupt data
     raises CheckpointCorruptError naming the file; a directory written by
     torch.distributed.checkpoint raises CheckpointNotImplementedError. A
