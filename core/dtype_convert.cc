@@ -13,53 +13,49 @@
 namespace dcp {
 namespace {
 
+// The bits of a T at `p` (unaligned).
+template <typename T>
+T LoadBits(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void StoreBits(T v, std::byte* p) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+// Element<D>: Wide, the type D's values convert through; Load and Store.
 template <DType D>
 struct Element;
 template <>
 struct Element<DType::kF64> {
   using Wide = double;
-  static double Load(const std::byte* p) {
-    double v;
-    std::memcpy(&v, p, 8);
-    return v;
-  }
-  static void Store(double v, std::byte* p) { std::memcpy(p, &v, 8); }
+  static double Load(const std::byte* p) { return LoadBits<double>(p); }
+  static void Store(double v, std::byte* p) { StoreBits(v, p); }
 };
 template <>
 struct Element<DType::kF32> {
   using Wide = float;
-  static float Load(const std::byte* p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  static void Store(float v, std::byte* p) { std::memcpy(p, &v, 4); }
+  static float Load(const std::byte* p) { return LoadBits<float>(p); }
+  static void Store(float v, std::byte* p) { StoreBits(v, p); }
 };
 template <>
 struct Element<DType::kBF16> {
   using Wide = float;
   static float Load(const std::byte* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return std::bit_cast<float>(uint32_t{h} << 16);
+    return std::bit_cast<float>(uint32_t{LoadBits<uint16_t>(p)} << 16);
   }
-  static void Store(float v, std::byte* p) {
-    const uint16_t h = FloatToBf16(v);
-    std::memcpy(p, &h, 2);
-  }
+  static void Store(float v, std::byte* p) { StoreBits(FloatToBf16(v), p); }
 };
 template <>
 struct Element<DType::kF16> {
   using Wide = float;
   static float Load(const std::byte* p) {
-    _Float16 h;
-    std::memcpy(&h, p, 2);
-    return static_cast<float>(h);
+    return static_cast<float>(LoadBits<_Float16>(p));
   }
-  static void Store(float v, std::byte* p) {
-    const uint16_t h = FloatToF16(v);
-    std::memcpy(p, &h, 2);
-  }
+  static void Store(float v, std::byte* p) { StoreBits(FloatToF16(v), p); }
 };
 
 // `n` elements, `src_step` / `dst_step` bytes apart. A narrowing to a
