@@ -4,11 +4,11 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include "absl/strings/str_cat.h"
-#include "core/fp8_dequant_row.h"
 
 namespace dcp {
 namespace {
@@ -53,7 +53,7 @@ template <>
 struct Element<DType::kF16> {
   using Wide = float;
   static float Load(const std::byte* p) {
-    return static_cast<float>(LoadBits<_Float16>(p));
+    return F16ToFloat(LoadBits<uint16_t>(p));
   }
   static void Store(float v, std::byte* p) { StoreBits(FloatToF16(v), p); }
 };
@@ -73,8 +73,11 @@ void ConvertRun(const std::byte* src, int64_t src_step, int64_t n,
 
 #if defined(__x86_64__)
 bool HasF16c() {
-  static const bool has =
-      __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C) != 0;
+  }();
   return has;
 }
 
@@ -182,6 +185,60 @@ RunFn Run(DType from, DType to) {
 }
 
 }  // namespace
+
+uint16_t FloatToBf16(float value) {
+  // Branch-free (a select), so the row loops vectorise.
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan
+                                                                  : rounded);
+}
+
+uint16_t FloatToF16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) {  // NaN: quiet, the payload's top bits.
+    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+  }
+  // From halfway between 65504 and the next step (a tie that rounds up to
+  // even): infinity.
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  uint32_t result = 0;
+  uint32_t rest = 0, half = 0;
+  if (magnitude < 0x38800000u) {  // Under 2^-14: an f16 subnormal or zero.
+    if (magnitude <= 0x33000000u) return static_cast<uint16_t>(sign);
+    // The value in units of 2^-24, the f16 subnormal step.
+    const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - (magnitude >> 23);  // 14 to 24
+    result = mantissa >> shift;
+    rest = mantissa & ((1u << shift) - 1);
+    half = 1u << (shift - 1);
+  } else {  // Rebias the exponent (127 to 15), keep 10 mantissa bits.
+    result = (magnitude >> 13) - (112u << 10);
+    rest = magnitude & 0x1fffu;
+    half = 0x1000u;
+  }
+  // Round to nearest even; a carry moves into the exponent as it should.
+  if (rest > half || (rest == half && (result & 1u))) ++result;
+  return static_cast<uint16_t>(sign | result);
+}
+
+float F16ToFloat(uint16_t bits) {
+  const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) {  // Infinity or NaN.
+    return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  }
+  if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24, exact.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) |
+                              (mantissa << 13));
+}
 
 bool IsConvertibleFloat(DType dtype) {
   return dtype == DType::kF64 || dtype == DType::kF32 ||

@@ -19,6 +19,15 @@ namespace dcp {
 // F64, F32, BF16 or F16.
 bool IsConvertibleFloat(DType dtype);
 
+// Float to bf16 / f16 bits, rounding to nearest even (NaN stays NaN), bit
+// for bit as the hardware's conversions (F16C's vcvtps2ph) where NaN is not
+// involved.
+uint16_t FloatToBf16(float value);
+uint16_t FloatToF16(float value);
+
+// F16 bits to float (exact).
+float F16ToFloat(uint16_t bits);
+
 // Converts `n` contiguous elements of `from` at `src` into `n` contiguous
 // elements of `to` at `dst` (both IsConvertibleFloat; the same dtype
 // copies). The ranges must not overlap.

@@ -144,6 +144,45 @@ TEST(DtypeConvertTest, VectorPathsAgreeWithOneElementAtATime) {
   }
 }
 
+// The software F16 conversions agree with the hardware's (the F16C vector
+// path) on every f16 value, on the midpoints between neighbours (ties) and
+// on the floats next to them.
+TEST(DtypeConvertTest, F16AgreesWithTheHardwareOnEveryValueAndTie) {
+  std::vector<uint16_t> all(1 << 16);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(all.size());
+  ConvertElements(reinterpret_cast<const std::byte*>(all.data()), DType::kF16,
+                  static_cast<int64_t>(all.size()),
+                  reinterpret_cast<std::byte*>(wide.data()), DType::kF32);
+  std::vector<float> inputs;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float f = F16ToFloat(all[i]);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(std::isnan(wide[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(wide[i]))
+        << i;
+    const float next = F16ToFloat(static_cast<uint16_t>(i + 1));
+    if ((i & 0x7fff) == 0x7bff || (i & 0x7fff) >= 0x7c00) continue;
+    const float mid = static_cast<float>((double{f} + double{next}) / 2);
+    for (float x : {f, mid, std::nextafter(mid, -INFINITY),
+                    std::nextafter(mid, INFINITY)}) {
+      inputs.push_back(x);
+    }
+  }
+  inputs.push_back(65520.0f);
+  inputs.push_back(std::nextafter(65520.0f, 0.0f));
+  std::vector<uint16_t> vector(inputs.size());
+  ConvertElements(reinterpret_cast<const std::byte*>(inputs.data()),
+                  DType::kF32, static_cast<int64_t>(inputs.size()),
+                  reinterpret_cast<std::byte*>(vector.data()), DType::kF16);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_EQ(FloatToF16(inputs[i]), vector[i])
+        << i << " " << std::hex << std::bit_cast<uint32_t>(inputs[i]);
+  }
+}
+
 TEST(DtypeConvertTest, ConvertIntoHonoursStrides) {
   // A 2x3 source into the transpose of a 3x2 F32 buffer.
   const std::vector<uint16_t> src = {0x3f80, 0x4000, 0x4040,   // 1 2 3

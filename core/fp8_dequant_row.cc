@@ -114,19 +114,6 @@ bool IsDequantTarget(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
-uint16_t FloatToBf16(float value) {
-  // Branch-free (a select), so the row loops vectorise.
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan
-                                                                  : rounded);
-}
-
-uint16_t FloatToF16(float value) {
-  return std::bit_cast<uint16_t>(static_cast<_Float16>(value));
-}
-
 void DequantizeFp8Row(const uint8_t* in, int64_t n, int64_t col0,
                       const float* scale_row, int64_t block, DType dtype,
                       void* out) {

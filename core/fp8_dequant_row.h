@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/dtype_convert.h"  // FloatToBf16, FloatToF16
 
 namespace dcp {
 
@@ -19,10 +20,6 @@ const float* Fp8E4M3Table();
 
 // Whether DequantizeFp8Row can produce `dtype` (F32, BF16, F16).
 bool IsDequantTarget(DType dtype);
-
-// Float to bf16 / f16 bits, rounding to nearest even (NaN stays NaN).
-uint16_t FloatToBf16(float value);
-uint16_t FloatToF16(float value);
 
 // Dequantizes one row of `n` fp8 bytes `in` whose first element sits at
 // column `col0` of the weight: out[j] = table[in[j]] * scale_row[(col0 + j)
