@@ -48,18 +48,20 @@ bool ParseHostPort(const std::string& text, sockaddr_storage* out,
   return false;
 }
 
-ProbeResult FromErrno(int err, const std::string& address) {
+}  // namespace
+
+ProbeResult FromConnectError(int err, const std::string& address) {
   ProbeResult r;
-  r.state = err == ECONNREFUSED ? ProbeResult::State::kGone
-                                : ProbeResult::State::kUnreachable;
-  r.detail = err == ECONNREFUSED
-                 ? absl::StrCat("nothing listens at ", address,
-                                ": its process is gone")
-                 : absl::StrCat("unreachable: ", std::strerror(err));
+  if (err == ECONNREFUSED || err == ECONNRESET) {
+    r.state = ProbeResult::State::kGone;
+    r.detail =
+        absl::StrCat("nothing listens at ", address, ": its process is gone");
+  } else {
+    r.state = ProbeResult::State::kUnreachable;
+    r.detail = absl::StrCat("unreachable: ", std::strerror(err));
+  }
   return r;
 }
-
-}  // namespace
 
 std::string HostOf(const sockaddr_storage& address) {
   char text[INET6_ADDRSTRLEN] = {};
@@ -144,7 +146,7 @@ std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
     const int fd = ::socket(address.ss_family,
                             SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-      results[i] = FromErrno(errno, addresses[i]);
+      results[i] = FromConnectError(errno, addresses[i]);
       continue;
     }
     if (::connect(fd, reinterpret_cast<sockaddr*>(&address), length) == 0) {
@@ -152,7 +154,7 @@ std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
       continue;
     }
     if (errno != EINPROGRESS) {
-      results[i] = FromErrno(errno, addresses[i]);
+      results[i] = FromConnectError(errno, addresses[i]);
       ::close(fd);
       continue;
     }
@@ -171,7 +173,8 @@ std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
       int err = 0;
       socklen_t len = sizeof(err);
       ::getsockopt(pending[k].fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) results[which[k]] = FromErrno(err, addresses[which[k]]);
+      if (err != 0)
+        results[which[k]] = FromConnectError(err, addresses[which[k]]);
       ::close(pending[k].fd);
       pending[k].fd = -1;  // poll ignores negative descriptors.
       --open;

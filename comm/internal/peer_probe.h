@@ -5,7 +5,8 @@
 // live process's listener whether or not the process calls accept, so:
 //   kAnswers      the peer's process is alive and its host reachable;
 //   kGone         its host answered with a reset (nothing listens there:
-//                 the process exited);
+//                 the process exited or is exiting: a listener closed
+//                 with the probe queued resets it);
 //   kUnreachable  no answer within the window, or no route to the host
 //                 (a cut link, a host that is down).
 // Internal to comm/.
@@ -58,6 +59,11 @@ struct ProbeResult {
 // connections are closed at once. Thread-safe; blocks the caller only.
 std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
                                     absl::Duration window);
+
+// What a failed connect to `address` says about the peer: a refusal or a
+// reset (ECONNREFUSED, ECONNRESET) came from its host, so the process is
+// gone and the host reachable (kGone); any other error is kUnreachable.
+ProbeResult FromConnectError(int err, const std::string& address);
 
 // The numeric host of `address` ("10.0.0.1" for IPv4, without brackets
 // for IPv6); "" for other families.

@@ -1,5 +1,12 @@
 #include "comm/internal/peer_probe.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <string>
 #include <vector>
 
@@ -37,6 +44,41 @@ TEST(PeerProbeTest, ALiveListenerAnswersAClosedOneIsGone) {
   (*live)->Drain();
   EXPECT_EQ(ProbePeers({(*live)->address()}, absl::Seconds(30))[0].state,
             State::kAnswers);
+}
+
+// A peer that is exiting closes its listener with probes queued: the kernel
+// resets them, and the prober reads ECONNRESET instead of ECONNREFUSED. Its
+// host answered, so the peer is gone, not unreachable.
+TEST(PeerProbeTest, AResetMeansGone) {
+  auto listener = ProbeListener::Open("127.0.0.1", 4);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const std::string address = (*listener)->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  sockaddr_in to = {};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(inet_pton(AF_INET, "127.0.0.1", &to.sin_addr), 1);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  // Queued, never accepted, as a probe of a busy peer is.
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  listener->reset();
+  pollfd p = {fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  int err = 0;
+  socklen_t len = sizeof(err);
+  ASSERT_EQ(::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);
+  ::close(fd);
+  EXPECT_EQ(err, ECONNRESET);
+  const ProbeResult reset = FromConnectError(err, address);
+  EXPECT_EQ(reset.state, State::kGone);
+  EXPECT_TRUE(absl::StrContains(reset.detail, "nothing listens at " + address))
+      << reset.detail;
+  EXPECT_EQ(FromConnectError(ECONNREFUSED, address).state, State::kGone);
+  for (int unreachable : {ENETUNREACH, EHOSTUNREACH, ETIMEDOUT}) {
+    EXPECT_EQ(FromConnectError(unreachable, address).state, State::kUnreachable)
+        << unreachable;
+  }
 }
 
 TEST(PeerProbeTest, IPv6LoopbackHasBrackets) {
