@@ -36,11 +36,18 @@ Every async phase also times the loop's next write of every floating
 tensor (in place, x *= 1) right after staging completes ("touch"): with
 copy_on_write that write may wait for pages still being copied.
 
+--state small replaces the model with --items small tensors (a 4 B - 256 B
+mix of fp32, bf16, fp16 and int64, every fifth one 0-d, named as a model's
+parameters are: layer<i>.p<j>) and one int per 100 tensors, saved and
+loaded with save/load directly (no state-dict helpers): the cost per item
+of each library. The save, load and async phases apply.
+
 plus fio's sequential write and read of the same byte count on the same
 disk as the reference. Usage:
 
   bench/torch_env.sh python_bench.py --dir /var/tmp/pybench [--params 350M]
       [--reps 3] [--phases save,load,async-thread,async-process] [--json]
+      [--state transformer|small] [--items 100000]
 
 DCP_LIBRARY may name libdcp.so; by default the package finds the build's.
 """
@@ -143,6 +150,27 @@ def build_training_state(torch, params, seed):
     return model, opt
 
 
+def build_small_state(torch, items, seed):
+    """`items` small tensors of mixed dtypes (every fifth 0-d) and an int
+    per 100 of them; values depend on `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.int64)
+    lengths = torch.randint(1, 33, (items,), generator=torch.Generator()
+                            .manual_seed(0)).tolist()
+    sd = {}
+    for i in range(items):
+        shape = () if i % 5 == 0 else (lengths[i],)
+        dtype = dtypes[i % len(dtypes)]
+        if dtype.is_floating_point:
+            t = torch.randn(shape, generator=g).to(dtype)
+        else:
+            t = torch.randint(-1 << 40, 1 << 40, shape, generator=g)
+        sd[f"layer{i // 100}.p{i % 100}"] = t
+        if i % 100 == 0:
+            sd[f"layer{i // 100}.step"] = seed * 1000 + i
+    return sd
+
+
 def state_bytes(torch, sd):
     total = 0
     stack = [sd]
@@ -220,6 +248,8 @@ def phase(args):
     m, sdm, kinds = library(args.lib)
     init_torch_group(torch, args.work)
     out = {"lib": args.lib, "phase": args.phase}
+    if args.state == "small":
+        return small_phase(args, torch, m, kinds, out)
     model, opt = build_training_state(torch, args.params, seed=1)
     if args.phase == "load":
         fresh, fresh_opt = build_training_state(torch, args.params, seed=2)
@@ -291,30 +321,69 @@ def phase(args):
                     DefaultStager, StagingOptions)
                 stager = DefaultStager(StagingOptions(False, False, False,
                                                       False))
-        floating = [t for t in tensors_of(sd) if t.is_floating_point()]
-        for call in ("first", "second"):
-            target = os.path.join(args.dir, call)
-            os.sync()
-            start = time.perf_counter()
-            resp = m.async_save(sd, checkpoint_id=target,
-                                async_checkpointer_type=kind,
-                                **({"async_stager": stager} if stager
-                                   else {}))
-            returned = time.perf_counter() - start
-            staging = getattr(resp, "staging_completion", None)
-            upload = getattr(resp, "upload_completion", resp)
-            if staging is not None:
-                staging.result()
-            staged = time.perf_counter() - start
-            # The loop's next step writes its tensors.
-            touch = time.perf_counter()
-            for t in floating:
-                t.mul_(1)
-            out[f"{call}_touch_seconds"] = time.perf_counter() - touch
-            upload.result()
-            out[f"{call}_return_seconds"] = returned
-            out[f"{call}_staged_seconds"] = staged
-            out[f"{call}_upload_seconds"] = time.perf_counter() - start
+        async_calls(args, m, sd, kind, stager, out)
+    out["rss_before_bytes"] = rss_before
+    out["peak_rss_bytes"] = max_rss_bytes()
+    return out
+
+
+def async_calls(args, m, sd, kind, stager, out):
+    """Two async_saves of `sd` to args.dir/first and /second, timing how
+    long the loop is blocked, its next write of every floating tensor, and
+    the upload."""
+    floating = [t for t in tensors_of(sd) if t.is_floating_point()]
+    for call in ("first", "second"):
+        target = os.path.join(args.dir, call)
+        os.sync()
+        start = time.perf_counter()
+        resp = m.async_save(sd, checkpoint_id=target,
+                            async_checkpointer_type=kind,
+                            **({"async_stager": stager} if stager
+                               else {}))
+        returned = time.perf_counter() - start
+        staging = getattr(resp, "staging_completion", None)
+        upload = getattr(resp, "upload_completion", resp)
+        if staging is not None:
+            staging.result()
+        staged = time.perf_counter() - start
+        # The loop's next step writes its tensors.
+        touch = time.perf_counter()
+        for t in floating:
+            t.mul_(1)
+        out[f"{call}_touch_seconds"] = time.perf_counter() - touch
+        upload.result()
+        out[f"{call}_return_seconds"] = returned
+        out[f"{call}_staged_seconds"] = staged
+        out[f"{call}_upload_seconds"] = time.perf_counter() - start
+
+
+def small_phase(args, torch, m, kinds, out):
+    """A phase of --state small: save/load/async of many small tensors."""
+    sd = build_small_state(torch, args.items, seed=1)
+    out["bytes"] = state_bytes(torch, sd)
+    out["items"] = args.items
+    if args.phase == "load":
+        fresh = build_small_state(torch, args.items, seed=2)
+        drop_page_cache(args.dir)
+        rss_before = max_rss_bytes()
+        start = time.perf_counter()
+        m.load(fresh, checkpoint_id=args.dir)
+        out["seconds"] = time.perf_counter() - start
+        out["verified"] = digest(torch, fresh) == digest(torch, sd)
+    elif args.phase == "save":
+        os.sync()
+        rss_before = max_rss_bytes()
+        start = time.perf_counter()
+        m.save(sd, checkpoint_id=args.dir)
+        out["seconds"] = time.perf_counter() - start
+    elif args.phase in ("async-thread", "async-process"):
+        rss_before = max_rss_bytes()
+        kind = (kinds.PROCESS if args.phase == "async-process"
+                else kinds.THREAD)
+        async_calls(args, m, sd, kind, None, out)
+    else:
+        raise SystemExit(f"python_bench: --state small has no phase "
+                         f"{args.phase}")
     out["rss_before_bytes"] = rss_before
     out["peak_rss_bytes"] = max_rss_bytes()
     return out
@@ -323,7 +392,8 @@ def phase(args):
 def run_sub(args, lib, phase_name, directory):
     cmd = [sys.executable, os.path.abspath(__file__), "_phase", "--lib", lib,
            "--phase", phase_name, "--dir", directory, "--work", args.work,
-           "--params", str(args.params)]
+           "--params", str(args.params), "--state", args.state,
+           "--items", str(args.items)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -357,6 +427,9 @@ def main():
     p.add_argument("--lib", default="dcp")
     p.add_argument("--phase", default="save")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--state", default="transformer",
+                   choices=["transformer", "small"])
+    p.add_argument("--items", type=int, default=100000)
     args = p.parse_args()
     args.params = parse_count(str(args.params))
     if args.mode == "_phase":
@@ -383,6 +456,8 @@ def main():
                     if ph.startswith("async"):
                         shutil.rmtree(target, ignore_errors=True)
                 shutil.rmtree(ckpt, ignore_errors=True)
+            if args.state == "small":
+                continue  # A few MB: torch is the reference, not the disk.
             nbytes = next((r["bytes"] for r in results if "bytes" in r), 1 << 30)
             results.append({"lib": "fio", "rep": rep,
                             "write_gbps": fio(args.work, nbytes, "write"),
@@ -396,7 +471,10 @@ def main():
                 if r.get("lib") == lib and r.get("phase") == ph and key in r]
         return statistics.median(vals) if vals else None
 
-    summary = {"params": args.params, "reps": args.reps}
+    summary = {"params": args.params, "reps": args.reps,
+               "state": args.state}
+    if args.state == "small":
+        summary["items"] = args.items
     for lib in ("dcp", "torch"):
         for ph in phases:
             for key in ("seconds", "peak_rss_bytes", "first_return_seconds",
@@ -406,10 +484,12 @@ def main():
                 v = med(lib, ph, key)
                 if v is not None:
                     summary[f"{lib}_{ph}_{key}"] = v
-    summary["fio_write_gbps"] = statistics.median(
-        r["write_gbps"] for r in results if r["lib"] == "fio")
-    summary["fio_read_gbps"] = statistics.median(
-        r["read_gbps"] for r in results if r["lib"] == "fio")
+    fio_runs = [r for r in results if r["lib"] == "fio"]
+    if fio_runs:
+        summary["fio_write_gbps"] = statistics.median(
+            r["write_gbps"] for r in fio_runs)
+        summary["fio_read_gbps"] = statistics.median(
+            r["read_gbps"] for r in fio_runs)
     summary["bytes"] = next((r["bytes"] for r in results if "bytes" in r), 0)
     summary["verified"] = all(r.get("verified", True) for r in results)
     print(json.dumps({"summary": summary, "runs": results} if args.json
