@@ -415,11 +415,11 @@ class GlooProcessGroup::Impl {
       // closed the connection is giving up: wait for its record up to
       // kRecordWaitLimit (bounded by the group's timeout); otherwise allow
       // it a moment to appear.
-      const bool peer_closed_alive =
+      bool peer_closed_alive =
           absl::IsUnavailable(status) &&
           peer < static_cast<int>(probes.size()) &&
           probes[peer].state == internal::ProbeResult::State::kAnswers;
-      const absl::Time wait_until =
+      absl::Time wait_until =
           absl::Now() + (peer_closed_alive
                              ? std::min(timeout_, kRecordWaitLimit)
                              : absl::Milliseconds(250));
@@ -450,8 +450,30 @@ class GlooProcessGroup::Impl {
           return false;
         }
       };
+      // A killed process's connections may reset before its probe
+      // listener closes, so a peer that answered may be gone a moment
+      // later: probe it again, a few times with growing gaps (each probe
+      // stays queued on a live peer's listener), and once it is gone wait
+      // only as for a peer that did not answer.
+      absl::Duration reprobe_gap = kFirstReprobe;
+      absl::Time next_probe = absl::Now() + reprobe_gap;
+      int reprobes = 0;
       while (!internal::KeyExists(*store_, key) && absl::Now() < wait_until &&
              !waits_for_this_rank()) {
+        if (peer_closed_alive && reprobes < kMaxReprobes &&
+            absl::Now() >= next_probe) {
+          ++reprobes;
+          internal::ProbeResult again = internal::ProbePeers(
+              {probe_addresses_[peer]}, absl::Milliseconds(100))[0];
+          if (again.state == internal::ProbeResult::State::kGone) {
+            probes[peer] = std::move(again);
+            peer_closed_alive = false;
+            wait_until =
+                std::min(wait_until, absl::Now() + absl::Milliseconds(250));
+          }
+          reprobe_gap *= 3;
+          next_probe = absl::Now() + reprobe_gap;
+        }
         absl::SleepFor(absl::Milliseconds(10));
       }
       absl::Status theirs;
@@ -495,6 +517,11 @@ class GlooProcessGroup::Impl {
   // The longest GiveUp waits for the abort record of a live peer that
   // closed its connections.
   static constexpr absl::Duration kRecordWaitLimit = absl::Seconds(10);
+  // While it waits, it probes that peer again after kFirstReprobe, then
+  // after gaps three times longer, at most kMaxReprobes times (from 50 ms
+  // to about 6 s in).
+  static constexpr absl::Duration kFirstReprobe = absl::Milliseconds(50);
+  static constexpr int kMaxReprobes = 5;
 
   absl::Status PeerError(absl::string_view op, int peer, const char* doing,
                          absl::string_view what, absl::Time deadline) const {

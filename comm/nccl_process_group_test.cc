@@ -82,7 +82,9 @@ TEST(NcclProcessGroupTest, MissingRankZeroTimesOutNamingIt) {
   options.connect_timeout = absl::Seconds(1);
   const absl::Time start = absl::Now();
   auto group = NcclProcessGroup::Create(options);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  // Bounded by the connect timeout, not the group's (minutes); the slack
+  // is for sanitizer builds on a loaded machine.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_EQ(group.status().code(), absl::StatusCode::kDeadlineExceeded)
       << group.status();
   EXPECT_THAT(group.status().message(), HasSubstr("rank 0"));

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -163,8 +164,10 @@ std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
   }
   size_t open = pending.size();
   while (open > 0) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) break;
+    // Past the deadline, one poll that does not wait still counts the
+    // handshakes the kernel completed while this thread was off the CPU.
+    const int64_t ms =
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
     const int ready =
         ::poll(pending.data(), pending.size(), static_cast<int>(ms));
     if (ready < 0 && errno != EINTR) break;
@@ -179,6 +182,7 @@ std::vector<ProbeResult> ProbePeers(const std::vector<std::string>& addresses,
       pending[k].fd = -1;  // poll ignores negative descriptors.
       --open;
     }
+    if (ms == 0) break;
   }
   for (size_t k = 0; k < pending.size(); ++k) {
     if (pending[k].fd < 0) continue;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -92,16 +93,29 @@ int FreePort() {
   return port;
 }
 
-bool Accepts(int port) {
+// Whether a redis server answers PING on `port` (a listener of another
+// test that took the port first would not).
+bool AnswersPing(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(port);
-  const bool ok =
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  timeval limit = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  constexpr char kPing[] = "PING\r\n";
+  ok = ok && write(fd, kPing, sizeof(kPing) - 1) ==
+                 static_cast<ssize_t>(sizeof(kPing) - 1);
+  std::string reply;
+  char buffer[16];
+  while (ok && reply.size() < 7) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    reply.append(buffer, static_cast<size_t>(n));
+  }
   close(fd);
-  return ok;
+  return ok && reply.rfind("+PONG\r\n", 0) == 0;
 }
 
 }  // namespace
@@ -117,32 +131,49 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(
     *why_not = "redis-server is not installed (apt-get install redis-server)";
     return nullptr;
   }
-  const int port = FreePort();
-  const std::string port_arg = std::to_string(port);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int null_fd = open("/dev/null", O_WRONLY);
-    dup2(null_fd, STDOUT_FILENO);
-    execl(binary.c_str(), binary.c_str(), "--port", port_arg.c_str(), "--bind",
-          "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::unique_ptr<RedisServer> server(new RedisServer(pid, port));
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (!Accepts(port)) {
-    if (absl::Now() > deadline) {
-      *why_not = absl::StrCat(binary, " did not accept connections on port ",
-                              port, " within 5 s");
-      return nullptr;
+  // The port is free when picked but another test's listener may take it
+  // before redis binds it: redis then exits, and another port is tried.
+  std::string last_failure;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const int port = FreePort();
+    const std::string port_arg = std::to_string(port);
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int null_fd = open("/dev/null", O_WRONLY);
+      dup2(null_fd, STDOUT_FILENO);
+      execl(binary.c_str(), binary.c_str(), "--port", port_arg.c_str(),
+            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--daemonize", "no", static_cast<char*>(nullptr));
+      _exit(127);
     }
-    usleep(10000);
+    std::unique_ptr<RedisServer> server(new RedisServer(pid, port));
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    bool exited = false;
+    while (!AnswersPing(port)) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        server->pid_ = -1;  // Reaped: nothing to stop.
+        exited = true;
+        last_failure = absl::StrCat(binary, " exited (status ", status,
+                                    ") before answering on port ", port);
+        break;
+      }
+      if (absl::Now() > deadline) {
+        *why_not = absl::StrCat(binary, " did not answer PING on port ", port,
+                                " within 30 s");
+        return nullptr;
+      }
+      usleep(10000);
+    }
+    if (!exited) return server;
   }
-  return server;
+  *why_not = last_failure;
+  return nullptr;
 }
 
 RedisServer::~RedisServer() {
+  if (pid_ <= 0) return;
   kill(pid_, SIGTERM);
   int status = 0;
   waitpid(pid_, &status, 0);
