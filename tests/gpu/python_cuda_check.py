@@ -14,6 +14,12 @@ Checks, each printed as one JSON line {"check": ..., "ok": ..., ...}:
                 caller's current (non-default) stream writes the destination;
                 the tensor must end with the checkpoint's values (dcp's copies
                 wait for that stream), never the chain's
+  convert       checkpoints of fp32, fp16, bf16 and fp64 loaded into device
+                tensors of each other of those dtypes (and a strided one),
+                equal to torch's own conversion bit for bit, loads in
+                place; then a converting load issued right after a kernel
+                chain on the caller's current stream writes the destination
+                ends with the checkpoint's values
   async_thread  async_save THREAD from device tensors; the tensors are
                 overwritten once staging_completion is done; the checkpoint
                 holds the values at the call
@@ -126,6 +132,60 @@ def check_load_order(torch, dcp, device, base):
                 distinct_values=values[:8])
 
 
+def check_convert(torch, dcp, device, base):
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+    g = torch.Generator().manual_seed(5)
+    # Finite values across the ranges (NaN payloads may differ between the
+    # host's and the device's conversions), specials, and subnormals.
+    values = torch.cat([torch.randn(4000, generator=g, dtype=torch.float64)
+                        * 10.0 ** torch.randint(-8, 6, (4000,), generator=g),
+                        torch.tensor([0.0, -0.0, float("inf"), -float("inf"),
+                                      1e-40, 65504.0, 65520.0, 3.4e38],
+                                     dtype=torch.float64)])
+    saved = {str(dt).replace("torch.", ""): values.to(dt) for dt in dtypes}
+    path = os.path.join(base, "convert")
+    dcp.save(saved, checkpoint_id=path)
+    bad, moved, pairs = [], [], 0
+    for name, src in saved.items():
+        for dt in dtypes:
+            if dt == src.dtype:
+                continue
+            pairs += 1
+            dest = torch.zeros(values.numel(), dtype=dt, device=device)
+            strided = torch.zeros(2 * values.numel(), dtype=dt,
+                                  device=device)[::2]
+            ptrs = (dest.data_ptr(), strided.data_ptr())
+            dcp.load({name: dest}, checkpoint_id=path)
+            dcp.load({name: strided}, checkpoint_id=path)
+            want = src.to(device).to(dt)
+            for label, got in (("", dest), ("strided ", strided)):
+                if not same_bytes(torch, got.contiguous(), want):
+                    bad.append(f"{label}{name} -> {dt}")
+            if (dest.data_ptr(), strided.data_ptr()) != ptrs:
+                moved.append(f"{name} -> {dt}")
+    order_ok, distinct = True, None
+    if device != "cpu":
+        n = 64 << 20  # 256 MiB of fp32: the chain is still running at load
+        order_path = os.path.join(base, "convert_order")
+        dcp.save({"x": torch.full((n,), 7.0, dtype=torch.bfloat16)},
+                 checkpoint_id=order_path)
+        x = torch.zeros(n, device=device)
+        side = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1 << 30)
+            for _ in range(50):
+                x.add_(1.0)
+            dcp.load({"x": x}, checkpoint_id=order_path)
+            after = x.clone()
+        torch.cuda.synchronize()
+        distinct = torch.unique(after.cpu()).tolist()[:8]
+        order_ok = distinct == [7.0]
+    return emit(check="convert", ok=not bad and not moved and order_ok,
+                pairs=pairs, mismatched=bad, not_in_place=moved,
+                order_distinct_values=distinct)
+
+
 def check_async(torch, dcp, device, base, kind_name):
     kind = getattr(dcp.AsyncCheckpointerType, kind_name)
     t = filled(torch, torch.bfloat16, (1024, 1024), device, 7)
@@ -225,7 +285,7 @@ def main():
     ok = True
     try:
         for check in (check_roundtrip, check_stream_order,
-                      check_load_order):
+                      check_load_order, check_convert):
             try:
                 ok &= check(torch, dcp, device, base)
             except Exception as e:  # One check's failure is its row.
