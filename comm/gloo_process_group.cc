@@ -224,7 +224,8 @@ class GlooProcessGroup::Impl {
         if (address == nullptr) return;
         absl::StatusOr<std::unique_ptr<internal::ProbeListener>> listener =
             internal::ProbeListener::Open(
-                internal::HostOf(address->getSockaddr()), size_ + 8);
+                internal::HostOf(address->getSockaddr()),
+                size_ * (kMaxReprobes + 1) + 8);
         if (listener.ok()) probe_ = *std::move(listener);
       } catch (const std::exception&) {
       }
@@ -460,12 +461,17 @@ class GlooProcessGroup::Impl {
       int reprobes = 0;
       while (!internal::KeyExists(*store_, key) && absl::Now() < wait_until &&
              !waits_for_this_rank()) {
+        // Peers waiting on this rank probe it too; their probes queue here
+        // until drained, and a full queue would drop the next peer's.
+        if (probe_ != nullptr) probe_->Drain();
         if (peer_closed_alive && reprobes < kMaxReprobes &&
             absl::Now() >= next_probe) {
           ++reprobes;
           internal::ProbeResult again = internal::ProbePeers(
               {probe_addresses_[peer]}, absl::Milliseconds(100))[0];
-          if (again.state == internal::ProbeResult::State::kGone) {
+          // A peer that wrote its record and then left is not lost.
+          if (again.state == internal::ProbeResult::State::kGone &&
+              !internal::KeyExists(*store_, key)) {
             probes[peer] = std::move(again);
             peer_closed_alive = false;
             wait_until =

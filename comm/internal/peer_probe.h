@@ -9,6 +9,10 @@
 //                 with the probe queued resets it);
 //   kUnreachable  no answer within the window, or no route to the host
 //                 (a cut link, a host that is down).
+// A listener's queue holds its backlog of probes until Drain: a full one
+// drops further probes (kUnreachable), or resets them where the host sets
+// net.ipv4.tcp_abort_on_overflow (kGone), so listeners are sized for every
+// probe peers may send before the owner drains.
 // Internal to comm/.
 #ifndef DCP_COMM_INTERNAL_PEER_PROBE_H_
 #define DCP_COMM_INTERNAL_PEER_PROBE_H_

@@ -218,7 +218,7 @@ int SurviveLoss(const LossCase& c, const std::string& dir, int rank) {
   if (!group.ok()) return Check(false, rank, group.status().ToString());
   // Everyone is connected before rank 1 goes (however late a rank starts:
   // only the step is timed).
-  if (absl::Status s = (*group)->Barrier(absl::Seconds(20)); !s.ok()) {
+  if (absl::Status s = (*group)->Barrier(absl::Seconds(10)); !s.ok()) {
     return Check(false, rank, s.ToString());
   }
   if (rank == 1) {

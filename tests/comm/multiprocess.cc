@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -103,9 +105,10 @@ bool AnswersPing(int port) {
   addr.sin_port = htons(port);
   timeval limit = {5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   constexpr char kPing[] = "PING\r\n";
-  ok = ok && write(fd, kPing, sizeof(kPing) - 1) ==
+  ok = ok && send(fd, kPing, sizeof(kPing) - 1, MSG_NOSIGNAL) ==
                  static_cast<ssize_t>(sizeof(kPing) - 1);
   std::string reply;
   char buffer[16];
@@ -139,6 +142,10 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(
     const std::string port_arg = std::to_string(port);
     std::fflush(nullptr);
     const pid_t pid = fork();
+    if (pid < 0) {
+      *why_not = absl::StrCat("fork for ", binary, ": ", std::strerror(errno));
+      return nullptr;
+    }
     if (pid == 0) {
       const int null_fd = open("/dev/null", O_WRONLY);
       dup2(null_fd, STDOUT_FILENO);
@@ -155,8 +162,11 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(
       if (waitpid(pid, &status, WNOHANG) == pid) {
         server->pid_ = -1;  // Reaped: nothing to stop.
         exited = true;
-        last_failure = absl::StrCat(binary, " exited (status ", status,
-                                    ") before answering on port ", port);
+        last_failure = absl::StrCat(
+            binary, " exited (",
+            WIFEXITED(status) ? absl::StrCat("code ", WEXITSTATUS(status))
+                              : absl::StrCat("signal ", WTERMSIG(status)),
+            ") before answering on port ", port);
         break;
       }
       if (absl::Now() > deadline) {
