@@ -217,13 +217,15 @@ def _plain_metadata(md):
 
 
 def _rebuild_flat(manifest, mm):
-    keys, t_paths, t_specs, t_shards, v_paths, v_vals, t_grad = manifest
+    (keys, t_paths, t_specs, t_shards, v_paths, v_vals, t_grad,
+     multi) = manifest
     import torch
     flat = _state.Flat(load=False, allow_pickle=True)
     flat._keys = keys
     flat.t_paths = t_paths
     flat.t_shards = t_shards
     flat.t_grad = t_grad
+    flat._multi = multi
     flat.v_paths = v_paths
     flat.v_vals = v_vals
     objs = []
@@ -681,7 +683,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                 use_collectives=use_collectives, allow_pickle=allow_pickle,
                 no_dist=where.no_dist, group=group)
     manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
-                flat.v_paths, flat.v_vals, flat.t_grad)
+                flat.v_paths, flat.v_vals, flat.t_grad, flat._multi)
     tensors = flat.t_objs
     # CUDA tensors: staged after the work queued on the caller's current
     # stream of their device, as of this call.

@@ -353,6 +353,10 @@ class Flat:
         self.t_paths: list[tuple] = []
         self.t_objs: list = []
         self.t_shards: list = []
+        # Tensors that are chunks of one sharded tensor with several local
+        # chunks (a CheckpointableTensor with several shards): lists of
+        # indices into t_paths (one path each).
+        self._multi: list[list[int]] = []
         # Save only: indices (into t_paths) of tensors with requires_grad,
         # recorded in the metadata's TensorProperties.
         self.t_grad: list[int] = []
@@ -545,34 +549,43 @@ class Flat:
                 f"'{name}': global_offsets, local_offsets and local_sizes "
                 f"list {len(goffsets)}, {len(loffsets)} and {len(lsizes)} "
                 "shards; they must list the same shards")
-        if len(goffsets) != 1:
-            raise NotImplementedError(
-                f"'{name}': a CheckpointableTensor with {len(goffsets)} "
-                "shards; dcp takes one shard per tensor (pass each shard "
-                "as a ShardedTensor of its own slice)")
+        if not goffsets:
+            raise ValueError(f"'{name}': a CheckpointableTensor lists no "
+                             "shards")
         ndim = t.dim()
-        for what, v in (("global_shape", gshape), ("global_offsets",
-                                                   goffsets[0]),
-                        ("local_offsets", loffsets[0]),
-                        ("local_sizes", lsizes[0])):
-            if len(v) != ndim:
-                raise ValueError(
-                    f"'{name}': {what} {v} has {len(v)} dims, the tensor "
-                    f"{ndim}")
-        box = []
-        for d in range(ndim):
-            lo, size = loffsets[0][d], lsizes[0][d]
-            if lo < 0 or size < 0 or lo + size > t.shape[d] or \
-                    goffsets[0][d] < 0 or \
-                    goffsets[0][d] + size > gshape[d]:
-                raise ValueError(
-                    f"'{name}': shard of local offsets {loffsets[0]} and "
-                    f"sizes {lsizes[0]} at global offsets {goffsets[0]} "
-                    f"does not fit the local shape {tuple(t.shape)} and the "
-                    f"global shape {gshape}")
-            box.append(slice(lo, lo + size))
-        local = t[tuple(box)] if ndim else t
-        self._tensor(local, (gshape, goffsets[0]))
+        boxes = []
+        for k in range(len(goffsets)):
+            for what, v in (("global_shape", gshape),
+                            ("global_offsets", goffsets[k]),
+                            ("local_offsets", loffsets[k]),
+                            ("local_sizes", lsizes[k])):
+                if len(v) != ndim:
+                    raise ValueError(
+                        f"'{name}': {what} {v} has {len(v)} dims, the tensor "
+                        f"{ndim}")
+            box = []
+            for d in range(ndim):
+                lo, size = loffsets[k][d], lsizes[k][d]
+                if lo < 0 or size < 0 or lo + size > t.shape[d] or \
+                        goffsets[k][d] < 0 or \
+                        goffsets[k][d] + size > gshape[d]:
+                    raise ValueError(
+                        f"'{name}': shard {k} of local offsets {loffsets[k]} "
+                        f"and sizes {lsizes[k]} at global offsets "
+                        f"{goffsets[k]} does not fit the local shape "
+                        f"{tuple(t.shape)} and the global shape {gshape}")
+                box.append(slice(lo, lo + size))
+            boxes.append(box)
+        if len(boxes) == 1:
+            self._tensor(t[tuple(boxes[0])] if ndim else t,
+                         (gshape, goffsets[0]))
+            return
+        # Several chunks at one path: the engine takes them as one sharded
+        # tensor (_set_multi); they overlap nowhere (it checks).
+        first = len(self.t_paths)
+        for k, box in enumerate(boxes):
+            self._tensor(t[tuple(box)], (gshape, goffsets[k]))
+        self._multi.append(list(range(first, len(self.t_paths))))
 
     def _tensor(self, t, shard) -> None:
         if not isinstance(t, np.ndarray) and (t.layout is not torch.strided
@@ -906,6 +919,14 @@ class Flat:
     def _set_tensors(self, L, sd, indices) -> None:
         """Sets tensors `indices` (t_objs order) in `sd` again, replacing
         the leaves at their paths (after _fill)."""
+        groups = []
+        if self._multi:
+            # A chunk of a sharded tensor with several: all of them again.
+            wanted = set(indices)
+            groups = [g for g in self._multi if wanted.intersection(g)]
+            for g in groups:
+                wanted.update(g)
+            indices = sorted(wanted)
         objs, shards = self.t_objs, self.t_shards
         self.t_objs = [objs[i] for i in indices]
         self.t_shards = [shards[i] for i in indices]
@@ -918,6 +939,31 @@ class Flat:
         _lib.check(L.dcp_state_dict_set_tensors(
             sd, len(indices), _addr(paths), _addr(tensors),
             None if sub_shards is None else _addr(sub_shards)))
+        if groups:
+            at = {i: k for k, i in enumerate(indices)}
+            self._set_multi(L, sd, paths, tensors, sub_shards,
+                            [[at[i] for i in g] for g in groups])
+
+    def _set_multi(self, L, sd, paths, tensors, shards, groups) -> None:
+        """Sets each group of chunks (indices into the arrays `paths`,
+        `tensors` and `shards`, one path per group) as one sharded tensor,
+        replacing the one-chunk leaf set_tensors left at the path."""
+        for group in groups:
+            idx = np.asarray(group, dtype=np.int64)
+            chunks = np.ascontiguousarray(tensors[idx])
+            offsets = np.ascontiguousarray(shards["offsets"][idx],
+                                           dtype=np.uint64)
+            self._arrays += [chunks, offsets]
+            first = group[0]
+            _lib.check(L.dcp_state_dict_set_sharded_tensor(
+                sd, Path.from_buffer(paths, first * 16),
+                int(shards["ndim"][first]),
+                ctypes.cast(int(shards["global_shape"][first]),
+                            ctypes.POINTER(ctypes.c_int64)),
+                len(group),
+                ctypes.cast(_addr(chunks), ctypes.POINTER(_lib.DLTensor)),
+                ctypes.cast(_addr(offsets),
+                            ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)))))
 
     def _plain(self, v, parent, key) -> None:
         self.v_paths.append(tuple(self._path))
@@ -1029,6 +1075,8 @@ class Flat:
             _lib.check(L.dcp_state_dict_set_tensors(
                 sd, nt, _addr(paths), _addr(tensors),
                 None if shards is None else _addr(shards)))
+            if self._multi:
+                self._set_multi(L, sd, paths, tensors, shards, self._multi)
             if self.t_grad:
                 marked = paths[np.asarray(self.t_grad, dtype=np.int64)]
                 self._arrays.append(marked)

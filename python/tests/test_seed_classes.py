@@ -184,17 +184,76 @@ def test_checkpointable_tensor_saves_its_shard_of_the_global_tensor(ckpt):
     assert torch.equal(dest[:2], torch.full((2, 3), 7.0))  # untouched
 
 
+def several(t, global_shape, shards):
+    """`t` as a CheckpointableTensor of `shards`: (global offset, local
+    offset, size) each."""
+    t.global_shape = global_shape
+    t.global_offsets = tuple(g for g, _, _ in shards)
+    t.local_offsets = tuple(lo for _, lo, _ in shards)
+    t.local_sizes = tuple(n for _, _, n in shards)
+    return t
+
+
+@pytest.mark.parametrize("kind", ["sync", "THREAD", "PROCESS"])
+def test_checkpointable_tensor_with_several_shards(ckpt, kind):
+    # Global rows 0-3 and 4-7 of an 8x3 tensor in one local buffer with a
+    # padding row between them; a second tensor split by columns into two
+    # shards of one buffer.
+    full = torch.arange(24.0).reshape(8, 3)
+    a = torch.full((9, 3), -1.0)
+    a[0:4], a[5:9] = full[0:4], full[4:8]
+    a = several(a, (8, 3), [((0, 0), (0, 0), (4, 3)),
+                            ((4, 0), (5, 0), (4, 3))])
+    b = several(full.clone(), (8, 3), [((0, 0), (0, 0), (8, 2)),
+                                       ((0, 2), (0, 2), (8, 1))])
+    sd = {"a": a, "b": b, "step": 3}
+    if kind == "sync":
+        dcp.save(sd, checkpoint_id=ckpt)
+    else:
+        kinds = dcp.AsyncCheckpointerType
+        dcp.async_save(sd, checkpoint_id=ckpt,
+                       async_checkpointer_type=getattr(kinds, kind)
+                       ).upload_completion.result()
+    md = dcp.read_metadata(ckpt)
+    assert md.state_dict_metadata["a"].size == (8, 3)
+    assert sorted(c.offsets for c in md.state_dict_metadata["a"].chunks) \
+        == [(0, 0), (4, 0)]
+    assert sorted(c.offsets for c in md.state_dict_metadata["b"].chunks) \
+        == [(0, 0), (0, 2)]
+    plain = {"a": torch.zeros(8, 3), "b": torch.zeros(8, 3), "step": 0}
+    dcp.load(plain, checkpoint_id=ckpt)
+    assert torch.equal(plain["a"], full) and torch.equal(plain["b"], full)
+    # Several shards load in place, resharded across the saved chunks:
+    # row 7 and rows 3-4 (one from each saved chunk) into a fresh padded
+    # buffer (its padding untouched), as bf16.
+    dest = torch.full((4, 3), 9.0, dtype=torch.bfloat16)
+    several(dest, (8, 3), [((7, 0), (0, 0), (1, 3)),
+                           ((3, 0), (2, 0), (2, 3))])
+    both = {"a": dest, "b": torch.zeros(8, 3), "step": 0}
+    ptr = dest.data_ptr()
+    dcp.load(both, checkpoint_id=ckpt)
+    assert both["a"] is dest and dest.data_ptr() == ptr
+    assert torch.equal(dest[0], full[7].bfloat16())
+    assert torch.equal(dest[1], torch.full((3,), 9.0, dtype=torch.bfloat16))
+    assert torch.equal(dest[2:4], full[3:5].bfloat16())
+    assert torch.equal(both["b"], full)
+    assert both["step"] == 3
+
+
 def test_checkpointable_tensor_errors_name_the_key(ckpt):
     bad = checkpointable(torch.zeros(2, 3), (4, 3), (3, 0), (0, 0), (2, 3))
     with pytest.raises(ValueError, match=r"'w': shard .* does not fit"):
         dcp.save({"w": bad}, checkpoint_id=ckpt)
-    two = torch.zeros(4, 3)
-    two.global_shape = (8, 3)
-    two.global_offsets = ((0, 0), (4, 0))
-    two.local_offsets = ((0, 0), (2, 0))
-    two.local_sizes = ((2, 3), (2, 3))
-    with pytest.raises(NotImplementedError, match=r"'w': .* 2 shards"):
+    two = several(torch.zeros(4, 3), (8, 3), [((0, 0), (0, 0), (2, 3)),
+                                              ((4, 0), (2, 0), (3, 3))])
+    with pytest.raises(ValueError, match=r"'w': shard 1 .* does not fit"):
         dcp.save({"w": two}, checkpoint_id=ckpt)
+    # Two shards of one local buffer covering the same global rows.
+    overlap = several(torch.zeros(4, 3), (8, 3), [((0, 0), (0, 0), (2, 3)),
+                                                  ((1, 0), (2, 0), (2, 3))])
+    with pytest.raises(Exception, match=r"w.*overlap"):
+        dcp.save({"w": overlap}, checkpoint_id=ckpt)
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))
     partial = torch.zeros(2)
     partial.global_shape = (4,)
     with pytest.raises(ValueError, match=r"'w': .*global_offsets"):
