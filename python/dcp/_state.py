@@ -580,8 +580,22 @@ class Flat:
             self._tensor(t[tuple(boxes[0])] if ndim else t,
                          (gshape, goffsets[0]))
             return
+        if self.load:
+            # Two shards loading into the same local memory: one would
+            # silently overwrite the other.
+            for j in range(len(boxes)):
+                for k in range(j):
+                    if all(a.start < b.stop and b.start < a.stop and
+                           a.start < a.stop and b.start < b.stop
+                           for a, b in zip(boxes[j], boxes[k])):
+                        raise ValueError(
+                            f"'{name}': shards {k} and {j} share local "
+                            f"memory (local offsets {loffsets[k]} and "
+                            f"{loffsets[j]}, sizes {lsizes[k]} and "
+                            f"{lsizes[j]}); a load would write both there")
         # Several chunks at one path: the engine takes them as one sharded
-        # tensor (_set_multi); they overlap nowhere (it checks).
+        # tensor (_set_multi); their global boxes overlap nowhere (it
+        # checks).
         first = len(self.t_paths)
         for k, box in enumerate(boxes):
             self._tensor(t[tuple(box)], (gshape, goffsets[k]))
@@ -697,13 +711,16 @@ class Flat:
         standing = {id(tmp): j for j, (_, tmp) in enumerate(self.copy_back)}
         changed = []
         seen = 0
+        # Chunks of a sharded tensor after its first share its leaf.
+        later_chunks = {i for g in self._multi for i in g[1:]}
         for i, path in enumerate(self.t_paths):
             if seen == len(saved):
                 break
             code = saved.get(self.name(path))
             if code is None:
                 continue
-            seen += 1
+            if i not in later_chunks:
+                seen += 1
             t = self.t_objs[i]
             if code in _ENGINE_CONVERTS and (
                     (isinstance(t, np.ndarray)

@@ -240,6 +240,24 @@ def test_checkpointable_tensor_with_several_shards(ckpt, kind):
     assert both["step"] == 3
 
 
+def test_checkpointable_tensor_with_several_shards_converts(ckpt):
+    # Integer conversions go through Python temporaries, one per chunk; a
+    # later key needing one too must still get it.
+    full = torch.arange(-12, 12, dtype=torch.int32).reshape(8, 3)
+    dcp.save({"a": full, "z": torch.arange(5, dtype=torch.int32)},
+             checkpoint_id=ckpt)
+    dest = torch.full((5, 3), 9, dtype=torch.int64)
+    several(dest, (8, 3), [((0, 0), (0, 0), (2, 3)),
+                           ((6, 0), (3, 0), (2, 3))])
+    sd = {"a": dest, "z": torch.zeros(5, dtype=torch.int64)}
+    dcp.load(sd, checkpoint_id=ckpt)
+    assert sd["a"] is dest
+    assert torch.equal(dest[0:2], full[0:2].long())
+    assert torch.equal(dest[2], torch.full((3,), 9, dtype=torch.int64))
+    assert torch.equal(dest[3:5], full[6:8].long())
+    assert torch.equal(sd["z"], torch.arange(5, dtype=torch.int64))
+
+
 def test_checkpointable_tensor_errors_name_the_key(ckpt):
     bad = checkpointable(torch.zeros(2, 3), (4, 3), (3, 0), (0, 0), (2, 3))
     with pytest.raises(ValueError, match=r"'w': shard .* does not fit"):
@@ -254,6 +272,12 @@ def test_checkpointable_tensor_errors_name_the_key(ckpt):
     with pytest.raises(Exception, match=r"w.*overlap"):
         dcp.save({"w": overlap}, checkpoint_id=ckpt)
     assert not os.path.exists(os.path.join(ckpt, ".metadata"))
+    # Two shards in the same local rows: a load would write both there.
+    dcp.save({"w": torch.zeros(8, 3)}, checkpoint_id=ckpt)
+    aliased = several(torch.zeros(4, 3), (8, 3), [((0, 0), (0, 0), (2, 3)),
+                                                  ((4, 0), (1, 0), (2, 3))])
+    with pytest.raises(ValueError, match=r"'w': shards 0 and 1 share local"):
+        dcp.load({"w": aliased}, checkpoint_id=ckpt)
     partial = torch.zeros(2)
     partial.global_shape = (4,)
     with pytest.raises(ValueError, match=r"'w': .*global_offsets"):
