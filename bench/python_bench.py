@@ -395,6 +395,14 @@ def run_sub(args, lib, phase_name, directory):
            "--params", str(args.params), "--state", args.state,
            "--items", str(args.items)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 and lib == "torch":
+        # The reference failing is a result (torch's PROCESS async_save
+        # passes one file descriptor per tensor and runs out of them with
+        # many small tensors): recorded with its last error line.
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        error = next((l for l in reversed(lines) if "Error" in l),
+                     lines[-1] if lines else f"exit {proc.returncode}")
+        return {"lib": lib, "phase": phase_name, "error": error.strip()}
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"python_bench: {lib} {phase_name} failed "
