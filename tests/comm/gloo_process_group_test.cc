@@ -649,7 +649,9 @@ class GlooRedisTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why_not;
-    redis_ = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+    bool broken = false;
+    redis_ = dcp::testing::RedisServer::StartIfInstalled(&why_not, &broken);
+    ASSERT_FALSE(broken) << why_not;
     if (redis_ == nullptr) GTEST_SKIP() << why_not;
   }
   std::unique_ptr<dcp::testing::RedisServer> redis_;

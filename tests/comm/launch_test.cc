@@ -320,7 +320,9 @@ TEST(LaunchTest, TwoNodesSaveAndLoadThroughADirectory) {
 // The same over redis: 2 x 2 save, then 3 x 1 load.
 TEST(LaunchTest, NodesSaveAndLoadThroughRedis) {
   std::string why_not;
-  auto redis = dcp::testing::RedisServer::StartIfInstalled(&why_not);
+  bool broken = false;
+  auto redis = dcp::testing::RedisServer::StartIfInstalled(&why_not, &broken);
+  ASSERT_FALSE(broken) << why_not;
   if (redis == nullptr) GTEST_SKIP() << why_not;
   const std::string checkpoint = dcp::testing::FreshTestDir("redis_ckpt");
   const std::string rank_main = "tests/comm/save_rank_main";

@@ -3,8 +3,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +17,9 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 
 namespace dcp::testing {
@@ -24,6 +28,9 @@ std::vector<RankExit> RunRanks(int n, const std::function<int(int rank)>& body,
                                absl::Duration deadline_after) {
   std::fflush(nullptr);
   std::vector<pid_t> pids(n, -1);
+  // A pidfd per child becomes readable when it exits: the parent sleeps in
+  // poll until one does or the deadline passes.
+  std::vector<int> pidfds(n, -1);
   for (int r = 0; r < n; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
@@ -33,28 +40,50 @@ std::vector<RankExit> RunRanks(int n, const std::function<int(int rank)>& body,
       _exit(rc);
     }
     pids[r] = pid;
+    if (pid > 0) {
+      pidfds[r] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      if (pidfds[r] < 0) {
+        std::fprintf(stderr, "pidfd_open(%d): %s\n", pid, std::strerror(errno));
+        std::abort();
+      }
+    }
   }
   std::vector<RankExit> exits(n);
-  int remaining = n;
   const absl::Time deadline = absl::Now() + deadline_after;
-  while (remaining > 0 && absl::Now() < deadline) {
-    for (int r = 0; r < n; ++r) {
-      if (pids[r] < 0) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-      if (WIFEXITED(status)) {
-        exits[r].exited = true;
-        exits[r].exit_code = WEXITSTATUS(status);
-      } else if (WIFSIGNALED(status)) {
-        exits[r].signal = WTERMSIG(status);
-      }
-      pids[r] = -1;
-      --remaining;
+  auto reap = [&](int r, int flags) {
+    int status = 0;
+    if (waitpid(pids[r], &status, flags) != pids[r]) return false;
+    if (WIFEXITED(status)) {
+      exits[r].exited = true;
+      exits[r].exit_code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      exits[r].signal = WTERMSIG(status);
     }
-    usleep(5000);
+    pids[r] = -1;
+    return true;
+  };
+  while (true) {
+    std::vector<pollfd> waiting;
+    std::vector<int> ranks;
+    for (int r = 0; r < n; ++r) {
+      if (pids[r] < 0 || pidfds[r] < 0) continue;
+      waiting.push_back({pidfds[r], POLLIN, 0});
+      ranks.push_back(r);
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (waiting.empty() || left <= absl::ZeroDuration()) break;
+    const int ready =
+        poll(waiting.data(), waiting.size(),
+             static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < waiting.size(); ++k) {
+      if (waiting[k].revents != 0) reap(ranks[k], 0);
+    }
   }
   for (int r = 0; r < n; ++r) {
+    if (pidfds[r] >= 0) close(pidfds[r]);
     if (pids[r] < 0) continue;
+    if (reap(r, WNOHANG)) continue;
     kill(pids[r], SIGKILL);
     int status = 0;
     waitpid(pids[r], &status, 0);
@@ -75,6 +104,25 @@ int Check(bool ok, int rank, const std::string& message) {
   if (ok) return 0;
   std::fprintf(stderr, "[rank %d] check failed: %s\n", rank, message.c_str());
   return 1;
+}
+
+bool ReadUntil(int fd, absl::string_view wanted, absl::Time deadline,
+               std::string* out) {
+  char buffer[4096];
+  while (!absl::StrContains(*out, wanted)) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd readable = {fd, POLLIN, 0};
+    const int ready = poll(
+        &readable, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return false;
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    out->append(buffer, static_cast<size_t>(n));
+  }
+  return true;
 }
 
 namespace {
@@ -123,8 +171,9 @@ bool AnswersPing(int port) {
 
 }  // namespace
 
-std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(
-    std::string* why_not) {
+std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(std::string* why_not,
+                                                           bool* broken) {
+  *broken = false;
   std::string binary;
   for (const char* path :
        {"/usr/bin/redis-server", "/usr/local/bin/redis-server"}) {
@@ -134,51 +183,68 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(
     *why_not = "redis-server is not installed (apt-get install redis-server)";
     return nullptr;
   }
+  *broken = true;
   // The port is free when picked but another test's listener may take it
   // before redis binds it: redis then exits, and another port is tried.
-  std::string last_failure;
   for (int attempt = 0; attempt < 5; ++attempt) {
     const int port = FreePort();
     const std::string port_arg = std::to_string(port);
+    int log[2];
+    if (pipe2(log, O_CLOEXEC) != 0) {
+      *why_not = absl::StrCat("pipe: ", std::strerror(errno));
+      return nullptr;
+    }
     std::fflush(nullptr);
     const pid_t pid = fork();
     if (pid < 0) {
       *why_not = absl::StrCat("fork for ", binary, ": ", std::strerror(errno));
+      close(log[0]);
+      close(log[1]);
       return nullptr;
     }
     if (pid == 0) {
-      const int null_fd = open("/dev/null", O_WRONLY);
-      dup2(null_fd, STDOUT_FILENO);
+      // redis logs to stdout (and ignores SIGPIPE once the parent stops
+      // reading).
+      dup2(log[1], STDOUT_FILENO);
+      dup2(log[1], STDERR_FILENO);
       execl(binary.c_str(), binary.c_str(), "--port", port_arg.c_str(),
             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--daemonize", "no", static_cast<char*>(nullptr));
       _exit(127);
     }
+    close(log[1]);
     std::unique_ptr<RedisServer> server(new RedisServer(pid, port));
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    bool exited = false;
-    while (!AnswersPing(port)) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        server->pid_ = -1;  // Reaped: nothing to stop.
-        exited = true;
-        last_failure = absl::StrCat(
-            binary, " exited (",
-            WIFEXITED(status) ? absl::StrCat("code ", WEXITSTATUS(status))
-                              : absl::StrCat("signal ", WTERMSIG(status)),
-            ") before answering on port ", port);
-        break;
-      }
-      if (absl::Now() > deadline) {
-        *why_not = absl::StrCat(binary, " did not answer PING on port ", port,
-                                " within 30 s");
-        return nullptr;
-      }
-      usleep(10000);
+    // Redis logs this line once it listens; the deadline only bounds a
+    // hang.
+    std::string output;
+    const bool ready = ReadUntil(log[0], "Ready to accept connections",
+                                 absl::Now() + absl::Seconds(30), &output);
+    close(log[0]);
+    if (ready && AnswersPing(port)) {
+      *broken = false;
+      return server;
     }
-    if (!exited) return server;
+    if (ready) {
+      *why_not = absl::StrCat(binary, " is ready on port ", port,
+                              " but does not answer PING");
+      return nullptr;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) != pid) {
+      *why_not = absl::StrCat(binary, " did not get ready on port ", port,
+                              " within 30 s; it printed:\n", output);
+      return nullptr;
+    }
+    server->pid_ = -1;  // Reaped: nothing to stop.
+    *why_not = absl::StrCat(
+        binary, " exited (",
+        WIFEXITED(status) ? absl::StrCat("code ", WEXITSTATUS(status))
+                          : absl::StrCat("signal ", WTERMSIG(status)),
+        ") before getting ready on port ", port, "; it printed:\n", output);
+    if (output.find("Address already in use") == std::string::npos) {
+      return nullptr;
+    }
   }
-  *why_not = last_failure;
   return nullptr;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace dcp::testing {
@@ -36,14 +37,22 @@ std::string FreshTestDir(const std::string& name);
 // is false, else 0. Use as `if (int rc = Check(...)) return rc;`.
 int Check(bool ok, int rank, const std::string& message);
 
+// Reads `fd` until its text holds `wanted` (true), or to end of file or
+// `deadline` (false); the text read goes to `*out`. For waiting on a child's
+// "ready" line.
+bool ReadUntil(int fd, absl::string_view wanted, absl::Time deadline,
+               std::string* out);
+
 // A private redis-server on 127.0.0.1 for the length of a test, to meet
 // through Gloo's RedisStore.
 class RedisServer {
  public:
-  // Starts one on a free port and waits until it accepts connections.
-  // nullptr (with the reason in `*why_not`) when redis-server is not
-  // installed or does not come up.
-  static std::unique_ptr<RedisServer> StartIfInstalled(std::string* why_not);
+  // Starts one on a free port and waits until it logs that it accepts
+  // connections. nullptr, with the reason in `*why_not`, when redis-server
+  // is not installed (`*broken` false: skip the test) or does not come up
+  // (`*broken` true: fail it).
+  static std::unique_ptr<RedisServer> StartIfInstalled(std::string* why_not,
+                                                       bool* broken);
   ~RedisServer();  // Stops it.
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;

@@ -21,7 +21,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -66,12 +68,17 @@ class NamespacedRedis {
       *why_not = "redis-server is not installed";
       return false;
     }
+    int log[2];
+    if (pipe2(log, O_CLOEXEC) != 0) {
+      *why_not = std::string("pipe: ") + std::strerror(errno);
+      return false;
+    }
     std::fflush(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
       if (!ns_.Enter(0).ok()) _exit(90);
-      const int null_fd = open("/dev/null", O_WRONLY);
-      dup2(null_fd, STDOUT_FILENO);
+      dup2(log[1], STDOUT_FILENO);
+      dup2(log[1], STDERR_FILENO);
       // Protected mode refuses peers off loopback; this server is reachable
       // only from the test's namespaces (the bridge has no uplink).
       const std::string bind = Namespaces::Address(0);
@@ -80,19 +87,26 @@ class NamespacedRedis {
             "no", "--protected-mode", "no", static_cast<char*>(nullptr));
       _exit(127);
     }
-    // Ready once it answers a ping from another node (which also shows the
-    // link works); the deadline only bounds a hang.
-    const std::string ping =
-        absl::StrCat("ip netns exec ", ns_.Node(1), " redis-cli -h ",
-                     Namespaces::Address(0), " ping");
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    close(log[1]);
+    // Redis logs this line once it listens (and ignores SIGPIPE once the
+    // pipe is closed); the deadline only bounds a hang.
     std::string out;
-    while (RunShell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
-      if (absl::Now() > deadline) {
-        *why_not = "redis in the namespace did not answer: " + out;
-        return false;
-      }
-      usleep(20000);
+    const bool ready =
+        dcp::testing::ReadUntil(log[0], "Ready to accept connections",
+                                absl::Now() + absl::Seconds(30), &out);
+    close(log[0]);
+    if (!ready) {
+      *why_not = "redis in the namespace did not get ready: " + out;
+      return false;
+    }
+    // A ping from another node shows the link works (TCP retries its
+    // connect while the bridge port comes up).
+    const std::string ping =
+        absl::StrCat("ip netns exec ", ns_.Node(1), " timeout 60 redis-cli -h ",
+                     Namespaces::Address(0), " ping");
+    if (RunShell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
+      *why_not = "redis in the namespace did not answer: " + out;
+      return false;
     }
     return true;
   }

@@ -60,7 +60,10 @@ TEST(RendezvousReuseTest, ConsecutiveJobsShareADirectory) {
 
 TEST(RendezvousReuseTest, ConsecutiveJobsShareARedisServer) {
   std::string why_not;
-  std::unique_ptr<RedisServer> redis = RedisServer::StartIfInstalled(&why_not);
+  bool broken = false;
+  std::unique_ptr<RedisServer> redis =
+      RedisServer::StartIfInstalled(&why_not, &broken);
+  ASSERT_FALSE(broken) << why_not;
   if (redis == nullptr) GTEST_SKIP() << why_not;
   const std::string checkpoint = FreshTestDir("reuse-redis-checkpoint");
   RunJob(3, "save", checkpoint, redis->address());
