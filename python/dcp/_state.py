@@ -683,10 +683,10 @@ class Flat:
         or float16 is converted by the engine (sets engine_converts: the
         load asks for convert_dtypes, which converts every host tensor of
         those dtypes), reading a window of tensors at a time into
-        temporaries of the saved dtype. Any other loads into a temporary
-        of the saved dtype instead, set in `sd` in the destination's
-        place, which write_back copies into the destination (numpy:
-        assignment). numpy destinations of other dtypes where numpy lacks
+        temporaries of the saved dtype. Any other loads into a host
+        temporary of the saved dtype instead (for a device destination
+        too), set in `sd` in the destination's place, which write_back
+        copies into the destination (numpy: assignment). numpy destinations of other dtypes where numpy lacks
         the saved one (float8) are left for the load to refuse."""
         L = _lib.lib()
         count = ctypes.c_size_t()
@@ -742,7 +742,11 @@ class Flat:
                 dtype = torch_dtype(code)
                 if not isinstance(dtype, torch.dtype):
                     continue
-                tmp = torch.empty(t.shape, dtype=dtype, device=t.device)
+                # On the host for a device destination too: write_back's
+                # blocking copy_ converts on the CPU and uploads, holding
+                # no device memory beyond the destination (torch's DCP
+                # loads so too).
+                tmp = torch.empty(t.shape, dtype=dtype)
             j = standing.get(id(t))
             if j is not None:
                 self.copy_back[j] = (self.copy_back[j][0], tmp)

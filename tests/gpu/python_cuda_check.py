@@ -181,9 +181,31 @@ def check_convert(torch, dcp, device, base):
         torch.cuda.synchronize()
         distinct = torch.unique(after.cpu()).tolist()[:8]
         order_ok = distinct == [7.0]
-    return emit(check="convert", ok=not bad and not moved and order_ok,
+        # A converting load holds no device memory beyond its destinations:
+        # 16 bf16 tensors of 16 MiB into fp32 ones (512 MiB) may add at most
+        # one tensor's conversion (torch's DCP loads one item at a time).
+        del x, after
+        many = {f"t{k}": torch.full((8 << 20,), float(k),
+                                    dtype=torch.bfloat16) for k in range(16)}
+        many_path = os.path.join(base, "convert_many")
+        dcp.save(many, checkpoint_id=many_path)
+        dests = {k: torch.zeros(8 << 20, device=device) for k in many}
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        dcp.load(dests, checkpoint_id=many_path)
+        torch.cuda.synchronize()
+        extra_mib = (torch.cuda.max_memory_allocated() - before) / (1 << 20)
+        filled_ok = all(bool((d == float(k[1:])).all())
+                        for k, d in dests.items())
+        peak_ok = extra_mib <= 32 and filled_ok
+    else:
+        extra_mib, peak_ok = None, True
+    return emit(check="convert",
+                ok=not bad and not moved and order_ok and peak_ok,
                 pairs=pairs, mismatched=bad, not_in_place=moved,
-                order_distinct_values=distinct)
+                order_distinct_values=distinct,
+                extra_device_mib_converting_512_mib=extra_mib)
 
 
 def check_async(torch, dcp, device, base, kind_name):
