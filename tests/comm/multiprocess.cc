@@ -44,6 +44,9 @@ std::vector<RankExit> RunRanks(int n, const std::function<int(int rank)>& body,
       pidfds[r] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
       if (pidfds[r] < 0) {
         std::fprintf(stderr, "pidfd_open(%d): %s\n", pid, std::strerror(errno));
+        for (int k = 0; k <= r; ++k) {
+          if (pids[k] > 0) kill(pids[k], SIGKILL);
+        }
         std::abort();
       }
     }
@@ -77,7 +80,9 @@ std::vector<RankExit> RunRanks(int n, const std::function<int(int rank)>& body,
              static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (ready < 0 && errno != EINTR) break;
     for (size_t k = 0; k < waiting.size(); ++k) {
-      if (waiting[k].revents != 0) reap(ranks[k], 0);
+      if (waiting[k].revents == 0) continue;
+      // Not ours to reap any more (ECHILD): counted as gone.
+      if (!reap(ranks[k], 0) && errno == ECHILD) pids[ranks[k]] = -1;
     }
   }
   for (int r = 0; r < n; ++r) {
@@ -107,7 +112,8 @@ int Check(bool ok, int rank, const std::string& message) {
 }
 
 bool ReadUntil(int fd, absl::string_view wanted, absl::Time deadline,
-               std::string* out) {
+               std::string* out, bool* eof) {
+  if (eof != nullptr) *eof = false;
   char buffer[4096];
   while (!absl::StrContains(*out, wanted)) {
     const absl::Duration left = deadline - absl::Now();
@@ -119,6 +125,7 @@ bool ReadUntil(int fd, absl::string_view wanted, absl::Time deadline,
     if (ready <= 0) return false;
     const ssize_t n = read(fd, buffer, sizeof(buffer));
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0 && eof != nullptr) *eof = true;
     if (n <= 0) return false;
     out->append(buffer, static_cast<size_t>(n));
   }
@@ -217,8 +224,10 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(std::string* why_not,
     // Redis logs this line once it listens; the deadline only bounds a
     // hang.
     std::string output;
-    const bool ready = ReadUntil(log[0], "Ready to accept connections",
-                                 absl::Now() + absl::Seconds(30), &output);
+    bool eof = false;
+    const bool ready =
+        ReadUntil(log[0], "Ready to accept connections",
+                  absl::Now() + absl::Seconds(30), &output, &eof);
     close(log[0]);
     if (ready && AnswersPing(port)) {
       *broken = false;
@@ -229,10 +238,15 @@ std::unique_ptr<RedisServer> RedisServer::StartIfInstalled(std::string* why_not,
                               " but does not answer PING");
       return nullptr;
     }
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) != pid) {
+    if (!eof) {
       *why_not = absl::StrCat(binary, " did not get ready on port ", port,
                               " within 30 s; it printed:\n", output);
+      return nullptr;
+    }
+    // The end of its output: redis is exiting (it may not be reapable yet).
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) {
+      *why_not = absl::StrCat("waitpid ", binary, ": ", std::strerror(errno));
       return nullptr;
     }
     server->pid_ = -1;  // Reaped: nothing to stop.

@@ -38,10 +38,10 @@ std::string FreshTestDir(const std::string& name);
 int Check(bool ok, int rank, const std::string& message);
 
 // Reads `fd` until its text holds `wanted` (true), or to end of file or
-// `deadline` (false); the text read goes to `*out`. For waiting on a child's
-// "ready" line.
+// `deadline` (false; `*eof` says which, when given); the text read goes to
+// `*out`. For waiting on a child's "ready" line.
 bool ReadUntil(int fd, absl::string_view wanted, absl::Time deadline,
-               std::string* out);
+               std::string* out, bool* eof = nullptr);
 
 // A private redis-server on 127.0.0.1 for the length of a test, to meet
 // through Gloo's RedisStore.

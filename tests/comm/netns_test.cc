@@ -100,15 +100,18 @@ class NamespacedRedis {
       return false;
     }
     // A ping from another node shows the link works (TCP retries its
-    // connect while the bridge port comes up).
+    // connect while the bridge port comes up; a refused or unreachable
+    // connect fails at once and is tried again, a few times).
     const std::string ping =
         absl::StrCat("ip netns exec ", ns_.Node(1), " timeout 60 redis-cli -h ",
                      Namespaces::Address(0), " ping");
-    if (RunShell(ping, &out) != 0 || out.find("PONG") == std::string::npos) {
-      *why_not = "redis in the namespace did not answer: " + out;
-      return false;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (RunShell(ping, &out) == 0 && out.find("PONG") != std::string::npos) {
+        return true;
+      }
     }
-    return true;
+    *why_not = "redis in the namespace did not answer: " + out;
+    return false;
   }
 
   std::string address() const {
