@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import pickle
 import sys
 
@@ -714,7 +715,9 @@ class Flat:
         # Chunks of a sharded tensor after its first share its leaf.
         later_chunks = {i for g in self._multi for i in g[1:]}
         for i, path in enumerate(self.t_paths):
-            if seen == len(saved):
+            # A sharded tensor's chunks are consecutive: its later chunks
+            # come before the break.
+            if seen == len(saved) and i not in later_chunks:
                 break
             code = saved.get(self.name(path))
             if code is None:
@@ -744,9 +747,11 @@ class Flat:
                     continue
                 # On the host for a device destination too: write_back's
                 # blocking copy_ converts on the CPU and uploads, holding
-                # no device memory beyond the destination (torch's DCP
-                # loads so too).
-                tmp = torch.empty(t.shape, dtype=dtype)
+                # no device memory for the temporary (torch's DCP loads so
+                # too). 4 KiB aligned, as O_DIRECT reads want.
+                tmp = _aligned_host_empty(t.shape, dtype) \
+                    if t.device.type != "cpu" else \
+                    torch.empty(t.shape, dtype=dtype)
             j = standing.get(id(t))
             if j is not None:
                 self.copy_back[j] = (self.copy_back[j][0], tmp)
@@ -1403,6 +1408,16 @@ def _is_seq(v) -> bool:
 def _holds_empty(seq) -> bool:
     """Whether list or tuple `seq` holds an empty one at any depth."""
     return any(_is_seq(v) and (not v or _holds_empty(v)) for v in seq)
+
+
+def _aligned_host_empty(shape, dtype):
+    """An uninitialized CPU tensor whose data starts on a 4 KiB boundary
+    (torch's CPU allocator aligns to 64 bytes)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * itemsize
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
+    start = -raw.data_ptr() % 4096
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 class _EmptyHint:

@@ -175,3 +175,18 @@ def test_a_converting_load_holds_a_window_of_temporaries(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     base, peak = map(float, run.stdout.split())
     assert peak - base < 192, f"+{peak - base:.0f} MiB peak RSS"
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 5), (1000, 7)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32,
+                                   torch.int64, torch.float8_e4m3fn])
+def test_device_conversion_temporaries_are_page_aligned(shape, dtype):
+    # What a load into a CUDA tensor of another dtype reads into: O_DIRECT
+    # reads go straight into it only if it starts on a 4 KiB boundary.
+    from dcp._state import _aligned_host_empty
+    t = _aligned_host_empty(shape, dtype)
+    assert t.device.type == "cpu" and t.dtype == dtype
+    assert tuple(t.shape) == shape and t.is_contiguous()
+    assert t.data_ptr() % 4096 == 0
+    t.fill_(1)
+    assert bool((t == 1).all())

@@ -256,6 +256,15 @@ def test_checkpointable_tensor_with_several_shards_converts(ckpt):
     assert torch.equal(dest[2], torch.full((3,), 9, dtype=torch.int64))
     assert torch.equal(dest[3:5], full[6:8].long())
     assert torch.equal(sd["z"], torch.arange(5, dtype=torch.int64))
+    # The sharded tensor as the last key that converts: its later chunks
+    # still get their temporaries.
+    dest = torch.full((5, 3), 9, dtype=torch.int64)
+    several(dest, (8, 3), [((0, 0), (0, 0), (2, 3)),
+                           ((6, 0), (3, 0), (2, 3))])
+    sd = {"a": dest, "z": torch.zeros(5, dtype=torch.int32)}
+    dcp.load(sd, checkpoint_id=ckpt)
+    assert torch.equal(dest[0:2], full[0:2].long())
+    assert torch.equal(dest[3:5], full[6:8].long())
 
 
 def test_checkpointable_tensor_errors_name_the_key(ckpt):
