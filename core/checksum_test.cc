@@ -1,10 +1,14 @@
 #include "core/checksum.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstddef>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/internal/xxh3_avx2.h"
 #include "gtest/gtest.h"
 
 namespace dcp {
@@ -22,6 +26,32 @@ TEST(Checksum, KnownValueAndStreamingAgrees) {
   EXPECT_EQ(stream.Digest(), Checksum(data.data(), data.size()));
   data[500] ^= 1;
   EXPECT_NE(stream.Digest(), Checksum(data.data(), data.size()));
+}
+
+// The AVX2 build of XXH3 that Checksum picks on CPUs with AVX2 gives the
+// library's values for every length class XXH3 treats apart (0-16, 17-128,
+// 129-240, long inputs in stripes, blocks and a partial last stripe) at
+// every alignment.
+TEST(Checksum, Avx2VariantMatchesTheLibrary) {
+  ASSERT_TRUE(internal::Xxh3Avx2Built()) << "core/BUILD.bazel gives -mavx2";
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::vector<unsigned char> data((size_t{4} << 20) + 64);
+  std::mt19937_64 random(17);
+  for (auto& b : data) b = static_cast<unsigned char>(random());
+  std::vector<size_t> sizes;
+  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
+  for (size_t n : {4095, 4096, 4097, 65535, 65536, 1 << 20, (4 << 20) + 3}) {
+    sizes.push_back(n);
+  }
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n : sizes) {
+      const unsigned char* p = data.data() + offset;
+      ASSERT_EQ(internal::Xxh3Avx2(p, n), XXH3_64bits(p, n))
+          << "size " << n << " offset " << offset;
+      ASSERT_EQ(Checksum(p, n), XXH3_64bits(p, n))
+          << "size " << n << " offset " << offset;
+    }
+  }
 }
 
 TEST(BlockChecksums, OnePerBlockTheLastShorter) {
