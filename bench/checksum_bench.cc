@@ -19,35 +19,27 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench/bench_env.h"
 #include "core/checksum.h"
 
 namespace {
 
 constexpr size_t kBlock = size_t{4} << 20;
 
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // GB/s of `fn(offset, length)` over every block of `bytes`, repeated until
 // 4 GiB have passed.
 template <typename Fn>
 double Rate(size_t bytes, Fn fn) {
   const size_t rounds = std::max<size_t>(1, (size_t{4} << 30) / bytes);
-  const double start = Now();
+  const auto start = std::chrono::steady_clock::now();
   for (size_t r = 0; r < rounds; ++r) {
     for (size_t off = 0; off < bytes; off += kBlock) {
       fn(off, std::min(kBlock, bytes - off));
     }
   }
-  return static_cast<double>(rounds * bytes) / (Now() - start) / 1e9;
+  const std::chrono::duration<double> took =
+      std::chrono::steady_clock::now() - start;
+  return static_cast<double>(rounds * bytes) / took.count() / 1e9;
 }
 
 }  // namespace
@@ -78,11 +70,11 @@ int main(int argc, char** argv) {
         sink += copy[off];
       }));
     }
-    const double d = Median(dcp_rate), l = Median(lib_rate);
+    const double d = dcp::Median(dcp_rate), l = dcp::Median(lib_rate);
     std::printf(
         "%4zu MiB: dcp Checksum %.1f GB/s, libxxhash XXH3_64bits %.1f GB/s "
         "(dcp %.2fx), memcpy %.1f GB/s\n",
-        mib, d, l, d / l, Median(memcpy_rate));
+        mib, d, l, d / l, dcp::Median(memcpy_rate));
   }
   std::printf("(checksum sink %016llx)\n",
               static_cast<unsigned long long>(sink));
