@@ -15,7 +15,7 @@ namespace {
 bool UseAvx2() {
 #if defined(__x86_64__)
   static const bool avx2 =
-      internal::Xxh3Avx2Built() && __builtin_cpu_supports("avx2") != 0;
+      __builtin_cpu_supports("avx2") != 0 && internal::Xxh3Avx2Built();
   return avx2;
 #else
   return false;

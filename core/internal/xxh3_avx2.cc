@@ -7,6 +7,9 @@
 #define XXH_INLINE_ALL
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
+#if XXH_VECTOR != XXH_AVX2
+#error "xxhash.h did not take its AVX2 path"
+#endif
 #endif
 
 namespace dcp::internal {

@@ -1,5 +1,5 @@
 // XXH3-64 (seed 0) compiled for AVX2, for core/checksum.cc's dispatch: the
-// same values as libxxhash's XXH3_64bits, about 2.5x its speed on data in
+// same values as libxxhash's XXH3_64bits, about 2x its speed on data in
 // cache (Debian's library is built for SSE2). Call only where the CPU has
 // AVX2 and Xxh3Avx2Built().
 #ifndef DCP_CORE_INTERNAL_XXH3_AVX2_H_
