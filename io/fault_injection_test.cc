@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system_storage.h"
@@ -41,11 +42,12 @@ int CountEntries(const char* dir) {
   return n;
 }
 
-// Threads of this process, not counting the kernel's io_uring workers
-// ("iou-wrk-*": they serve the thread that submitted and the kernel retires
-// them after a few idle seconds, so they are no leak of ours).
-int CountThreads() {
-  int n = 0;
+// The threads of this process, "tid:name" each, not counting the kernel's
+// io_uring workers ("iou-wrk-*": they serve the thread that submitted and
+// the kernel retires them after a few idle seconds, so they are no leak of
+// ours) nor threads already exiting.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
   if (DIR* d = ::opendir("/proc/self/task")) {
     while (dirent* entry = ::readdir(d)) {
       if (entry->d_name[0] == '.') continue;
@@ -53,12 +55,25 @@ int CountThreads() {
           absl::StrCat("/proc/self/task/", entry->d_name, "/comm"));
       std::string name;
       std::getline(comm, name);
-      if (name.rfind("iou-", 0) != 0) ++n;
+      // A thread past exit_mm has no "VmSize" line: it is exiting (a join
+      // can return before the kernel removes it from /proc).
+      std::ifstream status(
+          absl::StrCat("/proc/self/task/", entry->d_name, "/status"));
+      std::string line;
+      bool has_memory = false;
+      while (std::getline(status, line)) {
+        if (line.rfind("VmSize:", 0) == 0) has_memory = true;
+      }
+      if (name.rfind("iou-", 0) != 0 && has_memory) {
+        names.push_back(absl::StrCat(entry->d_name, ":", name));
+      }
     }
     ::closedir(d);
   }
-  return n;
+  return names;
 }
+
+int CountThreads() { return static_cast<int>(ThreadNames().size()); }
 
 struct SaveFaultCase {
   std::string name;
@@ -127,7 +142,8 @@ TEST_P(SaveFaultTest, FailsCleanlyAndKeepsThePreviousCheckpoint) {
   absl::Status loaded = LoadAndCompare(dir, old_state);
   EXPECT_TRUE(loaded.ok()) << loaded;
   EXPECT_EQ(CountEntries("/proc/self/fd"), fds_before);
-  EXPECT_EQ(CountThreads(), threads_before);
+  EXPECT_EQ(CountThreads(), threads_before)
+      << absl::StrJoin(ThreadNames(), " ");
 }
 
 Fault F(FaultOp op, int error, std::string path, int64_t nth = 1,

@@ -239,14 +239,28 @@ class PosixFile final : public File {
   ReadDropBehind drop_behind_;
 };
 
-// open(2) with O_DIRECT where asked and supported (tmpfs refuses it with
-// EINVAL: fall back to buffered I/O there).
+// open(2) with O_DIRECT where asked and supported, buffered elsewhere:
+// where the file system refuses it (EINVAL), and on file systems whose
+// pages are the file (KeepsPagesInMemory: tmpfs takes O_DIRECT since Linux
+// 6.6). There O_DIRECT saves no copy, and io_uring hands such reads, which
+// cannot be tried without blocking, to one kernel worker at a time, while
+// buffered reads go to its workers concurrently (docs/BENCHMARKS.md
+// section 9, "O_DIRECT on tmpfs").
 int OpenRetryingEintr(const std::string& path, int flags, bool direct) {
   int fd;
   if (direct) {
     do {
       fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0644);
     } while (fd < 0 && errno == EINTR);
+    if (fd >= 0 && KeepsPagesInMemory(fd)) {
+      const int status = ::fcntl(fd, F_GETFL);
+      if (status == -1 || ::fcntl(fd, F_SETFL, status & ~O_DIRECT) != 0) {
+        const int error = errno;
+        ::close(fd);
+        errno = error;
+        return -1;
+      }
+    }
     if (fd >= 0 || errno != EINVAL) return fd;
   }
   do {

@@ -113,7 +113,8 @@ struct OpenOptions {
   // existing file is truncated.
   bool exclusive = true;
   // Open with O_DIRECT where the file system supports it (silently buffered
-  // where it does not). Callers then use 4 KiB aligned buffers and offsets.
+  // where it does not, and on tmpfs, ramfs and hugetlbfs, whose pages are
+  // the file). Callers then use 4 KiB aligned buffers and offsets.
   bool direct = false;
   // Reads and writes of a file that is not O_DIRECT go through the page
   // cache but leave it once done: a written page once it is on the disk
