@@ -123,8 +123,10 @@ absl::Status DefaultSavePlanner::SetUp(const StateDict& state_dict,
   return absl::OkStatus();
 }
 
-absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
+absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan(
+    SavePlannerData* data) {
   SavePlan plan;
+  data->unheld.clear();
   plan.items.reserve(leaves_.size());
   planned_.clear();
   planned_.reserve(leaves_.size());
@@ -146,12 +148,17 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan() {
             "sharded tensor \"", name, "\" has two local shards at offsets ",
             ShapeToString(*repeated)));
       }
+      const size_t items_before = plan.items.size();
       for (const Shard& shard : st.local_shards()) {
         if (UnplannedShard(st, shard)) continue;
         plan.items.push_back(TensorItem(name, WriteItemType::kShard,
                                         shard.offsets, shard.tensor.sizes(),
                                         st.dtype(), st.global_sizes()));
         plan.items.back().tensor_data->properties.requires_grad = requires_grad;
+      }
+      if (plan.items.size() == items_before &&
+          NumElements(st.global_sizes()) > 0) {
+        data->unheld.emplace_back(name, st.global_sizes());
       }
       planned_.emplace(name, &value);
     } else {
@@ -174,8 +181,8 @@ DedupPolicy DefaultSavePlanner::policy() const {
 }
 
 absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
-  DCP_ASSIGN_OR_RETURN(SavePlan plan, BuildLocalPlan());
   SavePlannerData data;
+  DCP_ASSIGN_OR_RETURN(SavePlan plan, BuildLocalPlan(&data));
   if (options_.flatten_state_dict)
     SetCompactMapping(plan.items, mapping_, &data);
   local_digest_.reset();
@@ -184,7 +191,7 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::CreateLocalPlan() {
       cache_ = options_.plan_cache != nullptr ? options_.plan_cache
                                               : SavePlanCache::ProcessDefault();
     }
-    const PlanDigest digest = DigestSavePlan(plan.items, mapping_);
+    const PlanDigest digest = DigestSavePlan(plan.items, mapping_, data.unheld);
     local_digest_ = digest;
     data.digest = digest;
     absl::MutexLock lock(&cache_->mutex());

@@ -121,7 +121,8 @@ class DefaultSavePlanner : public SavePlanner {
     bool cached = false;
   };
 
-  absl::StatusOr<SavePlan> BuildLocalPlan();
+  // The local plan's items; the unheld tensors go to `data->unheld`.
+  absl::StatusOr<SavePlan> BuildLocalPlan(SavePlannerData* data);
   absl::StatusOr<GlobalResult> BuildGlobal(std::vector<SavePlan> local_plans);
   absl::StatusOr<GlobalResult> CreateCachedGlobalPlan(
       std::vector<SavePlan> local_plans, std::vector<SavePlannerData> data);

@@ -307,6 +307,86 @@ TEST(DefaultPlannerTest, ReadItemOffsetsAreRelativeToChunks) {
             dest["x"].sharded_tensor().local_shards()[0].tensor.data());
 }
 
+// A sharded tensor whose every shard is empty while its global shape is
+// not: no rank plans an item for it, and the save fails the coverage check
+// instead of leaving the tensor out. Empty shards on some ranks are fine;
+// with full coverage off, the tensor is left out as before. A cached plan
+// is not reused when only the unheld tensors changed (flattening off, so
+// the flatten mapping does not change either).
+TEST(DefaultPlannerTest, TensorNoRankHoldsFailsCoverage) {
+  Tensor full = RandomTensor(DType::kF32, {4, 2}, 5);
+  const ShardedTensor whole = Shards(full, {{{0, 0}, {4, 2}}});
+  const ShardedTensor empty =
+      EmptyShards(DType::kF32, {4, 2}, {{{4, 0}, {0, 2}}});
+  const ShardedTensor no_shards = EmptyShards(DType::kF32, {4, 2}, {});
+  for (bool caching : {false, true}) {
+    std::vector<DefaultSavePlannerOptions> o(2);
+    for (DefaultSavePlannerOptions& rank_options : o) {
+      rank_options.flatten_state_dict = false;
+      rank_options.enable_plan_caching = caching;
+      rank_options.plan_cache = std::make_shared<SavePlanCache>();
+    }
+    auto save = [&](const StateDict& s0, const StateDict& s1) {
+      DefaultSavePlanner p0(o[0]), p1(o[1]);
+      return SaveInMemory({&s0, &s1}, {&p0, &p1});
+    };
+    // Rank 1 holds nothing of "w": rank 0 covers it.
+    const StateDict held{{"w", whole}};
+    const StateDict unheld{{"w", empty}};
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      absl::StatusOr<InMemoryCheckpoint> ckpt = save(held, unheld);
+      ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+      EXPECT_TRUE(ckpt->metadata.state_dict_metadata.contains("w"));
+    }
+    // Nobody holds "extra"; rank 0's items are as before.
+    absl::StatusOr<InMemoryCheckpoint> ckpt = save(
+        {{"w", whole}, {"extra", empty}}, {{"w", empty}, {"extra", no_shards}});
+    ASSERT_FALSE(ckpt.ok()) << caching;
+    EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(ckpt.status().message(),
+                AllOf(HasSubstr("tensor \"extra\" of shape [4, 2]"),
+                      HasSubstr("no rank holds any of its elements"),
+                      HasSubstr("rank 0 holds none")));
+    ckpt = save(unheld, unheld);
+    ASSERT_FALSE(ckpt.ok()) << caching;
+    EXPECT_THAT(ckpt.status().message(),
+                AllOf(HasSubstr("tensor \"w\" of shape [4, 2]"),
+                      HasSubstr("no rank holds any of its elements")));
+  }
+  // The ranks that hold none of a tensor must agree with those that do.
+  for (bool full_coverage : {true, false}) {
+    DefaultSavePlannerOptions o;
+    o.require_full_coverage = full_coverage;
+    DefaultSavePlanner p0(o), p1(o), p2(o), p3(o);
+    const StateDict held{{"w", whole}};
+    const StateDict other_shape{
+        {"w", EmptyShards(DType::kF32, {8, 2}, {{{8, 0}, {0, 2}}})}};
+    absl::StatusOr<InMemoryCheckpoint> ckpt =
+        SaveInMemory({&held, &other_shape}, {&p0, &p1});
+    ASSERT_FALSE(ckpt.ok());
+    EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(ckpt.status().message(),
+                AllOf(HasSubstr("\"w\": rank 1 has a sharded tensor of shape "
+                                "[8, 2]"),
+                      HasSubstr("rank 0 has a tensor of shape [4, 2]")));
+    const StateDict value{{"w", int64_t{3}}};
+    ckpt = SaveInMemory({&value, &other_shape}, {&p2, &p3});
+    ASSERT_FALSE(ckpt.ok());
+    EXPECT_THAT(ckpt.status().message(),
+                HasSubstr("rank 0 has a non-tensor value"));
+  }
+  DefaultSavePlannerOptions partial;
+  partial.require_full_coverage = false;
+  DefaultSavePlanner p0(partial), p1(partial);
+  const StateDict s0{{"w", whole}, {"extra", empty}};
+  const StateDict s1{{"w", empty}, {"extra", no_shards}};
+  absl::StatusOr<InMemoryCheckpoint> ckpt =
+      SaveInMemory({&s0, &s1}, {&p0, &p1});
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(ckpt->metadata.state_dict_metadata.contains("w"));
+  EXPECT_FALSE(ckpt->metadata.state_dict_metadata.contains("extra"));
+}
+
 // A 3-d tensor saved as uneven blocks by three ranks loads into a different
 // uneven layout on two ranks, into a whole tensor, and back.
 TEST(DefaultPlannerTest, ReshardsNdUnevenLayouts) {

@@ -617,6 +617,31 @@ absl::StatusOr<GlobalSavePlan> BuildGlobalSavePlan(
         metadata.state_dict_metadata.end(), std::string(info.name),
         std::move(tensor_metadata));
   }
+  // A sharded tensor no rank holds an element of reaches no item above; one
+  // that other ranks hold must be the same tensor there.
+  for (uint32_t r = 0; r < data.size(); ++r) {
+    for (const auto& [name, size] : data[r].unheld) {
+      auto it = metadata.state_dict_metadata.find(name);
+      if (it == metadata.state_dict_metadata.end()) {
+        if (!require_full_coverage) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", name, "\" of shape ", ShapeToString(size),
+            ": no rank holds any of its elements (rank ", r,
+            " holds none); every element must be saved by one chunk"));
+      }
+      const auto* held = std::get_if<TensorStorageMetadata>(&it->second);
+      if (held == nullptr || held->size != size) {
+        const NameInfo& info = names[name_ids.at(name)];
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", name, "\": rank ", r, " has a sharded tensor of shape ",
+            ShapeToString(size), " (holding none of its elements), rank ",
+            info.first_rank, " has ",
+            held == nullptr ? std::string("a non-tensor value")
+                            : absl::StrCat("a tensor of shape ",
+                                           ShapeToString(held->size))));
+      }
+    }
+  }
   DCP_ASSIGN_OR_RETURN(metadata.flatten_mapping,
                        BuildMapping(names, name_order, name_ids, data));
   AssignWriters(groups, holder_ranks, num_ranks, policy);

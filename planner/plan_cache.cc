@@ -28,8 +28,9 @@ bool IsUnchangedSavePlan(const SavePlan& plan) {
   return data.ok() && data->unchanged;
 }
 
-PlanDigest DigestSavePlan(const std::vector<WriteItem>& items,
-                          const FlattenMapping& mapping) {
+PlanDigest DigestSavePlan(
+    const std::vector<WriteItem>& items, const FlattenMapping& mapping,
+    const std::vector<std::pair<std::string, Shape>>& unheld) {
   // Every field of every item, length-prefixed so that no two plans share
   // a byte stream.
   std::string buffer;
@@ -54,7 +55,15 @@ PlanDigest DigestSavePlan(const std::vector<WriteItem>& items,
       AppendShape(buffer, t.size);
     }
   }
-  buffer += EncodeFlattenMapping(mapping);
+  const std::string encoded_mapping = EncodeFlattenMapping(mapping);
+  AppendInt(buffer, static_cast<int64_t>(encoded_mapping.size()));
+  buffer += encoded_mapping;
+  AppendInt(buffer, static_cast<int64_t>(unheld.size()));
+  for (const auto& [name, size] : unheld) {
+    AppendInt(buffer, static_cast<int64_t>(name.size()));
+    buffer += name;
+    AppendShape(buffer, size);
+  }
   return DigestBytes(buffer);
 }
 

@@ -40,9 +40,11 @@ namespace dcp {
 // True when `plan` is an "unchanged" marker from a caching planner.
 bool IsUnchangedSavePlan(const SavePlan& plan);
 
-// Digest of a plan's items and flatten mapping (not storage_data).
-PlanDigest DigestSavePlan(const std::vector<WriteItem>& items,
-                          const FlattenMapping& mapping);
+// Digest of a plan's items, flatten mapping and unheld tensors
+// (SavePlannerData::unheld), not of its storage_data.
+PlanDigest DigestSavePlan(
+    const std::vector<WriteItem>& items, const FlattenMapping& mapping,
+    const std::vector<std::pair<std::string, Shape>>& unheld = {});
 
 // XXH3-128 of `bytes`.
 PlanDigest DigestBytes(absl::string_view bytes);

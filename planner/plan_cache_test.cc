@@ -330,6 +330,10 @@ TEST(PlanDigestTest, EveryFieldChangesTheDigest) {
     EXPECT_NE(DigestSavePlan({variants[i]}, {}), base) << i;
   }
   EXPECT_NE(DigestSavePlan({item}, {{"t", {"t"}}}), base);
+  const PlanDigest unheld = DigestSavePlan({item}, {}, {{"v", Shape{4}}});
+  EXPECT_NE(unheld, base);
+  EXPECT_NE(DigestSavePlan({item}, {}, {{"v", Shape{5}}}), unheld);
+  EXPECT_NE(DigestSavePlan({item}, {}, {{"x", Shape{4}}}), unheld);
   EXPECT_EQ(DigestSavePlan({item}, {}), base);
 }
 

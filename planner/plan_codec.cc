@@ -269,6 +269,11 @@ std::string EncodeSavePlannerData(const SavePlannerData& data) {
   }
   if (!data.mapping.empty())
     MappingToProto(data.mapping, *proto.mutable_mapping());
+  for (const auto& [name, size] : data.unheld) {
+    pb::UnheldTensor* unheld = proto.add_unheld();
+    unheld->set_name(name);
+    unheld->mutable_size()->Add(size.begin(), size.end());
+  }
   return proto.SerializeAsString();
 }
 
@@ -295,6 +300,11 @@ absl::StatusOr<SavePlannerData> DecodeSavePlannerData(absl::string_view bytes) {
                            proto.joined_masks().end());
   if (proto.has_mapping()) {
     DCP_ASSIGN_OR_RETURN(data.mapping, MappingFromProto(proto.mapping()));
+  }
+  data.unheld.reserve(proto.unheld_size());
+  for (const pb::UnheldTensor& unheld : proto.unheld()) {
+    data.unheld.emplace_back(unheld.name(),
+                             Shape(unheld.size().begin(), unheld.size().end()));
   }
   return data;
 }

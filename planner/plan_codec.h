@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,9 @@ struct SavePlannerData {
   FlattenMapping mapping;
   std::vector<uint64_t> list_masks;
   std::vector<uint64_t> joined_masks;
+  // Sharded tensors of which the rank holds only empty shards of a
+  // non-empty global shape (so no items): name and global shape, by name.
+  std::vector<std::pair<std::string, Shape>> unheld;
 };
 
 // Never a derived mask: the root of a path is always a key (bit 0 clear).

@@ -126,12 +126,14 @@ TEST(PlanCodecTest, SavePlannerDataRoundTrips) {
   data.digest = PlanDigest{1, 2};
   data.unchanged = true;
   data.mapping = {{"a.b.0", {"a", "b", int64_t{0}}}, {"k.v", {"k.v"}}};
+  data.unheld = {{"bias", Shape{4}}, {"w", Shape{3, 0, 2}}, {"\xff\xfe", {}}};
   absl::StatusOr<SavePlannerData> back =
       DecodeSavePlannerData(EncodeSavePlannerData(data));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->digest, data.digest);
   EXPECT_TRUE(back->unchanged);
   EXPECT_EQ(back->mapping, data.mapping);
+  EXPECT_EQ(back->unheld, data.unheld);
 }
 
 TEST(PlanCodecTest, ListMasksRoundTripAndRejectWhatDoesNotFit) {
