@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -421,6 +423,41 @@ TEST(FileSystemStorageTest, DeviceTensorIsRejectedNamingIt) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("gpu.w"));
   EXPECT_THAT(List(dir), SizeIs(0));
+}
+
+// Files on tmpfs open buffered even when O_DIRECT is asked for, so a
+// destination at any address is read in place, without a bounce copy.
+TEST(FileSystemStorageTest, MemoryBackedFilesReadInPlaceAtAnyAlignment) {
+  struct statfs fs;
+  if (::statfs("/dev/shm", &fs) != 0 ||
+      static_cast<long>(fs.f_type) != 0x01021994 ||
+      ::access("/dev/shm", W_OK) != 0) {
+    GTEST_SKIP() << "no writable tmpfs at /dev/shm";
+  }
+  const std::string dir =
+      absl::StrCat("/dev/shm/dcp-fs-storage-test-", ::getpid());
+  std::filesystem::create_directories(dir);
+  absl::Cleanup remove = [&] { std::filesystem::remove_all(dir); };
+  FakeSavePlanner save;
+  Tensor t = PatternTensor(DType::kF32, {256, 64}, 9);  // 64 KiB.
+  save.AddTensor("t", t);
+  FileSystemWriter writer(dir);
+  ASSERT_TRUE(SaveOneRank(writer, save).ok());
+  // 64 bytes past a 4 KiB boundary, as torch's CPU allocations often are.
+  std::vector<std::byte> memory(t.nbytes() + 8192);
+  auto* base = reinterpret_cast<std::byte*>(
+      (reinterpret_cast<uintptr_t>(memory.data()) + 4095) & ~uintptr_t{4095});
+  Tensor dest =
+      Tensor::Wrap(TensorView(base + 64, DType::kF32, Shape{256, 64}));
+  FakeLoadPlanner planner;
+  planner.SetDestination(MetadataIndex("t", Shape{0, 0}), dest);
+  FileSystemReaderOptions options;
+  options.direct_io = true;
+  FileSystemReader reader(dir, options);
+  absl::Status loaded = LoadOneRank(reader, planner);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  EXPECT_TRUE(dest.BytesEqual(t));
+  EXPECT_EQ(reader.peak_bounce_bytes(), 0);
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ struct StoredItem {
   // Set when the reader reaches the item.
   std::vector<const StreamExtension*> decoders;
   std::vector<int64_t> block_starts;
+  // The item's data file is open with O_DIRECT (reads aligned to
+  // kDirectIoAlignment). Set when the reader reaches the item, from the
+  // file: memory-backed files open buffered even when O_DIRECT is asked
+  // for, and their reads land in place at any alignment.
+  bool direct = true;
 };
 
 // Groups `plan`'s items by the stored item they use, in order of first use,

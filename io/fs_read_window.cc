@@ -30,8 +30,14 @@ using internal_io::RunWorkers;
 // the uses at once when there is nothing to read.
 absl::Status PlanItem(
     StoredItem& stored, LoadPlanner& planner, const ReadWindowOptions& options,
+    OpenFiles& files,
     const std::function<absl::StatusOr<DeviceStaging*>()>& device_staging,
     std::deque<ReadSlot>& out) {
+  // The file is open already (CheckStoredItem); if it is not, its error
+  // comes when it is read.
+  absl::StatusOr<const OpenFiles::Entry*> entry =
+      files.Get(stored.info->relative_path);
+  stored.direct = entry.ok() ? (*entry)->file->direct() : options.direct;
   const int64_t block_size = options.block_size;
   const int64_t length = stored.info->RawLength();
   const int64_t blocks = ChecksumBlockCount(length, block_size);
@@ -63,7 +69,7 @@ absl::Status PlanItem(
     // whole aligned blocks (a 100-byte item takes 4 or 8 KiB).
     const int64_t start = stored.info->offset + slot.io_begin;
     const int64_t end = stored.info->offset + slot.io_end;
-    const int64_t read_bytes = options.direct
+    const int64_t read_bytes = stored.direct
                                    ? AlignUp(end, kDirectIoAlignment) -
                                          AlignDown(start, kDirectIoAlignment)
                                    : end - start;
@@ -101,12 +107,12 @@ absl::Status PlanItem(
   // could be read in place: one read for a run of them costs less than a
   // read each (ReadStoredItems).
   if (stored.info->length >= kMinInPlaceBytes &&
-      CanReadInPlace(stored, stored.dests.front(), options.direct)) {
+      CanReadInPlace(stored, stored.dests.front(), stored.direct)) {
     ReadSlot& slot = add({0, blocks, 0, NumElements(stored.chunk_sizes)});
     slot.zero_copy = true;
     // In place, but under O_DIRECT a partial last block comes through a
     // one-block tail buffer (PrepareSlot).
-    const bool tail = options.direct &&
+    const bool tail = stored.direct &&
                       (slot.io_end - slot.io_begin) % kDirectIoAlignment != 0;
     slot.buffer_bytes = (tail ? kDirectIoAlignment : 0) + temporary_bytes;
     slot.target = static_cast<std::byte*>(stored.dests.front().data());
@@ -129,8 +135,8 @@ absl::Status PlanItem(
 }
 
 // Builds `slot`'s read requests, allocating its bounce buffers.
-absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
-                         ReadSlot& slot) {
+absl::Status PrepareSlot(OpenFiles& files, BounceMeter& meter, ReadSlot& slot) {
+  const bool direct = slot.stored->direct;
   DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
                        files.Get(slot.stored->info->relative_path));
   slot.file = entry->file.get();
@@ -169,10 +175,10 @@ absl::Status PrepareSlot(OpenFiles& files, bool direct, BounceMeter& meter,
 
 // The file bytes [start, end) a bounce slot reads (widened to aligned
 // blocks under O_DIRECT).
-std::pair<int64_t, int64_t> BounceRange(const ReadSlot& slot, bool direct) {
+std::pair<int64_t, int64_t> BounceRange(const ReadSlot& slot) {
   const int64_t start = slot.stored->info->offset + slot.io_begin;
   const int64_t end = slot.stored->info->offset + slot.io_end;
-  if (!direct) return {start, end};
+  if (!slot.stored->direct) return {start, end};
   return {AlignDown(start, kDirectIoAlignment),
           AlignUp(end, kDirectIoAlignment)};
 }
@@ -185,23 +191,24 @@ class BounceRun {
   // The largest gap between two slots' bytes that a run reads through.
   static constexpr int64_t kMaxGapBytes = 4096;
 
-  BounceRun(bool direct, int64_t max_bytes)
-      : direct_(direct), max_bytes_(max_bytes) {}
+  explicit BounceRun(int64_t max_bytes) : max_bytes_(max_bytes) {}
 
   bool empty() const { return slots_.empty(); }
 
   // Whether `slot` (a bounce slot with bytes to read) extends the run.
   bool Extends(const ReadSlot& slot) const {
     if (slots_.empty()) return true;
-    const auto [start, end] = BounceRange(slot, direct_);
+    const auto [start, end] = BounceRange(slot);
+    // One file: one `direct` for the whole run.
     return slot.stored->info->relative_path ==
                slots_.front()->stored->info->relative_path &&
-           start >= end_ - (direct_ ? kDirectIoAlignment : 0) &&
+           start >= end_ - (slots_.front()->stored->direct ? kDirectIoAlignment
+                                                           : 0) &&
            start <= end_ + kMaxGapBytes && end - start_ <= max_bytes_;
   }
 
   void Add(ReadSlot& slot) {
-    const auto [start, end] = BounceRange(slot, direct_);
+    const auto [start, end] = BounceRange(slot);
     if (slots_.empty()) start_ = start;
     end_ = std::max(end_, end);
     slots_.push_back(&slot);
@@ -234,7 +241,6 @@ class BounceRun {
   }
 
  private:
-  const bool direct_;
   const int64_t max_bytes_;
   std::vector<ReadSlot*> slots_;
   int64_t start_ = 0, end_ = 0;
@@ -484,7 +490,7 @@ absl::Status ReadStoredItems(
     // [batch_first[i], batch_first[i + 1]).
     std::vector<ReadSlot*> batch_slots;
     std::vector<size_t> batch_first;
-    BounceRun run(options.direct, options.piece_bytes);
+    BounceRun run(options.piece_bytes);
     std::vector<ReadSlot*> run_slots;
     auto flush_run = [&] {
       if (run.empty()) return;
@@ -500,8 +506,8 @@ absl::Status ReadStoredItems(
     while (!error.failed()) {
       if (next_slot == done + slots.size()) {
         if (next_item == stored.size()) break;
-        error.Update(
-            PlanItem(stored[next_item++], planner, options, staging, slots));
+        error.Update(PlanItem(stored[next_item++], planner, options, files,
+                              staging, slots));
         continue;
       }
       ReadSlot& slot = slots[next_slot - done];
@@ -517,7 +523,7 @@ absl::Status ReadStoredItems(
         continue;
       }
       flush_run();
-      absl::Status prepared = PrepareSlot(files, options.direct, meter, slot);
+      absl::Status prepared = PrepareSlot(files, meter, slot);
       if (!prepared.ok()) {
         slot.reads.push_back(Future<size_t>::Ready(prepared));
         error.Update(prepared);

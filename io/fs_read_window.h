@@ -155,7 +155,10 @@ absl::Status VerifySlot(const ReadSlot& slot, int64_t got, int64_t block_size);
 struct ReadWindowOptions {
   // Decodes items stored through extensions; not null.
   const ExtensionRegistry* extensions = &ExtensionRegistry::Default();
-  bool direct = true;        // Data files are opened with O_DIRECT.
+  // Data files are asked to open with O_DIRECT. Whether one did is its
+  // File::direct() (StoredItem::direct); this is the fallback when the
+  // file did not open (its read then fails).
+  bool direct = true;
   int64_t block_size = 0;    // Metadata::checksum_block_size.
   int64_t window_bytes = 1;  // Bounce bytes per window (at least one slot).
   int64_t piece_bytes = 1;   // The most bytes one bounce read takes.
