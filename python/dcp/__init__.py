@@ -15,7 +15,7 @@ use. Pickled values need allow_pickle=True on save and load: loading a
 pickle runs code from the checkpoint.
 """
 
-from . import errors
+from . import errors, format_utils
 from ._lib import version as library_version
 from ._state import ShardedTensor
 from .async_save import AsyncCheckpointerType, AsyncSaveResponse, async_save
@@ -76,7 +76,7 @@ __all__ = [
     "CheckpointFileNotFoundError", "CheckpointExistsError",
     "CheckpointPermissionError", "CheckpointTimeoutError",
     "CheckpointNotImplementedError", "CheckpointCorruptError",
-    "library_version", "version", "errors",
+    "library_version", "version", "errors", "format_utils",
     "get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
     "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict",
     "StateDictOptions", "load_sharded_optimizer_state_dict",

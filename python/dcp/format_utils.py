@@ -1,0 +1,133 @@
+"""Whole-checkpoint helpers for offline tools (evaluation, export,
+inspection), after torch.distributed.checkpoint.format_utils:
+
+    sd = dcp.format_utils.load_all("/ckpt/step-1000")   # no model needed
+    dcp.format_utils.dcp_to_torch_save("/ckpt/step-1000", "model.pt")
+    dcp.format_utils.torch_save_to_dcp("model.pt", "/ckpt/imported")
+
+load_all builds the state dict a checkpoint holds from its metadata (each
+name's nesting path, dtypes and global shapes) and loads it in this process
+(no process group): whole tensors, however many ranks saved them, and
+plain values, nested as they were saved. It needs memory for everything it
+loads. Lists come back as lists (a saved tuple of plain values too: the
+metadata does not tell them apart, as in torch's DCP).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import checkpoint
+from .metadata import TensorStorageMetadata, read_metadata, \
+    read_metadata_through
+
+__all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp"]
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _selected(metadata, keys):
+    """The (name, item, path) of `metadata`'s items, in name order: all of
+    them, or those whose flattened name or top-level key is in `keys`
+    (KeyError naming the keys that match nothing)."""
+    chosen = []
+    matched = set()
+    for name, item in metadata.state_dict_metadata.items():
+        path = tuple(metadata.planner_data.get(name) or (name,))
+        if keys is not None:
+            hit = {k for k in (name, path[0]) if k in keys}
+            if not hit:
+                continue
+            matched |= hit
+        chosen.append((name, item, path))
+    if keys is not None and matched != set(keys):
+        missing = sorted(set(keys) - matched, key=str)
+        raise KeyError(f"the checkpoint holds no {', '.join(map(repr, missing))}")
+    return chosen
+
+
+def _place(root: dict, path: tuple, leaf) -> None:
+    """Sets `leaf` at `path` under `root`, creating the dicts (string
+    keys) and lists (int indices, padded with None) on the way."""
+    node = root
+    for depth, key in enumerate(path):
+        if isinstance(node, list):
+            if not isinstance(key, int) or key < 0:
+                raise ValueError(f"path {path!r}: {key!r} indexes a list")
+            node.extend([None] * (key + 1 - len(node)))
+        elif isinstance(key, int) and depth == 0:
+            raise ValueError(f"path {path!r} starts with a list index")
+        if depth == len(path) - 1:
+            node[key] = leaf
+            return
+        child = node[key] if isinstance(node, list) else node.get(key)
+        if child is None:
+            child = [] if isinstance(path[depth + 1], int) else {}
+            node[key] = child
+        elif not isinstance(child, (dict, list)):
+            raise ValueError(f"path {path!r} passes through a value")
+        node = child
+
+
+def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
+             device=None, allow_pickle: bool = False) -> dict:
+    """Everything the checkpoint holds (or the items named in `keys`, by
+    flattened name or top-level key) as a new nested state dict: torch
+    tensors of the saved dtypes and global shapes, on `device` (None: the
+    CPU), and plain values. checkpoint_id and storage_reader as for
+    dcp.load (a dcp, MEGA or Hugging Face directory); pickled values need
+    allow_pickle=True. Loads in this process alone. Raises what dcp.load
+    raises, and KeyError for keys the checkpoint does not hold."""
+    torch = _torch()
+    if storage_reader is not None:
+        if checkpoint_id is not None:
+            storage_reader.reset(checkpoint_id)
+        metadata = read_metadata_through(storage_reader)
+    elif checkpoint_id is not None:
+        metadata = read_metadata(checkpoint_id)
+    else:
+        raise ValueError("load_all needs checkpoint_id or storage_reader")
+    if keys is not None:
+        keys = {keys} if isinstance(keys, str) else set(keys)
+    state: dict = {}
+    for _name, item, path in _selected(metadata, keys):
+        if isinstance(item, TensorStorageMetadata):
+            leaf = torch.empty(tuple(item.size), dtype=item.properties.dtype,
+                               device=device)
+        else:
+            leaf = None  # The load puts the saved value here.
+        _place(state, path, leaf)
+    checkpoint.load(state, checkpoint_id=checkpoint_id,
+                    storage_reader=storage_reader, no_dist=True,
+                    allow_pickle=allow_pickle)
+    return state
+
+
+def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *,
+                      allow_pickle: bool = False) -> None:
+    """Writes everything the checkpoint in `dcp_checkpoint_dir` holds
+    (load_all) to `torch_save_path` with torch.save."""
+    _torch().save(load_all(dcp_checkpoint_dir, allow_pickle=allow_pickle),
+                  os.fspath(torch_save_path))
+
+
+def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,
+                      weights_only: bool = True,
+                      allow_pickle: bool = False) -> None:
+    """Saves the state dict in the torch.save file `torch_save_path` as a
+    dcp checkpoint in `dcp_checkpoint_dir` (in this process alone).
+    weights_only as for torch.load: True (the default, unlike torch's
+    format_utils) unpickles only tensors and plain containers; False runs
+    whatever code the file's pickle names. Values other than tensors,
+    numbers, strings, bytes, None and containers of them need
+    allow_pickle=True to be saved."""
+    state = _torch().load(os.fspath(torch_save_path), map_location="cpu",
+                          weights_only=weights_only)
+    if not isinstance(state, dict):
+        raise TypeError(f"{os.fspath(torch_save_path)} holds a "
+                        f"{type(state).__name__}, not a state dict")
+    checkpoint.save(state, checkpoint_id=dcp_checkpoint_dir, no_dist=True,
+                    allow_pickle=allow_pickle)

@@ -1,0 +1,126 @@
+"""dcp.format_utils: load_all builds a checkpoint's whole state dict from
+its metadata; dcp_to_torch_save / torch_save_to_dcp convert both ways."""
+
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dcp  # noqa: E402
+from dcp import format_utils  # noqa: E402
+
+
+def _state():
+    return {
+        "model": {
+            "w": torch.randn(4, 6),
+            "b": torch.randn(6).bfloat16(),
+            "layers": [{"k": torch.arange(5)}, {"k": torch.arange(5, 10)}],
+        },
+        "optim": {"step": torch.tensor(7.0), "lr": 0.5, "betas": [0.9, 0.99],
+                  "note": "adam", "blob": b"\x00\x01", "none": None,
+                  "empty": []},
+        "epoch": 3,
+    }
+
+
+def _assert_same(a, b, where="state"):
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def test_load_all_rebuilds_the_nested_state(ckpt):
+    state = _state()
+    dcp.save(state, checkpoint_id=ckpt)
+    _assert_same(format_utils.load_all(ckpt), state)
+
+
+def test_load_all_selects_keys(ckpt):
+    state = _state()
+    dcp.save(state, checkpoint_id=ckpt)
+    got = format_utils.load_all(ckpt, keys={"epoch", "model.w"})
+    _assert_same(got, {"epoch": 3, "model": {"w": state["model"]["w"]}})
+    assert format_utils.load_all(ckpt, keys="epoch") == {"epoch": 3}
+    with pytest.raises(KeyError, match="'nope'"):
+        format_utils.load_all(ckpt, keys={"epoch", "nope"})
+
+
+def test_load_all_joins_the_chunks_of_a_sharded_tensor(ckpt):
+    full = torch.arange(24.0).reshape(8, 3)
+    t = full.clone()
+    t.global_shape = (8, 3)
+    t.global_offsets = ((0, 0), (4, 0))
+    t.local_offsets = ((0, 0), (4, 0))
+    t.local_sizes = ((4, 3), (4, 3))
+    dcp.save({"t": t}, checkpoint_id=ckpt)
+    assert len(dcp.read_metadata(ckpt).state_dict_metadata["t"].chunks) == 2
+    got = format_utils.load_all(ckpt)
+    assert torch.equal(got["t"], full)
+
+
+def test_load_all_of_a_hugging_face_directory(tmp_path):
+    sd = {"model.embed.weight": torch.randn(3, 4),
+          "lm_head.weight": torch.randn(2, 4).half()}
+    dcp.save(sd, storage_writer=dcp.HuggingFaceStorageWriter(
+        str(tmp_path / "hf")))
+    _assert_same(format_utils.load_all(str(tmp_path / "hf")), sd)
+    reader = dcp.HuggingFaceStorageReader(str(tmp_path / "hf"))
+    _assert_same(format_utils.load_all(storage_reader=reader), sd)
+
+
+def test_load_all_needs_allow_pickle_for_pickled_values(ckpt):
+    dcp.save({"obj": {1, 2}}, checkpoint_id=ckpt, allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        format_utils.load_all(ckpt)
+    assert format_utils.load_all(ckpt, allow_pickle=True) == {"obj": {1, 2}}
+
+
+def test_load_all_errors(ckpt, tmp_path):
+    with pytest.raises(ValueError, match="checkpoint_id or storage_reader"):
+        format_utils.load_all()
+    with pytest.raises(dcp.CheckpointFileNotFoundError):
+        format_utils.load_all(str(tmp_path / "none"))
+
+
+def test_dcp_to_torch_save_and_back(ckpt, tmp_path):
+    state = _state()
+    dcp.save(state, checkpoint_id=ckpt)
+    pt = tmp_path / "state.pt"
+    format_utils.dcp_to_torch_save(ckpt, pt)
+    _assert_same(torch.load(pt, weights_only=True), state)
+    back = str(tmp_path / "back")
+    format_utils.torch_save_to_dcp(pt, back)
+    _assert_same(format_utils.load_all(back), state)
+
+
+class _Custom:
+    pass
+
+
+def test_torch_save_to_dcp_refuses_code_unless_asked(tmp_path):
+    pt = tmp_path / "obj.pt"
+    torch.save({"w": torch.ones(2), "obj": _Custom()}, pt)
+    with pytest.raises(pickle.UnpicklingError):
+        format_utils.torch_save_to_dcp(pt, str(tmp_path / "a"))
+    format_utils.torch_save_to_dcp(pt, str(tmp_path / "b"),
+                                   weights_only=False, allow_pickle=True)
+    got = format_utils.load_all(str(tmp_path / "b"), allow_pickle=True)
+    assert torch.equal(got["w"], torch.ones(2))
+    assert isinstance(got["obj"], _Custom)
+    torch.save([torch.ones(1)], tmp_path / "list.pt")
+    with pytest.raises(TypeError, match="not a state dict"):
+        format_utils.torch_save_to_dcp(tmp_path / "list.pt",
+                                       str(tmp_path / "c"))
