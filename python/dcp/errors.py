@@ -202,7 +202,9 @@ def foreign_checkpoint_error(error: CheckpointException, directory
     directory = os.fspath(directory)
     msg = (f"{directory} holds a checkpoint written by "
            "torch.distributed.checkpoint (its .metadata is a Python "
-           "pickle), which dcp does not read. Convert it once: load it with "
+           "pickle), which dcp does not read. Convert it once: "
+           f"dcp.format_utils.torch_dcp_to_dcp({directory!r}, NEW_DIR) "
+           "(reads it with torch's DCP in one process), or load it with "
            "torch.distributed.checkpoint.load(state_dict, checkpoint_id="
            f"{directory!r}) and save that state dict with dcp.save("
            "state_dict, checkpoint_id=NEW_DIR)")

@@ -4,6 +4,7 @@ inspection), after torch.distributed.checkpoint.format_utils:
     sd = dcp.format_utils.load_all("/ckpt/step-1000")   # no model needed
     dcp.format_utils.dcp_to_torch_save("/ckpt/step-1000", "model.pt")
     dcp.format_utils.torch_save_to_dcp("model.pt", "/ckpt/imported")
+    dcp.format_utils.torch_dcp_to_dcp("/torch_ckpt/step-9", "/ckpt/step-9")
 
 load_all builds the state dict a checkpoint holds from its metadata (each
 name's nesting path, dtypes and global shapes) and loads it in this process
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint
+from . import checkpoint, errors
 from .metadata import TensorStorageMetadata, read_metadata, \
     read_metadata_through
 
-__all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp"]
+__all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp",
+           "torch_dcp_to_dcp"]
 
 
 def _torch():
@@ -129,5 +131,41 @@ def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,
     if not isinstance(state, dict):
         raise TypeError(f"{os.fspath(torch_save_path)} holds a "
                         f"{type(state).__name__}, not a state dict")
+    checkpoint.save(state, checkpoint_id=dcp_checkpoint_dir, no_dist=True,
+                    allow_pickle=allow_pickle)
+
+
+def torch_dcp_to_dcp(torch_dcp_dir, dcp_checkpoint_dir, *,
+                     allow_pickle: bool = False) -> None:
+    """Converts a checkpoint written by torch.distributed.checkpoint (its
+    FileSystemWriter's format, which dcp does not read) into a dcp
+    checkpoint: torch's DCP reads all of it in this process (its
+    .metadata is a Python pickle, read as torch reads it: convert only
+    checkpoints you trust), then dcp.save writes it. Needs memory for the
+    whole state. ValueError when `torch_dcp_dir` holds no such checkpoint;
+    values other than tensors, numbers, strings, bytes, None and containers
+    of them need allow_pickle=True."""
+    src = os.fspath(torch_dcp_dir)
+    if not errors.is_torch_dcp_checkpoint(src):
+        raise ValueError(f"{src} holds no checkpoint written by "
+                         "torch.distributed.checkpoint (no pickled .metadata)")
+    _torch()
+    import torch.distributed.checkpoint as torch_dcp
+    try:
+        # What torch's own dcp_to_torch_save uses: a planner that builds
+        # the state dict from the metadata.
+        from torch.distributed.checkpoint.format_utils import \
+            _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import \
+            _load_state_dict
+    except ImportError as e:
+        raise NotImplementedError(
+            "this torch has no torch.distributed.checkpoint.format_utils"
+            "._EmptyStateDictLoadPlanner; convert with torch's "
+            "dcp_to_torch_save, then dcp.format_utils.torch_save_to_dcp"
+        ) from e
+    state: dict = {}
+    _load_state_dict(state, storage_reader=torch_dcp.FileSystemReader(src),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     checkpoint.save(state, checkpoint_id=dcp_checkpoint_dir, no_dist=True,
                     allow_pickle=allow_pickle)

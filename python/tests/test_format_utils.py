@@ -124,3 +124,16 @@ def test_torch_save_to_dcp_refuses_code_unless_asked(tmp_path):
     with pytest.raises(TypeError, match="not a state dict"):
         format_utils.torch_save_to_dcp(tmp_path / "list.pt",
                                        str(tmp_path / "c"))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_torch_dcp_to_dcp(ckpt, tmp_path):
+    import torch.distributed.checkpoint as torch_dcp
+    state = _state()
+    del state["optim"]["empty"]  # torch's DCP drops empty lists.
+    src = str(tmp_path / "torch")
+    torch_dcp.save(state, checkpoint_id=src, no_dist=True)
+    format_utils.torch_dcp_to_dcp(src, ckpt)
+    _assert_same(format_utils.load_all(ckpt), state)
+    with pytest.raises(ValueError, match="no checkpoint written by torch"):
+        format_utils.torch_dcp_to_dcp(ckpt, str(tmp_path / "again"))

@@ -228,7 +228,14 @@ def test_torch_dcp_checkpoint_is_named_not_corrupt(tmp_path):
         assert "dcp.save" in str(e.value) and path in str(e.value)
         assert isinstance(e.value.__cause__, dcp.CheckpointCorruptError)
         _check_local_failures(e.value)
-    # What the message says works: torch loads it, dcp saves it.
+        assert "dcp.format_utils.torch_dcp_to_dcp" in str(e.value)
+    # What the message says works: the converter, and torch loads it, dcp
+    # saves it.
+    converted = str(tmp_path / "converted")
+    dcp.format_utils.torch_dcp_to_dcp(path, converted)
+    got = dcp.format_utils.load_all(converted)
+    assert got.keys() == {"w", "n"} and got["n"] == 5
+    assert torch.equal(got["w"], torch.ones(3))
     sd = {"w": torch.zeros(3), "n": 0}
     tdcp.load(sd, checkpoint_id=path, no_dist=True)
     out = str(tmp_path / "dcp")
