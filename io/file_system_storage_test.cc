@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -428,10 +427,7 @@ TEST(FileSystemStorageTest, DeviceTensorIsRejectedNamingIt) {
 // Files on tmpfs open buffered even when O_DIRECT is asked for, so a
 // destination at any address is read in place, without a bounce copy.
 TEST(FileSystemStorageTest, MemoryBackedFilesReadInPlaceAtAnyAlignment) {
-  struct statfs fs;
-  if (::statfs("/dev/shm", &fs) != 0 ||
-      static_cast<long>(fs.f_type) != 0x01021994 ||
-      ::access("/dev/shm", W_OK) != 0) {
+  if (!::dcp::testing::IsWritableTmpfs("/dev/shm")) {
     GTEST_SKIP() << "no writable tmpfs at /dev/shm";
   }
   const std::string dir =

@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -448,10 +447,7 @@ INSTANTIATE_TEST_SUITE_P(
 // pages are the file open buffered even when O_DIRECT is asked for, and
 // read and write back exactly through both engines.
 TEST(MemoryBackedFiles, OpenBufferedWhenDirectIsAsked) {
-  struct statfs fs;
-  if (::statfs("/dev/shm", &fs) != 0 ||
-      static_cast<long>(fs.f_type) != 0x01021994 ||
-      ::access("/dev/shm", W_OK) != 0) {
+  if (!::dcp::testing::IsWritableTmpfs("/dev/shm")) {
     GTEST_SKIP() << "no writable tmpfs at /dev/shm";
   }
   const std::string path =

@@ -82,4 +82,11 @@ bool DropsCleanPages(const std::string& dir) {
   return fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC;
 }
 
+bool IsWritableTmpfs(const std::string& dir) {
+  struct statfs fs;
+  return ::statfs(dir.c_str(), &fs) == 0 &&
+         static_cast<long>(fs.f_type) == TMPFS_MAGIC &&
+         ::access(dir.c_str(), W_OK) == 0;
+}
+
 }  // namespace dcp::testing

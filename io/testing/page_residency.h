@@ -35,6 +35,9 @@ bool KernelTakesUncachedWrites(const std::string& dir);
 // tmpfs, whose pages are the files): where uncached reads leave the cache.
 bool DropsCleanPages(const std::string& dir);
 
+// Whether `dir` is a directory on tmpfs this process may write into.
+bool IsWritableTmpfs(const std::string& dir);
+
 }  // namespace dcp::testing
 
 #endif  // DCP_IO_TESTING_PAGE_RESIDENCY_H_
