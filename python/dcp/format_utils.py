@@ -10,8 +10,10 @@ load_all builds the state dict a checkpoint holds from its metadata (each
 name's nesting path, dtypes and global shapes) and loads it in this process
 (no process group): whole tensors, however many ranks saved them, and
 plain values, nested as they were saved. It needs memory for everything it
-loads. Lists come back as lists (a saved tuple of plain values too: the
-metadata does not tell them apart, as in torch's DCP).
+loads. What the metadata does not record is lost: tuples come back as
+lists and integer dict keys as strings (as from torch's DCP), dicts in
+name order, empty dicts left out; MEGA and Hugging Face directories record
+no nesting (flat names).
 """
 
 from __future__ import annotations
@@ -33,21 +35,24 @@ def _torch():
 
 def _selected(metadata, keys):
     """The (name, item, path) of `metadata`'s items, in name order: all of
-    them, or those whose flattened name or top-level key is in `keys`
-    (KeyError naming the keys that match nothing)."""
+    them, or those a key of `keys` names: its flattened name, or a prefix
+    of it ending at a dot ("model", "model.layers"). KeyError naming the
+    keys that match nothing."""
     chosen = []
     matched = set()
     for name, item in metadata.state_dict_metadata.items():
         path = tuple(metadata.planner_data.get(name) or (name,))
         if keys is not None:
-            hit = {k for k in (name, path[0]) if k in keys}
+            hit = {k for k in keys
+                   if name == k or name.startswith(k + ".")}
             if not hit:
                 continue
             matched |= hit
         chosen.append((name, item, path))
-    if keys is not None and matched != set(keys):
-        missing = sorted(set(keys) - matched, key=str)
-        raise KeyError(f"the checkpoint holds no {', '.join(map(repr, missing))}")
+    if keys is not None and matched != keys:
+        missing = sorted(keys - matched)
+        raise KeyError(
+            f"the checkpoint holds no {', '.join(map(repr, missing))}")
     return chosen
 
 
@@ -74,37 +79,63 @@ def _place(root: dict, path: tuple, leaf) -> None:
         node = child
 
 
+def _refuse_rank_local(checkpoint_id) -> None:
+    """Raises dcp.load's error for a directory of rank-local checkpoints
+    (use_collectives=False: rank-R/ subdirectories, no .metadata of its
+    own): each holds one rank's shards, never whole tensors."""
+    path = os.fspath(checkpoint_id)
+    if not os.path.exists(os.path.join(path, ".metadata")) and \
+            os.path.exists(os.path.join(path, "rank-0", ".metadata")):
+        checkpoint.load({}, checkpoint_id=path, no_dist=True)
+
+
 def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
              device=None, allow_pickle: bool = False) -> dict:
-    """Everything the checkpoint holds (or the items named in `keys`, by
-    flattened name or top-level key) as a new nested state dict: torch
-    tensors of the saved dtypes and global shapes, on `device` (None: the
-    CPU), and plain values. checkpoint_id and storage_reader as for
-    dcp.load (a dcp, MEGA or Hugging Face directory); pickled values need
-    allow_pickle=True. Loads in this process alone. Raises what dcp.load
-    raises, and KeyError for keys the checkpoint does not hold."""
+    """Everything the checkpoint holds (or what `keys` names: flattened
+    names, or prefixes of them ending at a dot, such as "model" or
+    "model.layers") as a new nested state dict: torch tensors of the saved
+    dtypes and global shapes, on `device` (None: the CPU), and plain
+    values, nested by the saved paths (lists padded with None where `keys`
+    left items out). checkpoint_id and storage_reader as for dcp.load (a
+    dcp, MEGA or Hugging Face directory; the last two keep no nesting, so
+    their names come back flat); pickled values need allow_pickle=True.
+    Loads in this process alone. Raises what dcp.load raises (rank-local
+    checkpoints, saved with use_collectives=False, are refused as dcp.load
+    refuses them without a process group), and KeyError for keys the
+    checkpoint does not hold."""
     torch = _torch()
     if storage_reader is not None:
         if checkpoint_id is not None:
             storage_reader.reset(checkpoint_id)
         metadata = read_metadata_through(storage_reader)
     elif checkpoint_id is not None:
+        _refuse_rank_local(checkpoint_id)
         metadata = read_metadata(checkpoint_id)
     else:
         raise ValueError("load_all needs checkpoint_id or storage_reader")
     if keys is not None:
         keys = {keys} if isinstance(keys, str) else set(keys)
-    state: dict = {}
-    for _name, item, path in _selected(metadata, keys):
+        if not all(isinstance(k, str) for k in keys):
+            raise TypeError("load_all: keys must be strings (flattened "
+                            "names or their prefixes)")
+    # Loaded under the flattened names, which select single items (a list
+    # element without its neighbours), then nested.
+    flat = {}
+    paths = {}
+    for name, item, path in _selected(metadata, keys):
         if isinstance(item, TensorStorageMetadata):
-            leaf = torch.empty(tuple(item.size), dtype=item.properties.dtype,
-                               device=device)
+            flat[name] = torch.empty(tuple(item.size),
+                                     dtype=item.properties.dtype,
+                                     device=device)
         else:
-            leaf = None  # The load puts the saved value here.
-        _place(state, path, leaf)
-    checkpoint.load(state, checkpoint_id=checkpoint_id,
+            flat[name] = None  # The load puts the saved value here.
+        paths[name] = path
+    checkpoint.load(flat, checkpoint_id=checkpoint_id,
                     storage_reader=storage_reader, no_dist=True,
                     allow_pickle=allow_pickle)
+    state: dict = {}
+    for name, value in flat.items():
+        _place(state, paths[name], value)
     return state
 
 

@@ -54,8 +54,19 @@ def test_load_all_selects_keys(ckpt):
     got = format_utils.load_all(ckpt, keys={"epoch", "model.w"})
     _assert_same(got, {"epoch": 3, "model": {"w": state["model"]["w"]}})
     assert format_utils.load_all(ckpt, keys="epoch") == {"epoch": 3}
+    # Prefixes ending at a dot, and single list items (the others None).
+    _assert_same(format_utils.load_all(ckpt, keys="model.layers"),
+                 {"model": {"layers": state["model"]["layers"]}})
+    _assert_same(format_utils.load_all(ckpt, keys="model.layers.1.k"),
+                 {"model": {"layers": [None, state["model"]["layers"][1]]}})
+    assert format_utils.load_all(ckpt, keys=["optim.betas.1"]) == \
+        {"optim": {"betas": [None, 0.99]}}
     with pytest.raises(KeyError, match="'nope'"):
         format_utils.load_all(ckpt, keys={"epoch", "nope"})
+    with pytest.raises(KeyError, match="'mod'"):
+        format_utils.load_all(ckpt, keys="mod")  # Not a prefix at a dot.
+    with pytest.raises(TypeError, match="strings"):
+        format_utils.load_all(ckpt, keys=b"epoch")
 
 
 def test_load_all_joins_the_chunks_of_a_sharded_tensor(ckpt):
@@ -93,6 +104,12 @@ def test_load_all_errors(ckpt, tmp_path):
         format_utils.load_all()
     with pytest.raises(dcp.CheckpointFileNotFoundError):
         format_utils.load_all(str(tmp_path / "none"))
+    # A directory of rank-local checkpoints (rank-R/) holds no whole
+    # tensors: refused as dcp.load refuses it without a process group.
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=str(tmp_path / "rl" /
+                                                       "rank-0"))
+    with pytest.raises(dcp.CheckpointException, match="rank-local"):
+        format_utils.load_all(str(tmp_path / "rl"))
 
 
 def test_dcp_to_torch_save_and_back(ckpt, tmp_path):
