@@ -6,6 +6,11 @@ inspection), after torch.distributed.checkpoint.format_utils:
     dcp.format_utils.torch_save_to_dcp("model.pt", "/ckpt/imported")
     dcp.format_utils.torch_dcp_to_dcp("/torch_ckpt/step-9", "/ckpt/step-9")
 
+or from a shell (the modes of torch's `python -m
+torch.distributed.checkpoint.format_utils`, and torch_dcp_to_dcp):
+
+    python -m dcp.format_utils dcp_to_torch /ckpt/step-1000 model.pt
+
 load_all builds the state dict a checkpoint holds from its metadata (each
 name's nesting path, dtypes and global shapes) and loads it in this process
 (no process group): whole tensors, however many ranks saved them, and
@@ -139,11 +144,12 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     return state
 
 
-def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *,
+def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *, keys=None,
                       allow_pickle: bool = False) -> None:
-    """Writes everything the checkpoint in `dcp_checkpoint_dir` holds
-    (load_all) to `torch_save_path` with torch.save."""
-    _torch().save(load_all(dcp_checkpoint_dir, allow_pickle=allow_pickle),
+    """Writes what the checkpoint in `dcp_checkpoint_dir` holds (all of it,
+    or what `keys` names: load_all) to `torch_save_path` with torch.save."""
+    _torch().save(load_all(dcp_checkpoint_dir, keys=keys,
+                           allow_pickle=allow_pickle),
                   os.fspath(torch_save_path))
 
 
@@ -200,3 +206,48 @@ def torch_dcp_to_dcp(torch_dcp_dir, dcp_checkpoint_dir, *,
                      planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     checkpoint.save(state, checkpoint_id=dcp_checkpoint_dir, no_dist=True,
                     allow_pickle=allow_pickle)
+
+
+_MODES = {
+    "torch_to_dcp": (torch_save_to_dcp, "a torch.save file"),
+    "dcp_to_torch": (dcp_to_torch_save, "a dcp checkpoint directory"),
+    "torch_dcp_to_dcp": (torch_dcp_to_dcp,
+                         "a torch.distributed.checkpoint directory"),
+}
+
+
+def main(argv=None) -> int:
+    """`python -m dcp.format_utils MODE SRC DST`: converts SRC into DST;
+    exit status 0, or 1 with the error on stderr."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(
+        prog="python -m dcp.format_utils",
+        description="Convert a checkpoint between dcp, torch.save and "
+        "torch.distributed.checkpoint formats (in this process; needs "
+        "memory for the whole state).")
+    parser.add_argument("mode", choices=sorted(_MODES),
+                        help="; ".join(f"{m}: SRC is {what}" for m, (_, what)
+                                       in sorted(_MODES.items())))
+    parser.add_argument("src")
+    parser.add_argument("dst")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="save and load values that need pickling "
+                        "(loading a pickle runs code from the file)")
+    args = parser.parse_args(argv)
+    convert, _ = _MODES[args.mode]
+    kwargs = {"allow_pickle": args.allow_pickle}
+    if convert is torch_save_to_dcp and args.allow_pickle:
+        kwargs["weights_only"] = False
+    try:
+        convert(args.src, args.dst, **kwargs)
+    except Exception as e:  # noqa: BLE001: reported, not hidden
+        print(f"python -m dcp.format_utils: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    print(f"{args.src} -> {args.dst} ({args.mode})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,7 @@
 """dcp.format_utils: load_all builds a checkpoint's whole state dict from
 its metadata; dcp_to_torch_save / torch_save_to_dcp convert both ways."""
 
+import os
 import pickle
 
 import pytest
@@ -118,6 +119,9 @@ def test_dcp_to_torch_save_and_back(ckpt, tmp_path):
     pt = tmp_path / "state.pt"
     format_utils.dcp_to_torch_save(ckpt, pt)
     _assert_same(torch.load(pt, weights_only=True), state)
+    format_utils.dcp_to_torch_save(ckpt, tmp_path / "epoch.pt", keys="epoch")
+    assert torch.load(tmp_path / "epoch.pt", weights_only=True) == \
+        {"epoch": 3}
     back = str(tmp_path / "back")
     format_utils.torch_save_to_dcp(pt, back)
     _assert_same(format_utils.load_all(back), state)
@@ -154,3 +158,28 @@ def test_torch_dcp_to_dcp(ckpt, tmp_path):
     _assert_same(format_utils.load_all(ckpt), state)
     with pytest.raises(ValueError, match="no checkpoint written by torch"):
         format_utils.torch_dcp_to_dcp(ckpt, str(tmp_path / "again"))
+
+
+def test_command_line(ckpt, tmp_path):
+    import subprocess
+    import sys
+    state = {"w": torch.arange(6.0).reshape(2, 3), "epoch": 4}
+    dcp.save(state, checkpoint_id=ckpt)
+    pt = str(tmp_path / "w.pt")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run(
+        [sys.executable, "-m", "dcp.format_utils", "dcp_to_torch", ckpt, pt],
+        capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert f"{ckpt} -> {pt}" in run.stdout
+    _assert_same(torch.load(pt, weights_only=True), state)
+    back = str(tmp_path / "back")
+    assert format_utils.main(["torch_to_dcp", pt, back]) == 0
+    _assert_same(format_utils.load_all(back), state)
+    # Errors: the message on stderr, exit status 1.
+    run = subprocess.run(
+        [sys.executable, "-m", "dcp.format_utils", "torch_dcp_to_dcp", ckpt,
+         str(tmp_path / "x")], capture_output=True, text=True, env=env)
+    assert run.returncode == 1
+    assert "ValueError" in run.stderr and "no checkpoint written by torch" \
+        in run.stderr
