@@ -345,6 +345,9 @@ struct FileSystemReaderOptions {
   // Read with O_DIRECT (where supported): aligned reads straight into 4 KiB
   // aligned destinations, the rest through aligned bounce buffers. On by
   // default: faster than cold buffered reads (docs/BENCHMARKS.md section 1).
+  // Files that open buffered anyway (tmpfs, ramfs, hugetlbfs, file systems
+  // that refuse O_DIRECT) are read straight into destinations at any
+  // alignment.
   bool direct_io = true;
   // Buffered reads leave the page cache behind the reader
   // (OpenOptions::uncached: POSIX_FADV_DONTNEED of each 4 MiB stretch once
