@@ -831,9 +831,20 @@ absl::Status CheckDataFileName(absl::string_view name) {
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                                         absl::string_view source) {
   if (bytes.size() < 8 || std::memcmp(bytes.data(), kMetadataMagic, 8) != 0) {
+    // A Python pickle (PROTO opcode, protocol 2 to 5): the .metadata of
+    // PyTorch's torch.distributed.checkpoint.
+    const bool pickle = bytes.size() >= 2 &&
+                        static_cast<unsigned char>(bytes[0]) == 0x80 &&
+                        bytes[1] >= 2 && bytes[1] <= 5;
     return absl::DataLossError(absl::StrCat(
         source, " is not a dcp metadata file (", bytes.size(),
-        " bytes, bad magic); the directory holds no readable dcp checkpoint"));
+        " bytes, bad magic); the directory holds no readable dcp checkpoint",
+        pickle ? absl::StrCat(
+                     ". It is a Python pickle, as torch.distributed."
+                     "checkpoint writes: convert that checkpoint once with "
+                     "`python -m dcp.format_utils torch_dcp_to_dcp SRC_DIR "
+                     "NEW_DIR`")
+               : ""));
   }
   if (bytes.size() < kMetadataHeaderSize) {
     return absl::DataLossError(absl::StrCat(

@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Metadata SampleMetadata() {
   Metadata m;
@@ -185,8 +186,21 @@ TEST(MetadataFormatTest, RejectsForeignFile) {
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(decoded.status().message(), HasSubstr("dir/.metadata"));
   EXPECT_THAT(decoded.status().message(), HasSubstr("not a dcp metadata file"));
+  EXPECT_THAT(decoded.status().message(), Not(HasSubstr("pickle")));
   EXPECT_EQ(DecodeMetadata("", "e").status().code(),
             absl::StatusCode::kDataLoss);
+  // torch.distributed.checkpoint's .metadata: a pickle of protocol 2-5.
+  for (char protocol : {'\x02', '\x04', '\x05'}) {
+    const std::string pickled =
+        std::string("\x80") + protocol + "\x95\x10\x00\x00\x00";
+    absl::Status status = DecodeMetadata(pickled, "t/.metadata").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(
+        status.message(),
+        AllOf(HasSubstr("t/.metadata is not a dcp metadata file"),
+              HasSubstr("torch.distributed.checkpoint"),
+              HasSubstr("python -m dcp.format_utils torch_dcp_to_dcp")));
+  }
 }
 
 TEST(MetadataFormatTest, RejectsTornFileAtEveryLength) {
