@@ -206,6 +206,16 @@ def plain_eq(a, b):
 
 
 # ---------------------------------------------------------------- phases
+def _finish(dist, res, outdir, phase, rank):
+    """Writes this rank's results for the parent, then leaves the group."""
+    with open(os.path.join(outdir, f"{phase}_{rank}.json"), "w") as f:
+        json.dump(res, f)
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
 def save_phase(rank, spec, outdir):
     import torch.distributed as dist
     import torch.distributed.checkpoint as tdcp
@@ -262,12 +272,7 @@ def save_phase(rank, spec, outdir):
         dist.barrier()
     except Exception:
         res["errors"]["harness"] = traceback.format_exc()[-3000:]
-    with open(os.path.join(outdir, f"save_{rank}.json"), "w") as f:
-        json.dump(res, f)
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+    _finish(dist, res, outdir, "save", rank)
 
 
 def load_phase(rank, spec, outdir):
@@ -373,12 +378,7 @@ def load_phase(rank, spec, outdir):
         dist.barrier()
     except Exception:
         res["errors"]["harness"] = traceback.format_exc()[-3000:]
-    with open(os.path.join(outdir, f"load_{rank}.json"), "w") as f:
-        json.dump(res, f)
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+    _finish(dist, res, outdir, "load", rank)
 
 
 def worker(rank, phase, spec, outdir):
