@@ -33,6 +33,7 @@
 #include "io/mega_storage.h"
 #include "io/storage_registry.h"
 #include "planner/default_planner.h"
+#include "staging/device_box_upload.h"
 #include "staging/device_staging.h"
 #include "staging/host_buffer_pool.h"
 #include "staging/stager.h"
@@ -294,6 +295,12 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
     DCP_ASSIGN_OR_RETURN(dcp::DefaultLoadPlannerOptions planner_options,
                          dcp::capi::LoadPlannerOptionsFromC(in.planner));
     dcp::DefaultLoadPlanner planner(planner_options);
+    // Converted chunks of device destinations go through the staging the
+    // wait orders, flushed before the read completes (OrderedReader).
+    planner.SetDeviceConversion([staging](const std::byte* src, dcp::DType from,
+                                          const dcp::TensorView& dst) {
+      return dcp::ConvertUpload(*staging, src, from, dst);
+    });
     load.planner = &planner;
     load.coordinator_rank = in.coordinator_rank;
     if (in.metadata != nullptr) {

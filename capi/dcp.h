@@ -570,10 +570,11 @@ typedef struct dcp_load_planner_options {
   dcp_flag_t allow_partial_load;      /* default false */
   /* default false. Load a floating-point tensor (F64, F32, BF16, F16)
    * saved as another of those dtypes by converting it as torch's copy_
-   * does (round to nearest even; F64 to BF16 or F16 through F32). Host
-   * destinations only: a device destination of another dtype is refused
-   * as without this flag. Each converted tensor is read into a temporary
-   * of the saved dtype and converted when it is complete; the FileSystem
+   * does (round to nearest even; F64 to BF16 or F16 through F32), into
+   * host and device tensors. Each converted tensor is read into a host
+   * temporary of the saved dtype and converted when it is complete (for a
+   * device tensor into the load's pinned staging chunks, copied up after
+   * the work device_wait names, landed when dcp_load returns); the FileSystem
    * and Hugging Face readers hold about two read windows of those
    * temporaries at once (read_window_bytes), the quantized Hugging Face
    * reader all of them. It lies in what was

@@ -469,13 +469,15 @@ absl::Status CheckTensorMatches(const std::string& name, DType dtype,
 }
 
 // Whether a tensor of `dtype` whose chunks are `views` (host or device)
-// loads the saved `saved` dtype by conversion under convert_dtypes.
-bool Converts(bool convert_dtypes, DType dtype, DType saved,
+// loads the saved `saved` dtype by conversion under convert_dtypes; device
+// chunks only when `device` (a DeviceConvert is set).
+bool Converts(bool convert_dtypes, bool device, DType dtype, DType saved,
               const std::vector<const TensorView*>& views) {
   return convert_dtypes && dtype != saved && IsConvertibleFloat(dtype) &&
          IsConvertibleFloat(saved) &&
-         std::all_of(views.begin(), views.end(),
-                     [](const TensorView* v) { return v->device().is_cpu(); });
+         std::all_of(views.begin(), views.end(), [device](const TensorView* v) {
+           return v->device().is_cpu() || (device && v->device().is_cuda());
+         });
 }
 
 Shape Minus(const Shape& a, const Shape& b) {
@@ -576,8 +578,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
     bool converts = false;
     if (value.is_tensor()) {
       const Tensor& t = value.tensor();
-      converts = Converts(options_.convert_dtypes, t.dtype(), saved_dtype,
-                          {&t.view()});
+      converts = Converts(options_.convert_dtypes, device_convert_ != nullptr,
+                          t.dtype(), saved_dtype, {&t.view()});
       DCP_RETURN_IF_ERROR(CheckTensorMatches(
           name, converts ? saved_dtype : t.dtype(), t.sizes(), *saved));
       requested.push_back({Zeros(t.sizes().size()), t.sizes()});
@@ -589,8 +591,8 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
       for (const Shard& shard : st.local_shards()) {
         shard_views.push_back(&shard.tensor.view());
       }
-      converts = Converts(options_.convert_dtypes, st.dtype(), saved_dtype,
-                          shard_views);
+      converts = Converts(options_.convert_dtypes, device_convert_ != nullptr,
+                          st.dtype(), saved_dtype, shard_views);
       DCP_RETURN_IF_ERROR(
           CheckTensorMatches(name, converts ? saved_dtype : st.dtype(),
                              st.global_sizes(), *saved));
@@ -810,8 +812,14 @@ absl::Status DefaultLoadPlanner::CommitTensor(const ReadItem& item,
     temporaries_.erase(it);
     temporary_bytes_ -= c.bytes;
   }
-  return Annotate(ConvertInto(buffer.get(), c.saved, *c.dest),
+  return Annotate(c.dest->device().is_cpu()
+                      ? ConvertInto(buffer.get(), c.saved, *c.dest)
+                      : device_convert_(buffer.get(), c.saved, *c.dest),
                   absl::StrCat("converting ", item.dest_index.ToString()));
+}
+
+void DefaultLoadPlanner::SetDeviceConversion(DeviceConvert convert) {
+  device_convert_ = std::move(convert);
 }
 
 int64_t DefaultLoadPlanner::peak_temporary_bytes() const {

@@ -14,6 +14,7 @@
 #ifndef DCP_PLANNER_DEFAULT_PLANNER_H_
 #define DCP_PLANNER_DEFAULT_PLANNER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -156,8 +157,10 @@ struct DefaultLoadPlannerOptions {
   bool dedup_reads = true;
   // Load a floating-point tensor (F64, F32, BF16, F16) saved as another of
   // those dtypes by converting it as torch's copy_ does
-  // (core/dtype_convert.h). Host destinations only: a device destination
-  // of another dtype is refused as without this option. Each converted
+  // (core/dtype_convert.h). Host destinations, and device destinations
+  // once DefaultLoadPlanner::SetDeviceConversion gave a way there; other
+  // device destinations of another dtype are refused as without this
+  // option. Each converted
   // destination chunk is read into a temporary of the saved dtype
   // (ResolveTensor), converted into the destination when its last box
   // arrives and freed (CommitTensor): a reader that plans items as it
@@ -219,6 +222,20 @@ class DefaultLoadPlanner : public LoadPlanner {
   // The most temporary bytes (convert_dtypes) held at once since SetUp.
   int64_t peak_temporary_bytes() const;
 
+  // Converts the contiguous row-major array `src` of `from` elements, shaped
+  // as `dst`, into `dst`, memory of a device (staging/device_box_upload.h's
+  // ConvertUpload, bound to the reader's DeviceStaging). `src` may be freed
+  // once it returns; the values may land later, before the reader's
+  // ReadData completes. Called from reader threads, concurrently.
+  using DeviceConvert = std::function<absl::Status(
+      const std::byte* src, DType from, const TensorView& dst)>;
+  // With convert_dtypes, device destinations of another convertible dtype
+  // load too: each chunk is read into a host temporary of the saved dtype,
+  // as for host destinations, which `convert` takes to the device when the
+  // chunk's last item is committed. Call before CreateLocalPlan; without
+  // it (the default) such destinations are refused.
+  void SetDeviceConversion(DeviceConvert convert);
+
  private:
   // Sets each Conversion's item count from `plan`.
   void CountConversionItems(const LoadPlan& plan);
@@ -236,6 +253,7 @@ class DefaultLoadPlanner : public LoadPlanner {
   };
 
   DefaultLoadPlannerOptions options_;
+  DeviceConvert device_convert_;
   StateDict* state_dict_ = nullptr;
   const Metadata* metadata_ = nullptr;
   bool is_coordinator_ = false;

@@ -34,6 +34,18 @@ absl::Status UploadBoxPart(DeviceStaging& staging, const std::byte* window,
                            absl::Span<const int64_t> dst_offsets,
                            absl::Span<const int64_t> lengths);
 
+// Converts the contiguous row-major array `src` of `from` elements, shaped
+// as `dst`, into `dst`, a tensor in device memory with any strides (as
+// ConvertInto, core/dtype_convert.h, does for host tensors): the elements
+// are converted on the calling thread into chunks of the staging's pool and
+// each chunk is copied to the device as the runs adjacent in `dst`. `src`
+// may be freed once this returns; the values are in device memory only after
+// DeviceStaging::Flush() returned OK. Blocks while every pool chunk is busy.
+// kInvalidArgument when either dtype is not IsConvertibleFloat or `dst` is
+// host memory; the staging's error when its pool or a copy fails.
+absl::Status ConvertUpload(DeviceStaging& staging, const std::byte* src,
+                           DType from, const TensorView& dst);
+
 // `view` as host memory (same pointer, shape and strides, CPU device): for
 // checking a device destination's box with the host box copy's checks.
 TensorView AsHostView(const TensorView& view);

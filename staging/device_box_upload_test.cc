@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/box_copy.h"
+#include "core/dtype_convert.h"
 #include "cuda/host_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -179,6 +181,91 @@ TEST_F(DeviceBoxUploadTest, RejectsHostDestinationsAndBadBoxes) {
   status = UploadBoxPart(*staging_, window, 0, 16, {16}, {0}, 2, dst, {0},
                          {16});  // Element size differs.
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  runtime_->FreeDevice(device).IgnoreError();
+}
+
+// Random shapes, convertible dtype pairs and destination layouts (padded
+// rows, swapped leading dimensions): the device destination ends up exactly
+// as the host conversion (ConvertInto) makes the same layout, the padding
+// untouched, every chunk back in the pool.
+TEST_F(DeviceBoxUploadTest, ConvertUploadMatchesTheHostConversion) {
+  std::mt19937 rng(11);
+  const DType kDtypes[] = {DType::kF64, DType::kF32, DType::kBF16, DType::kF16};
+  for (int trial = 0; trial < 200; ++trial) {
+    MakeStaging(4096);
+    const DType from = kDtypes[rng() % 4];
+    const DType to = kDtypes[rng() % 4];
+    const size_t in = ElementSize(from), out = ElementSize(to);
+    const int rank = rng() % 4;
+    const Shape sizes = RandomShape(rng, rank, 40);
+    Shape alloc_sizes = sizes;
+    if (rank > 0 && rng() % 2 == 0) alloc_sizes.back() += 1 + rng() % 3;
+    Shape strides = ContiguousStrides(alloc_sizes);
+    if (rank >= 2 && rng() % 3 == 0) {
+      int64_t inner = 1;
+      for (int d = 2; d < rank; ++d) inner *= alloc_sizes[d];
+      strides[0] = inner;
+      strides[1] = inner * alloc_sizes[0];
+    }
+    // The whole allocation: padding and the swapped layout's span.
+    const int64_t span = NumElements(alloc_sizes);
+    const size_t alloc_bytes = static_cast<size_t>(span) * out;
+
+    // Finite values of every magnitude, stored as `from`.
+    const int64_t n = NumElements(sizes);
+    std::vector<double> values(n);
+    std::uniform_real_distribution<double> unit(-1.0, 1.0);
+    for (double& v : values) v = unit(rng) * std::ldexp(1.0, rng() % 20 - 10);
+    std::vector<std::byte> src(n * in);
+    ConvertElements(reinterpret_cast<const std::byte*>(values.data()),
+                    DType::kF64, n, src.data(), from);
+
+    std::vector<std::byte> host_dst(alloc_bytes);
+    for (std::byte& b : host_dst) b = static_cast<std::byte>(rng());
+    void* device = *runtime_->AllocateDevice(0, alloc_bytes);
+    ASSERT_TRUE(runtime_
+                    ->Copy(device, host_dst.data(), alloc_bytes,
+                           CopyKind::kHostToDevice)
+                    .ok());
+    ASSERT_TRUE(
+        ConvertInto(src.data(), from,
+                    TensorView(host_dst.data(), to, sizes, strides, Device{}))
+            .ok());
+    absl::Status status =
+        ConvertUpload(*staging_, src.data(), from,
+                      TensorView(device, to, sizes, strides, Device::Cuda(0)));
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(staging_->Flush().ok());
+    std::vector<std::byte> back(alloc_bytes);
+    ASSERT_TRUE(
+        runtime_
+            ->Copy(back.data(), device, alloc_bytes, CopyKind::kDeviceToHost)
+            .ok());
+    ASSERT_EQ(back, host_dst)
+        << "trial " << trial << " " << DTypeName(from) << " -> "
+        << DTypeName(to) << " " << ShapeToString(sizes) << " strides "
+        << ShapeToString(strides);
+    EXPECT_EQ((*staging_->Pool())->in_use(), 0);
+    runtime_->FreeDevice(device).IgnoreError();
+  }
+}
+
+TEST_F(DeviceBoxUploadTest,
+       ConvertUploadRejectsHostDestinationsAndOtherDtypes) {
+  MakeStaging(4096);
+  std::vector<float> src(16), host(16);
+  const auto* bytes = reinterpret_cast<const std::byte*>(src.data());
+  absl::Status status =
+      ConvertUpload(*staging_, bytes, DType::kF32,
+                    TensorView(host.data(), DType::kBF16, {16}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("ConvertInto"));
+  void* device = *runtime_->AllocateDevice(0, 64);
+  status =
+      ConvertUpload(*staging_, bytes, DType::kF32,
+                    TensorView(device, DType::kI32, {16}, Device::Cuda(0)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("only F64, F32, BF16 and F16"));
   runtime_->FreeDevice(device).IgnoreError();
 }
 

@@ -60,11 +60,20 @@ class OrderedReader final : public StorageReader {
     return inner_->PrepareGlobalPlan(std::move(plans));
   }
   // The wait's runtime error (e.g. a stream of another runtime) fails the
-  // read before any byte is copied.
+  // read before any byte is copied. Ready once every copy to the device
+  // the read enqueued through the staging has landed, the planner's too
+  // (DefaultLoadPlanner::SetDeviceConversion): the staging is flushed after
+  // the wrapped reader's ReadData, whose error comes first.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override {
     absl::Status ordered = staging_->OrderUploadsAfter(wait_);
     if (!ordered.ok()) return Future<void>::Ready(std::move(ordered));
-    return inner_->ReadData(plan, planner);
+    Promise<void> done;
+    inner_->ReadData(plan, planner)
+        .OnReady([done, staging = staging_](const absl::Status& read) {
+          absl::Status flushed = staging->Flush();
+          done.Set(read.ok() ? flushed : read);
+        });
+    return done.future();
   }
 
  private:
