@@ -311,7 +311,9 @@ int dcp_load(dcp_state_dict_t* sd, const dcp_load_options_t* options) {
                          dcp::capi::PinGroup(in.process_group, no_dist));
     load.process_group = group.get();
     load.no_dist = load.process_group == nullptr;
-    DCP_RETURN_IF_ERROR(dcp::capi::CheckWritable(*h));
+    // A read-only destination is this rank's own finding: it fails inside
+    // the load's shared setup, so every rank fails, naming this one.
+    load.local_failure = dcp::capi::CheckWritable(*h);
     absl::Status status = dcp::Load(h->root, load);
     h->Changed();  // Plain values were replaced, even by a failed load.
     return status;

@@ -77,16 +77,20 @@ absl::StatusOr<StateValue> ShardedFromC(const ObjectPath& path,
                      "got ",
                      global_ndim));
   }
-  DCP_ASSIGN_OR_RETURN(Shape global,
-                       ShapeFromC(global_shape, global_ndim, "global_shape"));
-  std::vector<Shard> shards;
-  shards.reserve(chunks.size());
+  // Every chunk's ndim (known) is checked before global_ndim sizes a read
+  // of the caller's global_shape and offsets arrays.
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].sizes().size() != static_cast<size_t>(global_ndim)) {
       return absl::InvalidArgumentError(absl::StrCat(
           PathPrefix(path), ": chunk ", i, " has ndim ",
           chunks[i].sizes().size(), " but the global shape has ", global_ndim));
     }
+  }
+  DCP_ASSIGN_OR_RETURN(Shape global,
+                       ShapeFromC(global_shape, global_ndim, "global_shape"));
+  std::vector<Shard> shards;
+  shards.reserve(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
     if (offsets[i] == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(PathPrefix(path), ": offsets of chunk ", i, " is NULL"));

@@ -440,6 +440,19 @@ static void test_resharding(void) {
   shards[1].global_shape = NULL;
   shards[1].offsets = NULL;
   CHECK_OK(dcp_state_dict_set_tensors(saved, 2, paths, plain, shards));
+  {
+    /* A shard ndim that disagrees with the chunk's is refused before it
+     * sizes a read of global_shape or offsets (1 entry each here). */
+    int64_t one_shape[1] = {4}, one_offset[1] = {0};
+    dcp_shard_t wrong = {0};
+    DLTensor row = make_tensor(whole, 1, one_shape, NULL, kDLFloat, 32);
+    wrong.ndim = 100000000;
+    wrong.global_shape = one_shape;
+    wrong.offsets = one_offset;
+    CHECK_ERROR(
+        dcp_state_dict_set_tensor(saved, PATH(KEY("wrong")), &row, &wrong),
+        DCP_INVALID_ARGUMENT, "has ndim 1 but the global shape has 100000000");
+  }
   CHECK_OK(dcp_state_dict_get(saved, PATH(KEY("w")), &info));
   CHECK(info.kind == DCP_VALUE_SHARDED_TENSOR && info.ndim == 2 &&
         info.shape[0] == 4 && info.shape[1] == 6 &&
@@ -1641,6 +1654,19 @@ static void store_destroy(mem_store* s) {
   pthread_mutex_destroy(&s->mu);
 }
 
+/* DLPack 1.x's DLManagedTensorVersioned (Debian's DLPack 0.6 header has
+ * none; dcp/dcp.h only declares it). */
+struct DLManagedTensorVersioned {
+  struct {
+    uint32_t major;
+    uint32_t minor;
+  } version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+
 typedef struct rank_run {
   mem_store* store;
   int32_t rank;
@@ -1814,6 +1840,34 @@ static void* rank_main(void* arg) {
                probe.message);
     }
     RANK_CHECK(run, dcp_state_dict_free(sd2) == DCP_OK);
+  }
+  /* Rank 1's destination is read-only, a finding of its own: every rank's
+   * load fails, naming it (rank 0 in the shared setup, not after its
+   * timeout), and the ranks' next collective still pairs up. */
+  {
+    dcp_state_dict_t* sd3 = NULL;
+    struct DLManagedTensorVersioned v;
+    int rc;
+    RANK_CHECK(run, dcp_state_dict_create(&sd3) == DCP_OK);
+    memset(&v, 0, sizeof(v));
+    memset(column, 0, sizeof(column));
+    v.version.major = 1;
+    v.dl_tensor = make_tensor(column, 2, column_shape, NULL, kDLFloat, 32);
+    v.flags = run->rank == 1 ? 1 : 0; /* DLPACK_FLAG_BITMASK_READ_ONLY */
+    shard.offsets = column_offsets;
+    RANK_CHECK(run, dcp_state_dict_set_dlpack_versioned(sd3, PATH(KEY("w")),
+                                                        &v, &shard) == DCP_OK);
+    rc = dcp_load(sd3, &lo);
+    RANK_CHECK(run, rc == DCP_INVALID_ARGUMENT &&
+                        strstr(dcp_last_error_message(), "read-only") != NULL);
+    t = make_tensor(column, 2, column_shape, NULL, kDLFloat, 32);
+    RANK_CHECK(run, dcp_state_dict_set_tensor(sd3, PATH(KEY("w")), &t,
+                                              &shard) == DCP_OK);
+    RANK_CHECK(run, dcp_load(sd3, &lo) == DCP_OK);
+    for (r = 0; r < 4; ++r) {
+      RANK_CHECK(run, column[r] == (float)(r * 10 + run->rank));
+    }
+    RANK_CHECK(run, dcp_state_dict_free(sd3) == DCP_OK);
   }
   RANK_CHECK(run, dcp_process_group_free(group) == DCP_OK);
   return NULL;
@@ -2102,18 +2156,6 @@ static void test_store_process_group(void) {
  * Managed DLPack tensors
  * ---------------------------------------------------------------------- */
 
-/* DLPack 1.x's DLManagedTensorVersioned (Debian's DLPack 0.6 header has
- * none; dcp/dcp.h only declares it). */
-struct DLManagedTensorVersioned {
-  struct {
-    uint32_t major;
-    uint32_t minor;
-  } version;
-  void* manager_ctx;
-  void (*deleter)(struct DLManagedTensorVersioned* self);
-  uint64_t flags;
-  DLTensor dl_tensor;
-};
 
 typedef struct managed_float {
   DLManagedTensor legacy;

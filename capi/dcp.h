@@ -337,6 +337,9 @@ DCP_API int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd,
 
 /* ------------------------------------------------------------------------
  * Storage: the file-system writer and reader
+ *
+ * Every thread_count field of the options below takes 0 (its default) up
+ * to 1024; more is DCP_INVALID_ARGUMENT at create.
  * ---------------------------------------------------------------------- */
 
 typedef struct dcp_fs_writer_options {
@@ -345,7 +348,7 @@ typedef struct dcp_fs_writer_options {
   dcp_flag_t sync_files;           /* default true */
   int32_t thread_count;            /* 0: 1 */
   dcp_flag_t overwrite;            /* default true */
-  int64_t per_thread_copy_ahead;   /* bytes; 0: the writer's default */
+  int64_t per_thread_copy_ahead;   /* bytes, <= 2^40; 0: the default */
   dcp_flag_t direct_io;            /* default true */
   /* NULL or "none": tensors stored as they are; "zstd" or "zstd:LEVEL":
    * host tensors over 64 KiB compressed block by block (docs/FORMAT.md

@@ -9,18 +9,28 @@ Executor& InlineExecutorInstance() {
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads < 1) num_threads = 1;
-  workers_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    workers_.reserve(num_threads);
+    for (int i = 0; i < num_threads; ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  } catch (...) {
+    // The threads already running are joined before the exception leaves
+    // (a joinable std::thread destroyed would terminate the process).
+    Stop();
+    throw;
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { Stop(); }
+
+void ThreadPool::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
 }
 
 void ThreadPool::Schedule(Task task) {

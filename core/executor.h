@@ -36,6 +36,9 @@ Executor& InlineExecutorInstance();
 // every task already scheduled, then joins the workers.
 class ThreadPool final : public Executor {
  public:
+  // Starts num_threads workers (at least one). When a thread cannot be
+  // started, the ones already running are stopped and the std::system_error
+  // (or std::bad_alloc) is rethrown.
   explicit ThreadPool(int num_threads);
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;
@@ -46,6 +49,8 @@ class ThreadPool final : public Executor {
 
  private:
   void WorkerLoop();
+  // Lets the workers drain the queue, joins them.
+  void Stop();
 
   absl::Mutex mu_;
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);

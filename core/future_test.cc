@@ -1,5 +1,11 @@
 #include "core/future.h"
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -9,6 +15,43 @@
 
 namespace dcp {
 namespace {
+
+// A pool whose threads cannot all start throws (for the C ABI to report)
+// instead of terminating the process with the started threads joinable.
+// In a child whose address space is too small for 4096 thread stacks.
+TEST(ThreadPool, ThreadsThatCannotStartAreAnExceptionNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers need more address space than the limit leaves";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "sanitizers need more address space than the limit leaves";
+#endif
+#endif
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    long pages = 0;
+    if (FILE* statm = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(statm, "%ld", &pages) != 1) pages = 0;
+      std::fclose(statm);
+    }
+    const rlim_t now = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE);
+    const rlimit limit{now + (rlim_t{256} << 20), now + (rlim_t{256} << 20)};
+    if (pages == 0 || setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    try {
+      ThreadPool pool(4096);
+      _exit(pool.num_threads() == 4096 ? 4 : 5);  // Started: no test.
+    } catch (const std::exception&) {
+      _exit(0);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status))
+      << "the child died of signal "
+      << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
 
 TEST(Future, CallbackBeforeAndAfterReady) {
   Promise<int> promise;

@@ -1,8 +1,11 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -87,6 +90,23 @@ bool TensorView::is_contiguous() const {
     expected *= sizes_[i];
   }
   return true;
+}
+
+bool TensorView::may_overlap() const {
+  if (numel() == 0) return false;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
+  for (size_t i = 0; i < sizes_.size(); ++i) {
+    if (sizes_[i] > 1) dims.emplace_back(std::abs(strides_[i]), sizes_[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  // The span of the dimensions so far, less one element (no overflow: the
+  // view's extent was checked when it was made from caller memory).
+  int64_t reach = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride < reach + 1) return true;
+    reach += stride * (size - 1);
+  }
+  return false;
 }
 
 Tensor Tensor::Empty(DType dtype, Shape sizes) {

@@ -71,6 +71,11 @@ class TensorView {
   // numel() * ElementSize(dtype()): the bytes a contiguous copy occupies.
   size_t nbytes() const { return numel() * ElementSize(dtype_); }
   bool is_contiguous() const;
+  // Whether two elements may share memory (a stride 0 or an expanded
+  // view). Conservative: false proves they do not (each dimension, by
+  // increasing stride, steps past all that the smaller ones span); a rare
+  // interleaved layout that does not overlap still reports true.
+  bool may_overlap() const;
 
   // The bytes of a contiguous view. Only valid for host memory.
   absl::Span<const std::byte> bytes() const {

@@ -710,7 +710,7 @@ absl::Status LoadStateDictAt(StateDict& state_dict,
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options) {
   return LoadStateDictAt(state_dict, storage_reader, options,
-                         options.checkpoint_id, absl::OkStatus());
+                         options.checkpoint_id, options.local_failure);
 }
 
 absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
@@ -731,11 +731,12 @@ absl::Status Load(StateDict& state_dict, const LoadOptions& options) {
     // This rank still takes part in the shared setup, failing, so the
     // others learn why instead of waiting for it.
     FileSystemReader placeholder(options.checkpoint_id);
-    return LoadStateDictAt(state_dict, placeholder, at_reader,
-                           options.checkpoint_id, reader.status());
+    return LoadStateDictAt(
+        state_dict, placeholder, at_reader, options.checkpoint_id,
+        options.local_failure.ok() ? reader.status() : options.local_failure);
   }
   return LoadStateDictAt(state_dict, **reader, at_reader, options.checkpoint_id,
-                         absl::OkStatus());
+                         options.local_failure);
 }
 
 }  // namespace dcp

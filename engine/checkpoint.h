@@ -126,6 +126,11 @@ struct LoadOptions {
   // one's offsets). Ignored where the location holds rank-local checkpoints
   // (each rank reads its own).
   const Metadata* metadata = nullptr;
+  // A failure this rank found before the load (a check of its own state
+  // dict): the rank still takes part in the load's shared setup, failing
+  // there, so that every rank fails naming it instead of the others
+  // waiting for it (or pairing with its next collective). OK: none.
+  absl::Status local_failure;
 };
 
 // Saves `state_dict` and returns the committed metadata. On failure nothing

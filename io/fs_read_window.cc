@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <memory>
+#include <new>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,12 @@ using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::kDirectIoAlignment;
 using internal_io::RunWorkers;
+
+// "<item> in data file <file>", for messages about a slot's item.
+std::string ItemName(const ReadSlot& slot) {
+  return absl::StrCat(slot.stored->index->ToString(), " in data file ",
+                      slot.stored->info->relative_path);
+}
 
 // Plans `stored`'s reads, appending slots to `out`: one zero-copy slot when
 // it can be read in place (CanReadInPlace), otherwise PlanPieces' pieces.
@@ -155,7 +164,8 @@ absl::Status PrepareSlot(OpenFiles& files, BounceMeter& meter, ReadSlot& slot) {
           IoRequest::Read(slot.file, offset, slot.target, slot.body));
     }
     if (slot.body < length) {
-      slot.tail = std::make_unique<BounceBuffer>(kDirectIoAlignment, meter);
+      DCP_ASSIGN_OR_RETURN(slot.tail, NewBounceBuffer(kDirectIoAlignment, meter,
+                                                      ItemName(slot)));
       slot.requests.push_back(IoRequest::Read(slot.file, offset + slot.body,
                                               slot.tail->data(),
                                               kDirectIoAlignment));
@@ -165,7 +175,8 @@ absl::Status PrepareSlot(OpenFiles& files, BounceMeter& meter, ReadSlot& slot) {
   const int64_t start = direct ? AlignDown(offset, kDirectIoAlignment) : offset;
   const int64_t end =
       direct ? AlignUp(offset + length, kDirectIoAlignment) : offset + length;
-  slot.buffer = std::make_shared<BounceBuffer>(end - start, meter);
+  DCP_ASSIGN_OR_RETURN(slot.buffer,
+                       NewBounceBuffer(end - start, meter, ItemName(slot)));
   slot.lead = offset - start;
   slot.target = slot.buffer->data() + slot.lead;
   slot.requests.push_back(
@@ -230,7 +241,15 @@ class BounceRun {
       return entry.status();
     }
     File* file = (*entry)->file.get();
-    auto buffer = std::make_shared<BounceBuffer>(end_ - start_, meter);
+    absl::StatusOr<std::unique_ptr<BounceBuffer>> allocated =
+        NewBounceBuffer(end_ - start_, meter, ItemName(*slots.front()));
+    if (!allocated.ok()) {
+      for (ReadSlot* slot : slots) {
+        slot->reads.push_back(Future<size_t>::Ready(allocated.status()));
+      }
+      return allocated.status();
+    }
+    std::shared_ptr<BounceBuffer> buffer = *std::move(allocated);
     for (ReadSlot* slot : slots) {
       slot->file = file;
       slot->buffer = buffer;
@@ -259,7 +278,8 @@ absl::Status DecodeSlot(ReadSlot& slot, int64_t block_size,
     raw_begin =
         static_cast<std::byte*>(stored.dests.front().data()) + slot.begin;
   } else {
-    slot.decoded = std::make_unique<BounceBuffer>(slot.end - slot.begin, meter);
+    DCP_ASSIGN_OR_RETURN(slot.decoded, NewBounceBuffer(slot.end - slot.begin,
+                                                       meter, ItemName(slot)));
     raw_begin = slot.decoded->data();
   }
   std::vector<std::byte> scratch;
@@ -407,6 +427,16 @@ absl::Status CheckStoredItem(const MetadataIndex& index,
         ") but the file ends at offset ", entry->size));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BounceBuffer>> NewBounceBuffer(
+    int64_t size, BounceMeter& meter, absl::string_view what) {
+  try {
+    return std::make_unique<BounceBuffer>(size, meter);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate a read buffer of ", size, " bytes for ", what));
+  }
 }
 
 void BounceMeter::Add(int64_t bytes) {

@@ -108,6 +108,12 @@ class BounceBuffer {
   BounceMeter& meter_;
 };
 
+// A bounce buffer of `size` bytes, or kResourceExhausted naming `what` when
+// the memory is not there (a damaged or crafted item's length must not throw
+// std::bad_alloc on a reader thread, where nothing would catch it).
+absl::StatusOr<std::unique_ptr<BounceBuffer>> NewBounceBuffer(
+    int64_t size, BounceMeter& meter, absl::string_view what);
+
 // One read on its way from a data file to the planner: a whole stored item
 // read straight into its destination (zero copy), or a piece of one (a run
 // of its checksum blocks) read into a bounce buffer, verified, decoded

@@ -16,6 +16,7 @@
 #include "google/protobuf/arena.h"
 #include "io/extensions.h"
 #include "io/format.pb.h"
+#include "planner/chunk_geometry.h"
 
 namespace dcp {
 namespace {
@@ -186,6 +187,47 @@ absl::Status CheckTensorGeometry(absl::string_view fqn,
     }
   }
   return absl::OkStatus();
+}
+
+// Checks that no two chunks of `tensor` share an element, nor offsets when
+// either holds an element: a load finds a chunk's stored item by its
+// offsets and takes the saved chunks to be disjoint (planner/
+// chunk_geometry.h), so such a list would read one chunk's bytes as
+// another's, or take values from whichever of two overlapping chunks a
+// search meets first. Empty chunks at one offset (ranks holding nothing of
+// an empty tensor) are allowed. Gaps are too (a rank-local save).
+absl::Status CheckChunksDisjoint(absl::string_view fqn,
+                                 const TensorStorageMetadata& tensor) {
+  const std::vector<ChunkStorageMetadata>& chunks = tensor.chunks;
+  if (chunks.size() < 2) return absl::OkStatus();
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return chunks[a].offsets < chunks[b].offsets;
+  });
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    bool holds = false;
+    while (j < order.size() &&
+           chunks[order[j]].offsets == chunks[order[i]].offsets) {
+      holds = holds || ChunkVolume(chunks[order[j]]) > 0;
+      ++j;
+    }
+    if (j - i > 1 && holds) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", fqn, " lists chunks ", std::min(order[i], order[i + 1]),
+          " and ", std::max(order[i], order[i + 1]), " at the same offsets ",
+          ShapeToString(chunks[order[i]].offsets), " (damaged metadata?)"));
+    }
+    i = j;
+  }
+  absl::Status tiling = ValidateTiling(
+      fqn, tensor.size, chunks,
+      [](size_t i) { return absl::StrCat("chunk ", i); },
+      /*require_full_coverage=*/false);
+  if (tiling.ok()) return tiling;
+  return absl::DataLossError(
+      absl::StrCat(tiling.message(), " (damaged metadata?)"));
 }
 
 // Checks that every stored item belongs to a value of `metadata`: a tensor
@@ -395,6 +437,7 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
           tensor.chunks.push_back(std::move(chunk));
         }
         DCP_RETURN_IF_ERROR(CheckTensorGeometry(fqn, tensor));
+        DCP_RETURN_IF_ERROR(CheckChunksDisjoint(fqn, tensor));
         decoded = std::move(tensor);
       } else {
         return absl::DataLossError(absl::StrCat(

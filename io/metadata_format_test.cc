@@ -145,6 +145,48 @@ TEST(MetadataFormatTest, RankLocalRecordRoundTrips) {
                    ->rank_local.has_value());
 }
 
+// Chunks that share elements, or offsets while one holds an element, are
+// damaged metadata: a load would read one chunk's bytes as another's, or
+// take values from whichever of two overlapping chunks it met first.
+// Empty chunks at one offset (ranks holding nothing of an empty tensor) and
+// gaps (a rank-local save) stay valid.
+TEST(MetadataFormatTest, OverlappingChunksAreDataLoss) {
+  struct Case {
+    std::vector<ChunkStorageMetadata> chunks;
+    const char* message;  // nullptr: valid.
+  };
+  const Case cases[] = {
+      {{{{0, 0}, {2, 6}}, {{0, 0}, {4, 2}}}, "at the same offsets [0, 0]"},
+      {{{{2, 0}, {2, 6}}, {{0, 0}, {0, 6}}, {{0, 0}, {2, 6}}},
+       "at the same offsets [0, 0]"},
+      {{{{0, 0}, {2, 6}}, {{1, 0}, {2, 6}}}, "overlap"},
+      {{{{2, 0}, {2, 6}}, {{0, 3}, {1, 1}}, {{0, 0}, {3, 3}}}, "overlap"},
+      {{{{0, 0}, {0, 6}}, {{0, 0}, {0, 6}}}, nullptr},
+      {{{{0, 0}, {2, 6}}}, nullptr},
+  };
+  for (const Case& c : cases) {
+    Metadata m;
+    TensorStorageMetadata w;
+    w.properties.dtype = DType::kF32;
+    w.size = {4, 6};
+    w.chunks = c.chunks;
+    m.state_dict_metadata["w"] = w;
+    m.version = kFormatVersion;
+    m.checksum_block_size = 1 << 20;
+    absl::StatusOr<Metadata> decoded =
+        DecodeMetadata(*EncodeMetadata(m), "d/.metadata");
+    if (c.message == nullptr) {
+      EXPECT_TRUE(decoded.ok()) << decoded.status();
+      continue;
+    }
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss)
+        << decoded.status();
+    EXPECT_THAT(decoded.status().message(),
+                AllOf(HasSubstr("w"), HasSubstr(c.message),
+                      HasSubstr("damaged metadata")));
+  }
+}
+
 TEST(MetadataFormatTest, EncodingIsDeterministic) {
   EXPECT_EQ(*EncodeMetadata(SampleMetadata()),
             *EncodeMetadata(SampleMetadata()));

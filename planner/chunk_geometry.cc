@@ -10,8 +10,11 @@ namespace dcp {
 namespace {
 
 // Above this rank the corner test (2^rank corners per chunk) gives way to
-// the sweep.
+// the sweep, and above this many corner coordinates (8 bytes each, about
+// 2^20 chunks of rank 2; 800 of rank 10) too, so that a small metadata
+// file cannot make the test allocate gigabytes.
 constexpr size_t kMaxCornerRank = 10;
+constexpr size_t kMaxCornerCoordinates = size_t{1} << 23;
 
 bool IsEmpty(const ChunkStorageMetadata& c) {
   for (int64_t s : c.sizes) {
@@ -422,7 +425,9 @@ absl::Status ValidateTiling(absl::string_view tensor_name,
         "; the saved chunks must cover the whole tensor"));
   }
   bool exact;
-  if (rank <= kMaxCornerRank) {
+  if (rank <= kMaxCornerRank &&
+      ((nonempty.size() + 1) << rank) * std::max<size_t>(rank, 1) <=
+          kMaxCornerCoordinates) {
     exact = CornersMatch(global_size, chunks, nonempty);
   } else {
     unsigned __int128 volume = 0;

@@ -11,6 +11,7 @@
 namespace dcp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 ChunkStorageMetadata RandomBox(std::mt19937_64& rng, const Shape& global) {
@@ -229,6 +230,27 @@ TEST(ChunkGeometryTest, HighRankUsesSweep) {
   halves[1].sizes[7] = 1;
   EXPECT_THAT(ValidateTiling("t", global, halves, describe).message(),
               HasSubstr("hold 3072 of 4096 elements"));
+}
+
+// A rank-10 grid of 1024 one-element chunks is past the corner test's
+// budget (its 2^10 corners per chunk once took 80 KB and a millisecond per
+// chunk): the sweep decides, with the same answers.
+TEST(ChunkGeometryTest, ManyHighRankChunksUseTheSweep) {
+  const Shape global(10, 2);
+  std::vector<ChunkStorageMetadata> cells;
+  for (int64_t cell = 0; cell < 1024; ++cell) {
+    ChunkStorageMetadata c{Shape(10, 0), Shape(10, 1)};
+    for (int d = 0; d < 10; ++d) c.offsets[d] = (cell >> d) & 1;
+    cells.push_back(c);
+  }
+  auto describe = [](size_t i) { return absl::StrCat("#", i); };
+  EXPECT_TRUE(ValidateTiling("t", global, cells, describe).ok());
+  std::vector<ChunkStorageMetadata> missing(cells.begin() + 1, cells.end());
+  EXPECT_THAT(ValidateTiling("t", global, missing, describe).message(),
+              HasSubstr("hold 1023 of 1024 elements"));
+  cells.push_back(cells[7]);
+  EXPECT_THAT(ValidateTiling("t", global, cells, describe).message(),
+              AllOf(HasSubstr("#7"), HasSubstr("#1024")));
 }
 
 // A scalar (rank 0) is one element: one chunk covers it, none leaves it

@@ -609,6 +609,17 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
         views.push_back(&shard.tensor.view());
       }
     }
+    // A destination whose elements share memory would take several saved
+    // elements in one place, whichever landed last.
+    for (const TensorView* v : views) {
+      if (v->may_overlap()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", name, "\": the destination's elements share memory (sizes ",
+            ShapeToString(v->sizes()), ", strides ",
+            ShapeToString(v->strides()),
+            "); load into a tensor whose elements do not overlap"));
+      }
+    }
     // The saved boxes each requested chunk reads: by binary search for the
     // usual layouts, else by the sweep, which handles any layout and finds
     // chunks the saved list does not cover.
@@ -742,12 +753,20 @@ absl::Status DefaultLoadPlanner::LoadBytes(const ReadItem& item,
     return absl::NotFoundError(absl::StrCat("value \"", item.dest_index.fqn,
                                             "\" is not in this rank's plan"));
   }
-  absl::StatusOr<StateValue> value = DecodeValue(bytes);
-  if (!value.ok()) {
-    return Annotate(value.status(),
-                    absl::StrCat("value \"", item.dest_index.fqn, "\""));
+  // A reader thread calls this: a value too large for memory must come
+  // back as an error, not a std::bad_alloc nothing there would catch.
+  try {
+    absl::StatusOr<StateValue> value = DecodeValue(bytes);
+    if (!value.ok()) {
+      return Annotate(value.status(),
+                      absl::StrCat("value \"", item.dest_index.fqn, "\""));
+    }
+    *it->second = std::move(*value);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes.size(), " bytes for value \"",
+                     item.dest_index.fqn, "\""));
   }
-  *it->second = std::move(*value);
   return absl::OkStatus();
 }
 

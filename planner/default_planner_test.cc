@@ -170,6 +170,32 @@ TEST(DefaultPlannerTest, TwoLocalShardsAtOneOffsetAreRefused) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A destination whose elements share memory (stride 0, an expanded view)
+// is refused by name: a load would put several saved elements in one place.
+// Transposed and padded views are loaded.
+TEST(DefaultPlannerTest, DestinationsWhoseElementsShareMemoryAreRefused) {
+  StateDict saved{{"w", RandomTensor(DType::kF32, {4, 3}, 9)}};
+  absl::StatusOr<InMemoryCheckpoint> ckpt = SaveOne(saved);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::vector<float> memory(64, 0.0f);
+  StateDict expanded{{"w", Tensor::Wrap(TensorView(memory.data(), DType::kF32,
+                                                   {4, 3}, {0, 1}, Device{}))}};
+  absl::Status status = LoadOne(*ckpt, expanded);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("\"w\""), HasSubstr("share memory"),
+                    HasSubstr("strides [0, 1]")));
+  StateDict padded{{"w", Tensor::Wrap(TensorView(memory.data(), DType::kF32,
+                                                 {4, 3}, {1, 5}, Device{}))}};
+  ASSERT_TRUE(LoadOne(*ckpt, padded).ok());
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 3; ++c) {
+      EXPECT_EQ(memory[r + 5 * c], static_cast<const float*>(
+                                       saved["w"].tensor().data())[r * 3 + c]);
+    }
+  }
+}
+
 TEST(DefaultPlannerTest, NonContiguousHostTensorIsCopiedContiguous) {
   Tensor base = RandomTensor(DType::kI32, {3, 4}, 5);
   // The transpose: sizes [4, 3], strides [1, 4].

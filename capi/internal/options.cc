@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "io/metadata_format.h"
 
 namespace dcp::capi {
 namespace {
@@ -16,6 +17,34 @@ absl::StatusOr<Int> ReadCount(Int value, Int default_value, const char* field) {
         absl::StrCat(field, " is ", value, "; it must be >= 0 (0: default)"));
   }
   return value == 0 ? default_value : value;
+}
+
+// Threads a pool may be asked for: a pool of more could not start (each
+// thread maps a stack), and a pool that fails to start part-way is an error
+// the caller can act on only if it is refused here.
+constexpr int32_t kMaxThreadCount = 1024;
+
+// A thread count: as ReadCount, and at most kMaxThreadCount.
+absl::StatusOr<int32_t> ReadThreadCount(int32_t value, int32_t default_value,
+                                        const char* field) {
+  DCP_ASSIGN_OR_RETURN(int32_t n, ReadCount(value, default_value, field));
+  if (n > kMaxThreadCount) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", n, "; it must be at most ", kMaxThreadCount));
+  }
+  return n;
+}
+
+// A byte count: as ReadCount, and at most `max` (so products and
+// alignments of it stay within int64).
+absl::StatusOr<int64_t> ReadBytes(int64_t value, int64_t default_value,
+                                  int64_t max, const char* field) {
+  DCP_ASSIGN_OR_RETURN(int64_t n, ReadCount(value, default_value, field));
+  if (n > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", n, "; it must be at most ", max));
+  }
+  return n;
 }
 
 absl::StatusOr<absl::Duration> ReadMilliseconds(int64_t ms,
@@ -100,16 +129,17 @@ absl::StatusOr<FileSystemWriterOptions> WriterOptionsFromC(
                        ReadFlag(in.sync_files, out.sync_files,
                                 "dcp_fs_writer_options_t.sync_files"));
   DCP_ASSIGN_OR_RETURN(out.thread_count,
-                       ReadCount<int32_t>(in.thread_count, 1,
-                                          "dcp_fs_writer_options_t."
-                                          "thread_count"));
+                       ReadThreadCount(in.thread_count, 1,
+                                       "dcp_fs_writer_options_t."
+                                       "thread_count"));
   DCP_ASSIGN_OR_RETURN(out.overwrite,
                        ReadFlag(in.overwrite, out.overwrite,
                                 "dcp_fs_writer_options_t.overwrite"));
   DCP_ASSIGN_OR_RETURN(
       out.per_thread_copy_ahead,
-      ReadCount<int64_t>(in.per_thread_copy_ahead, out.per_thread_copy_ahead,
-                         "dcp_fs_writer_options_t.per_thread_copy_ahead"));
+      ReadBytes(in.per_thread_copy_ahead, out.per_thread_copy_ahead,
+                int64_t{1} << 40,
+                "dcp_fs_writer_options_t.per_thread_copy_ahead"));
   DCP_ASSIGN_OR_RETURN(out.direct_io,
                        ReadFlag(in.direct_io, out.direct_io,
                                 "dcp_fs_writer_options_t.direct_io"));
@@ -141,9 +171,9 @@ absl::StatusOr<FileSystemReaderOptions> ReaderOptionsFromC(
                        ReadVersioned(options, "dcp_fs_reader_options_t"));
   FileSystemReaderOptions out;
   DCP_ASSIGN_OR_RETURN(out.thread_count,
-                       ReadCount<int32_t>(in.thread_count, 1,
-                                          "dcp_fs_reader_options_t."
-                                          "thread_count"));
+                       ReadThreadCount(in.thread_count, 1,
+                                       "dcp_fs_reader_options_t."
+                                       "thread_count"));
   DCP_ASSIGN_OR_RETURN(out.direct_io,
                        ReadFlag(in.direct_io, out.direct_io,
                                 "dcp_fs_reader_options_t.direct_io"));
@@ -159,9 +189,9 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
                        ReadMapping(in.fqns, in.file_indices, in.num_mappings,
                                    "dcp_hf_writer_options_t"));
   DCP_ASSIGN_OR_RETURN(out.thread_count,
-                       ReadCount<int32_t>(in.thread_count, 1,
-                                          "dcp_hf_writer_options_t."
-                                          "thread_count"));
+                       ReadThreadCount(in.thread_count, 1,
+                                       "dcp_hf_writer_options_t."
+                                       "thread_count"));
   DCP_ASSIGN_OR_RETURN(out.save_distributed,
                        ReadFlag(in.save_distributed, out.save_distributed,
                                 "dcp_hf_writer_options_t.save_distributed"));
@@ -171,8 +201,8 @@ absl::StatusOr<HuggingFaceStorageWriterOptions> HfWriterOptionsFromC(
                "dcp_hf_writer_options_t.enable_consolidation"));
   DCP_ASSIGN_OR_RETURN(
       out.thread_count_consolidation,
-      ReadCount<int32_t>(in.thread_count_consolidation, 1,
-                         "dcp_hf_writer_options_t.thread_count_consolidation"));
+      ReadThreadCount(in.thread_count_consolidation, 1,
+                      "dcp_hf_writer_options_t.thread_count_consolidation"));
   DCP_ASSIGN_OR_RETURN(out.sync_files,
                        ReadFlag(in.sync_files, out.sync_files,
                                 "dcp_hf_writer_options_t.sync_files"));
@@ -222,9 +252,9 @@ absl::StatusOr<HuggingFaceStorageReaderOptions> HfReaderOptionsFromC(
                        ReadVersioned(options, "dcp_hf_reader_options_t"));
   HuggingFaceStorageReaderOptions out;
   DCP_ASSIGN_OR_RETURN(out.thread_count,
-                       ReadCount<int32_t>(in.thread_count, 1,
-                                          "dcp_hf_reader_options_t."
-                                          "thread_count"));
+                       ReadThreadCount(in.thread_count, 1,
+                                       "dcp_hf_reader_options_t."
+                                       "thread_count"));
   DCP_ASSIGN_OR_RETURN(out.direct_io,
                        ReadFlag(in.direct_io, out.direct_io,
                                 "dcp_hf_reader_options_t.direct_io"));
@@ -244,8 +274,8 @@ HfQuantizedReaderOptionsFromC(
   QuantizedHuggingFaceStorageReaderOptions out;
   DCP_ASSIGN_OR_RETURN(
       out.thread_count,
-      ReadCount<int32_t>(in.thread_count, 1,
-                         "dcp_hf_quantized_reader_options_t.thread_count"));
+      ReadThreadCount(in.thread_count, 1,
+                      "dcp_hf_quantized_reader_options_t.thread_count"));
   switch (in.target_dtype) {
     case 0:
       break;
@@ -277,12 +307,18 @@ absl::StatusOr<MegaStorageWriterOptions> MegaWriterOptionsFromC(
                                    "dcp_mega_writer_options_t"));
   DCP_ASSIGN_OR_RETURN(
       out.thread_count,
-      ReadCount<int32_t>(in.thread_count, 1,
-                         "dcp_mega_writer_options_t.thread_count"));
+      ReadThreadCount(in.thread_count, 1,
+                      "dcp_mega_writer_options_t.thread_count"));
   DCP_ASSIGN_OR_RETURN(
       out.checksum_block_size,
-      ReadCount<int64_t>(in.checksum_block_size, out.checksum_block_size,
-                         "dcp_mega_writer_options_t.checksum_block_size"));
+      ReadBytes(in.checksum_block_size, out.checksum_block_size,
+                kMaxChecksumBlockSize,
+                "dcp_mega_writer_options_t.checksum_block_size"));
+  if (out.checksum_block_size % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dcp_mega_writer_options_t.checksum_block_size is ",
+        out.checksum_block_size, "; it must be a multiple of 4096"));
+  }
   DCP_ASSIGN_OR_RETURN(out.sync_files,
                        ReadFlag(in.sync_files, out.sync_files,
                                 "dcp_mega_writer_options_t.sync_files"));
@@ -299,8 +335,8 @@ absl::StatusOr<MegaStorageReaderOptions> MegaReaderOptionsFromC(
   MegaStorageReaderOptions out;
   DCP_ASSIGN_OR_RETURN(
       out.thread_count,
-      ReadCount<int32_t>(in.thread_count, 1,
-                         "dcp_mega_reader_options_t.thread_count"));
+      ReadThreadCount(in.thread_count, 1,
+                      "dcp_mega_reader_options_t.thread_count"));
   DCP_ASSIGN_OR_RETURN(out.direct_io,
                        ReadFlag(in.direct_io, out.direct_io,
                                 "dcp_mega_reader_options_t.direct_io"));
