@@ -1,7 +1,8 @@
 """dcp: a GPU-aware distributed checkpoint engine, for PyTorch programs.
 
-The seed's API (tensorplay.distributed.checkpoint / torch's DCP) over
-dcp's C ABI (libdcp.so through ctypes; no extension module):
+The seed's API (tensorplay.distributed.checkpoint, after PyTorch's
+torch.distributed.checkpoint) over dcp's C ABI (libdcp.so through ctypes;
+no extension module):
 
     import dcp
     dcp.save({"model": model.state_dict()}, checkpoint_id="/ckpt/step100")
@@ -15,7 +16,7 @@ use. Pickled values need allow_pickle=True on save and load: loading a
 pickle runs code from the checkpoint.
 """
 
-from . import errors, format_utils
+from . import errors
 from ._lib import version as library_version
 from ._state import ShardedTensor
 from .async_save import AsyncCheckpointerType, AsyncSaveResponse, async_save
@@ -55,6 +56,17 @@ except ModuleNotFoundError as _e:
     # package (numpy arrays) still works.
     if _e.name != "torch":
         raise
+
+
+def __getattr__(name):
+    # format_utils is imported on first use, not here: `python -m
+    # dcp.format_utils` then runs it without runpy's RuntimeWarning (the
+    # module found in sys.modules before it runs as __main__).
+    if name == "format_utils":
+        import importlib
+        return importlib.import_module(".format_utils", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 version = __version__

@@ -471,6 +471,8 @@ def check(code: int, what: str | None = None) -> None:
     with this thread's last error; returns for DCP_OK."""
     if code == OK:
         return
-    from . import errors
+    # Read first: an import may run a GC finalizer that calls dcp (freeing
+    # a group) and overwrites this thread's last error.
     _, message, failures = last_error()
+    from . import errors
     raise errors.from_status(code, message, failures, what)

@@ -28,8 +28,11 @@ to the caller's key on load. Other key types raise TypeError.
 
 Memory: tensors are borrowed, never copied, except (a) non-contiguous
 tensors where the engine path cannot take strides (see the flags below)
-and (b) nothing else. The Flat object keeps every tensor it passed alive;
-keep it until the save (or the staging of an async save) is done.
+and (b) numpy arrays with negative strides (np.flip, a[::-1]), which
+DLPack cannot describe: a save takes a contiguous copy, a load goes
+through a contiguous temporary copied back. The Flat object keeps every
+tensor it passed alive; keep it until the save (or the staging of an
+async save) is done.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 
 import numpy as np
 
-from . import _lib
+from . import _lib, errors
 from ._lib import Path
 
 try:
@@ -67,6 +70,11 @@ _MARKER_PREFIX = b"\x00dcp."
 # Placeholder of a plain value before a load: what the engine leaves when
 # the checkpoint lacks the key (allow_partial_load).
 _UNLOADED = b"\x00dcp.unloaded\x00" + bytes(range(16))
+
+# The engine's cap on how far past its end one path may grow a list
+# (capi/internal/state_tree.cc kMaxListGrowth): a larger index is a
+# mistake, and growing a list to it could take all memory.
+MAX_LIST_GROWTH = 1 << 20
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -613,7 +621,12 @@ class Flat:
                    "dense, strided ones; convert with to_dense())"))
         if self.load:
             t = self._load_destination(t)
-        elif not isinstance(t, np.ndarray):
+        elif isinstance(t, np.ndarray):
+            if any(s < 0 for s in t.strides):
+                # DLPack has no negative strides. A copy, not
+                # ascontiguousarray: it keeps one-item dimensions' strides.
+                t = np.array(t, order="C")
+        else:
             if t.requires_grad:
                 self.t_grad.append(len(self.t_paths))
             if t.is_conj() or t.is_neg():
@@ -650,9 +663,11 @@ class Flat:
                     f"elements may share memory (shape {t.shape}, strides "
                     f"{t.strides} bytes; e.g. from as_strided or "
                     "broadcast_to)")
-            if not LOAD_STRIDED and not t.flags.c_contiguous:
+            if (not LOAD_STRIDED and not t.flags.c_contiguous) or \
+                    any(s < 0 for s in t.strides):
                 # A copy of the destination: what copy-back writes where the
-                # checkpoint lacks the key (allow_partial_load).
+                # checkpoint lacks the key (allow_partial_load). DLPack has
+                # no negative strides (np.flip, a[::-1]).
                 tmp = np.array(t, order="C")
                 self.copy_back.append((t, tmp))
                 return tmp
@@ -679,12 +694,14 @@ class Flat:
         """Load only, before the load of `sd` (this Flat's build): where a
         destination tensor's dtype differs from the checkpoint's (the C
         metadata handle `metadata`), has it converted as torch's copy_
-        converts. A CPU tensor (torch, or a float16/32/64 numpy array)
-        whose dtype and the saved one are both float64, float32, bfloat16
-        or float16 is converted by the engine (sets engine_converts: the
-        load asks for convert_dtypes, which converts every host tensor of
-        those dtypes), reading a window of tensors at a time into
-        temporaries of the saved dtype. Any other loads into a host
+        converts. A torch tensor in host or CUDA memory, or a
+        float16/32/64 numpy array, whose dtype and the saved one are both
+        float64, float32, bfloat16 or float16 is converted by the engine
+        (sets engine_converts: the load asks for convert_dtypes, which
+        converts every tensor of those dtypes), reading a window of
+        tensors at a time into host temporaries of the saved dtype (a CUDA
+        destination's converted values go up through the load's pinned
+        staging chunks). Any other loads into a host
         temporary of the saved dtype instead (for a device destination
         too), set in `sd` in the destination's place, which write_back
         copies into the destination (numpy: assignment). numpy destinations of other dtypes where numpy lacks
@@ -729,7 +746,7 @@ class Flat:
                     (isinstance(t, np.ndarray)
                      and t.dtype in _ENGINE_CONVERTS_NUMPY)
                     or (torch is not None and isinstance(t, torch.Tensor)
-                        and t.device.type == "cpu"
+                        and t.device.type in ("cpu", "cuda")
                         and t.dtype in _ENGINE_CONVERTS_TORCH)):
                 self.engine_converts = True
                 continue
@@ -830,6 +847,7 @@ class Flat:
                                                            index):
                     changes.append((entry, None))
                 continue
+            self._check_list_growth(saved, list(path))
             if _same_shape(seq, saved):
                 continue
             changes.append((entry, saved))
@@ -920,6 +938,22 @@ class Flat:
                 return None
             node[rel[-1]] = index
         return tree or None
+
+    def _check_list_growth(self, saved, path) -> None:
+        """Raises what the engine would for the lists of the saved tree
+        (Flat._saved_tree) under `path`, before _rebuild makes them: the
+        engine builds each from empty, index by index, and refuses one
+        more than MAX_LIST_GROWTH past its end (check_list_growth)."""
+        def name_at(i):
+            leaf, node = path + [(i << 1) | 1], saved[i]
+            while isinstance(node, dict):
+                j = min(node)
+                leaf, node = leaf + [(j << 1) | 1], node[j]
+            return self.name(leaf), len(path)
+        check_list_growth(saved, name_at)
+        for i, inner in saved.items():
+            if isinstance(inner, dict):
+                self._check_list_growth(inner, path + [(i << 1) | 1])
 
     @staticmethod
     def _relative_indices(L, metadata, index, info, path, keys, elem):
@@ -1449,6 +1483,25 @@ def _same_shape(dest, saved) -> bool:
         elif s is None or isinstance(s, dict):
             return False
     return True
+
+
+def check_list_growth(indices, name_at) -> None:
+    """Raises CheckpointValueError, as the engine does (capi/internal/
+    state_tree.cc CheckListGrowth), when a list built from empty by setting
+    `indices` in increasing order would grow more than MAX_LIST_GROWTH past
+    its end at once. name_at(index) -> (the name of a leaf path through
+    that index, the index's element number in the path), for the message.
+    """
+    size = 0
+    for i in sorted(indices):
+        if i > size + MAX_LIST_GROWTH:
+            name, element = name_at(i)
+            raise errors.from_status(
+                _lib.INVALID_ARGUMENT,
+                f'state dict path "{name}" has list index {i} at element '
+                f"{element}, more than {MAX_LIST_GROWTH} past the end of its "
+                f"list ({size} entries)")
+        size = i + 1
 
 
 def _rebuild(dest, saved, path, paths, slots, tuples) -> list:

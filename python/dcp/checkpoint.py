@@ -347,6 +347,32 @@ def _name_plain_destination(exc, flat) -> None:
             return
 
 
+# The engine's hint for keys the checkpoint lacks, in its C/C++ spelling,
+# and whether the engine says the checkpoint holds the key in another shape.
+_PARTIAL_LOAD_HINT = re.compile(
+    r"; load with allow_partial_load to skip missing keys"
+    r"(?P<other_shape>(?= \(the checkpoint holds ))?")
+
+
+def _name_partial_load(exc) -> None:
+    """The engine suggests allow_partial_load for keys the checkpoint lacks:
+    spells it as Python passes it, in place; drops it where the checkpoint
+    holds the key's value in another shape (the engine's "(the checkpoint
+    holds ...)"), where skipping the key would drop that value silently."""
+    msg = _PARTIAL_LOAD_HINT.sub(
+        lambda m: "" if m.group("other_shape") is not None else
+        "; load with planner=dcp.DefaultLoadPlanner(allow_partial_load=True)"
+        " to skip missing keys", exc.msg)
+    if msg == exc.msg:
+        return
+    exc.msg = msg
+    exc.args = (msg,)
+    for failure, _ in exc.failures.values():
+        if isinstance(failure, errors.CheckpointException) and \
+                failure is not exc:
+            _name_partial_load(failure)
+
+
 def _load(state_dict, *, process_group, no_dist, **kwargs):
     # In call order with the other operations on the group (Turn).
     with take_turn(resolve(process_group, no_dist)):
@@ -464,6 +490,9 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
     except errors.CheckpointValueError as e:
         _name_plain_destination(e, p.flat)
         raise
+    except errors.CheckpointNotFoundError as e:
+        _name_partial_load(e)
+        raise
     finally:
         p.free()
     if target is not state_dict:
@@ -485,8 +514,8 @@ def load(state_dict, *, checkpoint_id=None, storage_reader=None,
     takes the saved list's length, as in torch); top-level Stateful
     objects get load_state_dict() with their loaded state. A tensor of
     another dtype than the saved one is converted as torch's copy_
-    converts (floats into CPU tensors by the engine, a read window of
-    temporaries at a time). Keys the checkpoint lacks raise
+    converts (floats into CPU and CUDA tensors by the engine, a read window of
+    host temporaries at a time). Keys the checkpoint lacks raise
     CheckpointNotFoundError unless the planner is
     DefaultLoadPlanner(allow_partial_load=True); a shape that differs, or
     a dtype that cannot load (float8 into numpy), raises

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint, errors
+from . import _state, checkpoint, errors
 from .metadata import TensorStorageMetadata, read_metadata, \
     read_metadata_through
 
@@ -33,8 +33,19 @@ __all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp",
            "torch_dcp_to_dcp"]
 
 
-def _torch():
-    import torch
+def _torch(what: str):
+    """torch, or ModuleNotFoundError saying that `what` needs it (the rest
+    of dcp works with numpy alone)."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            f"dcp.format_utils.{what} needs torch (its results are torch "
+            "tensors): pip install torch, or the wheel's [torch] extra. "
+            "Without torch, load into numpy arrays with dcp.load",
+            name="torch") from e
     return torch
 
 
@@ -59,6 +70,21 @@ def _selected(metadata, keys):
         raise KeyError(
             f"the checkpoint holds no {', '.join(map(repr, missing))}")
     return chosen
+
+
+def _check_list_growth(paths) -> None:
+    """Raises what the engine raises for a list index more than
+    MAX_LIST_GROWTH past the end of its list (_state.check_list_growth),
+    the lists built from `paths` in increasing index order, before _place
+    grows any list."""
+    lists: dict = {}
+    for path in paths:
+        for depth in range(1, len(path)):
+            if isinstance(path[depth], int):
+                lists.setdefault(path[:depth], set()).add(path[depth])
+    for prefix, indices in lists.items():
+        _state.check_list_growth(indices, lambda i, prefix=prefix: (
+            ".".join(map(str, prefix + (i,))), len(prefix)))
 
 
 def _place(root: dict, path: tuple, leaf) -> None:
@@ -108,7 +134,7 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     checkpoints, saved with use_collectives=False, are refused as dcp.load
     refuses them without a process group), and KeyError for keys the
     checkpoint does not hold."""
-    torch = _torch()
+    torch = _torch("load_all")
     if storage_reader is not None:
         if checkpoint_id is not None:
             storage_reader.reset(checkpoint_id)
@@ -127,7 +153,9 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     # element without its neighbours), then nested.
     flat = {}
     paths = {}
-    for name, item, path in _selected(metadata, keys):
+    selected = _selected(metadata, keys)
+    _check_list_growth(path for _, _, path in selected)
+    for name, item, path in selected:
         if isinstance(item, TensorStorageMetadata):
             flat[name] = torch.empty(tuple(item.size),
                                      dtype=item.properties.dtype,
@@ -148,9 +176,8 @@ def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *, keys=None,
                       allow_pickle: bool = False) -> None:
     """Writes what the checkpoint in `dcp_checkpoint_dir` holds (all of it,
     or what `keys` names: load_all) to `torch_save_path` with torch.save."""
-    _torch().save(load_all(dcp_checkpoint_dir, keys=keys,
-                           allow_pickle=allow_pickle),
-                  os.fspath(torch_save_path))
+    state = load_all(dcp_checkpoint_dir, keys=keys, allow_pickle=allow_pickle)
+    _torch("dcp_to_torch_save").save(state, os.fspath(torch_save_path))
 
 
 def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,
@@ -163,8 +190,9 @@ def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,
     whatever code the file's pickle names. Values other than tensors,
     numbers, strings, bytes, None and containers of them need
     allow_pickle=True to be saved."""
-    state = _torch().load(os.fspath(torch_save_path), map_location="cpu",
-                          weights_only=weights_only)
+    state = _torch("torch_save_to_dcp").load(
+        os.fspath(torch_save_path), map_location="cpu",
+        weights_only=weights_only)
     if not isinstance(state, dict):
         raise TypeError(f"{os.fspath(torch_save_path)} holds a "
                         f"{type(state).__name__}, not a state dict")
@@ -186,7 +214,7 @@ def torch_dcp_to_dcp(torch_dcp_dir, dcp_checkpoint_dir, *,
     if not errors.is_torch_dcp_checkpoint(src):
         raise ValueError(f"{src} holds no checkpoint written by "
                          "torch.distributed.checkpoint (no pickled .metadata)")
-    _torch()
+    _torch("torch_dcp_to_dcp")
     import torch.distributed.checkpoint as torch_dcp
     try:
         # What torch's own dcp_to_torch_save uses: a planner that builds

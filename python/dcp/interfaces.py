@@ -398,6 +398,16 @@ def _refuse(what: str, obj, method: str, supported: str) -> TypeError:
         "protocol's methods")
 
 
+def _qualified(cls: type) -> str:
+    """`module.Class`, so that torch's class of the same name as dcp's
+    reads as torch's ("torch.distributed.checkpoint.default_planner
+    .DefaultSavePlanner")."""
+    module = getattr(cls, "__module__", None)
+    if not module or module == "builtins":
+        return cls.__qualname__
+    return f"{module}.{cls.__qualname__}"
+
+
 def check_planner(planner, default: type, kind: str) -> None:
     """Raises TypeError unless `planner` is None or a `default` (dcp's
     DefaultSavePlanner / DefaultLoadPlanner) overriding no protocol
@@ -406,9 +416,9 @@ def check_planner(planner, default: type, kind: str) -> None:
         return
     if not isinstance(planner, default):
         raise TypeError(
-            f"planner {type(planner).__qualname__} is not supported: dcp "
-            f"plans in the engine; pass a {default.__name__} (its options "
-            "are honoured)")
+            f"planner {_qualified(type(planner))} is not supported: dcp "
+            f"plans in the engine; pass dcp.{default.__name__}(...) (its "
+            "options are honoured)")
     methods = _SAVE_PLANNER_METHODS if kind == "save" else \
         _LOAD_PLANNER_METHODS
     method = _overridden(planner, default, methods)
@@ -422,13 +432,13 @@ def check_storage(storage, classes: tuple, kind: str) -> None:
     `kind` is "storage_writer" or "storage_reader"."""
     if storage is None:
         return
-    names = ", ".join(c.__name__ for c in classes)
+    names = ", ".join(f"dcp.{c.__name__}" for c in classes)
     # The most derived of dcp's classes that `storage` is an instance of.
     base = next((c for c in type(storage).__mro__ if c in classes), None)
     if base is None:
         raise TypeError(
-            f"{kind} {type(storage).__qualname__} is not supported: dcp "
-            f"does its I/O in the engine through {names}")
+            f"{kind} {_qualified(type(storage))} is not supported: dcp "
+            f"does its I/O in the engine; pass one of {names}")
     methods = _WRITER_METHODS if kind == "storage_writer" else \
         _READER_METHODS
     method = _overridden(storage, base, methods)

@@ -1,12 +1,15 @@
 """dcp checkpoint groups for Python jobs.
 
-Under torch.distributed (torchrun or init_process_group) the checkpoint
-group needs no setup: the first distributed save or load builds a dcp group
-over torch's own store (`_get_default_store()`, torchrun's TCPStore or the
-FileStore of init_method=file://) through dcp_process_group_create_from_store,
-with the ranks and world size of torch's group, and caches it for the
-process. The group is dcp's own (its own connections): it never runs a
-collective on the training group.
+Once torch.distributed is initialized (init_process_group, under torchrun
+or not) the checkpoint group needs no setup: the first distributed save or
+load builds a dcp group over torch's own store (`_get_default_store()`,
+torchrun's TCPStore or the FileStore of init_method=file://) through
+dcp_process_group_create_from_store, with the ranks and world size of
+torch's group, and caches it for the process. The group is dcp's own
+(its own connections): it never runs a collective on the training group.
+Until then, a save or load without a dcp.ProcessGroup runs in a single
+process (the seed's rule), and warns when the environment names this
+process one rank of several (RANK/WORLD_SIZE and the like).
 
 A torch ProcessGroup passed as process_group gets its own dcp group over
 the same store (keys prefixed with the torch group's name), ranks being the
@@ -27,8 +30,11 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import os
+import sys
 import threading
 import traceback
+import warnings
 import weakref
 
 from . import _lib, errors
@@ -431,12 +437,50 @@ def take_turn(where: Resolved) -> Turn:
     return Turn(where.group)
 
 
+# The launchers' rank and world size variables (comm/rendezvous.h), but
+# SLURM's: an sbatch script's own single process sees SLURM_NTASKS > 1.
+_LAUNCHER_VARIABLES = (("DCP_RANK", "DCP_WORLD_SIZE"), ("RANK", "WORLD_SIZE"),
+                       ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def _launched_ranks() -> list[str]:
+    """`NAME=VALUE` of the launcher variables that say this process is one
+    of several ranks (a world size over 1); [] when none does."""
+    seen = []
+    for rank, size in _LAUNCHER_VARIABLES:
+        value = os.environ.get(size, "")
+        if value.strip().isdigit() and int(value) > 1:
+            seen += [f"{rank}={os.environ.get(rank, '')}", f"{size}={value}"]
+    return seen
+
+
+def _warn_single_process(seen) -> None:
+    """Warns (once per calling line, Python's default filter) that a
+    process the environment calls a rank of several saves or loads alone,
+    as the seed warns when torch.distributed is not initialized."""
+    # Attributed to the first frame outside this package: the caller's.
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(), 1
+    while frame is not None and frame.f_code.co_filename.startswith(here):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"dcp: {', '.join(seen)} are set, but torch.distributed is "
+        "disabled, unavailable or uninitialized and no dcp.ProcessGroup "
+        "was passed: assuming the intent is to save or load in a single "
+        "process, so each rank writes or reads the checkpoint alone. To "
+        "checkpoint together, call torch.distributed.init_process_group"
+        "(...) first, or pass process_group=dcp.ProcessGroup.from_env(); "
+        "no_dist=True silences this warning", UserWarning, stacklevel=level)
+
+
 def resolve(process_group, no_dist: bool) -> Resolved:
     """The seed's rule: no_dist, or torch.distributed not initialized,
     means a single-process save/load. A torch `process_group` is then
     ignored (the seed's `no_dist = no_dist or not dist.is_initialized()`);
     a dcp.ProcessGroup needs no torch.distributed and is used unless
-    no_dist."""
+    no_dist. Without no_dist, a single process that the environment calls
+    one rank of several (torchrun, dcp launch, mpirun) warns
+    (_warn_single_process)."""
     if isinstance(process_group, ProcessGroup):
         return Resolved(None if no_dist else process_group, no_dist)
     if no_dist:
@@ -447,6 +491,9 @@ def resolve(process_group, no_dist: bool) -> Resolved:
     except ImportError:
         initialized = False
     if not initialized:
+        seen = _launched_ranks()
+        if seen:
+            _warn_single_process(seen)
         return Resolved(None, True)
     return Resolved(_torch_group(process_group), False)
 

@@ -16,7 +16,7 @@ import enum
 import os
 
 from . import _lib
-from .extensions import ExtensionRegistry, compression_of
+from .extensions import ExtensionRegistry, ZStandard, compression_of
 from .interfaces import StorageReader, StorageWriter, check_storage
 
 __all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
@@ -107,9 +107,10 @@ class FileSystemWriter(_Storage):
     direct_io (dcp only, keyword): O_DIRECT data writes; None = the
       engine's default (on, with a buffered fallback where refused).
     compression (dcp only, keyword): None or "none", "zstd" or
-      "zstd:LEVEL": host tensors over 64 KiB compressed block by block
-      (loads decode it without an option; a bad value raises ValueError
-      when the writer is used).
+      "zstd:LEVEL", or a dcp.ZStandard(level): host tensors over 64 KiB
+      compressed block by block (loads decode it without an option; a bad
+      string raises ValueError when the writer is used, another type
+      TypeError at once).
     """
 
     def __init__(self, path, single_file_per_rank: bool = True,
@@ -120,6 +121,13 @@ class FileSystemWriter(_Storage):
                  serialization_format: SerializationFormat =
                  SerializationFormat.TORCH_SAVE, *, direct_io=None,
                  compression=None):
+        if isinstance(compression, ZStandard):
+            compression = compression._compression()
+        elif compression is not None and not isinstance(compression, str):
+            raise TypeError(
+                f"FileSystemWriter: compression must be None, 'none', "
+                f"'zstd', 'zstd:LEVEL' or a dcp.ZStandard, not "
+                f"{compression!r}")
         chosen = compression_of(_extensions)
         if chosen is not None:
             if compression not in (None, "none", chosen):

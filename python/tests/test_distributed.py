@@ -91,3 +91,67 @@ def test_strided_shard_fsdp_over_tp(tmp_path):
 
 def test_a_group_dropped_during_an_async_save(tmp_path):
     _run("dropped_group", 2, tmp_path, str(tmp_path / "ckpt"))
+
+
+_LAUNCHER_VARIABLES = ("DCP_RANK", "DCP_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+
+
+def _alone_warnings(record):
+    return [w for w in record if issubclass(w.category, UserWarning)
+            and "dcp.ProcessGroup.from_env()" in str(w.message)]
+
+
+def test_a_rank_of_several_without_a_group_warns_it_runs_alone(
+        tmp_path, monkeypatch):
+    # torchrun sets RANK/WORLD_SIZE; without init_process_group each rank
+    # would save alone into the same directory. As the seed, dcp runs the
+    # call in a single process, but says so.
+    import warnings
+    for name in _LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not torch.distributed.is_initialized()
+    ckpt = str(tmp_path / "ckpt")
+    state = {"w": torch.ones(3), "step": 2}
+    calls = (
+        lambda **kw: dcp.save(state, checkpoint_id=ckpt, **kw),
+        lambda **kw: dcp.load(state, checkpoint_id=ckpt, **kw),
+        lambda **kw: dcp.async_save(state, checkpoint_id=ckpt,
+                                    **kw).result())
+    for call in calls:
+        with pytest.warns(UserWarning) as record:
+            call()
+        alone = _alone_warnings(record)
+        assert alone, [str(w.message) for w in record]
+        message = str(alone[0].message)
+        assert message.startswith("dcp: RANK=0, WORLD_SIZE=2 are set, but "
+                                  "torch.distributed is disabled")
+        assert "torch.distributed.init_process_group(...)" in message
+        assert "no_dist=True silences this warning" in message
+        # Attributed to the caller's line, not to dcp's own code.
+        assert alone[0].filename == __file__
+    # no_dist=True says the single process is meant; a world of one rank,
+    # or none at all, is a single process.
+    for env in ({"WORLD_SIZE": "2"}, {"WORLD_SIZE": "1"}, {}):
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        for call in calls:
+            with warnings.catch_warnings(record=True) as record:
+                warnings.simplefilter("always")
+                call(**({"no_dist": True} if env.get("WORLD_SIZE") == "2"
+                        else {}))
+            assert not _alone_warnings(record), env
+
+
+def test_dcp_launch_ranks_without_a_group_warn_too(tmp_path, monkeypatch):
+    for name in _LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DCP_RANK", "1")
+    monkeypatch.setenv("DCP_WORLD_SIZE", "4")
+    with pytest.warns(UserWarning, match=r"^dcp: DCP_RANK=1, "
+                      r"DCP_WORLD_SIZE=4 are set") as record:
+        dcp.save({"w": torch.ones(2)}, checkpoint_id=str(tmp_path / "c"))
+    assert _alone_warnings(record)

@@ -45,6 +45,12 @@ def test_missing_key_strict_and_partial(ckpt):
         dcp.load(dst, checkpoint_id=ckpt)
     assert isinstance(e.value, LookupError)
     assert e.value.code == _lib.NOT_FOUND
+    # The hint names the option as Python passes it (load has no
+    # allow_partial_load keyword), in .failures too.
+    hint = ('; load with planner=dcp.DefaultLoadPlanner('
+            'allow_partial_load=True) to skip missing keys')
+    assert str(e.value) == f'the checkpoint has no "b", "m"{hint}'
+    assert str(e.value.failures[0][0]) == str(e.value)
     # Non-strict: what the checkpoint has is loaded, the rest untouched.
     dcp.load(dst, checkpoint_id=ckpt,
              planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
@@ -164,6 +170,20 @@ def test_sparse_nested_and_surrogate_keys_raise_naming_the_key(ckpt):
         dcp.load({"x\ud800": torch.zeros(2)}, checkpoint_id=ckpt)
 
 
+def test_a_key_saved_in_another_shape_suggests_no_partial_load(ckpt):
+    # Skipping the key would drop the saved list silently.
+    dcp.save({"a": [1, 2], "s": 5}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointNotFoundError) as e:
+        dcp.load({"a": 0}, checkpoint_id=ckpt)
+    assert str(e.value) == (
+        'the checkpoint has no "a" (the checkpoint holds "a.0": a list or '
+        'dict was saved at "a" where the state dict has a value)')
+    with pytest.raises(dcp.CheckpointNotFoundError) as e:
+        dcp.load({"s": {"k": 1}}, checkpoint_id=ckpt)
+    assert "allow_partial_load" not in str(e.value)
+    assert "a single value at \"s\"" in str(e.value)
+
+
 def test_planner_and_storage_types_are_checked(ckpt):
     with pytest.raises(TypeError, match="DefaultSavePlanner"):
         dcp.save({"a": 1}, checkpoint_id=ckpt, planner=object())
@@ -171,6 +191,27 @@ def test_planner_and_storage_types_are_checked(ckpt):
         dcp.save({"a": 1}, storage_writer=object())
     with pytest.raises(TypeError, match="SerializationFormat"):
         dcp.FileSystemWriter(ckpt, serialization_format="safetensors")
+    # torch's own classes of the same names: qualified, so the message does
+    # not seem to refuse the class it asks for.
+    import torch.distributed.checkpoint as torch_dcp
+    with pytest.raises(TypeError) as e:
+        dcp.save({"a": 1}, checkpoint_id=ckpt,
+                 planner=torch_dcp.DefaultSavePlanner())
+    assert str(e.value).startswith(
+        "planner torch.distributed.checkpoint.default_planner."
+        "DefaultSavePlanner is not supported: dcp plans in the engine; "
+        "pass dcp.DefaultSavePlanner(...)")
+    with pytest.raises(TypeError) as e:
+        dcp.load({"a": 1}, checkpoint_id=ckpt,
+                 planner=torch_dcp.DefaultLoadPlanner())
+    assert "pass dcp.DefaultLoadPlanner(...)" in str(e.value)
+    with pytest.raises(TypeError) as e:
+        dcp.save({"a": 1}, storage_writer=torch_dcp.FileSystemWriter(ckpt))
+    assert str(e.value) == (
+        "storage_writer torch.distributed.checkpoint.filesystem."
+        "FileSystemWriter is not supported: dcp does its I/O in the engine; "
+        "pass one of dcp.FileSystemWriter, dcp.HuggingFaceStorageWriter, "
+        "dcp.MegaStorageWriter")
 
 
 def test_load_into_read_only_numpy_raises(ckpt):

@@ -113,6 +113,35 @@ def test_load_all_errors(ckpt, tmp_path):
         format_utils.load_all(str(tmp_path / "rl"))
 
 
+def test_load_all_refuses_a_list_index_far_past_the_end(ckpt, monkeypatch):
+    # A damaged or crafted checkpoint's nesting path with list index 2^40:
+    # refused as the engine refuses it, before any list is padded to it.
+    dcp.save({"h": [1, 2]}, checkpoint_id=ckpt)
+    import types
+    md = dcp.read_metadata(ckpt)
+    crafted = types.SimpleNamespace(
+        state_dict_metadata=md.state_dict_metadata,
+        planner_data={**md.planner_data, "h.1": ("h", 1 << 40)})
+    monkeypatch.setattr(format_utils, "read_metadata", lambda _: crafted)
+    with pytest.raises(dcp.CheckpointValueError) as e:
+        format_utils.load_all(ckpt)
+    assert str(e.value) == (
+        f'state dict path "h.{1 << 40}" has list index {1 << 40} at element '
+        "1, more than 1048576 past the end of its list (1 entries)")
+
+
+def test_load_all_without_torch_says_it_needs_torch(ckpt, monkeypatch):
+    import sys
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails
+    with pytest.raises(ModuleNotFoundError) as e:
+        format_utils.load_all(ckpt)
+    assert e.value.name == "torch"
+    assert str(e.value).startswith(
+        "dcp.format_utils.load_all needs torch (its results are torch "
+        "tensors): pip install torch")
+
+
 def test_dcp_to_torch_save_and_back(ckpt, tmp_path):
     state = _state()
     dcp.save(state, checkpoint_id=ckpt)
@@ -172,6 +201,9 @@ def test_command_line(ckpt, tmp_path):
         capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert f"{ckpt} -> {pt}" in run.stdout
+    # dcp does not import format_utils itself, so runpy does not warn that
+    # it found the module already imported.
+    assert "RuntimeWarning" not in run.stderr, run.stderr
     _assert_same(torch.load(pt, weights_only=True), state)
     back = str(tmp_path / "back")
     assert format_utils.main(["torch_to_dcp", pt, back]) == 0

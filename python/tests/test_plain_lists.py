@@ -264,3 +264,42 @@ def test_a_marker_this_version_does_not_know_raises(ckpt, monkeypatch):
         dcp.save({"h": []}, checkpoint_id=ckpt)
     with pytest.raises(ValueError, match=r"'h' holds a value this version"):
         dcp.load({"h": None}, checkpoint_id=ckpt)
+
+
+def test_a_saved_list_index_far_past_the_end_is_refused_before_building(
+        tmp_path):
+    # MEGA reads list indices off the flat names: keys "h.0" and "h.2^40"
+    # make a list whose last index is 2^40. The engine refuses an index
+    # more than 2^20 past a list's end; Python refuses it too, before it
+    # builds a list that long (8 TiB of slots).
+    path = "mega://" + str(tmp_path / "mega")
+    dcp.save({"h.0": 1, f"h.{1 << 40}": 2}, checkpoint_id=path)
+    dst = {"h": [0]}
+    with pytest.raises(dcp.CheckpointValueError) as e:
+        dcp.load(dst, checkpoint_id=path)
+    assert str(e.value) == (
+        f'state dict path "h.{1 << 40}" has list index {1 << 40} at element '
+        "1, more than 1048576 past the end of its list (1 entries)")
+    assert dst == {"h": [0]}
+
+
+def test_list_growth_is_checked_as_the_engine_checks_it():
+    from dcp._state import MAX_LIST_GROWTH, check_list_growth
+
+    def name_at(i):
+        return f"h.{i}", 1
+    # The list is built from empty in increasing index order: each index
+    # may lie up to MAX_LIST_GROWTH past the end reached so far.
+    check_list_growth([MAX_LIST_GROWTH], name_at)
+    check_list_growth([MAX_LIST_GROWTH + 1, 0], name_at)
+    check_list_growth(range(0, 5 * MAX_LIST_GROWTH, MAX_LIST_GROWTH), name_at)
+    for indices, size in (([MAX_LIST_GROWTH + 1], 0),
+                          ([0, MAX_LIST_GROWTH + 2], 1),
+                          ([7, 3, 2 * MAX_LIST_GROWTH + 9], 8)):
+        with pytest.raises(dcp.CheckpointValueError) as e:
+            check_list_growth(indices, name_at)
+        bad = max(indices)
+        assert str(e.value) == (
+            f'state dict path "h.{bad}" has list index {bad} at element 1, '
+            f"more than {MAX_LIST_GROWTH} past the end of its list ({size} "
+            "entries)")

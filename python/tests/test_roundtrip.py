@@ -84,6 +84,34 @@ def test_numpy_round_trip(dtype, ckpt):
     assert t["a"].numpy().tobytes() == src["a"].tobytes()
 
 
+def test_numpy_arrays_with_negative_strides_round_trip(ckpt):
+    # np.flip and a[::-1] views: saved from a copy, loaded through a
+    # temporary copied back into the view (DLPack has no negative strides).
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    src = {"rows": a[::-1], "both": np.flip(a), "cols": a[:, ::-2],
+           "one": np.arange(1, dtype=np.float32)[::-1]}
+    dcp.save(src, checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    assert md.state_dict_metadata["both"].size == (4, 6)
+    plain = {k: np.zeros(v.shape, v.dtype) for k, v in src.items()}
+    dcp.load(plain, checkpoint_id=ckpt)
+    for k in src:
+        assert np.array_equal(plain[k], src[k]), k
+    bases = {k: np.zeros((4, 6), np.float32) for k in ("rows", "both",
+                                                       "cols")}
+    one = np.zeros(1, np.float32)
+    views = {"rows": bases["rows"][::-1], "both": np.flip(bases["both"]),
+             "cols": bases["cols"][:, ::-2], "one": one[::-1]}
+    dcp.load(views, checkpoint_id=ckpt)
+    for k in src:
+        assert np.array_equal(views[k], src[k]), k
+    # Through the views into the arrays under them.
+    assert np.array_equal(bases["rows"], a) and \
+        np.array_equal(bases["both"], a)
+    assert np.array_equal(bases["cols"][:, 1::2], a[:, 1::2])
+    assert not bases["cols"][:, ::2].any() and one[0] == 0
+
+
 Point = collections.namedtuple("Point", "x y")
 
 
@@ -330,6 +358,22 @@ def test_seed_extensions_select_zstd(tmp_path):
                              _extensions=[dcp.ZStandard(level=5)])
     with pytest.raises(TypeError, match="ExtensionRegistry"):
         dcp.FileSystemReader(packed, _extension_registry=object())
+
+
+def test_compression_takes_a_zstandard_object(tmp_path):
+    state = {"w": torch.arange(200_000, dtype=torch.float32) % 7}
+    packed = str(tmp_path / "zstd")
+    writer = dcp.FileSystemWriter(packed, compression=dcp.ZStandard(level=5))
+    assert writer.compression == "zstd:5"
+    dcp.save(state, storage_writer=writer)
+    stored = list(dcp.read_metadata(packed).storage_data.values())
+    assert stored and all(info.length < 800_000 for info in stored)
+    dst = {"w": torch.zeros(200_000)}
+    dcp.load(dst, checkpoint_id=packed)
+    assert torch.equal(dst["w"], state["w"])
+    with pytest.raises(TypeError, match=r"compression must be None, 'none', "
+                       r"'zstd', 'zstd:LEVEL' or a dcp.ZStandard, not True"):
+        dcp.FileSystemWriter(str(tmp_path / "x"), compression=True)
 
 
 def test_overwrite_false_refuses_an_existing_checkpoint(ckpt):
