@@ -10,6 +10,7 @@
 #include "cuda/internal/cuda_runtime.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <memory>
@@ -508,6 +509,16 @@ absl::StatusOr<int> QueryCudaDeviceCount() {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // Do not leave the error for an unrelated call.
+    // The runtime says "driver version is insufficient" also when there is
+    // no driver at all: say which.
+    if (err == cudaErrorInsufficientDriver) {
+      void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+      if (driver == nullptr) {
+        return absl::FailedPreconditionError(
+            "no CUDA driver (libcuda.so.1 cannot be loaded)");
+      }
+      dlclose(driver);
+    }
     return CudaStatus(err, "cudaGetDeviceCount");
   }
   return count;

@@ -1,5 +1,7 @@
 // STYLE rule 7: mode "auto" says once, on stderr, that it falls back to host
 // memory. Its own binary, so no other test has printed the notice before.
+#include <dlfcn.h>
+
 #include <string>
 
 #include "cuda/device_runtime.h"
@@ -30,6 +32,15 @@ TEST(DeviceRuntimeFallbackTest, AutoSaysSoOnceOnStderr) {
   } else {
     EXPECT_EQ(Count(err, "uses host memory"), 1) << err;
     EXPECT_EQ(Count(err, "no usable CUDA device"), 1) << err;
+    // Without a driver at all the line says so, not "driver version is
+    // insufficient" (what the CUDA runtime reports then).
+    if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY)) {
+      dlclose(driver);
+    } else {
+      EXPECT_EQ(Count(err, "no CUDA driver (libcuda.so.1 cannot be loaded)"), 1)
+          << err;
+      EXPECT_EQ(Count(err, "insufficient"), 0) << err;
+    }
   }
 }
 

@@ -652,11 +652,22 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
                      });
       for (size_t i = 0; i < rest.size(); ++i) {
         if (covered[i] != ChunkVolume(rest[i])) {
+          const std::string held =
+              absl::StrCat("tensor \"", name, "\": the checkpoint holds ",
+                           covered[i], " of ", ChunkVolume(rest[i]),
+                           " elements of the requested chunk [",
+                           ChunkToString(rest[i]), "]");
+          // One rank's part of a rank-local save, loaded by itself.
+          if (metadata_->rank_local.has_value()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                held, ": it is rank ", metadata_->rank_local->rank,
+                "'s checkpoint of a rank-local save of ",
+                metadata_->rank_local->world_size,
+                " ranks (use_collectives=false), which holds that rank's "
+                "shards only; load the save's directory on as many ranks"));
+          }
           return absl::DataLossError(absl::StrCat(
-              "tensor \"", name, "\": the checkpoint holds ", covered[i],
-              " of ", ChunkVolume(rest[i]),
-              " elements of the requested chunk [", ChunkToString(rest[i]),
-              "]; its chunk list is incomplete (damaged metadata?)"));
+              held, "; its chunk list is incomplete (damaged metadata?)"));
         }
         // Volumes that add up can still hide a gap behind saved chunks
         // that overlap each other.

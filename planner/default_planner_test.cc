@@ -16,6 +16,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 Tensor RandomTensor(DType dtype, Shape sizes, uint64_t seed) {
   Tensor t = Tensor::Empty(dtype, std::move(sizes));
@@ -634,6 +635,23 @@ TEST_F(LoadErrorTest, IncompleteChunkListIsDataLoss) {
   absl::Status status = Load(sd);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("holds 3 of 6 elements"));
+}
+
+// One rank's checkpoint of a rank-local save, loaded whole by itself: the
+// error says what it is and how to load it, not "damaged metadata".
+TEST_F(LoadErrorTest, OneRanksPartOfARankLocalSaveSaysSo) {
+  auto& meta = std::get<TensorStorageMetadata>(
+      ckpt_.metadata.state_dict_metadata.at("a"));
+  meta.chunks[0].sizes = {1, 3};
+  ckpt_.metadata.rank_local = RankLocalSave{"g", 1, 2};
+  StateDict sd{{"a", Tensor::Empty(DType::kF32, {2, 3})}};
+  absl::Status status = Load(sd);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("holds 3 of 6 elements"),
+                    HasSubstr("rank 1's checkpoint of a rank-local save of 2 "
+                              "ranks"),
+                    Not(HasSubstr("damaged"))));
 }
 
 // Saved chunks that overlap each other can add up to the requested volume

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,16 +20,69 @@
 #include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
+#include "io/mega_storage.h"
 #include "io/metadata_format.h"
+#include "io/storage_registry.h"
 #include "tools/commands.h"
 
 namespace dcp {
 namespace {
 
-absl::StatusOr<Metadata> ReadCommittedMetadata(const std::string& dir) {
-  FileSystemReader reader(dir);
-  DCP_RETURN_IF_ERROR(reader.Reset(dir));
-  return reader.ReadMetadata();
+// The committed metadata of the checkpoint `id` names: a dcp directory or a
+// MEGA one (a `mega://` id, or a directory holding a MEGA index), through
+// the reader the storage registry picks for a load.
+absl::StatusOr<Metadata> ReadCommittedMetadata(const std::string& id) {
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<StorageReader> reader,
+                       StorageRegistry::Default().CreateReader(id));
+  return reader->ReadMetadata();
+}
+
+// The directory holding the data files of the checkpoint `id` names.
+std::string DataDirectory(const std::string& id) {
+  absl::StatusOr<std::string> path = MegaPathFromId(id);
+  return path.ok() ? *path : id;
+}
+
+// The rank-local checkpoints `dir` holds (a save with use_collectives
+// false: DIR/rank-R, one per rank, as rank 0's metadata records), or none
+// when `dir` holds its own metadata or no rank-0 one.
+std::vector<std::string> RankLocalDirectories(const std::string& dir) {
+  FileSystemBase& fs = LocalFileSystem();
+  if (fs.Exists(JoinPath(dir, kMetadataFileName)).value_or(true)) return {};
+  const std::string first = RankLocalDirectory(dir, 0);
+  if (!fs.Exists(JoinPath(first, kMetadataFileName)).value_or(false)) {
+    return {};
+  }
+  absl::StatusOr<Metadata> metadata = ReadCommittedMetadata(first);
+  const int ranks = metadata.ok() && metadata->rank_local.has_value()
+                        ? metadata->rank_local->world_size
+                        : 1;
+  std::vector<std::string> dirs;
+  for (int r = 0; r < ranks; ++r) dirs.push_back(RankLocalDirectory(dir, r));
+  return dirs;
+}
+
+// Runs `run` on each rank-local checkpoint of `dir` under a heading, and
+// returns the first error after all ran; nullopt when `dir` holds none.
+std::optional<absl::Status> ForEachRankLocal(
+    const std::string& dir,
+    const std::function<absl::Status(const std::string&)>& run) {
+  const std::vector<std::string> dirs = RankLocalDirectories(dir);
+  if (dirs.empty()) return std::nullopt;
+  std::printf(
+      "%s holds rank-local checkpoints (saved with use_collectives=false) of "
+      "%zu ranks: each loads on the rank that saved it\n",
+      dir.c_str(), dirs.size());
+  absl::Status first;
+  for (const std::string& rank_dir : dirs) {
+    std::printf("\n== %s\n", rank_dir.c_str());
+    absl::Status status = run(rank_dir);
+    if (!status.ok()) {
+      std::printf("%s\n", status.ToString().c_str());
+      if (first.ok()) first = status;
+    }
+  }
+  return first;
 }
 
 std::string ChunkToString(const ChunkStorageMetadata& chunk) {
@@ -142,6 +197,9 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
 
 absl::Status RunInspect(const std::string& dir) {
   if (IsHfCheckpointDirectory(dir)) return RunInspectHf(dir);
+  if (std::optional<absl::Status> each = ForEachRankLocal(dir, RunInspect)) {
+    return *each;
+  }
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(dir));
   std::printf("checkpoint %s (format %s, checksum block %lld bytes)\n",
               dir.c_str(), metadata.version.c_str(),
@@ -200,9 +258,13 @@ absl::Status RunInspect(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status RunVerify(const std::string& dir) {
-  if (IsHfCheckpointDirectory(dir)) return RunVerifyHf(dir);
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(dir));
+absl::Status RunVerify(const std::string& id) {
+  if (IsHfCheckpointDirectory(id)) return RunVerifyHf(id);
+  if (std::optional<absl::Status> each = ForEachRankLocal(id, RunVerify)) {
+    return *each;
+  }
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(id));
+  const std::string dir = DataDirectory(id);
   std::vector<std::string> problems;
   int64_t items = 0, bytes = 0;
   std::string buffer;
