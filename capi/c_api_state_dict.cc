@@ -511,6 +511,14 @@ int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd, dcp_path_t path,
                        dcp::StateKindName(leaf->kind()),
                        ", not a tensor; only tensor leaves export as DLPack"));
     }
+    // A legacy DLManagedTensor has no read-only flag: exporting would hand
+    // out a writable alias of memory its producer marked read-only.
+    if (h->read_only.count(p) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dcp::capi::PathPrefix(p),
+          " is read-only (set with DLPACK_FLAG_BITMASK_READ_ONLY); a "
+          "DLManagedTensor cannot carry that flag, so it is not exported"));
+    }
     DCP_ASSIGN_OR_RETURN(*out, dcp::capi::ExportDLPack(leaf->tensor()));
     return absl::OkStatus();
   });

@@ -349,6 +349,10 @@ static void test_plain_values(void) {
   CHECK(strcmp(name, "opt.step") == 0 && info.kind == DCP_VALUE_INT);
   CHECK_ERROR(dcp_state_dict_leaf(saved, 7, &name, &info), DCP_OUT_OF_RANGE,
               "leaf index 7");
+  /* A path through a None finds nothing there (as a set would make the
+   * container), like a missing key. */
+  CHECK_ERROR(dcp_state_dict_get(saved, PATH(KEY("nothing"), KEY("x")), &info),
+              DCP_NOT_FOUND, "no value at \"nothing.x\"");
 
   so = save_options(dir_for("values", dir, sizeof(dir)));
   CHECK_OK(dcp_save(saved, &so, NULL));
@@ -2247,6 +2251,12 @@ static void test_managed_dlpack(void) {
   CHECK(d.deletes == 1);
   CHECK_ERROR(dcp_load(dest, &lo), DCP_INVALID_ARGUMENT,
               "\"versioned\": the tensor is read-only");
+  /* Nor is it exported as a (writable) legacy DLManagedTensor. */
+  exported = NULL;
+  CHECK_ERROR(dcp_state_dict_get_dlpack(dest, PATH(KEY("versioned")),
+                                        &exported),
+              DCP_INVALID_ARGUMENT, "is read-only");
+  CHECK(exported == NULL);
   CHECK_OK(dcp_state_dict_free(dest));
   CHECK(c.deletes == 1 && d.deletes == 1 && e.deletes == 1);
 

@@ -14,7 +14,9 @@
  *   absl::StatusCode). A call that fails records the calling thread's last
  *   error (code, message, per-rank failures), readable with
  *   dcp_last_error_*() until the next failing call on that thread. A call
- *   that succeeds leaves it alone. No exception crosses this boundary.
+ *   that succeeds leaves it alone. No exception crosses this boundary. A
+ *   call that fails sets its handle outputs (T** out) to NULL, so freeing
+ *   them afterwards is a no-op; its other outputs are unspecified.
  * - Option structs are versioned: the caller zero-initialises the whole
  *   struct (memset, padding included), sets struct_size = sizeof(the
  *   struct) and the fields it wants. Zero means
@@ -330,8 +332,11 @@ DCP_API int dcp_state_dict_dtype_mismatches(const dcp_state_dict_t* sd,
                                             int32_t* saved_dtypes,
                                             size_t* count);
 
-/* Exports the tensor leaf at `path` as DLPack, sharing its memory (which
- * the DLManagedTensor keeps alive until its deleter is called). */
+/* Exports the tensor leaf at `path` as DLPack, sharing its memory. A leaf
+ * set from a managed tensor (dcp_state_dict_set_dlpack*) stays alive until
+ * the export's deleter is called too; a borrowed one (set_tensor) stays
+ * the caller's to keep alive. DCP_INVALID_ARGUMENT for a leaf set
+ * read-only (the legacy DLManagedTensor has no flag to say so). */
 DCP_API int dcp_state_dict_get_dlpack(const dcp_state_dict_t* sd,
                                       dcp_path_t path, DLManagedTensor** out);
 
@@ -719,7 +724,9 @@ typedef struct dcp_stager_options {
    * (see dcp_snapshot_host): DCP_STAGING completes once their pages are
    * write-protected, before they are copied; the tensors must then stay
    * allocated (they may change) until DCP_UPLOAD completes. Never for
-   * tensors a device writes by DMA (page-locked memory). Without
+   * tensors a device writes by DMA (page-locked memory: kDLCUDAHost
+   * tensors count as host ones here, so the caller must copy them into
+   * ordinary memory first, as the Python package does). Without
    * userfaultfd they are copied as usual. It lies in what was the tail
    * padding of the struct's first version (same sizeof): that version's
    * callers must have zeroed the whole struct, as the conventions ask. */

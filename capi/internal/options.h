@@ -11,6 +11,7 @@
 #define DCP_CAPI_INTERNAL_OPTIONS_H_
 
 #include <cstring>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,13 +46,16 @@ absl::StatusOr<T> ReadVersioned(const T* in, const char* type_name) {
   return out;
 }
 
-// An output pointer: kInvalidArgument naming `what` when it is NULL.
+// An output pointer: kInvalidArgument naming `what` when it is NULL. A
+// handle (or other pointer) output is set to NULL here, so that a call that
+// fails leaves NULL there (dcp.h's conventions), never the caller's garbage.
 template <typename T>
 absl::Status CheckOut(T* out, const char* what) {
   if (out == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("the output pointer ", what, " is NULL"));
   }
+  if constexpr (std::is_pointer_v<T>) *out = nullptr;
   return absl::OkStatus();
 }
 

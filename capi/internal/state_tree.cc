@@ -179,6 +179,9 @@ absl::StatusOr<StateValue*> FindLeaf(StateDict& root, const ObjectPath& path) {
       const int64_t index = std::get<int64_t>(element);
       if (static_cast<uint64_t>(index) >= list.size()) return not_found();
       node = &list[index];
+    } else if (node->kind() == Kind::kNone) {
+      // Nothing there, as a set through a None would make the container.
+      return not_found();
     } else {
       return StepError(path, depth, node->kind());
     }

@@ -32,9 +32,10 @@ absl::StatusOr<ObjectPath> PathFromC(const dcp_path_t& path);
 absl::Status SetAtPath(StateDict& root, const ObjectPath& path,
                        StateValue value);
 
-// The leaf at `path`. kNotFound naming the path when nothing is there;
-// kInvalidArgument when the path ends at a map or list, goes through a
-// leaf, or uses a map as a list or a list as a map.
+// The leaf at `path`. kNotFound naming the path when nothing is there (a
+// None on the way included, as SetAtPath would make a container there);
+// kInvalidArgument when the path ends at a map or list, goes through
+// another leaf, or uses a map as a list or a list as a map.
 absl::StatusOr<StateValue*> FindLeaf(StateDict& root, const ObjectPath& path);
 
 }  // namespace dcp::capi
