@@ -218,7 +218,11 @@ typedef struct dcp_host_snapshot dcp_host_snapshot_t;
  * memory must stay valid and, for a save, unchanged until the save returns
  * (for dcp_async_save: until its staging completes); a load writes into it.
  * Managed DLPack tensors are owned by the state dict from the call on
- * (their deleter runs when the state dict is freed, or at once on error).
+ * (their deleter runs once nothing uses the memory: when the state dict is
+ * freed or the leaf replaced, or at once on error; later, on a dcp thread,
+ * while an async save still stages or uploads from it, or an export of it
+ * lives). In a forked child, where every call fails, the call takes no
+ * ownership: the caller still owns the tensor.
  * ---------------------------------------------------------------------- */
 
 DCP_API int dcp_state_dict_create(dcp_state_dict_t** out);
