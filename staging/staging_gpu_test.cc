@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/dtype_convert.h"
 #include "cuda/device_runtime.h"
 #include "gtest/gtest.h"
+#include "staging/device_box_upload.h"
+#include "staging/device_staging.h"
 #include "staging/host_buffer_pool.h"
 #include "staging/stager.h"
 #include "staging/staging_pipeline.h"
@@ -155,6 +158,63 @@ TEST_F(StagingGpuTest, PipelineStreamsThroughASmallPool) {
     EXPECT_EQ(out[i], want) << i;
   }
   EXPECT_LE((*pool)->peak_in_use(), 4);
+}
+
+// A load's conversion into a device tensor (ConvertUpload): F32 host values
+// into a BF16 device tensor, contiguous and a column view (one run per row),
+// through a pinned pool of two 1 MiB chunks, equal to the host conversion.
+TEST_F(StagingGpuTest, ConvertUploadLandsTheHostConversion) {
+  DeviceStagingOptions options;
+  options.chunk_bytes = 1 << 20;
+  options.pool_bytes = 2 << 20;
+  DeviceStaging staging(options, runtime_.get());
+  constexpr int64_t kRows = 1024, kCols = 1536;  // 3 MiB of BF16.
+  std::vector<float> src(kRows * kCols);
+  for (size_t i = 0; i < src.size(); ++i) {
+    src[i] = static_cast<float>(i % 65521) * 0.37f - 9000.0f;
+  }
+  const auto* bytes = reinterpret_cast<const std::byte*>(src.data());
+  std::vector<std::byte> want(src.size() * 2);
+  ConvertElements(bytes, DType::kF32, kRows * kCols, want.data(), DType::kBF16);
+  // Contiguous [kRows, kCols]; then a [kRows, kCols / 2] view of the same
+  // allocation (row stride kCols) takes src's first kRows * kCols / 2
+  // values, the other half of each row staying zero.
+  void* device = *runtime_->AllocateDevice(0, want.size());
+  device_.push_back(device);
+  ASSERT_TRUE(ConvertUpload(staging, bytes, DType::kF32,
+                            TensorView(device, DType::kBF16, {kRows, kCols},
+                                       Device::Cuda(0)))
+                  .ok());
+  ASSERT_TRUE(staging.Flush().ok());
+  std::vector<std::byte> back(want.size());
+  ASSERT_TRUE(
+      runtime_->Copy(back.data(), device, back.size(), CopyKind::kDeviceToHost)
+          .ok());
+  EXPECT_EQ(back, want);
+
+  ASSERT_TRUE(runtime_
+                  ->Copy(device, std::vector<std::byte>(back.size()).data(),
+                         back.size(), CopyKind::kHostToDevice)
+                  .ok());
+  ASSERT_TRUE(ConvertUpload(staging, bytes, DType::kF32,
+                            TensorView(device, DType::kBF16, {kRows, kCols / 2},
+                                       {kCols, 1}, Device::Cuda(0)))
+                  .ok());
+  ASSERT_TRUE(staging.Flush().ok());
+  ASSERT_TRUE(
+      runtime_->Copy(back.data(), device, back.size(), CopyKind::kDeviceToHost)
+          .ok());
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const size_t at = static_cast<size_t>(r * kCols + c) * 2;
+      const size_t from = static_cast<size_t>(r * (kCols / 2) + c) * 2;
+      if (c < kCols / 2) {
+        ASSERT_EQ(std::memcmp(&back[at], &want[from], 2), 0) << r << "," << c;
+      } else {
+        ASSERT_EQ(back[at], std::byte{0}) << r << "," << c;
+      }
+    }
+  }
 }
 
 }  // namespace
