@@ -78,12 +78,12 @@ ensure_venv() {
 # wheel, installed into a fresh venv and smoke-tested there.
 run_python_tests() {
   ensure_venv
-  bazel build //capi:libdcp.so >&2
+  bazel build //capi:libdcp.so //tools:dcp >&2
   DCP_LIBRARY="$PWD/bazel-bin/capi/libdcp.so" \
     "$VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests
   local wheel
-  wheel=$(tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so |
-    tail -1)
+  wheel=$(tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so \
+    bazel-bin/tools/dcp | tail -1)
   tools/wheel_smoke_test.sh "$wheel"
 }
 
@@ -111,8 +111,9 @@ case "$cmd" in
     ;;
   wheel)
     ensure_venv
-    bazel build //capi:libdcp.so >&2
-    exec tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so
+    bazel build //capi:libdcp.so //tools:dcp >&2
+    exec tools/build_wheel.sh "$VENV/bin/python" bazel-bin/capi/libdcp.so \
+      bazel-bin/tools/dcp
     ;;
   bench)
     run_bench "$@"

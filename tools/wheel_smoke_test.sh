@@ -42,3 +42,10 @@ for lib in ("libdcp.so", "libgloo.so.0", "libprotobuf.so.32"):
     assert paths and all(p.startswith(pkg) for p in paths), (lib, paths)
 print(f"wheel smoke test: OK (dcp {dcp.version} from {pkg})")
 PY
+# The command line the wheel carries, as its `dcp` script and python -m dcp.
+out="$(env -u DCP_TOOL -u LD_LIBRARY_PATH "$work/venv/bin/dcp" inspect "$work/ckpt")"
+grep -q "model.w" <<<"$out" || { echo "dcp inspect: $out" >&2; exit 1; }
+out="$(env -u DCP_TOOL -u LD_LIBRARY_PATH "$work/venv/bin/python" -m dcp \
+  verify "$work/ckpt-async")"
+grep -q "^OK: " <<<"$out" || { echo "python -m dcp verify: $out" >&2; exit 1; }
+echo "wheel smoke test: the dcp command line runs from the wheel"

@@ -1,0 +1,57 @@
+"""`python -m dcp` (the wheel's `dcp` script): runs the dcp command line,
+here the build tree's (DCP_TOOL), and says what to do when there is none."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dcp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+TOOL = os.path.join(ROOT, "bazel-bin", "tools", "dcp")
+
+
+def run(args, **env):
+    environment = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    environment.update(env)
+    return subprocess.run([sys.executable, "-m", "dcp"] + args,
+                          capture_output=True, text=True, env=environment,
+                          timeout=120)
+
+
+@pytest.mark.skipif(not os.access(TOOL, os.X_OK),
+                    reason="bazel-bin/tools/dcp not built")
+def test_inspect_and_verify_through_python_m_dcp(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save({"w": np.arange(6, dtype=np.float32), "step": 3},
+             checkpoint_id=ckpt)
+    inspected = run(["inspect", ckpt], DCP_TOOL=TOOL)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "w" in inspected.stdout and "F32" in inspected.stdout
+    verified = run(["verify", ckpt], DCP_TOOL=TOOL)
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("OK: 2 items"), verified.stdout
+    # A flipped byte: non-zero, naming the tensor.
+    md = dcp.read_metadata(ckpt)
+    info = md.storage_data[dcp.MetadataIndex("w", (0,))]
+    path = os.path.join(ckpt, info.relative_path)
+    with open(path, "r+b") as f:
+        f.seek(info.offset)
+        byte = f.read(1)
+        f.seek(info.offset)
+        f.write(bytes([byte[0] ^ 1]))
+    broken = run(["verify", ckpt], DCP_TOOL=TOOL)
+    assert broken.returncode != 0
+    assert "CORRUPT" in broken.stdout and "w" in broken.stdout
+
+
+def test_without_a_binary_it_says_how_to_get_one():
+    # The source tree's package has no _bin/dcp; an empty DCP_TOOL is unset.
+    result = run(["inspect", "/nonexistent"], DCP_TOOL="")
+    assert result.returncode == 2
+    assert "no dcp command-line binary" in result.stderr
+    assert "DCP_TOOL" in result.stderr
