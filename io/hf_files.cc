@@ -2,6 +2,8 @@
 // (HfFileName), which of them a load reads (ResolveHfCheckpointFiles), and
 // what a save completes, cleans up and replaces before it writes
 // (internal_hf::RollForward, RemoveTemporaryFiles, ReplaceableFiles).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -136,6 +138,16 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
   }
   if (!top->empty()) return top;
   const std::string sharded = JoinPath(dir, kHfShardedDirName);
+  // Files are opened without following a symbolic link in their last
+  // component only: a `sharded` that is a link would reach files outside
+  // the checkpoint.
+  struct stat link;
+  if (::lstat(sharded.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(
+        "no Hugging Face checkpoint in ", dir, " (no ", kHfSingleFileName, ", ",
+        kHfIndexFileName, " or *.safetensors file there, and ",
+        kHfShardedDirName, " is a symbolic link, which is not followed)"));
+  }
   absl::StatusOr<std::vector<std::string>> shards =
       SafetensorsFilesIn(fs, sharded);
   if (shards.ok() && !shards->empty()) {

@@ -120,6 +120,22 @@ TEST(HfHostileJson, DeeplyNestedIndexIsDataLossNamingIt) {
   EXPECT_EQ(ValuesOf(loaded["w"].tensor()), (std::vector<float>{1, 2}));
 }
 
+// A `sharded` that is a symbolic link is not followed: it would reach
+// safetensors files outside the checkpoint.
+TEST(HfHostileJson, ShardedDirectoryBehindASymlinkIsNotFollowed) {
+  const std::string outside = TempDir("hf-outside");
+  StateDict state;
+  state["w"] = F32({1, 2});
+  ASSERT_TRUE(SaveHf(outside, state).ok());
+  const std::string dir = TempDir("hf-sharded-link");
+  std::filesystem::create_directory_symlink(
+      outside, absl::StrCat(dir, "/", kHfShardedDirName));
+  absl::Status status =
+      ResolveHfCheckpointFiles(LocalFileSystem(), dir).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(status.message(), HasSubstr("symbolic link"));
+}
+
 TEST(HfHostileJson, IndexValuesInMessagesAreDescribedNotDumped) {
   const std::string dir = TempDir("hf-wide-index");
   const std::string index = absl::StrCat(dir, "/", kHfIndexFileName);
