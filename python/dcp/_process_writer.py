@@ -25,9 +25,13 @@ call:
    (read back from the committed checkpoint) or the save's exception.
 
 If the writer dies, every save it had not finished fails with
-CheckpointException naming the process (pid, exit code), and the next call
-starts a new writer. `startup_seconds` holds the first writer's start-up
-time (spawn to ready, logged on the "dcp" logger at INFO).
+CheckpointException naming the process (pid, exit code; for a writer that
+could not start, the exception it reported), and the next call starts a
+new writer. The writer ignores SIGINT: a Ctrl-C in the terminal reaches
+the whole process group, and the parent decides when its writer ends (it
+is stopped after the saves still running at exit, see
+dcp.async_save._at_exit). `startup_seconds` holds the first writer's
+start-up time (spawn to ready, logged on the "dcp" logger at INFO).
 
 Distributed saves: each rank's writer joins a dcp group of its own over
 torch's store (reconnected by address: TCPStore host/port or FileStore
@@ -38,8 +42,8 @@ shutdown_writer() on every rank).
 
 from __future__ import annotations
 
-import atexit
 import ctypes
+import errno
 import logging
 import mmap
 import multiprocessing.connection
@@ -50,11 +54,13 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import traceback
+import weakref
 
 import numpy as np
 
 from . import _lib, _state, errors
+from .async_save import _DcpFuture, _resolver, _SerialWorker
 
 log = logging.getLogger("dcp")
 
@@ -72,23 +78,52 @@ def _round_up(n, a=_ALIGN):
 
 
 class _Segment:
+    """A memfd of `size` bytes mapped here. Raises CheckpointException
+    (RESOURCE_EXHAUSTED for ENOMEM/ENOSPC) when it cannot be made; nothing
+    is left open then."""
+
     _ids = iter(range(1, 1 << 62))
+    _live: "weakref.WeakSet[_Segment]" = weakref.WeakSet()
 
     def __init__(self, size):
         self.id = next(_Segment._ids)
         self.size = max(size, _ALIGN)
-        self.fd = os.memfd_create(f"dcp-stage-{self.id}", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.mm = mmap.mmap(self.fd, self.size)
+        self.mm = None
+        self.fd = -1
+        try:
+            self.fd = os.memfd_create(f"dcp-stage-{self.id}",
+                                      os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, self.size)
+            self.mm = mmap.mmap(self.fd, self.size)
+        except OSError as e:
+            self.close()
+            code = (_lib.RESOURCE_EXHAUSTED
+                    if e.errno in (errno.ENOMEM, errno.ENOSPC)
+                    else _lib.UNKNOWN)
+            raise errors.CheckpointException(
+                f"could not map a {self.size}-byte shared-memory staging "
+                f"segment for a PROCESS async_save: {e}", None, code) from e
         self.populated = False  # every page faulted in for writing
         self.idle = False  # in the pool, free for the next save
+        _Segment._live.add(self)
 
     def close(self):
+        """Unmaps and closes it here (again: no effect)."""
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:  # a view is still alive; the GC unmaps it
+                pass
+            self.mm = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):  # one dropped without close()
         try:
-            self.mm.close()
-        except BufferError:  # a view is still alive; the GC unmaps it
+            self.close()
+        except Exception:
             pass
-        os.close(self.fd)
 
 
 class _Pool:
@@ -135,12 +170,34 @@ _pool = _Pool()
 # -- the writer process (child side) -------------------------------------------
 
 
+# The writer's program (python -c; argv[1]: its end of the socket pair).
+# SIGINT is ignored before anything else (see the module docstring); an
+# import that fails in the fresh interpreter is reported to the parent
+# ("failed", traceback), which names it in the errors of the saves.
+_BOOTSTRAP = """\
+import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+try:
+    from dcp._process_writer import _child_entry
+except BaseException:
+    import multiprocessing.connection, sys, traceback
+    multiprocessing.connection.Connection(int(sys.argv[1])).send(
+        ("failed", traceback.format_exc()))
+    raise
+_child_entry()
+"""
+
+
 def _child_entry():
     """The writer process's main (argv[1]: its end of the socket pair)."""
     fd = int(sys.argv[1])
     os.set_inheritable(fd, False)  # not for processes a save may start
     conn = multiprocessing.connection.Connection(fd)
-    import torch  # noqa: F401 - imported before "ready", not in a save
+    try:
+        import torch  # noqa: F401 - imported before "ready", not in a save
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+        raise
     _child_main(conn)
 
 
@@ -268,8 +325,10 @@ def _child_group(spec, groups, no_dist, process_group):
 class _Job:
     def __init__(self, path):
         self.path = path
-        self.staging: Future = Future()
-        self.upload: Future = Future()
+        # Resolved on the stager thread or the writer's reader (failures
+        # also on the thread that finds the writer dead).
+        self.staging = _DcpFuture()
+        self.upload = _DcpFuture()
         self.staging.set_running_or_notify_cancel()
         self.upload.set_running_or_notify_cancel()
         self.segment = None
@@ -289,9 +348,7 @@ class _Writer:
         self._start = time.perf_counter()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c",
-                 "from dcp._process_writer import _child_entry; "
-                 "_child_entry()", str(theirs.fileno())],
+                [sys.executable, "-c", _BOOTSTRAP, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
@@ -301,6 +358,11 @@ class _Writer:
         self.conn = multiprocessing.connection.Connection(ours.detach())
         self.pid = self.proc.pid
         self.dead = False
+        # The last line of the exception that kept it from starting, as it
+        # reported it (None: it started, or died without saying why).
+        self.startup_error: str | None = None
+        self.started = False  # it said "ready"
+        self.exit_code = None  # once dead
         self.jobs: dict[int, _Job] = {}
         self.known_segments: set[int] = set()
         self.lock = threading.Lock()  # sends, jobs, dead
@@ -315,6 +377,7 @@ class _Writer:
         """Serves the writer's answers until it goes; whatever ends this
         thread (an answer that cannot be read included) ends the writer
         and fails its jobs, so no caller waits forever."""
+        _resolver.active = True  # the upload futures' callbacks run here
         try:
             self._serve()
         except BaseException:
@@ -337,7 +400,11 @@ class _Writer:
                     startup_seconds = seconds
                 log.info("dcp: async writer process pid %d ready in %.2f s",
                          self.pid, seconds)
+                self.started = True
                 self.ready.set()
+            elif msg[0] == "failed":  # its exit (EOF) comes next
+                lines = msg[1].strip().splitlines()
+                self.startup_error = lines[-1] if lines else "unknown"
             elif msg[0] == "held":
                 self.held.set()
             elif msg[0] == "done":
@@ -351,6 +418,7 @@ class _Writer:
                         if not job.upload.done():
                             job.upload.set_exception(e)
                         raise
+                msg = job = error = metadata = None  # not kept while idle
 
     def _finish(self, job, error, metadata=None):
         _pool.release(job.segment)
@@ -374,18 +442,29 @@ class _Writer:
             self.dead = True
             jobs = list(self.jobs.values())
             self.jobs.clear()
-        self.ready.set()  # wakes reserve(); it checks `dead`
         try:
-            code = self.proc.wait(10)
+            self.exit_code = self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            code = None
+            pass
+        self.ready.set()  # wakes reserve(); it checks `dead`
         for job in jobs:
             _pool.release(job.segment)
+            lost = (f" before committing the checkpoint {job.path}"
+                    if self.started else f"; {job.path} was not saved")
             job.upload.set_exception(errors.CheckpointException(
-                f"the dcp async writer process (pid {self.pid}) died "
-                f"(exit code {code}) before committing the checkpoint "
-                f"{job.path}; the next async_save starts a new one",
-                None, _lib.UNAVAILABLE))
+                f"{self.death()}{lost}; the next async_save starts a new "
+                "one", None, _lib.UNAVAILABLE))
+
+    def death(self) -> str:
+        """How the (dead) writer ended, for an error message."""
+        code = self.exit_code
+        what = f"the dcp async writer process (pid {self.pid})"
+        if self.startup_error is not None:
+            return (f"{what} failed to start (exit code {code}): "
+                    f"{self.startup_error}")
+        if not self.started:
+            return f"{what} died while starting (exit code {code})"
+        return f"{what} died (exit code {code})"
 
     def forget(self, seg):
         with self.lock:
@@ -427,13 +506,18 @@ class _Writer:
                     self.conn.send(("exit",))
                 except OSError:
                     pass
-        # Its queued saves finish first (the socket is served in order).
+        # Its queued saves finish first (the socket is served in order),
+        # then their answers are read (their futures resolved, done-callbacks
+        # run) before the reader ends.
         self.proc.wait()
+        if threading.current_thread() is not self.reader:
+            self.reader.join()
 
 
 _writer: _Writer | None = None
 _writer_lock = threading.Lock()
-_stager: ThreadPoolExecutor | None = None
+# Stages PROCESS saves and hands them to the writer, one at a time.
+_stager = _SerialWorker("dcp-process-stager")
 _job_ids = iter(range(1, 1 << 62))
 _debug_hold_next = False  # test hook: the next save waits in the writer
 
@@ -447,8 +531,9 @@ def _live_writer() -> _Writer:
     global _writer
     with _writer_lock:
         if not _running(_writer):
-            if _writer is None:
-                atexit.register(shutdown_writer)
+            if _writer is not None and not _writer.started:
+                log.warning("dcp: starting a new async writer process; %s",
+                            _writer.death())
             _writer = _Writer()
         return _writer
 
@@ -460,12 +545,12 @@ def writer_pid() -> int | None:
 
 
 def shutdown_writer() -> None:
-    """Stops the writer process after its queued saves (also at exit)."""
-    global _writer, _stager
-    with _writer_lock:
-        stager, _stager = _stager, None
-    if stager is not None:  # queued stages hand their saves over first
-        stager.shutdown(wait=True)
+    """Stops the writer process after the saves handed to it, and those
+    still staging, are done (their futures resolved). At exit it runs after
+    every save still running (dcp.async_save._at_exit). The next PROCESS
+    save starts a new writer."""
+    global _writer
+    _stager.drain()  # queued stages hand their saves over first
     with _writer_lock:
         w, _writer = _writer, None
     if w is not None:
@@ -474,12 +559,23 @@ def shutdown_writer() -> None:
 
 def _forget_after_fork() -> None:
     """In a child of fork(2): the writer, its socket, the staging thread
-    and the segments belong to the parent (the child's copies of the
-    segments stay mapped, unused); the child starts its own."""
-    global _writer, _writer_lock, _stager, _pool
-    _writer = None
+    and the segments belong to the parent; the child closes its copies of
+    their file descriptors and mappings (so that neither a writer nor its
+    memory outlives the parent because of the child) and starts its own."""
+    global _writer, _writer_lock, _pool
+    writer, _writer = _writer, None
+    if writer is not None:
+        try:
+            writer.conn.close()
+        except OSError:
+            pass
+    for seg in list(_Segment._live):
+        try:
+            seg.close()
+        except OSError:
+            pass
     _writer_lock = threading.Lock()
-    _stager = None
+    _stager._reset()
     _pool = _Pool()
 
 
@@ -554,8 +650,7 @@ def reserve(state_dict, timeout=None) -> None:
         _pool.release(seg)
     if writer.ready.wait(timeout) and writer.dead:
         raise errors.CheckpointException(
-            f"the dcp async writer process (pid {writer.pid}) died while "
-            "starting; the next async_save starts a new one", None,
+            f"{writer.death()}; the next async_save starts a new one", None,
             _lib.UNAVAILABLE)
 
 
@@ -653,7 +748,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     from .planner import save_options
     from .process_group import resolve
     from .storage import WRITERS, check_writer
-    global _debug_hold_next, _stager
+    global _debug_hold_next
     where = resolve(process_group, no_dist)
     error = None
     try:
@@ -665,36 +760,39 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
         flat.check_tensors()  # here, not in the writer process
         specs, offset = _segment_bytes(flat.t_objs)
         group = _group_spec(where)
+        # Whatever can fail runs before the ranks agree: a rank failing
+        # after would leave the others' writers in a save it never joins.
+        writer_spec = None
+        if storage_writer is not None:
+            # dcp's own class of the writer: a subclass's constructor may
+            # take other arguments.
+            writer_class = next(c for c in type(storage_writer).__mro__
+                                if c in WRITERS)
+            writer_spec = writer_class(**storage_writer._spec())
+        from .planner import DefaultSavePlanner
+        spec = dict(checkpoint_id=path, storage_writer=writer_spec,
+                    planner=(DefaultSavePlanner(**planner._spec())
+                             if planner is not None else None),
+                    use_collectives=use_collectives,
+                    allow_pickle=allow_pickle, no_dist=where.no_dist,
+                    group=group)
+        # CUDA tensors: staged after the work queued on the caller's
+        # current stream of their device, as of this call.
+        events = {}
+        for t in flat.t_objs:
+            if not isinstance(t, np.ndarray) and t.is_cuda:
+                device = t.get_device()
+                if device not in events:
+                    import torch
+                    events[device] = torch.cuda.Event()
+                    events[device].record(torch.cuda.current_stream(device))
     except BaseException as e:
         error = e
     where.agree("async_save", error)
     total = offset
-    writer_spec = None
-    if storage_writer is not None:
-        # dcp's own class of the writer: a subclass's constructor may take
-        # other arguments.
-        writer_class = next(c for c in type(storage_writer).__mro__
-                            if c in WRITERS)
-        writer_spec = writer_class(**storage_writer._spec())
-    from .planner import DefaultSavePlanner
-    spec = dict(checkpoint_id=path, storage_writer=writer_spec,
-                planner=(DefaultSavePlanner(**planner._spec())
-                         if planner is not None else None),
-                use_collectives=use_collectives, allow_pickle=allow_pickle,
-                no_dist=where.no_dist, group=group)
     manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
                 flat.v_paths, flat.v_vals, flat.t_grad, flat._multi)
     tensors = flat.t_objs
-    # CUDA tensors: staged after the work queued on the caller's current
-    # stream of their device, as of this call.
-    events = {}
-    for t in tensors:
-        if not isinstance(t, np.ndarray) and t.is_cuda:
-            device = t.get_device()
-            if device not in events:
-                import torch
-                events[device] = torch.cuda.Event()
-                events[device].record(torch.cuda.current_stream(device))
     hold = _debug_hold_next
     _debug_hold_next = False
     job = _Job(path)
@@ -754,9 +852,11 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             if not writer.submit(job_id, job, manifest, spec, hold):
                 writer = _live_writer()
                 if not writer.submit(job_id, job, manifest, spec, hold):
+                    what = (writer.death() if writer.dead else
+                            f"the dcp async writer process (pid "
+                            f"{writer.pid}) is not reachable")
                     error = errors.CheckpointException(
-                        f"the dcp async writer process (pid {writer.pid}) "
-                        f"is not reachable; {job.path} was not saved", None,
+                        f"{what}; {job.path} was not saved", None,
                         _lib.UNAVAILABLE)
         except Exception as e:
             if writer is None:  # the writer process cannot be started
@@ -772,22 +872,41 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             job.upload.set_exception(error)
 
     def stage():
-        staged = copy_in()
-        if staged is not None:
-            hand_over(*staged)
+        try:
+            staged = copy_in()
+            if staged is not None:
+                hand_over(*staged)
+        except BaseException as e:  # never leave the caller waiting
+            for future in (job.staging, job.upload):
+                if not future.done():
+                    future.set_exception(e)
+            raise
 
-    if threading.current_thread().name.startswith("dcp-process-stager"):
-        # Called from a done-callback of an earlier save's staging, on the
-        # stager's one thread: queued behind itself the copy would never
-        # run, so it runs here; the hand-over to the writer is queued, after
-        # the earlier save's (uploads keep the call order).
-        staged = copy_in()
-        if staged is not None:
-            _stager.submit(hand_over, *staged)
-    else:
-        with _writer_lock:
-            if _stager is None:
-                _stager = ThreadPoolExecutor(
-                    1, thread_name_prefix="dcp-process-stager")
+    def hand_over_or_fail(seg, snapshot):
+        try:
+            hand_over(seg, snapshot)
+        except BaseException as e:
+            if not job.upload.done():
+                job.upload.set_exception(e)
+            raise
+
+    # Exit waits for the upload (and so for the stages queued before it).
+    job.upload.track()
+    try:
+        if _stager.is_current():
+            # Called from a done-callback of an earlier save's staging, on
+            # the stager's one thread: queued behind itself the copy would
+            # never run, so it runs here; the hand-over to the writer is
+            # queued, after the earlier save's (uploads keep the call
+            # order).
+            staged = copy_in()
+            if staged is not None:
+                _stager.submit(hand_over_or_fail, *staged)
+        else:
             _stager.submit(stage)
+    except BaseException as e:  # the stager thread could not be started
+        for future in (job.staging, job.upload):
+            if not future.done():
+                future.set_exception(e)
+        raise
     return AsyncSaveResponse(job.staging, job.upload)

@@ -10,28 +10,45 @@ stages asynchronously (the seed's rule, see async_save). The caller's
 tensors are kept referenced until staging is done.
 
 PROCESS runs the upload in one persistent writer process (see
-dcp._process_writer).
+dcp._process_writer). A stager of the caller's (async_stager with a
+stage() method) stages in the call or on its own threads; the upload then
+runs on one dcp thread ("dcp-upload"), in call order.
 
 Completions: dcp calls one static ctypes callback per completion on its
 own thread; the callback only queues (token, status), and a Python daemon
 thread ("dcp-completions") resolves the futures, frees the C handles and
 runs the futures' done-callbacks, so user callbacks never run on (or
 block) a dcp thread and never re-enter the library from its callback.
-Uploads still running at interpreter exit are waited for (dcp_shutdown,
-from atexit).
+Every future of a save is resolved, and its done-callbacks run, on one of
+dcp's threads (dcp-completions, dcp-upload, dcp-process-stager, the
+writer process's reader): a done-callback that waits there for a dcp
+future not yet done raises RuntimeError instead of blocking the thread
+that may be the one to complete it (_DcpFuture).
+
+Exit: every save still staging or uploading is finished, its futures
+resolved and their done-callbacks run (saves those start included, up to
+_EXIT_ROUNDS generations),
+before the interpreter goes on to shut down thread pools and join threads
+(threading's exit hook) and again from atexit; the PROCESS writer is
+stopped after that. A save that fails then fails its futures, as it would
+before exit; the exit status does not change.
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import concurrent.futures.thread  # noqa: F401 - its exit hook before ours
 import contextlib
 import ctypes
 import enum
 import itertools
+import os
 import queue
 import signal
+import sys
 import threading
+import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +101,153 @@ class AsyncSaveResponse:
         return self.upload_completion.running()
 
 
+# -- dcp's threads and futures ----------------------------------------------
+
+# Set on the threads that resolve dcp's futures and run their done-callbacks
+# (dcp-completions, dcp-upload, dcp-process-stager, the writer's reader).
+_resolver = threading.local()
+
+# The futures exit waits for (see _DcpFuture.track); replaced in a child of
+# fork(2), whose copies of the parent's are never resolved.
+_unfinished: set = set()
+_unfinished_cond = threading.Condition()
+
+
+class _DcpFuture(Future):
+    """A Future resolved on one of dcp's threads, which also runs its
+    done-callbacks: a callback that waits there (result(), exception()) for
+    a dcp future not yet done could wait for the very thread it blocks, so
+    that raises RuntimeError instead. A tracked future (track()) holds the
+    interpreter's exit until it is resolved (or cancelled) and its
+    done-callbacks have run."""
+
+    def result(self, timeout=None):
+        self._check_wait()
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        self._check_wait()
+        return super().exception(timeout)
+
+    def _check_wait(self):
+        if getattr(_resolver, "active", False) and not self.done():
+            raise RuntimeError(
+                "waiting for a dcp async_save future from a done-callback "
+                "of another would block the thread that completes them; "
+                "wait from your own thread")
+
+    def track(self):
+        """Call before the future is handed to the thread resolving it."""
+        with _unfinished_cond:
+            if not self.done():
+                _unfinished.add(self)
+
+    def set_result(self, result):
+        try:
+            super().set_result(result)
+        finally:
+            self._untrack()
+
+    def set_exception(self, exception):
+        try:
+            super().set_exception(exception)
+        finally:
+            self._untrack()
+
+    def cancel(self):
+        cancelled = super().cancel()
+        if cancelled:
+            self._untrack()
+        return cancelled
+
+    def _untrack(self):
+        with _unfinished_cond:
+            if self in _unfinished:
+                _unfinished.discard(self)
+                _unfinished_cond.notify_all()
+
+
+def _wait_result(future):
+    """future.result() on a dcp thread that is allowed to wait for it (it
+    does not resolve it)."""
+    concurrent.futures.wait([future])
+    return Future.result(future)
+
+
+class _SerialWorker:
+    """Runs submitted calls one at a time, in submission order, on one
+    daemon thread of dcp's (started on first use). Not a
+    ThreadPoolExecutor: the interpreter shuts those down as its exit
+    begins (before atexit), and a save queued there would then fail to
+    submit its next step. The futures it returns are tracked (exit waits
+    for them). Thread-safe."""
+
+    def __init__(self, name):
+        self.name = name
+        self._reset()
+
+    def _reset(self):
+        """Forgets the queue and the thread (a child of fork(2) has copies
+        of the parent's calls, not its thread)."""
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def submit(self, fn, *args) -> Future:
+        future = _DcpFuture()
+        future.track()
+        try:
+            with self._lock:
+                # (A thread that died, a done-callback's SystemExit say, is
+                # replaced: the calls queued behind it still run.)
+                if self._thread is None or not self._thread.is_alive():
+                    thread = threading.Thread(target=self._run,
+                                              name=self.name, daemon=True)
+                    thread.start()
+                    self._thread = thread
+        except BaseException as e:  # never leave the future unresolved
+            future.set_exception(e)
+            raise
+        self._queue.put((future, fn, args))
+        return future
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def drain(self) -> None:
+        """Waits until every call submitted so far has run (returns at once
+        on the worker's own thread)."""
+        if self._thread is not None and not self.is_current():
+            concurrent.futures.wait([self.submit(lambda: None)])
+
+    def _run(self):
+        _resolver.active = True
+        while True:
+            future, fn, args = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                # What the call held is dropped before its future resolves:
+                # exit waits for the future, and a torch tensor freed on a
+                # daemon thread as the interpreter finalizes aborts it.
+                try:
+                    result = fn(*args)
+                except BaseException as e:
+                    fn = args = None
+                    outcome = (future.set_exception, e)
+                else:
+                    fn = args = None
+                    outcome = (future.set_result, result)
+                    result = None
+                try:
+                    # Runs the done-callbacks: one raising SystemExit (or
+                    # anything concurrent.futures does not catch) must not
+                    # end this thread with calls still queued behind it.
+                    outcome[0](outcome[1])
+                except BaseException:
+                    traceback.print_exc()
+                outcome = None
+            future = fn = args = None  # not kept while idle
+
+
 # -- completions ------------------------------------------------------------
 
 _queue: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -104,10 +268,14 @@ _ON_DONE = _lib.DONE_FN(_on_done)  # lives as long as the module
 
 
 def _completion_loop():
+    _resolver.active = True
     while True:
         token, status = _queue.get()
         if token is None:
             return
+        if isinstance(token, threading.Event):  # _quiesce's marker
+            token.set()
+            continue
         with _pending_lock:
             job, which = _pending.pop(token, (None, None))
         if job is not None:
@@ -115,6 +283,7 @@ def _completion_loop():
                 job.complete(which, status)
             except BaseException:  # keep the loop alive
                 pass
+        job = None  # not kept while idle
 
 
 def _ensure_thread():
@@ -154,27 +323,6 @@ def _interrupts_deferred():
             signal.raise_signal(signal.SIGINT)
 
 
-class _CompletionFuture(Future):
-    """A Future resolved on the dcp-completions thread, which also runs its
-    done-callbacks: a callback that waits there for a result not yet known
-    would wait for itself, so that raises instead."""
-
-    def result(self, timeout=None):
-        self._check_wait()
-        return super().result(timeout)
-
-    def exception(self, timeout=None):
-        self._check_wait()
-        return super().exception(timeout)
-
-    def _check_wait(self):
-        if threading.current_thread() is _thread and not self.done():
-            raise RuntimeError(
-                "waiting for a dcp async_save future from a done-callback "
-                "of another would block the thread that completes them; "
-                "wait from your own thread")
-
-
 class _EngineJob:
     """One dcp_async_save: its handles, the borrowed tensors and futures."""
 
@@ -194,9 +342,10 @@ class _EngineJob:
         self.keep_tensors = keep_tensors
         self.storages = (_state.storages_of(prepared.flat.t_objs)
                          if keep_tensors else None)
-        self.staging: Future = _CompletionFuture()
-        self.upload: Future = _CompletionFuture()
+        self.staging: Future = _DcpFuture()
+        self.upload: Future = _DcpFuture()
         self.remaining = 2
+        self._staging_token = None  # set by register()
         self.staging.set_running_or_notify_cancel()
         self.upload.set_running_or_notify_cancel()
 
@@ -205,8 +354,11 @@ class _EngineJob:
         dcp-completions thread, which resolves the futures and, after the
         second, frees the handle and the prepared state dict."""
         L = _lib.lib()
+        self.upload.track()
         for which in (_lib.STAGING, _lib.UPLOAD):
             token = next(_tokens)
+            if which == _lib.STAGING:
+                self._staging_token = token
             with _pending_lock:
                 _pending[token] = (self, which)
             code = L.dcp_async_save_on_done(self.handle, which, _ON_DONE,
@@ -214,6 +366,7 @@ class _EngineJob:
             if code != _lib.OK:  # cannot happen for a live handle
                 with _pending_lock:
                     _pending.pop(token, None)
+                self.upload._untrack()  # never resolved: exit must not wait
                 _lib.check(code)
 
     def _error(self, which, status):
@@ -263,9 +416,11 @@ class _EngineJob:
         free_parked_groups()
 
     def wait_staged(self):
-        """Blocks until the engine has staged (its own completion, not the
-        staging future, which the dcp-completions thread resolves: this
-        works on that thread too)."""
+        """Blocks until the engine has staged and the staging future is
+        resolved (on this thread when the dcp-completions thread has not
+        taken the completion yet: that thread may be this one, running a
+        done-callback that started the save). The staging future has no
+        done-callbacks of the caller's yet (async_save has not returned)."""
         with self._lock:
             if self.remaining == 0:
                 return  # both completions done, the handle freed
@@ -274,8 +429,16 @@ class _EngineJob:
             done = ctypes.c_int32()
             # In slices, so that a signal's Python handler (Ctrl-C) runs.
             while not done.value:
-                _lib.lib().dcp_async_save_wait(self.handle, _lib.STAGING,
-                                               100, ctypes.byref(done))
+                code = _lib.lib().dcp_async_save_wait(
+                    self.handle, _lib.STAGING, 100, ctypes.byref(done))
+                if code != _lib.OK and not done.value:
+                    _lib.check(code)  # the wait itself failed
+            with _pending_lock:  # done: `code` is the staging's status
+                mine = _pending.pop(self._staging_token, None) is not None
+            if mine:
+                self.complete(_lib.STAGING, code)
+            elif threading.current_thread() is not _thread:
+                concurrent.futures.wait([self.staging])  # being resolved
         finally:
             with self._lock:
                 self._waiters -= 1
@@ -293,9 +456,17 @@ def _engine_async_save(state_dict, *, process_group, no_dist, **kwargs):
             **kwargs)
 
 
-def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
-                               planner, process_group, no_dist,
-                               use_collectives, allow_pickle, stager=None):
+def _engine_async_save_in_turn(state_dict, *, stager=None, **kwargs):
+    # A DefaultStager closed meanwhile frees its C stager only once the
+    # engine holds its own reference (dcp_async_save has returned).
+    with contextlib.ExitStack() as leases:
+        return _engine_async_save_leased(state_dict, stager=stager,
+                                         leases=leases, **kwargs)
+
+
+def _engine_async_save_leased(state_dict, *, checkpoint_id, storage_writer,
+                              planner, process_group, no_dist,
+                              use_collectives, allow_pickle, stager, leases):
     where = resolve(process_group, no_dist)
     p = None
     error = None
@@ -311,7 +482,8 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
                          use_collectives=use_collectives,
                          allow_pickle=allow_pickle, flat=flat)
         if stager is not None:  # Before the ranks agree: a closed one fails.
-            p.options.async_stager = stager._c_handle(p.flat.t_objs)
+            p.options.async_stager = leases.enter_context(
+                stager._use(p.flat.t_objs))
     except BaseException as e:
         error = e
         if p is not None:
@@ -353,22 +525,31 @@ def _engine_async_save_in_turn(state_dict, *, checkpoint_id, storage_writer,
 
 
 # Uploads after a custom async_stager: one at a time, in call order.
-_upload_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_uploader = _SerialWorker("dcp-upload")
 
 
 _submit_lock = threading.Lock()  # Turns in the order uploads are queued.
 
 
 def _stager_async_save(state_dict, async_stager, upload_fn, where):
-    global _upload_executor
     try:
         staged = async_stager.stage(_stateful_to_state_dict(state_dict))
     except BaseException as error:  # the seed: a failed Future, not a raise
-        failure: Future = Future()
+        # Shaped as an in-call save's return: the upload Future carrying
+        # both completions, each failed with the stager's exception.
+        failure: Future = _DcpFuture()
         failure.set_exception(error)
+        staging_failure: Future = _DcpFuture()
+        staging_failure.set_exception(error)
+        failure.staging_completion = staging_failure
+        failure.upload_completion = failure
         return failure
-    staging: Future = Future()
+    staging: Future = _DcpFuture()
     if isinstance(staged, Future):
+        # Exit waits for it too: its done-callbacks may run after the
+        # upload (which waits for `staged` only) has finished.
+        staging.track()
+
         def complete(f):
             try:
                 f.result()
@@ -378,10 +559,6 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
         staged.add_done_callback(complete)
     else:
         staging.set_result(None)
-    with _thread_lock:
-        if _upload_executor is None:
-            _upload_executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="dcp-upload")
 
     turn = None  # Taken when the upload is queued (below).
 
@@ -405,7 +582,7 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
     with _submit_lock, _interrupts_deferred():
         turn = take_turn(where)
         try:
-            result = _upload_executor.submit(upload)
+            result = _uploader.submit(upload)
         except BaseException:
             turn.end()
             raise
@@ -419,13 +596,12 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
 
 def _staged_in_call(response: AsyncSaveResponse) -> Future:
     """The seed's return for a save whose staging ended in the call: the
-    upload Future, once staging is done (waited for here when it is not
-    yet). It also carries `staging_completion` and `upload_completion`
-    (itself), as an AsyncSaveResponse would. For the engine's saves the
-    wait is for the engine's own staging completion: their
-    staging_completion, which the dcp-completions thread resolves (it may
-    be running a callback that waits for the caller), resolves just
-    after."""
+    upload Future, once staging is done and staging_completion resolved
+    (waited for here when it is not yet). It also carries
+    `staging_completion` and `upload_completion` (itself), as an
+    AsyncSaveResponse would. For the engine's saves the wait is for the
+    engine's own staging completion (_EngineJob.wait_staged), which works
+    on the dcp-completions thread too (a done-callback starting a save)."""
     wait_staged = getattr(response, "_wait_staged", None)
     if wait_staged is not None:
         wait_staged()
@@ -463,6 +639,11 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     (PROCESS); an exception from stage() fails the returned Future. Errors
     in the arguments or the state dict raise here; errors of the save
     itself fail the futures with CheckpointException.
+
+    The futures resolve, and run their done-callbacks, on dcp's threads: a
+    done-callback may start another async_save, but one that waits for a
+    dcp future not yet done raises RuntimeError (it could wait for the
+    thread it blocks). Saves still running at exit are finished first.
     """
     if not isinstance(async_checkpointer_type, AsyncCheckpointerType):
         async_checkpointer_type = AsyncCheckpointerType(
@@ -480,8 +661,9 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     if async_stager is not None:  # a stager of the caller's
         if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
             from . import _process_writer
-            upload = (lambda sd: _process_writer.async_save(sd, **kwargs)
-                      .upload_completion.result())
+            # On the dcp-upload thread, which does not resolve it.
+            upload = (lambda sd: _wait_result(_process_writer.async_save(
+                sd, **kwargs).upload_completion))
         else:
             upload = (lambda sd: save(sd, **kwargs))
         return _stager_async_save(state_dict, async_stager, upload,
@@ -500,11 +682,83 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     return _staged_in_call(response) if in_call else response
 
 
-def _at_exit():
+def _finish_saves():
+    """Waits for every save of this process still running: the engine's
+    uploads (dcp_shutdown), then every tracked future, resolved and its
+    done-callbacks run (a save one of them starts is tracked before the
+    future that started it is done, so it is waited for too)."""
     L = _lib._lib
     if L is not None:
-        L.dcp_shutdown()  # waits for every upload; callbacks still run
-        free_parked_groups()
+        L.dcp_shutdown()  # (from a fork child: fails, nothing to wait for)
+    # Round by round: the saves running now, then those their done-callbacks
+    # started, ... A thread that keeps starting saves would hold the exit
+    # forever: after _EXIT_ROUNDS rounds the rest are left, said on stderr.
+    with _unfinished_cond:
+        for _ in range(_EXIT_ROUNDS):
+            if not _unfinished:
+                return
+            running = set(_unfinished)
+            _unfinished_cond.wait_for(lambda: not (running & _unfinished))
+        if _unfinished:
+            print(f"dcp: {len(_unfinished)} async save(s) still running at "
+                  f"exit after {_EXIT_ROUNDS} rounds of waiting (saves "
+                  "started while others finished) were not waited for",
+                  file=sys.stderr)
+
+
+# How many generations of saves exit waits for (see _finish_saves).
+_EXIT_ROUNDS = 64
+
+
+def _quiesce():
+    """Returns once the dcp-completions and dcp-upload threads have finished
+    what they were given and dropped it (the tensors of a save, its
+    handles): they are daemon threads, and a torch tensor or C handle freed
+    on one while the interpreter finalizes can abort the process."""
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        reached = threading.Event()
+        _queue.put((reached, None))
+        reached.wait()
+    _uploader.drain()
+
+
+def _at_exit():
+    """atexit: saves started since the first pass (threading's exit hook,
+    below) by threads still running then; then the writer process is
+    stopped and dcp's threads left idle."""
+    _finish_saves()
+    writer = sys.modules.get(__package__ + "._process_writer")
+    if writer is not None:
+        writer.shutdown_writer()  # (its reader thread ends)
+    _quiesce()
+    free_parked_groups()
+
+
+def _forget_after_fork():
+    """In a child of fork(2): the completions, uploads and their threads
+    stayed in the parent; the child's own saves start afresh (and fail in
+    the library: it cannot be used in such a child)."""
+    global _queue, _pending, _pending_lock, _thread, _thread_lock, \
+        _submit_lock, _unfinished, _unfinished_cond
+    _queue = queue.SimpleQueue()
+    _pending = {}
+    _pending_lock = threading.Lock()
+    _thread = None
+    _thread_lock = threading.Lock()
+    _submit_lock = threading.Lock()
+    _unfinished = set()
+    _unfinished_cond = threading.Condition()
+    _uploader._reset()
 
 
 atexit.register(_at_exit)
+# The first pass runs as exit begins, before concurrent.futures shuts its
+# thread pools down (its hook is registered first, at the import above, and
+# these run in reverse) and before threading joins the threads still
+# running: a stager's Future may come from such a pool.
+try:
+    threading._register_atexit(_finish_saves)
+except (AttributeError, RuntimeError):  # before 3.9; exit already begun
+    pass
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -18,6 +18,7 @@ AsyncCheckpointerType.PROCESS)`` maps and faults in that memory and starts
 the writer process ahead of the first save, for the same effect.
 """
 
+import contextlib
 import copy
 import ctypes
 import dataclasses
@@ -73,6 +74,8 @@ class DefaultStager:
         self.config = config
         self._lock = threading.Lock()
         self._staging = []  # stage() futures not known to be done
+        self._closed = False
+        self._users = 0  # _use blocks running: close() frees after them
         self._handle = self._create(config)
         # Without copy-on-write, for states holding pinned CPU tensors;
         # made on first need.
@@ -94,8 +97,9 @@ class DefaultStager:
         """Bytes staged by copy-on-write snapshots so far: copied after
         staging completed (0 without ``copy_on_write`` or userfaultfd)."""
         out = ctypes.c_size_t()
-        _lib.check(_lib.lib().dcp_stager_copy_on_write_bytes(
-            self._c_handle(), ctypes.byref(out)))
+        with self._use() as handle:
+            _lib.check(_lib.lib().dcp_stager_copy_on_write_bytes(
+                handle, ctypes.byref(out)))
         return out.value
 
     def reserve(self, state_dict, async_checkpointer_type=None):
@@ -119,7 +123,8 @@ class DefaultStager:
         flat.add(state_dict)
         sd = flat.build()
         try:
-            _lib.check(_lib.lib().dcp_stager_reserve(self._c_handle(), sd))
+            with self._use() as handle:
+                _lib.check(_lib.lib().dcp_stager_reserve(handle, sd))
         finally:
             _lib.lib().dcp_state_dict_free(sd)
 
@@ -131,7 +136,7 @@ class DefaultStager:
         ``use_async_staging``, else the copy itself. async_save does not
         call this (the engine stages through ``reserve``'s memory); it is
         for code that stages by hand."""
-        if self._handle is None:
+        if self._closed:
             raise ValueError("this DefaultStager is closed")
         pin = self.config.use_pinned_memory
         if not self.config.use_async_staging:
@@ -170,28 +175,54 @@ class DefaultStager:
         wait(pending)
 
     def close(self):
-        """Releases the stager; saves still staging through it keep it
-        until their uploads end. Idempotent."""
+        """Releases the stager: later uses raise ValueError. A call using
+        it now (a save before the engine took its own reference, a
+        reserve) keeps it until that call returns; saves still staging
+        through it keep it until their uploads end. Idempotent; any
+        thread."""
         with self._lock:
-            handles = (self._handle, self._copying)
-            self._handle = self._copying = None
+            self._closed = True
+            handles = self._take_handles() if self._users == 0 else ()
+        self._free(handles)
+
+    def _take_handles(self):
+        # Under self._lock.
+        handles = (self._handle, self._copying)
+        self._handle = self._copying = None
+        return handles
+
+    @staticmethod
+    def _free(handles):
         for handle in handles:
             if handle is not None and _lib._lib is not None:
                 _lib.lib().dcp_stager_free(handle)
 
-    def _c_handle(self, tensors=()):
-        """The C stager for a save of `tensors`: with copy_on_write, one
-        that copies instead when a CPU tensor among them is pinned."""
+    @contextlib.contextmanager
+    def _use(self, tensors=()):
+        """The C stager for a save of `tensors` (with copy_on_write, one
+        that copies instead when a CPU tensor among them is pinned), not
+        freed by close() until the block exits. Raises ValueError when
+        closed."""
         with self._lock:
-            if self._handle is None:
+            if self._closed:
                 raise ValueError("this DefaultStager is closed")
             if not self.config.copy_on_write or not any(
                     _pinned(t) for t in tensors):
-                return self._handle
-            if self._copying is None:
-                self._copying = self._create(dataclasses.replace(
-                    self.config, copy_on_write=False))
-            return self._copying
+                handle = self._handle
+            else:
+                if self._copying is None:
+                    self._copying = self._create(dataclasses.replace(
+                        self.config, copy_on_write=False))
+                handle = self._copying
+            self._users += 1
+        try:
+            yield handle
+        finally:
+            with self._lock:
+                self._users -= 1
+                last = self._closed and self._users == 0
+                handles = self._take_handles() if last else ()
+            self._free(handles)
 
     def __del__(self):
         try:

@@ -53,6 +53,53 @@ def test_a_closed_stager_is_refused_and_close_is_idempotent(tmp_path):
         stager.reserve(_state(1.0))
 
 
+def test_close_during_a_save_frees_the_stager_once_the_engine_holds_it(
+        tmp_path, monkeypatch):
+    """close() from another thread while a save is between taking the
+    stager and handing it to the engine (here: as the ranks agree): the
+    save still stages through it and commits, the C stager is freed once,
+    after dcp_async_save took its own reference, and later uses raise."""
+    from dcp import _lib, process_group
+    L = _lib.lib()
+    events = []
+    real_save, real_free = L.dcp_async_save, L.dcp_stager_free
+    real_agree = process_group.Resolved.agree
+    stager = dcp.DefaultStager()
+
+    def agree(self, what, error):
+        if what == "async_save":
+            stager.close()
+            events.append("closed")
+        return real_agree(self, what, error)
+
+    def save(*args):
+        events.append("dcp_async_save")
+        return real_save(*args)
+
+    def free(handle):
+        events.append("dcp_stager_free")
+        return real_free(handle)
+
+    monkeypatch.setattr(process_group.Resolved, "agree", agree)
+    monkeypatch.setattr(L, "dcp_async_save", save)
+    monkeypatch.setattr(L, "dcp_stager_free", free)
+    r = dcp.async_save(_state(3.0), checkpoint_id=str(tmp_path / "a"),
+                       async_stager=stager)
+    r.upload_completion.result()
+    assert events == ["closed", "dcp_async_save", "dcp_stager_free"]
+    monkeypatch.undo()
+    into = _state(0.0)
+    dcp.load(into, checkpoint_id=str(tmp_path / "a"))
+    assert into["step"] == 3
+    np.testing.assert_array_equal(into["model"]["w"],
+                                  _state(3.0)["model"]["w"])
+    with pytest.raises(ValueError, match="closed"):
+        dcp.async_save(_state(4.0), checkpoint_id=str(tmp_path / "b"),
+                       async_stager=stager)
+    with pytest.raises(ValueError, match="closed"):
+        stager.copy_on_write_bytes
+
+
 def test_process_saves_ignore_the_engine_stager(tmp_path):
     stager = dcp.DefaultStager()
     r = dcp.async_save(_state(5.0), checkpoint_id=str(tmp_path / "p"),
