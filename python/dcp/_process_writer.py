@@ -60,7 +60,8 @@ import weakref
 import numpy as np
 
 from . import _lib, _state, errors
-from .async_save import _DcpFuture, _resolver, _SerialWorker
+from .async_save import (_DcpFuture, _interrupts_deferred, _resolver,
+                         _SerialWorker)
 
 log = logging.getLogger("dcp")
 
@@ -891,6 +892,16 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             raise
 
     # Exit waits for the upload (and so for the stages queued before it).
+    # Tracked and queued together: a Ctrl-C between would leave a tracked
+    # future nobody resolves, and the exit waiting for it.
+    with _interrupts_deferred():
+        return _queue_stage(job, copy_in, hand_over_or_fail, stage)
+
+
+def _queue_stage(job, copy_in, hand_over_or_fail, stage):
+    """async_save's hand-off of `job` to the stager thread (see there);
+    returns its AsyncSaveResponse."""
+    from .async_save import AsyncSaveResponse
     job.upload.track()
     try:
         if _stager.is_current():

@@ -203,8 +203,10 @@ class _SerialWorker:
                 if self._thread is None or not self._thread.is_alive():
                     thread = threading.Thread(target=self._run,
                                               name=self.name, daemon=True)
-                    thread.start()
+                    # Before start(): a Ctrl-C in start() after the thread
+                    # began must not let the next submit start a second.
                     self._thread = thread
+                    thread.start()
         except BaseException as e:  # never leave the future unresolved
             future.set_exception(e)
             raise
@@ -433,11 +435,14 @@ class _EngineJob:
                     self.handle, _lib.STAGING, 100, ctypes.byref(done))
                 if code != _lib.OK and not done.value:
                     _lib.check(code)  # the wait itself failed
-            with _pending_lock:  # done: `code` is the staging's status
-                mine = _pending.pop(self._staging_token, None) is not None
-            if mine:
-                self.complete(_lib.STAGING, code)
-            elif threading.current_thread() is not _thread:
+            # Taken and resolved together: a Ctrl-C between would leave
+            # the staging future unresolved and the handle never freed.
+            with _interrupts_deferred():
+                with _pending_lock:  # done: `code` is the staging's status
+                    mine = _pending.pop(self._staging_token, None) is not None
+                if mine:
+                    self.complete(_lib.STAGING, code)
+            if not mine and threading.current_thread() is not _thread:
                 concurrent.futures.wait([self.staging])  # being resolved
         finally:
             with self._lock:
@@ -757,8 +762,20 @@ atexit.register(_at_exit)
 # thread pools down (its hook is registered first, at the import above, and
 # these run in reverse) and before threading joins the threads still
 # running: a stager's Future may come from such a pool.
+def _finish_saves_first():
+    """_finish_saves from threading's exit hook: a Ctrl-C there must not
+    cut threading's own shutdown short (the join of the program's
+    non-daemon threads); atexit waits for the saves again."""
+    try:
+        _finish_saves()
+    except KeyboardInterrupt:
+        print("dcp: interrupted while waiting for async saves at exit; "
+              "waiting for them once more after the program's threads",
+              file=sys.stderr)
+
+
 try:
-    threading._register_atexit(_finish_saves)
+    threading._register_atexit(_finish_saves_first)
 except (AttributeError, RuntimeError):  # before 3.9; exit already begun
     pass
 os.register_at_fork(after_in_child=_forget_after_fork)
