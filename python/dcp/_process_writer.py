@@ -7,8 +7,10 @@ scripts without an `if __name__ == "__main__"` guard work) started by the
 first PROCESS call once that call's tensors are staged (so that its
 start-up does not slow the copies the caller waits for; reserve() starts
 it ahead) and reused by every later one. It talks to this process
-over a Unix socket pair with multiprocessing's Connection framing. Each
-call:
+over a Unix socket pair with multiprocessing's Connection framing; the
+writer reads the socket on a thread of its own while it writes, so a
+staged save is handed over at once, never after the save being written.
+Each call:
 
 1. walks the state dict on the calling thread (dcp._state.Flat: validates
    and encodes the plain values, collects the tensors) and returns;
@@ -202,26 +204,58 @@ def _child_entry():
     _child_main(conn)
 
 
+def _receive(conn, inbox, released):
+    """The writer's receiving thread: reads the parent's messages as they
+    come, whatever the writer is doing, so that the parent's sends never
+    wait for a save to end (a staged save is handed over while another is
+    written), and queues them in order for the main thread; a segment's
+    file descriptor is received and mapped here, right after its message.
+    A ("go",) releases a held save (test hook). Ends with None once the
+    socket closes (the messages read before it are still served)."""
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "go":
+                released.set()
+                continue
+            if msg[0] == "segment":
+                _, seg_id, size = msg
+                fd = multiprocessing.reduction.recv_handle(conn)
+                try:
+                    msg = ("segment", seg_id, mmap.mmap(fd, size))
+                finally:
+                    os.close(fd)
+            inbox.put(msg)
+    except (EOFError, OSError):
+        pass
+    finally:
+        inbox.put(None)
+
+
 def _child_main(conn):
-    """Serves saves until the socket closes."""
+    """Serves saves, in the order they were sent, until the socket closes
+    or the parent says exit."""
+    import queue
+
     from . import checkpoint, process_group
     from .checkpoint import prepare_save
     from .metadata import Metadata
     from .storage import HuggingFaceStorageWriter, MegaStorageWriter
     conn.send(("ready", os.getpid()))
+    inbox = queue.SimpleQueue()
+    released = threading.Event()
+    threading.Thread(target=_receive, args=(conn, inbox, released),
+                     name="dcp-writer-receive", daemon=True).start()
     segments = {}
     groups = {}
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
+        msg = inbox.get()
+        if msg is None:
             return
         kind = msg[0]
         if kind == "segment":
-            _, seg_id, size = msg
-            fd = multiprocessing.reduction.recv_handle(conn)
-            segments[seg_id] = mmap.mmap(fd, size)
-            os.close(fd)
+            _, seg_id, mm = msg
+            segments[seg_id] = mm
         elif kind == "forget":
             mm = segments.pop(msg[1], None)
             if mm is not None:
@@ -233,9 +267,11 @@ def _child_main(conn):
             return
         elif kind == "save":
             _, job_id, seg_id, manifest, spec, hold = msg
+            msg = None
             if hold:
                 conn.send(("held", job_id))
-                conn.recv()  # a test kills the process here
+                released.wait()  # a test kills the process here
+                released.clear()
             try:
                 flat = _rebuild_flat(manifest, segments[seg_id])
                 where = _child_group(spec.pop("group"), groups,

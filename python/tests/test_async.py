@@ -210,6 +210,45 @@ def test_process_writer_killed_mid_save(tmp_path):
     _check(str(tmp_path / "2"), 2)
 
 
+def test_process_saves_are_handed_over_while_the_writer_is_busy(tmp_path):
+    """The writer reads its socket while it writes a save: a staged save
+    whose hand-over is larger than the socket's buffer does not wait for
+    the save being written, nor do the saves staged after it."""
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
+                          async_checkpointer_type=kind)
+    warm.upload_completion.result(WAIT)
+    writer = _process_writer._writer
+    writer.held.clear()
+    _process_writer._debug_hold_next = True  # the writer waits in the save
+    held = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                          async_checkpointer_type=kind)
+    assert writer.held.wait(WAIT)
+    # About 2 MB of paths and tensor specs: more than a socket buffer.
+    many = {f"layer{i}.a_long_parameter_name": torch.full((2,), float(i))
+            for i in range(20000)}
+    big = dcp.async_save(many, checkpoint_id=str(tmp_path / "big"),
+                         async_checkpointer_type=kind)
+    after = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "2"),
+                           async_checkpointer_type=kind)
+    # Staged (the stager thread handed `big` over) while `held` still waits.
+    after.staging_completion.result(WAIT)
+    assert not held.done()
+    assert writer.lock.acquire(timeout=WAIT)  # no send in progress
+    try:
+        writer.conn.send(("go",))  # releases the held save
+    finally:
+        writer.lock.release()
+    for response in (held, big, after):
+        response.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() == writer.pid
+    _check(str(tmp_path / "1"), 1)
+    _check(str(tmp_path / "2"), 2)
+    got = {k: torch.zeros(2) for k in many}
+    dcp.load(got, checkpoint_id=str(tmp_path / "big"))
+    assert all(torch.equal(got[k], many[k]) for k in many)
+
+
 def test_process_writer_that_cannot_start_fails_the_upload_only(
         tmp_path, monkeypatch):
     """The first PROCESS call starts the writer after staging: when the
