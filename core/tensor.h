@@ -31,6 +31,11 @@ namespace dcp {
 // dominate the cost of saving many small tensors.
 using Shape = absl::InlinedVector<int64_t, 4>;
 
+// The most dimensions a checkpoint's tensor has (numpy's limit): saves
+// refuse more, and readers of every format take more for damage (each
+// dimension costs memory in every chunk of the metadata).
+inline constexpr int kMaxTensorDims = 64;
+
 // Number of elements of a shape (1 for the 0-d shape). The shape must be
 // valid (no negative size, a product that fits int64_t): shapes decoded from
 // a file go through CheckedNumElements first.

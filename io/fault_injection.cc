@@ -351,6 +351,11 @@ absl::StatusOr<bool> FaultInjectionFileSystem::Exists(const std::string& path) {
   return base_.Exists(path);
 }
 
+absl::StatusOr<bool> FaultInjectionFileSystem::IsSymbolicLink(
+    const std::string& path) {
+  return base_.IsSymbolicLink(path);
+}
+
 absl::StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(
     const std::string& path) {
   Decision d = Check(FaultOp::kList, path);

@@ -108,6 +108,7 @@ class FaultInjectionFileSystem final : public FileSystemBase {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status CreateDir(const std::string& path) override;
   absl::StatusOr<bool> Exists(const std::string& path) override;
+  absl::StatusOr<bool> IsSymbolicLink(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& path) override;
   absl::Status SyncDir(const std::string& path) override;

@@ -350,6 +350,13 @@ class LocalFileSystemImpl final : public FileSystemBase {
     return ErrnoError(errno, absl::StrCat("stat ", path));
   }
 
+  absl::StatusOr<bool> IsSymbolicLink(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0) return S_ISLNK(st.st_mode);
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return ErrnoError(errno, absl::StrCat("lstat ", path));
+  }
+
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& path) override {
     DIR* dir = ::opendir(path.c_str());
@@ -574,6 +581,16 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (dir.empty()) return std::string(name);
   if (dir.back() == '/') return absl::StrCat(dir, name);
   return absl::StrCat(dir, "/", name);
+}
+
+absl::Status RefuseSymbolicLink(FileSystemBase& fs, const std::string& path,
+                                absl::string_view what) {
+  DCP_ASSIGN_OR_RETURN(bool link, fs.IsSymbolicLink(path));
+  if (!link) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      path, " (", what,
+      ") is a symbolic link, which dcp does not follow: it could reach files "
+      "outside the checkpoint; replace it with a directory"));
 }
 
 std::string ProbeFileName(int rank, absl::string_view save_id) {

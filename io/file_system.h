@@ -175,6 +175,12 @@ class FileSystemBase {
   // Whether `path` exists (any kind of file).
   virtual absl::StatusOr<bool> Exists(const std::string& path) = 0;
 
+  // Whether `path` itself (its last component) is a symbolic link; false
+  // when it does not exist, and on file systems without links.
+  virtual absl::StatusOr<bool> IsSymbolicLink(const std::string& path) {
+    return false;
+  }
+
   // The names (not paths) of the entries of directory `path`, sorted,
   // without "." and "..".
   virtual absl::StatusOr<std::vector<std::string>> ListDir(
@@ -218,6 +224,14 @@ absl::Status WritebackStatus(int error_number, absl::string_view path,
 
 // `dir` + "/" + `name` (no doubled slash).
 std::string JoinPath(absl::string_view dir, absl::string_view name);
+
+// kFailedPrecondition naming `path` (`what`: "rank 1's rank-local
+// directory") when it is a symbolic link; OK otherwise. For the
+// subdirectories a checkpoint's layout names (rank-R/, sharded/): a save
+// cleans them up and a load reads them, and neither may reach files
+// outside the checkpoint through a link a received directory carries.
+absl::Status RefuseSymbolicLink(FileSystemBase& fs, const std::string& path,
+                                absl::string_view what);
 
 // The empty file a writer creates and removes in a checkpoint directory
 // during SetUp to learn, before planning, that the directory takes new

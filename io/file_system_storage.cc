@@ -196,7 +196,10 @@ absl::Status FileSystemWriter::SelectRankLocal(int rank) {
         absl::StrCat("rank-local save for rank ", rank));
   }
   dir_ = RankLocalDirectory(path_, rank);
-  return absl::OkStatus();
+  return RefuseSymbolicLink(*fs_, dir_,
+                            absl::StrCat("rank ", rank,
+                                         "'s rank-local "
+                                         "directory"));
 }
 
 absl::Status FileSystemWriter::SetDeviceWait(const DeviceWait& wait) {
@@ -556,7 +559,11 @@ absl::StatusOr<bool> FileSystemReader::DetectRankLocal(int rank) {
         first_local,
         "); which one is newer is unknown: move one of them away"));
   }
-  if (has_local) dir_ = RankLocalDirectory(path_, rank);
+  if (has_local) {
+    dir_ = RankLocalDirectory(path_, rank);
+    DCP_RETURN_IF_ERROR(RefuseSymbolicLink(
+        *fs_, dir_, absl::StrCat("rank ", rank, "'s rank-local directory")));
+  }
   return has_local;
 }
 

@@ -235,6 +235,47 @@ TEST(FileSystemStorageTest, RankLocalLayoutLeavesThePathAndIsDetected) {
                     HasSubstr(dir + "/rank-0/.metadata")));
 }
 
+// A rank-R directory that is a symbolic link is neither saved into (the
+// save would clean up "orphans" among files outside the checkpoint) nor
+// loaded from.
+TEST(FileSystemStorageTest, RankLocalDirectoryBehindASymlinkIsRefused) {
+  const std::string dir = NewTestDir("rank-local-link");
+  const std::string outside = NewTestDir("rank-local-victim");
+  for (const char* name : {"__0_0123456789abcdef_0.distcp", "notes.txt"}) {
+    std::ofstream(outside + "/" + name) << "x";
+  }
+  std::filesystem::create_directory_symlink(outside,
+                                            RankLocalDirectory(dir, 0));
+  const Sample sample = Sample::Make(3);
+  FileSystemWriter writer(dir);
+  FakeSavePlanner planner = sample.SavePlanner();
+  absl::Status status = SaveOneRank(writer, planner, true, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(dir + "/rank-0"), HasSubstr("symbolic link")));
+  EXPECT_THAT(List(outside),
+              ElementsAre("__0_0123456789abcdef_0.distcp", "notes.txt"));
+
+  // Rank 1's directory moved away and linked back: rank 0 loads, rank 1
+  // is refused.
+  const std::string saved = NewTestDir("rank-local-saved");
+  FileSystemWriter saving(saved);
+  for (int rank : {0, 1}) {
+    FakeSavePlanner p = sample.SavePlanner();
+    ASSERT_TRUE(SaveOneRank(saving, p, true, rank).ok());
+  }
+  const std::string moved = NewTestDir("rank-local-moved") + "/rank-1";
+  std::filesystem::rename(RankLocalDirectory(saved, 1), moved);
+  std::filesystem::create_directory_symlink(moved,
+                                            RankLocalDirectory(saved, 1));
+  FileSystemReader reader(saved);
+  EXPECT_TRUE(reader.DetectRankLocal(0).ok());
+  ASSERT_TRUE(reader.Reset("").ok());
+  absl::StatusOr<bool> detected = reader.DetectRankLocal(1);
+  EXPECT_EQ(detected.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(detected.status().message(), HasSubstr("symbolic link"));
+}
+
 TEST(FileSystemStorageTest, OverwriteKeepsOldCheckpointUntilCommit) {
   const std::string dir = NewTestDir("overwrite");
   const Sample old_sample = Sample::Make(1);

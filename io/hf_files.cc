@@ -2,8 +2,6 @@
 // (HfFileName), which of them a load reads (ResolveHfCheckpointFiles), and
 // what a save completes, cleans up and replaces before it writes
 // (internal_hf::RollForward, RemoveTemporaryFiles, ReplaceableFiles).
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -141,8 +139,9 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
   // Files are opened without following a symbolic link in their last
   // component only: a `sharded` that is a link would reach files outside
   // the checkpoint.
-  struct stat link;
-  if (::lstat(sharded.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+  absl::StatusOr<bool> link = fs.IsSymbolicLink(sharded);
+  if (!link.ok()) return link.status();
+  if (*link) {
     return absl::NotFoundError(absl::StrCat(
         "no Hugging Face checkpoint in ", dir, " (no ", kHfSingleFileName, ", ",
         kHfIndexFileName, " or *.safetensors file there, and ",

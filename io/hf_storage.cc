@@ -132,6 +132,12 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   const std::string where = absl::StrCat("rank ", rank);
+  // Everything below (the shards a distributed save writes, the cleanup of
+  // interrupted saves, the files a save replaces, a journal rolled forward)
+  // reaches into sharded/.
+  DCP_RETURN_IF_ERROR(RefuseSymbolicLink(
+      *fs_, JoinPath(path_, kHfShardedDirName),
+      absl::StrCat("the shards' directory of ", where, "'s save")));
   DCP_RETURN_IF_ERROR(Annotate(
       fs_->CreateDir(options_.save_distributed
                          ? JoinPath(path_, kHfShardedDirName)

@@ -136,6 +136,37 @@ TEST(HfHostileJson, ShardedDirectoryBehindASymlinkIsNotFollowed) {
   EXPECT_THAT(status.message(), HasSubstr("symbolic link"));
 }
 
+// A save does not follow a `sharded` that is a symbolic link either: its
+// clean-up of interrupted saves and of the files it replaces, and a
+// distributed save's shards, would reach files outside the checkpoint.
+TEST(HfHostileJson, SaveRefusesASymlinkedShardedDirectoryTouchingNothing) {
+  const std::string outside = TempDir("hf-victim");
+  const std::vector<std::string> victims = {
+      ".model.safetensors.tmp-0123456789abcdef",
+      "shard-00001-model-00001-of-00001.safetensors", "keep.txt"};
+  for (const std::string& name : victims) WriteText(outside + "/" + name, "x");
+  const std::string dir = TempDir("hf-save-link");
+  std::filesystem::create_directory_symlink(
+      outside, absl::StrCat(dir, "/", kHfShardedDirName));
+  StateDict state;
+  state["w"] = F32({1, 2});
+  for (const bool distributed : {false, true}) {
+    HuggingFaceStorageWriterOptions options;
+    options.save_distributed = distributed;
+    absl::Status status = SaveHf(dir, state, options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr(absl::StrCat(dir, "/", kHfShardedDirName)),
+                      HasSubstr("symbolic link")));
+    for (const std::string& name : victims) {
+      EXPECT_TRUE(Exists(outside + "/" + name)) << name;
+    }
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(outside),
+                            std::filesystem::directory_iterator()),
+              3);
+  }
+}
+
 TEST(HfHostileJson, IndexValuesInMessagesAreDescribedNotDumped) {
   const std::string dir = TempDir("hf-wide-index");
   const std::string index = absl::StrCat(dir, "/", kHfIndexFileName);

@@ -102,7 +102,8 @@ absl::StatusOr<int64_t> Count(const Json& json, const char* key,
 
 absl::StatusOr<Shape> Dims(const Json& json, const char* key,
                            const std::string& where) {
-  if (!json.contains(key) || !json[key].is_array() || json[key].size() > 64) {
+  if (!json.contains(key) || !json[key].is_array() ||
+      json[key].size() > static_cast<size_t>(kMaxTensorDims)) {
     return absl::DataLossError(
         absl::StrCat(where, " has no valid \"", key, "\" array"));
   }
@@ -143,6 +144,11 @@ absl::StatusOr<MegaEntry> DecodeEntry(const Json& json, int64_t block,
     return absl::DataLossError(absl::StrCat(where, " has no \"name\""));
   }
   e.name = json["name"].get<std::string>();
+  if (absl::StrContains(e.name, '\0')) {
+    return absl::DataLossError(
+        absl::StrCat(where, " has a name holding a NUL byte (\"",
+                     absl::CHexEscape(e.name), "\")"));
+  }
   const std::string at = absl::StrCat(where, " (\"", e.name, "\")");
   const std::string kind =
       json.contains("kind") && json["kind"].is_string() ? json["kind"] : "";

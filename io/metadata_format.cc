@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checksum.h"
@@ -171,6 +172,11 @@ absl::Status CheckTensorGeometry(absl::string_view fqn,
         ", which has a negative size or more bytes than int64 holds"));
   }
   const size_t rank = tensor.size.size();
+  if (rank > static_cast<size_t>(kMaxTensorDims)) {
+    return absl::DataLossError(absl::StrCat("tensor ", fqn, " has ", rank,
+                                            " dimensions (at most ",
+                                            kMaxTensorDims, ")"));
+  }
   for (size_t c = 0; c < tensor.chunks.size(); ++c) {
     const ChunkStorageMetadata& chunk = tensor.chunks[c];
     for (size_t d = 0; d < rank; ++d) {
@@ -381,6 +387,12 @@ absl::Status DecodePayload(const format::Metadata& proto, Metadata& metadata) {
     if (id >= names.size()) {
       return absl::DataLossError(absl::StrCat(
           "name id ", id, " is outside the table of ", names.size()));
+    }
+    // Names cross the C ABI as NUL-terminated strings: one holding a NUL
+    // would be read as another (shorter) name.
+    if (absl::StrContains(names[id], '\0')) {
+      return absl::DataLossError(absl::StrCat(
+          "name \"", absl::CHexEscape(names[id]), "\" holds a NUL byte"));
     }
     return names[id];
   };

@@ -386,6 +386,39 @@ TEST(CraftedMetadataTest, DataFileNamesMustStayInsideTheDirectory) {
   EXPECT_TRUE(CheckDataFileName("__0_0123456789abcdef_0.distcp").ok());
 }
 
+// Names cross the C ABI as NUL-terminated strings, and every dimension
+// costs memory in every chunk: a name holding a NUL (read as another,
+// shorter, name) and more than kMaxTensorDims dimensions are damage.
+TEST(CraftedMetadataTest, NamesWithNulAndTooManyDimensionsAreDataLoss) {
+  Metadata nul = SampleMetadata();
+  const std::string name("model.w\0hidden", 14);
+  nul.state_dict_metadata[name] = BytesStorageMetadata{};
+  nul.storage_data[MetadataIndex(name)] = {"__1_a_0.distcp", 8, 0, {}};
+  absl::StatusOr<Metadata> decoded =
+      DecodeMetadata(*EncodeMetadata(nul), "ckpt/.metadata");
+  ExpectDataLoss(decoded.status(), {"model.w\\x00hidden", "NUL byte"});
+
+  Metadata wide = SampleMetadata();
+  TensorStorageMetadata t;
+  t.properties.dtype = DType::kF32;
+  t.size = Shape(kMaxTensorDims + 1, 1);
+  t.chunks = {{Shape(kMaxTensorDims + 1, 0), Shape(kMaxTensorDims + 1, 1)}};
+  wide.state_dict_metadata["wide"] = t;
+  wide.storage_data[MetadataIndex("wide", Shape(kMaxTensorDims + 1, 0))] = {
+      "__1_a_0.distcp", 16, 4, {5}};
+  decoded = DecodeMetadata(*EncodeMetadata(wide), "ckpt/.metadata");
+  ExpectDataLoss(decoded.status(), {"tensor wide", "65 dimensions"});
+  // kMaxTensorDims itself is a shape like any other.
+  t.size = Shape(kMaxTensorDims, 1);
+  t.chunks = {{Shape(kMaxTensorDims, 0), Shape(kMaxTensorDims, 1)}};
+  wide.state_dict_metadata["wide"] = t;
+  wide.storage_data.clear();
+  wide.storage_data[MetadataIndex("wide", Shape(kMaxTensorDims, 0))] = {
+      "__1_a_0.distcp", 16, 4, {5}};
+  decoded = DecodeMetadata(*EncodeMetadata(wide), "ckpt/.metadata");
+  EXPECT_TRUE(decoded.ok()) << decoded.status();
+}
+
 TEST(CraftedMetadataTest, ChunkOutsideItsTensorIsDataLoss) {
   // model.w is [4, 6] with chunks at rows 0 and 2 of 2 rows each: move the
   // second to row 3, so that it ends at row 5.

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "io/internal/untrusted_json.h"
@@ -128,6 +130,10 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
   if (!info.is_object()) {
     return Broken(file, absl::StrCat(what, " is not a JSON object"));
   }
+  if (absl::StrContains(name, '\0')) {
+    return Broken(file, absl::StrCat("tensor \"", absl::CHexEscape(name),
+                                     "\" has a name holding a NUL byte"));
+  }
   SafetensorsTensor tensor;
   tensor.name = name;
   auto dtype = info.find("dtype");
@@ -150,6 +156,11 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
   auto shape = info.find("shape");
   if (shape == info.end() || !shape->is_array()) {
     return Broken(file, absl::StrCat(what, " has no \"shape\" array"));
+  }
+  if (shape->size() > static_cast<size_t>(kMaxTensorDims)) {
+    return Broken(file,
+                  absl::StrCat(what, " has ", shape->size(),
+                               " dimensions (at most ", kMaxTensorDims, ")"));
   }
   tensor.shape.reserve(shape->size());
   for (const Json& dim : *shape) {

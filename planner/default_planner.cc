@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype_convert.h"
@@ -134,6 +136,20 @@ absl::StatusOr<SavePlan> DefaultSavePlanner::BuildLocalPlan(
   for (const auto& [name, value] : leaves_) {
     const bool requires_grad =
         !options_.requires_grad.empty() && options_.requires_grad.count(name);
+    const size_t ndim = value.is_tensor() ? value.tensor().sizes().size()
+                        : value.is_sharded_tensor()
+                            ? value.sharded_tensor().global_sizes().size()
+                            : 0;
+    if (absl::StrContains(name, '\0')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the name \"", absl::CHexEscape(name),
+          "\" holds a NUL byte, which checkpoint names cannot hold"));
+    }
+    if (ndim > static_cast<size_t>(kMaxTensorDims)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" has ", ndim,
+          " dimensions; a checkpoint's tensors have at most ", kMaxTensorDims));
+    }
     if (value.is_tensor()) {
       const Tensor& t = value.tensor();
       plan.items.push_back(TensorItem(name, WriteItemType::kTensor,

@@ -171,6 +171,26 @@ TEST(DefaultPlannerTest, TwoLocalShardsAtOneOffsetAreRefused) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// What no reader takes is refused at the save, naming it: a name holding a
+// NUL byte, a tensor of more than kMaxTensorDims dimensions.
+TEST(DefaultPlannerTest, NulNamesAndTooManyDimensionsAreRefused) {
+  const std::string nul("w\0x", 3);
+  for (const auto& [sd, expected] :
+       {std::pair<StateDict, std::string>{{{nul, int64_t{1}}}, "w\\x00x"},
+        {{{"wide", Tensor::Empty(DType::kF32, Shape(kMaxTensorDims + 1, 1))}},
+         "\"wide\" has 65 dimensions"}}) {
+    DefaultSavePlanner planner;
+    absl::Status status = planner.SetUp(sd, StorageMeta{}, true);
+    if (status.ok()) status = planner.CreateLocalPlan().status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), HasSubstr(expected));
+  }
+  StateDict widest{{"w", Tensor::Empty(DType::kF32, Shape(kMaxTensorDims, 1))}};
+  DefaultSavePlanner planner;
+  ASSERT_TRUE(planner.SetUp(widest, StorageMeta{}, true).ok());
+  EXPECT_TRUE(planner.CreateLocalPlan().ok());
+}
+
 // A destination whose elements share memory (stride 0, an expanded view)
 // is refused by name: a load would put several saved elements in one place.
 // Transposed and padded views are loaded.

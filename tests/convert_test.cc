@@ -21,6 +21,7 @@
 #include "io/hf_storage.h"
 #include "io/quantized_dequant.h"
 #include "io/safetensors.h"
+#include "io/testing/metadata_surgery.h"
 #include "nlohmann/json.hpp"
 #include "tests/comm/multiprocess.h"
 #include "tests/test_util.h"
@@ -296,6 +297,64 @@ TEST(Convert, ToDcpStreamsInBatchesOfTheBuffer) {
   EXPECT_TRUE(widened["i64"].tensor().BytesEqual(state["i64"].tensor()));
   EXPECT_TRUE(widened["f32"].tensor().BytesEqual(state["f32"].tensor()));
   EXPECT_TRUE(widened["scalar"].tensor().BytesEqual(state["scalar"].tensor()));
+}
+
+// Rows wider than the buffer are read in windows inside the row (runs of
+// the first dimension whose slices fit), both ways, bit for bit.
+TEST(Convert, RowsWiderThanTheBufferGoInWindowsInsideTheRow) {
+  StateDict state;
+  state["wide"] = SeededTensor(DType::kF32, {2, 3000}, 21);  // 12000 B rows.
+  state["cube"] = SeededTensor(DType::kBF16, {2, 3, 2500}, 22);  // 15000 B.
+  state["small"] = SeededTensor(DType::kI32, {5}, 23);
+  const std::string root = MakeTempDir("convert_wide_rows");
+  const std::string src = root + "/src", hf = root + "/hf",
+                    back = root + "/back";
+  ASSERT_TRUE(SaveDcp(state, src).ok());
+  ConvertOptions options = Options("safetensors");
+  options.buffer_bytes = 4000;
+  ASSERT_TRUE(RunConvert(src, hf, options).ok());
+  StateDict from_hf = ZerosLike(state);
+  ASSERT_TRUE(LoadHf(from_hf, hf).ok());
+  options.to = "dcp";
+  ASSERT_TRUE(RunConvert(hf, back, options).ok());
+  StateDict loaded = ZerosLike(state);
+  ASSERT_TRUE(LoadDcp(loaded, back).ok());
+  for (const auto& [name, value] : state) {
+    EXPECT_TRUE(from_hf[name].tensor().BytesEqual(value.tensor())) << name;
+    EXPECT_TRUE(loaded[name].tensor().BytesEqual(value.tensor())) << name;
+  }
+  absl::StatusOr<Metadata> metadata = FileSystemReader(back).ReadMetadata();
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  auto chunks = [&](const std::string& name) {
+    return std::get<TensorStorageMetadata>(
+               metadata->state_dict_metadata.at(name))
+        .chunks.size();
+  };
+  EXPECT_EQ(chunks("wide"), 6u);   // 3 runs of 1000 columns per row.
+  EXPECT_EQ(chunks("cube"), 12u);  // 2000 + 500 elements per (i, j).
+  EXPECT_EQ(chunks("small"), 1u);
+}
+
+// A tensor its chunks do not cover (a crafted shape, grown past its only
+// chunk: `dcp verify` passes it) is refused before anything is written,
+// instead of sizing a window from the claimed shape.
+TEST(Convert, TensorItsChunksDoNotCoverIsDataLossAndWritesNothing) {
+  StateDict state;
+  state["a"] = SeededTensor(DType::kF32, {3, 4}, 31);
+  state["b"] = SeededTensor(DType::kF32, {2}, 32);
+  const std::string root = MakeTempDir("convert_uncovered");
+  const std::string src = root + "/src", dst = root + "/dst";
+  ASSERT_TRUE(SaveDcp(state, src).ok());
+  ASSERT_TRUE(dcp::testing::RewriteMetadataFile(src, [](format::Metadata& p) {
+                p.set_tensor_size(1, int64_t{1} << 38);  // a: [3, 2^38].
+              }).ok());
+  absl::Status status = RunConvert(src, dst, Options("safetensors"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              HasSubstr("tensor a of " + src +
+                        " has shape [3, 274877906944] but its chunks hold 12 "
+                        "of its 824633720832 elements"));
+  EXPECT_FALSE(std::filesystem::exists(dst));
 }
 
 TEST(Convert, BadArgumentsAreNamed) {

@@ -167,6 +167,9 @@ class ExitAtSyncDir final : public FileSystemBase {
   absl::StatusOr<bool> Exists(const std::string& path) override {
     return fs_.Exists(path);
   }
+  absl::StatusOr<bool> IsSymbolicLink(const std::string& path) override {
+    return fs_.IsSymbolicLink(path);
+  }
   absl::StatusOr<std::vector<std::string>> ListDir(
       const std::string& path) override {
     return fs_.ListDir(path);

@@ -89,50 +89,73 @@ class Progress {
   bool finished_ = false;
 };
 
-// One window of whole rows of a tensor, loaded in a batch.
+// One window of a tensor, loaded in a batch: a box whose elements are
+// contiguous in the tensor's row-major order (indices fixed in the leading
+// dimensions, a run of one dimension, whole trailing dimensions).
 struct Piece {
   const SafetensorsTensor* tensor = nullptr;  // Output name, dtype, shape.
   DType source = DType::kF32;
-  int64_t row0 = 0, rows = 0;  // Dim 0; a 0-d tensor is one "row".
-  int64_t bytes = 0;           // In the source dtype.
+  Shape offsets, sizes;  // The box.
+  int64_t bytes = 0;     // In the source dtype.
 };
 
-// Calls `emit(piece)` for the windows of whole rows `t` is read in: each at
-// most `buffer_bytes` in the larger of its source and output dtypes (at
-// least one row). A tensor with no elements has no window.
+// Calls `emit(piece)`, in row-major order, for the windows `t` is read in:
+// each at most `buffer_bytes` in the larger of its source and output dtypes
+// (at least one element), runs of whole rows where a row fits, else runs
+// of whole rows of the first dimension whose rows fit. A tensor with no
+// elements has no window.
 template <typename Emit>
 void ForEachWindow(const SafetensorsTensor& t, DType source,
                    int64_t buffer_bytes, Emit emit) {
-  const int64_t numel = NumElements(t.shape);
-  if (numel == 0) return;
-  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-  const int64_t row_elements = numel / rows;
+  const Shape& shape = t.shape;
+  if (NumElements(shape) == 0) return;
   const int64_t widest =
       static_cast<int64_t>(std::max(ElementSize(source), ElementSize(t.dtype)));
-  const int64_t window =
-      std::clamp<int64_t>(buffer_bytes / (row_elements * widest), 1, rows);
-  for (int64_t r = 0; r < rows; r += window) {
-    Piece p{&t, source, r, std::min(window, rows - r), 0};
-    p.bytes = p.rows * row_elements * static_cast<int64_t>(ElementSize(source));
-    emit(p);
+  const int ndim = static_cast<int>(shape.size());
+  // The first dimension d whose slices (elements of dims > d) fit.
+  int d = 0;
+  int64_t slice = 1;  // Elements of dims > d.
+  for (int k = 1; k < ndim; ++k) slice *= shape[k];
+  while (d + 1 < ndim && slice * widest > buffer_bytes) {
+    ++d;
+    slice /= shape[d];
+  }
+  const int64_t extent = ndim == 0 ? 1 : shape[d];
+  const int64_t run =
+      std::clamp<int64_t>(buffer_bytes / (slice * widest), 1, extent);
+  Shape index(std::max(d, 0), 0);  // Over dims < d, row-major.
+  while (true) {
+    for (int64_t j = 0; j < extent; j += run) {
+      Piece p{&t, source, Shape(ndim, 0), shape, 0};
+      for (int k = 0; k < d; ++k) {
+        p.offsets[k] = index[k];
+        p.sizes[k] = 1;
+      }
+      if (ndim > 0) {
+        p.offsets[d] = j;
+        p.sizes[d] = std::min(run, extent - j);
+      }
+      p.bytes =
+          NumElements(p.sizes) * static_cast<int64_t>(ElementSize(source));
+      emit(p);
+    }
+    int k = d - 1;
+    while (k >= 0 && ++index[k] == shape[k]) index[k--] = 0;
+    if (k < 0) return;
   }
 }
 
-// Puts `p`'s rows at `data` (in dtype `dtype`) into `state`: the tensor
+// Puts `p`'s box at `data` (in dtype `dtype`) into `state`: the tensor
 // itself when the window is all of it, else a shard of a ShardedTensor
 // (windows of one tensor share it).
 void AddPiece(StateDict& state, const Piece& p, std::byte* data, DType dtype) {
   const Shape& shape = p.tensor->shape;
-  Shape sizes = shape;
-  if (!sizes.empty()) sizes[0] = p.rows;
-  const TensorView view(data, dtype, sizes);
-  if (shape.empty() || p.rows == shape[0]) {
+  const TensorView view(data, dtype, p.sizes);
+  if (p.sizes == shape) {
     state[p.tensor->name] = Tensor::Wrap(view);
     return;
   }
-  Shape offsets(shape.size(), 0);
-  offsets[0] = p.row0;
-  Shard shard{offsets, Tensor::Wrap(view)};
+  Shard shard{p.offsets, Tensor::Wrap(view)};
   auto [it, added] = state.try_emplace(p.tensor->name);
   if (added) {
     it->second = ShardedTensor(dtype, shape, {std::move(shard)});
@@ -187,6 +210,18 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
       return absl::InvalidArgumentError(
           absl::StrCat("dcp convert: tensor ", name, " of ", src,
                        " is C128, which safetensors cannot hold"));
+    }
+    // The decoder checked that chunks are disjoint and inside the tensor,
+    // not that they cover it (a load refuses the elements no chunk holds).
+    int64_t held = 0;
+    for (const ChunkStorageMetadata& chunk : t->chunks) {
+      held += NumElements(chunk.sizes);
+    }
+    if (held != NumElements(t->size)) {
+      return absl::DataLossError(absl::StrCat(
+          "dcp convert: tensor ", name, " of ", src, " has shape ",
+          ShapeToString(t->size), " but its chunks hold ", held, " of its ",
+          NumElements(t->size), " elements (damaged metadata?)"));
     }
     const DType out = OutputDtype(t->properties.dtype, options);
     // The metadata decoder checked that every shape's size fits.
@@ -405,7 +440,7 @@ absl::Status ToDcp(const std::string& src, const std::string& dst,
   // batch's bytes are there while its WriteData runs), tensors without
   // elements as themselves.
   StateDict state;
-  std::map<std::pair<std::string, int64_t>, size_t> batch_of;  // name, row0
+  std::map<std::pair<std::string, Shape>, size_t> batch_of;  // name, offsets
   for (size_t b = 0; b < batches.size(); ++b) {
     int64_t offset = 0;
     for (size_t k = 0; k < batches[b].pieces.size(); ++k) {
@@ -413,7 +448,7 @@ absl::Status ToDcp(const std::string& src, const std::string& dst,
       const int64_t out = batches[b].output_offsets[k];
       AddPiece(state, p, out < 0 ? loaded + offset : output + out,
                p.tensor->dtype);
-      batch_of[{p.tensor->name, p.row0}] = b;
+      batch_of[{p.tensor->name, p.offsets}] = b;
       offset += p.bytes;
     }
   }
@@ -444,11 +479,10 @@ absl::Status ToDcp(const std::string& src, const std::string& dst,
     // One plan per batch; the writer names each one's files apart.
     std::vector<SavePlan> plans(batches.size());
     for (WriteItem& item : final_plan.items) {
-      const int64_t row0 =
-          item.index.offset.has_value() && !item.index.offset->empty()
-              ? item.index.offset->front()
-              : 0;
-      auto it = batch_of.find({item.index.fqn, row0});
+      const Shape offsets = item.tensor_data.has_value()
+                                ? item.tensor_data->chunk.offsets
+                                : Shape{};
+      auto it = batch_of.find({item.index.fqn, offsets});
       plans[it == batch_of.end() ? 0 : it->second].items.push_back(
           std::move(item));
     }

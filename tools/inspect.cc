@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -46,19 +48,50 @@ std::string DataDirectory(const std::string& id) {
 // The rank-local checkpoints `dir` holds (a save with use_collectives
 // false: DIR/rank-R, one per rank, as rank 0's metadata records), or none
 // when `dir` holds its own metadata or no rank-0 one.
-std::vector<std::string> RankLocalDirectories(const std::string& dir) {
+struct RankLocalDirs {
+  int world_size = 0;  // rank 0's record (1 when it cannot be read)
+  // The rank-R directories `dir` holds for R < world_size, by rank.
+  std::vector<std::string> present;
+  int first_missing = -1;  // the lowest rank < world_size without one
+};
+
+// `dir`'s rank-local directories; nullopt when `dir` holds no rank-local
+// save (it has a .metadata, or rank-0/ has none). Lists `dir` rather than
+// trusting rank 0's world size, which a damaged record may make huge.
+std::optional<RankLocalDirs> RankLocalDirectories(const std::string& dir) {
   FileSystemBase& fs = LocalFileSystem();
-  if (fs.Exists(JoinPath(dir, kMetadataFileName)).value_or(true)) return {};
+  if (fs.Exists(JoinPath(dir, kMetadataFileName)).value_or(true)) {
+    return std::nullopt;
+  }
   const std::string first = RankLocalDirectory(dir, 0);
   if (!fs.Exists(JoinPath(first, kMetadataFileName)).value_or(false)) {
-    return {};
+    return std::nullopt;
   }
   absl::StatusOr<Metadata> metadata = ReadCommittedMetadata(first);
-  const int ranks = metadata.ok() && metadata->rank_local.has_value()
+  RankLocalDirs dirs;
+  dirs.world_size = metadata.ok() && metadata->rank_local.has_value()
                         ? metadata->rank_local->world_size
                         : 1;
-  std::vector<std::string> dirs;
-  for (int r = 0; r < ranks; ++r) dirs.push_back(RankLocalDirectory(dir, r));
+  std::vector<int> ranks;
+  for (const std::string& name :
+       fs.ListDir(dir).value_or(std::vector<std::string>{})) {
+    int rank;
+    if (absl::StartsWith(name, "rank-") &&
+        absl::SimpleAtoi(absl::string_view(name).substr(5), &rank) &&
+        rank >= 0 && rank < dirs.world_size &&
+        absl::StrCat("rank-", rank) == name) {
+      ranks.push_back(rank);
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    dirs.present.push_back(RankLocalDirectory(dir, ranks[r]));
+    if (dirs.first_missing < 0 && ranks[r] != r) dirs.first_missing = r;
+  }
+  if (dirs.first_missing < 0 &&
+      static_cast<int>(ranks.size()) < dirs.world_size) {
+    dirs.first_missing = static_cast<int>(ranks.size());
+  }
   return dirs;
 }
 
@@ -67,16 +100,25 @@ std::vector<std::string> RankLocalDirectories(const std::string& dir) {
 std::optional<absl::Status> ForEachRankLocal(
     const std::string& dir,
     const std::function<absl::Status(const std::string&)>& run) {
-  const std::vector<std::string> dirs = RankLocalDirectories(dir);
-  if (dirs.empty()) return std::nullopt;
+  const std::optional<RankLocalDirs> dirs = RankLocalDirectories(dir);
+  if (!dirs.has_value()) return std::nullopt;
   std::printf(
       "%s holds rank-local checkpoints (saved with use_collectives=false) of "
-      "%zu ranks: each loads on the rank that saved it\n",
-      dir.c_str(), dirs.size());
+      "%d ranks: each loads on the rank that saved it\n",
+      dir.c_str(), dirs->world_size);
   absl::Status first;
-  for (const std::string& rank_dir : dirs) {
+  if (dirs->first_missing >= 0) {
+    first = absl::DataLossError(absl::StrCat(
+        dir, " holds ", dirs->present.size(), " of the ", dirs->world_size,
+        " rank-local directories rank 0's record names (",
+        RankLocalDirectory(dir, dirs->first_missing), " is missing)"));
+    std::printf("%s\n", first.ToString().c_str());
+  }
+  for (const std::string& rank_dir : dirs->present) {
     std::printf("\n== %s\n", rank_dir.c_str());
-    absl::Status status = run(rank_dir);
+    absl::Status status = RefuseSymbolicLink(LocalFileSystem(), rank_dir,
+                                             "a rank-local directory");
+    if (status.ok()) status = run(rank_dir);
     if (!status.ok()) {
       std::printf("%s\n", status.ToString().c_str());
       if (first.ok()) first = status;

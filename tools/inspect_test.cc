@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -212,20 +213,28 @@ TEST(InspectTest, MegaDirectoriesAreInspectedAndVerified) {
               AllOf(HasSubstr(index.fqn), HasSubstr("checksum mismatch")));
 }
 
+// Saves a sample into `dir`/rank-0 and rank-1 as a rank-local save of two
+// ranks whose records claim the world sizes `world_sizes`.
+void SaveRankLocal(const std::string& dir,
+                   const std::array<int32_t, 2>& world_sizes) {
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string rank_dir = RankLocalDirectory(dir, rank);
+    ASSERT_TRUE(SaveSample(rank_dir, SampleState::Make(rank)).ok());
+    const int32_t world_size = world_sizes[rank];
+    ASSERT_TRUE(RewriteMetadataFile(rank_dir, [&](format::Metadata& proto) {
+                  proto.mutable_rank_local()->set_group_save_id("g");
+                  proto.mutable_rank_local()->set_rank(rank);
+                  proto.mutable_rank_local()->set_world_size(world_size);
+                }).ok());
+  }
+}
+
 // A directory of rank-local checkpoints (DIR/rank-R, use_collectives
 // false): inspect and verify go through each rank's, and a flipped byte in
 // one fails verify naming it.
 TEST(InspectTest, RankLocalCheckpointsAreInspectedAndVerifiedRankByRank) {
   const std::string dir = NewTestDir("inspect_rank_local");
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::string rank_dir = RankLocalDirectory(dir, rank);
-    ASSERT_TRUE(SaveSample(rank_dir, SampleState::Make(rank)).ok());
-    ASSERT_TRUE(RewriteMetadataFile(rank_dir, [rank](format::Metadata& proto) {
-                  proto.mutable_rank_local()->set_group_save_id("g");
-                  proto.mutable_rank_local()->set_rank(rank);
-                  proto.mutable_rank_local()->set_world_size(2);
-                }).ok());
-  }
+  SaveRankLocal(dir, {2, 2});
   EXPECT_TRUE(RunInspect(dir).ok());
   absl::Status verified = RunVerify(dir);
   EXPECT_TRUE(verified.ok()) << verified;
@@ -238,6 +247,35 @@ TEST(InspectTest, RankLocalCheckpointsAreInspectedAndVerifiedRankByRank) {
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
   EXPECT_THAT(std::string(verified.message()),
               AllOf(HasSubstr("rank-1"), HasSubstr("big")));
+}
+
+// Rank 0's record of the world size is not trusted to list directories (a
+// crafted 2^31 - 1 made inspect build two billion paths); a rank directory
+// that is a symbolic link is reported, not followed.
+TEST(InspectTest, RankLocalWorldSizeAndLinkedRanksAreProblemsNotFollowed) {
+  const std::string dir = NewTestDir("inspect_rank_local_hostile");
+  SaveRankLocal(dir, {INT32_MAX, 2});
+  for (const auto& run : {RunInspect, RunVerify}) {
+    absl::Status status = run(dir);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr("2 of the 2147483647"),
+                      HasSubstr(dir + "/rank-2 is missing")));
+  }
+  ASSERT_TRUE(RewriteMetadataFile(RankLocalDirectory(dir, 0),
+                                  [](format::Metadata& proto) {
+                                    proto.mutable_rank_local()->set_world_size(
+                                        2);
+                                  })
+                  .ok());
+  EXPECT_TRUE(RunVerify(dir).ok());
+  const std::string moved = NewTestDir("inspect_rank_local_moved") + "/r1";
+  std::filesystem::rename(RankLocalDirectory(dir, 1), moved);
+  std::filesystem::create_directory_symlink(moved, RankLocalDirectory(dir, 1));
+  absl::Status linked = RunVerify(dir);
+  EXPECT_EQ(linked.code(), absl::StatusCode::kFailedPrecondition) << linked;
+  EXPECT_THAT(std::string(linked.message()),
+              AllOf(HasSubstr(dir + "/rank-1"), HasSubstr("symbolic link")));
 }
 
 TEST(VerifyCleanTest, RemovesTheOrphansPrintsThemAndKeepsTheCheckpoint) {
