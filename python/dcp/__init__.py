@@ -24,7 +24,8 @@ from .stager import DefaultStager, StagingOptions
 from .checkpoint import load, load_state_dict, save, save_state_dict
 from .errors import (CheckpointCorruptError, CheckpointException,
                      CheckpointExistsError, CheckpointFileNotFoundError,
-                     CheckpointNotFoundError, CheckpointNotImplementedError,
+                     CheckpointNotADirectoryError, CheckpointNotFoundError,
+                     CheckpointNotImplementedError,
                      CheckpointPermissionError, CheckpointTimeoutError,
                      CheckpointValueError)
 from .metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
@@ -88,6 +89,7 @@ __all__ = [
     "CheckpointFileNotFoundError", "CheckpointExistsError",
     "CheckpointPermissionError", "CheckpointTimeoutError",
     "CheckpointNotImplementedError", "CheckpointCorruptError",
+    "CheckpointNotADirectoryError",
     "library_version", "version", "errors", "format_utils",
     "get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
     "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict",

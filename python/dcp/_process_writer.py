@@ -279,9 +279,7 @@ def _child_main(conn):
                 p = prepare_save(None, flat=flat, where=where,
                                  coordinator_rank=0, **spec)
                 try:
-                    md = ctypes.c_void_p()
-                    _lib.check(_lib.lib().dcp_save(
-                        p.sd, ctypes.byref(p.options), ctypes.byref(md)))
+                    md = checkpoint.run_save(p, where.rank)
                     # A Hugging Face or MEGA directory stores no dcp
                     # metadata for the parent to read back: send it, as
                     # plain values.

@@ -472,6 +472,8 @@ class Flat:
         target = seq
         if not isinstance(seq, list):  # a tuple: rebuilt after a load
             if self.load:
+                if type(seq) is not tuple and _is_seq(seq):
+                    self._check_rebuilds(seq)
                 target = list(seq)
                 self._tuples.append((target, type(seq), parent, key))
         if self.load:
@@ -483,8 +485,8 @@ class Flat:
             path.pop()
         if self.load:
             t0, v0, tu0, pl0, np0 = mark
-            if len(self.t_paths) == t0 and self._not_plain == np0 and (
-                    type(seq) is list or type(seq) is tuple):
+            if len(self.t_paths) == t0 and self._not_plain == np0 and \
+                    _is_seq(seq):
                 # Plain values only: replaces the plain lists inside.
                 nested = len(self._plain_lists) > pl0
                 del self._plain_lists[pl0:]
@@ -494,6 +496,20 @@ class Flat:
                                           parent, key))
             else:
                 self._not_plain += 1
+
+    def _check_rebuilds(self, seq) -> None:
+        """Load only: raises, naming the key, unless tuple subclass `seq`'s
+        type can be rebuilt from a list of items, as write_back rebuilds it
+        (torch.Size can), before the load writes anything."""
+        try:
+            type(seq)(list(seq))
+        except Exception as e:
+            raise errors.from_status(
+                _lib.INVALID_ARGUMENT,
+                f"'{self.name()}': the state dict's {type(seq).__name__} "
+                "cannot be rebuilt from its items "
+                f"({type(e).__name__}: {e}); a load rebuilds a tuple by "
+                "calling its type with a list of the loaded items") from None
 
     def _value(self, v, parent, key) -> None:
         t = type(v)
@@ -859,8 +875,7 @@ class Flat:
                 # destination's kind (_EmptyHint).
                 self.v_paths[v0:v1] = [path]
                 self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)]
-                self.v_slots[v0:v1] = [(parent, key, _EmptyHint(
-                    tuple if isinstance(seq, tuple) else list))]
+                self.v_slots[v0:v1] = [(parent, key, _EmptyHint(seq))]
                 del self._tuples[tu0:tu1]
                 if target is not seq:  # a tuple: not rebuilt from target
                     del self._tuples[tu0 - 1]
@@ -1356,12 +1371,14 @@ class Flat:
                     dst.copy_(tmp)
         for (parent, key, old), value in zip(self.v_slots, values):
             if value is not _SKIP:
-                if value is None and type(old) is _EmptyHint:
-                    value = old.kind()
+                if type(old) is _EmptyHint and (value is None or (
+                        _is_seq(value) and not value and
+                        isinstance(old.dest, type(value)))):
+                    value = _remake(old.dest, [])
                 parent[key] = value
         for target, items, tuples in self._replaced:
-            for parent, i in tuples:
-                parent[i] = tuple(parent[i])
+            for parent, i, dest in tuples:
+                parent[i] = _remake(dest, parent[i])
             target[:] = items
         for target, typ, parent, key in reversed(self._tuples):
             if hasattr(typ, "_fields"):  # namedtuple
@@ -1436,7 +1453,20 @@ _SKIP = object()
 
 
 def _is_seq(v) -> bool:
-    return type(v) is list or type(v) is tuple
+    """Whether `v` is a list or a tuple other than a namedtuple (whose
+    fields are not a sequence a load may resize): subclasses such as
+    torch.Size too."""
+    return isinstance(v, list) or isinstance(v, tuple) and not hasattr(
+        type(v), "_fields")
+
+
+def _remake(dest, items):
+    """`items` in a container of `dest`'s type: a list refilled in place,
+    a tuple (or tuple subclass, Flat._check_rebuilds) built from them."""
+    if isinstance(dest, list):
+        dest[:] = items
+        return dest
+    return tuple(items) if type(dest) is tuple else type(dest)(items)
 
 
 def _holds_empty(seq) -> bool:
@@ -1455,13 +1485,14 @@ def _aligned_host_empty(shape, dtype):
 
 
 class _EmptyHint:
-    """The destination's empty container where the checkpoint holds a plain
+    """The destination's list or tuple where the checkpoint holds a plain
     value: a None there is how an empty one is stored, and write_back puts
-    an empty container of this kind in its place."""
-    __slots__ = ("kind",)
+    an empty container of its type in its place (also for a saved empty one
+    of its kind: a saved `()` into a torch.Size gives `torch.Size([])`)."""
+    __slots__ = ("dest",)
 
-    def __init__(self, kind):
-        self.kind = kind
+    def __init__(self, dest):
+        self.dest = dest
 
 
 def _same_shape(dest, saved) -> bool:
@@ -1508,11 +1539,13 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
     """New nested lists of the saved tree's shape: appends each plain leaf's
     path (under `path`) to `paths` and where write_back puts it (the new
     list, its index, the destination's value there as the decoding's type
-    hint) to `slots`, and (list, index) of each list inside to rebuild as a
-    tuple to `tuples` (inner ones first). An index the checkpoint holds
+    hint) to `slots`, and (list, index, the destination's container there)
+    of each list inside that write_back gives the destination's type
+    (_remake) to `tuples` (inner ones first). An index the checkpoint holds
     nothing at: an empty container (the destination's type there, else a
     list); a plain value where the destination has an empty list or tuple:
-    that value, unless it is None (then the destination's empty kind)."""
+    that value, unless it is None (then the destination's empty kind).
+    Changes nothing of the destination."""
     size = max(saved) + 1 if saved else 0
     items = [None] * size
     for i in range(size):
@@ -1522,15 +1555,17 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
             inner = d if _is_seq(d) else None
             items[i] = _rebuild(inner, s, path + [(i << 1) | 1], paths, slots,
                                 tuples)
-            if type(d) is tuple:
-                tuples.append((items, i))
+            if inner is not None and type(inner) is not list:
+                tuples.append((items, i, inner))
         elif s is None:
-            items[i] = type(d)() if _is_seq(d) else []
+            items[i] = () if type(d) is tuple else []
+            if _is_seq(d) and type(d) is not list and type(d) is not tuple:
+                tuples.append((items, i, d))
         else:
             paths.append(tuple(path + [(i << 1) | 1]))
             hint = d
             if _is_seq(d):
-                hint = None if d else _EmptyHint(type(d))
+                hint = None if d else _EmptyHint(d)
             slots.append((items, i, hint))
     return items
 

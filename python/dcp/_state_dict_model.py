@@ -193,7 +193,9 @@ def _load_model(
         )
     # Tensors on meta have no memory to load into: those (only) are
     # assigned, as new tensors of their dtype that the caller's state dict
-    # does not share (one per tied tensor); the rest are copied into.
+    # does not share; the rest are copied into. A tied parameter gets one
+    # nn.Parameter, set on every module that owns it (load_state_dict
+    # would wrap a plain tensor in a new one per module, untying them).
     on_meta = {
         key
         for key, v in local.items()
@@ -209,9 +211,11 @@ def _load_model(
             continue
         template = local[key]
         if id(template) not in made:
-            made[id(template)] = value.detach().to(
-                dtype=template.dtype, copy=True
-            )
+            tensor = value.detach().to(dtype=template.dtype, copy=True)
+            if isinstance(template, nn.Parameter):
+                tensor = nn.Parameter(tensor,
+                                      requires_grad=template.requires_grad)
+            made[id(template)] = tensor
         to_assign[key] = made[id(template)]
     # strict=False so that the error, if any, names canonical FQNs.
     result = model.load_state_dict(to_load, strict=False)

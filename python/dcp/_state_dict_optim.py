@@ -8,6 +8,7 @@ states the contracts.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +169,9 @@ class _LoadedOptimizerState:
         self.group_fqns: dict[int, frozenset[str]] = {}
         # Hyperparameters of loaded groups without parameters, in order.
         self.empty_groups: list[dict[str, Any]] = []
+        # id(group hyperparameters) -> its place in the state dict (nested:
+        # the saved group's; flat: its first key's).
+        self.group_order: dict[int, int] = {}
         if _STATE in source or _PARAM_GROUPS in source:
             self._read_nested(source)
         else:
@@ -181,6 +185,7 @@ class _LoadedOptimizerState:
             if not params:
                 self.empty_groups.append(hyper)
             self.group_fqns[id(hyper)] = frozenset(params)
+            self.group_order[id(hyper)] = len(self.group_order)
             for fqn in params:
                 self.group_of[fqn] = hyper
                 self.groups_with.setdefault(fqn, []).append(hyper)
@@ -202,7 +207,9 @@ class _LoadedOptimizerState:
                 continue
             tail = parts[cut:]
             if section == _PARAM_GROUPS:
-                self.group_of.setdefault(fqn, {})[".".join(tail)] = value
+                group = self.group_of.setdefault(fqn, {})
+                self.group_order.setdefault(id(group), len(self.group_order))
+                group[".".join(tail)] = value
             else:
                 node = self.state.setdefault(fqn, {})
                 for part in tail[:-1]:
@@ -417,6 +424,10 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
         for group in optim.param_groups:
             hyper: dict[str, Any] | None = None
             hyper_from = None
+            # Non-strict: the loaded groups whose settings differ from
+            # hyper's, and the first difference.
+            conflicting: list[dict[str, Any]] = []
+            conflict = None
             ids = []
             if not group[_PARAMS]:
                 hyper = next(empty_groups, None)
@@ -443,14 +454,21 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
                         candidate = hyper
                     if hyper is None:
                         hyper, hyper_from = candidate, fqn
-                    elif candidate is not hyper:
-                        for k in set(hyper) | set(candidate):
-                            if not _same_value(hyper.get(k), candidate.get(k)):
-                                raise RuntimeError(
-                                    f"parameters {hyper_from!r} and {fqn!r} share "
-                                    f"a param group but their saved {k!r} differ: "
-                                    f"{hyper.get(k)!r} vs {candidate.get(k)!r}"
-                                )
+                    elif candidate is not hyper and not any(
+                            candidate is g for g in conflicting):
+                        for k in sorted(set(hyper) | set(candidate), key=str):
+                            if _same_value(hyper.get(k), candidate.get(k)):
+                                continue
+                            message = (
+                                f"parameters {hyper_from!r} and {fqn!r} share "
+                                f"a param group but their saved {k!r} differ: "
+                                f"{hyper.get(k)!r} vs {candidate.get(k)!r}"
+                            )
+                            if options.strict:
+                                raise RuntimeError(message)
+                            conflicting.append(candidate)
+                            conflict = conflict or message
+                            break
                 elif options.strict:
                     raise RuntimeError(
                         f"param group settings for parameter {fqns[0]!r} are "
@@ -458,6 +476,18 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
                     )
                 ids.append(pid)
                 pid += 1
+            if conflicting:
+                # As torch's load: each setting from the last of the
+                # loaded groups (in the state dict's order) that sets it.
+                merged: dict[str, Any] = {}
+                for g in sorted([hyper, *conflicting],
+                                key=lambda g: loaded.group_order.get(id(g), 0)):
+                    merged.update(g)
+                hyper = merged
+                warnings.warn(
+                    f"{conflict}; with StateDictOptions(strict=False) the "
+                    "group takes each setting from the last saved group "
+                    "that sets it, as torch does", stacklevel=5)
             # Keys the state dict lacks keep the optimizer's current values.
             entry = {k: v for k, v in group.items() if k != _PARAMS}
             entry.update(hyper or {})

@@ -379,8 +379,9 @@ class _EngineJob:
                                               ctypes.byref(done))
         code = code or status
         _, message, failures = _lib.last_error()
-        from .errors import from_status
-        return from_status(code, message, failures, rank=self.rank)
+        from .errors import CheckpointFileNotFoundError, from_status
+        return from_status(code, message, failures, rank=self.rank,
+                           not_found=CheckpointFileNotFoundError)
 
     def complete(self, which, status):
         future = self.staging if which == _lib.STAGING else self.upload

@@ -14,7 +14,7 @@ import os
 import re
 
 from . import _lib, _state, errors
-from .metadata import Metadata
+from .metadata import Metadata, holds_checkpoint
 from .planner import DefaultLoadPlanner, load_options, save_options
 from .process_group import resolve, take_turn
 from .stateful import is_stateful
@@ -107,6 +107,9 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
     `flat`: an already walked state dict (state_dict is then ignored)."""
     check_writer(storage_writer)
     path = _checkpoint_path(checkpoint_id, storage_writer, "save")
+    in_the_way = errors.file_in_the_way(path, "save")
+    if in_the_way is not None:
+        raise in_the_way
     planner_options = save_options(planner)
     p = _Prepared()
     try:
@@ -163,17 +166,24 @@ def _save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
         # Raises on every rank when any failed: what this rank prepared is
         # freed then too.
         where.agree("save", error)
-        md = ctypes.c_void_p()
-        code = _lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
-                                   ctypes.byref(md))
-        if code != _lib.OK:
-            _, message, failures = _lib.last_error()
-            raise errors.from_status(code, message, failures,
-                                     rank=where.rank)
-        return Metadata._from_handle(md)
+        return Metadata._from_handle(run_save(p, where.rank))
     finally:
         if p is not None:
             p.free()
+
+
+def run_save(p, rank):
+    """dcp_save of prepared save `p` (this process being `rank` of its
+    group); the committed metadata's C handle, or raises (errors.from_status:
+    a NOT_FOUND is a directory's, a save looks up no key)."""
+    md = ctypes.c_void_p()
+    code = _lib.lib().dcp_save(p.sd, ctypes.byref(p.options),
+                               ctypes.byref(md))
+    if code != _lib.OK:
+        _, message, failures = _lib.last_error()
+        raise errors.from_status(code, message, failures, rank=rank,
+                                 not_found=errors.CheckpointFileNotFoundError)
+    return md
 
 
 def save(state_dict, *, checkpoint_id=None, storage_writer=None,
@@ -229,15 +239,15 @@ def save_state_dict(state_dict, storage_writer, process_group=None,
 def _load_checked(sd, options, path, rank=0, file_system=False):
     """dcp_load; raises on failure (errors.from_status, this process being
     `rank`): CheckpointFileNotFoundError when there is no checkpoint at
-    `path`; for a FileSystem checkpoint (`file_system`) whose .metadata
+    `path` (else NOT_FOUND is a key's: CheckpointNotFoundError); for a
+    FileSystem checkpoint (`file_system`) whose .metadata
     torch.distributed.checkpoint wrote, CheckpointNotImplementedError
     saying how to convert it (errors.foreign_checkpoint_error)."""
     code = _lib.lib().dcp_load(sd, ctypes.byref(options))
     if code == _lib.OK:
         return
     _, message, failures = _lib.last_error()
-    if code == _lib.NOT_FOUND and not os.path.exists(
-            os.path.join(path, ".metadata")):
+    if code == _lib.NOT_FOUND and not holds_checkpoint(path, rank):
         raise errors.from_status(code, message, failures, rank=rank,
                                  cls=errors.CheckpointFileNotFoundError)
     exc = errors.from_status(code, message, failures, rank=rank)
@@ -393,6 +403,9 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                             f"{type(state_dict).__name__}")
         check_reader(storage_reader)
         path = _checkpoint_path(checkpoint_id, storage_reader, "load")
+        in_the_way = errors.file_in_the_way(path, "load")
+        if in_the_way is not None:
+            raise in_the_way
         planner_options = load_options(planner)
         target = state_dict
         if stateful:
@@ -499,8 +512,10 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         for key in state_dict:
             if key not in statefuls:
                 state_dict[key] = target[key]
-    for value, sd in statefuls.values():
-        value.load_state_dict(sd)
+    # What the load put at the key: a state_dict() of plain values, or a
+    # tuple, is replaced there rather than changed in place.
+    for key, (value, _) in statefuls.items():
+        value.load_state_dict(target[key])
 
 
 def load(state_dict, *, checkpoint_id=None, storage_reader=None,

@@ -7,17 +7,25 @@ which also derives from the matching Python built-in, so code written for
 plain Python errors keeps working:
 
   INVALID_ARGUMENT, OUT_OF_RANGE  CheckpointValueError      (ValueError)
-  NOT_FOUND                       CheckpointNotFoundError   (LookupError);
+  NOT_FOUND                       CheckpointNotFoundError   (LookupError)
+                                  for a key a load asks for;
                                   CheckpointFileNotFoundError
                                   (FileNotFoundError) when the checkpoint
-                                  itself is missing
+                                  itself is missing (a load of a file
+                                  rather than a directory too) and for a
+                                  save's directory that cannot be made
   ALREADY_EXISTS                  CheckpointExistsError     (FileExistsError)
   PERMISSION_DENIED               CheckpointPermissionError (PermissionError)
   DEADLINE_EXCEEDED               CheckpointTimeoutError    (TimeoutError)
   UNIMPLEMENTED                   CheckpointNotImplementedError
                                   (NotImplementedError)
   DATA_LOSS                       CheckpointCorruptError
+  FAILED_PRECONDITION             CheckpointNotADirectoryError
+                                  (NotADirectoryError) for a save whose
+                                  path has a file where a directory goes
   anything else                   CheckpointException
+
+Engine messages name options as Python passes them (`overwrite=True`).
 
 `.code` is the dcp status code (absl::StatusCode's number), `.code_name` its
 name, and `.failures` maps each failing rank to (exception, StackSummary) as
@@ -43,6 +51,7 @@ error, a RuntimeError).
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 from . import _lib
@@ -52,7 +61,7 @@ __all__ = [
     "CheckpointFileNotFoundError", "CheckpointExistsError",
     "CheckpointPermissionError", "CheckpointTimeoutError",
     "CheckpointNotImplementedError", "CheckpointCorruptError",
-    "CheckpointIdMissingError",
+    "CheckpointNotADirectoryError", "CheckpointIdMissingError",
 ]
 
 _CODE_NAMES = {
@@ -102,7 +111,8 @@ class CheckpointNotFoundError(CheckpointException, LookupError):
 
 
 class CheckpointFileNotFoundError(CheckpointNotFoundError, FileNotFoundError):
-    """NOT_FOUND: there is no checkpoint at checkpoint_id."""
+    """NOT_FOUND: there is no checkpoint at checkpoint_id (a load), or its
+    directory cannot be made (a save)."""
 
 
 class CheckpointExistsError(CheckpointException, FileExistsError):
@@ -126,6 +136,11 @@ class CheckpointCorruptError(CheckpointException):
     message names the file."""
 
 
+class CheckpointNotADirectoryError(CheckpointException, NotADirectoryError):
+    """FAILED_PRECONDITION: a save's checkpoint_id, or a directory above
+    it, is a file."""
+
+
 _BY_CODE = {
     _lib.INVALID_ARGUMENT: CheckpointValueError,
     _lib.OUT_OF_RANGE: CheckpointValueError,
@@ -142,22 +157,44 @@ def exception_class(code: int) -> type[CheckpointException]:
     return _BY_CODE.get(code, CheckpointException)
 
 
+# An engine option in a message, spelled as C and C++ set it.
+_C_OPTION = re.compile(
+    r"(?<![\w:])(overwrite|flatten_state_dict|use_collectives|no_dist)"
+    r"=(true|false)\b")
+
+
+def python_spelling(message: str) -> str:
+    """`message` with the engine's options spelled as Python passes them
+    (`overwrite=True`, not `overwrite=true`)."""
+    return _C_OPTION.sub(
+        lambda m: f"{m.group(1)}={m.group(2).capitalize()}", message)
+
+
 def from_status(code: int, message: str, rank_failures=(),
                 what: str | None = None, *, rank: int = 0,
-                cls: type[CheckpointException] | None = None
+                cls: type[CheckpointException] | None = None,
+                not_found: type[CheckpointException] | None = None
                 ) -> CheckpointException:
     """The exception for a failed C call: `rank_failures` is
     [(rank, code, message)] from dcp_last_error_rank_failure. When it is
     empty (the failure of this process alone) `.failures` is {rank: (an
     exception of the same class and message, StackSummary())}; `rank` is
     this process's rank in the operation's group (0: none). `cls`: the
-    class to raise (default: exception_class(code))."""
-    cls = cls or exception_class(code)
+    class to raise (default: exception_class(code)); `not_found`: the
+    class of NOT_FOUND, the raised one's and each rank's, where the
+    operation makes its meaning plain (a save looks up no key). Messages
+    get python_spelling."""
+    def class_of(c):
+        if c == _lib.NOT_FOUND and not_found is not None:
+            return not_found
+        return exception_class(c)
+    cls = cls or class_of(code)
     failures = {}
     for r, rcode, rmsg in rank_failures:
-        failures[r] = (exception_class(rcode)(rmsg, None, rcode),
+        rmsg = python_spelling(rmsg)
+        failures[r] = (class_of(rcode)(rmsg, None, rcode),
                        traceback.StackSummary())
-    msg = f"{what}: {message}" if what else message
+    msg = python_spelling(f"{what}: {message}" if what else message)
     if not failures:
         failures[rank] = (cls(msg, None, code), traceback.StackSummary())
     return cls(msg, failures, code)
@@ -213,3 +250,45 @@ def foreign_checkpoint_error(error: CheckpointException, directory
                     traceback.StackSummary())
                 for r in (error.failures or {0: None})}
     return CheckpointNotImplementedError(msg, failures, code)
+
+
+def file_in_the_way(path, kind: str) -> CheckpointException | None:
+    """For a `kind` ("load" or "save") at plain file system path `path` (not
+    a URI of the storage registry, such as mega://DIR): the error when a
+    file stands where the checkpoint's directory goes, else None. A load
+    of a file gets CheckpointFileNotFoundError (NOT_FOUND) saying how to
+    read it; a save through a file, CheckpointNotADirectoryError
+    (FAILED_PRECONDITION)."""
+    path = os.fspath(path)
+    if "://" in path:
+        return None
+    if kind == "load":
+        if not os.path.isfile(path):
+            return None
+        if os.path.basename(os.path.normpath(path)) == ".metadata":
+            hint = ("pass the directory that holds it: "
+                    f"{os.path.dirname(os.path.normpath(path))!r}")
+        else:
+            hint = ("read a torch.save file with torch.load, or convert it "
+                    "once with dcp.format_utils.torch_save_to_dcp("
+                    f"{path!r}, NEW_DIR)")
+        return from_status(
+            _lib.NOT_FOUND,
+            f"{path} is a file, not a checkpoint directory; {hint}",
+            cls=CheckpointFileNotFoundError)
+    # The first path that exists, from `path` up: a directory, or a file
+    # where one must be made.
+    here = os.path.abspath(path)
+    while not os.path.lexists(here):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+    if os.path.isdir(here) or not os.path.exists(here):
+        return None  # a directory, or a dangling link: the engine reports
+    what = "is a file" if here == os.path.abspath(path) else \
+        f"is under {here}, a file"
+    return from_status(
+        _lib.FAILED_PRECONDITION,
+        f"cannot save to {path}: it {what}, not a directory; choose a "
+        "directory path for the checkpoint", cls=CheckpointNotADirectoryError)

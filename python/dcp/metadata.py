@@ -210,9 +210,12 @@ class Metadata:
         self._version = version
 
     @classmethod
-    def _from_handle(cls, handle: ctypes.c_void_p) -> "Metadata":
-        """Takes ownership of a dcp_metadata_t."""
+    def _from_handle(cls, handle: ctypes.c_void_p,
+                     source: str | None = None) -> "Metadata":
+        """Takes ownership of a dcp_metadata_t, read from checkpoint
+        `source` (named in errors; None: one this process saved)."""
         self = cls.__new__(cls)
+        self._source = source
         # The handle is freed with its owner, which every (shallow) copy
         # of this object's attributes shares.
         self._owner = _Handle(handle)
@@ -226,11 +229,25 @@ class Metadata:
                                       ctypes.byref(save)))
         version = ctypes.c_char_p()
         _lib.check(L.dcp_metadata_version(handle, ctypes.byref(version)))
-        self._version = (version.value or b"").decode() or None
+        self._version = self._text(version.value, "version") or None
         self._storage_meta = StorageMeta(
-            checkpoint_id=(ckpt.value or b"").decode() or None,
-            save_id=(save.value or b"").decode() or None)
+            checkpoint_id=self._text(ckpt.value, "checkpoint id") or None,
+            save_id=self._text(save.value, "save id") or None)
         return self
+
+    def _text(self, raw: bytes | None, what: str) -> str:
+        """`raw` from the metadata, decoded; CheckpointCorruptError naming
+        the checkpoint where it is not UTF-8."""
+        try:
+            return (raw or b"").decode()
+        except UnicodeDecodeError as e:
+            where = getattr(self, "_source", None)
+            where = f"the checkpoint in {where}" if where else "a checkpoint"
+            raise errors.from_status(
+                _lib.DATA_LOSS,
+                f"{where} is corrupt: its metadata holds a {what} that is "
+                f"not UTF-8 ({raw[:64]!r}: {e.reason} at byte {e.start})",
+                cls=errors.CheckpointCorruptError) from None
 
     @property
     def state_dict_metadata(self):
@@ -298,8 +315,9 @@ class Metadata:
             _lib.check(L.dcp_metadata_storage(h, i, ctypes.byref(info)))
             offset = (tuple(info.offsets[:info.ndim]) if info.has_offsets
                       else None)
-            out[MetadataIndex(info.name.decode(), offset)] = StorageInfo(
-                info.relative_path.decode(), info.offset, info.length)
+            out[MetadataIndex(self._text(info.name, "name"), offset)] = \
+                StorageInfo(self._text(info.relative_path, "file name"),
+                            info.offset, info.length)
         self._storage_data = types.MappingProxyType(out)
 
     def _read_items(self) -> None:
@@ -316,13 +334,13 @@ class Metadata:
         bytes_md = BytesStorageMetadata()
         for i in range(n.value):
             _lib.check(L.dcp_metadata_item(h, i, ctypes.byref(info)))
-            name = info.name.decode()
+            name = self._text(info.name, "name")
             path = []
             for e in range(info.path_len):
                 _lib.check(L.dcp_metadata_item_path(h, i, e,
                                                     ctypes.byref(elem)))
-                path.append(elem.key.decode() if elem.key is not None
-                            else elem.index)
+                path.append(self._text(elem.key, "key")
+                            if elem.key is not None else elem.index)
             planner_data[name] = tuple(path)
             if not info.is_tensor:
                 sdm[name] = bytes_md
@@ -348,14 +366,15 @@ def _from_plain_fields(fields: dict) -> Metadata:
 
 
 def _metadata_or_raise(code: int, handle: ctypes.c_void_p,
-                       directory=None) -> Metadata:
-    """The Metadata of a successful read, else raises: NOT_FOUND as
+                       directory=None, source=None) -> Metadata:
+    """The Metadata of a successful read of checkpoint `source` (named in
+    its errors), else raises: NOT_FOUND as
     CheckpointFileNotFoundError; DATA_LOSS from the FileSystem checkpoint
     in `directory` (None: not one) whose .metadata torch.distributed
     .checkpoint wrote as CheckpointNotImplementedError
     (errors.foreign_checkpoint_error)."""
     if code == _lib.OK:
-        return Metadata._from_handle(handle)
+        return Metadata._from_handle(handle, source)
     _, message, failures = _lib.last_error()
     if code == _lib.NOT_FOUND:
         raise errors.from_status(code, message, failures,
@@ -389,6 +408,22 @@ def _is_mega_directory(path: str) -> bool:
         os.path.exists(os.path.join(path, name)) for name in _MEGA_FILES)
 
 
+def holds_checkpoint(path: str, rank: int = 0) -> bool:
+    """Whether `path` holds a checkpoint that a load reads: dcp's .metadata
+    (rank `rank`'s of a rank-local one), a MEGA index (also as mega://DIR)
+    or Hugging Face files; so a NOT_FOUND from its load names a key, not
+    the checkpoint. False for other URIs."""
+    if path.startswith(_MEGA_SCHEME):
+        return os.path.exists(os.path.join(path[len(_MEGA_SCHEME):],
+                                           _MEGA_FILES[0]))
+    if "://" in path:
+        return False
+    return os.path.exists(os.path.join(path, ".metadata")) or \
+        os.path.exists(os.path.join(path, f"rank-{rank}", ".metadata")) or \
+        os.path.exists(os.path.join(path, _MEGA_FILES[0])) or \
+        _is_hf_directory(path)
+
+
 def _is_hf_directory(path: str) -> bool:
     """No dcp .metadata, but safetensors files (or a distributed save's
     sharded/ directory): a Hugging Face checkpoint."""
@@ -413,6 +448,9 @@ def read_metadata(checkpoint_id) -> Metadata:
     when it does not decode; CheckpointNotImplementedError for a directory
     that torch.distributed.checkpoint wrote."""
     path = os.fspath(checkpoint_id)
+    in_the_way = errors.file_in_the_way(path, "load")
+    if in_the_way is not None:
+        raise in_the_way
     if _is_mega_directory(path):
         from .storage import MegaStorageReader
         return read_metadata_through(MegaStorageReader(path))
@@ -421,13 +459,16 @@ def read_metadata(checkpoint_id) -> Metadata:
         return read_metadata_through(HuggingFaceStorageReader(path))
     handle = ctypes.c_void_p()
     code = _lib.lib().dcp_metadata_read(path.encode(), ctypes.byref(handle))
-    return _metadata_or_raise(code, handle, directory=path)
+    return _metadata_or_raise(code, handle, directory=path, source=path)
 
 
 def read_metadata_through(storage_reader) -> Metadata:
     """The metadata of the checkpoint `storage_reader` (a FileSystemReader,
     HuggingFaceStorageReader, QuantizedHuggingFaceStorageReader or
     MegaStorageReader) points at, read by its C reader."""
+    in_the_way = errors.file_in_the_way(storage_reader.path, "load")
+    if in_the_way is not None:
+        raise in_the_way
     L = _lib.lib()
     reader = storage_reader._create()
     try:
@@ -438,6 +479,7 @@ def read_metadata_through(storage_reader) -> Metadata:
         return _metadata_or_raise(
             code, handle, directory=(
                 storage_reader.path
-                if isinstance(storage_reader, FileSystemReader) else None))
+                if isinstance(storage_reader, FileSystemReader) else None),
+            source=storage_reader.path)
     finally:
         L.dcp_storage_reader_free(reader)

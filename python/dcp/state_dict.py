@@ -230,7 +230,9 @@ def set_optimizer_state_dict(
     its FQNs. Groups without parameters match the state dict's such groups in
     order. RuntimeError with strict when a trainable parameter's state or
     group settings are missing, or when parameters of one group were saved
-    with different settings.
+    with different settings; without strict, such a group takes each
+    setting from the last saved group that sets it (torch's choice), with
+    a UserWarning.
     """
     options = _check_options(options, loading=True)
     optims = _as_optimizers(optimizers)

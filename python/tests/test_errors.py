@@ -101,6 +101,91 @@ def test_no_checkpoint_is_file_not_found(tmp_path):
         dcp.read_metadata(missing)
 
 
+def test_a_file_as_the_checkpoint_is_named_as_one(tmp_path, ckpt):
+    """A torch.save file, or the .metadata file itself, passed where a
+    checkpoint directory goes: CheckpointFileNotFoundError saying so."""
+    pt = str(tmp_path / "model.pt")
+    torch.save({"a": torch.ones(2)}, pt)
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=ckpt)
+    meta = os.path.join(ckpt, ".metadata")
+    torch_hint = (f"{pt} is a file, not a checkpoint directory; read a "
+                  "torch.save file with torch.load, or convert it once with "
+                  f"dcp.format_utils.torch_save_to_dcp({pt!r}, NEW_DIR)")
+    meta_hint = (f"{meta} is a file, not a checkpoint directory; pass the "
+                 f"directory that holds it: {ckpt!r}")
+    for path, message in ((pt, torch_hint), (meta, meta_hint)):
+        for read in (
+                lambda: dcp.load({"a": torch.zeros(2)}, checkpoint_id=path),
+                lambda: dcp.load({"a": torch.zeros(2)},
+                                 storage_reader=dcp.FileSystemReader(path)),
+                lambda: dcp.read_metadata(path),
+                lambda: dcp.FileSystemReader(path).read_metadata()):
+            with pytest.raises(dcp.CheckpointFileNotFoundError) as e:
+                read()
+            assert str(e.value) == message
+            assert e.value.code == _lib.NOT_FOUND
+
+
+def test_a_save_where_no_directory_can_be_made(tmp_path):
+    """A directory that cannot be made is FileNotFoundError (a save looks
+    up no key); a file in the way is NotADirectoryError."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs procfs at /proc, where no directory can be made")
+    with pytest.raises(dcp.CheckpointFileNotFoundError,
+                       match=r"cannot create checkpoint directory "
+                             r"/proc/dcp-nope/x") as e:
+        dcp.save({"a": torch.ones(2)}, checkpoint_id="/proc/dcp-nope/x")
+    assert type(e.value) is dcp.CheckpointFileNotFoundError
+    assert type(e.value.failures[0][0]) is dcp.CheckpointFileNotFoundError
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    for path, what in ((blocker, "is a file"),
+                       (blocker / "sub" / "ckpt",
+                        f"is under {blocker}, a file")):
+        with pytest.raises(dcp.CheckpointNotADirectoryError) as e:
+            dcp.save({"a": torch.ones(2)}, checkpoint_id=str(path))
+        assert isinstance(e.value, NotADirectoryError)
+        assert e.value.code == _lib.FAILED_PRECONDITION
+        assert str(e.value) == (
+            f"cannot save to {path}: it {what}, not a directory; choose a "
+            "directory path for the checkpoint")
+    assert blocker.read_bytes() == b"x"
+
+
+def test_a_mega_or_rank_local_checkpoint_missing_a_key_names_the_key(
+        tmp_path):
+    """NOT_FOUND from a load of a checkpoint that is there is a key's."""
+    mega = str(tmp_path / "mega")
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=f"mega://{mega}")
+    local = str(tmp_path / "local")
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=local, use_collectives=False)
+    for path in (f"mega://{mega}", mega, local):
+        with pytest.raises(dcp.CheckpointNotFoundError,
+                           match=r'^the checkpoint has no "b"') as e:
+            dcp.load({"b": torch.zeros(2)}, checkpoint_id=path)
+        assert type(e.value) is dcp.CheckpointNotFoundError, path
+    with pytest.raises(dcp.CheckpointFileNotFoundError):
+        dcp.load({"b": torch.zeros(2)},
+                 checkpoint_id=f"mega://{tmp_path / 'none'}")
+
+
+def test_engine_messages_spell_options_as_python_passes_them(ckpt):
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointExistsError,
+                       match=r"pass overwrite=True to replace it") as e:
+        dcp.save({"a": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(
+            ckpt, overwrite=False))
+    assert "overwrite=True" in str(e.value.failures[0][0])
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r'^"n" is a dict; nested state dicts need '
+                             r"flatten_state_dict=True$"):
+        dcp.save({"n": {"a": torch.ones(1)}}, checkpoint_id=ckpt + "-2",
+                 planner=dcp.DefaultSavePlanner(flatten_state_dict=False))
+    assert dcp.errors.python_spelling(
+        "SaveOptions::use_collectives=false; no_dist=true, x=true") == \
+        "SaveOptions::use_collectives=false; no_dist=True, x=true"
+
+
 def test_corrupted_data_names_the_file(ckpt):
     big = torch.randn(1 << 18)  # 1 MiB: one item filling its data file
     dcp.save({"big": big}, checkpoint_id=ckpt)

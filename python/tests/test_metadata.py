@@ -199,3 +199,37 @@ def test_tensor_properties_pickled_by_field_names_load_back():
     assert props == dcp.TensorProperties(dtype=torch.int8, requires_grad=True,
                                          memory_format=torch.channels_last,
                                          pin_memory=True)
+
+
+class _NamesNotUtf8:
+    """The library, but every item's name read from metadata is b"w\\xff"
+    (a checkpoint the engine let through with such a name)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def dcp_metadata_item(self, handle, i, info):
+        code = self._real.dcp_metadata_item(handle, i, info)
+        info._obj.name = b"w\xff"
+        return code
+
+
+def test_a_name_that_is_not_utf8_is_corrupt_data(ckpt, monkeypatch):
+    from dcp import _lib, format_utils
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    real = _lib.lib()
+    monkeypatch.setattr(_lib, "lib", lambda: _NamesNotUtf8(real))
+    message = (f"the checkpoint in {ckpt} is corrupt: its metadata holds a "
+               "name that is not UTF-8 (b'w\\xff': invalid start byte at "
+               "byte 1)")
+    for read in (lambda: dcp.read_metadata(ckpt).state_dict_metadata,
+                 lambda: dcp.FileSystemReader(ckpt).read_metadata()
+                 .planner_data,
+                 lambda: format_utils.load_all(ckpt)):
+        with pytest.raises(dcp.CheckpointCorruptError) as e:
+            read()
+        assert str(e.value) == message
+        assert e.value.code == _lib.DATA_LOSS

@@ -303,3 +303,60 @@ def test_list_growth_is_checked_as_the_engine_checks_it():
             f'state dict path "h.{bad}" has list index {bad} at element 1, '
             f"more than {MAX_LIST_GROWTH} past the end of its list ({size} "
             "entries)")
+
+
+class _Pair(tuple):
+    """A tuple subclass whose constructor takes an iterable, as tuple's."""
+
+
+class _History(list):
+    """A list subclass."""
+
+
+def test_tuple_and_list_subclasses_take_the_saved_length(ckpt):
+    """torch.Size and other non-namedtuple tuple subclasses, and list
+    subclasses, are lists of plain values: they come back as saved
+    whatever the destination's length, in the destination's type (torch's
+    load returns the saved object)."""
+    dcp.save({"meta": {"shape": torch.Size([4, 5, 6])},
+              "pair": _Pair((2, 3)), "h": _History([1, 2, 3]),
+              "nested": [torch.Size([7, 8]), _History([9])],
+              "w": torch.ones(2)}, checkpoint_id=ckpt)
+    for shape in (torch.Size([]), torch.Size([0]), torch.Size([0] * 5)):
+        history, inner = _History([0]), _History()
+        dst = {"meta": {"shape": shape}, "pair": _Pair((0,)), "h": history,
+               "nested": [torch.Size([0]), inner], "w": torch.zeros(2)}
+        dcp.load(dst, checkpoint_id=ckpt)
+        assert dst["meta"]["shape"] == torch.Size([4, 5, 6])
+        assert type(dst["meta"]["shape"]) is torch.Size
+        assert type(dst["pair"]) is _Pair and dst["pair"] == (2, 3)
+        assert dst["h"] is history and history == [1, 2, 3]
+        assert dst["nested"] == [(7, 8), [9]]
+        assert type(dst["nested"][0]) is torch.Size
+        assert dst["nested"][1] is inner
+        assert torch.equal(dst["w"], torch.ones(2))
+
+
+def test_an_empty_torch_size_saved_loads_as_one(ckpt):
+    dcp.save({"shape": torch.Size([])}, checkpoint_id=ckpt)
+    dst = {"shape": torch.Size([3])}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["shape"] == () and type(dst["shape"]) is torch.Size
+
+
+class _Point2(tuple):
+    """A tuple subclass whose constructor takes its items one by one."""
+
+    def __new__(cls, x, y):
+        return super().__new__(cls, (x, y))
+
+
+def test_a_tuple_subclass_that_cannot_be_rebuilt_raises_before_loading(
+        ckpt):
+    dcp.save({"p": _Point2(1, 2), "w": torch.ones(2)}, checkpoint_id=ckpt)
+    dst = {"p": _Point2(0, 0), "w": torch.zeros(2)}
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r"^'p': the state dict's _Point2 cannot be "
+                             r"rebuilt from its items \(TypeError: "):
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["p"] == (0, 0) and torch.equal(dst["w"], torch.zeros(2))

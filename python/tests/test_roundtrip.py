@@ -267,6 +267,31 @@ def test_stateful(ckpt):
     assert torch.equal(sd["x"], torch.ones(2))
 
 
+class Scalar:
+    """A Stateful whose state_dict() is not a dict."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def state_dict(self):
+        return self.value
+
+    def load_state_dict(self, sd):
+        self.value = sd
+
+
+def test_stateful_with_a_plain_or_tuple_state_gets_the_loaded_one(ckpt):
+    """A plain value or tuple is replaced where the load puts it, not
+    changed in place: load_state_dict gets what was loaded."""
+    dcp.save({"step": Scalar(1000), "pair": Scalar((1, 2.5)),
+              "name": Scalar("run-7")}, checkpoint_id=ckpt)
+    sd = {"step": Scalar(0), "pair": Scalar((0, 0.0)), "name": Scalar("")}
+    dcp.load(sd, checkpoint_id=ckpt)
+    assert sd["step"].value == 1000
+    assert sd["pair"].value == (1, 2.5) and type(sd["pair"].value) is tuple
+    assert sd["name"].value == "run-7"
+
+
 class Opaque:
     def __init__(self, v):
         self.v = v

@@ -231,6 +231,23 @@ def test_tied_weights_appear_under_each_fqn_and_stay_tied_after_load():
     assert torch.equal(dst.embed.weight, src.embed.weight)
 
 
+def test_tied_weights_of_a_model_built_on_meta_stay_tied_after_load():
+    """A meta tensor is assigned, not copied into: the tied parameter gets
+    one new nn.Parameter, set on every module that owns it."""
+    src, _ = _make("transformer_adamw", 0)
+    msd = sd.get_model_state_dict(src)
+    with torch.device("meta"):
+        dst = TinyTransformer()
+    count = len(list(dst.parameters()))
+    sd.set_model_state_dict(dst, msd)
+    assert dst.head.weight is dst.embed.weight
+    assert isinstance(dst.embed.weight, nn.Parameter)
+    assert dst.embed.weight.requires_grad
+    assert len(list(dst.parameters())) == count
+    assert torch.equal(dst.embed.weight, src.embed.weight)
+    assert dst.embed.weight.data_ptr() != msd["embed.weight"].data_ptr()
+
+
 def test_frozen_params_are_left_out_and_not_reported_missing():
     model, optims = _make("mlp_sgd_momentum", 0)
     model[0].weight.requires_grad_(False)
@@ -516,6 +533,36 @@ def test_flat_form_rejects_different_settings_within_one_group():
     flat["param_groups.2.bias.lr"] = 0.5
     with pytest.raises(RuntimeError, match=r"saved 'lr' differ"):
         sd.set_optimizer_state_dict(model, optims, flat)
+
+
+def _two_linears_adam(lrs):
+    """Two Linear layers and an Adam with one param group per lr."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    params = list(model.parameters())
+    per = len(params) // len(lrs)
+    groups = [{"params": params[i * per:(i + 1) * per], "lr": lr,
+               "weight_decay": 0.5 * i}
+              for i, lr in enumerate(lrs)]
+    return model, torch.optim.Adam(groups, lr=1.0)
+
+
+def test_conflicting_group_settings_raise_with_strict_and_warn_without():
+    """Parameters saved in two groups, loaded into one: strict raises
+    before the optimizer changes; non-strict takes each setting from the
+    last saved group that sets it, as torch's set_optimizer_state_dict."""
+    src, src_optim = _two_linears_adam([0.1, 0.01])
+    osd = sd.get_optimizer_state_dict(src, src_optim)
+    dst, dst_optim = _two_linears_adam([0.7])
+    with pytest.raises(RuntimeError, match=r"saved 'lr' differ: 0.1 vs 0.01"):
+        sd.set_optimizer_state_dict(dst, dst_optim, osd)
+    assert dst_optim.param_groups[0]["lr"] == 0.7
+    with pytest.warns(UserWarning, match=r"saved 'lr' differ: 0.1 vs 0.01; "
+                      r"with StateDictOptions\(strict=False\)"):
+        sd.set_optimizer_state_dict(
+            dst, dst_optim, osd, options=StateDictOptions(strict=False))
+    (group,) = dst_optim.param_groups
+    assert (group["lr"], group["weight_decay"]) == (0.01, 0.5)
 
 
 # --------------------------------------------------------------------------
