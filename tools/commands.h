@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "planner/metadata.h"
 
 namespace dcp {
 
@@ -49,6 +50,12 @@ absl::Status RunDemo(const DemoFlags& flags);
 // directory (IsHfCheckpointDirectory) through the *Hf variants.
 absl::Status RunInspect(const std::string& dir);
 absl::Status RunVerify(const std::string& dir);
+// "tensor NAME has shape S but its chunks hold N of its M elements" for each
+// tensor of `metadata` that its chunks do not cover (the decoder checks
+// that they are disjoint and inside it, not that they cover it; a load
+// refuses the elements none holds). None for a rank-local save, each of
+// whose ranks holds its own part.
+std::vector<std::string> UncoveredTensors(const Metadata& metadata);
 // True when `dir` holds no dcp metadata file and ResolveHfCheckpointFiles
 // finds safetensors files there.
 bool IsHfCheckpointDirectory(const std::string& dir);

@@ -25,6 +25,7 @@
 #include "io/quantized_dequant.h"
 #include "io/safetensors.h"
 #include "io/storage.h"
+#include "io/storage_registry.h"
 #include "nlohmann/json.hpp"
 #include "planner/default_planner.h"
 #include "planner/plan.h"
@@ -181,13 +182,35 @@ absl::Status LoadPieces(StorageReader& reader, const std::vector<Piece>& batch,
   return Load(state, load);
 }
 
+// The reader of the dcp checkpoint `src`: a dcp directory (read on
+// `threads` threads) or any other the storage registry loads from (a MEGA
+// directory or mega:// URI).
+absl::StatusOr<std::unique_ptr<StorageReader>> SourceReader(
+    const std::string& src, int threads) {
+  const StorageRegistry& registry = StorageRegistry::Default();
+  DCP_ASSIGN_OR_RETURN(const std::string backend,
+                       registry.BackendFor(src, /*for_load=*/true));
+  if (backend != "native") return registry.CreateReader(src);
+  FileSystemReaderOptions options;
+  options.thread_count = threads;
+  auto reader = std::make_unique<FileSystemReader>(src, options);
+  DCP_RETURN_IF_ERROR(reader->Reset(src));
+  return reader;
+}
+
 absl::Status ToSafetensors(const std::string& src, const std::string& dst,
                            const ConvertOptions& options) {
-  FileSystemReaderOptions reader_options;
-  reader_options.thread_count = options.threads;
-  FileSystemReader reader(src, reader_options);
-  DCP_RETURN_IF_ERROR(reader.Reset(src));
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<StorageReader> source,
+                       SourceReader(src, options.threads));
+  StorageReader& reader = *source;
   DCP_ASSIGN_OR_RETURN(Metadata metadata, reader.ReadMetadata());
+  // Windows are sized from the tensors' shapes: one its chunks do not
+  // cover would be loaded (and allocated) before the load refuses it.
+  const std::vector<std::string> uncovered = UncoveredTensors(metadata);
+  if (!uncovered.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "dcp convert: ", src, ": ", uncovered.front(), " (damaged metadata?)"));
+  }
 
   // Files in name order, split at max_shard_bytes.
   struct OutFile {
@@ -210,18 +233,6 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
       return absl::InvalidArgumentError(
           absl::StrCat("dcp convert: tensor ", name, " of ", src,
                        " is C128, which safetensors cannot hold"));
-    }
-    // The decoder checked that chunks are disjoint and inside the tensor,
-    // not that they cover it (a load refuses the elements no chunk holds).
-    int64_t held = 0;
-    for (const ChunkStorageMetadata& chunk : t->chunks) {
-      held += NumElements(chunk.sizes);
-    }
-    if (held != NumElements(t->size)) {
-      return absl::DataLossError(absl::StrCat(
-          "dcp convert: tensor ", name, " of ", src, " has shape ",
-          ShapeToString(t->size), " but its chunks hold ", held, " of its ",
-          NumElements(t->size), " elements (damaged metadata?)"));
     }
     const DType out = OutputDtype(t->properties.dtype, options);
     // The metadata decoder checked that every shape's size fits.

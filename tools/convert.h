@@ -2,13 +2,15 @@
 // Hugging Face directories (docs/FORMAT.md section 7).
 //
 // - To safetensors: the dcp checkpoint in SRC (saved by any number of
-//   ranks, sharded or not) becomes DST/model-0000I-of-0000N.safetensors and
+//   ranks, sharded or not; a dcp directory, or a MEGA one or mega:// URI)
+//   becomes DST/model-0000I-of-0000N.safetensors and
 //   DST/model.safetensors.index.json. Tensors go to files in name order, a
 //   new file starting when the next tensor would take the current one past
 //   max_shard_bytes (a larger tensor gets a file of its own). The files are
-//   streamed: tensors are loaded in windows of whole rows, batched up to
-//   buffer_bytes, and appended, so memory stays near buffer_bytes (one
-//   window at least one row) whatever the model's size. Non-tensor values
+//   streamed: tensors are loaded in windows of whole rows (of a dimension's
+//   slices when a row is larger), batched up to buffer_bytes, and appended,
+//   so memory stays near buffer_bytes whatever the model's size. A tensor
+//   the checkpoint's chunks do not cover is kDataLoss. Non-tensor values
 //   cannot be stored in safetensors: they are skipped, each named on stderr.
 // - To dcp: the Hugging Face directory SRC (any layout HuggingFaceStorage
 //   Reader reads) becomes a dcp checkpoint in DST, streamed the same way:

@@ -300,6 +300,26 @@ absl::Status RunInspect(const std::string& dir) {
   return absl::OkStatus();
 }
 
+std::vector<std::string> UncoveredTensors(const Metadata& metadata) {
+  std::vector<std::string> uncovered;
+  if (metadata.rank_local.has_value()) return uncovered;
+  for (const auto& [name, entry] : metadata.state_dict_metadata) {
+    const auto* t = std::get_if<TensorStorageMetadata>(&entry);
+    if (t == nullptr) continue;
+    int64_t held = 0;
+    for (const ChunkStorageMetadata& chunk : t->chunks) {
+      held += NumElements(chunk.sizes);
+    }
+    if (held != NumElements(t->size)) {
+      uncovered.push_back(
+          absl::StrCat("tensor ", name, " has shape ", ShapeToString(t->size),
+                       " but its chunks hold ", held, " of its ",
+                       NumElements(t->size), " elements"));
+    }
+  }
+  return uncovered;
+}
+
 absl::Status RunVerify(const std::string& id) {
   if (IsHfCheckpointDirectory(id)) return RunVerifyHf(id);
   if (std::optional<absl::Status> each = ForEachRankLocal(id, RunVerify)) {
@@ -307,7 +327,7 @@ absl::Status RunVerify(const std::string& id) {
   }
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(id));
   const std::string dir = DataDirectory(id);
-  std::vector<std::string> problems;
+  std::vector<std::string> problems = UncoveredTensors(metadata);
   int64_t items = 0, bytes = 0;
   std::string buffer;
   // File by file, each opened once: a regular file inside the directory

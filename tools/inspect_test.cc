@@ -213,6 +213,22 @@ TEST(InspectTest, MegaDirectoriesAreInspectedAndVerified) {
               AllOf(HasSubstr(index.fqn), HasSubstr("checksum mismatch")));
 }
 
+// A tensor its chunks do not cover (a crafted shape, grown past its chunks)
+// fails verify, as it fails a load.
+TEST(InspectTest, VerifyFindsTensorsTheirChunksDoNotCover) {
+  const std::string dir = NewTestDir("verify_uncovered");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(0)).ok());
+  ASSERT_TRUE(RunVerify(dir).ok());
+  // 0-d tensors have no sizes: the first size is the first dimension of
+  // the first tensor that has one.
+  ASSERT_TRUE(RewriteMetadataFile(dir, [](format::Metadata& proto) {
+                proto.set_tensor_size(0, proto.tensor_size(0) + 1);
+              }).ok());
+  absl::Status status = RunVerify(dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("but its chunks hold"));
+}
+
 // Saves a sample into `dir`/rank-0 and rank-1 as a rank-local save of two
 // ranks whose records claim the world sizes `world_sizes`.
 void SaveRankLocal(const std::string& dir,
