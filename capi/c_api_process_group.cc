@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "capi/internal/group_pin.h"
 #include "capi/internal/handles.h"
 #include "capi/internal/last_error.h"
@@ -16,6 +17,7 @@
 #include "comm/process_group_factory.h"
 #include "core/status.h"
 #include "dcp/dcp.h"
+#include "engine/checkpoint.h"
 
 namespace dcp::capi {
 namespace {
@@ -76,6 +78,30 @@ int dcp_process_group_size(const dcp_process_group_t* group, int32_t* size) {
     DCP_ASSIGN_OR_RETURN(dcp_process_group * h, Resolve(group));
     *size = h->group->size();
     return absl::OkStatus();
+  });
+}
+
+int dcp_process_group_agree(dcp_process_group_t* group, const char* what,
+                            int code, const char* message) {
+  return Guard([&]() -> absl::Status {
+    if (code < 0 ||
+        code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp_process_group_agree: code ", code, " is not a dcp_status_t"));
+    }
+    dcp::comm::ProcessGroup* resolved = nullptr;
+    if (group != nullptr) {
+      DCP_ASSIGN_OR_RETURN(dcp_process_group * h, Resolve(group));
+      resolved = h->group.get();
+    } else {
+      resolved = dcp::DefaultProcessGroup();
+    }
+    const absl::Status local =
+        code == 0 ? absl::OkStatus()
+                  : absl::Status(static_cast<absl::StatusCode>(code),
+                                 message != nullptr ? message : "");
+    return dcp::AgreeInTurn(resolved, what != nullptr ? what : "agreement",
+                            local);
   });
 }
 

@@ -556,6 +556,18 @@ DCP_API int dcp_process_group_rank(const dcp_process_group_t* group,
                                    int32_t* rank);
 DCP_API int dcp_process_group_size(const dcp_process_group_t* group,
                                    int32_t* size);
+/* Agreement before a save or load: every rank of `group` (NULL: the
+ * default group; none: single-process) calls it with the outcome of its own
+ * preparation (`code` DCP_OK, or the code and `message` of what failed on
+ * this rank). DCP_OK when every rank passed DCP_OK; else it fails on every
+ * rank as a save of several ranks does (the lowest failing rank's code,
+ * each failing rank in dcp_last_error_rank_failure), so that a rank whose
+ * preparation failed does not leave the others waiting in the save. Runs
+ * in its turn with the group's saves and loads (after an async_save's
+ * upload submitted before it). `what` ("save") names the step. */
+DCP_API int dcp_process_group_agree(dcp_process_group_t* group,
+                                    const char* what, int code,
+                                    const char* message);
 /* The group saves and loads use when their options name none (the seed's
  * default process group); NULL: single-process. Not owned. */
 DCP_API int dcp_set_default_process_group(dcp_process_group_t* group);

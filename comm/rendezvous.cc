@@ -107,7 +107,15 @@ std::string JobIdFromEnvironment(const EnvLookup& env) {
     const std::string step = get("SLURM_STEP_ID");
     return absl::StrCat("slurm-", job, step.empty() ? "" : ".", step);
   }
+  // torchrun's run id is "none" unless --rdzv-id names one: every such
+  // job would share its keys. Its store's address, which torchrun gives
+  // every rank of the job and no other job running beside it has, tells
+  // them apart.
   if (std::string id = get("TORCHELASTIC_RUN_ID"); !id.empty()) {
+    const std::string addr = get("MASTER_ADDR"), port = get("MASTER_PORT");
+    if (id == "none" && !addr.empty() && !port.empty()) {
+      return absl::StrCat("torch-", addr, ":", port);
+    }
     return absl::StrCat("torch-", id);
   }
   if (std::string id = get("OMPI_MCA_ess_base_jobid"); !id.empty()) {

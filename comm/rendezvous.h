@@ -17,7 +17,8 @@
 // DCP_SOCKET_IFNAME or Gloo's GLOO_SOCKET_IFNAME.
 // Job identity (keeps the rendezvous keys of different jobs sharing one
 // store apart), first set wins: DCP_JOB_ID (dcp launch sets it),
-// SLURM_JOB_ID with SLURM_STEP_ID, TORCHELASTIC_RUN_ID (torchrun),
+// SLURM_JOB_ID with SLURM_STEP_ID, TORCHELASTIC_RUN_ID (torchrun; its
+// default "none" with MASTER_ADDR:MASTER_PORT, which tell jobs apart),
 // OMPI_MCA_ess_base_jobid (Open MPI). None set: "" (jobs then rely on the
 // keys being removed once each group has formed).
 #ifndef DCP_COMM_RENDEZVOUS_H_

@@ -122,6 +122,18 @@ TEST(JobIdTest, FirstSourceWins) {
   EXPECT_EQ(
       JobIdFromEnvironment(MapEnvironment({{"TORCHELASTIC_RUN_ID", "r"}})),
       "torch-r");
+  // torchrun without --rdzv-id says "none" for every job: two of them
+  // beside each other differ by their store's address.
+  for (const char* port : {"29621", "29622"}) {
+    EXPECT_EQ(
+        JobIdFromEnvironment(MapEnvironment({{"TORCHELASTIC_RUN_ID", "none"},
+                                             {"MASTER_ADDR", "127.0.0.1"},
+                                             {"MASTER_PORT", port}})),
+        absl::StrCat("torch-127.0.0.1:", port));
+  }
+  EXPECT_EQ(JobIdFromEnvironment(MapEnvironment(
+                {{"TORCHELASTIC_RUN_ID", "r"}, {"MASTER_PORT", "29621"}})),
+            "torch-r");
   EXPECT_EQ(JobIdFromEnvironment(
                 MapEnvironment({{"OMPI_MCA_ess_base_jobid", "3456"}})),
             "ompi-3456");

@@ -30,6 +30,9 @@ constexpr int kBroadcastsPerAck = 16;
 // first to the last value, doubling while nothing changes.
 constexpr absl::Duration kFirstPoll = absl::Milliseconds(10);
 constexpr absl::Duration kLastPoll = absl::Milliseconds(500);
+// How much longer than rank 0 the other ranks wait for its verdict on the
+// join (several of its polls).
+constexpr absl::Duration kReadyReportGrace = absl::Seconds(2);
 
 // How long rank 0, whose joining failed, waits for the ranks it welcomed
 // to say they left before it removes the creation's keys. A live rank says
@@ -329,9 +332,13 @@ absl::StatusOr<std::string> JoinWithNonce(StoreClient& client,
   const KeyScheme keys(group, generation);
   DCP_RETURN_IF_ERROR(client.Set(keys.Key(0, "joined", rank), ""));
   const std::string ready_key = keys.Key(0, "ready", 0);
-  DCP_ASSIGN_OR_RETURN(const std::string ready,
-                       Await(client, group, ready_key, deadline,
-                             "rank 0 to see every rank join"));
+  // Rank 0 gives up at the same deadline and then says which ranks never
+  // joined: waiting a few of its polls longer reads that report instead of
+  // blaming rank 0.
+  DCP_ASSIGN_OR_RETURN(
+      const std::string ready,
+      Await(client, group, ready_key, deadline + kReadyReportGrace,
+            "rank 0 to see every rank join"));
   absl::Status outcome;
   if (absl::Status s = DecodeStatus(ready, &outcome); !s.ok()) {
     return Annotate(s, absl::StrCat(client.what(), ": key ", ready_key));

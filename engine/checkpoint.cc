@@ -410,6 +410,14 @@ void SetDefaultProcessGroup(comm::ProcessGroup* group) {
 
 comm::ProcessGroup* DefaultProcessGroup() { return default_group.load(); }
 
+absl::Status AgreeInTurn(comm::ProcessGroup* group, absl::string_view what,
+                         const absl::Status& local) {
+  if (group == nullptr) return local;
+  internal::GroupTurn turn = internal::GroupTurn::Take(group);
+  turn.Wait();
+  return ShareOutcome(*group, what, local);
+}
+
 namespace {
 
 // A rank-local save's id (RankLocalSave::group_save_id): 128 random bits.

@@ -160,6 +160,16 @@ absl::StatusOr<Metadata> SaveStateDict(const StateDict& state_dict,
 absl::Status LoadStateDict(StateDict& state_dict, StorageReader& storage_reader,
                            LoadOptions options = {});
 
+// Every rank of `group` calls it with the outcome of its own work before a
+// save or load that the engine does not see (a binding's walk of the state
+// dict): OK when every rank passed OK, else, on every rank, the
+// CheckpointException Status of the failed ranks (`what` names the step:
+// "save"). Runs in its turn with the group's saves and loads, after the
+// operations this process submitted before (an async_save's upload). Null
+// group: `local` alone.
+absl::Status AgreeInTurn(comm::ProcessGroup* group, absl::string_view what,
+                         const absl::Status& local);
+
 namespace internal {
 
 // Save(options) for a rank whose part failed before it could save (its

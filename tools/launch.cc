@@ -1,14 +1,17 @@
 #include "tools/launch.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -141,11 +144,13 @@ struct Stream {
   int out_fd = -1;
   std::string pending;
 
-  // Writes every complete line in `pending`, prefixed; with `flush`, also
-  // the unfinished rest (a newline is added).
+  // Writes every complete line in `pending` (ended by a newline, or by a
+  // carriage return: a progress line redrawn in place), prefixed; with
+  // `flush`, also the unfinished rest (a newline is added).
   void Emit(const std::string& prefix, bool flush) {
     size_t start = 0;
-    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
+    for (size_t nl;
+         (nl = pending.find_first_of("\r\n", start)) != std::string::npos;
          start = nl + 1) {
       WriteAll(out_fd, absl::StrCat(prefix, absl::string_view(pending).substr(
                                                 start, nl + 1 - start)));
@@ -190,10 +195,9 @@ struct Rank {
 
 // The environment of local rank `local` of node `options.node_rank`: the
 // launcher's, with the rendezvous variables replaced.
-std::vector<std::string> RankEnvironment(const LaunchOptions& options,
-                                         int local,
-                                         const std::string& rendezvous,
-                                         const std::string& job_id) {
+std::vector<std::string> RankEnvironment(
+    const LaunchOptions& options, int local, const std::string& rendezvous,
+    const std::string& job_id, const std::vector<std::string>& extra) {
   const int rank = options.node_rank * options.num_ranks + local;
   const int size = options.num_nodes * options.num_ranks;
   std::vector<std::string> ours = {
@@ -207,6 +211,7 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options,
       absl::StrCat("GROUP_RANK=", options.node_rank),
   };
   if (!job_id.empty()) ours.push_back(absl::StrCat("DCP_JOB_ID=", job_id));
+  ours.insert(ours.end(), extra.begin(), extra.end());
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view entry(*e);
@@ -220,6 +225,45 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options,
   }
   env.insert(env.end(), ours.begin(), ours.end());
   return env;
+}
+
+// A TCP port of 127.0.0.1 free now (the kernel's pick), or 0.
+int FreeLocalPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// What torchrun gives its workers beyond the rank variables, where the
+// launcher's environment does not set them: on one node, a store address
+// for torch.distributed's env:// initialization (MASTER_ADDR, a free
+// MASTER_PORT); with several local ranks, OMP_NUM_THREADS=1.
+std::vector<std::string> TorchrunDefaults(const LaunchOptions& options) {
+  std::vector<std::string> defaults;
+  auto unset = [](const char* name) {
+    const char* value = getenv(name);
+    return value == nullptr || *value == '\0';
+  };
+  if (options.num_nodes == 1 && unset("MASTER_ADDR") && unset("MASTER_PORT")) {
+    if (const int port = FreeLocalPort(); port > 0) {
+      defaults.push_back("MASTER_ADDR=127.0.0.1");
+      defaults.push_back(absl::StrCat("MASTER_PORT=", port));
+    }
+  }
+  if (options.num_ranks > 1 && unset("OMP_NUM_THREADS")) {
+    defaults.push_back("OMP_NUM_THREADS=1");
+  }
+  return defaults;
 }
 
 // A job id no other job has: 64 random bits and this process's id.
@@ -409,7 +453,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(int argc,
   return options;
 }
 
-absl::StatusOr<int> Launch(const LaunchOptions& options) {
+absl::StatusOr<int> Launch(const LaunchOptions& given) {
+  LaunchOptions options = given;
   if (options.num_ranks < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "dcp_launch: -n %d: need at least one rank", options.num_ranks));
@@ -423,6 +468,11 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "dcp_launch: --node-rank %d is outside [0, --nnodes %d)",
         options.node_rank, options.num_nodes));
+  }
+  if (options.rendezvous.empty()) {
+    if (const char* env = getenv("DCP_RENDEZVOUS"); env != nullptr) {
+      options.rendezvous = env;
+    }
   }
   if (options.num_nodes > 1 && options.rendezvous.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -462,6 +512,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     }
   }
 
+  const std::vector<std::string> defaults = TorchrunDefaults(options);
   SignalForwarding forwarding;
   std::vector<Rank> ranks(options.num_ranks);
   absl::Status start_error;
@@ -483,7 +534,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       break;
     }
     std::vector<std::string> env =
-        RankEnvironment(options, r, rendezvous, job_id);
+        RankEnvironment(options, r, rendezvous, job_id, defaults);
     std::vector<std::string> args = options.command;
     std::vector<char*> envp = CStrings(env);
     std::vector<char*> argp = CStrings(args);
@@ -513,6 +564,11 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       // dies. If it died before this was set, stop here.
       prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (getppid() != launcher) _exit(128 + SIGTERM);
+      // Not the terminal: a rank reading it would be stopped (SIGTTIN, its
+      // group is not the foreground one) and the job would wait forever.
+      // torchrun's workers read /dev/null too.
+      const int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, STDIN_FILENO);
       dup2(out_pipe[1], STDOUT_FILENO);
       dup2(err_pipe[1], STDERR_FILENO);
       execvpe(argp[0], argp.data(), envp.data());

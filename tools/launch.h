@@ -4,7 +4,13 @@
 // with global ranks R*P .. R*P+P-1 of a world of N*P. Each rank gets
 // DCP_RANK/RANK, DCP_WORLD_SIZE/WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // GROUP_RANK (the node), DCP_RENDEZVOUS and DCP_JOB_ID (what
-// comm/rendezvous.h reads). Every line a rank prints is prefixed with
+// comm/rendezvous.h reads), and, where the launcher's environment does not
+// set them, what torchrun also gives its workers: on one node MASTER_ADDR
+// (127.0.0.1) and a free MASTER_PORT, so torch.distributed's env://
+// initialization works as under torchrun; with several local ranks
+// OMP_NUM_THREADS=1. Ranks read stdin from /dev/null (a rank reading the
+// terminal would be stopped for good). Every line a rank prints (ended by a
+// newline, or a carriage return: progress redrawn in place) is prefixed with
 // "[rank K] " (K global; stdout to stdout, stderr to stderr). When one
 // local rank fails, every local rank is stopped (SIGTERM, then SIGKILL
 // after a grace period) and the launcher exits with the first failure's
@@ -33,7 +39,8 @@
 // a rank writes or exits or a signal or deadline comes; it uses no CPU while
 // the ranks run.
 //
-// Rendezvous: on one node without --rendezvous, a fresh temporary directory,
+// Rendezvous: --rendezvous, else DCP_RENDEZVOUS from the environment; on one
+// node without either, a fresh temporary directory,
 // removed afterwards. Across nodes --rendezvous is required: a directory
 // every node shares, or a redis server every node reaches. Either may be
 // reused by later jobs (see comm/gloo_process_group.h).

@@ -348,6 +348,7 @@ _PROTOTYPES = {
     "dcp_process_group_size": (c_int, [_P, POINTER(c_int32)]),
     "dcp_set_default_process_group": (c_int, [_P]),
     "dcp_process_group_free": (c_int, [_P]),
+    "dcp_process_group_agree": (c_int, [_P, c_char_p, c_int, c_char_p]),
     "dcp_save": (c_int, [_P, POINTER(SaveOptions), _PP]),
     "dcp_load": (c_int, [_P, POINTER(LoadOptions)]),
     "dcp_async_save": (c_int, [_P, POINTER(SaveOptions), _PP]),

@@ -823,7 +823,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                     events[device].record(torch.cuda.current_stream(device))
     except BaseException as e:
         error = e
-    where.agree("async_save", error)
+    where.agree("async_save", error, in_engine_turn=False)
     total = offset
     manifest = (flat._keys, flat.t_paths, specs, flat.t_shards,
                 flat.v_paths, flat.v_vals, flat.t_grad, flat._multi)

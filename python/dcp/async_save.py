@@ -495,7 +495,7 @@ def _engine_async_save_leased(state_dict, *, checkpoint_id, storage_writer,
         if p is not None:
             p.free()
     try:
-        where.agree("async_save", error)
+        where.agree("async_save", error, in_engine_turn=False)
     except BaseException:
         # Another rank failed: nothing of this rank's will run.
         if error is None:

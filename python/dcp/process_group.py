@@ -22,8 +22,10 @@ leave the others waiting in the engine's collectives until its timeout.
 So a distributed save or load first meets at the store: each rank posts
 whether it is ready, and if any rank failed every rank raises
 CheckpointException listing the failed ranks. This costs a few store round
-trips per save/load; only groups with a Python store take part (not
-from_env groups).
+trips per save/load. A from_env group (no Python store) meets through the
+engine (dcp_process_group_agree, one all-gather) for saves and loads; an
+async_save there does not agree first: it would wait for the upload
+before it.
 """
 
 from __future__ import annotations
@@ -184,12 +186,23 @@ class ProcessGroup:
 
     # -- agreement before the engine (see the module comment) ------------
 
-    def agree(self, what: str, error: BaseException | None) -> None:
+    def agree(self, what: str, error: BaseException | None,
+              in_engine_turn: bool = True) -> None:
         """Meets every rank; raises CheckpointException on every rank when
         any rank passed an error (the local error chained), else returns.
-        """
-        if self.store is None or self.size == 1:
+        A group without a Python store (from_env) meets through the engine
+        (dcp_process_group_agree), in its turn after the operations
+        submitted before: not with `in_engine_turn` False (an async_save,
+        which must not wait for the upload before it), where a local error
+        is raised on this rank alone."""
+        if self.size == 1:
             if error is not None:
+                raise error
+            return
+        if self.store is None:
+            if in_engine_turn:
+                self._agree_in_engine(what, error)
+            elif error is not None:
                 raise error
             return
         store, rank, size = self.store, self.rank, self.size
@@ -232,6 +245,26 @@ class ProcessGroup:
         if error is not None:
             raise exc from error
         raise exc
+
+    def _agree_in_engine(self, what, error) -> None:
+        code, msg = _lib.OK, b""
+        if error is not None:
+            code = _code_of(error)
+            msg = f"{type(error).__name__}: {error}".encode("utf-8",
+                                                             "replace")
+        rc = _lib.lib().dcp_process_group_agree(self._handle, what.encode(),
+                                                code, msg)
+        if rc == _lib.OK:
+            return
+        _, message, failures = _lib.last_error()
+        exc = errors.from_status(rc, message, failures, rank=self.rank)
+        if error is None:
+            raise exc
+        # This rank's entry: its own exception, with its traceback.
+        if exc.failures is not None:
+            exc.failures[self.rank] = (error, traceback.extract_tb(
+                error.__traceback__))
+        raise exc from error
 
     def _delete_round(self, seq, failed) -> None:
         prefix = f"dcp-py/{self.name}/{self._instance}/{seq}"
@@ -334,12 +367,12 @@ class Resolved:
     def rank(self):
         return self.group.rank if self.group is not None else 0
 
-    def agree(self, what, error):
+    def agree(self, what, error, in_engine_turn=True):
         if self.group is None:
             if error is not None:
                 raise error
             return
-        self.group.agree(what, error)
+        self.group.agree(what, error, in_engine_turn)
 
 
 class _Turns:

@@ -152,3 +152,70 @@ def test_an_interrupted_wait_ends_its_turn(monkeypatch):
     thread.start()
     assert done.wait(60), "the interrupted turn still holds the group"
     thread.join()
+
+
+_FROM_ENV_RANK = r'''
+import datetime, os, sys
+import torch
+import dcp
+
+class Exploding:
+    def __init__(self, rank):
+        self.rank = rank
+    def state_dict(self):
+        if self.rank == 1:
+            raise RuntimeError("rank 1 exploded")
+        return {"x": torch.ones(2)}
+    def load_state_dict(self, sd):
+        pass
+
+ckpt = sys.argv[1]
+rank = int(os.environ["DCP_RANK"])
+group = dcp.ProcessGroup.from_env(timeout=datetime.timedelta(seconds=120))
+try:
+    dcp.save({"s": Exploding(rank)}, checkpoint_id=ckpt + "/bad",
+             process_group=group)
+    print("saved")
+except dcp.CheckpointException as e:
+    print("failed", type(e).__name__, sorted(e.failures),
+          "rank 1 exploded" in str(e), flush=True)
+# The group's next operations still pair up.
+mine = {f"w{rank}": torch.full((2,), float(rank))}
+dcp.save(mine, checkpoint_id=ckpt + "/good", process_group=group)
+back = {f"w{rank}": torch.zeros(2)}
+dcp.load(back, checkpoint_id=ckpt + "/good", process_group=group)
+assert torch.equal(back[f"w{rank}"], mine[f"w{rank}"])
+print("ok", flush=True)
+'''
+
+
+def test_from_env_group_agrees_through_the_engine(tmp_path):
+    """A group from the environment has no Python store: a rank that fails
+    in Python before the save meets the others through the engine
+    (dcp_process_group_agree), and every rank raises naming it, instead
+    of the others waiting in the save until the group's timeout."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, DCP_WORLD_SIZE="2", DCP_JOB_ID="agree-test",
+               DCP_RENDEZVOUS=str(tmp_path / "rendezvous"),
+               OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(
+                   [os.path.dirname(os.path.dirname(os.path.abspath(
+                       __file__)))] + [os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _FROM_ENV_RANK, str(tmp_path / "ckpt")],
+        env=dict(env, DCP_RANK=str(rank)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT) for rank in range(2)]
+    outputs = []
+    for p in procs:
+        try:
+            outputs.append(p.communicate(timeout=240)[0].decode())
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            outputs.append(p.communicate()[0].decode())
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out
+        assert "failed CheckpointException [1] True" in out, out
+        assert "ok" in out.splitlines()[-1], out

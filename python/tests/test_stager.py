@@ -66,11 +66,11 @@ def test_close_during_a_save_frees_the_stager_once_the_engine_holds_it(
     real_agree = process_group.Resolved.agree
     stager = dcp.DefaultStager()
 
-    def agree(self, what, error):
+    def agree(self, what, error, *args, **kwargs):
         if what == "async_save":
             stager.close()
             events.append("closed")
-        return real_agree(self, what, error)
+        return real_agree(self, what, error, *args, **kwargs)
 
     def save(*args):
         events.append("dcp_async_save")

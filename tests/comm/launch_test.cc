@@ -9,11 +9,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -93,6 +95,40 @@ TEST(LaunchTest, SetsEnvironmentAndPrefixesEveryLine) {
   ASSERT_FALSE(rendezvous.empty());
   // The temporary rendezvous directory is gone afterwards.
   EXPECT_FALSE(std::filesystem::exists(rendezvous)) << rendezvous;
+}
+
+// What torchrun gives its workers besides the rank variables (a store
+// address for env:// on one node, OMP_NUM_THREADS=1), stdin at /dev/null
+// (a rank reading the terminal would be stopped for ever), and progress
+// lines redrawn with a carriage return passed on as they come.
+TEST(LaunchTest, TorchrunVariablesStdinAndCarriageReturns) {
+  Captured c =
+      RunLauncher("torchrun_like", 2,
+                  {"/bin/sh", "-c",
+                   "echo \"vars $MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS\"; "
+                   "if read line; then echo read; else echo stdin-eof; fi; "
+                   "printf 'a\\rb\\r'"});
+  ASSERT_TRUE(c.code.ok()) << c.code.status();
+  EXPECT_EQ(*c.code, 0);
+  std::set<std::string> vars;
+  std::string all;
+  for (const std::string& line : c.out) {
+    all += line + "\n";
+    const size_t at = line.find("vars ");
+    if (at != std::string::npos) vars.insert(line.substr(at));
+  }
+  ASSERT_EQ(vars.size(), 1u) << all;  // The same address on every rank.
+  std::vector<std::string> words = absl::StrSplit(*vars.begin(), ' ');
+  ASSERT_EQ(words.size(), 4u) << *vars.begin();
+  EXPECT_EQ(words[1], "127.0.0.1");
+  int port = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(words[2], &port) && port > 0) << words[2];
+  EXPECT_EQ(words[3], "1");
+  for (const char* rank : {"[rank 0] ", "[rank 1] "}) {
+    EXPECT_THAT(c.out, Contains(absl::StrCat(rank, "stdin-eof")));
+    EXPECT_THAT(all, HasSubstr(absl::StrCat(rank, "a\r")));
+    EXPECT_THAT(all, HasSubstr(absl::StrCat(rank, "b\r")));
+  }
 }
 
 // The clock in these tests only bounds a hang: a rank left running sleeps
