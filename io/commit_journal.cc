@@ -146,6 +146,36 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
   return ApplyCommitJournal(fs, dir, journal_name, journal, sync);
 }
 
+absl::Status CompletePendingCommitForRead(
+    FileSystemBase& fs, const std::string& dir, absl::string_view journal_name,
+    CheckpointFileTest is_checkpoint_file) {
+  const std::string path = JoinPath(dir, journal_name);
+  DCP_ASSIGN_OR_RETURN(bool pending, fs.Exists(path));
+  if (!pending) return absl::OkStatus();
+  auto refuse = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the commit of a save into ", dir, " was interrupted (", path,
+        " is there) and a load cannot complete it now: ", why,
+        "; the next save into the directory, or a load that can lock and "
+        "write it, completes it"));
+  };
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> lock = fs.LockDirectory(
+      dir,
+      absl::StrCat(ThisProcessDescription(),
+                   " (a load completing an interrupted commit)"),
+      LockMode::kExclusive);
+  if (!lock.ok()) {
+    // Completed meanwhile by whoever holds the lock (another reader)?
+    DCP_ASSIGN_OR_RETURN(pending, fs.Exists(path));
+    if (!pending) return absl::OkStatus();
+    return refuse(lock.status().message());
+  }
+  absl::Status completed =
+      CompleteCommit(fs, dir, journal_name, is_checkpoint_file, /*sync=*/true);
+  if (!completed.ok()) return refuse(completed.ToString());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
                                           const std::string& path,
                                           int64_t limit) {

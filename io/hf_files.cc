@@ -90,14 +90,8 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
     FileSystemBase& fs, const std::string& dir,
     std::map<std::string, std::string>* weight_map) {
   if (weight_map != nullptr) weight_map->clear();
-  DCP_ASSIGN_OR_RETURN(bool journal,
-                       fs.Exists(JoinPath(dir, kHfCommitJournalName)));
-  if (journal) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the commit of a save into ", dir, " was interrupted (",
-        JoinPath(dir, kHfCommitJournalName),
-        " is there); the next save into the directory completes it"));
-  }
+  DCP_RETURN_IF_ERROR(internal_io::CompletePendingCommitForRead(
+      fs, dir, kHfCommitJournalName, IsCheckpointFileName));
   DCP_ASSIGN_OR_RETURN(bool single,
                        fs.Exists(JoinPath(dir, kHfSingleFileName)));
   if (single) return std::vector<std::string>{kHfSingleFileName};

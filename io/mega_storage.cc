@@ -579,14 +579,8 @@ absl::Status MegaStorageReader::Reset(const std::string& checkpoint_id) {
 absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
   DCP_RETURN_IF_ERROR(path_error_);
   FileSystemBase& fs = *OrLocal(options_.file_system);
-  DCP_ASSIGN_OR_RETURN(bool journal,
-                       fs.Exists(JoinPath(path_, kMegaCommitJournalName)));
-  if (journal) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the commit of a save into ", path_, " was interrupted (",
-        JoinPath(path_, kMegaCommitJournalName),
-        " is there); the next save into the directory completes it"));
-  }
+  DCP_RETURN_IF_ERROR(internal_io::CompletePendingCommitForRead(
+      fs, path_, kMegaCommitJournalName, IsMegaFile));
   const std::string index_path = JoinPath(path_, kMegaIndexFileName);
   absl::StatusOr<std::string> text =
       ReadSmallFile(fs, index_path, kMegaMaxHeaderBytes);

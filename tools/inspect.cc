@@ -49,7 +49,8 @@ std::string DataDirectory(const std::string& id) {
 // false: DIR/rank-R, one per rank, as rank 0's metadata records), or none
 // when `dir` holds its own metadata or no rank-0 one.
 struct RankLocalDirs {
-  int world_size = 0;  // rank 0's record (1 when it cannot be read)
+  int world_size = 0;         // rank 0's record (1 when it cannot be read)
+  std::string group_save_id;  // rank 0's record ("" when none)
   // The rank-R directories `dir` holds for R < world_size, by rank.
   std::vector<std::string> present;
   int first_missing = -1;  // the lowest rank < world_size without one
@@ -72,6 +73,9 @@ std::optional<RankLocalDirs> RankLocalDirectories(const std::string& dir) {
   dirs.world_size = metadata.ok() && metadata->rank_local.has_value()
                         ? metadata->rank_local->world_size
                         : 1;
+  if (metadata.ok() && metadata->rank_local.has_value()) {
+    dirs.group_save_id = metadata->rank_local->group_save_id;
+  }
   std::vector<int> ranks;
   for (const std::string& name :
        fs.ListDir(dir).value_or(std::vector<std::string>{})) {
@@ -119,6 +123,18 @@ std::optional<absl::Status> ForEachRankLocal(
     absl::Status status = RefuseSymbolicLink(LocalFileSystem(), rank_dir,
                                              "a rank-local directory");
     if (status.ok()) status = run(rank_dir);
+    // Each rank commits on its own: ranks killed during a save can hold
+    // checkpoints of different saves, which no load takes together.
+    absl::StatusOr<Metadata> metadata =
+        status.ok() ? ReadCommittedMetadata(rank_dir) : status;
+    if (metadata.ok() && metadata->rank_local.has_value() &&
+        metadata->rank_local->group_save_id != dirs->group_save_id) {
+      status = absl::DataLossError(absl::StrCat(
+          rank_dir, " holds save ", metadata->rank_local->group_save_id,
+          " and rank 0 save ", dirs->group_save_id,
+          ": the ranks hold different saves (a save interrupted while ranks "
+          "committed), which no load takes together"));
+    }
     if (!status.ok()) {
       std::printf("%s\n", status.ToString().c_str());
       if (first.ok()) first = status;

@@ -285,6 +285,19 @@ TEST(InspectTest, RankLocalWorldSizeAndLinkedRanksAreProblemsNotFollowed) {
                                   })
                   .ok());
   EXPECT_TRUE(RunVerify(dir).ok());
+  // Ranks holding different saves (killed while they committed).
+  ASSERT_TRUE(RewriteMetadataFile(
+                  RankLocalDirectory(dir, 1),
+                  [](format::Metadata& proto) {
+                    proto.mutable_rank_local()->set_group_save_id("other");
+                  })
+                  .ok());
+  absl::Status mixed = RunVerify(dir);
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kDataLoss) << mixed;
+  EXPECT_THAT(std::string(mixed.message()),
+              AllOf(HasSubstr(dir + "/rank-1 holds save other and rank 0 "
+                                    "save g"),
+                    HasSubstr("different saves")));
   const std::string moved = NewTestDir("inspect_rank_local_moved") + "/r1";
   std::filesystem::rename(RankLocalDirectory(dir, 1), moved);
   std::filesystem::create_directory_symlink(moved, RankLocalDirectory(dir, 1));

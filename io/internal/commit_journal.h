@@ -68,6 +68,17 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
                             absl::string_view journal_name,
                             CheckpointFileTest is_checkpoint_file, bool sync);
 
+// For a reader of `dir`: OK when no commit is pending there; else completes
+// the commit the journal `dir`/`journal_name` records (what the next save
+// would do first: the journal is there only once the commit was decided)
+// under the directory's exclusive lock, so that a save killed after its
+// decision leaves a checkpoint that loads. kFailedPrecondition naming the
+// journal when the lock is held (a save is committing now) or the commit
+// cannot be completed (a directory that is read-only to this process).
+absl::Status CompletePendingCommitForRead(
+    FileSystemBase& fs, const std::string& dir, absl::string_view journal_name,
+    CheckpointFileTest is_checkpoint_file);
+
 // The whole file at `path` (opened without following a symbolic link) if
 // it has at most `limit` bytes; kDataLoss naming it otherwise.
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
