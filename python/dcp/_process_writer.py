@@ -268,6 +268,7 @@ def _child_main(conn):
         elif kind == "save":
             _, job_id, seg_id, manifest, spec, hold = msg
             msg = None
+            conn.send(("begin", job_id))
             if hold:
                 conn.send(("held", job_id))
                 released.wait()  # a test kills the process here
@@ -367,6 +368,10 @@ class _Job:
         self.staging.set_running_or_notify_cancel()
         self.upload.set_running_or_notify_cancel()
         self.segment = None
+        # What submit() sent, for a writer that dies before beginning it.
+        self.sent = None
+        self.begun = False  # the writer said it began writing it
+        self.resent = False
 
 
 class _Writer:
@@ -403,6 +408,11 @@ class _Writer:
         self.lock = threading.Lock()  # sends, jobs, dead
         self.held = threading.Event()  # test hook
         self.ready = threading.Event()
+        # Once dead: the saves it never began, which a new writer takes
+        # over (single-process saves, each once), and the event set when
+        # they are known.
+        self.orphans: list[tuple[int, _Job]] = []
+        self.settled = threading.Event()
         self.reader = threading.Thread(target=self._read,
                                        name="dcp-process-writer-reader",
                                        daemon=True)
@@ -440,6 +450,12 @@ class _Writer:
             elif msg[0] == "failed":  # its exit (EOF) comes next
                 lines = msg[1].strip().splitlines()
                 self.startup_error = lines[-1] if lines else "unknown"
+            elif msg[0] == "begin":
+                with self.lock:
+                    job = self.jobs.get(msg[1])
+                    if job is not None:
+                        job.begun = True
+                job = None
             elif msg[0] == "held":
                 self.held.set()
             elif msg[0] == "done":
@@ -475,19 +491,52 @@ class _Writer:
     def _died(self):
         with self.lock:
             self.dead = True
-            jobs = list(self.jobs.values())
+            jobs = []
+            for job_id, job in sorted(self.jobs.items()):
+                # A save it never began is written by the next writer (a
+                # distributed one is not: its group lives in this writer).
+                if (not job.begun and not job.resent and
+                        job.sent[1]["group"] is None):
+                    self.orphans.append((job_id, job))
+                else:
+                    jobs.append(job)
             self.jobs.clear()
         try:
             self.exit_code = self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+        self.settled.set()
         self.ready.set()  # wakes reserve(); it checks `dead`
+        if self.orphans:
+            with _writer_lock:
+                current = _writer is self
+            if current:  # (not after shutdown_writer())
+                try:
+                    _live_writer()  # takes them over, unless a caller did
+                except Exception:
+                    log.exception("dcp: could not start a new async writer "
+                                  "process")
+            self._fail_orphans("no new writer process took it")
         for job in jobs:
             _pool.release(job.segment)
             lost = (f" before committing the checkpoint {job.path}"
                     if self.started else f"; {job.path} was not saved")
             job.upload.set_exception(errors.CheckpointException(
                 f"{self.death()}{lost}; the next async_save starts a new "
+                "one", None, _lib.UNAVAILABLE))
+
+    def take_orphans(self) -> list:
+        """The saves this dead writer never began, once (see _died)."""
+        with self.lock:
+            orphans, self.orphans = self.orphans, []
+        return orphans
+
+    def _fail_orphans(self, why):
+        for _, job in self.take_orphans():
+            _pool.release(job.segment)
+            job.upload.set_exception(errors.CheckpointException(
+                f"{self.death()} before beginning the checkpoint "
+                f"{job.path}, and {why}; the next async_save starts a new "
                 "one", None, _lib.UNAVAILABLE))
 
     def death(self) -> str:
@@ -518,6 +567,7 @@ class _Writer:
             if self.dead:
                 return False
             self.jobs[job_id] = job
+            job.sent = (manifest, spec, hold)
             try:
                 if seg.id not in self.known_segments:
                     self.conn.send(("segment", seg.id, seg.size))
@@ -563,14 +613,45 @@ def _running(writer) -> bool:
 
 
 def _live_writer() -> _Writer:
+    """The running writer; a new one replaces a dead one, and is first
+    given the saves the dead one never began (in their order, before
+    any later save)."""
     global _writer
     with _writer_lock:
         if not _running(_writer):
-            if _writer is not None and not _writer.started:
-                log.warning("dcp: starting a new async writer process; %s",
-                            _writer.death())
+            old = _writer
+            if old is not None:
+                if threading.current_thread() is not old.reader:
+                    # Exited: its reader meets the end of the socket now
+                    # and sorts its saves.
+                    old.settled.wait(60)
+                if not old.started:
+                    log.warning("dcp: starting a new async writer process; "
+                                "%s", old.death())
             _writer = _Writer()
+            if old is not None:
+                _resend(old, _writer)
         return _writer
+
+
+def _resend(old, new) -> None:
+    orphans = old.take_orphans()
+    if orphans:
+        log.warning("dcp: %s before beginning %d save(s); the new writer "
+                    "process (pid %d) writes them", old.death(),
+                    len(orphans), new.pid)
+    for i, (job_id, job) in enumerate(orphans):
+        job.resent = True
+        manifest, spec, _ = job.sent
+        try:
+            sent = new.submit(job_id, job, manifest, spec, False)
+        except Exception:
+            sent = False
+        if not sent:
+            old.orphans = orphans[i:]
+            old._fail_orphans(f"the new one (pid {new.pid}) could not take "
+                              "it")
+            return
 
 
 def writer_pid() -> int | None:

@@ -210,6 +210,38 @@ def test_process_writer_killed_mid_save(tmp_path):
     _check(str(tmp_path / "2"), 2)
 
 
+def test_process_saves_the_dead_writer_never_began_go_to_a_new_one(tmp_path):
+    """A writer that dies fails the save it was writing; the saves handed
+    to it that it had not begun are written by a new writer, in order."""
+    kind = dcp.AsyncCheckpointerType.PROCESS
+    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
+                          async_checkpointer_type=kind)
+    warm.upload_completion.result(WAIT)
+    pid = _process_writer.writer_pid()
+    writer = _process_writer._writer
+    writer.held.clear()
+    _process_writer._debug_hold_next = True  # the writer waits in the save
+    held = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
+                          async_checkpointer_type=kind)
+    assert writer.held.wait(WAIT)
+    # Two saves into one directory, queued behind the held one: the later
+    # must be the one left there.
+    queued = [dcp.async_save(_state(seed), checkpoint_id=str(tmp_path / "q"),
+                             async_checkpointer_type=kind)
+              for seed in (2, 3)]
+    _process_writer._stager.drain()  # both handed to the writer
+    assert len(writer.jobs) == 3
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(dcp.CheckpointException,
+                       match=rf"writer process \(pid {pid}\) died"):
+        held.upload_completion.result(WAIT)
+    for response in queued:
+        response.upload_completion.result(WAIT)
+    assert _process_writer.writer_pid() not in (None, pid)
+    assert not os.path.exists(str(tmp_path / "1" / ".metadata"))
+    _check(str(tmp_path / "q"), 3)
+
+
 def test_process_saves_are_handed_over_while_the_writer_is_busy(tmp_path):
     """The writer reads its socket while it writes a save: a staged save
     whose hand-over is larger than the socket's buffer does not wait for
