@@ -73,7 +73,6 @@ class _StoreBridge:
 
     def _on_get(self, user, key, timeout_ms, sink, sink_ctx):
         try:
-            import torch.distributed as dist
             k = key.decode()
             if timeout_ms <= 0:
                 if not self.store.check([k]):
@@ -82,10 +81,8 @@ class _StoreBridge:
                 try:
                     self.store.wait(
                         [k], datetime.timedelta(milliseconds=timeout_ms))
-                except dist.DistStoreError:
-                    return _lib.DEADLINE_EXCEEDED
-                except RuntimeError as e:  # FileStore: "Wait timeout"
-                    if "timeout" in str(e).lower():
+                except RuntimeError as e:
+                    if _timed_out(e):
                         return _lib.DEADLINE_EXCEEDED
                     raise
             value = self.store.get(k)
@@ -113,6 +110,15 @@ def _group_options(backend, group_name, timeout):
 
 _instances: dict[str, int] = {}
 _instances_lock = threading.Lock()
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether a torch store's wait() ended by its timeout."""
+    import torch.distributed as dist
+    if isinstance(error, dist.DistStoreError):
+        return True
+    # FileStore: RuntimeError("Wait timeout")
+    return isinstance(error, RuntimeError) and "timeout" in str(error).lower()
 
 
 class ProcessGroup:
@@ -214,9 +220,18 @@ class ProcessGroup:
                       f"{type(error).__name__}: {error}")
             store.set(f"{prefix}/code/{rank}", str(_code_of(error)))
             store.add(f"{prefix}/nerr", 1)
+        try:  # who came, to name who did not if they never do
+            store.append(f"{prefix}/who", f"{rank},")
+        except (RuntimeError, NotImplementedError, AttributeError):
+            pass  # a store without append
         if store.add(f"{prefix}/arrive", 1) == size:
             store.set(f"{prefix}/go", b"1")
-        store.wait([f"{prefix}/go"], self.timeout)
+        try:
+            store.wait([f"{prefix}/go"], self.timeout)
+        except RuntimeError as e:
+            if not _timed_out(e):
+                raise
+            self._raise_absent(what, prefix, error, e)
         failed = store.add(f"{prefix}/nerr", 0)
         if rank == 0 and seq > 0:
             # Every rank has passed the previous round's keys by now.
@@ -246,6 +261,45 @@ class ProcessGroup:
             raise exc from error
         raise exc
 
+    def _raise_absent(self, what, prefix, error, cause) -> None:
+        """Raises CheckpointTimeoutError naming the ranks that did not
+        reach round `prefix` within the group's timeout."""
+        try:
+            who = self.store.get(f"{prefix}/who").decode()
+            came = {int(r) for r in who.split(",") if r}
+            absent = [r for r in range(self.size) if r not in came]
+        except Exception:
+            absent = []
+        ranks = f"rank(s) {absent}" if absent else "some rank"
+        msg = (f"{what}: {ranks} of the checkpoint group {self.name!r} "
+               f"(size {self.size}) did not come within its timeout "
+               f"({self.timeout}); rank {self.rank} waited for them (a "
+               "rank that exited, hangs, or skipped this call)")
+        failures = {r: (errors.CheckpointTimeoutError(
+            f"rank {r} did not come", None, _lib.DEADLINE_EXCEEDED),
+            traceback.StackSummary()) for r in absent}
+        for r in range(self.size):  # and the errors of those who came
+            try:
+                if r == self.rank or r in failures or not self.store.check(
+                        [f"{prefix}/err/{r}"]):
+                    continue
+                text = self.store.get(f"{prefix}/err/{r}").decode()
+                code = int(self.store.get(f"{prefix}/code/{r}"))
+            except Exception:
+                continue
+            failures[r] = (errors.exception_class(code)(text, None, code),
+                           traceback.StackSummary())
+        if error is not None:
+            failures[self.rank] = (error, traceback.extract_tb(
+                error.__traceback__))
+        msg += "".join(
+            f"; rank {r}: " + (_describe(error) if r == self.rank else
+                               str(failures[r][0]))
+            for r in sorted(failures) if r not in absent)
+        exc = errors.CheckpointTimeoutError(msg, failures or None,
+                                            _lib.DEADLINE_EXCEEDED)
+        raise exc from (error if error is not None else cause)
+
     def _agree_in_engine(self, what, error) -> None:
         code, msg = _lib.OK, b""
         if error is not None:
@@ -268,7 +322,8 @@ class ProcessGroup:
 
     def _delete_round(self, seq, failed) -> None:
         prefix = f"dcp-py/{self.name}/{self._instance}/{seq}"
-        keys = [f"{prefix}/arrive", f"{prefix}/go", f"{prefix}/nerr"]
+        keys = [f"{prefix}/arrive", f"{prefix}/who", f"{prefix}/go",
+                f"{prefix}/nerr"]
         if failed:
             for r in range(self.size):
                 keys += [f"{prefix}/err/{r}", f"{prefix}/code/{r}"]

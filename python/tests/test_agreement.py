@@ -60,6 +60,30 @@ def test_one_failing_rank_fails_every_rank():
     assert _round(groups, {}) == ["ok"] * 3
 
 
+@pytest.mark.parametrize("kind", ["hash", "file"])
+def test_ranks_that_never_come_are_named(kind, tmp_path):
+    """A rank that never reaches the meeting (exited, or skipped the call)
+    is named, as a CheckpointTimeoutError with an entry in `failures`,
+    when the group's timeout ends the wait."""
+    import datetime
+    store = dist.HashStore() if kind == "hash" else dist.FileStore(
+        str(tmp_path / "fs"), 1)
+    groups = _groups(3, store)
+    for g in groups:
+        g.timeout = datetime.timedelta(milliseconds=300)
+    results = _round(groups[:2], {1: ValueError("bad value 'x'")})
+    for rank, r in enumerate(results):
+        assert isinstance(r, dcp.CheckpointTimeoutError), r
+        assert isinstance(r, TimeoutError)
+        assert sorted(r.failures) == [1, 2], r.failures
+        assert isinstance(r.failures[2][0], dcp.CheckpointTimeoutError)
+        assert "save: rank(s) [2] of the checkpoint group 'test-agree' " \
+            "(size 3) did not come" in str(r)
+        assert f"rank {rank} waited" in str(r)
+    assert results[1].failures[1][0].args[0] == "bad value 'x'"
+    assert "rank 1: ValueError: bad value 'x'" in str(results[1])
+
+
 def test_single_rank_reraises_the_error_itself():
     (g,) = _groups(1, dist.HashStore())
     with pytest.raises(KeyError):
