@@ -184,7 +184,8 @@ void RemoveTemporaryFiles(FileSystemBase& fs, const std::string& dir) {
 
 // The files of the checkpoint in `dir` that a new save replaces: the
 // single file, the index and what it names, the files a Hugging Face
-// writer names `model-N-of-M`, and the shards in sharded/. Never other
+// writer names `model-N-of-M`, and the shards (`shard-R-model-N-of-M`) in
+// the directory and in sharded/. Never other
 // files (a LoRA adapter, a tokenizer). The listing's error when `dir`
 // cannot be listed; a missing sharded/ holds nothing.
 absl::StatusOr<std::set<std::string>> ReplaceableFiles(FileSystemBase& fs,
@@ -195,7 +196,7 @@ absl::StatusOr<std::set<std::string>> ReplaceableFiles(FileSystemBase& fs,
   DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(dir));
   for (const std::string& name : names) {
     if (name == kHfSingleFileName || name == kHfIndexFileName ||
-        IsModelFileName(name)) {
+        IsModelFileName(name) || IsShardFileName(name)) {
       files.insert(name);
     }
   }

@@ -46,6 +46,23 @@ constexpr int64_t kDataAlignment = internal_io::kDirectIoAlignment;
 constexpr char kHfNamesHeldBy[] =
     "a Hugging Face checkpoint (safetensors headers, JSON index)";
 
+// Where a rank's files of a save go, relative to the directory, as a
+// prefix: "sharded/" when a distributed save is consolidated (the shards
+// are its sources), else the directory itself, as PyTorch's writer does
+// (its reader, and transformers, find the shards there).
+std::string ShardPrefix(const HuggingFaceStorageWriterOptions& options) {
+  return options.save_distributed && options.enable_consolidation
+             ? absl::StrCat(kHfShardedDirName, "/")
+             : std::string();
+}
+
+// The directory ShardPrefix names, under `dir`.
+std::string ShardDir(const std::string& dir,
+                     const HuggingFaceStorageWriterOptions& options) {
+  return ShardPrefix(options).empty() ? dir
+                                      : JoinPath(dir, kHfShardedDirName);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -139,9 +156,7 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
       *fs_, JoinPath(path_, kHfShardedDirName),
       absl::StrCat("the shards' directory of ", where, "'s save")));
   DCP_RETURN_IF_ERROR(Annotate(
-      fs_->CreateDir(options_.save_distributed
-                         ? JoinPath(path_, kHfShardedDirName)
-                         : path_),
+      fs_->CreateDir(ShardDir(path_, options_)),
       absl::StrCat(where, ": cannot create checkpoint directory ", path_)));
   // Probe that the directory takes new files now, not after planning.
   // Abort removes the probe if its removal fails.
@@ -235,7 +250,7 @@ HuggingFaceStorageWriter::PrepareGlobalPlan(std::vector<SavePlan> plans) {
     for (size_t r = 0; r < plans.size(); ++r) {
       for (const auto& [fqn, bytes] : items[r]) {
         const std::string name =
-            absl::StrCat(kHfShardedDirName, "/",
+            absl::StrCat(ShardPrefix(options_),
                          HfFileName(MappedIndex(mapping, fqn), highest,
                                     static_cast<int>(r) + 1));
         ranks[r].file_of[fqn] = file_number(ranks[r], name);
@@ -374,8 +389,8 @@ absl::Status HuggingFaceStorageWriter::WriteFile(
     WriteResult& result = *results[i];
     result.index = items[i]->index;
     result.size_in_bytes = t.end - t.begin;
-    // A plain name (what dcp metadata holds): files of save_distributed are
-    // in sharded/, Finish knows.
+    // A plain name (what dcp metadata holds): Finish knows whether the
+    // files are in sharded/ (ShardPrefix).
     result.storage_data.relative_path =
         assignment.relative.substr(assignment.relative.rfind('/') + 1);
     result.storage_data.offset = data_start + t.begin;
@@ -427,7 +442,7 @@ Future<std::vector<WriteResult>> HuggingFaceStorageWriter::WriteData(
         return WriteFile(work[f].assignment, work[f].items, planner,
                          work[f].results);
       },
-      options_.save_distributed ? JoinPath(path_, kHfShardedDirName) : path_);
+      ShardDir(path_, options_));
   if (!status.ok()) return Result::Ready(status);
   return Result::Ready(std::move(results));
 }
@@ -438,10 +453,8 @@ absl::Status HuggingFaceStorageWriter::Finish(
   std::set<std::string> written;
   for (const std::vector<WriteResult>& rank : results) {
     for (const WriteResult& result : rank) {
-      written.insert(options_.save_distributed
-                         ? absl::StrCat(kHfShardedDirName, "/",
-                                        result.storage_data.relative_path)
-                         : result.storage_data.relative_path);
+      written.insert(
+          absl::StrCat(ShardPrefix(options_), result.storage_data.relative_path));
     }
   }
   internal_io::CommitJournal journal;

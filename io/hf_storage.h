@@ -9,11 +9,12 @@
 //   is empty), and the index with `metadata.total_size` (the tensor bytes)
 //   and `weight_map` (tensor -> file name). Each file's header carries
 //   `"format": "pt"` in `__metadata__`. With save_distributed each rank
-//   writes its own chunks to `sharded/shard-0000R-model-0000I-of-0000N
-//   .safetensors` (R = rank + 1), their offsets in the global tensor in
+//   writes its own chunks to `shard-0000R-model-0000I-of-0000N.safetensors`
+//   (R = rank + 1) in the directory, their offsets in the global tensor in
 //   `__metadata__["DCP_SHARDING_INFO"]` ({"fqn": {"saved_offsets": [...]}},
-//   the seed's key), and no index; with enable_consolidation as well the
-//   coordinator then streams those shards into full tensors in the files
+//   the seed's key), and no index (PyTorch's layout, which its reader
+//   loads); with enable_consolidation as well the shards go to `sharded/`
+//   and the coordinator then streams them into full tensors in the files
 //   and index above.
 // - A save commits atomically: every file is written under a temporary
 //   name (`.NAME.tmp-<save id>`) and fsynced; at Finish the coordinator
@@ -85,7 +86,7 @@ struct HuggingFaceStorageWriterOptions {
   std::map<std::string, int> fqn_to_index_mapping;
   // Files written in parallel per rank.
   int thread_count = 1;
-  // Each rank writes its chunks under sharded/ (see the file comment).
+  // Each rank writes its chunks to its own files (see the file comment).
   bool save_distributed = false;
   // With save_distributed: the coordinator consolidates the shards into
   // full tensors at Finish.
@@ -136,7 +137,7 @@ class HuggingFaceStorageWriter final
 
   // A fresh save id; a non-empty `checkpoint_id` replaces the directory.
   absl::Status Reset(const std::string& checkpoint_id) override;
-  // Creates the directory (and sharded/ for save_distributed) and probes
+  // Creates the directory (and sharded/ for a consolidated save) and probes
   // that it takes files (kPermissionDenied naming it). The coordinator then
   // takes the directory lock (kFailedPrecondition naming the holder while
   // another save has it), completes a commit an interrupted save decided
@@ -165,7 +166,7 @@ class HuggingFaceStorageWriter final
   // and commits (see the file comment). The checkpoint exists once this
   // returns OK; `metadata` is not stored (the headers describe the files).
   // The results' relative paths are file names in the directory of their
-  // file (sharded/ for save_distributed).
+  // file (sharded/ for a consolidated save_distributed).
   absl::Status Finish(
       const Metadata& metadata,
       const std::vector<std::vector<WriteResult>>& results) override;

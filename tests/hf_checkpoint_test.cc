@@ -478,18 +478,18 @@ TEST(HfCheckpoint, SaveDistributedOnOneRankWritesShardsWithShardingInfo) {
   saved["w"] = SeededTensor(DType::kF32, {8, 3}, 3);
   saved["b"] = SeededTensor(DType::kBF16, {5}, 4);
   ASSERT_TRUE(SaveHf(dir, saved, options).ok());
-  const std::string shard =
-      absl::StrCat(kHfShardedDirName, "/", HfFileName(1, 1, /*shard=*/1));
-  EXPECT_EQ(shard, "sharded/shard-00001-model-00001-of-00001.safetensors");
-  EXPECT_TRUE(ListFiles(dir).empty());
-  EXPECT_EQ(ListFiles(JoinPath(dir, kHfShardedDirName)),
-            (std::set<std::string>{HfFileName(1, 1, 1)}));
+  // In the directory itself, as PyTorch's writer puts them without
+  // consolidation (its reader looks there).
+  const std::string shard = HfFileName(1, 1, /*shard=*/1);
+  EXPECT_EQ(shard, "shard-00001-model-00001-of-00001.safetensors");
+  EXPECT_EQ(ListFiles(dir), (std::set<std::string>{shard}));
+  EXPECT_FALSE(std::filesystem::exists(JoinPath(dir, kHfShardedDirName)));
   const SafetensorsHeader header = HeaderOf(JoinPath(dir, shard));
   EXPECT_EQ(header.metadata.at("format"), "pt");
   const Json sharding = Json::parse(header.metadata.at(kHfShardingInfoKey));
   EXPECT_EQ(sharding["w"][kHfSavedOffsetsKey], Json::array({0, 0}));
   EXPECT_EQ(sharding["b"][kHfSavedOffsetsKey], Json::array({0}));
-  // The directory loads (through sharded/).
+  // The directory loads.
   StateDict loaded = ZerosLike(saved);
   ASSERT_TRUE(LoadHf(dir, loaded).ok());
   ExpectEqualStates(saved, loaded);
@@ -503,9 +503,8 @@ TEST(HfCheckpoint, OverlappingShardsAreDataLoss) {
   HuggingFaceStorageWriterOptions options;
   options.save_distributed = true;
   ASSERT_TRUE(SaveHf(dir, saved, options).ok());
-  const std::string sharded = JoinPath(dir, kHfShardedDirName);
-  std::filesystem::copy_file(JoinPath(sharded, HfFileName(1, 1, 1)),
-                             JoinPath(sharded, HfFileName(1, 1, 2)));
+  std::filesystem::copy_file(JoinPath(dir, HfFileName(1, 1, 1)),
+                             JoinPath(dir, HfFileName(1, 1, 2)));
   StateDict loaded = ZerosLike(saved);
   const absl::Status status = LoadHf(dir, loaded);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
@@ -718,6 +717,38 @@ TEST(HfCheckpoint, ACrashAtAnyPointIsRecovered) {
   EXPECT_GT(completed_by_load, 0);
   EXPECT_GT(old_seen, 0);
   EXPECT_GT(new_seen, 0);
+}
+
+// A distributed save replaces the shards of the checkpoint there, whether
+// they lie in the directory (PyTorch's writer, or more ranks than this
+// save has) or in sharded/ (a consolidated save): none is left to be read
+// beside the new ones.
+TEST(HfCheckpoint, ADistributedSaveReplacesEveryEarlierShard) {
+  const std::string dir = MakeTempDir("hf_replace_shards");
+  HuggingFaceStorageWriterOptions options;
+  options.save_distributed = true;
+  const StateDict old_state = SmallState(1);
+  ASSERT_TRUE(SaveHf(dir, old_state, options).ok());
+  // What a save of two ranks, and a consolidated one, left.
+  std::filesystem::copy_file(JoinPath(dir, HfFileName(1, 1, 1)),
+                             JoinPath(dir, HfFileName(1, 1, 2)));
+  std::filesystem::create_directory(JoinPath(dir, kHfShardedDirName));
+  std::filesystem::copy_file(
+      JoinPath(dir, HfFileName(1, 1, 1)),
+      JoinPath(JoinPath(dir, kHfShardedDirName), HfFileName(1, 1, 1)));
+  const StateDict new_state = SmallState(2);
+  ASSERT_TRUE(SaveHf(dir, new_state, options).ok());
+  EXPECT_EQ(AllFiles(dir), (std::set<std::string>{HfFileName(1, 1, 1)}));
+  EXPECT_TRUE(LoadsAs(dir, new_state));
+  // Consolidated: the full tensors and the index, its shards in sharded/.
+  options.enable_consolidation = true;
+  const StateDict third = SmallState(3);
+  ASSERT_TRUE(SaveHf(dir, third, options).ok());
+  EXPECT_EQ(AllFiles(dir),
+            (std::set<std::string>{
+                HfFileName(1, 1), kHfIndexFileName,
+                absl::StrCat(kHfShardedDirName, "/", HfFileName(1, 1, 1))}));
+  EXPECT_TRUE(LoadsAs(dir, third));
 }
 
 }  // namespace

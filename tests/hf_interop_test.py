@@ -204,18 +204,23 @@ class DcpWritesLibraryReads(unittest.TestCase):
             k: v for k, v in make_tensors(4).items()
             if k.split(".")[0] in ("F32", "BF16", "F16", "I64", "U8", "BOOL")
         }
-        directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        dcp_save(directory, tensors, mapping={
-            name: 1 + k % 3 for k, name in enumerate(tensors)
-        })
-        state = {k: torch.zeros_like(v) for k, v in tensors.items()}
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tdcp.load(state, storage_reader=tdcp.HuggingFaceStorageReader(
-                directory), no_dist=True)
-        for key, want in tensors.items():
-            self.assertEqual(tensor_bytes(state[key]), tensor_bytes(want), key)
+        mapping = {name: 1 + k % 3 for k, name in enumerate(tensors)}
+        # Plain, and save_distributed without consolidation (its shards lie
+        # where PyTorch's writer puts them, in the directory itself).
+        for distributed in (False, True):
+            directory = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+            dcp_save(directory, tensors, mapping=mapping,
+                     save_distributed=distributed)
+            state = {k: torch.zeros_like(v) for k, v in tensors.items()}
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tdcp.load(state,
+                          storage_reader=tdcp.HuggingFaceStorageReader(
+                              directory), no_dist=True)
+            for key, want in tensors.items():
+                self.assertEqual(tensor_bytes(state[key]), tensor_bytes(want),
+                                 (distributed, key))
 
 
 class LibraryWritesDcpReads(unittest.TestCase):

@@ -149,6 +149,8 @@ def own_files(scenario, d):
         if os.path.exists(idx):
             own.add("model.safetensors.index.json")
             own.update(json.load(open(idx))["weight_map"].values())
+        own.update(f for f in os.listdir(d)
+                   if f.startswith("shard-") and f.endswith(".safetensors"))
         sh = os.path.join(d, "sharded")
         if os.path.isdir(sh):
             for f in os.listdir(sh):

@@ -245,10 +245,12 @@ class HuggingFaceStorageWriter(_Storage):
       model-0000I-of-0000N.safetensors. None or empty: every tensor in one
       file. A tensor the (non-empty) mapping lacks fails the save.
     thread_count: files written in parallel per rank.
-    save_distributed: each rank writes its own shards under sharded/ (their
-      offsets in the files' __metadata__), with no index.
-    enable_consolidation: with save_distributed, the coordinator then
-      streams the shards into full tensors and writes the index.
+    save_distributed: each rank writes its own shards,
+      shard-0000R-model-0000I-of-0000N.safetensors (their offsets in the
+      files' __metadata__), with no index, as PyTorch's writer does.
+    enable_consolidation: with save_distributed, the shards go to sharded/
+      and the coordinator then streams them into full tensors and writes
+      the index.
     thread_count_consolidation: output files consolidated in parallel.
     sync_files, direct_io, consolidation_buffer_bytes (dcp only, keywords):
       None = the engine's defaults (fsync on, O_DIRECT with a buffered
