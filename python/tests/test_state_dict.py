@@ -351,6 +351,36 @@ def test_round_trip_gives_identical_state_and_next_step(kind, flatten):
     _assert_same_params(src, dst)
 
 
+def test_param_group_ids_handed_to_load_state_dict_behave_as_lists():
+    """The ids lists _load_optimizers hands to Optimizer.load_state_dict
+    (set lookups for `in`) are lists in every other way, deep copies
+    included; and two param groups with their own settings load as
+    torch's own state dict does."""
+    from dcp._state_dict_optim import _IdList
+    ids = _IdList([5, 3, 9])
+    assert 3 in ids and 4 not in ids and list(ids) == [5, 3, 9]
+    twin = copy.deepcopy(ids)
+    assert twin == ids and 9 in twin and 7 not in twin
+    ids.append(7)  # grown after a lookup: still found
+    assert 7 in ids
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 3))
+    optim = torch.optim.AdamW([
+        {"params": model[0].parameters()},
+        {"params": model[1].parameters(), "lr": 0.5, "weight_decay": 0.0},
+    ])
+    _train_step(model, [optim], 1)
+    want = copy.deepcopy(optim.state_dict())
+    osd = copy.deepcopy(sd.get_optimizer_state_dict(model, optim))
+    twin_model = copy.deepcopy(model)
+    twin_optim = torch.optim.AdamW([
+        {"params": twin_model[0].parameters()},
+        {"params": twin_model[1].parameters(), "lr": 0.1},
+    ])
+    sd.set_optimizer_state_dict(twin_model, twin_optim, osd)
+    _assert_same_tree(twin_optim.state_dict(), want)
+    assert all(type(g["params"]) is list for g in twin_optim.param_groups)
+
+
 def test_set_copies_instead_of_sharing_the_callers_tensors():
     src, src_optims = _make("mlp_sgd_momentum", 0)
     _train_step(src, src_optims, 1)
