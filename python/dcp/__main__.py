@@ -1,44 +1,9 @@
-"""`dcp ...` and `python -m dcp ...`: the dcp command line (inspect,
-verify, convert, demo; `dcp --help`) that the wheel carries as dcp/_bin/dcp
-(tools/build_wheel.sh). DCP_TOOL names another binary to run instead (a
-build tree's bazel-bin/tools/dcp)."""
+"""`python -m dcp ...`: the dcp command line (see _dcp_command, which the
+wheel's `dcp` script runs without importing this package)."""
 
-from __future__ import annotations
-
-import os
 import sys
 
-
-def tool_path() -> str | None:
-    """The dcp binary: $DCP_TOOL, else the wheel's, else None."""
-    chosen = os.environ.get("DCP_TOOL")
-    if chosen:
-        return chosen
-    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "_bin", "dcp")
-    return bundled if os.access(bundled, os.X_OK) else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Replaces this process with the dcp binary and `argv` (default:
-    sys.argv[1:]); returns 2 with a message when there is none."""
-    args = sys.argv[1:] if argv is None else argv
-    path = tool_path()
-    if path is None:
-        print("dcp: this installation has no dcp command-line binary (a "
-              "wheel built without one, or a source checkout): build it "
-              "with `bazel build //tools:dcp` and set DCP_TOOL to "
-              "bazel-bin/tools/dcp", file=sys.stderr)
-        return 2
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execv(path, [path] + list(args))
-    except OSError as e:
-        print(f"dcp: cannot run {path}: {e}", file=sys.stderr)
-        return 2
-    return 0  # not reached
-
+from _dcp_command import main, tool_path  # noqa: F401
 
 if __name__ == "__main__":
     sys.exit(main())
