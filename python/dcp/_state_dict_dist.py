@@ -24,11 +24,18 @@ if TYPE_CHECKING:
 # torch.distributed, looked up only when the process already uses it.
 
 
+_dtensor: type | None = None
+
+
 def _dtensor_class() -> type | None:
     # A DTensor can only exist once torch.distributed.tensor was imported, so
     # a model without one never pays for importing it.
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None) if module is not None else None
+    global _dtensor
+    if _dtensor is None:
+        module = sys.modules.get("torch.distributed.tensor")
+        if module is not None:
+            _dtensor = getattr(module, "DTensor", None)
+    return _dtensor
 
 
 def _is_dtensor(value: Any) -> bool:

@@ -197,15 +197,20 @@ class _LoadedOptimizerState:
             if section not in (_STATE, _PARAM_GROUPS):
                 continue
             # The FQN is the longest dotted prefix of `rest` naming a parameter;
-            # parameters are leaves, so at most one prefix can.
-            parts = rest.split(".")
-            for cut in range(len(parts) - 1, 0, -1):
-                fqn = ".".join(parts[:cut])
-                if fqn in known:
-                    break
+            # parameters are leaves, so at most one prefix can. Most keys
+            # are "<fqn>.<name>": tried first.
+            fqn, _, last = rest.rpartition(".")
+            if fqn in known:
+                tail = [last]
             else:
-                continue
-            tail = parts[cut:]
+                parts = rest.split(".")
+                for cut in range(len(parts) - 2, 0, -1):
+                    fqn = ".".join(parts[:cut])
+                    if fqn in known:
+                        break
+                else:
+                    continue
+                tail = parts[cut:]
             if section == _PARAM_GROUPS:
                 group = self.group_of.setdefault(fqn, {})
                 self.group_order.setdefault(id(group), len(self.group_order))
