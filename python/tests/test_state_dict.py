@@ -381,6 +381,45 @@ def test_param_group_ids_handed_to_load_state_dict_behave_as_lists():
     assert all(type(g["params"]) is list for g in twin_optim.param_groups)
 
 
+def test_set_model_state_dict_copies_into_wide_and_hooked_models(
+        monkeypatch):
+    """A model that loads plainly is copied into directly; one with a load
+    hook, extra state or a module loading its own way (BatchNorm) goes
+    through Module.load_state_dict, hooks called; both give the values."""
+    def wide(seed):
+        torch.manual_seed(seed)
+        return nn.ModuleList([nn.Linear(2, 2) for _ in range(300)])
+
+    src, dst = wide(0), wide(1)
+
+    def unused(*args, **kwargs):
+        raise AssertionError("a plain model is copied into directly")
+
+    monkeypatch.setattr(dst, "load_state_dict", unused)
+    msd = copy.deepcopy(sd.get_model_state_dict(src))
+    del msd["299.bias"]
+    result = sd.set_model_state_dict(dst, msd, options=StateDictOptions(
+        strict=False))
+    assert result.missing_keys == ["299.bias"]
+    assert result.unexpected_keys == []
+    for key, value in msd.items():
+        assert torch.equal(dst.state_dict()[key], value), key
+    assert not torch.equal(dst[299].bias, src[299].bias)
+
+    calls = []
+    hooked_src = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    hooked_src[1].num_batches_tracked.fill_(7)
+    hooked = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    hooked[0].register_load_state_dict_post_hook(
+        lambda module, keys: calls.append(type(module).__name__))
+    msd = copy.deepcopy(sd.get_model_state_dict(hooked_src))
+    sd.set_model_state_dict(hooked, msd)
+    assert calls == ["Linear"]
+    assert int(hooked[1].num_batches_tracked) == 7
+    for key, value in msd.items():
+        assert torch.equal(hooked.state_dict()[key], value), key
+
+
 def test_set_copies_instead_of_sharing_the_callers_tensors():
     src, src_optims = _make("mlp_sgd_momentum", 0)
     _train_step(src, src_optims, 1)
