@@ -5,6 +5,7 @@
 #include <exception>
 #include <limits>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -383,20 +384,23 @@ absl::StatusOr<MegaHeader> DecodeMegaHeader(absl::string_view prefix,
                                  absl::StrCat(path, ": entry ", i)));
     header.entries.push_back(std::move(e));
   }
-  // Entries lie inside the data section, one after another.
+  // Entries lie inside the data section, one after another; an empty one
+  // (at the offset of the entry after it) overlaps nothing.
   std::vector<const MegaEntry*> order;
   for (const MegaEntry& e : header.entries) order.push_back(&e);
-  std::sort(order.begin(), order.end(),
-            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->begin, a->length) < std::tie(b->begin, b->length);
+  });
   int64_t free_from = 0;
   for (const MegaEntry* e : order) {
-    if (e->begin < free_from || e->begin + e->length > data_bytes) {
+    if ((e->length > 0 && e->begin < free_from) ||
+        e->begin + e->length > data_bytes) {
       return absl::DataLossError(absl::StrCat(
           path, ": the bytes of \"", e->name, "\" [", e->begin, ", ",
           e->begin + e->length, ") overlap another entry or lie outside the ",
           data_bytes, "-byte data section"));
     }
-    free_from = e->begin + e->length;
+    if (e->length > 0) free_from = e->begin + e->length;
   }
   return header;
 }
