@@ -262,7 +262,9 @@ def _is_async_collective(t) -> bool:
 
 def _dtensor_chunk(value, name):
     """(local tensor, global shape, offsets) of a DTensor; offsets None when
-    every placement is Replicate (the tensor is saved as a plain one)."""
+    every placement is Replicate (the tensor is saved as a plain one). On a
+    rank outside the DTensor's mesh: an empty chunk of it, or None (a 0-d
+    one, which has no empty chunk): that rank saves and loads none of it."""
     from torch.distributed.tensor import Replicate, Shard
     strided = _strided_shard_type()
     placements = tuple(value.placements)
@@ -283,8 +285,16 @@ def _dtensor_chunk(value, name):
         # storage until its collective is waited for.
         local = local.wait()
     in_mesh = value.device_mesh.get_coordinate() is not None
+    if not in_mesh:
+        gshape = tuple(int(s) for s in value.shape)
+        if not gshape:
+            return None
+        empty = (0,) + gshape[1:]
+        if local.numel() != 0:
+            local = local.new_empty(empty)
+        return local.reshape(empty), gshape, (0,) * len(gshape)
     if all(isinstance(p, Replicate) for p in placements):
-        if in_mesh and tuple(local.shape) != tuple(value.shape):
+        if tuple(local.shape) != tuple(value.shape):
             raise ValueError(
                 f"'{name}': replicated DTensor of shape "
                 f"{tuple(value.shape)} has a local tensor of shape "
@@ -296,18 +306,16 @@ def _dtensor_chunk(value, name):
         value.shape, value.device_mesh, placements)
     local_shape = tuple(int(s) for s in local_shape)
     offsets = tuple(int(o) for o in offsets)
-    if in_mesh:
-        if tuple(local.shape) != local_shape:
-            raise ValueError(
-                f"'{name}': DTensor local tensor has shape "
-                f"{tuple(local.shape)} but its placements {placements} give "
-                f"this rank {local_shape} of the global shape "
-                f"{tuple(value.shape)} (dcp needs the torch.chunk split "
-                "DTensor makes; uneven from_local shards are not supported)")
-        if strided is not None and any(isinstance(p, strided)
-                                       for p in placements):
-            _check_box(value, name, placements, strided, local_shape,
-                       offsets)
+    if tuple(local.shape) != local_shape:
+        raise ValueError(
+            f"'{name}': DTensor local tensor has shape "
+            f"{tuple(local.shape)} but its placements {placements} give "
+            f"this rank {local_shape} of the global shape "
+            f"{tuple(value.shape)} (dcp needs the torch.chunk split "
+            "DTensor makes; uneven from_local shards are not supported)")
+    if strided is not None and any(isinstance(p, strided)
+                                   for p in placements):
+        _check_box(value, name, placements, strided, local_shape, offsets)
     return local, tuple(value.shape), offsets
 
 
@@ -535,9 +543,11 @@ class Flat:
                     # Autograd saves the wrapper, whose version counter is
                     # its own (mark_written).
                     self._wrappers.append(v)
-                local, gshape, offsets = _dtensor_chunk(v, self.name())
-                self._tensor(local, None if offsets is None else
-                             (gshape, offsets))
+                chunk = _dtensor_chunk(v, self.name())
+                if chunk is not None:  # (None: none of it on this rank)
+                    local, gshape, offsets = chunk
+                    self._tensor(local, None if offsets is None else
+                                 (gshape, offsets))
             elif _is_async_collective(v):
                 self._tensor(v.wait(), None)
             elif getattr(v, "global_shape", None) is not None:

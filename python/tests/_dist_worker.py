@@ -234,6 +234,39 @@ def dropped_group_scenario(rank, world, ckpt):
         assert torch.equal(back[f"x{r}"], torch.full((1 << 16,), float(r)))
 
 
+def submesh_scenario(rank, world, ckpt):
+    """DTensors on a mesh of ranks 0 and 1 of a 3-rank world: rank 2,
+    outside it, holds none of them (an empty local tensor) and saves and
+    loads none; the mesh ranks get every value back."""
+    from torch.distributed.device_mesh import DeviceMesh
+    mesh = DeviceMesh("cpu", [0, 1])
+    full = torch.arange(24.0).view(6, 4)
+
+    def state(fill):
+        src = full if fill else torch.zeros(6, 4)
+        return {"s": distribute_tensor(src, mesh, [Shard(0)]),
+                "c": distribute_tensor(src, mesh, [Shard(1)]),
+                "r": distribute_tensor(src, mesh, [Replicate()]),
+                "z": distribute_tensor(src[0, 0].clone(), mesh,
+                                       [Replicate()])}
+
+    path = os.path.join(ckpt, "submesh")
+    md = dcp.save(state(True), checkpoint_id=path)
+    assert md.state_dict_metadata["s"].size == (6, 4)
+    back = state(False)
+    dcp.load(back, checkpoint_id=path)
+    for key in ("s", "c", "r", "z"):
+        got = back[key].to_local()
+        if rank == 2:
+            assert got.numel() == 0, (key, got)
+        else:
+            want = state(True)[key].to_local()
+            assert torch.equal(got, want), (key, got, want)
+    whole = {"s": torch.zeros(6, 4), "z": torch.zeros(())}
+    dcp.load(whole, checkpoint_id=path, no_dist=True)
+    assert torch.equal(whole["s"], full) and float(whole["z"]) == 0.0
+
+
 def main():
     scenario, rank, world, store, ckpt = sys.argv[1:6]
     if rank == "env":  # under torchrun
@@ -355,6 +388,8 @@ def main():
         strided_scenario(rank, world, ckpt)
     elif scenario == "dropped_group":
         dropped_group_scenario(rank, world, ckpt)
+    elif scenario == "submesh":
+        submesh_scenario(rank, world, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

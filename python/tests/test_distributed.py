@@ -89,6 +89,10 @@ def test_strided_shard_fsdp_over_tp(tmp_path):
     _run("strided", 4, tmp_path, str(tmp_path / "ckpt"))
 
 
+def test_dtensors_of_a_mesh_some_ranks_are_outside_of(tmp_path):
+    _run("submesh", 3, tmp_path, str(tmp_path / "ckpt"))
+
+
 def test_a_group_dropped_during_an_async_save(tmp_path):
     _run("dropped_group", 2, tmp_path, str(tmp_path / "ckpt"))
 
