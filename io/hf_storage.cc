@@ -59,8 +59,7 @@ std::string ShardPrefix(const HuggingFaceStorageWriterOptions& options) {
 // The directory ShardPrefix names, under `dir`.
 std::string ShardDir(const std::string& dir,
                      const HuggingFaceStorageWriterOptions& options) {
-  return ShardPrefix(options).empty() ? dir
-                                      : JoinPath(dir, kHfShardedDirName);
+  return ShardPrefix(options).empty() ? dir : JoinPath(dir, kHfShardedDirName);
 }
 
 }  // namespace
@@ -453,8 +452,8 @@ absl::Status HuggingFaceStorageWriter::Finish(
   std::set<std::string> written;
   for (const std::vector<WriteResult>& rank : results) {
     for (const WriteResult& result : rank) {
-      written.insert(
-          absl::StrCat(ShardPrefix(options_), result.storage_data.relative_path));
+      written.insert(absl::StrCat(ShardPrefix(options_),
+                                  result.storage_data.relative_path));
     }
   }
   internal_io::CommitJournal journal;
