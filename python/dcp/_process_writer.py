@@ -508,14 +508,13 @@ class _Writer:
         self.settled.set()
         self.ready.set()  # wakes reserve(); it checks `dead`
         if self.orphans:
-            with _writer_lock:
-                current = _writer is self
-            if current:  # (not after shutdown_writer())
-                try:
-                    _live_writer()  # takes them over, unless a caller did
-                except Exception:
-                    log.exception("dcp: could not start a new async writer "
-                                  "process")
+            try:
+                # A new writer takes them over, unless a caller's did, or
+                # shutdown_writer() came first.
+                _live_writer(replacing=self)
+            except Exception:
+                log.exception("dcp: could not start a new async writer "
+                              "process")
             self._fail_orphans("no new writer process took it")
         for job in jobs:
             _pool.release(job.segment)
@@ -612,22 +611,27 @@ def _running(writer) -> bool:
             writer.proc.poll() is None)
 
 
-def _live_writer() -> _Writer:
+def _live_writer(replacing=None) -> _Writer | None:
     """The running writer; a new one replaces a dead one, and is first
     given the saves the dead one never began (in their order, before
-    any later save)."""
+    any later save). With `replacing` (a dead writer): None unless that
+    writer is still the current one."""
     global _writer
+    old = _writer
+    if (old is not None and not _running(old) and
+            threading.current_thread() is not old.reader):
+        # Exited: its reader meets the end of the socket now and sorts its
+        # saves (waited for without the lock: its done-callbacks may take
+        # it).
+        old.settled.wait(60)
     with _writer_lock:
+        if replacing is not None and _writer is not replacing:
+            return None
         if not _running(_writer):
             old = _writer
-            if old is not None:
-                if threading.current_thread() is not old.reader:
-                    # Exited: its reader meets the end of the socket now
-                    # and sorts its saves.
-                    old.settled.wait(60)
-                if not old.started:
-                    log.warning("dcp: starting a new async writer process; "
-                                "%s", old.death())
+            if old is not None and not old.started:
+                log.warning("dcp: starting a new async writer process; %s",
+                            old.death())
             _writer = _Writer()
             if old is not None:
                 _resend(old, _writer)

@@ -544,7 +544,14 @@ class Flat:
                     # its own (mark_written).
                     self._wrappers.append(v)
                 chunk = _dtensor_chunk(v, self.name())
-                if chunk is not None:  # (None: none of it on this rank)
+                if chunk is None:  # none of it on this rank
+                    if isinstance(parent, (list, tuple)):
+                        raise ValueError(
+                            f"'{self.name()}': this rank is outside the "
+                            "mesh of this 0-d DTensor and holds none of "
+                            "it, which a list or tuple cannot leave out "
+                            "(hold it in a dict)")
+                else:
                     local, gshape, offsets = chunk
                     self._tensor(local, None if offsets is None else
                                  (gshape, offsets))

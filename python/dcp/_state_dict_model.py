@@ -176,19 +176,25 @@ def _model_state_dict(
 @torch.no_grad()
 def _loads_plainly(model: nn.Module) -> bool:
     """Whether model.load_state_dict(sd, strict=False) would only copy_
-    each of sd's tensors into the model's tensor of that key: no module
-    loads its own way (_load_from_state_dict, extra state, lazy modules),
-    no load hook, no swapping of tensors."""
+    each of sd's tensors into the model's tensor of that key: the model's
+    load_state_dict is nn.Module's, no module loads its own way
+    (_load_from_state_dict, extra state, lazy modules), no load hook, no
+    swapping of tensors."""
     future = getattr(torch, "__future__", None)
     swap = getattr(future, "get_swap_module_params_on_conversion", None)
     if swap is not None and swap():
         return False
+    if getattr(model.load_state_dict, "__func__",
+               None) is not nn.Module.load_state_dict:
+        return False
     own_load = nn.Module._load_from_state_dict
-    own_extra = nn.Module.get_extra_state
+    own_get_extra = nn.Module.get_extra_state
+    own_set_extra = nn.Module.set_extra_state
     for m in model.modules():
         cls = type(m)
         if (cls._load_from_state_dict is not own_load or
-                cls.get_extra_state is not own_extra or
+                cls.get_extra_state is not own_get_extra or
+                cls.set_extra_state is not own_set_extra or
                 getattr(m, "_load_state_dict_pre_hooks", None) or
                 getattr(m, "_load_state_dict_post_hooks", None)):
             return False
@@ -200,7 +206,8 @@ def _copy_plainly(model: nn.Module, local: dict[str, Any],
     """model.load_state_dict(to_load, strict=False) where that is a plain
     copy of every value into the model's tensor of its key (each a
     non-DTensor of the same shape; `local` is model.state_dict(keep_vars=
-    True)); None, having changed nothing, where it is not. torch's load
+    True)); None where it is not (having changed nothing, or where a copy
+    failed, only values torch's load then copies again). torch's load
     filters the whole state dict once per child module, which is
     quadratic for a module with many children (10,000 of them: 15 s)."""
     pairs = []
@@ -214,10 +221,13 @@ def _copy_plainly(model: nn.Module, local: dict[str, Any],
         pairs.append((target, value))
     if not _loads_plainly(model):
         return None
-    with torch.no_grad():
-        for target, value in pairs:
-            if value is not target:
-                target.copy_(value)
+    try:
+        with torch.no_grad():
+            for target, value in pairs:
+                if value is not target:
+                    target.copy_(value)
+    except Exception:  # noqa: BLE001 - torch's load says it its way
+        return None
     return _IncompatibleKeys([k for k in local if k not in to_load], [])
 
 

@@ -265,9 +265,14 @@ class ProcessGroup:
         """Raises CheckpointTimeoutError naming the ranks that did not
         reach round `prefix` within the group's timeout."""
         try:
-            who = self.store.get(f"{prefix}/who").decode()
+            key = f"{prefix}/who"
+            # (check first: a store without append never set it, and its
+            # get would wait out the timeout again)
+            who = self.store.get(key).decode() if self.store.check(
+                [key]) else ""
             came = {int(r) for r in who.split(",") if r}
-            absent = [r for r in range(self.size) if r not in came]
+            absent = [r for r in range(self.size) if r not in came] if \
+                came else []
         except Exception:
             absent = []
         ranks = f"rank(s) {absent}" if absent else "some rank"

@@ -265,6 +265,17 @@ def submesh_scenario(rank, world, ckpt):
     whole = {"s": torch.zeros(6, 4), "z": torch.zeros(())}
     dcp.load(whole, checkpoint_id=path, no_dist=True)
     assert torch.equal(whole["s"], full) and float(whole["z"]) == 0.0
+    # A 0-d one in a list: rank 2 cannot leave its place out; every rank
+    # says so.
+    listed = {"l": [distribute_tensor(full[0, 1].clone(), mesh,
+                                      [Replicate()]), 5]}
+    try:
+        dcp.save(listed, checkpoint_id=os.path.join(ckpt, "listed"))
+    except dcp.CheckpointValueError as e:
+        assert list(e.failures) == [2], e.failures
+        assert "'l.0': this rank is outside the mesh" in str(e), str(e)
+    else:
+        raise AssertionError("the save did not fail")
 
 
 def main():

@@ -386,6 +386,8 @@ def test_set_model_state_dict_copies_into_wide_and_hooked_models(
     """A model that loads plainly is copied into directly; one with a load
     hook, extra state or a module loading its own way (BatchNorm) goes
     through Module.load_state_dict, hooks called; both give the values."""
+    calls = []
+
     def wide(seed):
         torch.manual_seed(seed)
         return nn.ModuleList([nn.Linear(2, 2) for _ in range(300)])
@@ -395,7 +397,7 @@ def test_set_model_state_dict_copies_into_wide_and_hooked_models(
     def unused(*args, **kwargs):
         raise AssertionError("a plain model is copied into directly")
 
-    monkeypatch.setattr(dst, "load_state_dict", unused)
+    monkeypatch.setattr(nn.Module, "_load_from_state_dict", unused)
     msd = copy.deepcopy(sd.get_model_state_dict(src))
     del msd["299.bias"]
     result = sd.set_model_state_dict(dst, msd, options=StateDictOptions(
@@ -405,8 +407,18 @@ def test_set_model_state_dict_copies_into_wide_and_hooked_models(
     for key, value in msd.items():
         assert torch.equal(dst.state_dict()[key], value), key
     assert not torch.equal(dst[299].bias, src[299].bias)
+    monkeypatch.undo()
 
-    calls = []
+    class OwnLoad(nn.Sequential):  # its load_state_dict is called
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            calls.append("OwnLoad")
+            return super().load_state_dict(state_dict, *args, **kwargs)
+
+    own = OwnLoad(nn.Linear(3, 3))
+    sd.set_model_state_dict(own, sd.get_model_state_dict(OwnLoad(
+        nn.Linear(3, 3))))
+    assert calls == ["OwnLoad"]
+    calls.clear()
     hooked_src = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     hooked_src[1].num_batches_tracked.fill_(7)
     hooked = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
