@@ -183,19 +183,29 @@ def test_process_writer_round_trip_and_reuse(tmp_path):
     assert _process_writer.writer_pid() == pid
 
 
-def test_process_writer_killed_mid_save(tmp_path):
-    kind = dcp.AsyncCheckpointerType.PROCESS
+PROCESS = dcp.AsyncCheckpointerType.PROCESS
+
+
+def _held_process_save(tmp_path):
+    """(writer, response): a PROCESS save of _state(1) into tmp_path/1
+    that the (started) writer process holds, waiting in it."""
     warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
-                          async_checkpointer_type=kind)
+                          async_checkpointer_type=PROCESS)
     warm.upload_completion.result(WAIT)
-    pid = _process_writer.writer_pid()
     writer = _process_writer._writer
     writer.held.clear()
     _process_writer._debug_hold_next = True  # the writer waits in the save
     resp = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
-                          async_checkpointer_type=kind)
-    resp.staging_completion.result(WAIT)
+                          async_checkpointer_type=PROCESS)
     assert writer.held.wait(WAIT)
+    return writer, resp
+
+
+def test_process_writer_killed_mid_save(tmp_path):
+    kind = PROCESS
+    writer, resp = _held_process_save(tmp_path)
+    pid = writer.pid
+    resp.staging_completion.result(WAIT)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(dcp.CheckpointException,
                        match=rf"writer process \(pid {pid}\) died") as e:
@@ -213,17 +223,9 @@ def test_process_writer_killed_mid_save(tmp_path):
 def test_process_saves_the_dead_writer_never_began_go_to_a_new_one(tmp_path):
     """A writer that dies fails the save it was writing; the saves handed
     to it that it had not begun are written by a new writer, in order."""
-    kind = dcp.AsyncCheckpointerType.PROCESS
-    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
-                          async_checkpointer_type=kind)
-    warm.upload_completion.result(WAIT)
-    pid = _process_writer.writer_pid()
-    writer = _process_writer._writer
-    writer.held.clear()
-    _process_writer._debug_hold_next = True  # the writer waits in the save
-    held = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
-                          async_checkpointer_type=kind)
-    assert writer.held.wait(WAIT)
+    kind = PROCESS
+    writer, held = _held_process_save(tmp_path)
+    pid = writer.pid
     # Two saves into one directory, queued behind the held one: the later
     # must be the one left there.
     queued = [dcp.async_save(_state(seed), checkpoint_id=str(tmp_path / "q"),
@@ -246,16 +248,8 @@ def test_process_saves_are_handed_over_while_the_writer_is_busy(tmp_path):
     """The writer reads its socket while it writes a save: a staged save
     whose hand-over is larger than the socket's buffer does not wait for
     the save being written, nor do the saves staged after it."""
-    kind = dcp.AsyncCheckpointerType.PROCESS
-    warm = dcp.async_save(_state(0), checkpoint_id=str(tmp_path / "0"),
-                          async_checkpointer_type=kind)
-    warm.upload_completion.result(WAIT)
-    writer = _process_writer._writer
-    writer.held.clear()
-    _process_writer._debug_hold_next = True  # the writer waits in the save
-    held = dcp.async_save(_state(1), checkpoint_id=str(tmp_path / "1"),
-                          async_checkpointer_type=kind)
-    assert writer.held.wait(WAIT)
+    kind = PROCESS
+    writer, held = _held_process_save(tmp_path)
     # About 2 MB of paths and tensor specs: more than a socket buffer.
     many = {f"layer{i}.a_long_parameter_name": torch.full((2,), float(i))
             for i in range(20000)}
