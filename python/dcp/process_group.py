@@ -382,6 +382,23 @@ _cache: dict = {}
 _cache_lock = threading.Lock()
 
 
+def _torch_timeout(pg):
+    """The timeout torch's group `pg` runs under (init_process_group's or
+    new_group's `timeout=`, else torch's default for its backend), or None
+    (dcp's default) when its backends do not say."""
+    import torch
+    for device in getattr(pg, "_device_types", None) or \
+            [torch.device("cpu")]:
+        try:
+            timeout = pg._get_backend(device).options._timeout
+        except Exception:  # a backend without options: ask the next
+            continue
+        if isinstance(timeout, datetime.timedelta) and \
+                timeout > datetime.timedelta(0):
+            return timeout
+    return None
+
+
 def _torch_group(pg):
     """The cached dcp group of torch ProcessGroup `pg` (None: the default
     group), or None when its world has one rank."""
@@ -403,7 +420,8 @@ def _torch_group(pg):
             name = f"dcp-checkpoint-{pg.group_name}"
             store = dist.PrefixStore(f"dcp/{pg.group_name}", store)
         group = ProcessGroup.from_store(store, dist.get_rank(pg), size,
-                                        group_name=name)
+                                        group_name=name,
+                                        timeout=_torch_timeout(pg))
         group._keep = pg
         _cache[key] = (pg, group)
         return group

@@ -234,6 +234,34 @@ def dropped_group_scenario(rank, world, ckpt):
         assert torch.equal(back[f"x{r}"], torch.full((1 << 16,), float(r)))
 
 
+def group_timeout_scenario(rank, world, ckpt):
+    """A group's `timeout=` (torch's new_group here) bounds dcp's waits on
+    it: rank 0's second save, which the other ranks skip, fails naming
+    them once that timeout passes (dcp's own default is 5 minutes)."""
+    import datetime
+    timeout = datetime.timedelta(seconds=8)
+    group = dist.new_group(list(range(world)), timeout=timeout)
+    state = {f"x{rank}": torch.full((4,), float(rank))}
+    dcp.save(state, checkpoint_id=os.path.join(ckpt, "first"),
+             process_group=group)
+    store = dist.distributed_c10d._get_default_store()
+    if rank != 0:
+        store.wait(["timeout-done"], datetime.timedelta(seconds=120))
+        return
+    try:
+        dcp.save(state, checkpoint_id=os.path.join(ckpt, "second"),
+                 process_group=group)
+    except dcp.CheckpointTimeoutError as e:
+        absent = list(range(1, world))
+        assert sorted(e.failures) == absent, e.failures
+        assert f"rank(s) {absent}" in str(e), e
+        assert f"({timeout})" in str(e), e
+    else:
+        raise AssertionError("a save that other ranks skipped returned")
+    finally:
+        store.set("timeout-done", "1")
+
+
 def submesh_scenario(rank, world, ckpt):
     """DTensors on a mesh of ranks 0 and 1 of a 3-rank world: rank 2,
     outside it, holds none of them (an empty local tensor) and saves and
@@ -399,6 +427,8 @@ def main():
         strided_scenario(rank, world, ckpt)
     elif scenario == "dropped_group":
         dropped_group_scenario(rank, world, ckpt)
+    elif scenario == "group_timeout":
+        group_timeout_scenario(rank, world, ckpt)
     elif scenario == "submesh":
         submesh_scenario(rank, world, ckpt)
     else:

@@ -159,3 +159,7 @@ def test_dcp_launch_ranks_without_a_group_warn_too(tmp_path, monkeypatch):
                       r"DCP_WORLD_SIZE=4 are set") as record:
         dcp.save({"w": torch.ones(2)}, checkpoint_id=str(tmp_path / "c"))
     assert _alone_warnings(record)
+
+
+def test_a_torch_groups_timeout_bounds_dcps_waits(tmp_path):
+    _run("group_timeout", 2, tmp_path, str(tmp_path / "ckpt"))
