@@ -442,5 +442,31 @@ TEST(InspectHfTest, VerifyNamesIndexEntriesThatDisagreeWithTheFiles) {
                          HasSubstr("CORRUPT")));
 }
 
+TEST(InspectHfTest, VerifyNotesTensorsTheIndexForgetsAndLoadsTakeThem) {
+  const std::string dir = SaveHfSample("verify_hf_forgotten");
+  std::ofstream(dir + "/" + kHfIndexFileName, std::ios::trunc)
+      << R"({"metadata": {"total_size": 72}, "weight_map": {)"
+      << R"("a.weight": "model-00001-of-00002.safetensors",)"
+      << R"("b.bias": "model-00002-of-00002.safetensors"}})";
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunVerify(dir);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(out, AllOf(HasSubstr("NOTE model-00002-of-00002.safetensors "
+                                   "holds c, which"),
+                         HasSubstr("OK: 2 files, 3 tensors")));
+  // As the note says: a load takes c from the file.
+  StateDict state;
+  state["c"] = Tensor::Empty(DType::kF32, {});
+  HuggingFaceStorageReader reader(dir);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  load.no_dist = true;
+  ASSERT_TRUE(Load(state, load).ok());
+  unsigned char expected[4];
+  std::memset(expected, 7, sizeof(expected));
+  EXPECT_EQ(std::memcmp(state["c"].tensor().data(), expected, 4), 0);
+}
+
 }  // namespace
 }  // namespace dcp
