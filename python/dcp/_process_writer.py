@@ -865,7 +865,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                         copy_on_write=False):
     from .async_save import AsyncSaveResponse
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
-    from .planner import save_options
+    from .planner import as_dcp_planner
     from .process_group import resolve
     from .storage import WRITERS, check_writer
     global _debug_hold_next
@@ -874,7 +874,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     try:
         check_writer(storage_writer)
         path = _checkpoint_path(checkpoint_id, storage_writer, "save")
-        save_options(planner)  # validates
+        planner = as_dcp_planner(planner, "save")  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
         flat.add(_stateful_to_state_dict(state_dict))
         flat.check_tensors()  # here, not in the writer process

@@ -408,22 +408,26 @@ def _qualified(cls: type) -> str:
     return f"{module}.{cls.__qualname__}"
 
 
-def check_planner(planner, default: type, kind: str) -> None:
+def check_planner(planner, default: type, kind: str,
+                  torch_class: bool = False) -> None:
     """Raises TypeError unless `planner` is None or a `default` (dcp's
-    DefaultSavePlanner / DefaultLoadPlanner) overriding no protocol
-    method. `kind` is "save" or "load"."""
+    DefaultSavePlanner / DefaultLoadPlanner, or with `torch_class` torch's)
+    overriding no protocol method. `kind` is "save" or "load"."""
     if planner is None:
         return
     if not isinstance(planner, default):
         raise TypeError(
             f"planner {_qualified(type(planner))} is not supported: dcp "
-            f"plans in the engine; pass dcp.{default.__name__}(...) (its "
-            "options are honoured)")
+            f"plans in the engine; pass dcp.{default.__name__}(...) or "
+            f"torch's (their options are honoured)")
     methods = _SAVE_PLANNER_METHODS if kind == "save" else \
         _LOAD_PLANNER_METHODS
     method = _overridden(planner, default, methods)
     if method is not None:
-        raise _refuse("planner", planner, method, f"a {default.__name__}")
+        raise _refuse("planner", planner, method,
+                      f"a {default.__name__}" + (" (dcp's or torch's)"
+                                                 if not torch_class else
+                                                 " (torch's or dcp's)"))
 
 
 def check_storage(storage, classes: tuple, kind: str) -> None:

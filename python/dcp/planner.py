@@ -1,12 +1,15 @@
 """DefaultSavePlanner / DefaultLoadPlanner: the seed's planners as option
 holders, mapped onto dcp_save_planner_options_t / dcp_load_planner_options_t.
 The planning itself runs in the engine: they count as instances of the
-seed's SavePlanner / LoadPlanner (dcp.interfaces), and other planners, or
-subclasses overriding a protocol method (create_local_plan etc.), raise
-TypeError at save/load.
+seed's SavePlanner / LoadPlanner (dcp.interfaces). torch's own
+DefaultSavePlanner / DefaultLoadPlanner are taken for their options; other
+planners, or subclasses overriding a protocol method (create_local_plan
+etc.), raise TypeError at save/load.
 """
 
 from __future__ import annotations
+
+import sys
 
 from . import _lib
 from .interfaces import LoadPlanner, SavePlanner, check_planner
@@ -78,15 +81,56 @@ class DefaultLoadPlanner:
                 f"{self.allow_partial_load})")
 
 
-def save_options(planner):
-    """The C options of `planner` (None: defaults); TypeError for others
+def _torch_default(kind: str):
+    """torch's DefaultSavePlanner ("save") or DefaultLoadPlanner ("load"),
+    or None when torch's checkpoint package was never imported (then no
+    planner can be one of its)."""
+    module = sys.modules.get("torch.distributed.checkpoint.default_planner")
+    if module is None:
+        return None
+    return getattr(module, "DefaultSavePlanner" if kind == "save"
+                   else "DefaultLoadPlanner", None)
+
+
+def as_dcp_planner(planner, kind: str):
+    """`planner` as dcp's DefaultSavePlanner ("save") or DefaultLoadPlanner
+    ("load"), None for None. torch's own DefaultSavePlanner /
+    DefaultLoadPlanner, or a subclass of them overriding none of the
+    planner protocol's methods, becomes dcp's with the same options (what
+    programs that pass torch's planner for its options, such as
+    allow_partial_load, rely on). TypeError for anything else
     (dcp.interfaces.check_planner)."""
-    check_planner(planner, DefaultSavePlanner, "save")
+    default = DefaultSavePlanner if kind == "save" else DefaultLoadPlanner
+    theirs = _torch_default(kind)
+    if planner is None or isinstance(planner, default) or theirs is None or \
+            not isinstance(planner, theirs):
+        check_planner(planner, default, kind)
+        return planner
+    check_planner(planner, theirs, kind, torch_class=True)
+    options = dict(
+        flatten_state_dict=getattr(planner, "flatten_state_dict", True),
+        flatten_sharded_tensors=getattr(planner, "flatten_sharded_tensors",
+                                        True))
+    if kind == "save":
+        options.update(
+            dedup_save_to_lowest_rank=getattr(
+                planner, "dedup_save_to_lowest_rank", False),
+            enable_plan_caching=getattr(planner, "_enable_plan_caching",
+                                        False))
+    else:
+        options.update(allow_partial_load=getattr(
+            planner, "allow_partial_load", False))
+    return default(**options)
+
+
+def save_options(planner):
+    """The C options of `planner` (None: defaults; as_dcp_planner)."""
+    planner = as_dcp_planner(planner, "save")
     return None if planner is None else planner._options()
 
 
 def load_options(planner):
-    check_planner(planner, DefaultLoadPlanner, "load")
+    planner = as_dcp_planner(planner, "load")
     return None if planner is None else planner._options()
 
 

@@ -276,20 +276,16 @@ def test_planner_and_storage_types_are_checked(ckpt):
         dcp.save({"a": 1}, storage_writer=object())
     with pytest.raises(TypeError, match="SerializationFormat"):
         dcp.FileSystemWriter(ckpt, serialization_format="safetensors")
-    # torch's own classes of the same names: qualified, so the message does
-    # not seem to refuse the class it asks for.
+    # torch's own classes of other protocols: qualified, so the message
+    # does not seem to refuse the class it asks for.
     import torch.distributed.checkpoint as torch_dcp
     with pytest.raises(TypeError) as e:
         dcp.save({"a": 1}, checkpoint_id=ckpt,
-                 planner=torch_dcp.DefaultSavePlanner())
+                 planner=torch_dcp.default_planner.DefaultLoadPlanner())
     assert str(e.value).startswith(
         "planner torch.distributed.checkpoint.default_planner."
-        "DefaultSavePlanner is not supported: dcp plans in the engine; "
-        "pass dcp.DefaultSavePlanner(...)")
-    with pytest.raises(TypeError) as e:
-        dcp.load({"a": 1}, checkpoint_id=ckpt,
-                 planner=torch_dcp.DefaultLoadPlanner())
-    assert "pass dcp.DefaultLoadPlanner(...)" in str(e.value)
+        "DefaultLoadPlanner is not supported: dcp plans in the engine; "
+        "pass dcp.DefaultSavePlanner(...) or torch's")
     with pytest.raises(TypeError) as e:
         dcp.save({"a": 1}, storage_writer=torch_dcp.FileSystemWriter(ckpt))
     assert str(e.value) == (
@@ -346,3 +342,48 @@ def test_integer_options_out_of_their_c_range_are_refused(ckpt):
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(
             ckpt, thread_count=(1 << 32) + 2))
     assert not os.path.exists(os.path.join(ckpt, ".metadata"))
+
+
+def test_torchs_default_planners_are_taken_for_their_options(ckpt, tmp_path):
+    """Programs pass torch's DefaultSavePlanner / DefaultLoadPlanner for
+    their options (allow_partial_load above all): dcp honours them; a
+    subclass of torch's that overrides a protocol method is refused as
+    one of dcp's is."""
+    import torch.distributed.checkpoint as torch_dcp
+    from torch.distributed.checkpoint.default_planner import (
+        _EmptyStateDictLoadPlanner)
+    dcp.save({"a": torch.arange(4.0)}, checkpoint_id=ckpt,
+             planner=torch_dcp.DefaultSavePlanner())
+    state = {"a": torch.zeros(4), "extra": torch.ones(2)}
+    dcp.load(state, checkpoint_id=ckpt,
+             planner=torch_dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert torch.equal(state["a"], torch.arange(4.0))
+    assert torch.equal(state["extra"], torch.ones(2))
+    with pytest.raises(dcp.CheckpointNotFoundError, match="extra"):
+        dcp.load(state, checkpoint_id=ckpt,
+                 planner=torch_dcp.DefaultLoadPlanner())
+    with pytest.raises(dcp.CheckpointValueError):
+        dcp.save({"m": {"w": torch.ones(2)}}, checkpoint_id=ckpt,
+                 planner=torch_dcp.DefaultSavePlanner(
+                     flatten_state_dict=False))
+    for kind in (dcp.AsyncCheckpointerType.THREAD,
+                 dcp.AsyncCheckpointerType.PROCESS):
+        where = str(tmp_path / kind.name)
+        dcp.async_save({"b": torch.full((3,), 2.0)}, checkpoint_id=where,
+                       async_checkpointer_type=kind,
+                       planner=torch_dcp.DefaultSavePlanner(
+                           dedup_save_to_lowest_rank=True)).result()
+        back = {"b": torch.zeros(3)}
+        dcp.load(back, checkpoint_id=where)
+        assert torch.equal(back["b"], torch.full((3,), 2.0)), kind
+
+    class Renaming(torch_dcp.DefaultLoadPlanner):
+        def create_local_plan(self):
+            return super().create_local_plan()
+
+    for planner in (Renaming(), _EmptyStateDictLoadPlanner()):
+        with pytest.raises(TypeError) as e:
+            dcp.load({"a": torch.zeros(4)}, checkpoint_id=ckpt,
+                     planner=planner)
+        assert "which dcp would not call" in str(e.value), e.value
+        assert "DefaultLoadPlanner (torch's or dcp's)" in str(e.value)
