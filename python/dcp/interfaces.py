@@ -362,13 +362,14 @@ class CheckpointableTensor(Protocol):
     local_sizes: tuple
 
 
-# The protocol methods whose override dcp cannot honour.
+# The protocol methods whose override dcp cannot honour (not
+# resolve_bytes: no reader of torch's calls it either).
 _SAVE_PLANNER_METHODS = ("set_up_planner", "create_local_plan",
                          "create_global_plan", "finish_plan", "resolve_data",
                          "transform_object", "lookup_object")
 _LOAD_PLANNER_METHODS = ("set_up_planner", "create_local_plan",
                          "create_global_plan", "finish_plan", "load_bytes",
-                         "resolve_bytes", "resolve_tensor", "commit_tensor",
+                         "resolve_tensor", "commit_tensor",
                          "transform_tensor", "lookup_tensor")
 _WRITER_METHODS = ("set_up_storage_writer", "prepare_local_plan",
                    "prepare_global_plan", "write_data", "finish",
