@@ -865,6 +865,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                         copy_on_write=False):
     from .async_save import AsyncSaveResponse
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
+    from ._planner_hooks import set_up_save
     from .planner import as_dcp_planner
     from .process_group import resolve
     from .storage import WRITERS, check_writer
@@ -874,9 +875,13 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     try:
         check_writer(storage_writer)
         path = _checkpoint_path(checkpoint_id, storage_writer, "save")
-        planner = as_dcp_planner(planner, "save")  # validates
+        options_of = as_dcp_planner(planner, "save")  # validates
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
-        flat.add(_stateful_to_state_dict(state_dict))
+        flat.add(set_up_save(planner, _stateful_to_state_dict(state_dict),
+                             checkpoint_id=checkpoint_id,
+                             storage_writer=storage_writer,
+                             is_coordinator=where.rank == 0))
+        planner = options_of
         flat.check_tensors()  # here, not in the writer process
         specs, offset = _segment_bytes(flat.t_objs)
         group = _group_spec(where)

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _lib, _state
+from ._planner_hooks import set_up_save
 from .checkpoint import _stateful_to_state_dict, prepare_save, save
 from .metadata import Metadata
 from .process_group import free_parked_groups, resolve, take_turn
@@ -477,7 +478,10 @@ def _engine_async_save_leased(state_dict, *, checkpoint_id, storage_writer,
     p = None
     error = None
     try:
-        sd = _stateful_to_state_dict(state_dict)
+        sd = set_up_save(planner, _stateful_to_state_dict(state_dict),
+                         checkpoint_id=checkpoint_id,
+                         storage_writer=storage_writer,
+                         is_coordinator=where.rank == 0)
         flat = _state.Flat(load=False, allow_pickle=allow_pickle)
         flat.add(sd)
         if stager is not None and stager.config.copy_on_write:

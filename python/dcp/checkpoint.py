@@ -15,6 +15,7 @@ import re
 
 from . import _lib, _state, errors
 from .metadata import Metadata, holds_checkpoint
+from ._planner_hooks import set_up_load, set_up_save
 from .planner import DefaultLoadPlanner, load_options, save_options
 from .process_group import resolve, take_turn
 from .stateful import is_stateful
@@ -155,6 +156,9 @@ def _save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     error = None
     try:
         sd = _stateful_to_state_dict(state_dict) if stateful else state_dict
+        sd = set_up_save(planner, sd, checkpoint_id=checkpoint_id,
+                         storage_writer=storage_writer,
+                         is_coordinator=where.rank == coordinator_rank)
         p = prepare_save(sd, checkpoint_id=checkpoint_id,
                          storage_writer=storage_writer, planner=planner,
                          where=where, coordinator_rank=coordinator_rank,
@@ -416,8 +420,11 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 target = dict(state_dict)
                 for key, (_, sd) in statefuls.items():
                     target[key] = sd
+        set_up = set_up_load(planner, target, storage_reader=storage_reader,
+                             path=path, rank=where.rank,
+                             is_coordinator=where.rank == coordinator_rank)
         flat = _state.Flat(load=True, allow_pickle=allow_pickle)
-        flat.add(target)
+        flat.add(set_up.walked)
         p.flat = flat
         p.sd = flat.build()
         # The plain values load first, on their own: a value that cannot
@@ -500,6 +507,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
             # Even a failed load may have written some of them.
             flat.mark_written()
         flat.write_back(values)
+        set_up.finish()
     except errors.CheckpointValueError as e:
         _name_plain_destination(e, p.flat)
         raise

@@ -362,12 +362,12 @@ class CheckpointableTensor(Protocol):
     local_sizes: tuple
 
 
-# The protocol methods whose override dcp cannot honour (not
-# resolve_bytes: no reader of torch's calls it either).
-_SAVE_PLANNER_METHODS = ("set_up_planner", "create_local_plan",
+# The protocol methods whose override dcp cannot honour (set_up_planner it
+# honours: dcp._planner_hooks; resolve_bytes no reader of torch's calls).
+_SAVE_PLANNER_METHODS = ("create_local_plan",
                          "create_global_plan", "finish_plan", "resolve_data",
                          "transform_object", "lookup_object")
-_LOAD_PLANNER_METHODS = ("set_up_planner", "create_local_plan",
+_LOAD_PLANNER_METHODS = ("create_local_plan",
                          "create_global_plan", "finish_plan", "load_bytes",
                          "resolve_tensor", "commit_tensor",
                          "transform_tensor", "lookup_tensor")

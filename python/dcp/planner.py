@@ -38,6 +38,16 @@ class DefaultSavePlanner:
         self.dedup_save_to_lowest_rank = bool(dedup_save_to_lowest_rank)
         self.enable_plan_caching = bool(enable_plan_caching)
 
+    def set_up_planner(self, state_dict, storage_meta=None,
+                       is_coordinator: bool = False) -> None:
+        """The seed's hook, called before planning when a subclass
+        overrides it: the save then walks self.state_dict. This default
+        keeps the dict as given (nested: the engine flattens it)."""
+        self.state_dict = state_dict
+        self.storage_meta = storage_meta
+        self.is_coordinator = is_coordinator
+        self.mappings = {}
+
     def _options(self) -> _lib.SavePlannerOptions:
         return _lib.sized(
             _lib.SavePlannerOptions,
@@ -68,6 +78,17 @@ class DefaultLoadPlanner:
         self.flatten_state_dict = bool(flatten_state_dict)
         self.flatten_sharded_tensors = bool(flatten_sharded_tensors)
         self.allow_partial_load = bool(allow_partial_load)
+
+    def set_up_planner(self, state_dict, metadata=None,
+                       is_coordinator: bool = False) -> None:
+        """The seed's hook, called before planning when a subclass
+        overrides it, with the checkpoint's Metadata: the load then loads
+        into self.state_dict. This default keeps the dict as given."""
+        self.original_state_dict = state_dict
+        self.state_dict = state_dict
+        self.metadata = metadata
+        self.is_coordinator = is_coordinator
+        self.mappings = {}
 
     def _options(self) -> _lib.LoadPlannerOptions:
         return _lib.sized(

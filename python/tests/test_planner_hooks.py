@@ -1,0 +1,183 @@
+"""A planner's set_up_planner override is honoured (dcp._planner_hooks):
+torch's _EmptyStateDictLoadPlanner, renaming planners, dcp subclasses."""
+
+import pytest
+import torch
+import torch.distributed.checkpoint as torch_dcp
+from torch.distributed.checkpoint.default_planner import (
+    _EmptyStateDictLoadPlanner)
+
+import dcp
+
+
+def _state():
+    return {"model": {"w": torch.arange(6.0).reshape(2, 3),
+                      "b": torch.ones(2, dtype=torch.bfloat16)},
+            "step": 7, "cfg": {"lr": 0.5, "names": ["a", "b"]}}
+
+
+def _blank():
+    return {"model": {"w": torch.zeros(2, 3),
+                      "b": torch.zeros(2, dtype=torch.bfloat16)},
+            "step": 0, "cfg": {"lr": 0.0, "names": ["", ""]}}
+
+
+class _RenameSave(torch_dcp.DefaultSavePlanner):
+    """The seed docs' renaming planner: every key gets a prefix."""
+
+    def set_up_planner(self, state_dict, storage_meta=None,
+                       is_coordinator=False):
+        super().set_up_planner({"foo_" + k: v for k, v in state_dict.items()},
+                               storage_meta, is_coordinator)
+
+
+class _RenameLoad(torch_dcp.DefaultLoadPlanner):
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        super().set_up_planner({"foo_" + k: v for k, v in state_dict.items()},
+                               metadata, is_coordinator)
+
+
+def test_torchs_empty_state_dict_planner_loads_everything(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save(_state(), checkpoint_id=ckpt)
+    out = {}
+    dcp.load(out, checkpoint_id=ckpt, planner=_EmptyStateDictLoadPlanner())
+    assert sorted(out) == ["cfg", "model", "step"]
+    assert torch.equal(out["model"]["w"], _state()["model"]["w"])
+    assert out["model"]["b"].dtype == torch.bfloat16
+    assert torch.equal(out["model"]["b"], _state()["model"]["b"])
+    assert out["step"] == 7
+    assert out["cfg"] == {"lr": 0.5, "names": ["a", "b"]}
+    some = {}
+    dcp.load(some, checkpoint_id=ckpt,
+             planner=_EmptyStateDictLoadPlanner(keys={"model.w", "step"}))
+    assert sorted(some) == ["model", "step"] and list(some["model"]) == ["w"]
+    assert torch.equal(some["model"]["w"], _state()["model"]["w"])
+    assert some["step"] == 7
+
+
+def test_renaming_planners_rename_as_torchs_do(tmp_path):
+    """Saved under the renamed keys, nesting kept; loaded back through the
+    renaming load planner: tensors in place, plain values where torch's
+    loader puts them (the planner's own dict, shared nested dicts)."""
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save(_state(), checkpoint_id=ckpt, planner=_RenameSave())
+    md = dcp.read_metadata(ckpt)
+    assert sorted(md.state_dict_metadata) == [
+        "foo_cfg.lr", "foo_cfg.names.0", "foo_cfg.names.1", "foo_model.b",
+        "foo_model.w", "foo_step"]
+    assert md.planner_data["foo_model.w"] == ("foo_model", "w")
+    back = _blank()
+    dcp.load(back, checkpoint_id=ckpt, planner=_RenameLoad())
+    assert torch.equal(back["model"]["w"], _state()["model"]["w"])
+    assert torch.equal(back["model"]["b"], _state()["model"]["b"])
+    assert back["cfg"] == {"lr": 0.5, "names": ["a", "b"]}
+    # Top-level plain values land in the planner's renamed dict, as in
+    # torch (its load_bytes sets them in planner.original_state_dict).
+    assert back["step"] == 0
+    # The same planners through torch's own save and load agree.
+    theirs = str(tmp_path / "theirs")
+    torch_dcp.save(_state(), checkpoint_id=theirs, planner=_RenameSave())
+    expected = _blank()
+    torch_dcp.load(expected, checkpoint_id=theirs, planner=_RenameLoad())
+    assert back["step"] == expected["step"]
+    assert back["cfg"] == expected["cfg"]
+    # A plain load (no planner) of the renamed checkpoint finds the names.
+    plain = {"foo_model": {"w": torch.zeros(2, 3)}}
+    dcp.load(plain, checkpoint_id=ckpt)
+    assert torch.equal(plain["foo_model"]["w"], _state()["model"]["w"])
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_async_save_calls_set_up_planner(tmp_path, kind):
+    ckpt = str(tmp_path / "ckpt")
+    dcp.async_save(_state(), checkpoint_id=ckpt, planner=_RenameSave(),
+                   async_checkpointer_type=getattr(
+                       dcp.AsyncCheckpointerType, kind)).result()
+    back = {"foo_model": {"w": torch.zeros(2, 3)}, "foo_step": 0}
+    dcp.load(back, checkpoint_id=ckpt)
+    assert torch.equal(back["foo_model"]["w"], _state()["model"]["w"])
+    assert back["foo_step"] == 7
+
+
+class _DropCaches(dcp.DefaultSavePlanner):
+    """A dcp subclass: drops the "cache" entries before planning."""
+
+    calls = []
+
+    def set_up_planner(self, state_dict, storage_meta=None,
+                       is_coordinator=False):
+        self.calls.append((storage_meta.checkpoint_id, is_coordinator))
+        kept = {k: v for k, v in state_dict.items() if k != "cache"}
+        super().set_up_planner(kept, storage_meta, is_coordinator)
+
+
+class _DefaultsOnLoad(dcp.DefaultLoadPlanner):
+    """A dcp subclass: a key the checkpoint lacks is dropped from the
+    load, having seen the metadata."""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        self.seen = sorted(metadata.state_dict_metadata)
+        kept = {k: v for k, v in state_dict.items()
+                if any(n == k or n.startswith(k + ".") for n in self.seen)}
+        super().set_up_planner(kept, metadata, is_coordinator)
+
+
+def test_dcp_subclasses_override_set_up_planner(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    state = dict(_state(), cache=torch.ones(1000))
+    _DropCaches.calls.clear()
+    dcp.save(state, checkpoint_id=ckpt, planner=_DropCaches(
+        dedup_save_to_lowest_rank=True))
+    assert _DropCaches.calls == [(ckpt, True)]
+    md = dcp.read_metadata(ckpt)
+    assert "cache" not in md.state_dict_metadata
+    # dcp's default set_up_planner keeps the dict nested.
+    assert md.planner_data["cfg.names.1"] == ("cfg", "names", 1)
+    back = dict(_blank(), cache=torch.zeros(1000))
+    planner = _DefaultsOnLoad()
+    dcp.load(back, checkpoint_id=ckpt, planner=planner)
+    assert "model.w" in planner.seen
+    assert torch.equal(back["model"]["w"], _state()["model"]["w"])
+    assert torch.equal(back["cache"], torch.zeros(1000))  # not loaded
+    # A top-level plain value lands in the dict the planner planned for,
+    # as with torch's planners; nested ones in the dicts both share.
+    assert planner.state_dict["step"] == 7 and back["step"] == 0
+    assert back["cfg"] == {"lr": 0.5, "names": ["a", "b"]}
+
+
+def test_a_failing_set_up_planner_fails_the_call_and_refusals_come_first(
+        tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+
+    class Failing(dcp.DefaultSavePlanner):
+        def set_up_planner(self, state_dict, storage_meta=None,
+                           is_coordinator=False):
+            raise KeyError("no such layer")
+
+    with pytest.raises(KeyError, match="no such layer"):
+        dcp.save(_state(), checkpoint_id=ckpt, planner=Failing())
+    assert not (tmp_path / "ckpt" / ".metadata").exists()
+
+    called = []
+
+    class AlsoPlans(torch_dcp.DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None,
+                           is_coordinator=False):
+            called.append(1)
+
+        def create_local_plan(self):
+            return super().create_local_plan()
+
+    dcp.save(_state(), checkpoint_id=ckpt)
+    with pytest.raises(TypeError, match="create_local_plan"):
+        dcp.load(_blank(), checkpoint_id=ckpt, planner=AlsoPlans())
+    assert called == []
+
+    class NotADict(dcp.DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None,
+                           is_coordinator=False):
+            self.state_dict = [1, 2]
+
+    with pytest.raises(TypeError, match="left a list in planner.state_dict"):
+        dcp.load(_blank(), checkpoint_id=ckpt, planner=NotADict())
