@@ -284,6 +284,16 @@ def sized(struct_type, **fields):
     return s
 
 
+def encode_path(path, argument: str = "checkpoint_id") -> bytes:
+    """A checkpoint path (str, bytes or os.PathLike) as the C library takes
+    it, through errors.checked_path: TypeError naming `argument` for
+    another type, CheckpointValueError for an embedded NUL byte (C would
+    cut the path there, and a save would replace another checkpoint).
+    Every path the package hands the library goes through here."""
+    from . import errors
+    return os.fsencode(errors.checked_path(path, argument))
+
+
 _P = c_void_p  # Opaque handles and arrays the package builds itself.
 _PP = POINTER(c_void_p)
 _PROTOTYPES = {

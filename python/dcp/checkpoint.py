@@ -76,19 +76,30 @@ def _checkpoint_path(checkpoint_id, storage, kind):
     """The directory (or URI) a save/load of `kind` uses, as the seed's
     _storage_setup: checkpoint_id when given, and then a given `storage` is
     reset(checkpoint_id) to point there too; else the storage's path.
-    Neither raises errors.CheckpointIdMissingError (a ValueError and a
-    RuntimeError)."""
+    Neither, or an empty path, raises errors.CheckpointIdMissingError (a
+    ValueError and a RuntimeError); a path that is not a str, bytes
+    (decoded as os.fsdecode does) or os.PathLike raises TypeError, one
+    holding a NUL byte CheckpointValueError (errors.checked_path)."""
+    storage_kind = f"storage_{'writer' if kind == 'save' else 'reader'}"
     if checkpoint_id is not None:
-        path = os.fspath(checkpoint_id)
-        reset = getattr(storage, "reset", None)
-        if callable(reset):
-            reset(checkpoint_id)
-        return path
+        path = errors.checked_path(checkpoint_id, "checkpoint_id")
+        if path:
+            reset = getattr(storage, "reset", None)
+            if callable(reset):
+                reset(path)
+            return path
+        raise errors.CheckpointIdMissingError(
+            f"{kind}: checkpoint_id is empty; pass the checkpoint's "
+            f"directory or a {storage_kind}")
     if storage is not None:
-        return storage.path
+        path = errors.checked_path(storage.path, f"{storage_kind} path")
+        if path:
+            return path
+        raise errors.CheckpointIdMissingError(
+            f"{kind}: the {storage_kind}'s path is empty; pass the "
+            "checkpoint's directory")
     raise errors.CheckpointIdMissingError(
-        f"{kind}: pass checkpoint_id or a storage_"
-        f"{'writer' if kind == 'save' else 'reader'}")
+        f"{kind}: pass checkpoint_id or a {storage_kind}")
 
 
 def _holds_tensors_only(storage_writer, path) -> bool:
@@ -124,7 +135,7 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
         if storage_writer is not None:
             p.writer = storage_writer._create(path)
         options = _lib.sized(
-            _lib.SaveOptions, checkpoint_id=path.encode(),
+            _lib.SaveOptions, checkpoint_id=_lib.encode_path(path),
             storage_writer=p.writer, process_group=where.handle,
             coordinator_rank=coordinator_rank,
             no_dist=_lib.flag(where.no_dist),
@@ -286,7 +297,7 @@ def _plan_with_metadata(flat, p, path, rank, storage_reader) -> None:
                 os.path.join(local, ".metadata")):
         # A rank-local checkpoint (use_collectives=False): this rank's own.
         handle = ctypes.c_void_p()
-        if L.dcp_metadata_read(local.encode(),
+        if L.dcp_metadata_read(_lib.encode_path(local),
                                ctypes.byref(handle)) == _lib.OK:
             try:
                 _fit(flat, p, handle)
@@ -460,7 +471,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         _plan_with_metadata(flat, p, path, where.rank,
                             storage_reader)
         options = _lib.sized(
-            _lib.LoadOptions, checkpoint_id=path.encode(),
+            _lib.LoadOptions, checkpoint_id=_lib.encode_path(path),
             storage_reader=p.reader, process_group=where.handle,
             coordinator_rank=coordinator_rank,
             no_dist=_lib.flag(where.no_dist),

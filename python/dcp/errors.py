@@ -25,7 +25,15 @@ plain Python errors keeps working:
                                   path has a file where a directory goes
   anything else                   CheckpointException
 
-Engine messages name options as Python passes them (`overwrite=True`).
+Engine messages name options as Python passes them (`overwrite=True`,
+`FileSystemWriter(thread_count=...)` rather than the C structs' fields).
+
+A distributed save or load that fails on any rank raises on every rank
+(dcp.process_group agree); where the first failing rank's exception was
+a standard built-in the class by code is not (a TypeError for a value
+that cannot be saved is INVALID_ARGUMENT, CheckpointValueError), the
+class raised also derives from that built-in (also_builtin), so
+`except TypeError` catches it as in one process.
 
 `.code` is the dcp status code (absl::StatusCode's number), `.code_name` its
 name, and `.failures` maps each failing rank to (exception, StackSummary) as
@@ -44,12 +52,17 @@ foreign_checkpoint_error), not CheckpointCorruptError.
 Errors found in Python before the engine is called (an object that cannot
 be saved without allow_pickle, a key that is not a str or int) raise plain
 TypeError/ValueError naming the key; neither checkpoint_id nor a storage
-object raises CheckpointIdMissingError (a ValueError and, as the seed's
-error, a RuntimeError).
+object (or an empty checkpoint_id) raises CheckpointIdMissingError (a
+ValueError and, as the seed's error, a RuntimeError). A path that is not
+a str, bytes or os.PathLike raises TypeError naming the argument; one
+holding a NUL byte, which the C library would cut there, raises
+CheckpointValueError (a ValueError, as os functions raise) naming it
+(checked_path).
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 import traceback
@@ -94,11 +107,19 @@ class CheckpointException(Exception):
         return self.msg
 
     def __reduce__(self):  # Pickles across processes (PROCESS writer).
+        mixed = type(self).__dict__.get("_dcp_also")
+        if mixed is not None:  # an also_builtin class: rebuilt by parts
+            return (_rebuild_also, (*mixed, self.msg, self.failures,
+                                    self.code))
         return (_rebuild, (type(self), self.msg, self.failures, self.code))
 
 
 def _rebuild(cls, msg, failures, code):
     return cls(msg, failures, code)
+
+
+def _rebuild_also(cls, extra, msg, failures, code):
+    return also_builtin(cls, extra)(msg, failures, code)
 
 
 class CheckpointValueError(CheckpointException, ValueError):
@@ -157,17 +178,148 @@ def exception_class(code: int) -> type[CheckpointException]:
     return _BY_CODE.get(code, CheckpointException)
 
 
+def _is_standard_builtin(cls) -> bool:
+    """Whether `cls` is one of Python's built-in exception classes (not
+    Exception itself, nor BaseException-only ones like KeyboardInterrupt)."""
+    return isinstance(cls, type) and issubclass(cls, Exception) and \
+        cls is not Exception and \
+        getattr(builtins, cls.__name__, None) is cls
+
+
+def builtin_bases(exc_type) -> tuple[type, ...]:
+    """The standard built-in exception classes `exc_type` (a class or an
+    exception) derives from, the most derived only, in MRO order: (TypeError,)
+    for TypeError or a subclass; () for none but Exception."""
+    if not isinstance(exc_type, type):
+        exc_type = type(exc_type)
+    found = [c for c in exc_type.__mro__ if _is_standard_builtin(c)]
+    return tuple(c for c in found
+                 if not any(d is not c and issubclass(d, c) for d in found))
+
+
+def builtin_names(error) -> str:
+    """builtin_bases(error) as text ("TypeError", "LookupError,
+    FileNotFoundError"), what a rank tells the others (builtins_named)."""
+    return ",".join(c.__name__ for c in builtin_bases(error))
+
+
+def builtins_named(text) -> tuple[type, ...]:
+    """The standard built-in exception classes named in `text` (from
+    builtin_names; unknown names are skipped)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    named = (getattr(builtins, n.strip(), None) for n in text.split(","))
+    return tuple(c for c in named if _is_standard_builtin(c))
+
+
+# A message of a rank's Python error as agree passes it: "TypeError: ...",
+# possibly after the engine's "rank N: ".
+_TYPE_PREFIX = re.compile(r"^(?:rank \d+: )?([A-Za-z_]\w*): ")
+
+
+def builtins_of_message(message: str) -> tuple[type, ...]:
+    """The built-in exception class a rank's "Name: text" failure message
+    names (as agree sends a Python error through the engine), or ()."""
+    m = _TYPE_PREFIX.match(message or "")
+    return builtins_named(m.group(1)) if m else ()
+
+
+_also_classes: dict = {}
+
+
+def also_builtin(cls: type[CheckpointException], extra
+                 ) -> type[CheckpointException]:
+    """`cls`, or a subclass of it that also derives from each built-in
+    exception class in `extra` that `cls` does not (so a rank's TypeError,
+    agreed on every rank as CheckpointValueError by its code, is still a
+    TypeError). Same name, message, `.code` and `.failures`; one class per
+    combination (pickled by parts); `cls` where Python cannot combine
+    them (instance layouts that conflict, a constructor of other
+    arguments)."""
+    extra = tuple(c for c in extra if _is_standard_builtin(c) and
+                  not issubclass(cls, c))
+    if not extra:
+        return cls
+    for known in (CheckpointFileNotFoundError, CheckpointNotADirectoryError):
+        # dcp's own class of both (NOT_FOUND and a FileNotFoundError)
+        if issubclass(known, cls) and all(issubclass(known, c)
+                                          for c in extra):
+            return known
+    key = (cls, extra)
+    mixed = _also_classes.get(key)
+    if mixed is None:
+        try:
+            mixed = type(cls.__name__, (cls, *extra), {
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__, "_dcp_also": (cls, extra)})
+            mixed("probe", None, _lib.UNKNOWN)
+        except Exception:  # noqa: BLE001 - any failure: the class by code
+            mixed = cls
+        _also_classes[key] = mixed
+    return mixed
+
+
 # An engine option in a message, spelled as C and C++ set it.
 _C_OPTION = re.compile(
     r"(?<![\w:])(overwrite|flatten_state_dict|use_collectives|no_dist)"
     r"=(true|false)\b")
 
+# The C options structs, by what Python passes them to (storage classes'
+# constructors; "" for save/load's own keywords).
+_C_STRUCTS = {
+    "dcp_fs_writer_options_t": "FileSystemWriter",
+    "dcp_fs_reader_options_t": "FileSystemReader",
+    "dcp_hf_writer_options_t": "HuggingFaceStorageWriter",
+    "dcp_hf_reader_options_t": "HuggingFaceStorageReader",
+    "dcp_hf_quantized_reader_options_t": "QuantizedHuggingFaceStorageReader",
+    "dcp_mega_writer_options_t": "MegaStorageWriter",
+    "dcp_mega_reader_options_t": "MegaStorageReader",
+    "dcp_process_group_options_t": "ProcessGroup",
+    "dcp_save_options_t": "",
+    "dcp_load_options_t": "",
+}
+# A field of one, and the value the engine says it has ("... is 5000;").
+_C_FIELD = re.compile(
+    r"\b(" + "|".join(_C_STRUCTS) + r")\.(\w+)(?: is (-?\d+);)?")
+
+
+def _python_field(m) -> str:
+    owner, field, value = _C_STRUCTS[m.group(1)], m.group(2), m.group(3)
+    if value is not None:
+        return f"{owner}({field}={value}):" if owner else \
+            f"{field}={value}:"
+    return f"{owner}({field}=...)" if owner else field
+
 
 def python_spelling(message: str) -> str:
     """`message` with the engine's options spelled as Python passes them
-    (`overwrite=True`, not `overwrite=true`)."""
+    (`overwrite=True`, not `overwrite=true`; `FileSystemWriter(
+    thread_count=5000): it must be at most 1024`, not
+    `dcp_fs_writer_options_t.thread_count is 5000; it must be ...`)."""
+    message = _C_FIELD.sub(_python_field, message)
     return _C_OPTION.sub(
         lambda m: f"{m.group(1)}={m.group(2).capitalize()}", message)
+
+
+def checked_path(path, argument: str = "checkpoint_id") -> str:
+    """`path` (a str, bytes or os.PathLike; bytes decoded as os.fsdecode
+    does) as the str the C library gets. TypeError naming `argument` for
+    another type; CheckpointValueError (INVALID_ARGUMENT, a ValueError as
+    os functions raise) for an embedded NUL byte, where C would cut the
+    path, and a save would then replace another checkpoint."""
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        raise TypeError(
+            f"{argument} must be a str, bytes or os.PathLike path, not "
+            f"{type(path).__name__}") from None
+    if "\0" in text:
+        raise from_status(
+            _lib.INVALID_ARGUMENT,
+            f"{argument} {text!r} contains an embedded null byte",
+            cls=CheckpointValueError)
+    return text
 
 
 def from_status(code: int, message: str, rank_failures=(),
@@ -252,14 +404,21 @@ def foreign_checkpoint_error(error: CheckpointException, directory
     return CheckpointNotImplementedError(msg, failures, code)
 
 
+_MEGA_SCHEME = "mega://"
+
+
 def file_in_the_way(path, kind: str) -> CheckpointException | None:
-    """For a `kind` ("load" or "save") at plain file system path `path` (not
-    a URI of the storage registry, such as mega://DIR): the error when a
-    file stands where the checkpoint's directory goes, else None. A load
-    of a file gets CheckpointFileNotFoundError (NOT_FOUND) saying how to
-    read it; a save through a file, CheckpointNotADirectoryError
-    (FAILED_PRECONDITION)."""
-    path = os.fspath(path)
+    """For a `kind` ("load" or "save") at plain file system path `path` (or
+    a save's mega://DIR; None for other URIs of the storage registry): the
+    error when a file stands where the checkpoint's directory goes, else
+    None. A load of a file gets CheckpointFileNotFoundError (NOT_FOUND)
+    saying how to read it; a save through a file,
+    CheckpointNotADirectoryError (FAILED_PRECONDITION). Raises as
+    checked_path for a path that is no path or holds a NUL byte."""
+    path = checked_path(path)
+    if kind == "save" and path.startswith(_MEGA_SCHEME) and \
+            len(path) > len(_MEGA_SCHEME):
+        return _file_in_the_way_of_save(path, path[len(_MEGA_SCHEME):])
     if "://" in path:
         return None
     if kind == "load":
@@ -276,9 +435,15 @@ def file_in_the_way(path, kind: str) -> CheckpointException | None:
             _lib.NOT_FOUND,
             f"{path} is a file, not a checkpoint directory; {hint}",
             cls=CheckpointFileNotFoundError)
-    # The first path that exists, from `path` up: a directory, or a file
+    return _file_in_the_way_of_save(path, path)
+
+
+def _file_in_the_way_of_save(path, local) -> CheckpointException | None:
+    """file_in_the_way of a save to `path` (as given), whose directory is
+    `local` on the file system."""
+    # The first path that exists, from `local` up: a directory, or a file
     # where one must be made.
-    here = os.path.abspath(path)
+    here = os.path.abspath(local)
     while not os.path.lexists(here):
         parent = os.path.dirname(here)
         if parent == here:
@@ -286,7 +451,7 @@ def file_in_the_way(path, kind: str) -> CheckpointException | None:
         here = parent
     if os.path.isdir(here) or not os.path.exists(here):
         return None  # a directory, or a dangling link: the engine reports
-    what = "is a file" if here == os.path.abspath(path) else \
+    what = "is a file" if here == os.path.abspath(local) else \
         f"is under {here}, a file"
     return from_status(
         _lib.FAILED_PRECONDITION,

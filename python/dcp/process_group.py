@@ -99,8 +99,36 @@ class _StoreBridge:
             return _lib.UNAVAILABLE
 
 
-def _group_options(backend, group_name, timeout):
-    ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
+def _check_timeout(where: str, timeout):
+    """A group's `timeout` (None: dcp's default): TypeError unless a
+    datetime.timedelta, ValueError unless positive; both name `where`'s
+    argument as Python passes it."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(
+            f"{where}: timeout must be a datetime.timedelta or None, not "
+            f"{type(timeout).__name__} ({timeout!r})")
+    if timeout <= datetime.timedelta(0):
+        raise ValueError(f"{where}(timeout={timeout!r}): timeout must be "
+                         "positive")
+    return timeout
+
+
+def _check_name(where: str, argument: str, value):
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{where}: {argument} must be a str or None, not "
+                        f"{type(value).__name__} ({value!r})")
+    return value
+
+
+def _group_options(backend, group_name, timeout, where="ProcessGroup"):
+    timeout = _check_timeout(where, timeout)
+    _check_name(where, "backend", backend)
+    _check_name(where, "group_name", group_name)
+    # Whole milliseconds, at least 1 (0 would mean the engine's default).
+    ms = 0 if timeout is None else max(
+        1, timeout // datetime.timedelta(milliseconds=1))
     return _lib.sized(
         _lib.ProcessGroupOptions,
         backend=backend.encode() if backend else None,
@@ -150,8 +178,9 @@ class ProcessGroup:
         """A group of `size` ranks meeting through `store` (a
         torch.distributed.Store every rank shares). Blocks until all joined.
         """
+        options = _group_options(backend, group_name, timeout,
+                                 "ProcessGroup.from_store")
         bridge = _StoreBridge(store)
-        options = _group_options(backend, group_name, timeout)
         handle = ctypes.c_void_p()
         _lib.check(_lib.lib().dcp_process_group_create_from_store(
             ctypes.byref(bridge.struct), rank, size, ctypes.byref(options),
@@ -164,7 +193,8 @@ class ProcessGroup:
                  timeout=None):
         """A group from the launcher's environment (RANK/WORLD_SIZE and
         DCP_RENDEZVOUS; see comm/rendezvous.h). Blocks until all joined."""
-        options = _group_options(backend, group_name, timeout)
+        options = _group_options(backend, group_name, timeout,
+                                 "ProcessGroup.from_env")
         handle = ctypes.c_void_p()
         L = _lib.lib()
         _lib.check(L.dcp_process_group_create_from_env(
@@ -219,6 +249,9 @@ class ProcessGroup:
             store.set(f"{prefix}/err/{rank}",
                       f"{type(error).__name__}: {error}")
             store.set(f"{prefix}/code/{rank}", str(_code_of(error)))
+            # Its built-in classes, which the class raised keeps.
+            store.set(f"{prefix}/builtin/{rank}",
+                      errors.builtin_names(error))
             store.add(f"{prefix}/nerr", 1)
         try:  # who came, to name who did not if they never do
             store.append(f"{prefix}/who", f"{rank},")
@@ -240,15 +273,21 @@ class ProcessGroup:
         if not failed:
             return
         failures = {}
+        extra = {}  # rank -> its error's built-in classes
         for r in range(size):
             if r == rank and error is not None:
                 failures[r] = (error, traceback.extract_tb(
                     error.__traceback__))
+                extra[r] = errors.builtin_bases(error)
             elif store.check([f"{prefix}/err/{r}"]):
                 msg = store.get(f"{prefix}/err/{r}").decode()
                 code = int(store.get(f"{prefix}/code/{r}"))
-                failures[r] = (errors.exception_class(code)(msg, None, code),
-                               traceback.StackSummary())
+                key = f"{prefix}/builtin/{r}"
+                extra[r] = errors.builtins_named(
+                    store.get(key)) if store.check([key]) else ()
+                failures[r] = (errors.also_builtin(
+                    errors.exception_class(code), extra[r])(msg, None, code),
+                    traceback.StackSummary())
         first = min(failures)
         code = getattr(failures[first][0], "code", None)
         if not isinstance(code, int):
@@ -256,7 +295,8 @@ class ProcessGroup:
         msg = f"{what} failed on rank(s) {sorted(failures)}: " + "; ".join(
             f"rank {r}: {failures[r][0] if r != rank else _describe(error)}"
             for r in sorted(failures))
-        exc = errors.exception_class(code)(msg, failures, code)
+        exc = errors.also_builtin(errors.exception_class(code),
+                                  extra[first])(msg, failures, code)
         if error is not None:
             raise exc from error
         raise exc
@@ -316,7 +356,21 @@ class ProcessGroup:
         if rc == _lib.OK:
             return
         _, message, failures = _lib.last_error()
-        exc = errors.from_status(rc, message, failures, rank=self.rank)
+        # The class keeps the first failing rank's built-in classes (its
+        # message starts with its Python class's name: TypeError: ...).
+        first = min(failures, default=None)
+        extra = () if first is None else \
+            errors.builtin_bases(error) if first[0] == self.rank and \
+            error is not None else errors.builtins_of_message(first[2])
+        exc = errors.from_status(rc, message, failures, rank=self.rank,
+                                 cls=errors.also_builtin(
+                                     errors.exception_class(rc), extra))
+        for r, (failure, stack) in list(exc.failures.items()):
+            if r != self.rank and type(failure) is errors.exception_class(
+                    failure.code):  # another rank's: keep its built-ins
+                exc.failures[r] = (errors.also_builtin(
+                    type(failure), errors.builtins_of_message(
+                        failure.msg))(failure.msg, None, failure.code), stack)
         if error is None:
             raise exc
         # This rank's entry: its own exception, with its traceback.
@@ -331,7 +385,8 @@ class ProcessGroup:
                 f"{prefix}/nerr"]
         if failed:
             for r in range(self.size):
-                keys += [f"{prefix}/err/{r}", f"{prefix}/code/{r}"]
+                keys += [f"{prefix}/err/{r}", f"{prefix}/code/{r}",
+                         f"{prefix}/builtin/{r}"]
         for k in keys:
             try:
                 self.store.delete_key(k)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import os
 
-from . import _lib
+from . import _lib, errors
 from .extensions import ExtensionRegistry, ZStandard, compression_of
 from .interfaces import StorageReader, StorageWriter, check_storage
 
@@ -37,6 +38,45 @@ class SerializationFormat(enum.Enum):
     SAFETENSORS = "safetensors"
 
 
+# The most threads an engine pool may be asked for (kMaxThreadCount in
+# capi/internal/options.cc), and the engine's other limits on options.
+_MAX_THREADS = 1024
+_MAX_COPY_AHEAD = 1 << 40
+_MAX_CHECKSUM_BLOCK = 1 << 30  # kMaxChecksumBlockSize (io/metadata_format.h)
+_INT64_MAX = (1 << 63) - 1
+
+
+def _int_option(owner: str, name: str, value, low: int, high: int = _INT64_MAX,
+                *, none_ok: bool = False):
+    """`value` of the int option `name` of `owner` (a class name), checked
+    here as the engine would check it at save or load time: TypeError for
+    a value that is not an int (a float, a str, a bool), ValueError
+    outside [low, high]; both name the option as Python passes it. None
+    passes where `none_ok` (the engine's default)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(
+            f"{owner}: {name} must be an int{' or None' if none_ok else ''}"
+            f", not {type(value).__name__} ({value!r})")
+    value = operator.index(value)
+    if value < low:
+        raise ValueError(f"{owner}({name}={value}): {name} must be >= {low}")
+    if value > high:
+        raise ValueError(
+            f"{owner}({name}={value}): {name} must be at most {high}")
+    return value
+
+
+def _threads(owner: str, name: str, value) -> int:
+    return _int_option(owner, name, value, 1, _MAX_THREADS)
+
+
+def _path(owner: str, path) -> str:
+    """A storage object's directory: errors.checked_path naming `path`."""
+    return errors.checked_path(path, f"{owner}: path")
+
+
 class _Storage:
     """What every storage class shares: the directory `path`, which is the
     checkpoint_id, and the seed's reset / validate_checkpoint_id."""
@@ -51,7 +91,7 @@ class _Storage:
         """The seed's reset: points the storage at `checkpoint_id` when
         given. (Each save draws a fresh save id anyway.)"""
         if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
+            self.path = errors.checked_path(checkpoint_id, "checkpoint_id")
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -139,13 +179,15 @@ class FileSystemWriter(_Storage):
             raise TypeError(
                 f"FileSystemWriter: serialization_format must be a "
                 f"SerializationFormat, not {serialization_format!r}")
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        self.path = os.fspath(path)
+        owner = "FileSystemWriter"
+        self.path = _path(owner, path)
         self.single_file_per_rank = bool(single_file_per_rank)
         self.sync_files = bool(sync_files)
-        self.thread_count = int(thread_count)
-        self.per_thread_copy_ahead = int(per_thread_copy_ahead)
+        self.thread_count = _threads(owner, "thread_count", thread_count)
+        # 0: the engine's default, as the seed's default is.
+        self.per_thread_copy_ahead = _int_option(
+            owner, "per_thread_copy_ahead", per_thread_copy_ahead, 0,
+            _MAX_COPY_AHEAD)
         self.cache_staged_state_dict = bool(cache_staged_state_dict)
         self.overwrite = bool(overwrite)
         self.serialization_format = serialization_format
@@ -174,7 +216,8 @@ class FileSystemWriter(_Storage):
         handle = ctypes.c_void_p()
         options = self._options()
         _lib.check(_lib.lib().dcp_fs_writer_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -212,10 +255,9 @@ class FileSystemReader(_Storage):
                 f"FileSystemReader: _extension_registry must be a "
                 f"dcp.ExtensionRegistry or None, not "
                 f"{type(_extension_registry).__name__}")
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        self.path = os.fspath(path)
-        self.thread_count = int(thread_count)
+        self.path = _path("FileSystemReader", path)
+        self.thread_count = _threads("FileSystemReader", "thread_count",
+                                     thread_count)
         self.direct_io = direct_io
 
     def read_metadata(self):
@@ -229,7 +271,8 @@ class FileSystemReader(_Storage):
                              thread_count=self.thread_count,
                              direct_io=_lib.flag(self.direct_io))
         _lib.check(_lib.lib().dcp_fs_reader_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -265,24 +308,19 @@ class HuggingFaceStorageWriter(_Storage):
                  enable_consolidation: bool = False,
                  thread_count_consolidation: int = 1, *, sync_files=None,
                  direct_io=None, consolidation_buffer_bytes=None):
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        if thread_count_consolidation < 1:
-            raise ValueError("thread_count_consolidation must be >= 1, not "
-                             f"{thread_count_consolidation}")
-        if consolidation_buffer_bytes is not None and \
-                consolidation_buffer_bytes < 1:
-            raise ValueError("consolidation_buffer_bytes must be >= 1, not "
-                             f"{consolidation_buffer_bytes}")
-        self.path = os.fspath(path)
+        owner = "HuggingFaceStorageWriter"
+        self.path = _path(owner, path)
+        self.thread_count = _threads(owner, "thread_count", thread_count)
+        self.thread_count_consolidation = _threads(
+            owner, "thread_count_consolidation", thread_count_consolidation)
+        self.consolidation_buffer_bytes = _int_option(
+            owner, "consolidation_buffer_bytes", consolidation_buffer_bytes,
+            1, none_ok=True)
         self.fqn_to_index_mapping = _check_mapping(fqn_to_index_mapping)
-        self.thread_count = int(thread_count)
         self.save_distributed = bool(save_distributed)
         self.enable_consolidation = bool(enable_consolidation)
-        self.thread_count_consolidation = int(thread_count_consolidation)
         self.sync_files = sync_files
         self.direct_io = direct_io
-        self.consolidation_buffer_bytes = consolidation_buffer_bytes
 
     def _create(self, path=None) -> ctypes.c_void_p:
         """A new dcp_storage_writer_t (the caller frees it)."""
@@ -298,7 +336,8 @@ class HuggingFaceStorageWriter(_Storage):
             consolidation_buffer_bytes=self.consolidation_buffer_bytes or 0)
         handle = ctypes.c_void_p()
         _lib.check(_lib.lib().dcp_hf_writer_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -333,15 +372,12 @@ class HuggingFaceStorageReader(_Storage):
 
     def __init__(self, path, thread_count: int = 1, *, direct_io=None,
                  read_window_bytes=None):
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        if read_window_bytes is not None and read_window_bytes < 1:
-            raise ValueError(
-                f"read_window_bytes must be >= 1, not {read_window_bytes}")
-        self.path = os.fspath(path)
-        self.thread_count = int(thread_count)
+        owner = "HuggingFaceStorageReader"
+        self.path = _path(owner, path)
+        self.thread_count = _threads(owner, "thread_count", thread_count)
         self.direct_io = direct_io
-        self.read_window_bytes = read_window_bytes
+        self.read_window_bytes = _int_option(
+            owner, "read_window_bytes", read_window_bytes, 1, none_ok=True)
 
     def _create(self, path=None) -> ctypes.c_void_p:
         handle = ctypes.c_void_p()
@@ -350,7 +386,8 @@ class HuggingFaceStorageReader(_Storage):
                              direct_io=_lib.flag(self.direct_io),
                              read_window_bytes=self.read_window_bytes or 0)
         _lib.check(_lib.lib().dcp_hf_reader_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -385,20 +422,21 @@ class QuantizedHuggingFaceStorageReader(_Storage):
 
     def __init__(self, path, thread_count: int = 1, target_dtype=None,
                  block_size: int | None = None):
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        if block_size is not None and block_size < 1:
-            raise ValueError(f"block_size must be >= 1, not {block_size}")
+        owner = "QuantizedHuggingFaceStorageReader"
+        path = _path(owner, path)
+        thread_count = _threads(owner, "thread_count", thread_count)
+        block_size = _int_option(owner, "block_size", block_size, 1,
+                                 none_ok=True)
         name = ("float32" if target_dtype is None
                 else str(target_dtype).replace("torch.", ""))
         if name not in self._TARGETS:
             raise ValueError(f"target_dtype {target_dtype!r}: quantized "
                              "weights load as torch.float32, torch.bfloat16 "
                              "or torch.float16")
-        self.path = os.fspath(path)
-        self.thread_count = int(thread_count)
+        self.path = path
+        self.thread_count = thread_count
         self.target_dtype = target_dtype
-        self.block_size = None if block_size is None else int(block_size)
+        self.block_size = block_size
         self._dcp_dtype = self._TARGETS[name]
 
     def _create(self, path=None) -> ctypes.c_void_p:
@@ -408,7 +446,8 @@ class QuantizedHuggingFaceStorageReader(_Storage):
                              target_dtype=self._dcp_dtype,
                              block_size=self.block_size or 0)
         _lib.check(_lib.lib().dcp_hf_quantized_reader_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -437,15 +476,18 @@ class MegaStorageWriter(_Storage):
     def __init__(self, path, fqn_to_index_mapping=None, *,
                  thread_count: int = 1, checksum_block_size=None,
                  sync_files=None, direct_io=None):
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        if checksum_block_size is not None and checksum_block_size < 1:
-            raise ValueError("checksum_block_size must be >= 1, not "
-                             f"{checksum_block_size}")
-        self.path = os.fspath(path)
-        self.fqn_to_index_mapping = _check_mapping(fqn_to_index_mapping)
-        self.thread_count = int(thread_count)
+        owner = "MegaStorageWriter"
+        self.path = _path(owner, path)
+        self.thread_count = _threads(owner, "thread_count", thread_count)
+        checksum_block_size = _int_option(
+            owner, "checksum_block_size", checksum_block_size, 1,
+            _MAX_CHECKSUM_BLOCK, none_ok=True)
+        if checksum_block_size is not None and checksum_block_size % 4096:
+            raise ValueError(
+                f"{owner}(checksum_block_size={checksum_block_size}): "
+                "checksum_block_size must be a multiple of 4096")
         self.checksum_block_size = checksum_block_size
+        self.fqn_to_index_mapping = _check_mapping(fqn_to_index_mapping)
         self.sync_files = sync_files
         self.direct_io = direct_io
 
@@ -460,7 +502,8 @@ class MegaStorageWriter(_Storage):
             direct_io=_lib.flag(self.direct_io))
         handle = ctypes.c_void_p()
         _lib.check(_lib.lib().dcp_mega_writer_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 
@@ -486,10 +529,9 @@ class MegaStorageReader(_Storage):
     """
 
     def __init__(self, path, *, thread_count: int = 1, direct_io=None):
-        if thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
-        self.path = os.fspath(path)
-        self.thread_count = int(thread_count)
+        self.path = _path("MegaStorageReader", path)
+        self.thread_count = _threads("MegaStorageReader", "thread_count",
+                                     thread_count)
         self.direct_io = direct_io
 
     def _create(self, path=None) -> ctypes.c_void_p:
@@ -498,7 +540,8 @@ class MegaStorageReader(_Storage):
                              thread_count=self.thread_count,
                              direct_io=_lib.flag(self.direct_io))
         _lib.check(_lib.lib().dcp_mega_reader_create(
-            os.fspath(path if path is not None else self.path).encode(),
+            _lib.encode_path(path if path is not None else self.path,
+                             "path"),
             ctypes.byref(options), ctypes.byref(handle)))
         return handle
 

@@ -84,6 +84,59 @@ def test_ranks_that_never_come_are_named(kind, tmp_path):
     assert "rank 1: ValueError: bad value 'x'" in str(results[1])
 
 
+def test_the_agreed_exception_keeps_the_first_failures_builtin_class(
+        tmp_path):
+    """One process raises TypeError for a value it cannot save; in a group
+    every rank raises the agreed CheckpointValueError (its code), which is
+    then also a TypeError, so `except TypeError` keeps working once the
+    job is distributed. The same for the first failing rank's other
+    built-in classes; the message, code and failures stay."""
+    import pickle
+    from dcp import _lib
+    groups = _groups(3, dist.HashStore())
+    boom = TypeError("cannot save 'x'")
+    results = _round(groups, {1: boom})
+    for rank, r in enumerate(results):
+        assert isinstance(r, dcp.CheckpointValueError), r
+        assert isinstance(r, TypeError), type(r).__mro__
+        assert type(r).__name__ == "CheckpointValueError"
+        assert r.code == _lib.INVALID_ARGUMENT
+        assert str(r) == ("save failed on rank(s) [1]: rank 1: TypeError: "
+                          "cannot save 'x'")
+        assert list(r.failures) == [1]
+        assert isinstance(r.failures[1][0], TypeError)
+    assert results[1].failures[1][0] is boom
+    again = pickle.loads(pickle.dumps(results[0]))
+    assert type(again) is type(results[0]) and str(again) == str(results[0])
+    assert again.code == _lib.INVALID_ARGUMENT
+    assert isinstance(again.failures[1][0], TypeError)
+    # The lowest failing rank's class: a KeyError (code UNKNOWN) on rank 0.
+    results = _round(groups, {0: KeyError("k"), 2: ValueError("v")})
+    for r in results:
+        assert isinstance(r, dcp.CheckpointException), r
+        assert isinstance(r, KeyError) and not isinstance(r, ValueError)
+        assert r.code == _lib.UNKNOWN
+        assert str(r) == ("save failed on rank(s) [0, 2]: rank 0: KeyError: "
+                          "'k'; rank 2: ValueError: v")
+        assert isinstance(r.failures[2][0], ValueError)
+    # A load of a file on one rank: every rank's is dcp's
+    # CheckpointFileNotFoundError (a FileNotFoundError), as in one process.
+    blocker = tmp_path / "model.pt"
+    blocker.write_bytes(b"x")
+    results = _round(groups, {
+        1: dcp.errors.file_in_the_way(str(blocker), "load")})
+    for r in results:
+        assert type(r) is dcp.CheckpointFileNotFoundError, type(r).__mro__
+    # A class of the program's own: its built-in base (ValueError) is
+    # already the agreed class's.
+    class Mine(ValueError):
+        pass
+    results = _round(groups, {2: Mine("m")})
+    for r in results:
+        assert type(r) is dcp.CheckpointValueError, type(r).__mro__
+    assert _round(groups, {}) == ["ok"] * 3
+
+
 def test_single_rank_reraises_the_error_itself():
     (g,) = _groups(1, dist.HashStore())
     with pytest.raises(KeyError):
@@ -201,8 +254,10 @@ try:
              process_group=group)
     print("saved")
 except dcp.CheckpointException as e:
+    # The agreed class is also the failing rank's built-in, RuntimeError.
     print("failed", type(e).__name__, sorted(e.failures),
-          "rank 1 exploded" in str(e), flush=True)
+          "rank 1 exploded" in str(e), isinstance(e, RuntimeError),
+          isinstance(e.failures[1][0], RuntimeError), flush=True)
 # The group's next operations still pair up.
 mine = {f"w{rank}": torch.full((2,), float(rank))}
 dcp.save(mine, checkpoint_id=ckpt + "/good", process_group=group)
@@ -241,5 +296,5 @@ def test_from_env_group_agrees_through_the_engine(tmp_path):
             outputs.append(p.communicate()[0].decode())
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out
-        assert "failed CheckpointException [1] True" in out, out
+        assert "failed CheckpointException [1] True True True" in out, out
         assert "ok" in out.splitlines()[-1], out

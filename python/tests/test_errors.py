@@ -385,3 +385,200 @@ def test_torchs_default_planners_are_taken_for_their_options(ckpt, tmp_path):
     assert "Renaming.create_local_plan, which dcp would not call" in \
         str(e.value), e.value
     assert "DefaultLoadPlanner (torch's or dcp's)" in str(e.value)
+
+
+def test_a_nul_byte_in_a_path_is_refused_before_the_engine(tmp_path, ckpt):
+    """C would cut a path at its NUL byte: a save to "DIR\\0-new" would
+    replace the checkpoint in DIR. Every path is refused first, with a
+    ValueError as os functions raise (CheckpointValueError) naming the
+    argument; nothing is written."""
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=ckpt)
+    bad = ckpt + "\0-new"
+    message = f"{bad!r}"[1:] + " contains an embedded null byte"
+    sd = {"w": torch.zeros(3)}
+    for call in (
+            lambda: dcp.save(sd, checkpoint_id=bad),
+            lambda: dcp.save(sd, checkpoint_id=f"mega://{bad}"),
+            lambda: dcp.save(sd, checkpoint_id=bad,
+                             storage_writer=dcp.FileSystemWriter(ckpt)),
+            lambda: dcp.async_save(sd, checkpoint_id=bad).result(),
+            lambda: dcp.async_save(
+                sd, checkpoint_id=bad, async_checkpointer_type=(
+                    dcp.AsyncCheckpointerType.PROCESS)).result(),
+            lambda: dcp.load(sd, checkpoint_id=bad),
+            lambda: dcp.read_metadata(bad),
+            lambda: dcp.FileSystemWriter(ckpt).reset(bad)):
+        with pytest.raises(dcp.CheckpointValueError) as e:
+            call()
+        assert isinstance(e.value, ValueError)
+        assert str(e.value).startswith("checkpoint_id '"), str(e.value)
+        assert str(e.value).endswith(message), str(e.value)
+        assert e.value.code == _lib.INVALID_ARGUMENT
+    for cls in (dcp.FileSystemWriter, dcp.HuggingFaceStorageWriter,
+                dcp.MegaStorageWriter, dcp.FileSystemReader,
+                dcp.HuggingFaceStorageReader,
+                dcp.QuantizedHuggingFaceStorageReader,
+                dcp.MegaStorageReader):
+        with pytest.raises(dcp.CheckpointValueError) as e:
+            cls(bad)
+        assert str(e.value) == (f"{cls.__name__}: path {bad!r} contains an "
+                                "embedded null byte")
+    # A writer's path changed after it was made is checked too.
+    writer = dcp.HuggingFaceStorageWriter(ckpt)
+    writer.path = bad
+    with pytest.raises(dcp.CheckpointValueError,
+                       match="^storage_writer path '.*' contains an "
+                             "embedded null byte$"):
+        dcp.save(sd, storage_writer=writer)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    back = {"w": torch.zeros(3)}
+    dcp.load(back, checkpoint_id=ckpt)
+    assert torch.equal(back["w"], torch.ones(3))
+
+
+def test_option_limits_are_checked_when_the_storage_is_made(ckpt):
+    """The engine's limits on the storage classes' options are checked by
+    their constructors, naming the option as Python passes it; an engine
+    message that still names a C options field is spelled the same way."""
+    cases = [
+        (lambda: dcp.FileSystemWriter(ckpt, thread_count=5000),
+         "FileSystemWriter(thread_count=5000): thread_count must be at "
+         "most 1024"),
+        (lambda: dcp.FileSystemWriter(ckpt, thread_count=0),
+         "FileSystemWriter(thread_count=0): thread_count must be >= 1"),
+        (lambda: dcp.FileSystemWriter(ckpt, per_thread_copy_ahead=-5),
+         "FileSystemWriter(per_thread_copy_ahead=-5): per_thread_copy_ahead "
+         "must be >= 0"),
+        (lambda: dcp.FileSystemReader(ckpt, thread_count=1025),
+         "FileSystemReader(thread_count=1025): thread_count must be at "
+         "most 1024"),
+        (lambda: dcp.HuggingFaceStorageWriter(
+            ckpt, thread_count_consolidation=2000),
+         "HuggingFaceStorageWriter(thread_count_consolidation=2000): "
+         "thread_count_consolidation must be at most 1024"),
+        (lambda: dcp.HuggingFaceStorageReader(ckpt, thread_count=2000),
+         "HuggingFaceStorageReader(thread_count=2000): thread_count must be "
+         "at most 1024"),
+        (lambda: dcp.HuggingFaceStorageReader(ckpt,
+                                              read_window_bytes=2 ** 70),
+         f"HuggingFaceStorageReader(read_window_bytes={2 ** 70}): "
+         f"read_window_bytes must be at most {2 ** 63 - 1}"),
+        (lambda: dcp.MegaStorageWriter(ckpt, checksum_block_size=3),
+         "MegaStorageWriter(checksum_block_size=3): checksum_block_size "
+         "must be a multiple of 4096"),
+        (lambda: dcp.MegaStorageWriter(ckpt, thread_count=5000),
+         "MegaStorageWriter(thread_count=5000): thread_count must be at "
+         "most 1024"),
+        (lambda: dcp.MegaStorageReader(ckpt, thread_count=5000),
+         "MegaStorageReader(thread_count=5000): thread_count must be at "
+         "most 1024"),
+    ]
+    for make, message in cases:
+        with pytest.raises(ValueError) as e:
+            make()
+        assert str(e.value) == message
+    # What only the engine checks (a compression it does not know).
+    with pytest.raises(dcp.CheckpointValueError) as e:
+        dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(
+            ckpt, compression="lz4"))
+    assert str(e.value) == ('FileSystemWriter(compression=...): compression '
+                            '"lz4" is not none, zstd or zstd:LEVEL')
+    spelled = dcp.errors.python_spelling
+    assert spelled("dcp_fs_writer_options_t.thread_count is 5000; it must "
+                   "be at most 1024") == \
+        "FileSystemWriter(thread_count=5000): it must be at most 1024"
+    assert spelled("a save needs dcp_save_options_t.checkpoint_id (a "
+                   "directory) or storage_writer") == \
+        "a save needs checkpoint_id (a directory) or storage_writer"
+    assert "dcp_" not in spelled(
+        "x: dcp_process_group_options_t.timeout_ms is -1000; it must be >= 0")
+
+
+def test_an_empty_checkpoint_id_is_a_missing_one(ckpt):
+    sd = {"w": torch.ones(3)}
+    for call, kind in ((lambda: dcp.save(sd, checkpoint_id=""), "save"),
+                       (lambda: dcp.load(sd, checkpoint_id=""), "load"),
+                       (lambda: dcp.async_save(sd, checkpoint_id="")
+                        .result(), "save")):
+        with pytest.raises(dcp.errors.CheckpointIdMissingError) as e:
+            call()
+        assert isinstance(e.value, ValueError)
+        storage = "writer" if kind == "save" else "reader"
+        assert str(e.value) == (
+            f"{kind}: checkpoint_id is empty; pass the checkpoint's "
+            f"directory or a storage_{storage}")
+
+
+def test_a_group_timeout_must_be_a_positive_timedelta():
+    import datetime
+    import torch.distributed as dist
+    store = dist.HashStore()
+    for make, where in (
+            (lambda t: dcp.ProcessGroup.from_env(timeout=t),
+             "ProcessGroup.from_env"),
+            (lambda t: dcp.ProcessGroup.from_store(store, 0, 2, timeout=t),
+             "ProcessGroup.from_store")):
+        with pytest.raises(ValueError) as e:
+            make(datetime.timedelta(seconds=-1))
+        assert str(e.value) == (
+            f"{where}(timeout=datetime.timedelta(days=-1, seconds=86399)): "
+            "timeout must be positive")
+        with pytest.raises(TypeError) as e:
+            make(5)
+        assert str(e.value) == (f"{where}: timeout must be a "
+                                "datetime.timedelta or None, not int (5)")
+
+
+def test_wrong_argument_types_name_the_argument(tmp_path, ckpt):
+    """A path may be bytes (decoded as os functions decode it); another type
+    of path or option raises TypeError naming the argument and the type it
+    takes, not a Python internal; a float is not truncated."""
+    sd = {"w": torch.arange(3.0)}
+    dcp.save(sd, checkpoint_id=os.fsencode(ckpt))
+    back = {"w": torch.zeros(3)}
+    dcp.load(back, checkpoint_id=os.fsencode(ckpt))
+    assert torch.equal(back["w"], sd["w"])
+    assert dcp.FileSystemWriter(os.fsencode(ckpt)).path == ckpt
+    with pytest.raises(TypeError) as e:
+        dcp.save(sd, checkpoint_id=5)
+    assert str(e.value) == ("checkpoint_id must be a str, bytes or "
+                            "os.PathLike path, not int")
+    with pytest.raises(TypeError) as e:
+        dcp.FileSystemReader(None)
+    assert str(e.value) == ("FileSystemReader: path must be a str, bytes or "
+                            "os.PathLike path, not NoneType")
+    for value, shown in (("2", "str ('2')"), (1.5, "float (1.5)"),
+                         (True, "bool (True)")):
+        with pytest.raises(TypeError) as e:
+            dcp.FileSystemWriter(ckpt, thread_count=value)
+        assert str(e.value) == ("FileSystemWriter: thread_count must be an "
+                                f"int, not {shown}")
+    with pytest.raises(TypeError) as e:
+        dcp.MegaStorageWriter(ckpt, checksum_block_size=4096.0)
+    assert str(e.value) == ("MegaStorageWriter: checksum_block_size must be "
+                            "an int or None, not float (4096.0)")
+    import numpy as np
+    assert dcp.FileSystemWriter(ckpt, thread_count=np.int64(3)).thread_count \
+        == 3
+
+
+def test_a_mega_uri_onto_a_file_is_not_a_directory(tmp_path):
+    """mega://FILE fails as MegaStorageWriter(FILE) does."""
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")
+    for kwargs, shown in (
+            (dict(checkpoint_id=f"mega://{blocker}"), f"mega://{blocker}"),
+            (dict(checkpoint_id=f"mega://{blocker}/sub"),
+             f"mega://{blocker}/sub"),
+            (dict(storage_writer=dcp.MegaStorageWriter(str(blocker))),
+             str(blocker))):
+        with pytest.raises(dcp.CheckpointNotADirectoryError) as e:
+            dcp.save({"w": torch.ones(2)}, **kwargs)
+        assert isinstance(e.value, NotADirectoryError)
+        assert e.value.code == _lib.FAILED_PRECONDITION
+        what = "is a file" if shown.endswith("file") else \
+            f"is under {blocker}, a file"
+        assert str(e.value) == (
+            f"cannot save to {shown}: it {what}, not a directory; choose a "
+            "directory path for the checkpoint")
+    assert blocker.read_bytes() == b"x"
