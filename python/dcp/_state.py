@@ -82,7 +82,8 @@ _INT64_MAX = (1 << 63) - 1
 # DLPack (code, bits) and dcp_dtype_t by dtype.
 _DL_BOOL = 6
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
-_DL_F8_E4M3FN, _DL_F8_E5M2 = 10, 12
+_DL_F8_E4M3FN, _DL_F8_E4M3FNUZ, _DL_F8_E5M2, _DL_F8_E5M2FNUZ = 10, 11, 12, 13
+_DL_F8_E8M0FNU, _DL_F4_E2M1FN = 14, 17
 
 # name -> (dl code, bits, dcp dtype)
 _BY_NAME = {
@@ -95,7 +96,14 @@ _BY_NAME = {
     "float64": (_DL_FLOAT, 64, 12), "float8_e4m3fn": (_DL_F8_E4M3FN, 8, 13),
     "float8_e5m2": (_DL_F8_E5M2, 8, 14), "complex64": (_DL_COMPLEX, 64, 15),
     "complex128": (_DL_COMPLEX, 128, 16),
+    "float8_e4m3fnuz": (_DL_F8_E4M3FNUZ, 8, 17),
+    "float8_e5m2fnuz": (_DL_F8_E5M2FNUZ, 8, 18),
+    "float8_e8m0fnu": (_DL_F8_E8M0FNU, 8, 19),
+    # Two 4-bit lanes per element (one byte), as torch's DLPack has it.
+    "float4_e2m1fn_x2": (_DL_F4_E2M1FN, 4, 20),
+    "complex32": (_DL_COMPLEX, 32, 21),
 }
+_LANES = {"float4_e2m1fn_x2": 2}
 # dcp dtype -> name
 DCP_DTYPE_NAMES = {v[2]: k for k, v in _BY_NAME.items()}
 
@@ -114,7 +122,8 @@ if torch is not None:
     for _name, (_code, _bits, _) in _BY_NAME.items():
         _dt = getattr(torch, _name, None)
         if _dt is not None:
-            _TORCH_DL[_dt] = _code | (_bits << 8) | (1 << 16)
+            _TORCH_DL[_dt] = _code | (_bits << 8) | (
+                _LANES.get(_name, 1) << 16)
 
 
 def torch_dtype(dcp_dtype: int):
@@ -392,6 +401,10 @@ class Flat:
         # holds lists or tuples).
         self._plain_lists: list = []
         self._not_plain = 0  # maps and other containers walked, load only
+        # Load only: the tuples (namedtuples too) loading item by item (not
+        # in a list of plain values): (path, the tuple, leaves inside,
+        # whether it may hold containers).
+        self._item_tuples: list = []
         # Load only: (target, new items, tuples inside to rebuild) of the
         # lists reshape_lists replaced.
         self._replaced: list = []
@@ -486,24 +499,40 @@ class Flat:
                 self._tuples.append((target, type(seq), parent, key))
         if self.load:
             mark = (len(self.t_paths), len(self.v_paths), len(self._tuples),
-                    len(self._plain_lists), self._not_plain)
+                    len(self._plain_lists), self._not_plain,
+                    len(self._item_tuples))
         for i, v in enumerate(seq):
             path.append((i << 1) | 1)
             self._value(v, target, i)
             path.pop()
         if self.load:
-            t0, v0, tu0, pl0, np0 = mark
+            t0, v0, tu0, pl0, np0, it0 = mark
             if len(self.t_paths) == t0 and self._not_plain == np0 and \
                     _is_seq(seq):
-                # Plain values only: replaces the plain lists inside.
-                nested = len(self._plain_lists) > pl0
+                # Plain values only: replaces the plain lists inside (and
+                # rebuilds the namedtuples inside).
+                nested = len(self._plain_lists) > pl0 or \
+                    len(self._tuples) > tu0
                 del self._plain_lists[pl0:]
+                del self._item_tuples[it0:]
                 self._plain_lists.append((tuple(path), seq, target, v0,
                                           len(self.v_paths), tu0,
                                           len(self._tuples), nested,
                                           parent, key))
             else:
-                self._not_plain += 1
+                if target is not seq:
+                    # A tuple loading item by item: its saved length must
+                    # be its own (check_tuple_lengths).
+                    self._item_tuples.append(
+                        (tuple(path), seq, len(self.t_paths) - t0 +
+                         len(self.v_paths) - v0, len(self._tuples) > tu0 or
+                         len(self._plain_lists) > pl0 or
+                         self._not_plain != np0))
+                if len(self.t_paths) != t0 or self._not_plain != np0:
+                    self._not_plain += 1
+                # else a namedtuple of plain values: plain to a list around
+                # it (which reshape_lists may rebuild it in), its fields
+                # fixed (not refitted on its own).
 
     def _check_rebuilds(self, seq) -> None:
         """Load only: raises, naming the key, unless tuple subclass `seq`'s
@@ -813,7 +842,8 @@ class Flat:
             self._set_tensors(L, sd, changed)
 
     def has_plain_lists(self) -> bool:
-        return bool(self._plain_lists)
+        """Whether reshape_lists has anything to fit or check."""
+        return bool(self._plain_lists or self._item_tuples)
 
     def reshape_lists(self, metadata, flat_names: bool = False) -> bool:
         """Load only, after build() (build again when it returns True;
@@ -832,7 +862,18 @@ class Flat:
         the list indices are read off the names. An empty
         list or tuple inside is not stored (a None pads it where later
         items follow): the destination's empty container at that index is
-        kept. Returns whether any list changed."""
+        kept. Returns whether any list changed.
+
+        Also refuses, naming the key, a tuple loading item by item (holding
+        tensors or dicts, or a namedtuple outside a list of plain values)
+        whose saved one has another number of items (check_tuple_lengths),
+        and makes a list without leaves that the checkpoint holds tensors
+        or dicts under a missing key (the load raises
+        CheckpointNotFoundError naming it, or with allow_partial_load keeps
+        the destination's), as torch's load does: nothing would load into
+        it."""
+        if self._item_tuples:
+            self.check_tuple_lengths(metadata, flat_names)
         if not self._plain_lists:
             return False
         L = _lib.lib()
@@ -873,12 +914,17 @@ class Flat:
                     continue
             saved = self._saved_tree(L, metadata, path, first.value, n,
                                      base if flat_names else None)
-            if saved is None:
-                # No list items under it (keys that extend its name): as
-                # for nothing saved under it.
+            if saved is None or saved is _NOT_PLAIN:
+                # No list items of plain values under it (keys that extend
+                # its name; tensors or dicts): as for nothing saved under
+                # it.
                 if not flat_names and self._holds_value_at(L, metadata, path,
                                                            index):
                     changes.append((entry, None))
+                elif saved is _NOT_PLAIN and v0 == v1:
+                    # Tensors or dicts at its indices, and no leaf of the
+                    # destination to load them into: a missing key.
+                    changes.append((entry, _NOT_PLAIN))
                 continue
             self._check_list_growth(saved, list(path))
             if _same_shape(seq, saved):
@@ -886,6 +932,14 @@ class Flat:
             changes.append((entry, saved))
         for entry, saved in reversed(changes):
             path, seq, target, v0, v1, tu0, tu1, _, parent, key = entry
+            if saved is _NOT_PLAIN:
+                # A placeholder at its path, which the checkpoint holds no
+                # value at: the engine reports the key missing, or skips it
+                # (allow_partial_load: the destination's stays).
+                self.v_paths[v0:v1] = [path]
+                self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)]
+                self.v_slots[v0:v1] = [(parent, key, _EmptyHint(seq))]
+                continue
             if saved is None:  # replaced whole by the value at its path
                 # A None there is how checkpoints saved before empty lists
                 # were stored padded one: it loads as an empty one of the
@@ -905,6 +959,86 @@ class Flat:
             del self._tuples[tu0:tu1]
             self._replaced.append((target, items, tuples))
         return bool(changes)
+
+    def check_tuple_lengths(self, metadata, flat_names: bool = False
+                            ) -> None:
+        """Load only, after build(): raises CheckpointValueError, naming
+        the key and both lengths, where a tuple loading item by item (one
+        holding tensors or dicts, or a namedtuple outside a list of plain
+        values: _item_tuples) has a saved one of another number of items,
+        before anything is loaded: a shorter destination would drop the
+        saved items past its end without a word, a longer one would miss
+        keys (torch's load returns the saved tuple whole). One the
+        checkpoint holds nothing under (absent, a plain value, a dict) is
+        left to the load. `metadata`, `flat_names`: as reshape_lists."""
+        L = _lib.lib()
+        first, count = ctypes.c_size_t(), ctypes.c_size_t()
+        shortest, longest = ctypes.c_size_t(), ctypes.c_size_t()
+        for path, seq, leaves, nested in self._item_tuples:
+            name = self.name(path)
+            _lib.check(L.dcp_metadata_find_prefix(
+                metadata, (name + ".").encode(), ctypes.byref(first),
+                ctypes.byref(count), ctypes.byref(shortest),
+                ctypes.byref(longest)))
+            n = count.value
+            if n == 0:
+                continue
+            if n == len(seq) == leaves and not nested and not flat_names \
+                    and shortest.value == longest.value == len(path) + 1:
+                # As many items as it has, all one level down: its own.
+                continue
+            saved = self._saved_length(L, metadata, path, first.value, n,
+                                       name + ".")
+            if saved is None or saved == len(seq) or saved < len(seq) and \
+                    all(map(_leafless, seq[saved:])):
+                # (Empty dicts, and empty lists in storage holding tensors
+                # only or saved before they were stored, are not saved.)
+                continue
+            what = "tuple" if type(seq) is tuple else \
+                f"{type(seq).__name__} (a tuple)"
+            raise errors.from_status(
+                _lib.INVALID_ARGUMENT,
+                f"'{name}' was saved with {saved} item"
+                f"{'s' if saved != 1 else ''}, the state dict's {what} has "
+                f"{len(seq)}; a tuple holding tensors or dicts (or a "
+                "namedtuple) loads item by item into the state dict's, "
+                "which needs the saved length (torch's load returns the "
+                "saved tuple whole)")
+
+    def _saved_length(self, L, metadata, path, first, n, base):
+        """The number of items of the list or tuple the checkpoint holds
+        at `path` (its last index + 1), from items first..first+n-1 (those
+        whose names start with `base`, its name and a dot); None if it
+        holds none, or a map key right under `path`. Items saved with
+        their flattened names only (Hugging Face, MEGA, dotted keys), which
+        the load matches by name, give their indices by their names."""
+        info = _lib.sized(_lib.ItemInfo)
+        elem = _lib.PathElem()
+        depth = len(path)
+        keys = [None if e & 1 else self._keys[e >> 1] for e in path]
+        last = by_name = -1
+        names_are_indices = True
+        for index in range(first, first + n):
+            _lib.check(L.dcp_metadata_item(metadata, index,
+                                           ctypes.byref(info)))
+            part = info.name.decode(errors="replace")[len(base):]
+            part = part.split(".", 1)[0]
+            if part.isascii() and part.isdigit() and str(int(part)) == part:
+                by_name = max(by_name, int(part))
+            else:
+                names_are_indices = False
+            if info.path_len <= depth:
+                continue  # another key that starts with its name
+            rel = self._relative_indices(L, metadata, index, info, path,
+                                         keys, elem)
+            if rel is None:
+                continue  # under another key of the same name
+            if rel[0] is None:
+                return None
+            last = max(last, rel[0])
+        if last < 0 and names_are_indices:
+            last = by_name
+        return last + 1 if last >= 0 else None
 
     def _holds_value_at(self, L, metadata, path, index) -> bool:
         """Whether the checkpoint holds a plain value at `path` itself."""
@@ -932,35 +1066,48 @@ class Flat:
     def _saved_tree(self, L, metadata, path, first, n, base=None):
         """The checkpoint's items under `path` among items first..first+n-1
         (those whose names start with its name) as a tree: {index: subtree
-        or item index}; None if there are none, or any is not a plain value
-        at list indices (a tensor, a map key). `base` (MEGA): the list's
+        or item index}; None if there are none, or a map key is right under
+        `path`; _NOT_PLAIN if any item at its list indices is not a plain
+        value (a tensor, or under a map key). `base` (MEGA): the list's
         name and a dot; the indices are read off the items' names."""
         info = _lib.sized(_lib.ItemInfo)
         elem = _lib.PathElem()
         depth = len(path)
         keys = [None if e & 1 else self._keys[e >> 1] for e in path]
         tree: dict = {}
+        not_plain = False
+        skip = len(self.name(path).encode()) + 1  # the name and a dot
         for index in range(first, first + n):
             _lib.check(L.dcp_metadata_item(metadata, index,
                                            ctypes.byref(info)))
             if base is not None:
                 name = info.name.decode(errors="replace")
-                parts = name[len(base):].split(".")
-                if not all(p.isascii() and p.isdigit() and
-                           str(int(p)) == p for p in parts):
-                    return None  # a key under it: not a list
-                rel = [int(p) for p in parts]
+                rel = [int(p) if p.isascii() and p.isdigit() and
+                       str(int(p)) == p else None
+                       for p in name[len(base):].split(".")]
+                if None in rel:
+                    rel = rel[:rel.index(None) + 1]
             elif info.path_len <= depth:
-                continue  # another key that starts with the list's name
+                # Another key that starts with the list's name, or a tensor
+                # saved with its flattened name only (Hugging Face), which
+                # the load matches by name: an item where that is an index.
+                if info.is_tensor and info.path_len == 1:
+                    part = info.name[skip:].split(b".", 1)[0]
+                    if part.isdigit() and str(int(part)).encode() == part:
+                        not_plain = True
+                continue
             else:
                 rel = self._relative_indices(L, metadata, index, info, path,
                                              keys, elem)
                 if rel is None:
                     continue  # under another key of the same name
-                if not rel:
-                    return None  # a map key under it
-            if info.is_tensor:
-                return None
+            if rel[0] is None:
+                return None  # a map key under it: not a list
+            if rel[-1] is None or info.is_tensor:
+                not_plain = True  # under a map at an index, or a tensor
+                continue
+            if not_plain:
+                continue
             node = tree
             for i in rel[:-1]:
                 node = node.setdefault(i, {})
@@ -969,6 +1116,8 @@ class Flat:
             if rel[-1] in node:
                 return None
             node[rel[-1]] = index
+        if not_plain:
+            return _NOT_PLAIN
         return tree or None
 
     def _check_list_growth(self, saved, path) -> None:
@@ -989,8 +1138,9 @@ class Flat:
 
     @staticmethod
     def _relative_indices(L, metadata, index, info, path, keys, elem):
-        """The list indices of item `index`'s path after `path`; None if its
-        path does not start with `path`, [] if a map key follows it."""
+        """The list indices of item `index`'s path after `path`, ending
+        in None where a map key follows them; None if its path does not
+        start with `path`."""
         rel = []
         depth = len(path)
         for j in range(info.path_len):
@@ -1003,7 +1153,8 @@ class Flat:
                 elif elem.key is not None or elem.index != path[j] >> 1:
                     return None
             elif elem.key is not None or elem.index < 0:
-                return []
+                rel.append(None)
+                return rel
             else:
                 rel.append(elem.index)
         return rel
@@ -1467,6 +1618,8 @@ class Flat:
 
 
 _SKIP = object()
+# Flat._saved_tree: tensors or maps at the list's indices.
+_NOT_PLAIN = object()
 
 
 def _is_seq(v) -> bool:
@@ -1479,16 +1632,39 @@ def _is_seq(v) -> bool:
 
 def _remake(dest, items):
     """`items` in a container of `dest`'s type: a list refilled in place,
-    a tuple (or tuple subclass, Flat._check_rebuilds) built from them."""
+    a tuple (or tuple subclass, Flat._check_rebuilds) built from them, a
+    namedtuple from them as its fields where they are as many (else a
+    tuple: the saved items are kept, not the type)."""
     if isinstance(dest, list):
         dest[:] = items
         return dest
-    return tuple(items) if type(dest) is tuple else type(dest)(items)
+    typ = type(dest)
+    if typ is tuple:
+        return tuple(items)
+    fields = getattr(typ, "_fields", None)
+    if fields is None:
+        return typ(items)
+    if len(items) == len(fields):
+        try:
+            return typ(*items)
+        except Exception:  # a namedtuple subclass with its own __new__
+            pass
+    return tuple(items)
+
+
+def _leafless(v) -> bool:
+    """Whether `v` is a dict, list or tuple holding no leaf at any depth
+    (what a checkpoint may not store at all)."""
+    if isinstance(v, dict):
+        return all(map(_leafless, v.values()))
+    return isinstance(v, (list, tuple)) and all(map(_leafless, v))
 
 
 def _holds_empty(seq) -> bool:
-    """Whether list or tuple `seq` holds an empty one at any depth."""
-    return any(_is_seq(v) and (not v or _holds_empty(v)) for v in seq)
+    """Whether list or tuple `seq` holds an empty one (a namedtuple too)
+    at any depth."""
+    return any(isinstance(v, (list, tuple)) and (not v or _holds_empty(v))
+               for v in seq)
 
 
 def _aligned_host_empty(shape, dtype):
@@ -1514,15 +1690,15 @@ class _EmptyHint:
 
 def _same_shape(dest, saved) -> bool:
     """Whether the saved tree (Flat._saved_tree) has the shape of `dest`, a
-    list or tuple of plain values: the same length and the same shape at
-    each index, where an empty list or tuple of the destination matches
-    nothing saved (a saved value there, perhaps the None an empty one is
-    stored as, is loaded: _rebuild)."""
+    list or tuple of plain values (namedtuples of them too): the same
+    length and the same shape at each index, where an empty list or tuple
+    of the destination matches nothing saved (a saved value there, perhaps
+    the None an empty one is stored as, is loaded: _rebuild)."""
     if not isinstance(saved, dict) or (saved and max(saved) >= len(dest)):
         return False
     for i, d in enumerate(dest):
         s = saved.get(i)
-        if _is_seq(d):
+        if isinstance(d, (list, tuple)):
             if not d:
                 if s is not None:
                     return False
@@ -1562,26 +1738,29 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
     nothing at: an empty container (the destination's type there, else a
     list); a plain value where the destination has an empty list or tuple:
     that value, unless it is None (then the destination's empty kind).
-    Changes nothing of the destination."""
+    A namedtuple of the destination counts as a tuple (of its type where
+    the saved items are as many as its fields: _remake). Changes nothing
+    of the destination."""
     size = max(saved) + 1 if saved else 0
     items = [None] * size
     for i in range(size):
         d = dest[i] if dest is not None and i < len(dest) else None
         s = saved.get(i)
         if isinstance(s, dict):
-            inner = d if _is_seq(d) else None
+            inner = d if isinstance(d, (list, tuple)) else None
             items[i] = _rebuild(inner, s, path + [(i << 1) | 1], paths, slots,
                                 tuples)
             if inner is not None and type(inner) is not list:
                 tuples.append((items, i, inner))
         elif s is None:
             items[i] = () if type(d) is tuple else []
-            if _is_seq(d) and type(d) is not list and type(d) is not tuple:
+            if isinstance(d, (list, tuple)) and type(d) is not list and \
+                    type(d) is not tuple:
                 tuples.append((items, i, d))
         else:
             paths.append(tuple(path + [(i << 1) | 1]))
             hint = d
-            if _is_seq(d):
+            if isinstance(d, (list, tuple)):
                 hint = None if d else _EmptyHint(d)
             slots.append((items, i, hint))
     return items

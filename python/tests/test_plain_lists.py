@@ -1,5 +1,7 @@
 """Lists of plain values come back as the checkpoint holds them, as torch's
 load returns such a list whole (Flat.reshape_lists)."""
+import collections
+
 import pytest
 import torch
 
@@ -112,8 +114,11 @@ def test_checkpoints_without_empty_markers_load_as_before(ckpt, monkeypatch):
 
 def test_lists_holding_tensors_or_maps_still_load_item_by_item(ckpt):
     dcp.save({"t": [torch.ones(2), 5], "m": [{"a": 1}]}, checkpoint_id=ckpt)
+    # An empty destination list has nothing to load them into: missing
+    # (test_a_list_of_tensors_into_an_empty_list_is_a_missing_key).
     dst = {"t": [], "m": []}
-    dcp.load(dst, checkpoint_id=ckpt)
+    dcp.load(dst, checkpoint_id=ckpt,
+             planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
     assert dst == {"t": [], "m": []}
     two = torch.zeros(2)
     dst = {"t": [two, 0], "m": [{"a": 0}]}
@@ -360,3 +365,162 @@ def test_a_tuple_subclass_that_cannot_be_rebuilt_raises_before_loading(
                              r"rebuilt from its items \(TypeError: "):
         dcp.load(dst, checkpoint_id=ckpt)
     assert dst["p"] == (0, 0) and torch.equal(dst["w"], torch.zeros(2))
+
+
+_NT = collections.namedtuple("_NT", "x y")
+_NT3 = collections.namedtuple("_NT3", "x y z")
+_NT0 = collections.namedtuple("_NT0", "")
+
+
+def test_a_list_holding_namedtuples_comes_back_at_the_saved_length(ckpt):
+    """A namedtuple in a list of plain values was loaded item by item: a
+    shorter destination list lost the saved items past its end without an
+    error, a longer one raised. It is a list of plain values: it comes back
+    as saved, a namedtuple where the destination has one at that index."""
+    dcp.save({"h": [_NT(1, 2), 1.0, 5], "d": {"a": [_NT(3, 4), 7]},
+              "e": [_NT0(), 1], "g": [_NT([1, 2, 3], 4)], "w": torch.ones(2)},
+             checkpoint_id=ckpt)
+    for h in ([_NT(0, 0)], [_NT(0, 0), 0.0, False, 9]):
+        dst = {"h": h, "d": {"a": [_NT(0, 0)]}, "e": [_NT0()],
+               "g": [_NT([0], 0)], "w": torch.zeros(2)}
+        dcp.load(dst, checkpoint_id=ckpt)
+        assert dst["h"] is h and h == [_NT(1, 2), 1.0, 5]
+        assert [type(v) for v in h] == [_NT, float, int]
+        assert dst["d"] == {"a": [_NT(3, 4), 7]}
+        assert type(dst["d"]["a"][0]) is _NT
+        assert dst["e"] == [_NT0(), 1] and type(dst["e"][0]) is _NT0
+        assert dst["g"] == [_NT([1, 2, 3], 4)] and type(dst["g"][0]) is _NT
+        assert torch.equal(dst["w"], torch.ones(2))
+    # Where the destination has none at that index, or one of other
+    # fields, the saved items come back in a list or a tuple.
+    dcp.save({"h": [_NT3(1, 2, 3), _NT(4, 5)]}, checkpoint_id=ckpt)
+    dst = {"h": [_NT(0, 0)]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"] == [(1, 2, 3), [4, 5]]
+    assert type(dst["h"][0]) is tuple and type(dst["h"][1]) is list
+
+
+def test_a_namedtuple_of_other_fields_raises_before_loading(ckpt):
+    # A namedtuple outside a list of plain values loads field by field.
+    dcp.save({"p": _NT3(1, 2, 3), "w": torch.ones(2)}, checkpoint_id=ckpt)
+    dst = {"p": _NT(0, 0), "w": torch.zeros(2)}
+    with pytest.raises(dcp.CheckpointValueError) as e:
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert str(e.value) == (
+        "'p' was saved with 3 items, the state dict's _NT (a tuple) has 2; "
+        "a tuple holding tensors or dicts (or a namedtuple) loads item by "
+        "item into the state dict's, which needs the saved length (torch's "
+        "load returns the saved tuple whole)")
+    assert dst["p"] == _NT(0, 0) and torch.equal(dst["w"], torch.zeros(2))
+
+
+def test_a_tuple_of_tensors_of_another_length_raises_before_loading(ckpt):
+    """A tuple holding tensors loads item by item into the destination's
+    tensors; a shorter destination tuple dropped the saved items past its
+    end without an error."""
+    one, two = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 4.0])
+    dcp.save({"h": (one, two), "m": (one, 5), "n": [(one, two)],
+              "p": _NT(one, two), "w": torch.ones(2)}, checkpoint_id=ckpt)
+    msg = ("'{}' was saved with {} item{}, the state dict's {} has {}; a "
+           "tuple holding tensors or dicts (or a namedtuple) loads item by "
+           "item into the state dict's, which needs the saved length "
+           "(torch's load returns the saved tuple whole)")
+    partial = dcp.DefaultLoadPlanner(allow_partial_load=True)
+    for key, dest, want in (
+            ("h", (torch.zeros(2),), ("h", 2, "s", "tuple", 1)),
+            ("m", (torch.zeros(2),), ("m", 2, "s", "tuple", 1)),
+            ("n", [(torch.zeros(2),)], ("n.0", 2, "s", "tuple", 1)),
+            ("p", (torch.zeros(2), torch.zeros(2), torch.zeros(2)),
+             ("p", 2, "s", "tuple", 3))):
+        for kw in ({}, {"planner": partial}):
+            w = torch.zeros(2)
+            dst = {key: dest, "w": w}
+            with pytest.raises(dcp.CheckpointValueError) as e:
+                dcp.load(dst, checkpoint_id=ckpt, **kw)
+            assert str(e.value) == msg.format(*want)
+            assert dst[key] is dest and torch.equal(w, torch.zeros(2))
+            assert all(torch.equal(t, torch.zeros(2)) for t in
+                       (dest[0] if key == "n" else dest))
+    dcp.save({"h": (one,)}, checkpoint_id=ckpt)
+    dst = {"h": _NT(torch.zeros(2), torch.zeros(2))}
+    with pytest.raises(dcp.CheckpointValueError) as e:
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert str(e.value) == msg.format("h", 1, "", "_NT (a tuple)", 2)
+    # Of the saved length: loaded in place into the caller's tensors.
+    dcp.save({"h": (one, two), "p": _NT(one, 5)}, checkpoint_id=ckpt)
+    a, b, c = torch.zeros(2), torch.zeros(2), torch.zeros(2)
+    dst = {"h": (a, b), "p": _NT(c, 0)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["h"][0] is a and dst["h"][1] is b and dst["p"].x is c
+    assert torch.equal(a, one) and torch.equal(b, two)
+    assert torch.equal(c, one) and dst["p"].y == 5 and type(dst["p"]) is _NT
+
+
+def test_tuple_lengths_are_read_off_flattened_names_too(tmp_path):
+    # Hugging Face and MEGA store flattened names only ("h.0", "h.1").
+    one = torch.tensor([1.0, 2.0])
+    for kind in ("hf", "mega"):
+        path = str(tmp_path / kind)
+        if kind == "hf":
+            dcp.save({"h": (one, one * 2, ())},
+                     storage_writer=dcp.HuggingFaceStorageWriter(path))
+        else:
+            dcp.save({"h": (one, one * 2)}, checkpoint_id="mega://" + path)
+        dst = {"h": (torch.zeros(2),)}
+        with pytest.raises(dcp.CheckpointValueError,
+                           match=r"^'h' was saved with 2 items, the state "
+                                 r"dict's tuple has 1; "):
+            dcp.load(dst, checkpoint_id=path)
+        assert torch.equal(dst["h"][0], torch.zeros(2))
+        # An empty container the storage left out is not an item missing.
+        dst = {"h": (torch.zeros(2), torch.zeros(2), ())}
+        dcp.load(dst, checkpoint_id=path)
+        assert torch.equal(dst["h"][1], one * 2) and dst["h"][2] == ()
+
+
+def test_a_list_of_tensors_into_an_empty_list_is_a_missing_key(ckpt):
+    """torch's load raises "Missing key" there; dcp loaded nothing and said
+    nothing. With allow_partial_load the destination's list stays."""
+    dcp.save({"l": [torch.ones(2), torch.ones(3)], "m": [{"a": 1}],
+              "p": [1, 2], "w": torch.ones(2)}, checkpoint_id=ckpt)
+    for key, dest in (("l", []), ("l", [[]]), ("l", ()), ("m", [])):
+        w = torch.zeros(2)
+        dst = {key: dest, "w": w}
+        with pytest.raises(dcp.CheckpointNotFoundError) as e:
+            dcp.load(dst, checkpoint_id=ckpt)
+        first = "l.0" if key == "l" else "m.0.a"
+        assert str(e.value) == (
+            f'the checkpoint has no "{key}" (the checkpoint holds "{first}": '
+            f'a list or dict was saved at "{key}" where the state dict has '
+            "a value)")
+        assert dst[key] is dest and torch.equal(w, torch.zeros(2))
+        dcp.load(dst, checkpoint_id=ckpt,
+                 planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+        assert dst[key] is dest and dest == type(dest)(
+            [[]] if dest == [[]] else [])
+        assert torch.equal(w, torch.ones(2))
+    # A list of plain values comes back at the saved length, as before.
+    p = []
+    dst = {"p": p}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["p"] is p and p == [1, 2]
+
+
+def test_a_list_of_tensors_into_an_empty_list_from_flattened_names(
+        tmp_path):
+    # Hugging Face and MEGA store flattened names only ("l.0").
+    state = {"l": [torch.ones(2), torch.ones(3)], "w": torch.ones(1)}
+    hf, mega = str(tmp_path / "hf"), str(tmp_path / "mega")
+    dcp.save(state, storage_writer=dcp.HuggingFaceStorageWriter(hf))
+    dcp.save(state, checkpoint_id="mega://" + mega)
+    for path in (hf, mega):
+        dst = {"l": [], "w": torch.zeros(1)}
+        with pytest.raises(dcp.CheckpointNotFoundError,
+                           match=r'^the checkpoint has no "l" \(the '
+                                 r'checkpoint holds "l\.0"'):
+            dcp.load(dst, checkpoint_id=path)
+        assert dst == {"l": []} | {"w": dst["w"]}
+        assert torch.equal(dst["w"], torch.zeros(1))
+        dcp.load(dst, checkpoint_id=path,
+                 planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+        assert dst["l"] == [] and torch.equal(dst["w"], torch.ones(1))
