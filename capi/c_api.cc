@@ -16,7 +16,9 @@ namespace {
 
 static_assert(static_cast<int>(DType::kC128) == DCP_DTYPE_C128 &&
                   static_cast<int>(DType::kF8E4M3) == DCP_DTYPE_F8_E4M3 &&
-                  kNumDTypes == DCP_DTYPE_C128 + 1,
+                  static_cast<int>(DType::kF8E8M0) == DCP_DTYPE_F8_E8M0 &&
+                  static_cast<int>(DType::kF4E2M1X2) == DCP_DTYPE_F4_E2M1_X2 &&
+                  kNumDTypes == DCP_DTYPE_C32 + 1,
               "dcp_dtype_t must number dtypes as core/dtype.h does");
 static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
                   DCP_UNAUTHENTICATED,

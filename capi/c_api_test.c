@@ -175,7 +175,10 @@ static void test_version_and_names(void) {
   CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_BF16), "BF16") == 0);
   CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_F8_E4M3), "F8_E4M3") == 0);
   CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_C128), "C128") == 0);
-  CHECK(dcp_dtype_name(17) == NULL);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_F8_E8M0), "F8_E8M0") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_F4_E2M1_X2), "F4_E2M1_X2") == 0);
+  CHECK(strcmp(dcp_dtype_name(DCP_DTYPE_C32), "C32") == 0);
+  CHECK(dcp_dtype_name(DCP_DTYPE_C32 + 1) == NULL);
   CHECK(dcp_dtype_name(-1) == NULL);
 }
 

@@ -41,9 +41,12 @@
  * Tensors cross as DLPack (DLTensor, DLManagedTensor, and the versioned
  * DLManagedTensorVersioned of DLPack >= 1.0): host (kDLCPU, kDLCUDAHost) or
  * CUDA (kDLCUDA) memory, strided or not. dtypes: bool, [u]int8..64,
- * float16, bfloat16, float32, float64, complex64, complex128, and the
- * float8 codes of DLPack 1.1 (kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12,
- * lanes 1, 8 bits). Any other dtype or device is DCP_INVALID_ARGUMENT
+ * float16, bfloat16, float32, float64, complex32, complex64, complex128,
+ * the float8 codes of DLPack 1.1 (kDLFloat8_e4m3fn = 10,
+ * kDLFloat8_e4m3fnuz = 11, kDLFloat8_e5m2 = 12, kDLFloat8_e5m2fnuz = 13,
+ * kDLFloat8_e8m0fnu = 14; lanes 1, 8 bits) and packed float4
+ * (kDLFloat4_e2m1fn = 17, 4 bits, lanes 2: torch.float4_e2m1fn_x2, one
+ * element per byte). Any other dtype or device is DCP_INVALID_ARGUMENT
  * naming the tensor's path.
  */
 #ifndef DCP_DCP_H_
@@ -144,7 +147,12 @@ typedef enum dcp_dtype {
   DCP_DTYPE_F8_E4M3 = 13,
   DCP_DTYPE_F8_E5M2 = 14,
   DCP_DTYPE_C64 = 15,
-  DCP_DTYPE_C128 = 16
+  DCP_DTYPE_C128 = 16,
+  DCP_DTYPE_F8_E4M3FNUZ = 17,
+  DCP_DTYPE_F8_E5M2FNUZ = 18,
+  DCP_DTYPE_F8_E8M0 = 19,    /* float8_e8m0fnu */
+  DCP_DTYPE_F4_E2M1_X2 = 20, /* two float4_e2m1fn per byte */
+  DCP_DTYPE_C32 = 21         /* complex32 */
 } dcp_dtype_t;
 
 /* The safetensors name of a dtype ("F32", "BF16", "F8_E4M3"); NULL for an

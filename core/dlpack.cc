@@ -48,8 +48,14 @@ absl::StatusOr<Code> ToCode(DType dtype) {
       return Code{kDLComplex, 64};
     case DType::kC128:
       return Code{kDLComplex, 128};
+    case DType::kC32:
+      return Code{kDLComplex, 32};
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kF8E4M3FNUZ:
+    case DType::kF8E5M2FNUZ:
+    case DType::kF8E8M0:
+    case DType::kF4E2M1X2:
       break;
   }
   return absl::InvalidArgumentError(

@@ -31,15 +31,28 @@ enum class DType : uint8_t {
   kF8E5M2 = 14,
   kC64 = 15,
   kC128 = 16,
+  kF8E4M3FNUZ = 17,
+  kF8E5M2FNUZ = 18,
+  kF8E8M0 = 19,  // torch.float8_e8m0fnu (MX block scales)
+  // torch.float4_e2m1fn_x2 (NVFP4): two 4-bit values per byte; shapes
+  // and element counts are of the packed bytes, as in torch.
+  kF4E2M1X2 = 20,
+  kC32 = 21,  // two F16 (torch.complex32)
 };
 
-inline constexpr int kNumDTypes = 17;
+inline constexpr int kNumDTypes = 22;
 
-// Bytes per element (kC64 is two F32, so 8).
+// Bytes per element (kC64 is two F32, so 8; kF4E2M1X2 1 per packed pair).
 size_t ElementSize(DType dtype);
 
-// The safetensors name: "BOOL", "U8", ..., "F8_E4M3", "C64".
+// The safetensors name: "BOOL", "U8", ..., "F8_E4M3", "C64", "F8_E8M0";
+// for the dtypes safetensors lacks (InSafetensors) dcp's own: "C128",
+// "C32", "F4_E2M1_X2" (safetensors' "F4" counts 4-bit elements, not bytes).
 absl::string_view DTypeName(DType dtype);
+
+// Whether a safetensors file can hold `dtype` under DTypeName's name (not
+// C128, C32 or F4_E2M1_X2).
+bool InSafetensors(DType dtype);
 
 // Parses a safetensors name (exact, upper case). kInvalidArgument otherwise.
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);

@@ -20,6 +20,24 @@ TEST(DType, NamesRoundTripForEveryType) {
   EXPECT_EQ(DTypeName(DType::kF8E5M2), "F8_E5M2");
 }
 
+// The dtypes of MX and NVFP4 training and of ROCm's float8, numbered
+// after the first 17 (the on-disk codes never change).
+TEST(DType, LaterDtypesKeepTheirCodesSizesAndNames) {
+  EXPECT_EQ(static_cast<int>(DType::kF8E4M3FNUZ), 17);
+  EXPECT_EQ(static_cast<int>(DType::kC32), 21);
+  EXPECT_EQ(DTypeName(DType::kF8E8M0), "F8_E8M0");
+  EXPECT_EQ(DTypeName(DType::kF8E5M2FNUZ), "F8_E5M2FNUZ");
+  EXPECT_EQ(ElementSize(DType::kF4E2M1X2), 1u);  // a packed pair
+  EXPECT_EQ(ElementSize(DType::kC32), 4u);
+  for (DType in : {DType::kF8E4M3FNUZ, DType::kF8E5M2FNUZ, DType::kF8E8M0,
+                   DType::kBF16, DType::kC64}) {
+    EXPECT_TRUE(InSafetensors(in)) << DTypeName(in);
+  }
+  for (DType out : {DType::kC128, DType::kC32, DType::kF4E2M1X2}) {
+    EXPECT_FALSE(InSafetensors(out)) << DTypeName(out);
+  }
+}
+
 TEST(DType, RejectsUnknown) {
   EXPECT_EQ(DTypeFromName("f32").status().code(),
             absl::StatusCode::kInvalidArgument);

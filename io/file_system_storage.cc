@@ -97,10 +97,6 @@ std::string OrphanCleanup::Summary(absl::string_view dir) const {
   return absl::StrJoin(parts, "; ");
 }
 
-std::string RankLocalDirectory(absl::string_view dir, int rank) {
-  return JoinPath(dir, absl::StrCat("rank-", rank));
-}
-
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
   absl::StatusOr<std::set<std::string>> committed = CommittedFileNames(fs, dir);
   if (!committed.ok()) {
@@ -278,6 +274,7 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
 }
 
 absl::Status FileSystemWriter::SetUpLocked() {
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp));
   const std::string metadata_path = JoinPath(dir_, kMetadataFileName);
   // A directory holds one layout (FORMAT.md section 6): a checkpoint of
   // the other layout committed beside an existing one would leave a

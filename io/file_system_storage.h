@@ -52,6 +52,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/executor.h"
+#include "io/checkpoint_formats.h"
 #include "io/extensions.h"
 #include "io/file_system.h"
 #include "io/io_engine.h"
@@ -189,10 +190,6 @@ struct OrphanCleanup {
 // must hold the directory's lock (FileSystemBase::LockDirectory): an orphan
 // is indistinguishable from a file a save running now is writing.
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir);
-
-// Where rank `rank` of a rank-local save keeps its checkpoint below `dir`:
-// `dir/rank-<rank>` (docs/FORMAT.md).
-std::string RankLocalDirectory(absl::string_view dir, int rank);
 
 class FileSystemWriter final : public StorageWriter {
  public:

@@ -166,6 +166,8 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
   // Holding the lock: a decided commit an interrupted save left is
   // completed first, then its temporary files are orphans.
   DCP_RETURN_IF_ERROR(LockAndRecover("checkpoint directory"));
+  DCP_RETURN_IF_ERROR(
+      RefuseOtherFormats(*fs_, path_, CheckpointFormat::kHuggingFace));
   RemoveTemporaryFiles(*fs_, path_);
   absl::StatusOr<std::set<std::string>> replaced =
       ReplaceableFiles(*fs_, path_);
@@ -192,9 +194,10 @@ absl::StatusOr<SavePlan> HuggingFaceStorageWriter::PrepareLocalPlan(
           "a FileSystemWriter"));
     }
     const TensorWriteData& data = *item.tensor_data;
-    if (data.properties.dtype == DType::kC128) {
+    if (!InSafetensors(data.properties.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", fqn, "\" has dtype C128, which safetensors lacks"));
+          "tensor \"", fqn, "\" has dtype ", DTypeName(data.properties.dtype),
+          ", which safetensors lacks"));
     }
     const bool whole =
         data.chunk.sizes == data.size &&

@@ -53,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "core/executor.h"
+#include "io/checkpoint_formats.h"
 #include "io/file_system.h"
 #include "io/internal/journaled_writer.h"
 #include "io/io_engine.h"
@@ -62,11 +63,8 @@ namespace dcp {
 
 class DeviceStaging;  // staging/device_staging.h
 
-// Names in a Hugging Face directory.
-inline constexpr char kHfIndexFileName[] = "model.safetensors.index.json";
-inline constexpr char kHfSingleFileName[] = "model.safetensors";
-inline constexpr char kHfShardedDirName[] = "sharded";
-inline constexpr char kHfCommitJournalName[] = ".dcp-hf-commit";
+// The names in a Hugging Face directory (kHfIndexFileName, ...) are in
+// io/checkpoint_formats.h.
 // The `__metadata__` keys of the seed's sharded files.
 inline constexpr char kHfShardingInfoKey[] = "DCP_SHARDING_INFO";
 inline constexpr char kHfSavedOffsetsKey[] = "saved_offsets";

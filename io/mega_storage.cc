@@ -15,6 +15,7 @@
 #include "core/checksum.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/checkpoint_formats.h"
 #include "io/internal/commit_journal.h"
 #include "io/internal/journaled_writer.h"
 #include "io/internal/parallel_work.h"
@@ -145,7 +146,7 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
       replaced_.insert(name);
     }
   }
-  return absl::OkStatus();
+  return RefuseOtherFormats(*fs_, path_, CheckpointFormat::kMega);
 }
 
 absl::StatusOr<SavePlan> MegaStorageWriter::PrepareLocalPlan(SavePlan plan) {

@@ -25,7 +25,9 @@ using OrderedJson = nlohmann::ordered_json;
 
 // Dtype names of the format that dcp has no DType for.
 constexpr absl::string_view kForeignDTypes[] = {
-    "F4", "F6_E2M3", "F6_E3M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "C128",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
 };
 
 absl::Status Broken(absl::string_view file, absl::string_view rule) {
@@ -142,6 +144,9 @@ absl::StatusOr<SafetensorsTensor> ParseTensor(const std::string& name,
   }
   const std::string dtype_name = dtype->get<std::string>();
   absl::StatusOr<DType> parsed = DTypeFromName(dtype_name);
+  if (parsed.ok() && !InSafetensors(*parsed)) {  // dcp's own names
+    parsed = absl::InvalidArgumentError(dtype_name);
+  }
   if (!parsed.ok()) {
     if (std::find(std::begin(kForeignDTypes), std::end(kForeignDTypes),
                   dtype_name) != std::end(kForeignDTypes)) {
@@ -410,9 +415,10 @@ absl::StatusOr<std::string> EncodeSafetensorsHeader(
       return absl::InvalidArgumentError(
           absl::StrCat(what, " appears twice in one safetensors file"));
     }
-    if (tensor.dtype == DType::kC128) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has dtype C128, which the safetensors format lacks"));
+    if (!InSafetensors(tensor.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has dtype ", DTypeName(tensor.dtype),
+                       ", which the safetensors format lacks"));
     }
     std::optional<int64_t> bytes = CheckedNumBytes(tensor.dtype, tensor.shape);
     if (!bytes.has_value() ||

@@ -83,13 +83,15 @@ TEST(StorageRegistry, PlainPathsSaveNativelyAndLoadsDetectTheFormat) {
   std::filesystem::remove(JoinPath(hf, kHfIndexFileName));
   EXPECT_EQ(*registry.BackendFor(hf, true), "huggingface");
   EXPECT_TRUE(LoadAndCompare(hf, state).ok());
-  // Hugging Face files cannot be saved through a plain path: it saves
-  // natively, and the dcp metadata then wins over the safetensors files.
+  // A plain path saves natively, which a directory of Hugging Face files
+  // refuses (two checkpoints in one directory; io/checkpoint_formats.h).
   save.storage_writer = nullptr;
   save.checkpoint_id = hf;
-  ASSERT_TRUE(Save(State(5), save).ok());
-  EXPECT_EQ(*registry.BackendFor(hf, true), "native");
-  EXPECT_TRUE(LoadAndCompare(hf, State(5)).ok());
+  absl::Status refused = Save(State(5), save).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("already holds a Hugging Face"));
+  EXPECT_EQ(*registry.BackendFor(hf, true), "huggingface");
+  EXPECT_TRUE(LoadAndCompare(hf, state).ok());
   // An empty directory: the native reader says there is no checkpoint.
   const std::string empty = MakeTempDir("registry_empty");
   absl::Status none = LoadAndCompare(empty, state);

@@ -229,10 +229,10 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
                    name.c_str());
       continue;
     }
-    if (t->properties.dtype == DType::kC128) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dcp convert: tensor ", name, " of ", src,
-                       " is C128, which safetensors cannot hold"));
+    if (!InSafetensors(t->properties.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dcp convert: tensor ", name, " of ", src, " is ",
+          DTypeName(t->properties.dtype), ", which safetensors cannot hold"));
     }
     const DType out = OutputDtype(t->properties.dtype, options);
     // The metadata decoder checked that every shape's size fits.

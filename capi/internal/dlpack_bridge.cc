@@ -16,56 +16,68 @@ namespace {
 
 // DLPack type codes beyond DLPack 0.6's enum.
 constexpr uint8_t kDLBoolCode = 6;           // DLPack >= 0.8.
-constexpr uint8_t kDLFloat8E4M3FnCode = 10;  // DLPack >= 1.1.
-constexpr uint8_t kDLFloat8E5M2Code = 12;    // DLPack >= 1.1.
+constexpr uint8_t kDLFloat8E4M3FnCode = 10;  // DLPack >= 1.1, as below.
+constexpr uint8_t kDLFloat8E4M3FnuzCode = 11;
+constexpr uint8_t kDLFloat8E5M2Code = 12;
+constexpr uint8_t kDLFloat8E5M2FnuzCode = 13;
+constexpr uint8_t kDLFloat8E8M0FnuCode = 14;
+constexpr uint8_t kDLFloat4E2M1FnCode = 17;
 
 struct TypeCode {
   uint8_t code;
   uint8_t bits;
+  uint16_t lanes = 1;
 };
 
 // Indexed by DType.
 constexpr TypeCode kTypeCodes[kNumDTypes] = {
-    {kDLBoolCode, 8},          // kBool
-    {kDLUInt, 8},              // kU8
-    {kDLInt, 8},               // kI8
-    {kDLUInt, 16},             // kU16
-    {kDLInt, 16},              // kI16
-    {kDLUInt, 32},             // kU32
-    {kDLInt, 32},              // kI32
-    {kDLUInt, 64},             // kU64
-    {kDLInt, 64},              // kI64
-    {kDLFloat, 16},            // kF16
-    {kDLBfloat, 16},           // kBF16
-    {kDLFloat, 32},            // kF32
-    {kDLFloat, 64},            // kF64
-    {kDLFloat8E4M3FnCode, 8},  // kF8E4M3
-    {kDLFloat8E5M2Code, 8},    // kF8E5M2
-    {kDLComplex, 64},          // kC64
-    {kDLComplex, 128},         // kC128
+    {kDLBoolCode, 8},            // kBool
+    {kDLUInt, 8},                // kU8
+    {kDLInt, 8},                 // kI8
+    {kDLUInt, 16},               // kU16
+    {kDLInt, 16},                // kI16
+    {kDLUInt, 32},               // kU32
+    {kDLInt, 32},                // kI32
+    {kDLUInt, 64},               // kU64
+    {kDLInt, 64},                // kI64
+    {kDLFloat, 16},              // kF16
+    {kDLBfloat, 16},             // kBF16
+    {kDLFloat, 32},              // kF32
+    {kDLFloat, 64},              // kF64
+    {kDLFloat8E4M3FnCode, 8},    // kF8E4M3
+    {kDLFloat8E5M2Code, 8},      // kF8E5M2
+    {kDLComplex, 64},            // kC64
+    {kDLComplex, 128},           // kC128
+    {kDLFloat8E4M3FnuzCode, 8},  // kF8E4M3FNUZ
+    {kDLFloat8E5M2FnuzCode, 8},  // kF8E5M2FNUZ
+    {kDLFloat8E8M0FnuCode, 8},   // kF8E8M0
+    // kF4E2M1X2: two 4-bit lanes per element, as torch exports
+    // float4_e2m1fn_x2.
+    {kDLFloat4E2M1FnCode, 4, 2},
+    {kDLComplex, 32},  // kC32
 };
 
 }  // namespace
 
 absl::StatusOr<DType> DTypeFromDLPack(DLDataType type) {
-  if (type.lanes == 1) {
-    for (int i = 0; i < kNumDTypes; ++i) {
-      if (kTypeCodes[i].code == type.code && kTypeCodes[i].bits == type.bits) {
-        return static_cast<DType>(i);
-      }
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (kTypeCodes[i].code == type.code && kTypeCodes[i].bits == type.bits &&
+        kTypeCodes[i].lanes == type.lanes) {
+      return static_cast<DType>(i);
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "DLPack dtype (code ", type.code, ", bits ", type.bits, ", lanes ",
       type.lanes,
       ") is not supported; dcp takes bool, [u]int8..64, float16, bfloat16, "
-      "float32, float64, complex64, complex128, float8_e4m3fn (code 10) and "
-      "float8_e5m2 (code 12), lanes 1"));
+      "float32, float64, complex32/64/128, float8 e4m3fn, e4m3fnuz, e5m2, "
+      "e5m2fnuz, e8m0fnu (codes 10-14, lanes 1) and float4_e2m1fn (code "
+      "17, 4 bits, lanes 2)"));
 }
 
 DLDataType DLPackFromDType(DType dtype) {
   const TypeCode& code = kTypeCodes[static_cast<int>(dtype)];
-  return DLDataType{code.code, code.bits, 1};
+  return DLDataType{code.code, code.bits, code.lanes};
 }
 
 absl::StatusOr<Device> DeviceFromDLPack(DLDevice device) {
@@ -152,12 +164,12 @@ absl::StatusOr<TensorView> ViewOfDLTensor(const DLTensor& tensor) {
 }
 
 absl::StatusOr<DLManagedTensor*> ExportDLPack(const Tensor& tensor) {
-  // core/dlpack.h exports DLPack 0.6's codes: a float8 tensor goes out as
-  // U8 (same size), kept alive by a copy of `tensor`, and gets its code
-  // here.
+  // core/dlpack.h exports DLPack 0.6's codes: a float8 or float4 tensor
+  // goes out as U8 (same size), kept alive by a copy of `tensor`, and gets
+  // its code here.
   const DLDataType type = DLPackFromDType(tensor.dtype());
   Tensor exported = tensor;
-  if (tensor.dtype() == DType::kF8E4M3 || tensor.dtype() == DType::kF8E5M2) {
+  if (ElementSize(tensor.dtype()) == 1 && type.code >= kDLFloat8E4M3FnCode) {
     const TensorView& v = tensor.view();
     exported = Tensor::WithOwner(
         TensorView(v.data(), DType::kU8, v.sizes(), v.strides(), v.device()),
