@@ -447,7 +447,7 @@ def read_metadata(checkpoint_id) -> Metadata:
     CheckpointFileNotFoundError when there is none; CheckpointCorruptError
     when it does not decode; CheckpointNotImplementedError for a directory
     that torch.distributed.checkpoint wrote."""
-    path = os.fspath(checkpoint_id)
+    path = errors.checked_path(checkpoint_id)
     in_the_way = errors.file_in_the_way(path, "load")
     if in_the_way is not None:
         raise in_the_way

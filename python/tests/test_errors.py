@@ -539,6 +539,8 @@ def test_wrong_argument_types_name_the_argument(tmp_path, ckpt):
     dcp.load(back, checkpoint_id=os.fsencode(ckpt))
     assert torch.equal(back["w"], sd["w"])
     assert dcp.FileSystemWriter(os.fsencode(ckpt)).path == ckpt
+    assert list(dcp.read_metadata(os.fsencode(ckpt)).state_dict_metadata) \
+        == ["w"]
     with pytest.raises(TypeError) as e:
         dcp.save(sd, checkpoint_id=5)
     assert str(e.value) == ("checkpoint_id must be a str, bytes or "
