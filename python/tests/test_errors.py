@@ -223,8 +223,8 @@ def test_unsupported_values_and_keys_raise_before_the_engine(ckpt):
         dcp.save({"a": {1: 3, "1": 4}}, checkpoint_id=ckpt)
     with pytest.raises(TypeError, match="dict"):
         dcp.save([torch.ones(1)], checkpoint_id=ckpt)
-    with pytest.raises(TypeError, match=r"'c'.*float8_e4m3fnuz"):
-        dcp.save({"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)},
+    with pytest.raises(TypeError, match=r"'c'.*bits8"):
+        dcp.save({"c": torch.empty(2, dtype=torch.bits8)},
                  checkpoint_id=ckpt)
     with pytest.raises(ValueError, match="checkpoint_id"):
         dcp.save({"a": 1})
