@@ -931,7 +931,7 @@ static void test_load_with_read_metadata(void) {
    * this location lacks. */
   memset(dst, 0, sizeof(dst));
   lo.checkpoint_id = other;
-  CHECK_ERROR(dcp_load(sd, &lo), DCP_NOT_FOUND, ".distcp");
+  CHECK_ERROR(dcp_load(sd, &lo), DCP_DATA_LOSS, ".distcp is missing");
   CHECK(dst[0] == 0);
   /* A handle of another type is refused before anything is read. */
   lo.metadata = (const dcp_metadata_t*)sd;

@@ -1,5 +1,6 @@
 #include "io/checkpoint_formats.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -55,8 +56,21 @@ absl::StatusOr<std::string> CheckpointFormatEvidence(FileSystemBase& fs,
       DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(dir));
       for (const std::string& name : names) {
         if (absl::EndsWith(name, ".safetensors") || name == kHfIndexFileName ||
-            name == kHfShardedDirName || name == kHfCommitJournalName) {
+            name == kHfCommitJournalName) {
           return JoinPath(dir, name);
+        }
+      }
+      // A distributed save's shards (an empty sharded/ is no checkpoint).
+      const std::string sharded = JoinPath(dir, kHfShardedDirName);
+      if (std::find(names.begin(), names.end(), kHfShardedDirName) ==
+          names.end()) {
+        return std::string();
+      }
+      absl::StatusOr<std::vector<std::string>> shards = fs.ListDir(sharded);
+      if (!shards.ok()) return std::string();  // not a directory
+      for (const std::string& name : *shards) {
+        if (absl::EndsWith(name, ".safetensors")) {
+          return JoinPath(sharded, name);
         }
       }
       return std::string();

@@ -120,6 +120,32 @@ TEST(CheckpointFormatsTest, ASaveBesideAnotherFormatIsRefused) {
   EXPECT_EQ(LoadByPath(dir), 3.0f);
 }
 
+// A refused save creates nothing (a distributed Hugging Face save's
+// sharded/ included), and an empty sharded/ is no checkpoint.
+TEST(CheckpointFormatsTest, ARefusedSaveLeavesNothingAndEmptyShardsAreNone) {
+  const std::string dir = NewTestDir("formats_refused_sharded");
+  ASSERT_TRUE(SaveAs(Kind::kDcp, dir, 1).ok());
+  const std::vector<std::string> before = ListNames(dir);
+  StateDict state = State(2);
+  HuggingFaceStorageWriterOptions hf;
+  hf.save_distributed = true;
+  hf.enable_consolidation = true;
+  HuggingFaceStorageWriter writer(dir, hf);
+  SaveOptions options;
+  options.no_dist = true;
+  options.storage_writer = &writer;
+  EXPECT_EQ(Save(state, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ListNames(dir), before);
+  const std::string fresh = NewTestDir("formats_empty_sharded");
+  std::filesystem::create_directories(fresh + "/sharded");
+  EXPECT_EQ(*CheckpointFormatEvidence(LocalFileSystem(), fresh,
+                                      CheckpointFormat::kHuggingFace),
+            "");
+  EXPECT_TRUE(SaveAs(Kind::kDcp, fresh, 3).ok());
+  EXPECT_EQ(LoadByPath(fresh), 3.0f);
+}
+
 TEST(CheckpointFormatsTest, MessagesNameBothFormats) {
   const std::string dir = NewTestDir("formats_message");
   ASSERT_TRUE(SaveAs(Kind::kDcp, dir, 1).ok());
@@ -129,6 +155,25 @@ TEST(CheckpointFormatsTest, MessagesNameBothFormats) {
                               "/.metadata); a Hugging Face save beside it"),
                     HasSubstr("save into another directory or remove that "
                               "checkpoint first")));
+}
+
+TEST(CheckpointFormatsTest, ADcpReaderOfAnotherFormatSaysWhichToUse) {
+  for (Kind kind : {Kind::kHf, Kind::kMega}) {
+    const std::string dir = NewTestDir(
+        kind == Kind::kHf ? "formats_reader_hf" : "formats_reader_mega");
+    ASSERT_TRUE(SaveAs(kind, dir, 1).ok());
+    StateDict state = State(0);
+    FileSystemReader reader(dir);
+    LoadOptions options;
+    options.storage_reader = &reader;
+    options.no_dist = true;
+    absl::Status status = Load(state, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr(dir + " holds a "),
+                      HasSubstr(kind == Kind::kHf ? "HuggingFaceStorageReader"
+                                                  : "MegaStorageReader")));
+  }
 }
 
 }  // namespace

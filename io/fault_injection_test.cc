@@ -575,9 +575,15 @@ INSTANTIATE_TEST_SUITE_P(
                                     F(FaultOp::kRead, EIO, ".metadata"),
                                     absl::StatusCode::kDataLoss,
                                     {"pread", ".metadata"}},
+                      // A data file the metadata names is missing: the
+                      // checkpoint is incomplete.
                       LoadFaultCase{"open_data",
                                     F(FaultOp::kOpen, ENOENT, ".distcp"),
-                                    absl::StatusCode::kNotFound,
+                                    absl::StatusCode::kDataLoss,
+                                    {"is missing", ".distcp", "incomplete"}},
+                      LoadFaultCase{"open_data_eacces",
+                                    F(FaultOp::kOpen, EACCES, ".distcp"),
+                                    absl::StatusCode::kPermissionDenied,
                                     {"open for read", ".distcp"}},
                       LoadFaultCase{"read_data",
                                     F(FaultOp::kRead, EIO, ".distcp", 1),

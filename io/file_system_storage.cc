@@ -231,6 +231,9 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   }
   is_coordinator_ = is_coordinator;
   rank_ = rank;
+  // Every rank, before it creates anything (the coordinator checks again
+  // under the lock).
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp));
   DCP_RETURN_IF_ERROR(
       Annotate(fs_->CreateDir(dir_), absl::StrCat("rank ", rank,
                                                   ": cannot create checkpoint "

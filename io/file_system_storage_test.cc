@@ -418,6 +418,23 @@ TEST(FileSystemStorageTest, TruncatedDataFileIsDataLoss) {
   }
 }
 
+TEST(FileSystemStorageTest, MissingDataFileIsDataLossNamingFileAndItem) {
+  const std::string dir = NewTestDir("missing_data_file");
+  const Sample sample = Sample::Make(5);
+  ASSERT_TRUE(Save(dir, sample).ok());
+  const Metadata metadata = *ReadMetadataOf(dir);
+  const StorageInfo& info =
+      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
+  const std::string file = JoinPath(dir, info.relative_path);
+  ASSERT_EQ(::unlink(file.c_str()), 0);
+  absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("reading big"),
+                    HasSubstr("data file " + file + " is missing"),
+                    HasSubstr("the checkpoint is incomplete")));
+}
+
 TEST(FileSystemStorageTest, GarbageMetadataIsDataLoss) {
   const std::string dir = NewTestDir("garbage");
   ASSERT_TRUE(Save(dir, Sample::Make(1)).ok());

@@ -146,9 +146,12 @@ absl::Status PlanItem(
 // Builds `slot`'s read requests, allocating its bounce buffers.
 absl::Status PrepareSlot(OpenFiles& files, BounceMeter& meter, ReadSlot& slot) {
   const bool direct = slot.stored->direct;
-  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
-                       files.Get(slot.stored->info->relative_path));
-  slot.file = entry->file.get();
+  absl::StatusOr<const OpenFiles::Entry*> entry =
+      files.Get(slot.stored->info->relative_path);
+  if (!entry.ok()) {
+    return Annotate(entry.status(), absl::StrCat("reading ", ItemName(slot)));
+  }
+  slot.file = (*entry)->file.get();
   const int64_t offset = slot.stored->info->offset + slot.io_begin;
   const int64_t length = slot.io_end - slot.io_begin;
   if (length == 0) return absl::OkStatus();
@@ -235,10 +238,12 @@ class BounceRun {
     absl::StatusOr<const OpenFiles::Entry*> entry =
         files.Get(slots.front()->stored->info->relative_path);
     if (!entry.ok()) {
+      const absl::Status status = Annotate(
+          entry.status(), absl::StrCat("reading ", ItemName(*slots.front())));
       for (ReadSlot* slot : slots) {
-        slot->reads.push_back(Future<size_t>::Ready(entry.status()));
+        slot->reads.push_back(Future<size_t>::Ready(status));
       }
-      return entry.status();
+      return status;
     }
     File* file = (*entry)->file.get();
     absl::StatusOr<std::unique_ptr<BounceBuffer>> allocated =
@@ -363,9 +368,17 @@ absl::StatusOr<const OpenFiles::Entry*> OpenFiles::Get(
   absl::MutexLock lock(&mu_);
   auto it = files_.find(relative_path);
   if (it != files_.end()) return &it->second;
-  DCP_ASSIGN_OR_RETURN(
-      std::unique_ptr<File> file,
-      fs_.OpenForRead(JoinPath(dir_, relative_path), options_));
+  const std::string path = JoinPath(dir_, relative_path);
+  absl::StatusOr<std::unique_ptr<File>> opened =
+      fs_.OpenForRead(path, options_);
+  if (absl::IsNotFound(opened.status())) {
+    // The committed metadata names it: the checkpoint is incomplete.
+    return absl::DataLossError(absl::StrCat(
+        "data file ", path,
+        " is missing: the checkpoint's metadata names it, so the checkpoint "
+        "is incomplete (a file removed, or not copied with the rest)"));
+  }
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, std::move(opened));
   DCP_ASSIGN_OR_RETURN(int64_t size, file->Size());
   return &files_.emplace(relative_path, Entry{std::move(file), size})
               .first->second;
@@ -418,8 +431,13 @@ absl::Status CheckStoredItem(const MetadataIndex& index,
                  absl::StrCat("data file ", info.relative_path)));
   }
   DCP_RETURN_IF_ERROR(CheckDataFileName(info.relative_path));
-  DCP_ASSIGN_OR_RETURN(const OpenFiles::Entry* entry,
-                       files.Get(info.relative_path));
+  absl::StatusOr<const OpenFiles::Entry*> opened =
+      files.Get(info.relative_path);
+  if (!opened.ok()) {
+    return Annotate(opened.status(),
+                    absl::StrCat("reading ", index.ToString()));
+  }
+  const OpenFiles::Entry* entry = *opened;
   if (info.offset + info.length > entry->size) {
     return absl::DataLossError(absl::StrCat(
         "data file ", entry->file->path(), " is truncated: ", index.ToString(),

@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/box_copy.h"
 #include "core/status.h"
 #include "io/hf_storage.h"
@@ -172,8 +173,23 @@ absl::StatusOr<Metadata> BuildHfMetadata(
   for (size_t s = 0; s < sources.size(); ++s) {
     const HfSource& source = sources[s];
     DCP_RETURN_IF_ERROR(CheckRelativePath(source.relative));
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                         fs.OpenForRead(source.path, options));
+    absl::StatusOr<std::unique_ptr<File>> opened =
+        fs.OpenForRead(source.path, options);
+    if (absl::IsNotFound(opened.status()) && !weight_map.empty()) {
+      std::vector<std::string> held;
+      for (const auto& [fqn, file] : weight_map) {
+        if (file == source.relative) held.push_back(fqn);
+      }
+      const size_t shown = std::min<size_t>(held.size(), 3);
+      return absl::DataLossError(absl::StrCat(
+          source.path, " is missing: ", kHfIndexFileName, " maps ", held.size(),
+          held.size() == 1 ? " tensor" : " tensors", " to it (",
+          absl::StrJoin(held.begin(), held.begin() + shown, ", "),
+          held.size() > shown ? ", ..." : "",
+          "), so the checkpoint is incomplete (a file removed, or not "
+          "copied with the rest)"));
+    }
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file, std::move(opened));
     DCP_ASSIGN_OR_RETURN(SafetensorsHeader header,
                          ReadSafetensorsHeader(*file));
     DCP_RETURN_IF_ERROR(file->Close());

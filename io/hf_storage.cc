@@ -148,6 +148,10 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
   is_coordinator_ = is_coordinator;
   rank_ = rank;
   const std::string where = absl::StrCat("rank ", rank);
+  // Every rank, before it creates anything (the coordinator checks again
+  // under the lock).
+  DCP_RETURN_IF_ERROR(
+      RefuseOtherFormats(*fs_, path_, CheckpointFormat::kHuggingFace));
   // Everything below (the shards a distributed save writes, the cleanup of
   // interrupted saves, the files a save replaces, a journal rolled forward)
   // reaches into sharded/.

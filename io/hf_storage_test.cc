@@ -94,6 +94,26 @@ absl::Status LoadHf(const std::string& dir, StateDict& state) {
 
 bool Exists(const std::string& path) { return std::filesystem::exists(path); }
 
+TEST(HfDirectory, AMissingFileTheIndexNamesIsDataLossNamingItsTensors) {
+  const std::string dir = TempDir("hf-missing-file");
+  StateDict state;
+  state["a"] = F32({1, 2});
+  state["b"] = F32({3});
+  HuggingFaceStorageWriterOptions options;
+  options.fqn_to_index_mapping = {{"a", 1}, {"b", 2}};
+  ASSERT_TRUE(SaveHf(dir, state, options).ok());
+  const std::string gone = dir + "/model-00002-of-00002.safetensors";
+  ASSERT_TRUE(std::filesystem::remove(gone));
+  StateDict back;
+  back["a"] = F32({0, 0});
+  absl::Status status = LoadHf(dir, back);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr(gone + " is missing"),
+                    HasSubstr("maps 1 tensor to it (b)"),
+                    HasSubstr("the checkpoint is incomplete")));
+}
+
 // nlohmann's dump() recursed once per level of an index's value in the
 // error message: kDeep levels overflowed the stack, in a load and in the
 // next save's SetUp (which reads the index it replaces).

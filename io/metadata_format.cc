@@ -745,6 +745,7 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
   NameIds names(metadata, table);
 
   const int values = static_cast<int>(metadata.state_dict_metadata.size());
+  bool later_dtypes = false;
   proto->mutable_value_name()->Reserve(values);
   proto->mutable_value_kind()->Reserve(values);
   for (const auto& [fqn, value] : metadata.state_dict_metadata) {
@@ -756,7 +757,9 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
     }
     proto->add_value_kind(1);
     const size_t rank = tensor->size.size();
-    proto->add_tensor_dtype(static_cast<uint32_t>(tensor->properties.dtype));
+    const uint32_t dtype = static_cast<uint32_t>(tensor->properties.dtype);
+    later_dtypes = later_dtypes || dtype >= kFirstLaterDTypeCode;
+    proto->add_tensor_dtype(dtype);
     proto->add_tensor_flags((tensor->properties.requires_grad ? 1u : 0u) |
                             (tensor->properties.pin_memory ? 2u : 0u));
     proto->add_tensor_rank(static_cast<uint32_t>(rank));
@@ -828,6 +831,7 @@ absl::StatusOr<std::string> Encode(const Metadata& metadata,
   }
   table.Emit(proto->mutable_names());
   DCP_RETURN_IF_ERROR(EncodeExtensionRecords(metadata, entries, *proto));
+  if (later_dtypes) proto->set_version(kLaterDTypesFormatVersion);
 
   if (metadata.storage_meta.has_value()) {
     format::StorageMeta* m = proto->mutable_storage_meta();
@@ -945,11 +949,12 @@ absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                                             proto->version(), "', not dcp-N"));
   }
   if (proto->version() != kFormatVersion &&
-      proto->version() != kExtensionsFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(source, " has format version ", proto->version(),
-                     "; this dcp reads ", kFormatVersion, " and ",
-                     kExtensionsFormatVersion, " (use a newer dcp)"));
+      proto->version() != kExtensionsFormatVersion &&
+      proto->version() != kLaterDTypesFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        source, " has format version ", proto->version(), "; this dcp reads ",
+        kFormatVersion, ", ", kExtensionsFormatVersion, " and ",
+        kLaterDTypesFormatVersion, " (use a newer dcp)"));
   }
   Metadata metadata;
   absl::Status status = DecodePayload(*proto, metadata);

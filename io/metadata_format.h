@@ -63,7 +63,9 @@ absl::Status CheckDataFileName(absl::string_view name);
 // Encodes `metadata` as the complete bytes of a metadata file. The encoding
 // is deterministic (std::map order). Version kFormatVersion (dcp-1) unless
 // some item is stored through extensions: then kExtensionsFormatVersion
-// (dcp-2) with the extension records. kInvalidArgument for values the format
+// (dcp-2) with the extension records; kLaterDTypesFormatVersion (dcp-3)
+// when some tensor has a dtype added after the first 17 (with or without
+// extension records). kInvalidArgument for values the format
 // cannot hold (a tensor chunk whose rank differs from its tensor's, an
 // extension record whose block sizes disagree with its lengths).
 absl::StatusOr<std::string> EncodeMetadata(const Metadata& metadata);

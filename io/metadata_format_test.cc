@@ -545,6 +545,26 @@ TEST(MetadataExtensionsTest, RecordsRoundTripAsVersion2) {
   EXPECT_EQ(w.length, 17);
 }
 
+// A tensor of a dtype added after the first 17 makes the checkpoint dcp-3
+// (older readers say "use a newer dcp"), with its extension records too.
+TEST(MetadataExtensionsTest, LaterDtypesAreVersion3) {
+  Metadata m = WithExtensions();
+  auto& tensor =
+      std::get<TensorStorageMetadata>(m.state_dict_metadata.at("model.w"));
+  tensor.properties.dtype = DType::kF8E8M0;  // 1 byte: twice the columns
+  tensor.size = {4, 12};
+  tensor.chunks = {{{0, 0}, {2, 12}}, {{2, 0}, {2, 12}}};
+  absl::StatusOr<Metadata> decoded =
+      DecodeMetadata(*EncodeMetadata(m), "x/.metadata");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->version, kLaterDTypesFormatVersion);
+  EXPECT_EQ(decoded->storage_data, m.storage_data);
+  EXPECT_EQ(std::get<TensorStorageMetadata>(
+                decoded->state_dict_metadata.at("model.w"))
+                .properties.dtype,
+            DType::kF8E8M0);
+}
+
 TEST(MetadataExtensionsTest, ItemsWithoutExtensionsKeepVersion1) {
   Metadata m = WithExtensions();
   for (auto& [index, info] : m.storage_data) {

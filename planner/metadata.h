@@ -177,6 +177,12 @@ inline constexpr char kFormatVersion[] = "dcp-1";
 // plus the extension records, docs/FORMAT.md): readers older than the
 // records refuse them instead of misreading encoded bytes.
 inline constexpr char kExtensionsFormatVersion[] = "dcp-2";
+// The version of checkpoints holding a tensor of a dtype added after the
+// first 17 (DType::kF8E4M3FNUZ on, core/dtype.h), extensions or not:
+// readers older than those dtypes refuse them ("use a newer dcp") instead
+// of calling them corrupt.
+inline constexpr char kLaterDTypesFormatVersion[] = "dcp-3";
+inline constexpr uint32_t kFirstLaterDTypeCode = 17;
 
 }  // namespace dcp
 

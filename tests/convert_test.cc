@@ -428,6 +428,11 @@ TEST(Convert, BadArgumentsAreNamed) {
   EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(status.message(), HasSubstr(root + "/full"));
   EXPECT_EQ(ListFiles(root + "/full"), std::set<std::string>{"keep"});
+  status =
+      RunConvert(root + "/f32", root + "/full/keep", Options("safetensors"));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(status.message(),
+              HasSubstr(root + "/full/keep is a file, not a directory"));
 }
 
 }  // namespace

@@ -48,8 +48,12 @@ DType OutputDtype(DType d, const ConvertOptions& options) {
 absl::StatusOr<bool> PrepareDestination(const std::string& dst) {
   std::error_code ec;
   if (std::filesystem::exists(dst, ec)) {
-    if (!std::filesystem::is_directory(dst, ec) ||
-        !std::filesystem::is_empty(dst, ec)) {
+    if (!std::filesystem::is_directory(dst, ec)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("dcp convert: the destination ", dst,
+                       " is a file, not a directory; choose a new one"));
+    }
+    if (!std::filesystem::is_empty(dst, ec)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "dcp convert: the destination ", dst,
           " exists and is not an empty directory; choose a new one"));

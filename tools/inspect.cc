@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -253,7 +254,27 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
 
 }  // namespace
 
+namespace {
+
+// kFailedPrecondition for a plain path to something that is not a
+// directory (a data file or `.metadata` passed for its checkpoint).
+absl::Status RefuseNonDirectory(const std::string& id) {
+  if (absl::StrContains(id, "://")) return absl::OkStatus();
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(id, ec);
+  if (ec || status.type() == std::filesystem::file_type::directory) {
+    return absl::OkStatus();  // Absent: the readers say so.
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(id,
+                   " is a file, not a checkpoint directory; pass the "
+                   "directory that holds it"));
+}
+
+}  // namespace
+
 absl::Status RunInspect(const std::string& dir) {
+  DCP_RETURN_IF_ERROR(RefuseNonDirectory(dir));
   if (IsHfCheckpointDirectory(dir)) return RunInspectHf(dir);
   if (std::optional<absl::Status> each = ForEachRankLocal(dir, RunInspect)) {
     return *each;
@@ -337,6 +358,7 @@ std::vector<std::string> UncoveredTensors(const Metadata& metadata) {
 }
 
 absl::Status RunVerify(const std::string& id) {
+  DCP_RETURN_IF_ERROR(RefuseNonDirectory(id));
   if (IsHfCheckpointDirectory(id)) return RunVerifyHf(id);
   if (std::optional<absl::Status> each = ForEachRankLocal(id, RunVerify)) {
     return *each;
@@ -344,6 +366,8 @@ absl::Status RunVerify(const std::string& id) {
   DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadCommittedMetadata(id));
   const std::string dir = DataDirectory(id);
   std::vector<std::string> problems = UncoveredTensors(metadata);
+  // Files this process may not read: their bytes are unchecked, not bad.
+  std::vector<std::string> unreadable;
   int64_t items = 0, bytes = 0;
   std::string buffer;
   // File by file, each opened once: a regular file inside the directory
@@ -363,6 +387,10 @@ absl::Status RunVerify(const std::string& id) {
         LocalFileSystem().OpenForRead(JoinPath(dir, name), open_options);
     absl::StatusOr<int64_t> size =
         file.ok() ? (*file)->Size() : absl::StatusOr<int64_t>(file.status());
+    if (absl::IsPermissionDenied(size.status())) {
+      unreadable.push_back(JoinPath(dir, name));
+      continue;
+    }
     if (!size.ok()) {
       for (const auto* entry : entries) {
         problems.push_back(absl::StrCat(entry->first.ToString(), ": ",
@@ -379,10 +407,27 @@ absl::Status RunVerify(const std::string& id) {
     }
   }
   for (const std::string& p : problems) std::printf("BAD  %s\n", p.c_str());
-  std::printf("%s: %lld items, %lld bytes checked, %zu problems\n",
-              problems.empty() ? "OK" : "CORRUPT",
-              static_cast<long long>(items), static_cast<long long>(bytes),
-              problems.size());
+  for (const std::string& u : unreadable) {
+    std::printf("UNREADABLE %s (permission denied: not checked)\n", u.c_str());
+  }
+  std::printf(
+      "%s: %lld items, %lld bytes checked, %zu problems%s\n",
+      !problems.empty()    ? "CORRUPT"
+      : unreadable.empty() ? "OK"
+                           : "UNCHECKED",
+      static_cast<long long>(items), static_cast<long long>(bytes),
+      problems.size(),
+      unreadable.empty()
+          ? ""
+          : absl::StrCat(", ", unreadable.size(), " unreadable files").c_str());
+  if (problems.empty() && !unreadable.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint ", dir, " could not be verified: ", unreadable.front(),
+        unreadable.size() > 1
+            ? absl::StrCat(" (and ", unreadable.size() - 1, " more files)")
+            : "",
+        " cannot be read (permission denied)"));
+  }
   if (!problems.empty()) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint ", dir, " failed verification: ", problems.front(),

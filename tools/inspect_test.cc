@@ -128,6 +128,18 @@ TEST(InspectTest, DataFileOutsideTheCheckpointIsRefusedUnread) {
   }
 }
 
+TEST(InspectTest, AFilePassedForItsCheckpointIsNamedAsAFile) {
+  const std::string dir = NewTestDir("inspect_a_file");
+  ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
+  const std::string file = dir + "/.metadata";
+  for (const auto& run : {RunInspect, RunVerify}) {
+    absl::Status status = run(file);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                HasSubstr(file + " is a file, not a checkpoint directory"));
+  }
+}
+
 TEST(InspectTest, HugeChecksumBlockIsDataLossNotAnAbort) {
   // One 2^50-byte block: verify once allocated a buffer of the block.
   const std::string dir = NewTestDir("verify_huge_block");

@@ -8,9 +8,13 @@ _EmptyStateDictLoadPlanner does). dcp plans in the engine, so it calls the
 override the same way and then walks `planner.state_dict` instead of the
 caller's dict. torch's own set_up_planner flattens the dict (its
 `mappings` lead each flat key back to its place in the caller's dict):
-a save walks it nested again where every key still has its mapping, and a
-load puts each non-tensor value it read back into the caller's dict
-through `mappings`, as torch's load_bytes does. Tensors are loaded in
+a save or load walks it nested again where every key still has its
+mapping, and a load puts each non-tensor value it read back into the
+caller's dict through `mappings`, as torch's load_bytes does. A hook that
+renames keys should keep the nesting (put the dict under a key rather
+than prefix dotted names): lists of plain values are matched by their
+nesting, so under a dotted name that stands for a nesting they load at
+the destination's length. Tensors are loaded in
 place, so the caller's tensors hold the values either way.
 
 Only an overridden set_up_planner costs anything: otherwise the caller's
@@ -124,22 +128,37 @@ def read_metadata_for(storage_reader, path: str, rank: int):
 class LoadSetUp:
     """What a load's overridden set_up_planner decided: `walked`, the dict
     to load into, and finish(), which puts the values read into the
-    caller's dict where torch's flattening moved them."""
+    caller's dict where torch's flattening moved them.
 
-    def __init__(self, planner, state_dict, walked):
+    torch's flattening, keys untouched (every key has its mapping), is
+    walked nested again (`nested`), as the checkpoint holds it: lists of
+    plain values are matched by their nesting (_state.Flat.reshape_lists)
+    and come back whole."""
+
+    def __init__(self, planner, state_dict, walked, nested=None):
         self._planner = planner
         self._state_dict = state_dict
-        self.walked = walked
+        self._flat = walked
+        self._nested = nested
+        self.walked = nested if nested is not None else walked
 
     def finish(self) -> None:
         mappings = getattr(self._planner, "mappings", None)
-        if self.walked is self._state_dict or not mappings:
+        if self._flat is self._state_dict or not mappings:
             return
-        from torch.distributed.checkpoint._traverse import set_element
+        from torch.distributed.checkpoint._traverse import (get_element,
+                                                            set_element)
         import torch
         original = getattr(self._planner, "original_state_dict",
                            self._state_dict)
-        for key, value in self.walked.items():
+        if self._nested is not None:
+            for key, path in mappings.items():
+                value = get_element(self._nested, path)
+                if not isinstance(value, torch.Tensor):
+                    self._flat[key] = value
+                    set_element(original, path, value)
+            return
+        for key, value in self._flat.items():
             path = mappings.get(key)
             if path is not None and not isinstance(value, torch.Tensor):
                 set_element(original, path, value)
@@ -163,4 +182,11 @@ def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
         raise TypeError(
             f"{type(planner).__qualname__}.set_up_planner left a "
             f"{type(walked).__name__} in planner.state_dict, not a dict")
-    return LoadSetUp(planner, state_dict, walked)
+    mappings = getattr(planner, "mappings", None)
+    nested = None
+    if _is_torchs(base) and mappings and walked is not state_dict and \
+            all(key in mappings for key in walked):
+        from torch.distributed.checkpoint._nested_dict import (
+            unflatten_state_dict)
+        nested = unflatten_state_dict(walked, mappings)
+    return LoadSetUp(planner, state_dict, walked, nested)

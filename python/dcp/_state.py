@@ -965,12 +965,14 @@ class Flat:
         """Load only, after build(): raises CheckpointValueError, naming
         the key and both lengths, where a tuple loading item by item (one
         holding tensors or dicts, or a namedtuple outside a list of plain
-        values: _item_tuples) has a saved one of another number of items,
-        before anything is loaded: a shorter destination would drop the
-        saved items past its end without a word, a longer one would miss
-        keys (torch's load returns the saved tuple whole). One the
+        values: _item_tuples) has a saved one of more items, before
+        anything is loaded: the destination would drop the saved items
+        past its end without a word (torch's load returns the saved tuple
+        whole). A longer destination is left to the load: its extra items
+        are missing keys (kept with allow_partial_load). One the
         checkpoint holds nothing under (absent, a plain value, a dict) is
-        left to the load. `metadata`, `flat_names`: as reshape_lists."""
+        left to the load too. `metadata`, `flat_names`: as
+        reshape_lists."""
         L = _lib.lib()
         first, count = ctypes.c_size_t(), ctypes.c_size_t()
         shortest, longest = ctypes.c_size_t(), ctypes.c_size_t()
@@ -989,10 +991,10 @@ class Flat:
                 continue
             saved = self._saved_length(L, metadata, path, first.value, n,
                                        name + ".")
-            if saved is None or saved == len(seq) or saved < len(seq) and \
-                    all(map(_leafless, seq[saved:])):
-                # (Empty dicts, and empty lists in storage holding tensors
-                # only or saved before they were stored, are not saved.)
+            if saved is None or saved <= len(seq):
+                # (Longer: missing keys, or empty dicts and empty lists,
+                # which storage holding tensors only, or saves before they
+                # were stored, do not keep.)
                 continue
             what = "tuple" if type(seq) is tuple else \
                 f"{type(seq).__name__} (a tuple)"

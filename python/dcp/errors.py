@@ -319,6 +319,14 @@ def checked_path(path, argument: str = "checkpoint_id") -> str:
             _lib.INVALID_ARGUMENT,
             f"{argument} {text!r} contains an embedded null byte",
             cls=CheckpointValueError)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # (bytes that are not UTF-8 decode to lone surrogates)
+        raise from_status(
+            _lib.INVALID_ARGUMENT,
+            f"{argument} {text!r} is not valid UTF-8, which a checkpoint "
+            "records its path in", cls=CheckpointValueError) from None
     return text
 
 

@@ -189,8 +189,10 @@ class Metadata:
     storage_meta: StorageMeta(checkpoint_id, save_id).
     storage_data: MetadataIndex -> StorageInfo(relative_path, offset,
       length): where each stored item (tensor chunk or plain value) lives.
-    version: the checkpoint's format: "dcp-1" (dcp's own), "safetensors"
-      (a Hugging Face directory).
+    version: the checkpoint's format: "dcp-1" (dcp's own; "dcp-2" with
+      compressed items, "dcp-3" with a tensor of a dtype added later, such
+      as float8_e8m0fnu: docs/FORMAT.md), "safetensors" (a Hugging Face
+      directory).
 
     Two Metadata are equal when all five fields are (a read of a library
     handle and a plain Metadata alike: two reads of one checkpoint compare

@@ -541,6 +541,11 @@ def test_wrong_argument_types_name_the_argument(tmp_path, ckpt):
     assert dcp.FileSystemWriter(os.fsencode(ckpt)).path == ckpt
     assert list(dcp.read_metadata(os.fsencode(ckpt)).state_dict_metadata) \
         == ["w"]
+    # Bytes that are not UTF-8: refused before anything is written.
+    bad = os.fsencode(ckpt) + b"-\xff"
+    with pytest.raises(dcp.CheckpointValueError, match="not valid UTF-8"):
+        dcp.save(sd, checkpoint_id=bad)
+    assert not os.path.exists(bad)
     with pytest.raises(TypeError) as e:
         dcp.save(sd, checkpoint_id=5)
     assert str(e.value) == ("checkpoint_id must be a str, bytes or "

@@ -181,3 +181,34 @@ def test_a_failing_set_up_planner_fails_the_call_and_refusals_come_first(
 
     with pytest.raises(TypeError, match="left a list in planner.state_dict"):
         dcp.load(_blank(), checkpoint_id=ckpt, planner=NotADict())
+
+
+def test_torchs_flattening_keeps_lists_of_plain_values_whole(tmp_path):
+    """A torch planner subclass whose hook calls super() walks torch's flat
+    dict: nested again, a list of plain values comes back at its saved
+    length (as with no planner), into the caller's dict."""
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save({"sched": {"milestones": [10, 20, 30], "pair": (1, 2)},
+              "w": torch.arange(3.0)}, checkpoint_id=ckpt)
+
+    class Logging(torch_dcp.DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None,
+                           is_coordinator=False):
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+
+    back = {"sched": {"milestones": [0], "pair": (0, 0)}, "w": torch.zeros(3)}
+    planner = Logging()
+    dcp.load(back, checkpoint_id=ckpt, planner=planner)
+    assert back["sched"] == {"milestones": [10, 20, 30], "pair": (1, 2)}
+    assert torch.equal(back["w"], torch.arange(3.0))
+    assert planner.state_dict["sched.milestones"] == [10, 20, 30]
+
+    class UnderModel(dcp.DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None,
+                           is_coordinator=False):
+            super().set_up_planner({"sched": state_dict}, metadata,
+                                   is_coordinator)
+
+    bare = {"milestones": [0], "pair": (0, 0)}
+    dcp.load(bare, checkpoint_id=ckpt, planner=UnderModel())
+    assert bare == {"milestones": [10, 20, 30], "pair": (1, 2)}
