@@ -668,7 +668,8 @@ typedef struct dcp_load_options {
    * against it instead of reading it again, which saves that read when one
    * checkpoint is loaded in several steps. Not owned. It must be the
    * metadata of the checkpoint loaded: dcp's own checkpoints name data
-   * files of their save, so another one's fails the load (DCP_NOT_FOUND),
+   * files of their save, so another one's fails the load (DCP_DATA_LOSS,
+   * "data file ... is missing"),
    * but Hugging Face files would be read at the other one's offsets.
    * NULL: the load reads it.
    * Ignored where the location holds rank-local checkpoints. */
@@ -883,8 +884,9 @@ DCP_API int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index,
 DCP_API int dcp_metadata_ids(const dcp_metadata_t* md,
                              const char** checkpoint_id, const char** save_id);
 
-/* The format of the checkpoint: "dcp-1" (docs/FORMAT.md) for dcp's own,
- * "safetensors" for a Hugging Face directory. */
+/* The format of the checkpoint: "dcp-1", "dcp-2" (compressed items) or
+ * "dcp-3" (a tensor of a dtype from code 17 on) for dcp's own
+ * (docs/FORMAT.md), "safetensors" for a Hugging Face directory. */
 DCP_API int dcp_metadata_version(const dcp_metadata_t* md,
                                  const char** version);
 

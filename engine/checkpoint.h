@@ -122,7 +122,8 @@ struct LoadOptions {
   // the load plans against it instead of reading it again. Not owned; it
   // must outlive the call and be the metadata of the checkpoint loaded
   // (dcp's own name data files of their save, so another one's fails the
-  // load with kNotFound; Hugging Face files would be read at the other
+  // load with kDataLoss, "data file ... is missing"; Hugging Face files
+  // would be read at the other
   // one's offsets). Ignored where the location holds rank-local checkpoints
   // (each rank reads its own).
   const Metadata* metadata = nullptr;

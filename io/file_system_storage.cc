@@ -568,7 +568,24 @@ absl::StatusOr<bool> FileSystemReader::DetectRankLocal(int rank) {
 }
 
 absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
-  DCP_ASSIGN_OR_RETURN(Metadata metadata, ReadMetadataFile(*fs_, dir_));
+  absl::StatusOr<Metadata> read = ReadMetadataFile(*fs_, dir_);
+  if (absl::IsNotFound(read.status())) {
+    // A checkpoint of another format there is no missing dcp one.
+    for (CheckpointFormat other :
+         {CheckpointFormat::kHuggingFace, CheckpointFormat::kMega}) {
+      absl::StatusOr<std::string> evidence =
+          CheckpointFormatEvidence(*fs_, dir_, other);
+      if (evidence.ok() && !evidence->empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir_, " holds a ", CheckpointFormatName(other), " checkpoint (",
+            *evidence, "), not a dcp one: read it with ",
+            other == CheckpointFormat::kMega ? "MegaStorageReader"
+                                             : "HuggingFaceStorageReader",
+            ", or load it by its path without a storage reader"));
+      }
+    }
+  }
+  DCP_ASSIGN_OR_RETURN(Metadata metadata, std::move(read));
   if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};
   metadata.storage_meta->checkpoint_id = dir_;
   return metadata;

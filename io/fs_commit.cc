@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "io/checkpoint_formats.h"
 #include "io/fs_layout.h"
 #include "io/internal/parallel_work.h"
 #include "io/metadata_format.h"
@@ -17,21 +16,6 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
   const std::string metadata_path = JoinPath(dir, kMetadataFileName);
   absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(metadata_path);
   if (absl::IsNotFound(file.status())) {
-    // A checkpoint of another format there is no missing dcp one.
-    for (CheckpointFormat other :
-         {CheckpointFormat::kHuggingFace, CheckpointFormat::kMega}) {
-      absl::StatusOr<std::string> evidence =
-          CheckpointFormatEvidence(fs, dir, other);
-      if (evidence.ok() && !evidence->empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            dir, " holds a ", CheckpointFormatName(other), " checkpoint (",
-            *evidence, "), not a dcp one (", metadata_path,
-            " does not exist): read it with ",
-            other == CheckpointFormat::kMega ? "MegaStorageReader"
-                                             : "HuggingFaceStorageReader",
-            ", or load it by its path without a storage reader"));
-      }
-    }
     return absl::NotFoundError(absl::StrCat(
         "no committed checkpoint in ", dir, " (", metadata_path,
         " does not exist; a save that did not finish leaves none)"));

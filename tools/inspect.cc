@@ -439,6 +439,7 @@ absl::Status RunVerify(const std::string& id) {
 }
 
 absl::Status RunClean(const std::string& dir) {
+  DCP_RETURN_IF_ERROR(RefuseNonDirectory(dir));
   FileSystemBase& fs = LocalFileSystem();
   // The saves' own lock: an orphan cannot be told from a file a save
   // running now is writing, so a running save makes this fail, naming it.

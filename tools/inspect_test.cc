@@ -132,7 +132,7 @@ TEST(InspectTest, AFilePassedForItsCheckpointIsNamedAsAFile) {
   const std::string dir = NewTestDir("inspect_a_file");
   ASSERT_TRUE(SaveSample(dir, SampleState::Make(1)).ok());
   const std::string file = dir + "/.metadata";
-  for (const auto& run : {RunInspect, RunVerify}) {
+  for (const auto& run : {RunInspect, RunVerify, RunClean}) {
     absl::Status status = run(file);
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_THAT(status.message(),
@@ -424,6 +424,18 @@ TEST(InspectHfTest, ListsTensorsFilesAndSizes) {
   EXPECT_THAT(::testing::internal::GetCapturedStdout(),
               HasSubstr("OK: 2 files, 3 tensors"));
   EXPECT_TRUE(status.ok()) << status;
+}
+
+// --clean removes dcp's orphans: a Hugging Face or MEGA directory has none
+// of dcp's committed files, and is left as it is.
+TEST(InspectHfTest, CleanLeavesOtherFormatsAlone) {
+  const std::string dir = SaveHfSample("clean_hf");
+  const std::vector<std::string> before = ListNames(dir);
+  ::testing::internal::CaptureStdout();
+  absl::Status status = RunClean(dir);
+  ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(ListNames(dir), before);
 }
 
 TEST(InspectHfTest, VerifyNamesATruncatedFile) {

@@ -428,15 +428,21 @@ def holds_checkpoint(path: str, rank: int = 0) -> bool:
 
 def _is_hf_directory(path: str) -> bool:
     """No dcp .metadata, but safetensors files (or a distributed save's
-    sharded/ directory): a Hugging Face checkpoint."""
+    shards in sharded/; an empty sharded/ is none): a Hugging Face
+    checkpoint, as io/checkpoint_formats.h tells."""
     if os.path.exists(os.path.join(path, ".metadata")):
         return False
     try:
         names = os.listdir(path)
     except OSError:
         return False
-    return any(n.endswith(".safetensors") for n in names) or \
-        os.path.isdir(os.path.join(path, "sharded"))
+    if any(n.endswith(".safetensors") for n in names):
+        return True
+    try:
+        return any(n.endswith(".safetensors")
+                   for n in os.listdir(os.path.join(path, "sharded")))
+    except OSError:
+        return False
 
 
 def read_metadata(checkpoint_id) -> Metadata:

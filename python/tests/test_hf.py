@@ -229,3 +229,16 @@ def test_read_metadata_of_a_dcp_hf_save(ckpt):
     assert set(sdm) == set(state)
     for key, t in state.items():
         assert sdm[key].size == tuple(t.shape), key
+
+
+def test_an_empty_sharded_directory_is_no_checkpoint(tmp_path):
+    """What a failed distributed save may leave (an empty sharded/) holds
+    no checkpoint: a load says there is none, and a dcp save goes there."""
+    where = tmp_path / "ckpt"
+    (where / "sharded").mkdir(parents=True)
+    with pytest.raises(dcp.CheckpointFileNotFoundError):
+        dcp.load({"a": torch.zeros(2)}, checkpoint_id=str(where))
+    dcp.save({"a": torch.ones(2)}, checkpoint_id=str(where))
+    back = {"a": torch.zeros(2)}
+    dcp.load(back, checkpoint_id=str(where))
+    assert torch.equal(back["a"], torch.ones(2))
