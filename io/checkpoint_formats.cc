@@ -41,7 +41,8 @@ absl::string_view CheckpointFormatName(CheckpointFormat format) {
 
 absl::StatusOr<std::string> CheckpointFormatEvidence(FileSystemBase& fs,
                                                      const std::string& dir,
-                                                     CheckpointFormat format) {
+                                                     CheckpointFormat format,
+                                                     bool list) {
   switch (format) {
     case CheckpointFormat::kDcp:
       return FirstExisting(
@@ -51,6 +52,11 @@ absl::StatusOr<std::string> CheckpointFormatEvidence(FileSystemBase& fs,
       return FirstExisting(fs, {JoinPath(dir, kMegaIndexFileName),
                                 JoinPath(dir, kMegaCommitJournalName)});
     case CheckpointFormat::kHuggingFace: {
+      if (!list) {
+        return FirstExisting(fs, {JoinPath(dir, kHfIndexFileName),
+                                  JoinPath(dir, kHfSingleFileName),
+                                  JoinPath(dir, kHfCommitJournalName)});
+      }
       DCP_ASSIGN_OR_RETURN(bool exists, fs.Exists(dir));
       if (!exists) return std::string();
       DCP_ASSIGN_OR_RETURN(std::vector<std::string> names, fs.ListDir(dir));
@@ -80,13 +86,13 @@ absl::StatusOr<std::string> CheckpointFormatEvidence(FileSystemBase& fs,
 }
 
 absl::Status RefuseOtherFormats(FileSystemBase& fs, const std::string& dir,
-                                CheckpointFormat own) {
+                                CheckpointFormat own, bool list) {
   for (CheckpointFormat other :
        {CheckpointFormat::kDcp, CheckpointFormat::kMega,
         CheckpointFormat::kHuggingFace}) {
     if (other == own) continue;
     absl::StatusOr<std::string> found =
-        CheckpointFormatEvidence(fs, dir, other);
+        CheckpointFormatEvidence(fs, dir, other, list);
     if (!found.ok()) {
       return Annotate(found.status(),
                       absl::StrCat("cannot tell whether ", dir, " holds a ",

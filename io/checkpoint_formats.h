@@ -40,15 +40,21 @@ absl::string_view CheckpointFormatName(CheckpointFormat format);
 // The path of the first file showing that `dir` holds a checkpoint of
 // `format` (committed, or with a commit journal a later save completes),
 // or "" when it holds none (or does not exist). The file system's errors.
+// `list` false: only the fixed names are looked up (no listing of the
+// directory, which every rank of a large job would repeat): a Hugging
+// Face directory of shards without an index goes unseen.
 absl::StatusOr<std::string> CheckpointFormatEvidence(FileSystemBase& fs,
                                                      const std::string& dir,
-                                                     CheckpointFormat format);
+                                                     CheckpointFormat format,
+                                                     bool list = true);
 
 // kFailedPrecondition naming the checkpoint and its file when `dir` holds
 // a checkpoint of a format other than `own`, which a save of `own` there
-// would leave beside its own; OK otherwise.
+// would leave beside its own; OK otherwise. `list`: as above (the writers
+// list on the coordinator only, under the directory's lock; every rank
+// looks up the fixed names before it creates anything).
 absl::Status RefuseOtherFormats(FileSystemBase& fs, const std::string& dir,
-                                CheckpointFormat own);
+                                CheckpointFormat own, bool list = true);
 
 }  // namespace dcp
 

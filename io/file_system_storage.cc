@@ -233,7 +233,8 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
   rank_ = rank;
   // Every rank, before it creates anything (the coordinator checks again
   // under the lock).
-  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp));
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp,
+                                         /*list=*/false));
   DCP_RETURN_IF_ERROR(
       Annotate(fs_->CreateDir(dir_), absl::StrCat("rank ", rank,
                                                   ": cannot create checkpoint "
@@ -277,7 +278,10 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
 }
 
 absl::Status FileSystemWriter::SetUpLocked() {
-  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp));
+  // (A rank-local save's ranks each come here: they look up the fixed
+  // names only, not list the directory of every rank's one.)
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kDcp,
+                                         /*list=*/dir_ == path_));
   const std::string metadata_path = JoinPath(dir_, kMetadataFileName);
   // A directory holds one layout (FORMAT.md section 6): a checkpoint of
   // the other layout committed beside an existing one would leave a

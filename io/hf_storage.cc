@@ -150,8 +150,9 @@ absl::Status HuggingFaceStorageWriter::SetUp(bool is_coordinator, int rank,
   const std::string where = absl::StrCat("rank ", rank);
   // Every rank, before it creates anything (the coordinator checks again
   // under the lock).
-  DCP_RETURN_IF_ERROR(
-      RefuseOtherFormats(*fs_, path_, CheckpointFormat::kHuggingFace));
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_,
+                                         CheckpointFormat::kHuggingFace,
+                                         /*list=*/false));
   // Everything below (the shards a distributed save writes, the cleanup of
   // interrupted saves, the files a save replaces, a journal rolled forward)
   // reaches into sharded/.

@@ -128,7 +128,8 @@ absl::Status MegaStorageWriter::SetUp(bool is_coordinator, int rank,
   rank_ = rank;
   // Every rank, before it creates anything (the coordinator checks again
   // under the lock).
-  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kMega));
+  DCP_RETURN_IF_ERROR(RefuseOtherFormats(*fs_, path_, CheckpointFormat::kMega,
+                                         /*list=*/false));
   DCP_RETURN_IF_ERROR(Annotate(
       fs_->CreateDir(path_),
       absl::StrCat("rank ", rank, ": cannot create MEGA directory ", path_)));
