@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/algorithm/container.h"
@@ -379,16 +380,22 @@ TEST(FileSystemStorageTest, ReadOnlyDirectoryIsPermissionDeniedNamingPath) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
+// Where the saved checkpoint in `dir` keeps the Sample's item "big": its
+// storage entry and the data file's path.
+std::pair<StorageInfo, std::string> WhereBigLies(const std::string& dir) {
+  const Metadata metadata = *ReadMetadataOf(dir);
+  const StorageInfo info =
+      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
+  return {info, JoinPath(dir, info.relative_path)};
+}
+
 TEST(FileSystemStorageTest, FlippedByteIsDataLossNamingTensorFileOffset) {
   const std::string dir = NewTestDir("corrupt");
   const Sample sample = Sample::Make(4);
   FileSystemWriterOptions options;
   options.checksum_block_size = 1024;
   ASSERT_TRUE(Save(dir, sample, options).ok());
-  const Metadata metadata = *ReadMetadataOf(dir);
-  const StorageInfo& info =
-      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
-  const std::string file = JoinPath(dir, info.relative_path);
+  const auto [info, file] = WhereBigLies(dir);
   FlipByte(file, info.offset + 2 * 1024 + 5);  // In the third block.
 
   absl::Status status = LoadSample(dir, sample);
@@ -402,10 +409,7 @@ TEST(FileSystemStorageTest, TruncatedDataFileIsDataLoss) {
   const std::string dir = NewTestDir("truncated");
   const Sample sample = Sample::Make(5);
   ASSERT_TRUE(Save(dir, sample).ok());
-  const Metadata metadata = *ReadMetadataOf(dir);
-  const StorageInfo& info =
-      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
-  const std::string file = JoinPath(dir, info.relative_path);
+  const auto [info, file] = WhereBigLies(dir);
   ASSERT_EQ(::truncate(file.c_str(), info.offset + 10), 0);
 
   for (bool direct : {false, true}) {
@@ -422,10 +426,7 @@ TEST(FileSystemStorageTest, MissingDataFileIsDataLossNamingFileAndItem) {
   const std::string dir = NewTestDir("missing_data_file");
   const Sample sample = Sample::Make(5);
   ASSERT_TRUE(Save(dir, sample).ok());
-  const Metadata metadata = *ReadMetadataOf(dir);
-  const StorageInfo& info =
-      metadata.storage_data.at(MetadataIndex("big", Shape{0}));
-  const std::string file = JoinPath(dir, info.relative_path);
+  const auto [info, file] = WhereBigLies(dir);
   ASSERT_EQ(::unlink(file.c_str()), 0);
   absl::Status status = ::dcp::testing::LoadAndCompare(dir, sample);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;

@@ -7,11 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "io/checkpoint_formats.h"
 #include "io/file_system_storage.h"
 #include "io/hf_storage.h"
-#include "io/mega_format.h"
 #include "io/mega_storage.h"
-#include "io/metadata_format.h"
 
 namespace dcp {
 namespace {
@@ -26,13 +25,14 @@ bool IsSchemeName(absl::string_view s) {
   });
 }
 
-absl::StatusOr<bool> AnyExists(FileSystemBase& fs,
-                               std::initializer_list<std::string> paths) {
-  for (const std::string& path : paths) {
-    DCP_ASSIGN_OR_RETURN(bool exists, fs.Exists(path));
-    if (exists) return true;
-  }
-  return false;
+// Whether `path` holds a checkpoint of `format` by its fixed file names
+// (io/checkpoint_formats.h).
+absl::StatusOr<bool> HoldsFormat(FileSystemBase& fs, const std::string& path,
+                                 CheckpointFormat format) {
+  DCP_ASSIGN_OR_RETURN(std::string evidence,
+                       CheckpointFormatEvidence(fs, path, format,
+                                                /*list=*/false));
+  return !evidence.empty();
 }
 
 void RegisterBuiltIns(StorageRegistry& registry) {
@@ -51,8 +51,7 @@ void RegisterBuiltIns(StorageRegistry& registry) {
   mega.name = "mega";
   mega.schemes = {kMegaScheme};
   mega.detect = [](FileSystemBase& fs, const std::string& path) {
-    return AnyExists(fs, {JoinPath(path, kMegaIndexFileName),
-                          JoinPath(path, kMegaCommitJournalName)});
+    return HoldsFormat(fs, path, CheckpointFormat::kMega);
   };
   mega.make_writer = [](const std::string& id)
       -> absl::StatusOr<std::unique_ptr<StorageWriter>> {
@@ -96,9 +95,7 @@ std::string CheckpointIdScheme(absl::string_view checkpoint_id) {
 
 absl::StatusOr<bool> HasDcpMetadata(FileSystemBase& fs,
                                     const std::string& path) {
-  return AnyExists(fs,
-                   {JoinPath(path, kMetadataFileName),
-                    JoinPath(RankLocalDirectory(path, 0), kMetadataFileName)});
+  return HoldsFormat(fs, path, CheckpointFormat::kDcp);
 }
 
 StorageRegistry::StorageRegistry(std::string default_backend,
