@@ -3,11 +3,13 @@
 // storage entries.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -48,6 +50,98 @@ struct ByPrefix {
     return a < Head(b);
   }
 };
+
+// Appends to a Packed: records, and strings into its text (each distinct
+// string once, so keys and file names shared by many items cost one copy).
+class Packer {
+ public:
+  explicit Packer(dcp_metadata::Packed& out) : out_(out) {}
+
+  void Add(int64_t value) { out_.records.push_back(value); }
+
+  // The string's offset and size in the text, as two records.
+  void AddString(const std::string& s) {
+    auto [it, added] = offsets_.try_emplace(s, out_.text.size());
+    if (added) out_.text += s;
+    Add(static_cast<int64_t>(it->second));
+    Add(static_cast<int64_t>(s.size()));
+  }
+
+ private:
+  dcp_metadata::Packed& out_;
+  absl::flat_hash_map<std::string, size_t> offsets_;
+};
+
+dcp_metadata::Packed PackItems(const dcp_metadata& md) {
+  dcp_metadata::Packed packed;
+  Packer packer(packed);
+  for (const MetadataItem& item : md.items) {
+    const TensorStorageMetadata* tensor = item.tensor;
+    packer.AddString(*item.name);
+    packer.Add(tensor != nullptr ? 1 : 0);
+    packer.Add(
+        tensor != nullptr ? static_cast<int64_t>(tensor->properties.dtype) : 0);
+    packer.Add(tensor != nullptr && tensor->properties.requires_grad ? 1 : 0);
+    const size_t ndim = tensor != nullptr ? tensor->size.size() : 0;
+    packer.Add(static_cast<int64_t>(ndim));
+    packer.Add(static_cast<int64_t>(item.path.size()));
+    packer.Add(tensor != nullptr ? static_cast<int64_t>(tensor->chunks.size())
+                                 : 0);
+    for (size_t d = 0; d < ndim; ++d) packer.Add(tensor->size[d]);
+    for (const PathElement& element : item.path) {
+      if (const auto* key = std::get_if<std::string>(&element)) {
+        packer.AddString(*key);
+      } else {
+        packer.Add(-1);
+        packer.Add(std::get<int64_t>(element));
+      }
+    }
+    if (tensor == nullptr) continue;
+    for (const ChunkStorageMetadata& chunk : tensor->chunks) {
+      for (size_t d = 0; d < ndim; ++d) packer.Add(chunk.offsets[d]);
+      for (size_t d = 0; d < ndim; ++d) packer.Add(chunk.sizes[d]);
+    }
+  }
+  return packed;
+}
+
+dcp_metadata::Packed PackStorage(const dcp_metadata& md) {
+  dcp_metadata::Packed packed;
+  Packer packer(packed);
+  for (const auto* entry : md.storage) {
+    const auto& [key, where] = *entry;
+    packer.AddString(key.fqn);
+    packer.Add(key.offset.has_value() ? 1 : 0);
+    packer.Add(key.offset.has_value() ? static_cast<int64_t>(key.offset->size())
+                                      : 0);
+    if (key.offset.has_value()) {
+      for (int64_t offset : *key.offset) packer.Add(offset);
+    }
+    packer.AddString(where.relative_path);
+    packer.Add(where.offset);
+    packer.Add(where.length);
+  }
+  return packed;
+}
+
+// The packed form `slot` of `md`, made by `pack` on first use.
+absl::Status ReturnPacked(
+    dcp_metadata& md, std::optional<dcp_metadata::Packed> dcp_metadata::*slot,
+    dcp_metadata::Packed (*pack)(const dcp_metadata&), const int64_t** records,
+    size_t* num_records, const char** text, size_t* text_size) {
+  DCP_RETURN_IF_ERROR(CheckOut(records, "const int64_t** records"));
+  DCP_RETURN_IF_ERROR(CheckOut(num_records, "size_t* num_records"));
+  DCP_RETURN_IF_ERROR(CheckOut(text, "const char** text"));
+  DCP_RETURN_IF_ERROR(CheckOut(text_size, "size_t* text_size"));
+  absl::MutexLock lock(&md.packed_mu);
+  std::optional<dcp_metadata::Packed>& packed = md.*slot;
+  if (!packed.has_value()) packed = pack(md);
+  *records = packed->records.data();
+  *num_records = packed->records.size();
+  *text = packed->text.data();
+  *text_size = packed->text.size();
+  return absl::OkStatus();
+}
 
 }  // namespace
 }  // namespace dcp::capi
@@ -227,6 +321,28 @@ int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index, size_t elem,
       out->index = std::get<int64_t>(element);
     }
     return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_items_packed(const dcp_metadata_t* md, const int64_t** records,
+                              size_t* num_records, const char** text,
+                              size_t* text_size) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    return dcp::capi::ReturnPacked(*h, &dcp_metadata::packed_items,
+                                   dcp::capi::PackItems, records, num_records,
+                                   text, text_size);
+  });
+}
+
+int dcp_metadata_storage_packed(const dcp_metadata_t* md,
+                                const int64_t** records, size_t* num_records,
+                                const char** text, size_t* text_size) {
+  return Guard([&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    return dcp::capi::ReturnPacked(*h, &dcp_metadata::packed_storage,
+                                   dcp::capi::PackStorage, records, num_records,
+                                   text, text_size);
   });
 }
 

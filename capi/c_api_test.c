@@ -496,6 +496,93 @@ static void test_resharding(void) {
 }
 
 /* What a checkpoint holds, from dcp_save's result and from disk. */
+/* The packed items of `md` (dcp_metadata_items_packed) say what the
+ * per-item calls say; `*shared_key` counts path keys that point at a string
+ * another item's path key already pointed at. */
+static void check_packed_items(const dcp_metadata_t* md, int* shared_key) {
+  const int64_t* r = NULL;
+  const char* text = NULL;
+  size_t num_records = 0, text_size = 0, n = 0, i, at = 0, e, d, c;
+  int64_t model_at = -1;
+  dcp_item_info_t item;
+  dcp_path_elem_t elem;
+  const int64_t* offsets = NULL;
+  const int64_t* sizes = NULL;
+
+  memset(&item, 0, sizeof(item));
+  item.struct_size = sizeof(item);
+  *shared_key = 0;
+  CHECK_OK(dcp_metadata_items_packed(md, &r, &num_records, &text, &text_size));
+  CHECK_OK(dcp_metadata_num_items(md, &n));
+  for (i = 0; i < n; ++i) {
+    CHECK_OK(dcp_metadata_item(md, i, &item));
+    CHECK(at + 8 <= num_records);
+    CHECK(r[at] >= 0 && (size_t)(r[at] + r[at + 1]) <= text_size);
+    CHECK((size_t)r[at + 1] == strlen(item.name) &&
+          memcmp(text + r[at], item.name, (size_t)r[at + 1]) == 0);
+    CHECK(r[at + 2] == item.is_tensor && r[at + 3] == item.dtype);
+    CHECK(r[at + 4] == item.requires_grad && r[at + 5] == item.ndim);
+    CHECK((size_t)r[at + 6] == item.path_len);
+    CHECK((size_t)r[at + 7] == item.num_chunks);
+    at += 8;
+    for (d = 0; d < (size_t)item.ndim; ++d) CHECK(r[at++] == item.shape[d]);
+    for (e = 0; e < item.path_len; ++e) {
+      CHECK_OK(dcp_metadata_item_path(md, i, e, &elem));
+      if (elem.key == NULL) {
+        CHECK(r[at] == -1 && r[at + 1] == elem.index);
+      } else {
+        CHECK((size_t)r[at + 1] == strlen(elem.key) &&
+              memcmp(text + r[at], elem.key, (size_t)r[at + 1]) == 0);
+        if (strcmp(elem.key, "model") == 0) {
+          if (model_at >= 0 && model_at == r[at]) ++*shared_key;
+          model_at = r[at];
+        }
+      }
+      at += 2;
+    }
+    for (c = 0; c < item.num_chunks; ++c) {
+      CHECK_OK(dcp_metadata_chunk(md, i, c, &offsets, &sizes));
+      for (d = 0; d < (size_t)item.ndim; ++d) CHECK(r[at++] == offsets[d]);
+      for (d = 0; d < (size_t)item.ndim; ++d) CHECK(r[at++] == sizes[d]);
+    }
+  }
+  CHECK(at == num_records);
+  CHECK_ERROR(dcp_metadata_items_packed(md, NULL, &num_records, &text,
+                                        &text_size),
+              DCP_INVALID_ARGUMENT, "records");
+}
+
+/* The packed storage entries of `md` say what dcp_metadata_storage says. */
+static void check_packed_storage(const dcp_metadata_t* md) {
+  const int64_t* r = NULL;
+  const char* text = NULL;
+  size_t num_records = 0, text_size = 0, n = 0, i, at = 0, d;
+  dcp_storage_info_t where;
+
+  memset(&where, 0, sizeof(where));
+  where.struct_size = sizeof(where);
+  CHECK_OK(
+      dcp_metadata_storage_packed(md, &r, &num_records, &text, &text_size));
+  CHECK_OK(dcp_metadata_num_storage(md, &n));
+  CHECK(n > 0);
+  for (i = 0; i < n; ++i) {
+    CHECK_OK(dcp_metadata_storage(md, i, &where));
+    CHECK(at + 4 <= num_records);
+    CHECK((size_t)r[at + 1] == strlen(where.name) &&
+          memcmp(text + r[at], where.name, (size_t)r[at + 1]) == 0);
+    CHECK(r[at + 2] == where.has_offsets && r[at + 3] == where.ndim);
+    at += 4;
+    for (d = 0; d < (size_t)where.ndim; ++d) {
+      CHECK(r[at++] == where.offsets[d]);
+    }
+    CHECK((size_t)r[at + 1] == strlen(where.relative_path) &&
+          memcmp(text + r[at], where.relative_path, (size_t)r[at + 1]) == 0);
+    CHECK(r[at + 2] == where.offset && r[at + 3] == where.length);
+    at += 4;
+  }
+  CHECK(at == num_records);
+}
+
 static void test_metadata(void) {
   float a[2][3] = {{1, 2, 3}, {4, 5, 6}};
   int64_t a_shape[2] = {2, 3};
@@ -516,7 +603,7 @@ static void test_metadata(void) {
   const int64_t* chunk_sizes = NULL;
   const char* checkpoint_id = NULL;
   const char* save_id = NULL;
-  int m;
+  int m, shared = 0;
 
   CHECK_OK(dcp_state_dict_create(&sd));
   chunks[0] = make_tensor(a[0], 2, half_shape, NULL, kDLFloat, 32);
@@ -604,6 +691,11 @@ static void test_metadata(void) {
     CHECK_OK(dcp_metadata_ids(md, &checkpoint_id, &save_id));
     CHECK(strcmp(checkpoint_id, dir) == 0);
     CHECK(strlen(save_id) > 0);
+    /* "model" starts the paths of two items: one copy in the text. */
+    check_packed_items(md, &shared);
+    CHECK(shared == 1);
+    check_packed_items(md, &shared); /* the kept packing, again */
+    check_packed_storage(md);
   }
   CHECK_OK(dcp_metadata_free(from_save));
   CHECK_OK(dcp_metadata_free(from_disk));

@@ -884,6 +884,31 @@ DCP_API int dcp_metadata_item_path(const dcp_metadata_t* md, size_t index,
 DCP_API int dcp_metadata_ids(const dcp_metadata_t* md,
                              const char** checkpoint_id, const char** save_id);
 
+/* Every item in one call, for bindings that read them all: `*records`
+ * points to `*num_records` integers and `*text` to `*text_size` bytes (not
+ * NUL-terminated), both owned by `md` until dcp_metadata_free. A string is
+ * two records, its offset and size in `text` (one copy of each distinct
+ * string). The items follow one another in dcp_metadata_item's order, each
+ *   name (2 records), is_tensor, dtype, requires_grad, ndim, path_len,
+ *   num_chunks, then the shape (ndim records), then each path element
+ *   (a key: its string; a list index: -1 and the index), then each chunk
+ *   (its offsets, then its sizes: ndim records each).
+ * A plain value has is_tensor, dtype, requires_grad, ndim and num_chunks 0.
+ */
+DCP_API int dcp_metadata_items_packed(const dcp_metadata_t* md,
+                                      const int64_t** records,
+                                      size_t* num_records, const char** text,
+                                      size_t* text_size);
+
+/* Every storage entry in one call, as dcp_metadata_items_packed; each, in
+ * dcp_metadata_storage's order:
+ *   name (2 records), has_offsets, ndim, the offsets (ndim records),
+ *   relative_path (2 records), offset, length. */
+DCP_API int dcp_metadata_storage_packed(const dcp_metadata_t* md,
+                                        const int64_t** records,
+                                        size_t* num_records, const char** text,
+                                        size_t* text_size);
+
 /* The format of the checkpoint: "dcp-1", "dcp-2" (compressed items) or
  * "dcp-3" (a tensor of a dtype from code 17 on) for dcp's own
  * (docs/FORMAT.md), "safetensors" for a Hugging Face directory. */

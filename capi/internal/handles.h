@@ -76,6 +76,17 @@ struct dcp_metadata {
       storage;
   std::string checkpoint_id;
   std::string save_id;
+
+  // The packed forms of the items and of the storage entries
+  // (dcp_metadata_items_packed, dcp_metadata_storage_packed), made on the
+  // first call and kept until the handle is freed.
+  struct Packed {
+    std::vector<int64_t> records;
+    std::string text;
+  };
+  absl::Mutex packed_mu;
+  std::optional<Packed> packed_items ABSL_GUARDED_BY(packed_mu);
+  std::optional<Packed> packed_storage ABSL_GUARDED_BY(packed_mu);
 };
 
 struct dcp_storage_writer {

@@ -393,6 +393,12 @@ _PROTOTYPES = {
         c_int, [_P, c_size_t, c_size_t, POINTER(PathElem)]),
     "dcp_metadata_ids": (c_int, [_P, POINTER(c_char_p), POINTER(c_char_p)]),
     "dcp_metadata_version": (c_int, [_P, POINTER(c_char_p)]),
+    "dcp_metadata_items_packed": (
+        c_int, [_P, POINTER(POINTER(c_int64)), POINTER(c_size_t),
+                POINTER(POINTER(ctypes.c_char)), POINTER(c_size_t)]),
+    "dcp_metadata_storage_packed": (
+        c_int, [_P, POINTER(POINTER(c_int64)), POINTER(c_size_t),
+                POINTER(POINTER(ctypes.c_char)), POINTER(c_size_t)]),
     "dcp_metadata_num_storage": (c_int, [_P, POINTER(c_size_t)]),
     "dcp_metadata_storage": (c_int, [_P, c_size_t, POINTER(StorageInfo)]),
     "dcp_storage_reader_read_metadata": (c_int, [_P, c_char_p, _PP]),

@@ -11,15 +11,19 @@ state_dict_metadata is a read-only mapping.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import enum
+import gc
 import os
 import pickle
 import types
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from . import _lib, errors
 from ._state import torch, torch_dtype
@@ -153,6 +157,21 @@ class StorageMeta:
     save_id: Optional[str] = None
     load_id: Optional[str] = None
     modules: list = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pauses Python's cyclic garbage collector while a Metadata's items are
+    made: hundreds of thousands of new objects, none in a cycle, would
+    otherwise start collections that scan the whole heap (most of the time
+    of a large read)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Handle:
@@ -306,58 +325,95 @@ class Metadata:
         return (f"Metadata({n} items, version={self._version!r}, "
                 f"storage_meta={self._storage_meta!r})")
 
+    def _packed(self, function) -> tuple[list, bytes]:
+        """The records (ints) and text of dcp_metadata_items_packed or
+        dcp_metadata_storage_packed (`function`), in one C call."""
+        records = ctypes.POINTER(ctypes.c_int64)()
+        text = ctypes.POINTER(ctypes.c_char)()
+        num_records, text_size = ctypes.c_size_t(), ctypes.c_size_t()
+        _lib.check(function(self._handle, ctypes.byref(records),
+                            ctypes.byref(num_records), ctypes.byref(text),
+                            ctypes.byref(text_size)))
+        values = (np.ctypeslib.as_array(records, (num_records.value,))
+                  .tolist() if num_records.value else [])
+        return values, ctypes.string_at(text, text_size.value)
+
+    def _strings(self, text: bytes):
+        """A function of (offset, size, what) giving the str at `offset` of
+        `text`, decoded once per distinct string; CheckpointCorruptError
+        (as _text) when it is not UTF-8."""
+        known = {}
+
+        def string(offset: int, size: int, what: str) -> str:
+            if not size:
+                return ""  # (a string after it may start at its offset)
+            value = known.get(offset)
+            if value is None:
+                raw = text[offset:offset + size]
+                try:
+                    value = raw.decode()
+                except UnicodeDecodeError:
+                    self._text(raw, what)  # raises
+                known[offset] = value
+            return value
+        return string
+
+    @_gc_paused()
     def _read_storage(self) -> None:
-        L = _lib.lib()
-        h = self._handle
-        n = ctypes.c_size_t()
-        _lib.check(L.dcp_metadata_num_storage(h, ctypes.byref(n)))
-        info = _lib.sized(_lib.StorageInfo)
+        r, text = self._packed(_lib.lib().dcp_metadata_storage_packed)
+        string = self._strings(text)
         out = {}
-        for i in range(n.value):
-            _lib.check(L.dcp_metadata_storage(h, i, ctypes.byref(info)))
-            offset = (tuple(info.offsets[:info.ndim]) if info.has_offsets
-                      else None)
-            out[MetadataIndex(self._text(info.name, "name"), offset)] = \
-                StorageInfo(self._text(info.relative_path, "file name"),
-                            info.offset, info.length)
+        i, end = 0, len(r)
+        while i < end:
+            name = string(r[i], r[i + 1], "name")
+            has_offsets, ndim = r[i + 2], r[i + 3]
+            i += 4
+            offset = tuple(r[i:i + ndim]) if has_offsets else None
+            i += ndim
+            out[MetadataIndex(name, offset)] = StorageInfo(
+                string(r[i], r[i + 1], "file name"), r[i + 2], r[i + 3])
+            i += 4
         self._storage_data = types.MappingProxyType(out)
 
+    @_gc_paused()
     def _read_items(self) -> None:
-        L = _lib.lib()
-        h = self._handle
-        n = ctypes.c_size_t()
-        _lib.check(L.dcp_metadata_num_items(h, ctypes.byref(n)))
-        info = _lib.sized(_lib.ItemInfo)
-        elem = _lib.PathElem()
-        offsets = ctypes.POINTER(ctypes.c_int64)()
-        sizes = ctypes.POINTER(ctypes.c_int64)()
+        r, text = self._packed(_lib.lib().dcp_metadata_items_packed)
+        string = self._strings(text)
         sdm = {}
         planner_data = {}
         bytes_md = BytesStorageMetadata()
-        for i in range(n.value):
-            _lib.check(L.dcp_metadata_item(h, i, ctypes.byref(info)))
-            name = self._text(info.name, "name")
+        # One TensorProperties per dtype and requires_grad (frozen, so
+        # shared): making one costs several times the rest of an item.
+        properties = {}
+        i, end = 0, len(r)
+        while i < end:
+            name = string(r[i], r[i + 1], "name")
+            is_tensor, dtype, requires_grad, ndim, path_len, num_chunks = \
+                r[i + 2:i + 8]
+            i += 8
+            shape = tuple(r[i:i + ndim])
+            i += ndim
             path = []
-            for e in range(info.path_len):
-                _lib.check(L.dcp_metadata_item_path(h, i, e,
-                                                    ctypes.byref(elem)))
-                path.append(self._text(elem.key, "key")
-                            if elem.key is not None else elem.index)
+            for _ in range(path_len):
+                at, size = r[i], r[i + 1]
+                path.append(size if at < 0 else string(at, size, "key"))
+                i += 2
             planner_data[name] = tuple(path)
-            if not info.is_tensor:
+            if not is_tensor:
                 sdm[name] = bytes_md
                 continue
-            ndim = info.ndim
+            props = properties.get((dtype, requires_grad))
+            if props is None:
+                props = properties[(dtype, requires_grad)] = \
+                    TensorProperties(dtype=torch_dtype(dtype),
+                                     requires_grad=bool(requires_grad))
             chunks = []
-            for c in range(info.num_chunks):
-                _lib.check(L.dcp_metadata_chunk(h, i, c, ctypes.byref(offsets),
-                                                ctypes.byref(sizes)))
+            for _ in range(num_chunks):
+                middle = i + ndim
                 chunks.append(ChunkStorageMetadata(
-                    tuple(offsets[:ndim]), tuple(sizes[:ndim])))
-            sdm[name] = TensorStorageMetadata(
-                TensorProperties(dtype=torch_dtype(info.dtype),
-                                 requires_grad=bool(info.requires_grad)),
-                tuple(info.shape[:ndim]) if ndim else (), tuple(chunks))
+                    tuple(r[i:middle]), tuple(r[middle:middle + ndim])))
+                i = middle + ndim
+            sdm[name] = TensorStorageMetadata(props, shape, tuple(chunks))
         self._sdm = types.MappingProxyType(sdm)
         self._planner_data = types.MappingProxyType(planner_data)
 

@@ -1,6 +1,7 @@
 """Inspecting a checkpoint without loading it."""
 
 import copy
+import ctypes
 import dataclasses
 import gc
 import io
@@ -202,18 +203,29 @@ def test_tensor_properties_pickled_by_field_names_load_back():
 
 
 class _NamesNotUtf8:
-    """The library, but every item's name read from metadata is b"w\\xff"
-    (a checkpoint the engine let through with such a name)."""
+    """The library, but the first item's name read from metadata is
+    b"w\\xff" (a checkpoint the engine let through with such a name)."""
 
     def __init__(self, real):
         self._real = real
+        self._kept = []  # the replaced records and text, alive while read
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    def dcp_metadata_item(self, handle, i, info):
-        code = self._real.dcp_metadata_item(handle, i, info)
-        info._obj.name = b"w\xff"
+    def dcp_metadata_items_packed(self, handle, records, num_records, text,
+                                  text_size):
+        code = self._real.dcp_metadata_items_packed(
+            handle, records, num_records, text, text_size)
+        n, size = num_records._obj.value, text_size._obj.value
+        new_records = (ctypes.c_int64 * n)(*records._obj[:n])
+        new_records[0], new_records[1] = size, 2  # the name: b"w\xff"
+        new_text = ctypes.create_string_buffer(
+            ctypes.string_at(text._obj, size) + b"w\xff")
+        self._kept += [new_records, new_text]
+        records._obj.contents = ctypes.c_int64.from_buffer(new_records)
+        text._obj.contents = ctypes.c_char.from_buffer(new_text)
+        text_size._obj.value = size + 2
         return code
 
 
