@@ -57,6 +57,12 @@ def _torch_metadata(md):
     """dcp Metadata `md` as torch.distributed.checkpoint's Metadata
     (state_dict_metadata, planner_data and storage_meta), for a planner of
     torch's, which checks values against torch's classes."""
+    from .metadata import _gc_paused
+    with _gc_paused():  # many new objects, no cycles (as Metadata's read)
+        return _torch_metadata_made(md)
+
+
+def _torch_metadata_made(md):
     from torch.distributed.checkpoint import metadata as tm
     import torch
     items = {}
