@@ -16,12 +16,14 @@ puts each loaded value into the caller's container: dicts and lists in
 place, tuples rebuilt from the caller's structure (so they stay tuples, and
 namedtuples stay namedtuples), numpy scalars converted back to their type.
 
-Values: None, bool, int (int64), float, str, bytes round-trip with their
-type (bytes and bytearray are stored alike: a load gives the destination's
-of the two). Other objects are stored as pickled bytes behind a marker,
-only with allow_pickle=True on save and on load (unpickling runs code).
-A user bytes value that happens to start with a marker's prefix is escaped,
-so no bytes value is ever mistaken for a pickle.
+Values: None, bool, int, float, str, bytes round-trip with their type
+(bytes and bytearray are stored alike: a load gives the destination's of
+the two). An int outside int64 (a 128-bit RNG state, a hash) is stored as
+bytes: a marker and its decimal digits, decoded without pickle. Other
+objects are stored as pickled bytes behind a marker, only with
+allow_pickle=True on save and on load (unpickling runs code). A user bytes
+value that happens to start with a marker's prefix is escaped, so no bytes
+value is ever mistaken for a pickle or another marked value.
 
 Keys: str, and int (as str(k); optimizer state uses int keys) mapping back
 to the caller's key on load. Other key types raise TypeError.
@@ -66,6 +68,10 @@ PICKLE_MARKER = b"\x00dcp.pickle.v1\x00"
 EMPTY_LIST_MARKER = b"\x00dcp.empty.list.v1\x00"
 EMPTY_TUPLE_MARKER = b"\x00dcp.empty.tuple.v1\x00"
 BYTES_ESCAPE = b"\x00dcp.bytes.v1\x00"
+# An int outside int64 (VALUE_INT holds those in it): this marker, then
+# its decimal ASCII digits, "-" first if negative (2**64 is stored as
+# b"\x00dcp.int.v1\x0018446744073709551616").
+INT_MARKER = b"\x00dcp.int.v1\x00"
 _MARKER_PREFIX = b"\x00dcp."
 # Placeholder of a plain value before a load: what the engine leaves when
 # the checkpoint lacks the key (allow_partial_load).
@@ -1227,6 +1233,10 @@ class Flat:
         if t is int:
             if _INT64_MIN <= v <= _INT64_MAX:
                 return (_lib.VALUE_INT, v)
+            try:
+                return (_lib.VALUE_BYTES, INT_MARKER + b"%d" % v)
+            except ValueError:  # past sys.get_int_max_str_digits()
+                pass
         elif t is float:
             return (_lib.VALUE_FLOAT, v)
         elif t is str:
@@ -1246,12 +1256,17 @@ class Flat:
                 f"cannot save '{self.name()}': the str is not valid Unicode "
                 "(a lone surrogate), so it has no UTF-8 form; pass "
                 "allow_pickle=True to store it pickled")
+        if not self.allow_pickle and t is int:
+            raise TypeError(
+                f"cannot save '{self.name()}': the int has more decimal "
+                "digits than Python converts (sys.set_int_max_str_digits); "
+                "pass allow_pickle=True to store it pickled")
         if not self.allow_pickle:
             raise TypeError(
                 f"cannot save '{self.name()}': {t.__module__}.{t.__qualname__}"
-                " is not a tensor, container or plain value (None, bool, int "
-                "in int64, float, str, bytes); pass allow_pickle=True to "
-                "store it pickled (loading it then runs pickle too)")
+                " is not a tensor, container or plain value (None, bool, int,"
+                " float, str, bytes); pass allow_pickle=True to store it "
+                "pickled (loading it then runs pickle too)")
         return (_lib.VALUE_BYTES,
                 PICKLE_MARKER + pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -1582,6 +1597,8 @@ class Flat:
                     return []
                 if b == EMPTY_TUPLE_MARKER:
                     return ()
+                if b.startswith(INT_MARKER):
+                    return self._fit(self._big_int(b, path), old, path)
                 if not b.startswith((PICKLE_MARKER, BYTES_ESCAPE)):
                     # Saved bytes that start so are escaped (BYTES_ESCAPE):
                     # this is a kind of value a newer dcp stores.
@@ -1610,13 +1627,42 @@ class Flat:
             raise ValueError(f"'{self.name(path)}': the checkpoint holds a "
                              "tensor where the state dict has a plain value")
         if isinstance(old, np.generic):
-            try:
-                return type(old)(value)
-            except (OverflowError, ValueError, TypeError) as e:
-                raise ValueError(
-                    f"'{self.name(path)}': the saved value {value!r} does not "
-                    f"fit the state dict's {type(old).__name__}") from e
+            return self._fit(value, old, path)
         return value
+
+    def _big_int(self, b, path) -> int:
+        """The int an INT_MARKER value `b` holds: "-" or not, then ASCII
+        decimal digits (int() alone would take spaces, "+" and "_")."""
+        digits = b[len(INT_MARKER):]
+        if digits[:1] == b"-":
+            digits = digits[1:]
+        if digits.isdigit():  # bytes: ASCII digits only
+            try:
+                return int(b[len(INT_MARKER):])
+            except ValueError as e:  # past sys.get_int_max_str_digits()
+                raise ValueError(
+                    f"'{self.name(path)}': the saved int cannot be read: "
+                    f"{e}") from e
+        raise ValueError(
+            f"'{self.name(path)}': the saved int is damaged ({b[:48]!r} is "
+            "not the int marker followed by decimal digits)")
+
+    def _fit(self, value, old, path):
+        """`value` as the type of `old` where that is a numpy scalar (an int
+        outside an integer dtype's range raises rather than wrapping, which
+        numpy before 2.0 did), else `value`."""
+        if not isinstance(old, np.generic):
+            return value
+        try:
+            if type(value) is int and old.dtype.kind in "iu":
+                lim = np.iinfo(old.dtype)
+                if not lim.min <= value <= lim.max:
+                    raise OverflowError(f"outside [{lim.min}, {lim.max}]")
+            return type(old)(value)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise ValueError(
+                f"'{self.name(path)}': the saved value {value!r} does not "
+                f"fit the state dict's {type(old).__name__}") from e
 
 
 _SKIP = object()
