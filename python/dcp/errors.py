@@ -65,6 +65,7 @@ from __future__ import annotations
 import builtins
 import os
 import re
+import sys
 import traceback
 
 from . import _lib
@@ -86,18 +87,69 @@ _CODE_NAMES = {
 }
 
 
+def _torchs_checkpoint_exception():
+    """torch.distributed.checkpoint's CheckpointException class when the
+    program has imported that package (a program that names the class in
+    an except clause has), else None. Looked up, never imported: importing
+    torch's checkpoint package takes about half a second."""
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    found = getattr(api, "CheckpointException", None)
+    return found if isinstance(found, type) and \
+        issubclass(found, BaseException) else None
+
+
+def _adopt_torchs_class() -> None:
+    """Once the program has imported torch.distributed.checkpoint: makes
+    CheckpointException (so every dcp exception class) also derive from
+    torch's CheckpointException, by giving it a second base. Every dcp
+    exception, made before or after, is then an instance of torch's class
+    too; classes stay the same objects."""
+    global _adopted
+    if _adopted:
+        return
+    torchs = _torchs_checkpoint_exception()
+    if torchs is None:
+        return
+    _adopted = True
+    if not issubclass(CheckpointException, torchs):
+        try:
+            CheckpointException.__bases__ = (Exception, torchs)
+        except TypeError:  # a torch whose class cannot be combined
+            pass
+
+
+_adopted = False
+
+
 class CheckpointException(Exception):
     """A save, load or metadata read failed.
 
     Seed signature: CheckpointException(msg, failures). `failures` maps a
     rank to (exception, traceback.StackSummary).
+
+    In a program that has imported torch.distributed.checkpoint, dcp's
+    exceptions are also instances of torch's CheckpointException (this
+    class gains it as a second base when the first dcp exception is made
+    after that import), so `except
+    torch.distributed.checkpoint.CheckpointException` catches dcp's
+    failures as it catches torch's; `except Exception` still does.
     """
 
     def __init__(self, msg: str, failures=None, code: int = _lib.UNKNOWN):
+        _adopt_torchs_class()
         super().__init__(msg)
         self.msg = msg
         self.failures = dict(failures or {})
         self.code = code
+
+    # (A property, as torch's class has one of this name without a setter.)
+    @property
+    def failures(self) -> dict:
+        return self._failures
+
+    @failures.setter
+    def failures(self, value) -> None:
+        self._failures = value
 
     @property
     def code_name(self) -> str:

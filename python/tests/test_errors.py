@@ -589,3 +589,51 @@ def test_a_mega_uri_onto_a_file_is_not_a_directory(tmp_path):
             f"cannot save to {shown}: it {what}, not a directory; choose a "
             "directory path for the checkpoint")
     assert blocker.read_bytes() == b"x"
+
+
+def test_torchs_checkpoint_exception_catches_dcps_failures(tmp_path, ckpt):
+    import pickle
+    import torch.distributed.checkpoint as tdcp
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    for call, cls in (
+            (lambda: dcp.load({"w": torch.ones(3)}, checkpoint_id=ckpt),
+             dcp.CheckpointValueError),
+            (lambda: dcp.load({"w": torch.ones(2)},
+                              checkpoint_id=str(tmp_path / "none")),
+             dcp.CheckpointFileNotFoundError)):
+        with pytest.raises(tdcp.CheckpointException) as e:
+            call()
+        assert type(e.value) is cls and isinstance(e.value, Exception)
+        assert list(e.value.failures) == [0]
+        assert e.value.failures is e.value._failures  # torch's attribute
+        again = pickle.loads(pickle.dumps(e.value))
+        assert type(again) is cls and str(again) == str(e.value)
+    if_file = dcp.CheckpointFileNotFoundError("m", None, _lib.NOT_FOUND)
+    assert if_file.errno is None and if_file.args == ("m",)
+
+
+def test_torchs_checkpoint_package_is_never_imported_by_a_failure(tmp_path):
+    import subprocess
+    code = (
+        "import sys, dcp\n"
+        "try:\n"
+        f"    dcp.load({{}}, checkpoint_id={str(tmp_path / 'none')!r})\n"
+        "except dcp.CheckpointFileNotFoundError as e:\n"
+        "    names = [c.__module__ for c in type(e).__mro__]\n"
+        "    first = e\n"
+        "assert 'torch.distributed.checkpoint' not in sys.modules\n"
+        "print(','.join(sorted(set(names))))\n"
+        # Imported later: the next failure makes every dcp exception, the
+        # first one too, an instance of torch's class.
+        "import torch.distributed.checkpoint as tdcp\n"
+        "try:\n"
+        f"    dcp.load({{}}, checkpoint_id={str(tmp_path / 'none')!r})\n"
+        "except tdcp.CheckpointException as e:\n"
+        "    assert type(e) is dcp.CheckpointFileNotFoundError\n"
+        "assert isinstance(first, tdcp.CheckpointException)\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
+        os.path.abspath(dcp.__file__))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.split() == ["builtins,dcp.errors", "ok"]
