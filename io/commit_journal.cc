@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -146,9 +147,11 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
   return ApplyCommitJournal(fs, dir, journal_name, journal, sync);
 }
 
-absl::Status CompletePendingCommitForRead(
-    FileSystemBase& fs, const std::string& dir, absl::string_view journal_name,
-    CheckpointFileTest is_checkpoint_file) {
+absl::Status CompletePendingCommitForRead(FileSystemBase& fs,
+                                          const std::string& dir,
+                                          absl::string_view journal_name,
+                                          CheckpointFileTest is_checkpoint_file,
+                                          absl::Duration wait) {
   const std::string path = JoinPath(dir, journal_name);
   DCP_ASSIGN_OR_RETURN(bool pending, fs.Exists(path));
   if (!pending) return absl::OkStatus();
@@ -159,21 +162,34 @@ absl::Status CompletePendingCommitForRead(
         "; the next save into the directory, or a load that can lock and "
         "write it, completes it"));
   };
-  absl::StatusOr<std::unique_ptr<DirectoryLock>> lock = fs.LockDirectory(
-      dir,
-      absl::StrCat(ThisProcessDescription(),
-                   " (a load completing an interrupted commit)"),
-      LockMode::kExclusive);
-  if (!lock.ok()) {
-    // Completed meanwhile by whoever holds the lock (another reader)?
+  const std::string holder = absl::StrCat(
+      ThisProcessDescription(), " (a load completing an interrupted commit)");
+  const absl::Time deadline = absl::Now() + wait;
+  absl::Duration pause = absl::Milliseconds(1);
+  for (;;) {
+    absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =
+        fs.LockDirectory(dir, holder, LockMode::kExclusive);
+    if (lock.ok()) {
+      absl::Status completed =
+          CompleteCommit(fs, dir, journal_name, is_checkpoint_file,
+                         /*sync=*/true);
+      if (!completed.ok()) return refuse(completed.ToString());
+      return absl::OkStatus();
+    }
+    // Completed meanwhile by whoever holds the lock (another reader, or a
+    // save's set-up)?
     DCP_ASSIGN_OR_RETURN(pending, fs.Exists(path));
     if (!pending) return absl::OkStatus();
-    return refuse(lock.status().message());
+    // Held (kFailedPrecondition): wait for the holder; no lock to be had
+    // at all (a read-only directory): refuse now.
+    const absl::Duration left = deadline - absl::Now();
+    if (!absl::IsFailedPrecondition(lock.status()) ||
+        left <= absl::ZeroDuration()) {
+      return refuse(lock.status().message());
+    }
+    absl::SleepFor(std::min(pause, left));
+    pause = std::min(2 * pause, absl::Milliseconds(100));
   }
-  absl::Status completed =
-      CompleteCommit(fs, dir, journal_name, is_checkpoint_file, /*sync=*/true);
-  if (!completed.ok()) return refuse(completed.ToString());
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,

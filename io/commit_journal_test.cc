@@ -5,10 +5,14 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -111,6 +115,130 @@ TEST(CommitJournal, AFileMissingUnderBothNamesIsDataLoss) {
   EXPECT_THAT(std::string(status.message()),
               ::testing::HasSubstr("a.model are both missing"));
   EXPECT_TRUE(*fs.Exists(JoinPath(dir, ".journal")));  // Kept, as evidence.
+}
+
+// The local file system, telling the test when a lock was refused
+// because another holder has it.
+class LockWatchingFileSystem final : public FileSystemBase {
+ public:
+  absl::Notification refused;
+
+  absl::StatusOr<std::unique_ptr<File>> OpenForWrite(
+      const std::string& path, const OpenOptions& options) override {
+    return base_.OpenForWrite(path, options);
+  }
+  absl::StatusOr<std::unique_ptr<File>> OpenForRead(
+      const std::string& path, const OpenOptions& options) override {
+    return base_.OpenForRead(path, options);
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return base_.Rename(from, to);
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    return base_.RemoveFile(path);
+  }
+  absl::Status CreateDir(const std::string& path) override {
+    return base_.CreateDir(path);
+  }
+  absl::StatusOr<bool> Exists(const std::string& path) override {
+    return base_.Exists(path);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& path) override {
+    return base_.ListDir(path);
+  }
+  absl::Status SyncDir(const std::string& path) override {
+    return base_.SyncDir(path);
+  }
+  absl::StatusOr<std::unique_ptr<DirectoryLock>> LockDirectory(
+      const std::string& dir, absl::string_view holder,
+      LockMode mode) override {
+    auto lock = base_.LockDirectory(dir, holder, mode);
+    if (absl::IsFailedPrecondition(lock.status()) &&
+        !refused.HasBeenNotified()) {
+      refused.Notify();
+    }
+    return lock;
+  }
+
+ private:
+  FileSystemBase& base_ = LocalFileSystem();
+};
+
+// A directory with a decided commit pending: a.model's new bytes under
+// their temporary name, the journal naming the rename.
+std::string PendingCommitDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(base != nullptr ? base : "/tmp", name);
+  FileSystemBase& fs = LocalFileSystem();
+  EXPECT_TRUE(fs.CreateDir(dir).ok());
+  EXPECT_TRUE(WriteSmallFile(fs, JoinPath(dir, ".a.model.tmp-0123456789abcdef"),
+                             "new", false)
+                  .ok());
+  CommitJournal journal;
+  journal.renames = {{".a.model.tmp-0123456789abcdef", "a.model"}};
+  EXPECT_TRUE(WriteSmallFile(fs, JoinPath(dir, ".journal"),
+                             EncodeCommitJournal(journal), true)
+                  .ok());
+  return dir;
+}
+
+// The ranks of a restarted job load one directory together: while one
+// holds the lock completing the commit, another waits for it instead of
+// refusing (and then finds the commit done).
+TEST(CommitJournal, AReaderWaitsForAnotherCompletingTheCommit) {
+  const std::string dir = PendingCommitDir("journal-wait");
+  FileSystemBase& local = LocalFileSystem();
+  auto other = local.LockDirectory(dir, "another rank", LockMode::kExclusive);
+  ASSERT_TRUE(other.ok()) << other.status();
+  LockWatchingFileSystem fs;
+  absl::Status read;
+  std::thread reader([&] {
+    read = CompletePendingCommitForRead(fs, dir, ".journal", IsModelFile);
+  });
+  fs.refused.WaitForNotification();
+  // The other rank completes the commit and lets go.
+  ASSERT_TRUE(CompleteCommit(local, dir, ".journal", IsModelFile, true).ok());
+  other->reset();
+  reader.join();
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_EQ(*ReadSmallFile(local, JoinPath(dir, "a.model"), 100), "new");
+}
+
+// A holder that lets go without completing (a save that failed): the
+// waiting reader takes the lock and completes the commit itself.
+TEST(CommitJournal, AReaderCompletesWhatTheHolderLeft) {
+  const std::string dir = PendingCommitDir("journal-left");
+  FileSystemBase& local = LocalFileSystem();
+  auto other = local.LockDirectory(dir, "a failing save", LockMode::kExclusive);
+  ASSERT_TRUE(other.ok()) << other.status();
+  LockWatchingFileSystem fs;
+  absl::Status read;
+  std::thread reader([&] {
+    read = CompletePendingCommitForRead(fs, dir, ".journal", IsModelFile);
+  });
+  fs.refused.WaitForNotification();
+  other->reset();
+  reader.join();
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_EQ(*ReadSmallFile(local, JoinPath(dir, "a.model"), 100), "new");
+  EXPECT_FALSE(*local.Exists(JoinPath(dir, ".journal")));
+}
+
+// With no time to wait, a held lock is refused at once, naming the journal
+// and the holder; the commit stays pending for whoever comes next.
+TEST(CommitJournal, AReaderThatMayNotWaitRefusesNamingTheHolder) {
+  const std::string dir = PendingCommitDir("journal-nowait");
+  FileSystemBase& local = LocalFileSystem();
+  auto other = local.LockDirectory(dir, "pid 1 on host h (a save)",
+                                   LockMode::kExclusive);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::Status read = CompletePendingCommitForRead(
+      local, dir, ".journal", IsModelFile, absl::ZeroDuration());
+  EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << read;
+  EXPECT_THAT(read.message(), HasSubstr(JoinPath(dir, ".journal")));
+  EXPECT_THAT(read.message(), HasSubstr("pid 1 on host h (a save)"));
+  EXPECT_TRUE(*local.Exists(JoinPath(dir, ".journal")));
 }
 
 }  // namespace

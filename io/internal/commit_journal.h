@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "io/file_system.h"
 
 namespace dcp::internal_io {
@@ -68,16 +69,24 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
                             absl::string_view journal_name,
                             CheckpointFileTest is_checkpoint_file, bool sync);
 
+// How long CompletePendingCommitForRead waits for another holder of the
+// directory's lock to complete a pending commit.
+inline constexpr absl::Duration kPendingCommitWait = absl::Seconds(60);
+
 // For a reader of `dir`: OK when no commit is pending there; else completes
 // the commit the journal `dir`/`journal_name` records (what the next save
 // would do first: the journal is there only once the commit was decided)
 // under the directory's exclusive lock, so that a save killed after its
-// decision leaves a checkpoint that loads. kFailedPrecondition naming the
-// journal when the lock is held (a save is committing now) or the commit
-// cannot be completed (a directory that is read-only to this process).
+// decision leaves a checkpoint that loads. While another process holds the
+// lock (the ranks of a restarted job loading one directory together: one
+// of them completes the commit; or a save committing now), waits up to
+// `wait` for the journal to go or the lock to free. kFailedPrecondition
+// naming the journal when neither happens in time, or the commit cannot be
+// completed (a directory that is read-only to this process: at once).
 absl::Status CompletePendingCommitForRead(
     FileSystemBase& fs, const std::string& dir, absl::string_view journal_name,
-    CheckpointFileTest is_checkpoint_file);
+    CheckpointFileTest is_checkpoint_file,
+    absl::Duration wait = kPendingCommitWait);
 
 // The whole file at `path` (opened without following a symbolic link) if
 // it has at most `limit` bytes; kDataLoss naming it otherwise.
