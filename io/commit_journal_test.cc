@@ -183,6 +183,31 @@ std::string PendingCommitDir(const std::string& name) {
   return dir;
 }
 
+// CompletePendingCommitForRead of `dir` on its own thread, which the
+// constructor lets start and returns once its first try found the
+// directory's lock held by someone else.
+class WaitingReader {
+ public:
+  explicit WaitingReader(const std::string& dir)
+      : thread_([this, dir] {
+          status_ =
+              CompletePendingCommitForRead(fs_, dir, ".journal", IsModelFile);
+        }) {
+    fs_.refused.WaitForNotification();
+  }
+
+  // What the read returned.
+  absl::Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  LockWatchingFileSystem fs_;
+  absl::Status status_;
+  std::thread thread_;
+};
+
 // The ranks of a restarted job load one directory together: while one
 // holds the lock completing the commit, another waits for it instead of
 // refusing (and then finds the commit done).
@@ -191,16 +216,11 @@ TEST(CommitJournal, AReaderWaitsForAnotherCompletingTheCommit) {
   FileSystemBase& local = LocalFileSystem();
   auto other = local.LockDirectory(dir, "another rank", LockMode::kExclusive);
   ASSERT_TRUE(other.ok()) << other.status();
-  LockWatchingFileSystem fs;
-  absl::Status read;
-  std::thread reader([&] {
-    read = CompletePendingCommitForRead(fs, dir, ".journal", IsModelFile);
-  });
-  fs.refused.WaitForNotification();
+  WaitingReader reader(dir);
   // The other rank completes the commit and lets go.
   ASSERT_TRUE(CompleteCommit(local, dir, ".journal", IsModelFile, true).ok());
   other->reset();
-  reader.join();
+  absl::Status read = reader.Join();
   EXPECT_TRUE(read.ok()) << read;
   EXPECT_EQ(*ReadSmallFile(local, JoinPath(dir, "a.model"), 100), "new");
 }
@@ -212,14 +232,9 @@ TEST(CommitJournal, AReaderCompletesWhatTheHolderLeft) {
   FileSystemBase& local = LocalFileSystem();
   auto other = local.LockDirectory(dir, "a failing save", LockMode::kExclusive);
   ASSERT_TRUE(other.ok()) << other.status();
-  LockWatchingFileSystem fs;
-  absl::Status read;
-  std::thread reader([&] {
-    read = CompletePendingCommitForRead(fs, dir, ".journal", IsModelFile);
-  });
-  fs.refused.WaitForNotification();
+  WaitingReader reader(dir);
   other->reset();
-  reader.join();
+  absl::Status read = reader.Join();
   EXPECT_TRUE(read.ok()) << read;
   EXPECT_EQ(*ReadSmallFile(local, JoinPath(dir, "a.model"), 100), "new");
   EXPECT_FALSE(*local.Exists(JoinPath(dir, ".journal")));
