@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace dcp {
 namespace {
@@ -45,9 +46,12 @@ absl::Status MakeCheckpointException(
     AppendU32(payload, static_cast<uint32_t>(status.code()));
     AppendU32(payload, static_cast<uint32_t>(status.message().size()));
     payload.append(status.message().data(), status.message().size());
-    absl::StrAppend(&details, "; rank ", rank, ": ",
-                    absl::StatusCodeToString(status.code()), ": ",
-                    status.message());
+    // A message that names its rank first already (a storage error does,
+    // for whoever sees it alone) does not get the rank twice.
+    absl::StrAppend(
+        &details, "; rank ", rank, ": ",
+        absl::StatusCodeToString(status.code()), ": ",
+        absl::StripPrefix(status.message(), absl::StrCat("rank ", rank, ": ")));
   }
   if (!have_code) code = failures.begin()->second.code();
   absl::Status combined(

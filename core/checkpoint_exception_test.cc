@@ -22,6 +22,20 @@ TEST(CheckpointException, CombinesAndRecoversPerRankFailures) {
   EXPECT_EQ(*back, failures);
 }
 
+// A rank's message that starts with its own rank (storage errors do) names
+// it once in the combined message; the failure itself is kept as it was.
+TEST(CheckpointException, ARankNamedByItsMessageIsNamedOnce) {
+  std::map<int, absl::Status> failures = {
+      {1, absl::DataLossError("rank 1: writing w: EIO")},
+      {3, absl::DataLossError("rank 2: told by rank 2")},
+  };
+  absl::Status combined = MakeCheckpointException("save", failures);
+  EXPECT_EQ(combined.message(),
+            "checkpoint save failed on 2 ranks; rank 1: DATA_LOSS: writing w: "
+            "EIO; rank 3: DATA_LOSS: rank 2: told by rank 2");
+  EXPECT_EQ(*CheckpointFailures(combined), failures);
+}
+
 TEST(CheckpointException, EmptyIsOkAndPlainStatusHasNoFailures) {
   EXPECT_TRUE(MakeCheckpointException("load", {}).ok());
   EXPECT_FALSE(CheckpointFailures(absl::InternalError("x")).has_value());
