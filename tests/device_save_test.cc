@@ -250,7 +250,7 @@ TEST_P(DeviceSaveTest, AFailedCopyFailsTheSaveNamingTheTensorAndLeavesNoFiles) {
   absl::StatusOr<Metadata> saved = Save(device_, save);
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(saved.status().message(),
+  EXPECT_THAT(std::string(saved.status().message()),
               AllOf(HasSubstr("rank 0"), HasSubstr("model.big"),
                     HasSubstr("injected ECC error")));
   EXPECT_EQ(ListFiles(dir), before);
