@@ -13,15 +13,20 @@ Load: the same walk, in "load" mode. Tensors are the destinations (the
 engine writes into their memory); plain values get a placeholder that the
 engine replaces when the checkpoint holds the key, and `Flat.write_back()`
 puts each loaded value into the caller's container: dicts and lists in
-place, tuples rebuilt from the caller's structure (so they stay tuples, and
-namedtuples stay namedtuples), numpy scalars converted back to their type.
+place (a list reached by two paths: a new one at the later, as torch's load
+gives each key its own), tuples rebuilt from the caller's structure (so
+they stay tuples, and namedtuples stay namedtuples), numpy scalars
+converted back to their type.
 
 Values: None, bool, int, float, str, bytes round-trip with their type
 (bytes and bytearray are stored alike: a load gives the destination's of
 the two). An int outside int64 (a 128-bit RNG state, a hash) is stored as
 bytes: a marker and its decimal digits, decoded without pickle. Other
 objects are stored as pickled bytes behind a marker, only with
-allow_pickle=True on save and on load (unpickling runs code). A user bytes
+allow_pickle=True on save and on load (unpickling runs code): so are numpy
+arrays and torch tensors of dtypes dcp does not store as tensors (str,
+object, datetime64, float128 arrays; quantized tensors), which build()
+makes plain values (Flat._unstorable_as_values). A user bytes
 value that happens to start with a marker's prefix is escaped, so no bytes
 value is ever mistaken for a pickle or another marked value.
 
@@ -39,6 +44,7 @@ async save) is done.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import itertools
 import math
@@ -371,6 +377,30 @@ def storages_of(objs) -> list:
             for o in objs]
 
 
+class _Extras:
+    """What Flat keeps for few state dicts, in one attribute (Flat._x)."""
+
+    __slots__ = ("list_ids", "aliases", "empty_dicts", "unstorable", "root")
+
+    def __init__(self):
+        # Load only: the ids of the caller's lists walked, and (parent,
+        # key, new list) where write_back puts a new list: for a list
+        # reached again by another path (Flat._unalias), or the saved list
+        # an empty dict takes (reshape_lists).
+        self.list_ids: set = set()
+        self.aliases: list = []
+        # Load only: the empty dicts below the top level: (path, the dict,
+        # parent, key, len(v_paths) when walked), which reshape_lists
+        # checks against the checkpoint (they have no leaf to load).
+        self.empty_dicts: list = []
+        # Load only: (path, dtype) of the tensor destinations of a dtype
+        # dcp does not store as a tensor, which load a saved (pickled) value
+        # instead (Flat._unstorable_as_values).
+        self.unstorable: list = []
+        # The top-level state dict (Flat.add).
+        self.root = None
+
+
 class Flat:
     """One state dict, flattened (see the module comment)."""
 
@@ -414,6 +444,11 @@ class Flat:
         # Load only: (target, new items, tuples inside to rebuild) of the
         # lists reshape_lists replaced.
         self._replaced: list = []
+        # What few state dicts need (_Extras). One attribute for them all:
+        # past 30 attributes CPython (3.11+) keeps an instance's attributes
+        # in a dict of its own, and every self.x of the walk gets slower
+        # (5% of a 100k-tensor walk).
+        self._x = _Extras()
         # Load only: (destination, contiguous temporary).
         self.copy_back: list = []
         # Load only: the engine converts some tensors to their destination
@@ -468,12 +503,16 @@ class Flat:
         if not isinstance(obj, dict):
             raise TypeError(
                 f"state_dict must be a dict, not {type(obj).__name__}")
-        self._dict(obj)
+        self._x.root = obj
+        self._dict(obj, None, None)
 
-    def _dict(self, d) -> None:
+    def _dict(self, d, parent, key) -> None:
         path = self._path
         seen = None
         self._not_plain += 1
+        if not d and self.load and path:
+            self._x.empty_dicts.append((tuple(path), d, parent, key,
+                                        len(self.v_paths)))
         for k, v in d.items():
             enc = self._key(k)
             if type(k) is not str:
@@ -503,6 +542,13 @@ class Flat:
                     self._check_rebuilds(seq)
                 target = list(seq)
                 self._tuples.append((target, type(seq), parent, key))
+        elif self.load:
+            ids = self._x.list_ids
+            if id(seq) in ids:
+                # Reached before by another path: loads into a new list.
+                seq = target = self._unalias(seq, parent, key)
+            else:
+                ids.add(id(seq))
         if self.load:
             mark = (len(self.t_paths), len(self.v_paths), len(self._tuples),
                     len(self._plain_lists), self._not_plain,
@@ -540,6 +586,20 @@ class Flat:
                 # it (which reshape_lists may rebuild it in), its fields
                 # fixed (not refitted on its own).
 
+    def _unalias(self, seq, parent, key):
+        """Load only: a new list of the items of the caller's list `seq`
+        (at `parent[key]`), which an earlier path of this walk reached too
+        (the same object under two keys, as SequentialLR's state_dict()
+        shares `_last_lr` with its first scheduler's): the walk loads into
+        it and write_back puts it at parent[key] first, before any value,
+        so each key gets its own saved values, as in torch (whose load
+        gives every list of the state dict a new list). Filled in place,
+        the first key's list would show the last key's values. `seq`, the
+        one object, stays at the first path (refilled in place there)."""
+        fresh = seq[:] if type(seq) is list else _copy_list(seq)
+        self._x.aliases.append((parent, key, fresh))
+        return fresh
+
     def _check_rebuilds(self, seq) -> None:
         """Load only: raises, naming the key, unless tuple subclass `seq`'s
         type can be rebuilt from a list of items, as write_back rebuilds it
@@ -563,7 +623,7 @@ class Flat:
             else:
                 self._checkpointable(v)
         elif t is dict:
-            self._dict(v)
+            self._dict(v, parent, key)
         elif t is list or t is tuple:
             self._seq(v, parent, key)
         elif t is int or t is float or t is str or t is bool or v is None:
@@ -601,7 +661,7 @@ class Flat:
         elif isinstance(v, np.ndarray):
             self._tensor(v, None)
         elif isinstance(v, dict):
-            self._dict(v)
+            self._dict(v, parent, key)
         elif isinstance(v, (list, tuple)):
             self._seq(v, parent, key)
         else:
@@ -849,7 +909,9 @@ class Flat:
 
     def has_plain_lists(self) -> bool:
         """Whether reshape_lists has anything to fit or check."""
-        return bool(self._plain_lists or self._item_tuples)
+        x = self._x
+        return bool(self._plain_lists or self._item_tuples or
+                    x.empty_dicts or x.unstorable)
 
     def reshape_lists(self, metadata, flat_names: bool = False) -> bool:
         """Load only, after build() (build again when it returns True;
@@ -873,19 +935,39 @@ class Flat:
         Also refuses, naming the key, a tuple loading item by item (holding
         tensors or dicts, or a namedtuple outside a list of plain values)
         whose saved one has another number of items (check_tuple_lengths),
-        and makes a list without leaves that the checkpoint holds tensors
-        or dicts under a missing key (the load raises
-        CheckpointNotFoundError naming it, or with allow_partial_load keeps
-        the destination's), as torch's load does: nothing would load into
-        it."""
+        and checks the state dict's containers without leaves, which
+        nothing would load into, as torch's load checks them (it stores an
+        empty list or tuple whole, at its key). A list or tuple without
+        leaves (empty, or holding empty ones only) that the checkpoint
+        holds no plain value at goes to the load as a placeholder at its
+        key: where the checkpoint holds nothing there, or tensors or dicts
+        under it, the load raises CheckpointNotFoundError naming it (with
+        allow_partial_load the destination's stays); where it holds a
+        tensor there, CheckpointValueError naming it. Storage that holds
+        tensors only (Hugging Face, MEGA) leaves empty lists out, so there
+        only a tensor at its name is reported. An empty dict (below the
+        top level) is no missing key (empty dicts are not stored, as in
+        torch) and loads nothing from dicts (or lists of tensors) saved
+        under its key, as in torch, where the flattened state dict has no
+        key for it; a plain value saved at its key replaces it and a list
+        of plain values saved there comes back in a new list, as torch's
+        load returns them; a tensor there makes the load raise
+        CheckpointValueError naming it. A tensor of a dtype dcp does not
+        store as a tensor (Flat._unstorable_as_values) where the checkpoint
+        holds a tensor raises CheckpointValueError naming it."""
         if self._item_tuples:
             self.check_tuple_lengths(metadata, flat_names)
-        if not self._plain_lists:
+        if self._x.unstorable:
+            self._check_unstorable(metadata, flat_names)
+        if not self._plain_lists and not self._x.empty_dicts:
             return False
         L = _lib.lib()
         first, count = ctypes.c_size_t(), ctypes.c_size_t()
         shortest, longest = ctypes.c_size_t(), ctypes.c_size_t()
         index = ctypes.c_size_t()
+        # (first value index, 0 for an empty dict and 1 for a list, its
+        # entry, what it takes), applied from the last: each replaces its
+        # own range of the value leaves.
         changes = []
         for entry in self._plain_lists:
             path, seq, _, v0, v1, _, _, nested, _, _ = entry
@@ -898,10 +980,14 @@ class Flat:
             if n == 0:
                 # Nothing saved under it: a value saved at its own path (an
                 # empty list, or a value of another kind) replaces it, as
-                # torch's load replaces it; else the load reports it missing.
+                # torch's load replaces it; else the load reports it missing
+                # (without leaves, as a placeholder at its path).
                 if not flat_names and self._holds_value_at(L, metadata, path,
                                                            index):
-                    changes.append((entry, None))
+                    changes.append((v0, 1, entry, None))
+                elif v0 == v1 and self._reports_leafless(
+                        L, metadata, path, index, flat_names):
+                    changes.append((v0, 1, entry, _NOT_PLAIN))
                 continue
             if n == v1 - v0 and not flat_names and self._paths_arr is not None:
                 # As many items as it has leaves, and its leaves saved at
@@ -926,25 +1012,51 @@ class Flat:
                 # it.
                 if not flat_names and self._holds_value_at(L, metadata, path,
                                                            index):
-                    changes.append((entry, None))
-                elif saved is _NOT_PLAIN and v0 == v1:
-                    # Tensors or dicts at its indices, and no leaf of the
-                    # destination to load them into: a missing key.
-                    changes.append((entry, _NOT_PLAIN))
+                    changes.append((v0, 1, entry, None))
+                elif v0 == v1 and (saved is _NOT_PLAIN or
+                                   self._reports_leafless(
+                                       L, metadata, path, index, flat_names)):
+                    # Tensors or dicts at its indices or keys, and no leaf
+                    # of the destination to load them into: a missing key.
+                    changes.append((v0, 1, entry, _NOT_PLAIN))
                 continue
             self._check_list_growth(saved, list(path))
             if _same_shape(seq, saved):
                 continue
-            changes.append((entry, saved))
-        for entry, saved in reversed(changes):
+            changes.append((v0, 1, entry, saved))
+        for entry in self._x.empty_dicts:
+            saved = self._fit_empty_dict(L, metadata, entry, flat_names,
+                                         index)
+            if saved is not None:
+                changes.append((entry[4], 0, entry, saved))
+        changes.sort(key=lambda c: c[:2])
+        for _, is_list, entry, saved in reversed(changes):
+            if not is_list:
+                path, d, parent, key, at = entry
+                if saved is _NOT_PLAIN:
+                    # A value at its path, which replaces it, or a tensor,
+                    # which the engine refuses naming the key.
+                    paths, slots = [path], [(parent, key, d)]
+                else:  # a list of plain values, loaded into a new list
+                    paths, slots = [], []
+                    items = _rebuild(None, saved, list(path), paths, slots,
+                                     [])
+                    self._x.aliases.append((parent, key, items))
+                self.v_paths[at:at] = paths
+                self.v_vals[at:at] = [(_lib.VALUE_BYTES, _UNLOADED)] * len(
+                    paths)
+                self.v_slots[at:at] = slots
+                continue
             path, seq, target, v0, v1, tu0, tu1, _, parent, key = entry
             if saved is _NOT_PLAIN:
                 # A placeholder at its path, which the checkpoint holds no
-                # value at: the engine reports the key missing, or skips it
-                # (allow_partial_load: the destination's stays).
+                # value at: the engine reports the key missing (or a tensor
+                # there: "a value of type list in the state dict but a
+                # tensor"), or skips it (allow_partial_load: the
+                # destination's stays).
                 self.v_paths[v0:v1] = [path]
                 self.v_vals[v0:v1] = [(_lib.VALUE_BYTES, _UNLOADED)]
-                self.v_slots[v0:v1] = [(parent, key, _EmptyHint(seq))]
+                self.v_slots[v0:v1] = [(parent, key, seq)]
                 continue
             if saved is None:  # replaced whole by the value at its path
                 # A None there is how checkpoints saved before empty lists
@@ -1050,6 +1162,11 @@ class Flat:
 
     def _holds_value_at(self, L, metadata, path, index) -> bool:
         """Whether the checkpoint holds a plain value at `path` itself."""
+        return self._item_at(L, metadata, path, index) is False
+
+    def _item_at(self, L, metadata, path, index):
+        """None if the checkpoint holds no item at `path` itself, else
+        whether it is a tensor."""
         elems = (_lib.PathElem * max(len(path), 1))()
         for j, e in enumerate(path):
             if e & 1:
@@ -1058,11 +1175,90 @@ class Flat:
                 elems[j].key = self._keys[e >> 1]
         if L.dcp_metadata_find_path(metadata, Path(elems, len(path)),
                                     ctypes.byref(index)) != _lib.OK:
-            return False
+            return None
         info = _lib.sized(_lib.ItemInfo)
         _lib.check(L.dcp_metadata_item(metadata, index.value,
                                        ctypes.byref(info)))
-        return not info.is_tensor
+        return bool(info.is_tensor)
+
+    def _tensor_at_name(self, L, metadata, path, index) -> bool:
+        """Whether the checkpoint, of storage that holds tensors only,
+        holds a tensor named as `path` (its flattened name, which such
+        storage matches by)."""
+        return L.dcp_metadata_find(metadata, self.name(path).encode(),
+                                   ctypes.byref(index)) == _lib.OK
+
+    @staticmethod
+    def _tensors_only(L, metadata, flat_names) -> bool:
+        """Whether the checkpoint is of storage that holds tensors only,
+        which leaves empty lists and tuples out: MEGA (`flat_names`) or
+        Hugging Face (format "safetensors")."""
+        if flat_names:
+            return True
+        version = ctypes.c_char_p()
+        if L.dcp_metadata_version(metadata,
+                                  ctypes.byref(version)) != _lib.OK:
+            return False
+        return version.value == b"safetensors"
+
+    def _reports_leafless(self, L, metadata, path, index, flat_names
+                          ) -> bool:
+        """Whether a list or tuple without leaves at `path`, which the
+        checkpoint holds no plain value at or under, goes to the load as a
+        placeholder (which the load reports, naming it: missing, or a
+        tensor where the state dict has a value): always, but where the
+        storage holds tensors only and left it out (no tensor at its
+        name)."""
+        if not self._tensors_only(L, metadata, flat_names):
+            return True
+        return self._tensor_at_name(L, metadata, path, index)
+
+    def _check_unstorable(self, metadata, flat_names) -> None:
+        """Raises CheckpointValueError naming the key where a destination
+        tensor of a dtype dcp does not store as a tensor (which loads the
+        value saved at its key, pickled) has a tensor in the checkpoint:
+        dcp loads none into it."""
+        L = _lib.lib()
+        index = ctypes.c_size_t()
+        for path, dtype in self._x.unstorable:
+            if self._item_at(L, metadata, path, index) or (
+                    self._tensors_only(L, metadata, flat_names) and
+                    self._tensor_at_name(L, metadata, path, index)):
+                raise errors.from_status(
+                    _lib.INVALID_ARGUMENT,
+                    f"'{self.name(path)}': the checkpoint holds a tensor "
+                    f"where the state dict has one of {dtype}, a dtype dcp "
+                    "does not load tensors into (it saves such tensors "
+                    "pickled, with allow_pickle=True); load it into a "
+                    "tensor of a supported dtype")
+
+    def _fit_empty_dict(self, L, metadata, entry, flat_names, index):
+        """What the empty dict of `entry` (_Extras.empty_dicts) takes from the
+        checkpoint (reshape_lists): _NOT_PLAIN for an item at its path (a
+        plain value, which replaces it; a tensor, which the load refuses),
+        the saved tree (Flat._saved_tree) of a list of plain values saved
+        under it, or None: nothing (also dicts or lists of tensors under
+        it, where it stays empty, as in torch)."""
+        path = entry[0]
+        if self._item_at(L, metadata, path, index) is not None or (
+                self._tensors_only(L, metadata, flat_names) and
+                self._tensor_at_name(L, metadata, path, index)):
+            return _NOT_PLAIN
+        if flat_names:
+            return None
+        first, count = ctypes.c_size_t(), ctypes.c_size_t()
+        shortest, longest = ctypes.c_size_t(), ctypes.c_size_t()
+        _lib.check(L.dcp_metadata_find_prefix(
+            metadata, (self.name(path) + ".").encode(), ctypes.byref(first),
+            ctypes.byref(count), ctypes.byref(shortest),
+            ctypes.byref(longest)))
+        if count.value == 0:
+            return None
+        saved = self._saved_tree(L, metadata, path, first.value, count.value)
+        if saved is None or saved is _NOT_PLAIN:
+            return None
+        self._check_list_growth(saved, list(path))
+        return saved
 
     def _saved_at(self, L, metadata, row, index) -> bool:
         """Whether the checkpoint holds an item at the path of leaf `row`
@@ -1250,7 +1446,11 @@ class Flat:
                 b = BYTES_ESCAPE + b
             return (_lib.VALUE_BYTES, b)
         elif isinstance(v, np.generic) and v.dtype.kind in "biuf":
-            return self._encode(v.item())
+            # A numpy bool, int or float scalar: its Python value, where
+            # .item() gives one (np.longdouble gives itself: an object).
+            item = v.item()
+            if type(item) in _PLAIN_ITEMS:
+                return self._encode(item)
         if not self.allow_pickle and t is str:
             raise TypeError(
                 f"cannot save '{self.name()}': the str is not valid Unicode "
@@ -1328,10 +1528,19 @@ class Flat:
         return paths
 
     def _fill(self, L, sd) -> None:
+        tensors = shards = None
+        if self.t_objs:
+            try:
+                tensors, shards = self._tensor_arrays()
+            except _Unstorable:
+                self._unstorable_as_values()
+                self.has_cuda, self.cuda_devices = False, set()
+                self.host_bytes = self.unaligned_host_bytes = 0
+                if self.t_objs:
+                    tensors, shards = self._tensor_arrays()
         paths = self._paths_arr = self._paths()
         nt = len(self.t_objs)
         if nt:
-            tensors, shards = self._tensor_arrays()
             _lib.check(L.dcp_state_dict_set_tensors(
                 sd, nt, _addr(paths), _addr(tensors),
                 None if shards is None else _addr(shards)))
@@ -1398,8 +1607,8 @@ class Flat:
                 continue
             dl = torch_dl.get(t.dtype)
             if dl is None:
-                raise TypeError(f"'{self.name(self.t_paths[len(ptrs)])}': "
-                                f"dtype {t.dtype} is not supported by dcp")
+                raise _Unstorable(f"'{self.name(self.t_paths[len(ptrs)])}': "
+                                  f"dtype {t.dtype} is not supported by dcp")
             add_dl(dl)
             add_ptr(t.data_ptr())
             shape = t.shape
@@ -1488,22 +1697,125 @@ class Flat:
             self.v_vals = [self.v_vals[i] for i in keep]
 
     def check_tensors(self) -> None:
-        """Raises what build() would for a tensor dcp cannot take (a dtype
-        it does not support, a big-endian or oddly strided numpy array),
-        without building: for callers that hand the tensors on."""
+        """Raises what build() would for a tensor dcp cannot take (a
+        sharded one of a dtype it does not support, an oddly strided numpy
+        array), without building: for callers that hand the tensors on. As
+        build() does, first makes the tensors of a dtype dcp does not store
+        as tensors plain values (_unstorable_as_values: pickled, or a
+        TypeError without allow_pickle)."""
+        if not all(map(_storable, self.t_objs)):
+            self._unstorable_as_values()
         for i, t in enumerate(self.t_objs):
             if isinstance(t, np.ndarray):
                 self._numpy_info(t, i)
-            elif _TORCH_DL.get(t.dtype) is None:
-                raise TypeError(f"'{self.name(self.t_paths[i])}': dtype "
-                                f"{t.dtype} is not supported by dcp")
+
+    def _unstorable_as_values(self) -> None:
+        """Makes every tensor leaf of a dtype dcp does not store as a
+        tensor (_storable: a numpy array of str, bytes, objects, datetimes,
+        records, float128 or big-endian numbers; a quantized torch tensor)
+        a plain value leaf, as torch's DCP stores such a value (pickled).
+        Save: the array or tensor pickled, with allow_pickle (loading it
+        then needs allow_pickle too); without it, TypeError naming the key
+        and saying that allow_pickle=True stores it. Load: a placeholder
+        that the saved value (pickled) replaces whole in the state dict, as
+        torch's load replaces it. A chunk of a sharded or DTensor of such a
+        dtype raises TypeError naming the key (one value cannot stand for
+        one rank's chunk). The supported tensors are left as they are."""
+        moved = [i for i, t in enumerate(self.t_objs) if not _storable(t)]
+        multi = {i for g in self._multi for i in g}
+        slots = []
+        for i in moved:
+            path, t = self.t_paths[i], self.t_objs[i]
+            name = self.name(path)
+            what = (f"numpy dtype {t.dtype}" if isinstance(t, np.ndarray)
+                    else f"dtype {t.dtype}")
+            try:
+                parent, key = self._slot_of(path)
+                old = parent[key]
+            except (LookupError, StopIteration, TypeError, ValueError):
+                if self.load:  # nowhere to put the loaded value
+                    raise TypeError(
+                        f"'{name}': {what} is not supported by dcp"
+                    ) from None
+                parent = key = old = None
+            if self.t_shards[i] is not None or i in multi or \
+                    _is_dtensor(old) or isinstance(old, ShardedTensor):
+                raise TypeError(
+                    f"'{name}': {what} is not supported by dcp; a sharded "
+                    "tensor of it cannot be stored as one pickled value")
+            if not self.load and not self.allow_pickle:
+                raise TypeError(
+                    f"cannot save '{name}': {what} is not supported by dcp "
+                    "as a tensor; pass allow_pickle=True to store it pickled "
+                    "(loading it then needs allow_pickle=True too)")
+            slots.append((parent, key, old))
+        self.v_paths += [self.t_paths[i] for i in moved]
+        if self.load:
+            self.v_vals += [(_lib.VALUE_BYTES, _UNLOADED)] * len(moved)
+            self.v_slots += slots
+            self._x.unstorable += [(self.t_paths[i], self.t_objs[i].dtype)
+                                   for i in moved]
+            tmps = {id(self.t_objs[i]) for i in moved}
+            self.copy_back = [(d, tmp) for d, tmp in self.copy_back
+                              if id(tmp) not in tmps]
+        else:
+            for i in moved:
+                try:
+                    self.v_vals.append((
+                        _lib.VALUE_BYTES, PICKLE_MARKER + pickle.dumps(
+                            self.t_objs[i],
+                            protocol=pickle.HIGHEST_PROTOCOL)))
+                except Exception as e:
+                    raise TypeError(
+                        f"cannot save '{self.name(self.t_paths[i])}': "
+                        f"pickling it failed: {type(e).__name__}: {e}"
+                    ) from e
+        gone = set(moved)
+        new_index = {}
+        for i in range(len(self.t_objs)):
+            if i not in gone:
+                new_index[i] = len(new_index)
+        keep = list(new_index)
+        self.t_paths = [self.t_paths[i] for i in keep]
+        self.t_objs = [self.t_objs[i] for i in keep]
+        self.t_shards = [self.t_shards[i] for i in keep]
+        self.t_grad = [new_index[i] for i in self.t_grad if i in new_index]
+        self._multi = [[new_index[i] for i in g] for g in self._multi]
+
+    def _slot_of(self, path):
+        """(container, key) of the leaf at `path` of the walked state dict:
+        the caller's dicts and lists, and on a load for a tuple the list
+        that write_back rebuilds it from (Flat._tuples)."""
+        cur = self._x.root
+        last = len(path) - 1
+        for depth, e in enumerate(path):
+            if e & 1:
+                key = e >> 1
+            else:
+                key = self._keys[e >> 1].decode()
+                if key not in cur:  # an int key, stored as its str
+                    key = next(k for k in cur if type(k) is not str and
+                               str(k) == key)
+            if depth == last:
+                return cur, key
+            inner = cur[key]
+            if self.load and isinstance(inner, tuple):
+                inner = next(target for target, _, parent, k in self._tuples
+                             if parent is cur and (k is key or k == key))
+            elif self.load and isinstance(inner, list):
+                # An aliased list: the new one the walk went into.
+                inner = next((fresh for parent, k, fresh in self._x.aliases
+                              if parent is cur and (k is key or k == key)),
+                             inner)
+            cur = inner
+        raise ValueError("a leaf's path is empty")
 
     def _numpy_info(self, a, i):
         name = a.dtype.name
         info = _BY_NAME.get(name)
         if info is None or a.dtype.byteorder == ">":
-            raise TypeError(f"'{self.name(self.t_paths[i])}': numpy dtype "
-                            f"{a.dtype} is not supported by dcp")
+            raise _Unstorable(f"'{self.name(self.t_paths[i])}': numpy dtype "
+                              f"{a.dtype} is not supported by dcp")
         code, bits, _ = info
         ptr = a.__array_interface__["data"][0]
         if any(s % a.itemsize for s in a.strides):
@@ -1545,7 +1857,10 @@ class Flat:
         """Load only, after every check passed: copies temporaries into
         strided (and conjugated/negated) destinations, puts the plain
         values of read_values() into the caller's containers and rebuilds
-        tuples."""
+        tuples. The new lists of aliased lists (and of empty dicts that
+        take a saved list) go in first: the values then fill them."""
+        for parent, key, fresh in self._x.aliases:
+            parent[key] = fresh
         for dst, tmp in self.copy_back:
             if isinstance(dst, np.ndarray):
                 dst[...] = tmp
@@ -1666,6 +1981,23 @@ class Flat:
 
 
 _SKIP = object()
+
+
+class _Unstorable(TypeError):
+    """A tensor leaf of a dtype dcp does not store as a tensor (build()
+    then makes such leaves plain values: Flat._unstorable_as_values)."""
+
+
+def _storable(t) -> bool:
+    """Whether tensor leaf `t` (a torch tensor or numpy array) has a dtype
+    dcp stores as a tensor."""
+    if isinstance(t, np.ndarray):
+        return t.dtype.name in _BY_NAME and t.dtype.byteorder != ">"
+    return t.dtype in _TORCH_DL
+
+# What .item() of a numpy bool, int or float scalar stored as its Python
+# value gives (Flat._encode).
+_PLAIN_ITEMS = (bool, int, float)
 # Flat._saved_tree: tensors or maps at the list's indices.
 _NOT_PLAIN = object()
 
@@ -1676,6 +2008,19 @@ def _is_seq(v) -> bool:
     torch.Size too."""
     return isinstance(v, list) or isinstance(v, tuple) and not hasattr(
         type(v), "_fields")
+
+
+def _copy_list(seq) -> list:
+    """A new list of the items of list subclass `seq`, in its type (a
+    shallow copy.copy, its attributes too) where that works, else a list."""
+    try:
+        fresh = copy.copy(seq)
+    except Exception:
+        fresh = None
+    if type(fresh) is not type(seq) or fresh is seq or \
+            len(fresh) != len(seq):
+        return list(seq)
+    return fresh
 
 
 def _remake(dest, items):
