@@ -21,7 +21,8 @@ converted back to their type.
 Values: None, bool, int, float, str, bytes round-trip with their type
 (bytes and bytearray are stored alike: a load gives the destination's of
 the two). An int outside int64 (a 128-bit RNG state, a hash) is stored as
-bytes: a marker and its decimal digits, decoded without pickle. Other
+bytes: a marker and its decimal digits, decoded without pickle; so are
+complex, torch.dtype and torch.device values (their own markers). Other
 objects are stored as pickled bytes behind a marker, only with
 allow_pickle=True on save and on load (unpickling runs code): so are numpy
 arrays and torch tensors of dtypes dcp does not store as tensors (str,
@@ -49,6 +50,7 @@ import ctypes
 import itertools
 import math
 import pickle
+import struct
 import sys
 
 import numpy as np
@@ -78,6 +80,13 @@ BYTES_ESCAPE = b"\x00dcp.bytes.v1\x00"
 # its decimal ASCII digits, "-" first if negative (2**64 is stored as
 # b"\x00dcp.int.v1\x0018446744073709551616").
 INT_MARKER = b"\x00dcp.int.v1\x00"
+# Values of a few types common in a training run's configuration, stored
+# without pickle: a torch.dtype by its name in torch ("bfloat16"), a
+# torch.device by str() ("cuda:0"), a complex by its real and imaginary
+# parts as two float64 (little-endian).
+TORCH_DTYPE_MARKER = b"\x00dcp.torch.dtype.v1\x00"
+TORCH_DEVICE_MARKER = b"\x00dcp.torch.device.v1\x00"
+COMPLEX_MARKER = b"\x00dcp.complex.v1\x00"
 _MARKER_PREFIX = b"\x00dcp."
 # Placeholder of a plain value before a load: what the engine leaves when
 # the checkpoint lacks the key (allow_partial_load).
@@ -1445,6 +1454,14 @@ class Flat:
             if b.startswith(_MARKER_PREFIX):
                 b = BYTES_ESCAPE + b
             return (_lib.VALUE_BYTES, b)
+        elif t is complex:
+            return (_lib.VALUE_BYTES,
+                    COMPLEX_MARKER + struct.pack("<dd", v.real, v.imag))
+        elif torch is not None and t is torch.dtype:
+            return (_lib.VALUE_BYTES, TORCH_DTYPE_MARKER +
+                    str(v).removeprefix("torch.").encode())
+        elif torch is not None and t is torch.device:
+            return (_lib.VALUE_BYTES, TORCH_DEVICE_MARKER + str(v).encode())
         elif isinstance(v, np.generic) and v.dtype.kind in "biuf":
             # A numpy bool, int or float scalar: its Python value, where
             # .item() gives one (np.longdouble gives itself: an object).
@@ -1914,6 +1931,9 @@ class Flat:
                     return ()
                 if b.startswith(INT_MARKER):
                     return self._fit(self._big_int(b, path), old, path)
+                if b.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
+                                 COMPLEX_MARKER)):
+                    return self._typed(b, path)
                 if not b.startswith((PICKLE_MARKER, BYTES_ESCAPE)):
                     # Saved bytes that start so are escaped (BYTES_ESCAPE):
                     # this is a kind of value a newer dcp stores.
@@ -1944,6 +1964,39 @@ class Flat:
         if isinstance(old, np.generic):
             return self._fit(value, old, path)
         return value
+
+    def _typed(self, b, path):
+        """The torch.dtype, torch.device or complex a TORCH_DTYPE_MARKER,
+        TORCH_DEVICE_MARKER or COMPLEX_MARKER value `b` holds, made
+        without pickle (a dtype only among torch's own attributes);
+        ValueError naming the key for a payload that is none."""
+        name = self.name(path)
+        if b.startswith(COMPLEX_MARKER):
+            payload = b[len(COMPLEX_MARKER):]
+            if len(payload) == 16:
+                return complex(*struct.unpack("<dd", payload))
+            raise ValueError(f"'{name}': the saved complex is damaged "
+                             f"({b[:48]!r})")
+        if torch is None:
+            raise ValueError(f"'{name}' holds a torch.dtype or torch.device, "
+                             "which needs torch installed to load")
+        if b.startswith(TORCH_DTYPE_MARKER):
+            text = b[len(TORCH_DTYPE_MARKER):]
+            dtype = (getattr(torch, text.decode(), None)
+                     if text.isascii() and text.decode().isidentifier()
+                     else None)
+            if isinstance(dtype, torch.dtype):
+                return dtype
+            raise ValueError(
+                f"'{name}': the saved torch.dtype {text[:48]!r} is not one "
+                "of this torch's dtypes")
+        text = b[len(TORCH_DEVICE_MARKER):]
+        try:
+            return torch.device(text.decode("ascii"))
+        except (UnicodeDecodeError, RuntimeError, ValueError) as e:
+            raise ValueError(
+                f"'{name}': the saved torch.device {text[:48]!r} is not a "
+                f"device this torch knows ({e})") from None
 
     def _big_int(self, b, path) -> int:
         """The int an INT_MARKER value `b` holds: "-" or not, then ASCII

@@ -14,3 +14,26 @@ import pytest  # noqa: E402
 def ckpt(tmp_path):
     """A checkpoint directory path (not created)."""
     return str(tmp_path / "ckpt")
+
+
+class _Raw:
+    """Bytes a test stores as a value as they are (no escape)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+
+@pytest.fixture
+def raw_values(monkeypatch):
+    """Lets a test store bytes that start with a marker as they are (how a
+    damaged or foreign checkpoint could hold a marker the package never
+    writes): a save stores `raw_values(b"...")` unescaped."""
+    from dcp import _lib, _state
+    encode = _state.Flat._encode
+
+    def raw_encode(self, v):
+        if isinstance(v, _Raw):
+            return (_lib.VALUE_BYTES, v.raw)
+        return encode(self, v)
+    monkeypatch.setattr(_state.Flat, "_encode", raw_encode)
+    return _Raw

@@ -153,33 +153,14 @@ def test_a_big_int_into_numpy_scalars_that_hold_it(ckpt):
     assert type(dst["c"]) is np.uint64 and dst["c"] == 2**64 - 1
 
 
-class _Raw:
-    """Bytes a test writes as a value as they are (no escape)."""
-
-    def __init__(self, raw):
-        self.raw = raw
-
-
-@pytest.fixture
-def raw_values(monkeypatch):
-    """Flat._encode that stores a _Raw's bytes unescaped: how a damaged
-    or foreign checkpoint could hold a marker the package never writes."""
-    encode = _state.Flat._encode
-
-    def raw_encode(self, v):
-        if isinstance(v, _Raw):
-            return (_lib.VALUE_BYTES, v.raw)
-        return encode(self, v)
-    monkeypatch.setattr(_state.Flat, "_encode", raw_encode)
-
-
 @pytest.mark.parametrize("payload", [
     b"", b"-", b"12a", b" 12", b"12 ", b"+12", b"1_000", b"--1", b"0x10",
     b"1.5", b"\xd9\xa1", b"\x0012",
 ])
 def test_a_damaged_int_marker_raises_naming_the_key(ckpt, raw_values,
                                                     payload):
-    dcp.save({"w": torch.ones(2), "s": [1, _Raw(_state.INT_MARKER + payload)]},
+    dcp.save({"w": torch.ones(2),
+              "s": [1, raw_values(_state.INT_MARKER + payload)]},
              checkpoint_id=ckpt)
     dst = {"w": torch.zeros(2), "s": [0, 0]}
     with pytest.raises(ValueError, match=r"'s\.1': the saved int is "
@@ -190,9 +171,9 @@ def test_a_damaged_int_marker_raises_naming_the_key(ckpt, raw_values,
 
 def test_the_int_marker_is_decimal_digits_as_written(ckpt, raw_values):
     # Leading zeros and "-0" are not what a save writes, but are digits.
-    dcp.save({"a": _Raw(_state.INT_MARKER + b"-00012"),
-              "b": _Raw(_state.INT_MARKER + b"-0"),
-              "c": _Raw(_state.INT_MARKER + b"5")}, checkpoint_id=ckpt)
+    dcp.save({"a": raw_values(_state.INT_MARKER + b"-00012"),
+              "b": raw_values(_state.INT_MARKER + b"-0"),
+              "c": raw_values(_state.INT_MARKER + b"5")}, checkpoint_id=ckpt)
     dst = {"a": None, "b": None, "c": None}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst == {"a": -12, "b": 0, "c": 5}
