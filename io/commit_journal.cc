@@ -180,11 +180,11 @@ absl::Status CompletePendingCommitForRead(FileSystemBase& fs,
     // save's set-up)?
     DCP_ASSIGN_OR_RETURN(pending, fs.Exists(path));
     if (!pending) return absl::OkStatus();
-    // Held (kFailedPrecondition): wait for the holder; no lock to be had
-    // at all (a read-only directory): refuse now.
+    // Held by another: wait for the holder; no lock to be had at all (a
+    // read-only directory, a lock file that is no regular file): refuse
+    // now.
     const absl::Duration left = deadline - absl::Now();
-    if (!absl::IsFailedPrecondition(lock.status()) ||
-        left <= absl::ZeroDuration()) {
+    if (!IsLockHeld(lock.status()) || left <= absl::ZeroDuration()) {
       return refuse(lock.status().message());
     }
     absl::SleepFor(std::min(pause, left));

@@ -256,5 +256,18 @@ TEST(CommitJournal, AReaderThatMayNotWaitRefusesNamingTheHolder) {
   EXPECT_TRUE(*local.Exists(JoinPath(dir, ".journal")));
 }
 
+// A lock no one can take (its file is a directory) is refused at once, not
+// waited for as if another held it.
+TEST(CommitJournal, AReaderDoesNotWaitForALockNoOneCanTake) {
+  const std::string dir = PendingCommitDir("journal-lock-dir");
+  FileSystemBase& local = LocalFileSystem();
+  ASSERT_TRUE(local.CreateDir(JoinPath(dir, kDirectoryLockFileName)).ok());
+  absl::Status read = CompletePendingCommitForRead(local, dir, ".journal",
+                                                   IsModelFile, absl::Hours(1));
+  EXPECT_EQ(read.code(), absl::StatusCode::kFailedPrecondition) << read;
+  EXPECT_THAT(read.message(), HasSubstr("a directory"));
+  EXPECT_TRUE(*local.Exists(JoinPath(dir, ".journal")));
+}
+
 }  // namespace
 }  // namespace dcp::internal_io

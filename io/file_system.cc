@@ -440,12 +440,14 @@ class LocalFileSystemImpl final : public FileSystemBase {
         held.resize(n > 0 ? static_cast<size_t>(n) : 0);
         ::close(fd);
         while (!held.empty() && held.back() == '\n') held.pop_back();
-        return absl::FailedPreconditionError(absl::StrCat(
+        absl::Status status = absl::FailedPreconditionError(absl::StrCat(
             "directory ", dir, " is locked by ",
             held.empty() ? "a holder that has not described itself yet" : held,
             " (", path,
             "); saves into one directory must not overlap: wait for that "
             "save to finish or save elsewhere"));
+        status.SetPayload(kLockHeldPayload, absl::Cord(held));
+        return status;
       }
       // The holder before us removes the file before releasing it: if the
       // name no longer leads to what we locked, start over.
@@ -568,6 +570,10 @@ absl::Status WritebackStatus(int error_number, absl::string_view path,
                         absl::StrCat("sync_file_range ", path,
                                      " offset=", offset, " length=", length));
   }
+}
+
+bool IsLockHeld(const absl::Status& status) {
+  return status.GetPayload(kLockHeldPayload).has_value();
 }
 
 std::string ThisProcessDescription() {

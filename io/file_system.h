@@ -210,6 +210,16 @@ class FileSystemBase {
 // The name of the lock file LockDirectory keeps in a locked directory.
 inline constexpr char kDirectoryLockFileName[] = ".lock";
 
+// The payload type URL marking LockDirectory's kFailedPrecondition for a
+// lock another holder has (its description as the payload).
+inline constexpr char kLockHeldPayload[] = "type.dcp/DirectoryLock.held";
+
+// Whether `status`, from LockDirectory, says another holder has the lock
+// (which frees when it lets go), not that the lock cannot be taken at all
+// (a lock file that is no regular file, a directory this process may not
+// write).
+bool IsLockHeld(const absl::Status& status);
+
 // "pid P on host H": this process, as a LockDirectory holder describes
 // itself (followed by what it is doing).
 std::string ThisProcessDescription();

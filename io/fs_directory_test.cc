@@ -184,6 +184,7 @@ TEST(ConcurrentSaveTest,
       << exclusive.status();
   EXPECT_THAT(exclusive.status().message(),
               AllOf(HasSubstr(dir), HasSubstr("shared b")));
+  EXPECT_TRUE(IsLockHeld(exclusive.status()));
   a->reset();  // Not the last: the file stays, and so does the lock.
   EXPECT_TRUE(std::filesystem::exists(file));
   EXPECT_EQ(
@@ -197,8 +198,22 @@ TEST(ConcurrentSaveTest,
   EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition)
       << shared.status();
   EXPECT_THAT(shared.status().message(), HasSubstr("alone"));
+  EXPECT_TRUE(IsLockHeld(shared.status()));
   exclusive->reset();
   EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+// A lock file that is no regular file is a lock no one can take, not one
+// held (which a waiter could wait for).
+TEST(ConcurrentSaveTest, ALockFileThatIsNoFileIsNotHeld) {
+  const std::string dir = NewTestDir("lock_not_a_file");
+  FileSystemBase& fs = LocalFileSystem();
+  ASSERT_TRUE(
+      fs.CreateDir(JoinPath(dir, kDirectoryLockFileName)).ok());  // EISDIR
+  auto lock = fs.LockDirectory(dir, "me", LockMode::kExclusive);
+  ASSERT_FALSE(lock.ok());
+  EXPECT_FALSE(IsLockHeld(lock.status())) << lock.status();
+  EXPECT_FALSE(IsLockHeld(absl::FailedPreconditionError("x")));
 }
 
 // A save of all ranks together and rank-local saves into one directory

@@ -284,7 +284,9 @@ def _plan_with_metadata(flat, p, path, rank, storage_reader) -> None:
     own of a rank-local checkpoint, else through the storage the load uses
     (a Hugging Face or MEGA directory without a storage_reader: the one the
     library picks). Where the metadata cannot be read, nothing changes and
-    the load reports why."""
+    the load reports why; a refusal of the directory (FAILED_PRECONDITION:
+    another format's files, a commit journal no one completed in time)
+    raises here, which the load would repeat."""
     if not flat.t_objs and not flat.has_plain_lists():
         return
     if p.metadata is not None:
@@ -322,8 +324,13 @@ def _plan_with_metadata(flat, p, path, rank, storage_reader) -> None:
         if reader is None:
             return
         handle = ctypes.c_void_p()
-        if L.dcp_storage_reader_read_metadata(reader, None,
-                                              ctypes.byref(handle)) != _lib.OK:
+        code = L.dcp_storage_reader_read_metadata(reader, None,
+                                                  ctypes.byref(handle))
+        if code == _lib.FAILED_PRECONDITION:
+            # The load's own read would refuse too, after waiting again as
+            # long (a pending commit journal it cannot complete).
+            _lib.check(code)
+        if code != _lib.OK:
             return
         try:
             _fit(flat, p, handle, flat_names)

@@ -110,12 +110,14 @@ def _adopt_torchs_class() -> None:
     torchs = _torchs_checkpoint_exception()
     if torchs is None:
         return
-    _adopted = True
     if not issubclass(CheckpointException, torchs):
         try:
             CheckpointException.__bases__ = (Exception, torchs)
-        except TypeError:  # a torch whose class cannot be combined
-            pass
+        except TypeError:
+            # No order of the classes fits (a class of the program's that
+            # derives from torch's and then dcp's): tried again next time.
+            return
+    _adopted = True
 
 
 _adopted = False
