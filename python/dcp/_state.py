@@ -389,7 +389,8 @@ def storages_of(objs) -> list:
 class _Extras:
     """What Flat keeps for few state dicts, in one attribute (Flat._x)."""
 
-    __slots__ = ("list_ids", "aliases", "empty_dicts", "unstorable", "root")
+    __slots__ = ("list_ids", "aliases", "empty_dicts", "unstorable", "root",
+                 "tensors_only")
 
     def __init__(self):
         # Load only: the ids of the caller's lists walked, and (parent,
@@ -408,6 +409,8 @@ class _Extras:
         self.unstorable: list = []
         # The top-level state dict (Flat.add).
         self.root = None
+        # Flat._tensors_only's answer by metadata handle.
+        self.tensors_only: dict = {}
 
 
 class Flat:
@@ -959,8 +962,10 @@ class Flat:
         torch) and loads nothing from dicts (or lists of tensors) saved
         under its key, as in torch, where the flattened state dict has no
         key for it; a plain value saved at its key replaces it and a list
-        of plain values saved there comes back in a new list, as torch's
-        load returns them; a tensor there makes the load raise
+        of plain values saved there comes back in a new list (torch's load
+        does so only where a tensor is saved beside it, and keeps {}
+        otherwise: dcp never drops a saved value silently); a tensor there
+        makes the load raise
         CheckpointValueError naming it. A tensor of a dtype dcp does not
         store as a tensor (Flat._unstorable_as_values) where the checkpoint
         holds a tensor raises CheckpointValueError naming it."""
@@ -1197,18 +1202,20 @@ class Flat:
         return L.dcp_metadata_find(metadata, self.name(path).encode(),
                                    ctypes.byref(index)) == _lib.OK
 
-    @staticmethod
-    def _tensors_only(L, metadata, flat_names) -> bool:
+    def _tensors_only(self, L, metadata, flat_names) -> bool:
         """Whether the checkpoint is of storage that holds tensors only,
         which leaves empty lists and tuples out: MEGA (`flat_names`) or
-        Hugging Face (format "safetensors")."""
+        Hugging Face (format "safetensors"). Read once per metadata."""
         if flat_names:
             return True
-        version = ctypes.c_char_p()
-        if L.dcp_metadata_version(metadata,
-                                  ctypes.byref(version)) != _lib.OK:
-            return False
-        return version.value == b"safetensors"
+        key = getattr(metadata, "value", metadata)
+        known = self._x.tensors_only
+        if key not in known:
+            version = ctypes.c_char_p()
+            known[key] = L.dcp_metadata_version(
+                metadata, ctypes.byref(version)) == _lib.OK and \
+                version.value == b"safetensors"
+        return known[key]
 
     def _reports_leafless(self, L, metadata, path, index, flat_names
                           ) -> bool:
@@ -1462,9 +1469,10 @@ class Flat:
                     str(v).removeprefix("torch.").encode())
         elif torch is not None and t is torch.device:
             return (_lib.VALUE_BYTES, TORCH_DEVICE_MARKER + str(v).encode())
-        elif isinstance(v, np.generic) and v.dtype.kind in "biuf":
-            # A numpy bool, int or float scalar: its Python value, where
-            # .item() gives one (np.longdouble gives itself: an object).
+        elif isinstance(v, np.generic) and v.dtype.kind in "biufc":
+            # A numpy bool, int, float or complex scalar: its Python value,
+            # where .item() gives one (np.longdouble gives itself: an
+            # object).
             item = v.item()
             if type(item) in _PLAIN_ITEMS:
                 return self._encode(item)
@@ -1482,8 +1490,9 @@ class Flat:
             raise TypeError(
                 f"cannot save '{self.name()}': {t.__module__}.{t.__qualname__}"
                 " is not a tensor, container or plain value (None, bool, int,"
-                " float, str, bytes); pass allow_pickle=True to store it "
-                "pickled (loading it then runs pickle too)")
+                " float, complex, str, bytes, torch.dtype, torch.device); "
+                "pass allow_pickle=True to store it pickled (loading it then "
+                "runs pickle too)")
         return (_lib.VALUE_BYTES,
                 PICKLE_MARKER + pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -1933,7 +1942,7 @@ class Flat:
                     return self._fit(self._big_int(b, path), old, path)
                 if b.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
                                  COMPLEX_MARKER)):
-                    return self._typed(b, path)
+                    return self._fit(self._typed(b, path), old, path)
                 if not b.startswith((PICKLE_MARKER, BYTES_ESCAPE)):
                     # Saved bytes that start so are escaped (BYTES_ESCAPE):
                     # this is a kind of value a newer dcp stores.
@@ -2050,7 +2059,7 @@ def _storable(t) -> bool:
 
 # What .item() of a numpy bool, int or float scalar stored as its Python
 # value gives (Flat._encode).
-_PLAIN_ITEMS = (bool, int, float)
+_PLAIN_ITEMS = (bool, int, float, complex)
 # Flat._saved_tree: tensors or maps at the list's indices.
 _NOT_PLAIN = object()
 

@@ -357,26 +357,40 @@ def _fit(flat, p, metadata, flat_names=False) -> None:
         flat.convert_on_load(p.sd, metadata)
 
 
+# The engine's kind mismatch for a plain destination (a bytes placeholder
+# to it), the whole message or rank N's part of an agreed one.
 _PLAIN_AS_BYTES = re.compile(
-    r'^"(?P<name>(?:[^"\\]|\\.)*)" is a bytes in the state dict but')
+    r'(?P<head>^|rank (?P<rank>\d+): [A-Z_]+: )'
+    r'"(?P<name>(?:[^"\\]|\\.)*)" is a bytes in the state dict but')
 
 
-def _name_plain_destination(exc, flat) -> None:
+def _name_plain_destination(exc, flat, rank: int = 0) -> None:
     """A plain destination goes to the engine as a bytes placeholder (its
     type comes from the checkpoint), so the engine's kind mismatch calls it
-    "a bytes": names the caller's type instead, in place."""
-    match = _PLAIN_AS_BYTES.match(exc.msg)
-    if match is None or flat is None:
+    "a bytes": names the caller's type instead, in place, where this
+    process (rank `rank`) holds the destination; "a plain value" in
+    another rank's part of an agreed message."""
+    if flat is None:
         return
-    name = match.group("name")
+    types = {}
     for path, (_, _, old) in zip(flat.v_paths, flat.v_slots):
-        if flat.name(path) == name:
+        types.setdefault(flat.name(path), old)
+
+    def named(m):
+        own = m.group("rank") is None or int(m.group("rank")) == rank
+        name = m.group("name")
+        if own and name in types:
+            old = types[name]
             what = "None" if old is None else \
                 f"a value of type {type(old).__name__}"
-            exc.msg = exc.msg.replace(" is a bytes in the state dict",
-                                      f" is {what} in the state dict", 1)
-            exc.args = (exc.msg,)
-            return
+        else:
+            what = "a plain value"
+        return m.group(0).replace(" is a bytes in the state dict",
+                                  f" is {what} in the state dict", 1)
+    msg = _PLAIN_AS_BYTES.sub(named, exc.msg)
+    if msg != exc.msg:
+        exc.msg = msg
+        exc.args = (msg,)
 
 
 # The engine's hint for keys the checkpoint lacks, in its C/C++ spelling,
@@ -527,7 +541,7 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         flat.write_back(values)
         set_up.finish()
     except errors.CheckpointValueError as e:
-        _name_plain_destination(e, p.flat)
+        _name_plain_destination(e, p.flat, where.rank)
         raise
     except errors.CheckpointNotFoundError as e:
         _name_partial_load(e)

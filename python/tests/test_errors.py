@@ -637,3 +637,34 @@ def test_torchs_checkpoint_package_is_never_imported_by_a_failure(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
     assert out.split() == ["builtins,dcp.errors", "ok"]
+
+
+def test_an_agreed_kind_mismatch_names_this_ranks_destination():
+    # A plain destination reaches the engine as a bytes placeholder; in an
+    # agreed message this rank names its own destination's type, and says
+    # "a plain value" for another rank's, whose type it does not know.
+    from dcp import checkpoint
+
+    class Flat:
+        v_paths = [("t",), ("u",)]
+        v_slots = [(None, None, []), (None, None, None)]
+
+        def name(self, path):
+            return ".".join(path)
+
+    message = ('checkpoint load plan failed on 2 ranks; rank 0: '
+               'INVALID_ARGUMENT: "t" is a bytes in the state dict but a '
+               'tensor in the checkpoint; rank 1: INVALID_ARGUMENT: "u" is '
+               'a bytes in the state dict but a tensor in the checkpoint')
+    e = dcp.CheckpointValueError(message, None, _lib.INVALID_ARGUMENT)
+    checkpoint._name_plain_destination(e, Flat(), rank=0)
+    assert str(e) == e.args[0] == (
+        'checkpoint load plan failed on 2 ranks; rank 0: INVALID_ARGUMENT: '
+        '"t" is a value of type list in the state dict but a tensor in the '
+        'checkpoint; rank 1: INVALID_ARGUMENT: "u" is a plain value in the '
+        'state dict but a tensor in the checkpoint')
+    alone = dcp.CheckpointValueError(
+        '"u" is a bytes in the state dict but a tensor in the checkpoint',
+        None, _lib.INVALID_ARGUMENT)
+    checkpoint._name_plain_destination(alone, Flat(), rank=3)
+    assert str(alone).startswith('"u" is None in the state dict')

@@ -280,7 +280,7 @@ def test_empty_containers_against_storage_holding_tensors_only(tmp_path):
 
 _OBJECT_SCALARS = {
     "ld": np.longdouble(1.5), "cld": np.clongdouble(1 + 2j),
-    "c64": np.complex64(1 + 2j), "s": np.str_("ab"), "b": np.bytes_(b"ab"),
+    "s": np.str_("ab"), "b": np.bytes_(b"ab"),
     "day": np.datetime64("2024-01-01"),
     "ns": np.datetime64("2024-01-01T00:00:00.000000001"),
     "td": np.timedelta64(5, "s")}
@@ -296,9 +296,10 @@ def test_numpy_scalars_without_a_python_value_are_objects(tmp_path, key):
     t = type(value)
     assert str(e.value) == (
         f"cannot save '{key}': {t.__module__}.{t.__qualname__} is not a "
-        "tensor, container or plain value (None, bool, int, float, str, "
-        "bytes); pass allow_pickle=True to store it pickled (loading it "
-        "then runs pickle too)")
+        "tensor, container or plain value (None, bool, int, float, "
+        "complex, str, bytes, torch.dtype, torch.device); pass "
+        "allow_pickle=True to store it pickled (loading it then runs pickle "
+        "too)")
     dcp.save({key: value}, checkpoint_id=ckpt, allow_pickle=True)
     dst = {key: None}
     dcp.load(dst, checkpoint_id=ckpt, allow_pickle=True)
@@ -311,7 +312,8 @@ def test_numpy_scalars_without_a_python_value_are_objects(tmp_path, key):
 def test_numpy_scalars_with_a_python_value_stay_plain(ckpt):
     values = {"f16": np.float16(1.5), "f64": np.float64(0.25),
               "i8": np.int8(-3), "u64": np.uint64(2 ** 64 - 1),
-              "bool": np.bool_(True)}
+              "bool": np.bool_(True), "c64": np.complex64(1 + 2j),
+              "c128": np.complex128(-0.5j)}
     dcp.save(values, checkpoint_id=ckpt)  # no pickle needed
     dst = {k: type(v)(0) for k, v in values.items()}
     dcp.load(dst, checkpoint_id=ckpt)
