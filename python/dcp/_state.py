@@ -22,7 +22,9 @@ Values: None, bool, int, float, str, bytes round-trip with their type
 (bytes and bytearray are stored alike: a load gives the destination's of
 the two). An int outside int64 (a 128-bit RNG state, a hash) is stored as
 bytes: a marker and its decimal digits, decoded without pickle; so are
-complex, torch.dtype and torch.device values (their own markers). Other
+complex, torch.dtype and torch.device values (their own markers). A list
+or tuple of such values only (and of lists and tuples of them) is one
+value too, stored whole (SEQ_MARKER, _pack), as torch's DCP stores it. Other
 objects are stored as pickled bytes behind a marker, only with
 allow_pickle=True on save and on load (unpickling runs code): so are numpy
 arrays and torch tensors of dtypes dcp does not store as tensors (str,
@@ -87,6 +89,16 @@ INT_MARKER = b"\x00dcp.int.v1\x00"
 TORCH_DTYPE_MARKER = b"\x00dcp.torch.dtype.v1\x00"
 TORCH_DEVICE_MARKER = b"\x00dcp.torch.device.v1\x00"
 COMPLEX_MARKER = b"\x00dcp.complex.v1\x00"
+# A list or tuple of plain values only (lists and tuples of them too, at
+# any depth up to _MAX_SEQ_DEPTH), stored whole as one value at its path,
+# as torch's DCP stores such a list: this marker, then the encoding of
+# _pack (FORMAT.md section 5). One item instead of one per element, and
+# tuples come back as tuples where the load has no destination to go by.
+SEQ_MARKER = b"\x00dcp.seq.v1\x00"
+# Save: False stores such lists item by item, as dcp did before SEQ_MARKER
+# (tests make such checkpoints with it; loads read both).
+PACK_PLAIN_LISTS = True
+_MAX_SEQ_DEPTH = 200
 _MARKER_PREFIX = b"\x00dcp."
 # Placeholder of a plain value before a load: what the engine leaves when
 # the checkpoint lacks the key (allow_partial_load).
@@ -541,12 +553,19 @@ class Flat:
 
     def _seq(self, seq, parent, key) -> None:
         path = self._path
-        if not seq and not self.load:
-            self.v_paths.append(tuple(path))
-            self.v_vals.append((_lib.VALUE_BYTES, EMPTY_TUPLE_MARKER
-                                if isinstance(seq, tuple) else
-                                EMPTY_LIST_MARKER))
-            return
+        if not self.load:
+            if not seq:
+                self.v_paths.append(tuple(path))
+                self.v_vals.append((_lib.VALUE_BYTES, EMPTY_TUPLE_MARKER
+                                    if isinstance(seq, tuple) else
+                                    EMPTY_LIST_MARKER))
+                return
+            packed = _pack(seq) if PACK_PLAIN_LISTS and (
+                type(seq) is list or type(seq) is tuple) else None
+            if packed is not None:
+                self.v_paths.append(tuple(path))
+                self.v_vals.append((_lib.VALUE_BYTES, packed))
+                return
         target = seq
         if not isinstance(seq, list):  # a tuple: rebuilt after a load
             if self.load:
@@ -996,8 +1015,8 @@ class Flat:
                 # empty list, or a value of another kind) replaces it, as
                 # torch's load replaces it; else the load reports it missing
                 # (without leaves, as a placeholder at its path).
-                if not flat_names and self._holds_value_at(L, metadata, path,
-                                                           index):
+                if self._holds_value_at(L, metadata, path, index,
+                                        flat_names):
                     changes.append((v0, 1, entry, None))
                 elif v0 == v1 and self._reports_leafless(
                         L, metadata, path, index, flat_names):
@@ -1024,8 +1043,8 @@ class Flat:
                 # No list items of plain values under it (keys that extend
                 # its name; tensors or dicts): as for nothing saved under
                 # it.
-                if not flat_names and self._holds_value_at(L, metadata, path,
-                                                           index):
+                if self._holds_value_at(L, metadata, path, index,
+                                        flat_names):
                     changes.append((v0, 1, entry, None))
                 elif v0 == v1 and (saved is _NOT_PLAIN or
                                    self._reports_leafless(
@@ -1174,9 +1193,19 @@ class Flat:
             last = by_name
         return last + 1 if last >= 0 else None
 
-    def _holds_value_at(self, L, metadata, path, index) -> bool:
-        """Whether the checkpoint holds a plain value at `path` itself."""
-        return self._item_at(L, metadata, path, index) is False
+    def _holds_value_at(self, L, metadata, path, index,
+                        flat_names=False) -> bool:
+        """Whether the checkpoint holds a plain value at `path` itself (by
+        its flattened name where the items carry only that: MEGA)."""
+        if not flat_names:
+            return self._item_at(L, metadata, path, index) is False
+        if L.dcp_metadata_find(metadata, self.name(path).encode(),
+                               ctypes.byref(index)) != _lib.OK:
+            return False
+        info = _lib.sized(_lib.ItemInfo)
+        _lib.check(L.dcp_metadata_item(metadata, index.value,
+                                       ctypes.byref(info)))
+        return not info.is_tensor
 
     def _item_at(self, L, metadata, path, index):
         """None if the checkpoint holds no item at `path` itself, else
@@ -1445,10 +1474,6 @@ class Flat:
         if t is int:
             if _INT64_MIN <= v <= _INT64_MAX:
                 return (_lib.VALUE_INT, v)
-            try:
-                return (_lib.VALUE_BYTES, INT_MARKER + b"%d" % v)
-            except ValueError:  # past sys.get_int_max_str_digits()
-                pass
         elif t is float:
             return (_lib.VALUE_FLOAT, v)
         elif t is str:
@@ -1461,14 +1486,6 @@ class Flat:
             if b.startswith(_MARKER_PREFIX):
                 b = BYTES_ESCAPE + b
             return (_lib.VALUE_BYTES, b)
-        elif t is complex:
-            return (_lib.VALUE_BYTES,
-                    COMPLEX_MARKER + struct.pack("<dd", v.real, v.imag))
-        elif torch is not None and t is torch.dtype:
-            return (_lib.VALUE_BYTES, TORCH_DTYPE_MARKER +
-                    str(v).removeprefix("torch.").encode())
-        elif torch is not None and t is torch.device:
-            return (_lib.VALUE_BYTES, TORCH_DEVICE_MARKER + str(v).encode())
         elif isinstance(v, np.generic) and v.dtype.kind in "biufc":
             # A numpy bool, int, float or complex scalar: its Python value,
             # where .item() gives one (np.longdouble gives itself: an
@@ -1476,6 +1493,9 @@ class Flat:
             item = v.item()
             if type(item) in _PLAIN_ITEMS:
                 return self._encode(item)
+        marked = _marked(v)
+        if marked is not None:
+            return (_lib.VALUE_BYTES, marked)
         if not self.allow_pickle and t is str:
             raise TypeError(
                 f"cannot save '{self.name()}': the str is not valid Unicode "
@@ -1898,9 +1918,16 @@ class Flat:
         for (parent, key, old), value in zip(self.v_slots, values):
             if value is not _SKIP:
                 if type(old) is _EmptyHint and (value is None or (
-                        _is_seq(value) and not value and
+                        _is_seq(value) and
                         isinstance(old.dest, type(value)))):
-                    value = _remake(old.dest, [])
+                    # The saved list (or an empty one) in the destination's
+                    # list, refilled in place (its inner lists too), or
+                    # tuple subclass.
+                    if value is None:
+                        value = []
+                    elif type(old.dest) is list:
+                        _refill(old.dest, value)
+                    value = _remake(old.dest, value)
                 parent[key] = value
         for target, items, tuples in self._replaced:
             for parent, i, dest in tuples:
@@ -1938,6 +1965,8 @@ class Flat:
                     return []
                 if b == EMPTY_TUPLE_MARKER:
                     return ()
+                if b.startswith(SEQ_MARKER):
+                    return self._unpack(b, path)
                 if b.startswith(INT_MARKER):
                     return self._fit(self._big_int(b, path), old, path)
                 if b.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
@@ -1973,6 +2002,78 @@ class Flat:
         if isinstance(old, np.generic):
             return self._fit(value, old, path)
         return value
+
+    def _unpack(self, b, path):
+        """The list or tuple a SEQ_MARKER value `b` holds (_pack), made
+        without pickle; ValueError naming the key for a damaged one."""
+        try:
+            value, end = self._unpack_at(b, len(SEQ_MARKER), path, 0)
+            if end == len(b):
+                return value
+            why = f"{len(b) - end} byte(s) after its end"
+        except (ValueError, IndexError, struct.error) as e:
+            why = str(e)
+        raise ValueError(f"'{self.name(path)}': the saved list is damaged "
+                         f"({why})")
+
+    def _unpack_at(self, b, pos, path, depth):
+        """(the list or tuple _pack encoded at b[pos:], the offset after
+        it)."""
+        tag = b[pos:pos + 1]
+        if tag not in (b"[", b"(") or depth > _MAX_SEQ_DEPTH:
+            raise ValueError(f"no list at byte {pos}")
+        is_tuple = tag == b"("
+        (count,) = _U32.unpack_from(b, pos + 1)
+        pos += 5
+        if count > len(b) - pos:  # every item takes a byte at least
+            raise ValueError(f"{count} items in {len(b) - pos} bytes")
+        items = [None] * count
+        for i in range(count):
+            tag = b[pos]
+            pos += 1
+            if tag == 0x73:  # s: str
+                (n,) = _U32.unpack_from(b, pos)
+                end = pos + 4 + n
+                if end > len(b):
+                    raise ValueError(f"a str past the end at byte {pos}")
+                try:
+                    items[i] = b[pos + 4:end].decode()
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"a str that is not UTF-8 ({e})") \
+                        from None
+                pos = end
+            elif tag == 0x69:  # i: int64
+                (items[i],) = _I64.unpack_from(b, pos)
+                pos += 8
+            elif tag == 0x66:  # f: float64
+                (items[i],) = _F64.unpack_from(b, pos)
+                pos += 8
+            elif tag == 0x4E:  # N: None
+                pass
+            elif tag == 0x54 or tag == 0x46:  # T, F: bool
+                items[i] = tag == 0x54
+            elif tag == 0x62 or tag == 0x78:  # b: bytes, x: marked value
+                (n,) = _U32.unpack_from(b, pos)
+                end = pos + 4 + n
+                if end > len(b):
+                    raise ValueError(f"bytes past the end at byte {pos}")
+                raw = b[pos + 4:end]
+                pos = end
+                if tag == 0x62:
+                    items[i] = raw
+                elif raw.startswith(INT_MARKER):
+                    items[i] = self._big_int(raw, path)
+                elif raw.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
+                                     COMPLEX_MARKER)):
+                    items[i] = self._typed(raw, path)
+                else:
+                    raise ValueError(f"an unknown value {raw[:32]!r}")
+            elif tag == 0x5B or tag == 0x28:  # [, (: a list or tuple
+                items[i], pos = self._unpack_at(b, pos - 1, path, depth + 1)
+            else:
+                raise ValueError(f"an unknown item tag {tag} at byte "
+                                 f"{pos - 1}")
+        return (tuple(items) if is_tuple else items), pos
 
     def _typed(self, b, path):
         """The torch.dtype, torch.device or complex a TORCH_DTYPE_MARKER,
@@ -2064,6 +2165,82 @@ _PLAIN_ITEMS = (bool, int, float, complex)
 _NOT_PLAIN = object()
 
 
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+
+
+def _marked(v):
+    """The marked bytes (INT_MARKER, COMPLEX_MARKER, TORCH_DTYPE_MARKER,
+    TORCH_DEVICE_MARKER) `v` is stored as without pickle, or None: an int
+    outside int64, a complex, a torch.dtype or a torch.device."""
+    t = type(v)
+    if t is int:
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            try:
+                return INT_MARKER + b"%d" % v
+            except ValueError:  # past sys.get_int_max_str_digits()
+                return None
+    elif t is complex:
+        return COMPLEX_MARKER + struct.pack("<dd", v.real, v.imag)
+    elif torch is not None and t is torch.dtype:
+        return TORCH_DTYPE_MARKER + str(v).removeprefix("torch.").encode()
+    elif torch is not None and t is torch.device:
+        return TORCH_DEVICE_MARKER + str(v).encode()
+    return None
+
+
+def _pack(seq):
+    """SEQ_MARKER and the encoding of list or tuple `seq` (Flat._unpack
+    decodes it), or None where it holds anything but plain values without
+    pickle (None, bool, int, float, str, bytes, and what _marked stores)
+    and lists and tuples of them (exactly list or tuple: no subclass, no
+    namedtuple), or a str that is not valid Unicode, or nests deeper than
+    _MAX_SEQ_DEPTH. The encoding: "[" (list) or "(" (tuple) and the item
+    count (uint32), then per item a tag: "N" None, "T"/"F" bool, "i" int64,
+    "f" float64, "s" str (uint32 length, UTF-8), "b" bytes (uint32 length,
+    the bytes), "x" a marked value (uint32 length, its marked bytes), or a
+    list or tuple encoded so (all little-endian)."""
+    out = [SEQ_MARKER]
+    return b"".join(out) if _pack_into(seq, out, 0) else None
+
+
+def _pack_into(seq, out, depth) -> bool:
+    if depth > _MAX_SEQ_DEPTH or len(seq) > 0xFFFFFFFF:
+        return False
+    append = out.append
+    append((b"[" if type(seq) is list else b"(") + _U32.pack(len(seq)))
+    for v in seq:
+        t = type(v)
+        if t is str:
+            try:
+                raw = v.encode()
+            except UnicodeEncodeError:
+                return False
+            if len(raw) > 0xFFFFFFFF:
+                return False
+            append(b"s" + _U32.pack(len(raw)))
+            append(raw)
+        elif t is int and _INT64_MIN <= v <= _INT64_MAX:
+            append(b"i" + _I64.pack(v))
+        elif t is float:
+            append(b"f" + _F64.pack(v))
+        elif v is None:
+            append(b"N")
+        elif t is bool:
+            append(b"T" if v else b"F")
+        elif t is list or t is tuple:
+            if not _pack_into(v, out, depth + 1):
+                return False
+        else:
+            raw = bytes(v) if t is bytes else _marked(v)
+            if raw is None or len(raw) > 0xFFFFFFFF:
+                return False
+            append((b"b" if t is bytes else b"x") + _U32.pack(len(raw)))
+            append(raw)
+    return True
+
+
 def _is_seq(v) -> bool:
     """Whether `v` is a list or a tuple other than a namedtuple (whose
     fields are not a sequence a load may resize): subclasses such as
@@ -2083,6 +2260,18 @@ def _copy_list(seq) -> list:
             len(fresh) != len(seq):
         return list(seq)
     return fresh
+
+
+def _refill(dest, saved) -> None:
+    """Puts into `saved` (a new list) the destination's lists where both
+    hold a list at an index, each refilled in place with the saved one's
+    items so (a list the caller holds keeps showing the state)."""
+    for i in range(min(len(dest), len(saved))):
+        d, s = dest[i], saved[i]
+        if type(d) is list and type(s) is list and d is not dest:
+            _refill(d, s)
+            d[:] = s
+            saved[i] = d
 
 
 def _remake(dest, items):
@@ -2134,9 +2323,11 @@ def _aligned_host_empty(shape, dtype):
 
 class _EmptyHint:
     """The destination's list or tuple where the checkpoint holds a plain
-    value: a None there is how an empty one is stored, and write_back puts
-    an empty container of its type in its place (also for a saved empty one
-    of its kind: a saved `()` into a torch.Size gives `torch.Size([])`)."""
+    value: a None there is how an empty one was stored, and write_back puts
+    an empty container of its type in its place; a saved list or tuple
+    (whole, or an empty one) of its kind goes into it (a destination list
+    refilled in place; a saved `()` into a torch.Size gives
+    `torch.Size([])`)."""
     __slots__ = ("dest",)
 
     def __init__(self, dest):

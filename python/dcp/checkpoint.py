@@ -276,7 +276,7 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
 def _plan_with_metadata(flat, p, path, rank, storage_reader) -> None:
     """Fits what `flat` loads to the checkpoint's metadata before the load:
     lists of plain values take the saved list's shape (_state.Flat
-    .reshape_lists; then p.sd and p.values_sd are built again), and tensors
+    .reshape_lists; then p.sd is built again), and tensors
     whose dtype differs from the checkpoint's load through temporaries of
     the saved dtype, converted into the destinations afterwards, as torch's
     DCP converts with copy_ (_state.Flat.convert_on_load). The metadata is
@@ -347,12 +347,6 @@ def _fit(flat, p, metadata, flat_names=False) -> None:
         L.dcp_state_dict_free(p.sd)
         p.sd = None
         p.sd = flat.build()
-        values = p.values_sd is not None
-        if values:
-            L.dcp_state_dict_free(p.values_sd)
-            p.values_sd = None
-        if values or flat.v_slots:
-            p.values_sd = flat.build(values_only=True)
     if flat.t_objs:
         flat.convert_on_load(p.sd, metadata)
 
@@ -459,12 +453,6 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         flat.add(set_up.walked)
         p.flat = flat
         p.sd = flat.build()
-        # The plain values load first, on their own: a value that cannot
-        # be decoded (pickled without allow_pickle, an unpickling error)
-        # then raises before the load of p.sd writes any caller tensor.
-        # Every rank of a group takes both loads (they are collective).
-        if flat.v_slots or not where.no_dist:
-            p.values_sd = flat.build(values_only=True)
         if storage_reader is None and "://" not in path and (
                 os.path.exists(os.path.join(path, ".metadata")) or
                 os.path.exists(os.path.join(path, "rank-0", ".metadata"))):
@@ -491,6 +479,12 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 p.metadata = handle
         _plan_with_metadata(flat, p, path, where.rank,
                             storage_reader)
+        # The plain values load first, on their own: a value that cannot
+        # be decoded (pickled without allow_pickle, an unpickling error)
+        # then raises before the load of p.sd writes any caller tensor.
+        # Every rank of a group takes both loads (they are collective).
+        if flat.v_slots or not where.no_dist:
+            p.values_sd = flat.build(values_only=True)
         options = _lib.sized(
             _lib.LoadOptions, checkpoint_id=_lib.encode_path(path),
             storage_reader=p.reader, process_group=where.handle,

@@ -15,9 +15,10 @@ load_all builds the state dict a checkpoint holds from its metadata (each
 name's nesting path, dtypes and global shapes) and loads it in this process
 (no process group): whole tensors, however many ranks saved them, and
 plain values, nested as they were saved. It needs memory for everything it
-loads. What the metadata does not record is lost: tuples come back as
-lists and integer dict keys as strings (as from torch's DCP), dicts in
-name order, empty dicts left out; MEGA and Hugging Face directories record
+loads. What the metadata does not record is lost: tuples holding tensors
+or dicts come back as lists (lists and tuples of plain values are stored
+whole and come back as saved) and integer dict keys as strings (as from
+torch's DCP), dicts in name order, empty dicts left out; MEGA and Hugging Face directories record
 no nesting (flat names).
 """
 

@@ -16,6 +16,15 @@ def ckpt(tmp_path):
     return str(tmp_path / "ckpt")
 
 
+@pytest.fixture
+def per_item_lists(monkeypatch):
+    """Saves lists of plain values item by item, as dcp did before it
+    stored them whole (SEQ_MARKER): checkpoints of that format, which loads
+    still read."""
+    from dcp import _state
+    monkeypatch.setattr(_state, "PACK_PLAIN_LISTS", False)
+
+
 class _Raw:
     """Bytes a test stores as a value as they are (no escape)."""
 

@@ -255,7 +255,16 @@ def test_sparse_nested_and_surrogate_keys_raise_naming_the_key(ckpt):
         dcp.load({"x\ud800": torch.zeros(2)}, checkpoint_id=ckpt)
 
 
-def test_a_key_saved_in_another_shape_suggests_no_partial_load(ckpt):
+def test_a_list_saved_where_the_state_dict_has_a_value_replaces_it(ckpt):
+    # A list of plain values is one value, as in torch's DCP.
+    dcp.save({"a": [1, (2, "x")], "s": 5}, checkpoint_id=ckpt)
+    dst = {"a": 0}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"a": [1, (2, "x")]}
+
+
+def test_a_key_saved_in_another_shape_suggests_no_partial_load(
+        ckpt, per_item_lists):
     # Skipping the key would drop the saved list silently.
     dcp.save({"a": [1, 2], "s": 5}, checkpoint_id=ckpt)
     with pytest.raises(dcp.CheckpointNotFoundError) as e:

@@ -60,8 +60,8 @@ def test_load_all_selects_keys(ckpt):
                  {"model": {"layers": state["model"]["layers"]}})
     _assert_same(format_utils.load_all(ckpt, keys="model.layers.1.k"),
                  {"model": {"layers": [None, state["model"]["layers"][1]]}})
-    assert format_utils.load_all(ckpt, keys=["optim.betas.1"]) == \
-        {"optim": {"betas": [None, 0.99]}}
+    assert format_utils.load_all(ckpt, keys=["optim.betas"]) == \
+        {"optim": {"betas": [0.9, 0.99]}}
     with pytest.raises(KeyError, match="'nope'"):
         format_utils.load_all(ckpt, keys={"epoch", "nope"})
     with pytest.raises(KeyError, match="'mod'"):
@@ -113,7 +113,8 @@ def test_load_all_errors(ckpt, tmp_path):
         format_utils.load_all(str(tmp_path / "rl"))
 
 
-def test_load_all_refuses_a_list_index_far_past_the_end(ckpt, monkeypatch):
+def test_load_all_refuses_a_list_index_far_past_the_end(ckpt, monkeypatch,
+                                                        per_item_lists):
     # A damaged or crafted checkpoint's nesting path with list index 2^40:
     # refused as the engine refuses it, before any list is padded to it.
     dcp.save({"h": [1, 2]}, checkpoint_id=ckpt)

@@ -17,7 +17,7 @@ def test_metadata_describes_every_item(ckpt):
     state = {
         "model": {"w": torch.zeros(4, 3, dtype=torch.bfloat16),
                   "b": torch.zeros(3, dtype=torch.float8_e4m3fn)},
-        "step": 7, "lr": [0.1, 0.2],
+        "step": 7, "lr": [0.1, 0.2], "bufs": [torch.zeros(2)],
         # A 1-rank "sharding": the chunk must cover the tensor.
         "shard": dcp.ShardedTensor(torch.zeros(6, 5), (6, 5), (0, 0)),
     }
@@ -26,7 +26,7 @@ def test_metadata_describes_every_item(ckpt):
     md = dcp.read_metadata(ckpt)
     sdm = md.state_dict_metadata
     assert list(sdm) == sorted(sdm)
-    assert set(sdm) == {"model.w", "model.b", "step", "lr.0", "lr.1",
+    assert set(sdm) == {"model.w", "model.b", "step", "lr", "bufs.0",
                         "shard"}
     w = sdm["model.w"]
     assert isinstance(w, dcp.TensorStorageMetadata)
@@ -36,7 +36,9 @@ def test_metadata_describes_every_item(ckpt):
     assert sdm["shard"].size == (6, 5)
     assert sdm["shard"].chunks == (dcp.ChunkStorageMetadata((0, 0), (6, 5)),)
     assert isinstance(sdm["step"], dcp.BytesStorageMetadata)
-    assert md.planner_data["lr.1"] == ("lr", 1)
+    assert isinstance(sdm["lr"], dcp.BytesStorageMetadata)  # one value
+    assert md.planner_data["lr"] == ("lr",)
+    assert md.planner_data["bufs.0"] == ("bufs", 0)
     assert md.planner_data["model.w"] == ("model", "w")
     assert md.version == "dcp-1"
     assert md.storage_meta.checkpoint_id == ckpt

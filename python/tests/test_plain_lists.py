@@ -1,11 +1,15 @@
 """Lists of plain values come back as the checkpoint holds them, as torch's
 load returns such a list whole (Flat.reshape_lists)."""
 import collections
+import re
+import struct
 
+import numpy as np
 import pytest
 import torch
 
 import dcp
+from dcp import _state
 
 
 def test_a_list_that_grew_comes_back_whole_in_the_same_object(ckpt):
@@ -36,12 +40,50 @@ def test_nested_lists_and_tuples_take_the_saved_shape(ckpt):
     assert dst["pairs"] == [[1, 0.5], [2, 0.25], [3, 0.125]]
     assert dst["t"] == (1, 2, 3) and type(dst["t"]) is tuple
     assert dst["cfg"]["betas"] == (0.9, 0.99, 0.999)
-    # Where the destination has a tuple at an index, the saved items come
-    # back in a tuple there; elsewhere in lists (the format stores no
-    # container types).
-    dst = {"pairs": [(0, 0.0)]}
+    # The inner containers come back as saved, as from torch's load.
+    dst = {"pairs": [(0, 0.0)], "t": [0]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["pairs"] == [[1, 0.5], [2, 0.25], [3, 0.125]]
+    assert dst["t"] == (1, 2, 3)  # a saved tuple where the state has a list
+    dst = {"pairs": [[0, 0], [0], [0, 0]], "t": torch.Size([1])}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["t"] == (1, 2, 3) and type(dst["t"]) is torch.Size
+
+
+def test_lists_saved_item_by_item_take_the_destinations_kinds(
+        ckpt, per_item_lists):
+    # Checkpoints that stored plain lists item by item hold no container
+    # types: where the destination has a tuple at an index, the saved items
+    # come back in a tuple there; elsewhere in lists.
+    dcp.save({"pairs": [[1, 0.5], [2, 0.25], [3, 0.125]], "t": (1, 2, 3)},
+             checkpoint_id=ckpt)
+    assert "pairs.0.1" in dcp.read_metadata(ckpt).state_dict_metadata
+    dst = {"pairs": [(0, 0.0)], "t": (0,)}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst["pairs"] == [(1, 0.5), [2, 0.25], [3, 0.125]]
+    assert dst["t"] == (1, 2, 3) and type(dst["t"]) is tuple
+
+
+def test_a_plain_list_is_one_item_that_keeps_its_types(ckpt):
+    """Stored whole (one item, as torch's DCP stores it): every plain type,
+    tuples inside lists and lists inside tuples, come back as saved, also
+    where the load has no destination to go by (load_all)."""
+    value = [1, -2**63, 2**63 - 1, 2**70, 2.5, float("inf"), -0.0, "x",
+             "\u00e9\u4e2d", "", None, True, False, b"", b"\x00dcp.pickle.v1\x00",
+             1 + 2j, torch.bfloat16, torch.device("cpu"), (1, [2, (3,)]), [],
+             ()]
+    state = {"v": value, "t": (0.9, 0.999), "w": torch.ones(2)}
+    dcp.save(state, checkpoint_id=ckpt)
+    assert set(dcp.read_metadata(ckpt).state_dict_metadata) == {"v", "t", "w"}
+    mine = []
+    dst = {"v": mine, "t": (), "w": torch.zeros(2)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["v"] is mine and mine == value and dst["t"] == (0.9, 0.999)
+    assert [type(x) for x in mine] == [type(x) for x in value]
+    assert str(mine[6]) == "-0.0" and type(mine[18][1][1]) is tuple
+    back = dcp.format_utils.load_all(ckpt)
+    assert back["v"] == value and type(back["t"]) is tuple
+    assert [type(x) for x in back["v"]] == [type(x) for x in value]
 
 
 def test_a_list_of_the_same_shape_loads_item_by_item(ckpt):
@@ -58,9 +100,10 @@ def test_a_list_of_the_same_shape_loads_item_by_item(ckpt):
 def _save_as_before_empty_markers(monkeypatch, state, ckpt):
     """Saves `state` as dcp did before it stored empty lists and tuples
     (as it still saves to storage that holds tensors only)."""
-    from dcp import checkpoint
+    from dcp import _state, checkpoint
     with monkeypatch.context() as m:
         m.setattr(checkpoint, "_holds_tensors_only", lambda *_: True)
+        m.setattr(_state, "PACK_PLAIN_LISTS", False)
         dcp.save(state, checkpoint_id=ckpt)
 
 
@@ -187,8 +230,18 @@ def test_a_list_of_as_many_items_but_another_shape_takes_the_saved_one(ckpt):
 
 
 def test_a_saved_value_where_the_destination_has_an_empty_list(ckpt):
-    # The None an empty list is stored as keeps the destination's empty
-    # container; any other saved value replaces it.
+    dcp.save({"a": [5, 6, 7], "b": ["x", 6], "c": [None, [1]]},
+             checkpoint_id=ckpt)
+    dst = {"a": [[], 0], "b": [(), 0], "c": [(), [0]]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"a": [5, 6, 7], "b": ["x", 6], "c": [None, [1]]}
+
+
+def test_a_none_saved_item_by_item_keeps_an_empty_container(
+        ckpt, per_item_lists):
+    # Item by item, the None an empty list was stored as (before empty
+    # lists were stored) keeps the destination's empty container; any
+    # other saved value replaces it.
     dcp.save({"a": [5, 6, 7], "b": ["x", 6], "c": [None, [1]]},
              checkpoint_id=ckpt)
     dst = {"a": [[], 0], "b": [(), 0], "c": [(), [0]]}
@@ -213,8 +266,11 @@ def test_a_dotted_key_next_to_the_list_does_not_hide_its_length(ckpt):
     assert dst == {"h": [1, 2]}
 
 
-def test_mega_checkpoints_return_lists_whole(tmp_path):
-    # MEGA stores flattened names only: the indices come from the names.
+@pytest.mark.parametrize("packed", [True, False], ids=["whole", "per_item"])
+def test_mega_checkpoints_return_lists_whole(tmp_path, monkeypatch, packed):
+    # MEGA stores flattened names only: the indices come from the names
+    # (lists saved item by item), or the list is one value at its name.
+    monkeypatch.setattr(_state, "PACK_PLAIN_LISTS", packed)
     path = str(tmp_path / "mega")
     dcp.save({"h": [1, 2, 3], "n": [[1], [2, 3]], "w": torch.ones(2)},
              checkpoint_id="mega://" + path)
@@ -237,7 +293,8 @@ def test_keys_with_dots_on_the_lists_path_do_not_lend_it_items(ckpt):
     assert dst == {"a.b": [1], "h": [[7]]}
 
 
-def test_a_mega_key_like_an_index_with_a_leading_zero_is_not_one(tmp_path):
+def test_a_mega_key_like_an_index_with_a_leading_zero_is_not_one(
+        tmp_path, per_item_lists):
     path = "mega://" + str(tmp_path / "mega")
     dcp.save({"h": [5], "h.01": 2}, checkpoint_id=path)
     dst = {"h": [0]}
@@ -535,3 +592,80 @@ def test_a_list_of_tensors_into_an_empty_list_from_flattened_names(
         dcp.load(dst, checkpoint_id=path,
                  planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
         assert dst["l"] == [] and torch.equal(dst["w"], torch.ones(1))
+
+
+def _seq(*parts):
+    return _state.SEQ_MARKER + b"".join(parts)
+
+
+def _u32(n):
+    return struct.pack("<I", n)
+
+
+def _marked(raw):
+    return b"x" + _u32(len(raw)) + raw
+
+
+@pytest.mark.parametrize("payload,why", [
+    (b"", "no list at byte"),
+    (b"{" + _u32(0), "no list at byte"),
+    (b"[" + _u32(1), "1 items in 0 bytes"),
+    (b"[" + _u32(2) + b"N", "2 items in 1 bytes"),
+    (b"[" + _u32(1) + b"s" + _u32(10) + b"ab", "a str past the end"),
+    (b"[" + _u32(1) + b"s" + _u32(1) + b"\xff", "a str that is not UTF-8"),
+    (b"[" + _u32(1) + b"b" + _u32(9) + b"ab", "bytes past the end"),
+    (b"[" + _u32(1) + b"i" + b"\x00" * 3, "unpack_from requires"),
+    (b"[" + _u32(1) + b"Z", "an unknown item tag 90"),
+    (b"[" + _u32(1) + b"N" + b"more", "4 byte(s) after its end"),
+    (b"[" + _u32(1) + _marked(_state.PICKLE_MARKER + b"\x80\x04N."),
+     "an unknown value"),
+    (b"[" + _u32(1) + _marked(_state.INT_MARKER + b"1x"),
+     "the saved int is damaged"),
+    ((b"[" + _u32(1)) * 300 + b"N", "no list at byte"),
+], ids=["empty", "not_a_list", "count_past_end", "count_past_items",
+        "str_past_end", "str_not_utf8", "bytes_past_end", "int_cut",
+        "unknown_tag", "trailing", "pickle_inside", "bad_int", "too_deep"])
+def test_a_damaged_list_raises_naming_the_key(ckpt, raw_values, payload, why):
+    dcp.save({"w": torch.ones(2), "s": raw_values(_seq(payload))},
+             checkpoint_id=ckpt)
+    for dst in ({"w": torch.zeros(2), "s": [0]}, {"w": torch.zeros(2),
+                                                  "s": None}):
+        with pytest.raises(ValueError, match=r"'s': the saved list is "
+                           r"damaged \(.*" + re.escape(why)):
+            dcp.load(dst, checkpoint_id=ckpt)
+        assert not dst["w"].any()
+
+
+def test_lists_holding_other_values_are_saved_item_by_item(ckpt):
+    # A namedtuple, a numpy scalar, a list subclass or a pickled object
+    # inside: the list is stored item by item (their types need the
+    # destination, or pickle), and loads as before.
+    state = {"nt": [_NT(1, 2), 3], "np": [np.int16(4), 5],
+             "sub": [_History([6])], "obj": [1, _Pickled(7)],
+             "plain": [[1], (2,)]}
+    dcp.save(state, checkpoint_id=ckpt, allow_pickle=True)
+    names = set(dcp.read_metadata(ckpt).state_dict_metadata)
+    assert names == {"nt.0.0", "nt.0.1", "nt.1", "np.0", "np.1", "sub.0.0",
+                     "obj.0", "obj.1", "plain"}
+    dst = {"nt": [_NT(0, 0), 0], "np": [np.int16(0), 0],
+           "sub": [_History()], "obj": [0, None], "plain": []}
+    dcp.load(dst, checkpoint_id=ckpt, allow_pickle=True)
+    assert dst == state and type(dst["np"][0]) is np.int16
+    assert type(dst["nt"][0]) is _NT and dst["plain"][1] == (2,)
+
+
+class _Pickled:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, _Pickled) and other.v == self.v
+
+
+def test_a_long_list_of_names_is_one_item(ckpt):
+    names = [f"layers.{i}.mlp.weight" for i in range(30000)]
+    dcp.save({"params": names}, checkpoint_id=ckpt)
+    assert list(dcp.read_metadata(ckpt).state_dict_metadata) == ["params"]
+    dst = {"params": []}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["params"] == names

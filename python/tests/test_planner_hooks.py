@@ -64,8 +64,8 @@ def test_renaming_planners_rename_as_torchs_do(tmp_path):
     dcp.save(_state(), checkpoint_id=ckpt, planner=_RenameSave())
     md = dcp.read_metadata(ckpt)
     assert sorted(md.state_dict_metadata) == [
-        "foo_cfg.lr", "foo_cfg.names.0", "foo_cfg.names.1", "foo_model.b",
-        "foo_model.w", "foo_step"]
+        "foo_cfg.lr", "foo_cfg.names", "foo_model.b", "foo_model.w",
+        "foo_step"]
     assert md.planner_data["foo_model.w"] == ("foo_model", "w")
     back = _blank()
     dcp.load(back, checkpoint_id=ckpt, planner=_RenameLoad())
@@ -133,7 +133,7 @@ def test_dcp_subclasses_override_set_up_planner(tmp_path):
     md = dcp.read_metadata(ckpt)
     assert "cache" not in md.state_dict_metadata
     # dcp's default set_up_planner keeps the dict nested.
-    assert md.planner_data["cfg.names.1"] == ("cfg", "names", 1)
+    assert md.planner_data["model.w"] == ("model", "w")
     back = dict(_blank(), cache=torch.zeros(1000))
     planner = _DefaultsOnLoad()
     dcp.load(back, checkpoint_id=ckpt, planner=planner)
