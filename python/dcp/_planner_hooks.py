@@ -6,10 +6,10 @@ for in `planner.state_dict`. Subclasses override it to rewrite that dict
 (rename or drop keys, build it from the checkpoint's metadata as torch's
 _EmptyStateDictLoadPlanner does). dcp plans in the engine, so it calls the
 override the same way and then walks `planner.state_dict` instead of the
-caller's dict. torch's own set_up_planner flattens the dict (its
-`mappings` lead each flat key back to its place in the caller's dict):
-a save or load walks it nested again where every key still has its
-mapping, and a load puts each non-tensor value it read back into the
+caller's dict. The default set_up_planner (torch's and dcp's) flattens
+the dict (its `mappings` lead each flat key back to its place in the
+caller's dict): a save or load walks it nested again where every key
+still has its mapping, and a load puts each non-tensor value it read back into the
 caller's dict through `mappings`, as torch's load_bytes does. A hook that
 renames keys should keep the nesting (put the dict under a key rather
 than prefix dotted names): lists of plain values are matched by their
@@ -101,14 +101,11 @@ def set_up_save(planner, state_dict, *, checkpoint_id, storage_writer,
     planner.set_up_planner(state_dict, _storage_meta(torchs, path),
                            is_coordinator)
     walked = planner.state_dict
-    mappings = getattr(planner, "mappings", None)
-    if torchs and mappings and walked is not state_dict and \
-            all(key in mappings for key in walked):
-        # torch's flattening, keys untouched: the nesting comes back, so
-        # the checkpoint records it (planner_data) as without a planner.
-        from torch.distributed.checkpoint._nested_dict import (
-            unflatten_state_dict)
-        walked = unflatten_state_dict(walked, mappings)
+    if _flattened(planner, walked, state_dict):
+        # The default flattening, keys kept (some perhaps dropped): the
+        # nesting comes back, so the checkpoint records it (planner_data)
+        # as without a planner.
+        walked = _unflatten(walked, planner.mappings)
     if not isinstance(walked, dict):
         raise TypeError(
             f"{type(planner).__qualname__}.set_up_planner left a "
@@ -152,22 +149,21 @@ class LoadSetUp:
         mappings = getattr(self._planner, "mappings", None)
         if self._flat is self._state_dict or not mappings:
             return
-        from torch.distributed.checkpoint._traverse import (get_element,
-                                                            set_element)
-        import torch
+        from .planner import _is_tensor
         original = getattr(self._planner, "original_state_dict",
                            self._state_dict)
         if self._nested is not None:
-            for key, path in mappings.items():
-                value = get_element(self._nested, path)
-                if not isinstance(value, torch.Tensor):
+            for key in self._flat:
+                path = mappings[key]
+                value = _get_element(self._nested, path)
+                if not _is_tensor(value):
                     self._flat[key] = value
-                    set_element(original, path, value)
+                    _set_element(original, path, value)
             return
         for key, value in self._flat.items():
             path = mappings.get(key)
-            if path is not None and not isinstance(value, torch.Tensor):
-                set_element(original, path, value)
+            if path is not None and not _is_tensor(value):
+                _set_element(original, path, value)
 
 
 def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
@@ -188,11 +184,51 @@ def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
         raise TypeError(
             f"{type(planner).__qualname__}.set_up_planner left a "
             f"{type(walked).__name__} in planner.state_dict, not a dict")
-    mappings = getattr(planner, "mappings", None)
     nested = None
-    if _is_torchs(base) and mappings and walked is not state_dict and \
-            all(key in mappings for key in walked):
-        from torch.distributed.checkpoint._nested_dict import (
-            unflatten_state_dict)
-        nested = unflatten_state_dict(walked, mappings)
+    if _flattened(planner, walked, state_dict):
+        nested = _unflatten(walked, planner.mappings)
     return LoadSetUp(planner, state_dict, walked, nested)
+
+
+def _flattened(planner, walked, state_dict) -> bool:
+    """Whether `walked` is the default set_up_planner's flattening of
+    `state_dict` (or part of it): every key has its mapping."""
+    mappings = getattr(planner, "mappings", None)
+    return bool(mappings) and walked is not state_dict and all(
+        key in mappings for key in walked)
+
+
+def _unflatten(flat: dict, mappings: dict) -> dict:
+    """The nested dict of `flat`'s values at their `mappings` paths, as
+    torch's unflatten_state_dict makes it (lists padded with None)."""
+    nested: dict = {}
+    for key, value in flat.items():
+        _set_element(nested, mappings[key], value)
+    return nested
+
+
+def _get_element(root, path):
+    node = root
+    for part in path:
+        node = node[part]
+    return node
+
+
+def _set_element(root, path, value) -> None:
+    """Sets `value` at `path` under `root`, making the dicts (for keys)
+    and lists (for int indices, padded with None) on the way, as torch's
+    set_element."""
+    node = root
+    for part, following in zip(path, path[1:]):
+        if isinstance(node, list):
+            node.extend([None] * (part + 1 - len(node)))
+            if node[part] is None:
+                node[part] = {} if not isinstance(following, int) else []
+            node = node[part]
+        else:
+            node = node.setdefault(
+                part, {} if not isinstance(following, int) else [])
+    last = path[-1]
+    if isinstance(node, list):
+        node.extend([None] * (last + 1 - len(node)))
+    node[last] = value

@@ -27,13 +27,19 @@ _PARAM_GROUPS = "param_groups"
 _PARAMS = "params"
 
 
-def _as_optimizers(optimizers: Any) -> tuple[torch.optim.Optimizer, ...]:
+def _as_optimizers(optimizers: Any, optim_only: bool = True
+                   ) -> tuple[torch.optim.Optimizer, ...]:
+    """`optimizers` (one, or an iterable of them) as a tuple. None passed
+    (an empty iterable) is a model-only call, as in torch, unless
+    `optim_only` (the optimizer functions): RuntimeError, torch's type."""
     if isinstance(optimizers, torch.optim.Optimizer):
         result: tuple = (optimizers,)
     else:
         result = tuple(optimizers)
-    if not result:
-        raise ValueError("no optimizer was passed")
+    if not result and optim_only:
+        raise RuntimeError("no optimizer was passed (an optimizer function "
+                           "needs one; get_state_dict and set_state_dict "
+                           "take none)")
     for optim in result:
         if not isinstance(optim, torch.optim.Optimizer):
             raise TypeError(f"not a torch.optim.Optimizer: {type(optim).__name__}")

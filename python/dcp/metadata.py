@@ -41,7 +41,9 @@ FORMAT_VERSION = "dcp-1"
 
 @dataclass(frozen=True)
 class ChunkStorageMetadata:
-    """One saved chunk: where it starts in the global tensor, and its size."""
+    """One saved chunk: where it starts in the global tensor, and its size
+    (torch.Size in a checkpoint's metadata where torch is installed, as in
+    torch's; tuples otherwise)."""
     offsets: tuple
     sizes: tuple
 
@@ -385,13 +387,16 @@ class Metadata:
         # One TensorProperties per dtype and requires_grad (frozen, so
         # shared): making one costs several times the rest of an item.
         properties = {}
+        # Sizes and offsets as torch.Size, as torch's metadata has them
+        # (`.numel()`), where torch is installed.
+        size_type = torch.Size if torch is not None else tuple
         i, end = 0, len(r)
         while i < end:
             name = string(r[i], r[i + 1], "name")
             is_tensor, dtype, requires_grad, ndim, path_len, num_chunks = \
                 r[i + 2:i + 8]
             i += 8
-            shape = tuple(r[i:i + ndim])
+            shape = size_type(r[i:i + ndim])
             i += ndim
             path = []
             for _ in range(path_len):
@@ -411,7 +416,8 @@ class Metadata:
             for _ in range(num_chunks):
                 middle = i + ndim
                 chunks.append(ChunkStorageMetadata(
-                    tuple(r[i:middle]), tuple(r[middle:middle + ndim])))
+                    size_type(r[i:middle]),
+                    size_type(r[middle:middle + ndim])))
                 i = middle + ndim
             sdm[name] = TensorStorageMetadata(props, shape, tuple(chunks))
         self._sdm = types.MappingProxyType(sdm)

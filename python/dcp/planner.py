@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import sys
 
-from . import _lib
-from .interfaces import LoadPlanner, SavePlanner, check_planner
+import numpy as np
 
-__all__ = ["DefaultSavePlanner", "DefaultLoadPlanner"]
+from . import _lib
+from .interfaces import (BytesIOWriteData, LoadItemType, LoadPlan,
+                         LoadPlanner, ReadItem, SavePlan, SavePlanner,
+                         TensorWriteData, WriteItem, WriteItemType,
+                         check_planner)
+
+# The planner protocol's names too, as torch.distributed.checkpoint.planner
+# holds them.
+__all__ = ["DefaultSavePlanner", "DefaultLoadPlanner", "WriteItemType",
+           "LoadItemType", "BytesIOWriteData", "TensorWriteData", "WriteItem",
+           "ReadItem", "SavePlan", "LoadPlan", "SavePlanner", "LoadPlanner"]
 
 
 class DefaultSavePlanner:
@@ -41,12 +50,17 @@ class DefaultSavePlanner:
     def set_up_planner(self, state_dict, storage_meta=None,
                        is_coordinator: bool = False) -> None:
         """The seed's hook, called before planning when a subclass
-        overrides it: the save then walks self.state_dict. This default
-        keeps the dict as given (nested: the engine flattens it)."""
-        self.state_dict = state_dict
+        overrides it: the save then walks self.state_dict. As torch's, this
+        default flattens the dict (flatten_state_dict=True; flatten()):
+        self.state_dict maps dotted names to leaves, self.mappings each
+        name to its path, so an override filters or rewrites it by name;
+        the save walks it nested again (keys it renamed stay flat names)."""
         self.storage_meta = storage_meta
         self.is_coordinator = is_coordinator
-        self.mappings = {}
+        if self.flatten_state_dict:
+            self.state_dict, self.mappings = flatten(state_dict)
+        else:
+            self.state_dict, self.mappings = state_dict, {}
 
     def _options(self) -> _lib.SavePlannerOptions:
         return _lib.sized(
@@ -83,12 +97,17 @@ class DefaultLoadPlanner:
                        is_coordinator: bool = False) -> None:
         """The seed's hook, called before planning when a subclass
         overrides it, with the checkpoint's Metadata: the load then loads
-        into self.state_dict. This default keeps the dict as given."""
+        into self.state_dict. As torch's, this default flattens the dict
+        (flatten_state_dict=True; flatten(); as DefaultSavePlanner's); the
+        load walks it nested again and puts each plain value it reads into
+        self.original_state_dict at its path."""
         self.original_state_dict = state_dict
-        self.state_dict = state_dict
         self.metadata = metadata
         self.is_coordinator = is_coordinator
-        self.mappings = {}
+        if self.flatten_state_dict:
+            self.state_dict, self.mappings = flatten(state_dict)
+        else:
+            self.state_dict, self.mappings = state_dict, {}
 
     def _options(self) -> _lib.LoadPlannerOptions:
         return _lib.sized(
@@ -100,6 +119,50 @@ class DefaultLoadPlanner:
     def __repr__(self):
         return (f"DefaultLoadPlanner(allow_partial_load="
                 f"{self.allow_partial_load})")
+
+
+def _is_tensor(value) -> bool:
+    from . import _state
+    torch = _state.torch
+    return (torch is not None and isinstance(value, torch.Tensor)) or \
+        isinstance(value, (np.ndarray, _state.ShardedTensor))
+
+
+def flatten(state_dict) -> tuple[dict, dict]:
+    """(flat, mappings), as torch's flatten_state_dict makes them: `flat`
+    maps each leaf's dotted name to it, `mappings` the name to its path (a
+    tuple of the dict keys, as they are, and list indices). Dicts are
+    walked (an empty one has no leaf); a list is a leaf unless it holds a
+    tensor or a dict at some depth (then its items are walked); a tuple is
+    a leaf. ValueError for two leaves of one name."""
+    flat: dict = {}
+    mappings: dict = {}
+
+    def terminal(value) -> bool:
+        if isinstance(value, dict):
+            return False
+        if not isinstance(value, list):
+            return True
+        return not any((isinstance(v, (dict, list)) and not terminal(v))
+                       or _is_tensor(v) for v in value)
+
+    def visit(path, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(path + (k,), v)
+        elif terminal(value):
+            name = ".".join(map(str, path))
+            if name in flat:
+                raise ValueError(f"duplicated flatten key {name}")
+            flat[name] = value
+            mappings[name] = path
+        else:
+            for i, v in enumerate(value):
+                visit(path + (i,), v)
+
+    for key, value in state_dict.items():
+        visit((key,), value)
+    return flat, mappings
 
 
 def _torch_default(kind: str):

@@ -188,13 +188,16 @@ def get_state_dict(
     submodules: set[nn.Module] | None = None,
     options: StateDictOptions | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (get_model_state_dict(...), get_optimizer_state_dict(...))."""
+    """Returns (get_model_state_dict(...), get_optimizer_state_dict(...));
+    the second is {} where `optimizers` is empty (a model-only call, as in
+    torch)."""
     options = _check_options(options)
-    optims = _as_optimizers(optimizers)
+    optims = _as_optimizers(optimizers, optim_only=False)
     index = _ModelIndex(model, options.dsd_fqn_modifiers)
     with torch.no_grad():
         model_state = _model_state_dict(model, index, submodules, options)
-        optim_state = _optimizer_state_dict(index, optims, options)
+        optim_state = _optimizer_state_dict(index, optims, options) \
+            if optims else {}
     return model_state, optim_state
 
 
@@ -254,9 +257,10 @@ def set_state_dict(
     loading the model afterwards makes the parameters exactly the loaded ones.
     """
     options = _check_options(options, loading=True)
-    optims = _as_optimizers(optimizers)
+    optims = _as_optimizers(optimizers, optim_only=False)
     index = _ModelIndex(model, options.dsd_fqn_modifiers)
-    _load_optimizers(index, optims, optim_state_dict, options)
+    if optims:
+        _load_optimizers(index, optims, optim_state_dict, options)
     return _load_model(model, index, model_state_dict, options)
 
 

@@ -23,7 +23,7 @@ from .interfaces import StorageReader, StorageWriter, check_storage
 __all__ = ["FileSystemWriter", "FileSystemReader", "SerializationFormat",
            "HuggingFaceStorageWriter", "HuggingFaceStorageReader",
            "QuantizedHuggingFaceStorageReader", "MegaStorageWriter",
-           "MegaStorageReader"]
+           "MegaStorageReader", "StorageWriter", "StorageReader"]
 
 _SEED_COPY_AHEAD = 10_000_000
 

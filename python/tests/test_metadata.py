@@ -36,6 +36,10 @@ def test_metadata_describes_every_item(ckpt):
     assert sdm["shard"].size == (6, 5)
     assert sdm["shard"].chunks == (dcp.ChunkStorageMetadata((0, 0), (6, 5)),)
     assert isinstance(sdm["step"], dcp.BytesStorageMetadata)
+    # torch.Size, as in torch's metadata.
+    assert type(w.size) is torch.Size and w.size.numel() == 12
+    assert type(w.chunks[0].offsets) is torch.Size
+    assert type(w.chunks[0].sizes) is torch.Size
     assert isinstance(sdm["lr"], dcp.BytesStorageMetadata)  # one value
     assert md.planner_data["lr"] == ("lr",)
     assert md.planner_data["bufs.0"] == ("bufs", 0)

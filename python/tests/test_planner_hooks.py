@@ -132,7 +132,7 @@ def test_dcp_subclasses_override_set_up_planner(tmp_path):
     assert _DropCaches.calls == [(ckpt, True)]
     md = dcp.read_metadata(ckpt)
     assert "cache" not in md.state_dict_metadata
-    # dcp's default set_up_planner keeps the dict nested.
+    # The flattened dict is saved nested again.
     assert md.planner_data["model.w"] == ("model", "w")
     back = dict(_blank(), cache=torch.zeros(1000))
     planner = _DefaultsOnLoad()
@@ -212,3 +212,59 @@ def test_torchs_flattening_keeps_lists_of_plain_values_whole(tmp_path):
     bare = {"milestones": [0], "pair": (0, 0)}
     dcp.load(bare, checkpoint_id=ckpt, planner=UnderModel())
     assert bare == {"milestones": [10, 20, 30], "pair": (1, 2)}
+
+
+def _filtering_planners(base_save, base_load):
+    class NoBias(base_save):
+        def set_up_planner(self, state_dict, storage_meta=None,
+                           is_coordinator=False):
+            super().set_up_planner(state_dict, storage_meta, is_coordinator)
+            self.state_dict = {k: v for k, v in self.state_dict.items()
+                               if not k.endswith(".b")}
+
+    class FromNet(base_load):
+        def set_up_planner(self, state_dict, metadata=None,
+                           is_coordinator=False):
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+            self.state_dict = {k.replace("net.", "model."): v
+                               for k, v in self.state_dict.items()}
+
+    return NoBias, FromNet
+
+
+@pytest.mark.parametrize("whose", ["dcp", "torch"])
+def test_a_subclass_filters_and_renames_flattened_names(tmp_path, whose):
+    """As in torch, the default set_up_planner flattens the state dict:
+    an override after super() drops or renames keys by dotted name."""
+    lib = dcp if whose == "dcp" else torch_dcp
+    NoBias, FromNet = _filtering_planners(lib.DefaultSavePlanner,
+                                          lib.DefaultLoadPlanner)
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save(_state(), checkpoint_id=ckpt, planner=NoBias())
+    md = dcp.read_metadata(ckpt)
+    assert sorted(md.state_dict_metadata) == [
+        "cfg.lr", "cfg.names", "model.w", "step"]
+    assert md.planner_data["model.w"] == ("model", "w")  # nested again
+    net = {"net": {"w": torch.zeros(2, 3)}, "step": 0,
+           "cfg": {"lr": 0.0, "names": []}}
+    dcp.load(net, checkpoint_id=ckpt, planner=FromNet())
+    assert torch.equal(net["net"]["w"], _state()["model"]["w"])
+    assert net["cfg"] == {"lr": 0.5, "names": ["a", "b"]}
+    assert net["step"] == 7
+
+
+def test_dcp_flattens_as_torch_flattens():
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    t = torch.ones(1)
+    state = {"a": {"b": t, "c": [1, 2], "d": [t, {"e": 3}], "f": (t, 4),
+                   "g": [[1], [t]], "h": {}, "i": []},
+             "j": 5, 6: {"k": t}}
+    flat, mappings = dcp.planner.flatten(state)
+    torch_flat, torch_mappings = flatten_state_dict(state)
+    assert list(flat) == list(torch_flat)
+    assert all(flat[k] is torch_flat[k] for k in flat)
+    # Paths keep the dict keys as they are (torch's are str(key)).
+    assert mappings["6.k"] == (6, "k") and torch_mappings["6.k"] == ("6", "k")
+    assert dict(mappings, **{"6.k": ("6", "k")}) == torch_mappings
+    with pytest.raises(ValueError, match="duplicated flatten key a.b"):
+        dcp.planner.flatten({"a.b": 1, "a": {"b": 2}})

@@ -272,3 +272,46 @@ def test_read_metadata_of_a_mega_directory(tmp_path):
     dst = {"w": torch.zeros(2, 3), "n": 0}
     dcp.load(dst, checkpoint_id=path)
     assert dst["n"] == 4
+
+
+# torch.distributed.checkpoint's submodules and the names of each that dcp
+# has under the same module path (`from torch.distributed.checkpoint.X
+# import Y` becomes `from dcp.X import Y`).
+_SUBMODULE_NAMES = {
+    "staging": ["DefaultStager", "StagingOptions"],
+    "state_dict_saver": ["save_state_dict", "save", "async_save",
+                         "AsyncCheckpointerType", "AsyncSaveResponse"],
+    "state_dict_loader": ["load_state_dict", "load"],
+    "filesystem": ["FileSystemWriter", "FileSystemReader", "FileSystem",
+                   "FileSystemBase", "SerializationFormat"],
+    "default_planner": ["DefaultSavePlanner", "DefaultLoadPlanner"],
+    "api": ["CheckpointException"],
+    "hf_storage": ["HuggingFaceStorageWriter", "HuggingFaceStorageReader"],
+    "planner": ["WriteItemType", "LoadItemType", "BytesIOWriteData",
+                "TensorWriteData", "WriteItem", "ReadItem", "SavePlan",
+                "LoadPlan", "SavePlanner", "LoadPlanner"],
+    "storage": ["StorageWriter", "StorageReader"],
+    "metadata": ["ChunkStorageMetadata", "TensorStorageMetadata",
+                 "BytesStorageMetadata", "Metadata", "MetadataIndex",
+                 "TensorProperties", "StorageMeta"],
+    "stateful": ["Stateful"],
+    "format_utils": ["dcp_to_torch_save", "torch_save_to_dcp"],
+    "state_dict": ["StateDictOptions", "get_model_state_dict",
+                   "get_optimizer_state_dict", "get_state_dict",
+                   "set_model_state_dict", "set_optimizer_state_dict",
+                   "set_state_dict"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(_SUBMODULE_NAMES))
+def test_torchs_submodule_paths_import_the_same_objects(module):
+    import importlib
+    torchs = importlib.import_module(f"torch.distributed.checkpoint.{module}")
+    ours = importlib.import_module(f"dcp.{module}")
+    for name in _SUBMODULE_NAMES[module]:
+        assert name in torchs.__all__, (module, name)
+        assert name in ours.__all__, (module, name)
+        obj = getattr(ours, name)
+        # The same object as dcp's top-level name (or format_utils').
+        top = getattr(dcp, name, None) or getattr(dcp.format_utils, name)
+        assert obj is top, (module, name)

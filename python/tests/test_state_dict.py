@@ -170,10 +170,25 @@ def test_broadcast_from_rank0_requires_full_state_dict():
         )
 
 
-def test_optimizers_must_be_given():
-    model, _ = _make("mlp_sgd_momentum", 0)
-    with pytest.raises(ValueError, match="no optimizer"):
+def test_optimizer_functions_need_an_optimizer():
+    model, optims = _make("mlp_sgd_momentum", 0)
+    with pytest.raises(RuntimeError, match="no optimizer"):
         sd.get_optimizer_state_dict(model, [])
+    with pytest.raises(RuntimeError, match="no optimizer"):
+        sd.set_optimizer_state_dict(model, (), {})
+
+
+def test_get_and_set_state_dict_take_no_optimizers_as_torch_does():
+    model, _ = _make("mlp_sgd_momentum", 0)
+    for none in ([], ()):
+        msd, osd = sd.get_state_dict(model, none)
+        assert osd == {} and set(msd) == set(model.state_dict())
+    fresh, _ = _make("mlp_sgd_momentum", 3)
+    keys = sd.set_state_dict(fresh, optimizers=[], model_state_dict=msd,
+                             optim_state_dict={})
+    assert not keys.missing_keys and not keys.unexpected_keys
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, msd[k]), k
 
 
 # --------------------------------------------------------------------------
