@@ -175,6 +175,15 @@ def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
     if base is None:
         return LoadSetUp(None, state_dict, state_dict)
     md = read_metadata_for(storage_reader, path, rank)
+    # A hook may build its dict from the nesting paths (torch's
+    # _EmptyStateDictLoadPlanner does): damaged ones are refused first.
+    from ._state import check_saved_paths
+    from .metadata import check_chunk_coverage
+    check_saved_paths((p for p in (md.planner_data or {}).values()
+                       if isinstance(p, tuple)), path)
+    for name, item in md.state_dict_metadata.items():
+        if hasattr(item, "chunks"):
+            check_chunk_coverage(name, item, path)
     if _is_torchs(base):
         md = _torch_metadata(md)
     planner.state_dict = state_dict  # for an override that leaves it

@@ -1886,7 +1886,15 @@ class Flat:
         for i, (_, _, old) in enumerate(self.v_slots):
             path = Path.from_buffer(paths, i * 16)
             _lib.check(L.dcp_state_dict_get(sd, path, ctypes.byref(info)))
-            out.append(self._decode(info, old, self.v_paths[i]))
+            try:
+                out.append(self._decode(info, old, self.v_paths[i]))
+            except errors.CheckpointException:
+                raise
+            except ValueError as e:
+                # A saved value that cannot be decoded: damaged data.
+                raise errors.from_status(
+                    _lib.DATA_LOSS, str(e),
+                    cls=errors.CheckpointCorruptValueError) from e
         return out
 
     def mark_written(self) -> None:
@@ -1975,13 +1983,13 @@ class Flat:
                 if not b.startswith((PICKLE_MARKER, BYTES_ESCAPE)):
                     # Saved bytes that start so are escaped (BYTES_ESCAPE):
                     # this is a kind of value a newer dcp stores.
-                    raise ValueError(
+                    raise _refused(
                         f"'{self.name(path)}' holds a value this version "
                         f"of dcp does not know ({b[:32]!r}); load it with "
                         "the dcp that saved it")
                 if b.startswith(PICKLE_MARKER):
                     if not self.allow_pickle:
-                        raise ValueError(
+                        raise _refused(
                             f"'{self.name(path)}' was saved pickled; loading "
                             "it runs pickle (arbitrary code): pass "
                             "allow_pickle=True if you trust the checkpoint")
@@ -1997,8 +2005,8 @@ class Flat:
                 return bytearray(b)
             return b
         else:
-            raise ValueError(f"'{self.name(path)}': the checkpoint holds a "
-                             "tensor where the state dict has a plain value")
+            raise _refused(f"'{self.name(path)}': the checkpoint holds a "
+                           "tensor where the state dict has a plain value")
         if isinstance(old, np.generic):
             return self._fit(value, old, path)
         return value
@@ -2088,8 +2096,8 @@ class Flat:
             raise ValueError(f"'{name}': the saved complex is damaged "
                              f"({b[:48]!r})")
         if torch is None:
-            raise ValueError(f"'{name}' holds a torch.dtype or torch.device, "
-                             "which needs torch installed to load")
+            raise _refused(f"'{name}' holds a torch.dtype or torch.device, "
+                           "which needs torch installed to load")
         if b.startswith(TORCH_DTYPE_MARKER):
             text = b[len(TORCH_DTYPE_MARKER):]
             dtype = (getattr(torch, text.decode(), None)
@@ -2138,12 +2146,19 @@ class Flat:
                     raise OverflowError(f"outside [{lim.min}, {lim.max}]")
             return type(old)(value)
         except (OverflowError, ValueError, TypeError) as e:
-            raise ValueError(
+            raise _refused(
                 f"'{self.name(path)}': the saved value {value!r} does not "
                 f"fit the state dict's {type(old).__name__}") from e
 
 
 _SKIP = object()
+
+
+def _refused(message: str):
+    """CheckpointValueError (INVALID_ARGUMENT): a saved value this load
+    will not decode into the state dict (pickled without allow_pickle, of
+    another kind, one that does not fit)."""
+    return errors.from_status(_lib.INVALID_ARGUMENT, message)
 
 
 class _Unstorable(TypeError):
@@ -2372,6 +2387,68 @@ def check_list_growth(indices, name_at) -> None:
                 f"{element}, more than {MAX_LIST_GROWTH} past the end of its "
                 f"list ({size} entries)")
         size = i + 1
+
+
+# The deepest nesting path a checkpoint's metadata may give a whole-
+# checkpoint load (load_all, a planner built from the metadata): deeper
+# nesting than Python walks (its recursion limit) is no state dict.
+MAX_PATH_DEPTH = 400
+
+
+def check_saved_paths(paths, source) -> None:
+    """Raises CheckpointCorruptError naming checkpoint `source` where the
+    nesting paths a checkpoint's metadata gives (tuples of str keys and int
+    list indices, as planner_data holds them) cannot be a state dict: a
+    path that is empty, starts with a list index or nests deeper than
+    MAX_PATH_DEPTH, or a list index more than MAX_LIST_GROWTH past the end
+    of its list (check_list_growth), before anything builds them (torch's
+    set_element pads a list with None up to any index). Linear in the
+    paths' total length."""
+    def corrupt(why):
+        return errors.from_status(
+            _lib.DATA_LOSS, f"{source}: the metadata's nesting paths are "
+            f"damaged: {why}")
+
+    # A trie of the paths: node -> [children by element, list indices
+    # set under it, parent, the element leading to it].
+    root = [{}, None, None, None]
+    for path in paths:
+        if not path or isinstance(path[0], int):
+            raise corrupt(f"path {tuple(path)!r} does not start with a key")
+        if len(path) > MAX_PATH_DEPTH:
+            raise corrupt(f"a path nests {len(path)} deep (at most "
+                          f"{MAX_PATH_DEPTH})")
+        node = root
+        for part in path:
+            if isinstance(part, int):
+                if part < 0:
+                    raise corrupt(f"a negative list index {part}")
+                if node[1] is None:
+                    node[1] = set()
+                node[1].add(part)
+            child = node[0].get(part)
+            if child is None:
+                child = node[0][part] = [{}, None, node, part]
+            node = child
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node[0].values())
+        if node[1] is None:
+            continue
+
+        def name_at(i, node=node):
+            parts = []
+            up = node
+            while up[2] is not None:
+                parts.append(str(up[3]))
+                up = up[2]
+            return ".".join(reversed(parts)) + f".{i}", len(parts)
+
+        try:
+            check_list_growth(node[1], name_at)
+        except errors.CheckpointException as e:
+            raise corrupt(str(e)) from None
 
 
 def _rebuild(dest, saved, path, paths, slots, tuples) -> list:

@@ -211,6 +211,12 @@ class CheckpointCorruptError(CheckpointException):
     message names the file."""
 
 
+class CheckpointCorruptValueError(CheckpointCorruptError, ValueError):
+    """DATA_LOSS of a saved plain value that cannot be decoded (a damaged
+    marked value, a string that is not UTF-8, a failing unpickle); the
+    message names the key. Also a ValueError."""
+
+
 class CheckpointNotADirectoryError(CheckpointException, NotADirectoryError):
     """FAILED_PRECONDITION: a save's checkpoint_id, or a directory above
     it, is a file."""

@@ -25,10 +25,11 @@ no nesting (flat names).
 from __future__ import annotations
 
 import os
+import tempfile
 
-from . import _state, checkpoint, errors
-from .metadata import TensorStorageMetadata, read_metadata, \
-    read_metadata_through
+from . import _lib, _state, checkpoint, errors
+from .metadata import TensorStorageMetadata, check_chunk_coverage, \
+    read_metadata, read_metadata_through
 
 __all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp",
            "torch_dcp_to_dcp"]
@@ -73,21 +74,6 @@ def _selected(metadata, keys):
     return chosen
 
 
-def _check_list_growth(paths) -> None:
-    """Raises what the engine raises for a list index more than
-    MAX_LIST_GROWTH past the end of its list (_state.check_list_growth),
-    the lists built from `paths` in increasing index order, before _place
-    grows any list."""
-    lists: dict = {}
-    for path in paths:
-        for depth in range(1, len(path)):
-            if isinstance(path[depth], int):
-                lists.setdefault(path[:depth], set()).add(path[depth])
-    for prefix, indices in lists.items():
-        _state.check_list_growth(indices, lambda i, prefix=prefix: (
-            ".".join(map(str, prefix + (i,))), len(prefix)))
-
-
 def _place(root: dict, path: tuple, leaf) -> None:
     """Sets `leaf` at `path` under `root`, creating the dicts (string
     keys) and lists (int indices, padded with None) on the way."""
@@ -100,6 +86,10 @@ def _place(root: dict, path: tuple, leaf) -> None:
         elif isinstance(key, int) and depth == 0:
             raise ValueError(f"path {path!r} starts with a list index")
         if depth == len(path) - 1:
+            there = node[key] if isinstance(node, list) else node.get(key)
+            if isinstance(there, (dict, list)):
+                raise ValueError(f"path {path!r} ends where other paths "
+                                 "pass through")
             node[key] = leaf
             return
         child = node[key] if isinstance(node, list) else node.get(key)
@@ -154,10 +144,24 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     # element without its neighbours), then nested.
     flat = {}
     paths = {}
+    source = checkpoint_id if checkpoint_id is not None else getattr(
+        storage_reader, "path", "the checkpoint")
     selected = _selected(metadata, keys)
-    _check_list_growth(path for _, _, path in selected)
+    # The metadata's paths and shapes checked before anything is built
+    # from them: a damaged checkpoint is refused (CheckpointCorruptError)
+    # rather than growing lists or tensors without bound.
+    _state.check_saved_paths((path for _, _, path in selected), source)
+    state: dict = {}
+    try:
+        for _, _, path in selected:
+            _place(state, path, _LEAF)
+    except ValueError as e:
+        raise errors.from_status(
+            _lib.DATA_LOSS, f"{source}: the metadata's nesting paths are "
+            f"damaged: {e}") from None
     for name, item, path in selected:
         if isinstance(item, TensorStorageMetadata):
+            check_chunk_coverage(name, item, source)
             flat[name] = torch.empty(tuple(item.size),
                                      dtype=item.properties.dtype,
                                      device=device)
@@ -167,18 +171,34 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     checkpoint.load(flat, checkpoint_id=checkpoint_id,
                     storage_reader=storage_reader, no_dist=True,
                     allow_pickle=allow_pickle)
-    state: dict = {}
+    state = {}
     for name, value in flat.items():
         _place(state, paths[name], value)
     return state
 
 
+# What the check of load_all's paths places before anything is loaded.
+_LEAF = object()
+
+
 def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *, keys=None,
                       allow_pickle: bool = False) -> None:
     """Writes what the checkpoint in `dcp_checkpoint_dir` holds (all of it,
-    or what `keys` names: load_all) to `torch_save_path` with torch.save."""
+    or what `keys` names: load_all) to `torch_save_path` with torch.save:
+    into a new file beside it, renamed over `torch_save_path` once written
+    (a failed write leaves no partial file)."""
     state = load_all(dcp_checkpoint_dir, keys=keys, allow_pickle=allow_pickle)
-    _torch("dcp_to_torch_save").save(state, os.fspath(torch_save_path))
+    path = os.fspath(torch_save_path)
+    directory, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _torch("dcp_to_torch_save").save(state, f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,

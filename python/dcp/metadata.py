@@ -16,6 +16,7 @@ import copy
 import ctypes
 import enum
 import gc
+import math
 import os
 import pickle
 import types
@@ -422,6 +423,19 @@ class Metadata:
             sdm[name] = TensorStorageMetadata(props, shape, tuple(chunks))
         self._sdm = types.MappingProxyType(sdm)
         self._planner_data = types.MappingProxyType(planner_data)
+
+
+def check_chunk_coverage(name, item, source) -> None:
+    """Raises CheckpointCorruptError naming checkpoint `source` and key
+    `name` where the saved chunks of tensor `item` (TensorStorageMetadata)
+    hold fewer elements than its shape: a tensor of that shape must not be
+    allocated before the load refuses it (a damaged shape may be huge)."""
+    total = math.prod(item.size)
+    held = sum(math.prod(c.sizes) for c in item.chunks)
+    if held < total:
+        raise errors.from_status(
+            _lib.DATA_LOSS, f"{source}: \"{name}\": the metadata's chunks "
+            f"hold {held} of the tensor's {total} elements")
 
 
 def _from_plain_fields(fields: dict) -> Metadata:

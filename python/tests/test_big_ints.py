@@ -241,3 +241,17 @@ def test_ints_past_the_digit_limit(ckpt):
     finally:
         sys.set_int_max_str_digits(limit)
     assert dst["h"] == huge
+
+
+def test_a_damaged_value_is_corrupt_data_and_a_value_error(ckpt, raw_values):
+    dcp.save({"s": raw_values(_state.INT_MARKER + b"1x"),
+              "p": raw_values(_state.PICKLE_MARKER + b"\x80\x04N.")},
+             checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointCorruptError) as e:
+        dcp.load({"s": 0}, checkpoint_id=ckpt)
+    assert isinstance(e.value, ValueError)
+    assert str(e.value).startswith("'s': the saved int is damaged")
+    # A pickle without allow_pickle is refused, not damaged.
+    with pytest.raises(dcp.CheckpointValueError, match="'p' was saved "
+                       "pickled"):
+        dcp.load({"p": None}, checkpoint_id=ckpt)

@@ -124,9 +124,10 @@ def test_load_all_refuses_a_list_index_far_past_the_end(ckpt, monkeypatch,
         state_dict_metadata=md.state_dict_metadata,
         planner_data={**md.planner_data, "h.1": ("h", 1 << 40)})
     monkeypatch.setattr(format_utils, "read_metadata", lambda _: crafted)
-    with pytest.raises(dcp.CheckpointValueError) as e:
+    with pytest.raises(dcp.CheckpointCorruptError) as e:
         format_utils.load_all(ckpt)
     assert str(e.value) == (
+        f"{ckpt}: the metadata's nesting paths are damaged: "
         f'state dict path "h.{1 << 40}" has list index {1 << 40} at element '
         "1, more than 1048576 past the end of its list (1 entries)")
 
@@ -216,3 +217,67 @@ def test_command_line(ckpt, tmp_path):
     assert run.returncode == 1
     assert "ValueError" in run.stderr and "no checkpoint written by torch" \
         in run.stderr
+
+
+def _crafted(monkeypatch, ckpt, planner_data=None, items=None):
+    """load_all reads metadata whose planner_data (or items) are replaced
+    by a damaged checkpoint's."""
+    import types
+    md = dcp.read_metadata(ckpt)
+    crafted = types.SimpleNamespace(
+        state_dict_metadata=dict(md.state_dict_metadata, **(items or {})),
+        planner_data={**md.planner_data, **(planner_data or {})})
+    monkeypatch.setattr(format_utils, "read_metadata", lambda _: crafted)
+
+
+@pytest.mark.parametrize("path,why", [
+    ((0,), "path (0,) does not start with a key"),
+    (("h",) + (0,) * 401, "a path nests 402 deep (at most 400)"),
+    (("h", 0, "x"), "passes through a value"),
+    (("h",), "ends where other paths pass through"),
+    (("h", -1), "a negative list index -1"),
+], ids=["index_first", "too_deep", "through_a_value", "at_a_container",
+        "negative"])
+def test_load_all_refuses_damaged_paths_before_building(ckpt, monkeypatch,
+                                                        path, why):
+    dcp.save({"h": [torch.ones(1)], "w": torch.zeros(2)}, checkpoint_id=ckpt)
+    _crafted(monkeypatch, ckpt, {"w": path})
+    with pytest.raises(dcp.CheckpointCorruptError) as e:
+        format_utils.load_all(ckpt)
+    assert str(e.value).startswith(
+        f"{ckpt}: the metadata's nesting paths are damaged: ")
+    assert why in str(e.value)
+
+
+def test_load_all_checks_a_shape_against_its_chunks_first(ckpt, monkeypatch):
+    # A damaged shape of 2^42 elements, whose chunks hold 2: refused
+    # before a tensor of that shape is allocated.
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    w = dcp.read_metadata(ckpt).state_dict_metadata["w"]
+    import dataclasses
+    _crafted(monkeypatch, ckpt, items={
+        "w": dataclasses.replace(w, size=torch.Size([1 << 42]))})
+    with pytest.raises(dcp.CheckpointCorruptError) as e:
+        format_utils.load_all(ckpt)
+    assert str(e.value) == (f'{ckpt}: "w": the metadata\'s chunks hold 2 of '
+                            f"the tensor's {1 << 42} elements")
+
+
+def test_dcp_to_torch_save_leaves_no_partial_file(ckpt, tmp_path,
+                                                  monkeypatch):
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    out = tmp_path / "out.pt"
+    out.write_bytes(b"the old file")
+
+    def failing_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        format_utils.dcp_to_torch_save(ckpt, out)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "out.pt"]
+    assert out.read_bytes() == b"the old file"
+    monkeypatch.undo()
+    format_utils.dcp_to_torch_save(ckpt, out)
+    assert torch.equal(torch.load(out)["w"], torch.ones(2))

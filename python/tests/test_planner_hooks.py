@@ -268,3 +268,26 @@ def test_dcp_flattens_as_torch_flattens():
     assert dict(mappings, **{"6.k": ("6", "k")}) == torch_mappings
     with pytest.raises(ValueError, match="duplicated flatten key a.b"):
         dcp.planner.flatten({"a.b": 1, "a": {"b": 2}})
+
+
+def test_damaged_nesting_paths_are_refused_before_the_hook(tmp_path,
+                                                          monkeypatch):
+    # torch's _EmptyStateDictLoadPlanner builds its dict from the paths
+    # (set_element pads a list up to any index): a damaged index is
+    # refused first, as a corrupt checkpoint.
+    import types
+    from dcp import _planner_hooks
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save(_state(), checkpoint_id=ckpt)
+    md = dcp.read_metadata(ckpt)
+    crafted = types.SimpleNamespace(
+        state_dict_metadata=md.state_dict_metadata,
+        planner_data={**md.planner_data, "step": ("step", 1 << 40)},
+        storage_meta=md.storage_meta)
+    monkeypatch.setattr(_planner_hooks, "read_metadata_for",
+                        lambda *_: crafted)
+    with pytest.raises(dcp.CheckpointCorruptError,
+                       match=r"the metadata's nesting paths are damaged: "
+                             r"state dict path \"step.1099511627776\""):
+        dcp.load({}, checkpoint_id=ckpt,
+                 planner=_EmptyStateDictLoadPlanner())
