@@ -402,7 +402,7 @@ class _Extras:
     """What Flat keeps for few state dicts, in one attribute (Flat._x)."""
 
     __slots__ = ("list_ids", "aliases", "empty_dicts", "unstorable", "root",
-                 "tensors_only")
+                 "tensors_only", "plain_tuples")
 
     def __init__(self):
         # Load only: the ids of the caller's lists walked, and (parent,
@@ -423,6 +423,11 @@ class _Extras:
         self.root = None
         # Flat._tensors_only's answer by metadata handle.
         self.tensors_only: dict = {}
+        # Load only: the namedtuples of plain values (no container inside)
+        # outside lists of plain values, as _plain_lists entries (Flat):
+        # they load item by item, or whole where the checkpoint holds a
+        # tuple saved whole at their path (reshape_lists).
+        self.plain_tuples: list = []
 
 
 class Flat:
@@ -583,13 +588,13 @@ class Flat:
         if self.load:
             mark = (len(self.t_paths), len(self.v_paths), len(self._tuples),
                     len(self._plain_lists), self._not_plain,
-                    len(self._item_tuples))
+                    len(self._item_tuples), len(self._x.plain_tuples))
         for i, v in enumerate(seq):
             path.append((i << 1) | 1)
             self._value(v, target, i)
             path.pop()
         if self.load:
-            t0, v0, tu0, pl0, np0, it0 = mark
+            t0, v0, tu0, pl0, np0, it0, pt0 = mark
             if len(self.t_paths) == t0 and self._not_plain == np0 and \
                     _is_seq(seq):
                 # Plain values only: replaces the plain lists inside (and
@@ -598,6 +603,7 @@ class Flat:
                     len(self._tuples) > tu0
                 del self._plain_lists[pl0:]
                 del self._item_tuples[it0:]
+                del self._x.plain_tuples[pt0:]
                 self._plain_lists.append((tuple(path), seq, target, v0,
                                           len(self.v_paths), tu0,
                                           len(self._tuples), nested,
@@ -611,6 +617,16 @@ class Flat:
                          len(self.v_paths) - v0, len(self._tuples) > tu0 or
                          len(self._plain_lists) > pl0 or
                          self._not_plain != np0))
+                    if len(self.t_paths) == t0 and self._not_plain == np0 \
+                            and len(self._tuples) == tu0 and \
+                            len(self._plain_lists) == pl0:
+                        # A namedtuple of plain values, none a container:
+                        # a plain list's entry, which reshape_lists fits
+                        # only to a value saved at its path (a tuple saved
+                        # whole).
+                        self._x.plain_tuples.append(
+                            (tuple(path), seq, target, v0, len(self.v_paths),
+                             tu0, tu0, False, parent, key))
                 if len(self.t_paths) != t0 or self._not_plain != np0:
                     self._not_plain += 1
                 # else a namedtuple of plain values: plain to a list around
@@ -992,7 +1008,8 @@ class Flat:
             self.check_tuple_lengths(metadata, flat_names)
         if self._x.unstorable:
             self._check_unstorable(metadata, flat_names)
-        if not self._plain_lists and not self._x.empty_dicts:
+        if not self._plain_lists and not self._x.empty_dicts and \
+                not self._x.plain_tuples:
             return False
         L = _lib.lib()
         first, count = ctypes.c_size_t(), ctypes.c_size_t()
@@ -1057,6 +1074,15 @@ class Flat:
             if _same_shape(seq, saved):
                 continue
             changes.append((v0, 1, entry, saved))
+        for entry in self._x.plain_tuples:
+            path = entry[0]
+            _lib.check(L.dcp_metadata_find_prefix(
+                metadata, (self.name(path) + ".").encode(),
+                ctypes.byref(first), ctypes.byref(count),
+                ctypes.byref(shortest), ctypes.byref(longest)))
+            if count.value == 0 and self._holds_value_at(
+                    L, metadata, path, index, flat_names):
+                changes.append((entry[3], 1, entry, None))
         for entry in self._x.empty_dicts:
             saved = self._fit_empty_dict(L, metadata, entry, flat_names,
                                          index)
@@ -1933,8 +1959,10 @@ class Flat:
                     # tuple subclass.
                     if value is None:
                         value = []
-                    elif type(old.dest) is list:
-                        _refill(old.dest, value)
+                    else:
+                        items = list(value)
+                        _refill(old.dest, items)
+                        value = items
                     value = _remake(old.dest, value)
                 parent[key] = value
         for target, items, tuples in self._replaced:
@@ -1974,7 +2002,10 @@ class Flat:
                 if b == EMPTY_TUPLE_MARKER:
                     return ()
                 if b.startswith(SEQ_MARKER):
-                    return self._unpack(b, path)
+                    value = self._unpack(b, path)
+                    if type(old) is _EmptyHint:
+                        value = self._fit_seq(old.dest, value, list(path))
+                    return value
                 if b.startswith(INT_MARKER):
                     return self._fit(self._big_int(b, path), old, path)
                 if b.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
@@ -2026,17 +2057,21 @@ class Flat:
 
     def _unpack_at(self, b, pos, path, depth):
         """(the list or tuple _pack encoded at b[pos:], the offset after
-        it)."""
+        it). Items are appended as they are decoded, so memory follows the
+        bytes read, whatever count a damaged payload claims."""
         tag = b[pos:pos + 1]
-        if tag not in (b"[", b"(") or depth > _MAX_SEQ_DEPTH:
+        if tag not in (b"[", b"("):
             raise ValueError(f"no list at byte {pos}")
+        if depth > _MAX_SEQ_DEPTH:
+            raise ValueError(f"lists nest deeper than {_MAX_SEQ_DEPTH}")
         is_tuple = tag == b"("
         (count,) = _U32.unpack_from(b, pos + 1)
         pos += 5
         if count > len(b) - pos:  # every item takes a byte at least
             raise ValueError(f"{count} items in {len(b) - pos} bytes")
-        items = [None] * count
-        for i in range(count):
+        items = []
+        append = items.append
+        for _ in range(count):
             tag = b[pos]
             pos += 1
             if tag == 0x73:  # s: str
@@ -2045,21 +2080,21 @@ class Flat:
                 if end > len(b):
                     raise ValueError(f"a str past the end at byte {pos}")
                 try:
-                    items[i] = b[pos + 4:end].decode()
+                    append(b[pos + 4:end].decode())
                 except UnicodeDecodeError as e:
                     raise ValueError(f"a str that is not UTF-8 ({e})") \
                         from None
                 pos = end
             elif tag == 0x69:  # i: int64
-                (items[i],) = _I64.unpack_from(b, pos)
+                append(_I64.unpack_from(b, pos)[0])
                 pos += 8
             elif tag == 0x66:  # f: float64
-                (items[i],) = _F64.unpack_from(b, pos)
+                append(_F64.unpack_from(b, pos)[0])
                 pos += 8
             elif tag == 0x4E:  # N: None
-                pass
+                append(None)
             elif tag == 0x54 or tag == 0x46:  # T, F: bool
-                items[i] = tag == 0x54
+                append(tag == 0x54)
             elif tag == 0x62 or tag == 0x78:  # b: bytes, x: marked value
                 (n,) = _U32.unpack_from(b, pos)
                 end = pos + 4 + n
@@ -2068,20 +2103,64 @@ class Flat:
                 raw = b[pos + 4:end]
                 pos = end
                 if tag == 0x62:
-                    items[i] = raw
-                elif raw.startswith(INT_MARKER):
-                    items[i] = self._big_int(raw, path)
-                elif raw.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
-                                     COMPLEX_MARKER)):
-                    items[i] = self._typed(raw, path)
+                    append(raw)
                 else:
-                    raise ValueError(f"an unknown value {raw[:32]!r}")
+                    append(self._marked_item(raw, path))
             elif tag == 0x5B or tag == 0x28:  # [, (: a list or tuple
-                items[i], pos = self._unpack_at(b, pos - 1, path, depth + 1)
+                item, pos = self._unpack_at(b, pos - 1, path, depth + 1)
+                append(item)
             else:
                 raise ValueError(f"an unknown item tag {tag} at byte "
                                  f"{pos - 1}")
         return (tuple(items) if is_tuple else items), pos
+
+    def _fit_seq(self, dest, saved, path):
+        """Saved list or tuple `saved` for destination `dest` (a list or
+        tuple): where `dest` holds a numpy scalar or a bytearray at the
+        same index (in lists and tuples of both, at any depth), the saved
+        value in that type (_fit: CheckpointValueError naming the key
+        where it does not fit); and CheckpointValueError where write_back
+        could not rebuild `dest`'s tuple subclass from it."""
+        items = None
+        for i in range(min(len(dest), len(saved))):
+            d, s = dest[i], saved[i]
+            new = s
+            if isinstance(d, np.generic) and not isinstance(s, (list, tuple)):
+                new = self._fit(s, d, path + [(i << 1) | 1])
+            elif type(d) is bytearray and type(s) is bytes:
+                new = bytearray(s)
+            elif isinstance(d, (list, tuple)) and isinstance(s, (list, tuple)):
+                new = self._fit_seq(d, s, path + [(i << 1) | 1])
+            if new is not s:
+                if items is None:
+                    items = list(saved)
+                items[i] = new
+        if items is not None:
+            saved = tuple(items) if type(saved) is tuple else items
+        if not isinstance(dest, list) and type(dest) is not tuple and \
+                isinstance(dest, type(saved)):
+            try:
+                _remake(dest, list(saved))
+            except Exception as e:
+                raise _refused(
+                    f"'{self.name(path)}': the state dict's "
+                    f"{type(dest).__name__} cannot be made from the saved "
+                    f"items ({type(e).__name__}: {e})") from None
+        return saved
+
+    def _marked_item(self, raw, path):
+        """The value of marked bytes `raw` (an "x" item of _pack)."""
+        try:
+            if raw.startswith(INT_MARKER):
+                return self._big_int(raw, path)
+            if raw.startswith((TORCH_DTYPE_MARKER, TORCH_DEVICE_MARKER,
+                               COMPLEX_MARKER)):
+                return self._typed(raw, path)
+        except ValueError as e:
+            # Its message names the key, which the list's names already.
+            raise ValueError(str(e).removeprefix(
+                f"'{self.name(path)}': ")) from None
+        raise ValueError(f"an unknown value {raw[:32]!r}")
 
     def _typed(self, b, path):
         """The torch.dtype, torch.device or complex a TORCH_DTYPE_MARKER,
@@ -2277,16 +2356,28 @@ def _copy_list(seq) -> list:
     return fresh
 
 
-def _refill(dest, saved) -> None:
-    """Puts into `saved` (a new list) the destination's lists where both
-    hold a list at an index, each refilled in place with the saved one's
-    items so (a list the caller holds keeps showing the state)."""
+def _refill(dest, saved: list, seen=None) -> None:
+    """Puts into `saved` (a new list of the saved items) the destination's
+    lists where both hold a list at an index (in tuples too), each
+    refilled in place with the saved one's items so (a list the caller
+    holds keeps showing the state), once: a list the destination holds
+    twice (a tuple's items are not unaliased by the walk) takes the saved
+    one's items at its first place only; a saved tuple where the
+    destination has a tuple (namedtuple, torch.Size) is made in the
+    destination's type there (_remake)."""
+    if seen is None:
+        seen = {id(dest)}
     for i in range(min(len(dest), len(saved))):
         d, s = dest[i], saved[i]
-        if type(d) is list and type(s) is list and d is not dest:
-            _refill(d, s)
+        if type(d) is list and type(s) is list and id(d) not in seen:
+            seen.add(id(d))
+            _refill(d, s, seen)
             d[:] = s
             saved[i] = d
+        elif isinstance(d, tuple) and type(s) is tuple:
+            items = list(s)
+            _refill(d, items, seen)
+            saved[i] = _remake(d, items)  # a namedtuple, torch.Size too
 
 
 def _remake(dest, items):

@@ -117,8 +117,9 @@ def load_all(checkpoint_id=None, *, storage_reader=None, keys=None,
     names, or prefixes of them ending at a dot, such as "model" or
     "model.layers") as a new nested state dict: torch tensors of the saved
     dtypes and global shapes, on `device` (None: the CPU), and plain
-    values, nested by the saved paths (lists padded with None where `keys`
-    left items out). checkpoint_id and storage_reader as for dcp.load (a
+    values, nested by the saved paths (lists holding tensors or dicts
+    padded with None where `keys` left items out; a list of plain values
+    is one item, stored whole). checkpoint_id and storage_reader as for dcp.load (a
     dcp, MEGA or Hugging Face directory; the last two keep no nesting, so
     their names come back flat); pickled values need allow_pickle=True.
     Loads in this process alone. Raises what dcp.load raises (rank-local

@@ -621,10 +621,12 @@ def _marked(raw):
      "an unknown value"),
     (b"[" + _u32(1) + _marked(_state.INT_MARKER + b"1x"),
      "the saved int is damaged"),
-    ((b"[" + _u32(1)) * 300 + b"N", "no list at byte"),
+    ((b"[" + _u32(1)) * 300 + b"N", "lists nest deeper than 200"),
+    ((b"[" + _u32(1_000_000)) * 200 + b"N" * 1_000_000, "index out of range"),
 ], ids=["empty", "not_a_list", "count_past_end", "count_past_items",
         "str_past_end", "str_not_utf8", "bytes_past_end", "int_cut",
-        "unknown_tag", "trailing", "pickle_inside", "bad_int", "too_deep"])
+        "unknown_tag", "trailing", "pickle_inside", "bad_int", "too_deep",
+        "claimed_counts"])
 def test_a_damaged_list_raises_naming_the_key(ckpt, raw_values, payload, why):
     dcp.save({"w": torch.ones(2), "s": raw_values(_seq(payload))},
              checkpoint_id=ckpt)
@@ -669,3 +671,86 @@ def test_a_long_list_of_names_is_one_item(ckpt):
     dst = {"params": []}
     dcp.load(dst, checkpoint_id=ckpt)
     assert dst["params"] == names
+
+
+def test_claimed_item_counts_cost_no_memory_before_their_items():
+    # 200 nested lists, each claiming 1,000,000 items, over 1 MB: memory
+    # must follow the bytes decoded (it took 1.5 GB when each list was
+    # allocated at its claimed length). Decoded under an address-space
+    # limit of 300 MB more than the process has.
+    import subprocess
+    import sys
+    code = r"""
+import resource, struct
+from dcp import _state
+payload = _state.SEQ_MARKER + (b"[" + struct.pack("<I", 1_000_000)) * 200 \
+    + b"N" * 1_000_000
+for line in open("/proc/self/status"):
+    if line.startswith("VmSize:"):
+        now = int(line.split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (now + (300 << 20),) * 2)
+flat = _state.Flat(load=True, allow_pickle=False)
+try:
+    flat._unpack(payload, ())
+except ValueError as e:
+    print("refused:", e)
+"""
+    import os
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(
+        os.path.dirname(dcp.__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the saved list is damaged (index out of range)" in out.stdout
+
+
+def test_a_tuple_saved_whole_loads_into_a_namedtuple(ckpt):
+    dcp.save({"t": (1, 2), "l": [(3, 4)], "w": torch.ones(1)},
+             checkpoint_id=ckpt)
+    for planner in (None, dcp.DefaultLoadPlanner(allow_partial_load=True)):
+        dst = {"t": _NT(0, 0), "l": [_NT(0, 0)], "w": torch.zeros(1)}
+        dcp.load(dst, checkpoint_id=ckpt, planner=planner)
+        assert dst["t"] == _NT(1, 2) and type(dst["t"]) is _NT
+        assert dst["l"] == [_NT(3, 4)] and type(dst["l"][0]) is _NT
+        assert torch.equal(dst["w"], torch.ones(1))
+
+
+def test_lists_inside_tuples_are_refilled_in_place(ckpt):
+    dcp.save({"a": ([1, 2], 5), "b": [([3],)]}, checkpoint_id=ckpt)
+    inner, deep = [0, 0], [0]
+    dst = {"a": (inner, 0), "b": [(deep,)]}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst == {"a": ([1, 2], 5), "b": [([3],)]}
+    assert dst["a"][0] is inner and dst["b"][0][0] is deep
+
+
+def test_items_take_the_destinations_numpy_and_bytearray_types(ckpt):
+    dcp.save({"l": [1.5, 7, b"ab", [2]], "w": torch.ones(1)},
+             checkpoint_id=ckpt)
+    dst = {"l": [np.float32(0), np.int16(0), bytearray(), [np.int64(0)]],
+           "w": torch.zeros(1)}
+    dcp.load(dst, checkpoint_id=ckpt)
+    assert dst["l"] == [1.5, 7, b"ab", [2]]
+    assert [type(v) for v in dst["l"][:3]] == [np.float32, np.int16,
+                                               bytearray]
+    assert type(dst["l"][3][0]) is np.int64
+    # One that does not fit is refused, naming it, before any tensor is
+    # written.
+    dcp.save({"l": [1, 70000], "w": torch.ones(1)}, checkpoint_id=ckpt + "2")
+    dst = {"l": [np.int16(0), np.int16(0)], "w": torch.zeros(1)}
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r"^'l\.1': the saved value 70000 does not fit "
+                             r"the state dict's int16"):
+        dcp.load(dst, checkpoint_id=ckpt + "2")
+    assert not dst["w"].any() and dst["l"] == [0, 0]
+
+
+def test_a_torch_size_that_cannot_hold_the_saved_items_is_refused_first(
+        ckpt):
+    dcp.save({"s": (1, "x"), "w": torch.ones(1)}, checkpoint_id=ckpt)
+    dst = {"s": torch.Size([0, 0]), "w": torch.zeros(1)}
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r"^'s': the state dict's Size cannot be made "
+                             r"from the saved items \(TypeError: "):
+        dcp.load(dst, checkpoint_id=ckpt)
+    assert not dst["w"].any() and dst["s"] == (0, 0)
