@@ -93,13 +93,23 @@ class _Storage:
         if checkpoint_id is not None:
             self.path = errors.checked_path(checkpoint_id, "checkpoint_id")
 
+    # The URL scheme of ids this class takes besides paths ("mega://").
+    _scheme = None
+
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Whether `checkpoint_id` is a local path this class can take: as
+        torch's, False for a URL (`s3://...`), which needs other storage
+        (the MEGA classes take `mega://DIR`)."""
         try:
-            os.fspath(checkpoint_id)
-            return True
+            text = os.fspath(checkpoint_id)
         except TypeError:
             return False
+        if isinstance(text, bytes):
+            text = os.fsdecode(text)
+        if cls._scheme is not None and text.startswith(cls._scheme):
+            return True
+        return "://" not in text
 
 
 def _check_mapping(fqn_to_index_mapping):
@@ -473,6 +483,8 @@ class MegaStorageWriter(_Storage):
       defaults (4 MiB checksum blocks, fsync on, O_DIRECT).
     """
 
+    _scheme = "mega://"
+
     def __init__(self, path, fqn_to_index_mapping=None, *,
                  thread_count: int = 1, checksum_block_size=None,
                  sync_files=None, direct_io=None):
@@ -527,6 +539,8 @@ class MegaStorageReader(_Storage):
     thread_count, direct_io (dcp only, keywords): reader threads, and
       O_DIRECT reads (None: the engine's default).
     """
+
+    _scheme = "mega://"
 
     def __init__(self, path, *, thread_count: int = 1, direct_io=None):
         self.path = _path("MegaStorageReader", path)

@@ -174,3 +174,18 @@ def test_mega_async_save(ckpt, kind):
     dcp.load(loaded, storage_reader=dcp.MegaStorageReader(ckpt))
     for k, v in state.items():
         assert torch.equal(v, loaded[k]), k
+
+
+def test_validate_checkpoint_id_takes_paths_not_urls(tmp_path):
+    # As torch's FileSystemReader/Writer: a URL needs other storage.
+    for cls in (dcp.FileSystemWriter, dcp.FileSystemReader,
+                dcp.HuggingFaceStorageWriter, dcp.HuggingFaceStorageReader):
+        assert cls.validate_checkpoint_id(str(tmp_path / "c"))
+        assert cls.validate_checkpoint_id(tmp_path / "c")
+        assert not cls.validate_checkpoint_id("s3://bucket/c")
+        assert not cls.validate_checkpoint_id("mega://" + str(tmp_path))
+        assert not cls.validate_checkpoint_id(3)
+    for cls in (dcp.MegaStorageWriter, dcp.MegaStorageReader):
+        assert cls.validate_checkpoint_id("mega://" + str(tmp_path))
+        assert cls.validate_checkpoint_id(str(tmp_path))
+        assert not cls.validate_checkpoint_id("s3://bucket/c")
