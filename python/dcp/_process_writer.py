@@ -274,9 +274,17 @@ def _child_main(conn):
                 released.wait()  # a test kills the process here
                 released.clear()
             try:
-                flat = _rebuild_flat(manifest, segments[seg_id])
                 where = _child_group(spec.pop("group"), groups,
                                      spec.pop("no_dist"), process_group)
+                # Every rank's writer joins every save of the group, also
+                # one whose staging failed on its rank (`failed`): the
+                # ranks agree first, so each fails naming that rank
+                # instead of waiting for it until the group's timeout.
+                failed = spec.pop("failed", None)
+                where.agree("async_save", None if failed is None else
+                            errors.CheckpointException(*failed),
+                            in_engine_turn=False)
+                flat = _rebuild_flat(manifest, segments[seg_id])
                 p = prepare_save(None, flat=flat, where=where,
                                  coordinator_rank=0, **spec)
                 try:
@@ -334,7 +342,8 @@ def _rebuild_flat(manifest, mm):
 def _child_group(spec, groups, no_dist, process_group):
     if spec is None:
         return process_group.Resolved(None, no_dist)
-    key = (spec["kind"], spec["where"], spec["rank"], spec["size"])
+    name = spec["name"]
+    key = (spec["kind"], spec["where"], spec["rank"], spec["size"], name)
     group = groups.get(key)
     if group is None:
         import datetime
@@ -347,10 +356,10 @@ def _child_group(spec, groups, no_dist, process_group):
                                   timeout=datetime.timedelta(minutes=5))
         else:
             store = dist.FileStore(spec["where"], -1)
-        store = dist.PrefixStore("dcp-async-writer", store)
+        store = dist.PrefixStore(f"dcp-async-writer/{name}", store)
         group = process_group.ProcessGroup.from_store(
             store, spec["rank"], spec["size"],
-            group_name="dcp-async-writer")
+            group_name=f"dcp-async-writer-{name}", timeout=spec["timeout"])
         groups[key] = group
     return process_group.Resolved(group, False)
 
@@ -472,7 +481,10 @@ class _Writer:
                 msg = job = error = metadata = None  # not kept while idle
 
     def _finish(self, job, error, metadata=None):
-        _pool.release(job.segment)
+        if job.segment is not None:
+            _pool.release(job.segment)
+        if job.upload.done():  # failed in staging (submit_failed)
+            return
         if error is not None:
             job.upload.set_exception(error)
             return
@@ -581,6 +593,27 @@ class _Writer:
             except BaseException:  # not sent (e.g. cannot be pickled)
                 self.jobs.pop(job_id, None)
                 raise
+        return True
+
+    def submit_failed(self, job_id, job, spec, error):
+        """Has the writer join the group's save of `job`, whose staging
+        failed here with `error` (its futures already say so), only to
+        fail it on every rank (see the writer's "save"); False when the
+        writer is dead."""
+        message = str(error) if isinstance(error, errors.CheckpointException) \
+            else f"{type(error).__name__}: {error}"
+        failed = (message, None, getattr(error, "code", _lib.UNKNOWN))
+        with self.lock:
+            if self.dead:
+                return False
+            self.jobs[job_id] = job
+            job.sent = (None, spec, False)
+            try:
+                self.conn.send(("save", job_id, None, None,
+                                dict(spec, failed=failed), False))
+            except OSError:
+                self.jobs.pop(job_id, None)
+                return False
         return True
 
     def stop(self):
@@ -704,11 +737,18 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _group_spec(where):
     """How the writer reaches the store of `where`'s group (None: single
-    process)."""
-    if where.group is None:
+    process), and the group's name and timeout: each group of the caller
+    (torch's default group, a torch subgroup, a group from_store) has
+    writers' groups of its own, which take its timeout."""
+    group = where.group
+    if group is None:
         return None
-    from torch.distributed import distributed_c10d as c10d
-    store = c10d._get_default_store()
+    store = group.store
+    if store is None:
+        raise NotImplementedError(
+            "async_save(PROCESS): the writer process cannot join a group "
+            "made by ProcessGroup.from_env (it meets through the engine); "
+            "use THREAD, or a group of torch.distributed or from_store")
     inner = getattr(store, "_underlying_non_prefix_store", store)
     if hasattr(inner, "host") and hasattr(inner, "port"):
         spec = ("tcp", (inner.host, inner.port))
@@ -718,8 +758,9 @@ def _group_spec(where):
         raise NotImplementedError(
             f"async_save(PROCESS): the writer cannot reach a "
             f"{type(inner).__name__}; use THREAD")
-    return dict(kind=spec[0], where=spec[1], rank=where.group.rank,
-                size=where.group.size)
+    return dict(kind=spec[0], where=spec[1], rank=group.rank,
+                size=group.size, name=f"{group.name}/{group._instance}",
+                timeout=group.timeout)
 
 
 def _tensor_spec(t):
@@ -941,10 +982,16 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                 _populate(seg)
             snapshot = _stage_tensors(seg, specs, tensors, copy_on_write)
         except BaseException as e:
+            if isinstance(e, errors.CheckpointException) and not e.failures:
+                # This rank's alone: named as such, as the engine's are.
+                e = errors.from_status(e.code, str(e), rank=where.rank)
             job.staging.set_exception(e)
             job.upload.set_exception(e)
             if job.segment is not None:
                 _pool.release(job.segment)
+                job.segment = None
+            if group is not None:
+                _fail_in_group(job, spec, e)
             return None
         job.staging.set_result(None)
         return seg, snapshot
@@ -1020,6 +1067,22 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     # future nobody resolves, and the exit waiting for it.
     with _interrupts_deferred():
         return _queue_stage(job, copy_in, hand_over_or_fail, stage)
+
+
+def _fail_in_group(job, spec, error) -> None:
+    """A distributed save whose staging failed on this rank: this rank's
+    writer joins the group's save to fail it on every rank, naming this
+    rank (the other ranks' writers wait in it otherwise until the group's
+    timeout). Best effort: a writer that cannot be reached leaves them to
+    that timeout."""
+    try:
+        writer = _live_writer()
+        if not writer.submit_failed(next(_job_ids), job, spec, error):
+            _live_writer().submit_failed(next(_job_ids), job, spec, error)
+    except Exception:
+        log.warning("dcp: could not tell the other ranks' async writers "
+                    "that staging failed here; they wait until the "
+                    "group's timeout", exc_info=True)
 
 
 def _queue_stage(job, copy_in, hand_over_or_fail, stage):

@@ -461,6 +461,11 @@ def _torch_group(pg):
     from torch.distributed import distributed_c10d as c10d
     default = c10d._get_default_group()
     pg = pg if pg is not None else default
+    if pg is c10d.GroupMember.NON_GROUP_MEMBER:
+        # What new_group returns to a rank it leaves out; torch's save and
+        # load raise so for it.
+        raise ValueError("Invalid process group specified: this rank is "
+                         "not a member of the process_group passed")
     size = dist.get_world_size(pg)
     if size == 1:
         return None

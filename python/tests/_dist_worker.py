@@ -262,6 +262,65 @@ def group_timeout_scenario(rank, world, ckpt):
         store.set("timeout-done", "1")
 
 
+def process_groups_scenario(rank, world, ckpt):
+    """PROCESS async_saves on torch subgroups, 3 ranks: group [0, 1] saves
+    A, then group [0, 2] saves B (rank 0's writer process joins a writers'
+    group of each: they were one, and B hung); rank 2 passing [0, 1] is
+    refused as torch refuses it; then a save of [0, 1] whose staging fails
+    on rank 1 fails on rank 0 too, naming rank 1, at once (rank 0's writer
+    waited in the writers' group until its timeout)."""
+    import datetime
+    from dcp import _process_writer
+    timeout = datetime.timedelta(seconds=100)
+    g01 = dist.new_group([0, 1], timeout=timeout)
+    g02 = dist.new_group([0, 2], timeout=timeout)
+    proc = dcp.AsyncCheckpointerType.PROCESS
+    mine = {f"x{rank}": torch.full((4,), float(rank + 1))}
+
+    def saved(path, ranks):
+        out = {f"x{r}": torch.zeros(4) for r in ranks}
+        dcp.load(out, checkpoint_id=path, no_dist=True)
+        for r in ranks:
+            assert torch.equal(out[f"x{r}"], torch.full((4,), float(r + 1)))
+
+    if rank in (0, 1):
+        dcp.async_save(mine, checkpoint_id=os.path.join(ckpt, "a"),
+                       process_group=g01,
+                       async_checkpointer_type=proc).result(WAIT)
+    else:
+        try:
+            dcp.save(mine, checkpoint_id=os.path.join(ckpt, "x"),
+                     process_group=g01)
+        except ValueError as e:
+            assert "Invalid process group specified" in str(e), e
+        else:
+            raise AssertionError("a save on a group without this rank")
+    if rank in (0, 2):
+        dcp.async_save(mine, checkpoint_id=os.path.join(ckpt, "b"),
+                       process_group=g02,
+                       async_checkpointer_type=proc).result(WAIT)
+        saved(os.path.join(ckpt, "b"), (0, 2))
+    if rank in (0, 1):
+        saved(os.path.join(ckpt, "a"), (0, 1))
+        if rank == 1:
+            def no_segment(size):
+                raise dcp.CheckpointException("no segment (a test)", None,
+                                              8)
+            _process_writer._pool.acquire = no_segment
+        resp = dcp.async_save(mine, checkpoint_id=os.path.join(ckpt, "c"),
+                              process_group=g01,
+                              async_checkpointer_type=proc)
+        try:
+            resp.upload_completion.result(WAIT)
+        except dcp.CheckpointException as e:
+            assert sorted(e.failures) == [1], (rank, e.failures)
+            assert "no segment (a test)" in str(e), e
+            assert not isinstance(e, dcp.CheckpointTimeoutError), e
+        else:
+            raise AssertionError("a save that failed on rank 1 returned")
+        assert not os.path.exists(os.path.join(ckpt, "c", ".metadata"))
+
+
 def submesh_scenario(rank, world, ckpt):
     """DTensors on a mesh of ranks 0 and 1 of a 3-rank world: rank 2,
     outside it, holds none of them (an empty local tensor) and saves and
@@ -431,6 +490,8 @@ def main():
         group_timeout_scenario(rank, world, ckpt)
     elif scenario == "submesh":
         submesh_scenario(rank, world, ckpt)
+    elif scenario == "process_groups":
+        process_groups_scenario(rank, world, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

@@ -163,3 +163,7 @@ def test_dcp_launch_ranks_without_a_group_warn_too(tmp_path, monkeypatch):
 
 def test_a_torch_groups_timeout_bounds_dcps_waits(tmp_path):
     _run("group_timeout", 2, tmp_path, str(tmp_path / "ckpt"))
+
+
+def test_process_async_saves_keep_each_groups_writers_apart(tmp_path):
+    _run("process_groups", 3, tmp_path, str(tmp_path / "ckpt"))
