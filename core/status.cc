@@ -12,6 +12,7 @@ absl::Status ErrnoError(int error_number, absl::string_view context) {
   switch (error_number) {
     case ENOSPC:
     case EDQUOT:
+    case EFBIG:  // a file-size limit (RLIMIT_FSIZE, the file system's)
       return absl::ResourceExhaustedError(status.message());
     case EIO:
       return absl::DataLossError(status.message());

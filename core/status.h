@@ -14,9 +14,9 @@
 namespace dcp {
 
 // Returns a Status for `error_number` (an errno value) whose message starts
-// with `context` (what was attempted, on which file and offset). ENOSPC and
-// EDQUOT map to kResourceExhausted, EIO to kDataLoss; the rest follow
-// absl::ErrnoToStatus.
+// with `context` (what was attempted, on which file and offset). ENOSPC,
+// EDQUOT and EFBIG map to kResourceExhausted, EIO to kDataLoss; the rest
+// follow absl::ErrnoToStatus.
 absl::Status ErrnoError(int error_number, absl::string_view context);
 
 // Returns `status` with `prefix` prepended to its message ("prefix: msg"),

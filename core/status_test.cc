@@ -36,6 +36,9 @@ TEST(ErrnoError, MapsCodesAndKeepsContext) {
   EXPECT_NE(full.message().find("pwrite /d/f offset=4096"),
             absl::string_view::npos);
   EXPECT_EQ(ErrnoError(EIO, "read").code(), absl::StatusCode::kDataLoss);
+  // A file-size limit: the disk's kind of failure, not a bad argument.
+  EXPECT_EQ(ErrnoError(EFBIG, "fallocate").code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(ErrnoError(ENOENT, "open").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ErrnoError(EACCES, "open").code(),
             absl::StatusCode::kPermissionDenied);

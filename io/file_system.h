@@ -5,7 +5,7 @@
 // Errors: every failure is converted from errno once, at the system call,
 // with the operation, path and (for I/O) offset and length in the message:
 // kNotFound (ENOENT), kPermissionDenied (EACCES, EPERM, EROFS),
-// kAlreadyExists (EEXIST), kResourceExhausted (ENOSPC, EDQUOT), kDataLoss
+// kAlreadyExists (EEXIST), kResourceExhausted (ENOSPC, EDQUOT, EFBIG), kDataLoss
 // (EIO) and absl::ErrnoToStatus's mapping for the rest.
 //
 // Thread safety: FileSystemBase methods are thread-safe. A File may be used

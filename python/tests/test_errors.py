@@ -677,3 +677,30 @@ def test_an_agreed_kind_mismatch_names_this_ranks_destination():
         None, _lib.INVALID_ARGUMENT)
     checkpoint._name_plain_destination(alone, Flat(), rank=3)
     assert str(alone).startswith('"u" is None in the state dict')
+
+
+def test_a_file_size_limit_is_resource_exhausted_and_leaves_nothing(tmp_path):
+    # EFBIG (RLIMIT_FSIZE here): the disk's kind of failure, as ENOSPC,
+    # not a bad argument (it was CheckpointValueError, OUT_OF_RANGE).
+    import subprocess
+    import sys
+    code = r"""
+import os, resource, signal, sys, torch, dcp
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    dcp.save({"w": torch.ones(1 << 20)}, checkpoint_id=sys.argv[1])
+except dcp.CheckpointException as e:
+    print(type(e).__name__, e.code_name, isinstance(e, ValueError))
+    print(sorted(os.listdir(sys.argv[1])) if os.path.exists(sys.argv[1])
+          else None)
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(
+        os.path.dirname(dcp.__file__)))
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")],
+                         capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.splitlines()[:2]
+    assert first == "CheckpointException RESOURCE_EXHAUSTED False", first
+    assert second in ("None", "[]"), second
