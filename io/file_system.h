@@ -5,8 +5,8 @@
 // Errors: every failure is converted from errno once, at the system call,
 // with the operation, path and (for I/O) offset and length in the message:
 // kNotFound (ENOENT), kPermissionDenied (EACCES, EPERM, EROFS),
-// kAlreadyExists (EEXIST), kResourceExhausted (ENOSPC, EDQUOT, EFBIG), kDataLoss
-// (EIO) and absl::ErrnoToStatus's mapping for the rest.
+// kAlreadyExists (EEXIST), kResourceExhausted (ENOSPC, EDQUOT, EFBIG),
+// kDataLoss (EIO) and absl::ErrnoToStatus's mapping for the rest.
 //
 // Thread safety: FileSystemBase methods are thread-safe. A File may be used
 // from several threads at once for positional I/O (PRead/PWrite at disjoint
