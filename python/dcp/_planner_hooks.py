@@ -105,7 +105,7 @@ def set_up_save(planner, state_dict, *, checkpoint_id, storage_writer,
         # The default flattening, keys kept (some perhaps dropped): the
         # nesting comes back, so the checkpoint records it (planner_data)
         # as without a planner.
-        walked = _unflatten(walked, planner.mappings)
+        walked = _unflatten(walked, planner.mappings, torchs)
     if not isinstance(walked, dict):
         raise TypeError(
             f"{type(planner).__qualname__}.set_up_planner left a "
@@ -138,11 +138,13 @@ class LoadSetUp:
     plain values are matched by their nesting (_state.Flat.reshape_lists)
     and come back whole."""
 
-    def __init__(self, planner, state_dict, walked, nested=None):
+    def __init__(self, planner, state_dict, walked, nested=None,
+                 torchs=False):
         self._planner = planner
         self._state_dict = state_dict
         self._flat = walked
         self._nested = nested
+        self._torchs = torchs
         self.walked = nested if nested is not None else walked
 
     def finish(self) -> None:
@@ -152,18 +154,28 @@ class LoadSetUp:
         from .planner import _is_tensor
         original = getattr(self._planner, "original_state_dict",
                            self._state_dict)
+        torchs = self._torchs
         if self._nested is not None:
             for key in self._flat:
                 path = mappings[key]
                 value = _get_element(self._nested, path)
                 if not _is_tensor(value):
                     self._flat[key] = value
-                    _set_element(original, path, value)
+                    _set_element(original, path, value, torchs)
             return
-        for key, value in self._flat.items():
-            path = mappings.get(key)
-            if path is not None and not _is_tensor(value):
-                _set_element(original, path, value)
+
+        def put_back(d) -> None:
+            # The flat keys, also where the hook put the flattened dict
+            # under a key of its own ({"wrapped": flat}).
+            for key, value in d.items():
+                path = mappings.get(key)
+                if path is not None:
+                    if not _is_tensor(value):
+                        _set_element(original, path, value, torchs)
+                elif isinstance(value, dict):
+                    put_back(value)
+
+        put_back(self._flat)
 
 
 def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
@@ -194,9 +206,10 @@ def set_up_load(planner, state_dict, *, storage_reader, path: str, rank: int,
             f"{type(planner).__qualname__}.set_up_planner left a "
             f"{type(walked).__name__} in planner.state_dict, not a dict")
     nested = None
+    torchs = _is_torchs(base)
     if _flattened(planner, walked, state_dict):
-        nested = _unflatten(walked, planner.mappings)
-    return LoadSetUp(planner, state_dict, walked, nested)
+        nested = _unflatten(walked, planner.mappings, torchs)
+    return LoadSetUp(planner, state_dict, walked, nested, torchs)
 
 
 def _flattened(planner, walked, state_dict) -> bool:
@@ -207,12 +220,14 @@ def _flattened(planner, walked, state_dict) -> bool:
         key in mappings for key in walked)
 
 
-def _unflatten(flat: dict, mappings: dict) -> dict:
+def _unflatten(flat: dict, mappings: dict, torchs: bool) -> dict:
     """The nested dict of `flat`'s values at their `mappings` paths, as
-    torch's unflatten_state_dict makes it (lists padded with None)."""
+    torch's unflatten_state_dict makes it (lists padded with None).
+    `torchs`: torch's mappings (keys str, list indices int), else dcp's
+    (keys as they are, list indices planner.ListIndex)."""
     nested: dict = {}
     for key, value in flat.items():
-        _set_element(nested, mappings[key], value)
+        _set_element(nested, mappings[key], value, torchs)
     return nested
 
 
@@ -223,20 +238,25 @@ def _get_element(root, path):
     return node
 
 
-def _set_element(root, path, value) -> None:
+def _is_index(part, torchs: bool) -> bool:
+    from .planner import ListIndex
+    return type(part) is ListIndex or (torchs and type(part) is int)
+
+
+def _set_element(root, path, value, torchs: bool) -> None:
     """Sets `value` at `path` under `root`, making the dicts (for keys)
-    and lists (for int indices, padded with None) on the way, as torch's
-    set_element."""
+    and lists (for list indices, _is_index; padded with None) on the way,
+    as torch's set_element."""
     node = root
     for part, following in zip(path, path[1:]):
+        fresh = [] if _is_index(following, torchs) else {}
         if isinstance(node, list):
             node.extend([None] * (part + 1 - len(node)))
             if node[part] is None:
-                node[part] = {} if not isinstance(following, int) else []
+                node[part] = fresh
             node = node[part]
         else:
-            node = node.setdefault(
-                part, {} if not isinstance(following, int) else [])
+            node = node.setdefault(part, fresh)
     last = path[-1]
     if isinstance(node, list):
         node.extend([None] * (last + 1 - len(node)))

@@ -529,7 +529,10 @@ class _Writer:
                               "process")
             self._fail_orphans("no new writer process took it")
         for job in jobs:
-            _pool.release(job.segment)
+            if job.segment is not None:
+                _pool.release(job.segment)
+            if job.upload.done():  # failed in staging (submit_failed)
+                continue
             lost = (f" before committing the checkpoint {job.path}"
                     if self.started else f"; {job.path} was not saved")
             job.upload.set_exception(errors.CheckpointException(
@@ -982,16 +985,18 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                 _populate(seg)
             snapshot = _stage_tensors(seg, specs, tensors, copy_on_write)
         except BaseException as e:
-            if isinstance(e, errors.CheckpointException) and not e.failures:
+            if group is not None and \
+                    isinstance(e, errors.CheckpointException) and \
+                    not e.failures:
                 # This rank's alone: named as such, as the engine's are.
-                e = errors.from_status(e.code, str(e), rank=where.rank)
+                named = errors.from_status(e.code, str(e), rank=where.rank)
+                named.__cause__ = e
+                e = named
             job.staging.set_exception(e)
             job.upload.set_exception(e)
             if job.segment is not None:
                 _pool.release(job.segment)
                 job.segment = None
-            if group is not None:
-                _fail_in_group(job, spec, e)
             return None
         job.staging.set_result(None)
         return seg, snapshot
@@ -1008,7 +1013,9 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                 _lib.check(L.dcp_host_snapshot_wait(snapshot, None))
             except BaseException as e:
                 _pool.release(seg)
+                job.segment = None
                 job.upload.set_exception(e)
+                fail_in_group()
                 return
             finally:
                 L.dcp_host_snapshot_free(snapshot)
@@ -1043,10 +1050,19 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             _pool.release(seg)
             job.upload.set_exception(error)
 
+    def fail_in_group():
+        """After this rank's staging failed (the futures say why): the
+        other ranks' writers are told, in this rank's order of saves (on
+        the stager thread, after the hand-overs queued before)."""
+        if group is not None and group["size"] > 1:
+            _fail_in_group(job, spec, job.upload.exception())
+
     def stage():
         try:
             staged = copy_in()
-            if staged is not None:
+            if staged is None:
+                fail_in_group()
+            else:
                 hand_over(*staged)
         except BaseException as e:  # never leave the caller waiting
             for future in (job.staging, job.upload):
@@ -1066,7 +1082,8 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
     # Tracked and queued together: a Ctrl-C between would leave a tracked
     # future nobody resolves, and the exit waiting for it.
     with _interrupts_deferred():
-        return _queue_stage(job, copy_in, hand_over_or_fail, stage)
+        return _queue_stage(job, copy_in, hand_over_or_fail, stage,
+                            fail_in_group)
 
 
 def _fail_in_group(job, spec, error) -> None:
@@ -1085,7 +1102,7 @@ def _fail_in_group(job, spec, error) -> None:
                     "group's timeout", exc_info=True)
 
 
-def _queue_stage(job, copy_in, hand_over_or_fail, stage):
+def _queue_stage(job, copy_in, hand_over_or_fail, stage, fail_in_group):
     """async_save's hand-off of `job` to the stager thread (see there);
     returns its AsyncSaveResponse."""
     from .async_save import AsyncSaveResponse
@@ -1100,6 +1117,8 @@ def _queue_stage(job, copy_in, hand_over_or_fail, stage):
             staged = copy_in()
             if staged is not None:
                 _stager.submit(hand_over_or_fail, *staged)
+            else:
+                _stager.submit(fail_in_group)
         else:
             _stager.submit(stage)
     except BaseException as e:  # the stager thread could not be started

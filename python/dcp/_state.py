@@ -2481,9 +2481,10 @@ def check_list_growth(indices, name_at) -> None:
 
 
 # The deepest nesting path a checkpoint's metadata may give a whole-
-# checkpoint load (load_all, a planner built from the metadata): deeper
-# nesting than Python walks (its recursion limit) is no state dict.
-MAX_PATH_DEPTH = 400
+# checkpoint load (load_all, a planner built from the metadata): Python's
+# default recursion limit; the package's own walk of a state dict stops
+# near half of it.
+MAX_PATH_DEPTH = 1000
 
 
 def check_saved_paths(paths, source) -> None:

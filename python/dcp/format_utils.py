@@ -25,6 +25,7 @@ no nesting (flat names).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from . import _lib, _state, checkpoint, errors
@@ -189,17 +190,39 @@ def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *, keys=None,
     into a new file beside it, renamed over `torch_save_path` once written
     (a failed write leaves no partial file)."""
     state = load_all(dcp_checkpoint_dir, keys=keys, allow_pickle=allow_pickle)
-    path = os.fspath(torch_save_path)
-    directory, base = os.path.split(os.path.abspath(path))
+    # Through a symlink to its target; the file's mode as a plain open
+    # would leave it (kept where it exists, else from the umask).
+    path = os.path.realpath(os.fspath(torch_save_path))
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    directory, base = os.path.split(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp",
                                dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
             _torch("dcp_to_torch_save").save(state, f)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux shows
+    it (/proc/self/status, 4.7+)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)  # (briefly changed: no other way)
+    os.umask(old)
+    return old
 
 
 def torch_save_to_dcp(torch_save_path, dcp_checkpoint_dir, *,

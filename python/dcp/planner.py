@@ -128,10 +128,18 @@ def _is_tensor(value) -> bool:
         isinstance(value, (np.ndarray, _state.ShardedTensor))
 
 
+class ListIndex(int):
+    """A list index in a path of flatten()'s mappings: an int, told apart
+    from an int dict key (which flatten keeps as it is)."""
+
+    __slots__ = ()
+
+
 def flatten(state_dict) -> tuple[dict, dict]:
     """(flat, mappings), as torch's flatten_state_dict makes them: `flat`
     maps each leaf's dotted name to it, `mappings` the name to its path (a
-    tuple of the dict keys, as they are, and list indices). Dicts are
+    tuple of the dict keys, as they are, and list indices, ListIndex
+    ints). Dicts are
     walked (an empty one has no leaf); a list is a leaf unless it holds a
     tensor or a dict at some depth (then its items are walked); a tuple is
     a leaf. ValueError for two leaves of one name."""
@@ -158,7 +166,7 @@ def flatten(state_dict) -> tuple[dict, dict]:
             mappings[name] = path
         else:
             for i, v in enumerate(value):
-                visit(path + (i,), v)
+                visit(path + (ListIndex(i),), v)
 
     for key, value in state_dict.items():
         visit((key,), value)

@@ -321,6 +321,64 @@ def process_groups_scenario(rank, world, ckpt):
         assert not os.path.exists(os.path.join(ckpt, "c", ".metadata"))
 
 
+def process_stage_order_scenario(rank, world, ckpt):
+    """2 ranks: save N+1 is started from save N's staging done-callback
+    (on the stager thread, where N+1 stages at once while N's hand-over
+    to the writer is still queued) and fails staging on rank 1 only. N
+    succeeds and N+1 fails on both ranks: rank 1's notice of the failure
+    reached its writer before N did, which paired different saves across
+    the ranks' writers (N+1 committed with N's files)."""
+    import threading
+    from dcp import _process_writer
+    proc = dcp.AsyncCheckpointerType.PROCESS
+    mine = {f"x{rank}": torch.full((4,), float(rank + 1))}
+    real = _process_writer._pool.acquire
+    registered = threading.Event()
+    calls = []
+
+    def acquire(size):
+        calls.append(size)
+        if len(calls) == 1:
+            # N stages only once its callback is registered, so the
+            # callback runs on the stager thread.
+            assert registered.wait(WAIT)
+        elif rank == 1:
+            raise dcp.CheckpointException("no segment for N+1 (a test)",
+                                          None, 8)
+        return real(size)
+
+    _process_writer._pool.acquire = acquire
+    later = {}
+    started = threading.Event()
+
+    def start_next(_):
+        later["n1"] = dcp.async_save(
+            mine, checkpoint_id=os.path.join(ckpt, "n1"),
+            async_checkpointer_type=proc, async_stager=dcp.DefaultStager())
+        started.set()
+
+    first = dcp.async_save(mine, checkpoint_id=os.path.join(ckpt, "n"),
+                           async_checkpointer_type=proc,
+                           async_stager=dcp.DefaultStager())
+    first.staging_completion.add_done_callback(start_next)
+    registered.set()
+    first.upload_completion.result(WAIT)
+    assert started.wait(WAIT)
+    try:
+        later["n1"].upload_completion.result(WAIT)
+    except dcp.CheckpointException as e:
+        assert "no segment for N+1 (a test)" in str(e), e
+        assert sorted(e.failures) == [1], e.failures
+    else:
+        raise AssertionError("N+1 returned on rank %d" % rank)
+    dist.barrier()
+    back = {f"x{r}": torch.zeros(4) for r in range(world)}
+    dcp.load(back, checkpoint_id=os.path.join(ckpt, "n"), no_dist=True)
+    for r in range(world):
+        assert torch.equal(back[f"x{r}"], torch.full((4,), float(r + 1)))
+    assert not os.path.exists(os.path.join(ckpt, "n1", ".metadata"))
+
+
 def submesh_scenario(rank, world, ckpt):
     """DTensors on a mesh of ranks 0 and 1 of a 3-rank world: rank 2,
     outside it, holds none of them (an empty local tensor) and saves and
@@ -492,6 +550,8 @@ def main():
         submesh_scenario(rank, world, ckpt)
     elif scenario == "process_groups":
         process_groups_scenario(rank, world, ckpt)
+    elif scenario == "process_stage_order":
+        process_stage_order_scenario(rank, world, ckpt)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()

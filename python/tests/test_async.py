@@ -697,3 +697,34 @@ def test_process_async_save_from_a_staging_done_callback(tmp_path):
     first.result(WAIT)
     stager.close()
     _check_step(tmp_path, where="same")
+
+
+@pytest.mark.filterwarnings(
+    "error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_writer_leaves_a_failed_staging_notice_alone(tmp_path):
+    """A writer that dies with a notice of a failed staging queued (a
+    distributed save whose staging failed here: its futures are done)
+    fails the save it was writing and hands the saves after the notice to
+    a new writer: the done future is left as it is (setting it again
+    stopped the writer's reader, and later saves never resolved)."""
+    writer, held = _held_process_save(tmp_path)
+    pid = writer.pid
+    failed = _process_writer._Job(str(tmp_path / "f"))
+    why = dcp.CheckpointException("staging failed (a test)", None, 13)
+    failed.staging.set_exception(why)
+    failed.upload.set_exception(why)
+    group = dict(kind="file", where=str(tmp_path / "nowhere"), rank=0,
+                 size=2, name="a-test/0", timeout=None)
+    assert writer.submit_failed(next(_process_writer._job_ids), failed,
+                                dict(group=group, no_dist=False), why)
+    queued = dcp.async_save(_state(2), checkpoint_id=str(tmp_path / "q"),
+                            async_checkpointer_type=PROCESS)
+    _process_writer._stager.drain()
+    assert len(writer.jobs) == 3
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(dcp.CheckpointException,
+                       match=rf"writer process \(pid {pid}\) died"):
+        held.upload_completion.result(WAIT)
+    queued.upload_completion.result(WAIT)
+    _check(str(tmp_path / "q"), 2)
+    assert failed.upload.exception() is why

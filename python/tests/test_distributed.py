@@ -167,3 +167,8 @@ def test_a_torch_groups_timeout_bounds_dcps_waits(tmp_path):
 
 def test_process_async_saves_keep_each_groups_writers_apart(tmp_path):
     _run("process_groups", 3, tmp_path, str(tmp_path / "ckpt"))
+
+
+def test_a_process_save_failing_in_a_staging_callback_fails_only_itself(
+        tmp_path):
+    _run("process_stage_order", 2, tmp_path, str(tmp_path / "ckpt"))

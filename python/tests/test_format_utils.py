@@ -232,7 +232,7 @@ def _crafted(monkeypatch, ckpt, planner_data=None, items=None):
 
 @pytest.mark.parametrize("path,why", [
     ((0,), "path (0,) does not start with a key"),
-    (("h",) + (0,) * 401, "a path nests 402 deep (at most 400)"),
+    (("h",) + (0,) * 1001, "a path nests 1002 deep (at most 1000)"),
     (("h", 0, "x"), "passes through a value"),
     (("h",), "ends where other paths pass through"),
     (("h", -1), "a negative list index -1"),
@@ -281,3 +281,24 @@ def test_dcp_to_torch_save_leaves_no_partial_file(ckpt, tmp_path,
     monkeypatch.undo()
     format_utils.dcp_to_torch_save(ckpt, out)
     assert torch.equal(torch.load(out)["w"], torch.ones(2))
+
+
+def test_dcp_to_torch_save_writes_through_a_link_with_the_usual_mode(
+        ckpt, tmp_path):
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=ckpt)
+    target = tmp_path / "real.pt"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o640)
+    link = tmp_path / "link.pt"
+    link.symlink_to(target)
+    format_utils.dcp_to_torch_save(ckpt, link)
+    assert link.is_symlink() and torch.equal(torch.load(link)["w"],
+                                             torch.ones(2))
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o640)
+    fresh = tmp_path / "fresh.pt"
+    old = os.umask(0o027)
+    try:
+        format_utils.dcp_to_torch_save(ckpt, fresh)
+    finally:
+        os.umask(old)
+    assert oct(os.stat(fresh).st_mode & 0o777) == oct(0o640)

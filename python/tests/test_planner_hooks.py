@@ -291,3 +291,62 @@ def test_damaged_nesting_paths_are_refused_before_the_hook(tmp_path,
                              r"state dict path \"step.1099511627776\""):
         dcp.load({}, checkpoint_id=ckpt,
                  planner=_EmptyStateDictLoadPlanner())
+
+
+class _Passing(dcp.DefaultSavePlanner):
+    """Overrides set_up_planner, changing nothing."""
+
+    def set_up_planner(self, state_dict, storage_meta=None,
+                       is_coordinator=False):
+        super().set_up_planner(state_dict, storage_meta, is_coordinator)
+
+
+class _PassingLoad(dcp.DefaultLoadPlanner):
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+
+
+class _WrapAfter(dcp.DefaultLoadPlanner):
+    """Puts the flattened dict under a key of its own, after super()."""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        self.state_dict = {"wrapped": self.state_dict}
+
+
+def test_int_keys_stay_dict_keys_through_the_flattening(tmp_path):
+    # An optimizer's state keyed by parameter number, sparse (a frozen
+    # parameter has none) and a negative key: dict keys, not list
+    # indices, in the nesting that comes back.
+    ckpt = str(tmp_path / "ckpt")
+    state = {"optim": {"state": {0: {"step": 3, "m": torch.ones(2)},
+                                 2: {"step": 5, "m": torch.full((2,), 2.)},
+                                 -1: {"step": 9}}}}
+    dcp.save(state, checkpoint_id=ckpt, planner=_Passing())
+    md = dcp.read_metadata(ckpt)
+    assert sorted(md.state_dict_metadata) == [
+        "optim.state.-1.step", "optim.state.0.m", "optim.state.0.step",
+        "optim.state.2.m", "optim.state.2.step"]
+    assert md.planner_data["optim.state.2.m"] == ("optim", "state", "2", "m")
+    back = {"optim": {"state": {0: {"step": 0, "m": torch.zeros(2)},
+                                2: {"step": 0, "m": torch.zeros(2)},
+                                -1: {"step": 0}}}}
+    dcp.load(back, checkpoint_id=ckpt, planner=_PassingLoad())
+    assert set(back["optim"]["state"]) == {0, 2, -1}
+    assert back["optim"]["state"][2]["step"] == 5
+    assert back["optim"]["state"][-1]["step"] == 9
+    assert torch.equal(back["optim"]["state"][2]["m"], torch.full((2,), 2.))
+    mappings = dcp.planner.flatten(state)[1]
+    assert mappings["optim.state.2.m"] == ("optim", "state", 2, "m")
+    assert type(dcp.planner.flatten({"l": [torch.ones(1)]})[1]["l.0"][1]) \
+        is dcp.planner.ListIndex
+
+
+def test_a_flattened_dict_wrapped_after_super_gets_its_values(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save({"wrapped": {"m": {"w": torch.ones(2), "step": 7}}},
+             checkpoint_id=ckpt)
+    back = {"m": {"w": torch.zeros(2), "step": 0}}
+    dcp.load(back, checkpoint_id=ckpt, planner=_WrapAfter())
+    assert back["m"]["step"] == 7 and torch.equal(back["m"]["w"],
+                                                   torch.ones(2))
