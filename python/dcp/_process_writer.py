@@ -577,26 +577,16 @@ class _Writer:
     def submit(self, job_id, job, manifest, spec, hold):
         """Sends a staged save; False when the writer is dead."""
         seg = job.segment
-        with self.lock:
-            if self.dead:
-                return False
-            self.jobs[job_id] = job
-            job.sent = (manifest, spec, hold)
-            try:
-                if seg.id not in self.known_segments:
-                    self.conn.send(("segment", seg.id, seg.size))
-                    multiprocessing.reduction.send_handle(self.conn, seg.fd,
-                                                          self.pid)
-                    self.known_segments.add(seg.id)
-                self.conn.send(("save", job_id, seg.id, manifest, spec,
-                                hold))
-            except OSError:
-                self.jobs.pop(job_id, None)
-                return False
-            except BaseException:  # not sent (e.g. cannot be pickled)
-                self.jobs.pop(job_id, None)
-                raise
-        return True
+
+        def send():
+            if seg.id not in self.known_segments:
+                self.conn.send(("segment", seg.id, seg.size))
+                multiprocessing.reduction.send_handle(self.conn, seg.fd,
+                                                      self.pid)
+                self.known_segments.add(seg.id)
+            self.conn.send(("save", job_id, seg.id, manifest, spec, hold))
+
+        return self._send(job_id, job, (manifest, spec, hold), send)
 
     def submit_failed(self, job_id, job, spec, error):
         """Has the writer join the group's save of `job`, whose staging
@@ -606,17 +596,27 @@ class _Writer:
         message = str(error) if isinstance(error, errors.CheckpointException) \
             else f"{type(error).__name__}: {error}"
         failed = (message, None, getattr(error, "code", _lib.UNKNOWN))
+        return self._send(job_id, job, (None, spec, False), lambda: (
+            self.conn.send(("save", job_id, None, None,
+                            dict(spec, failed=failed), False))))
+
+    def _send(self, job_id, job, sent, send) -> bool:
+        """Registers `job` as `job_id` and runs `send` (its messages to the
+        writer), under the lock; False when the writer is dead or the
+        socket fails (then the job is not registered)."""
         with self.lock:
             if self.dead:
                 return False
             self.jobs[job_id] = job
-            job.sent = (None, spec, False)
+            job.sent = sent
             try:
-                self.conn.send(("save", job_id, None, None,
-                                dict(spec, failed=failed), False))
+                send()
             except OSError:
                 self.jobs.pop(job_id, None)
                 return False
+            except BaseException:  # not sent (e.g. cannot be pickled)
+                self.jobs.pop(job_id, None)
+                raise
         return True
 
     def stop(self):
