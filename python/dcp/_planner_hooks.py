@@ -166,13 +166,16 @@ class LoadSetUp:
 
         def put_back(d) -> None:
             # The flat keys, also where the hook put the flattened dict
-            # under a key of its own ({"wrapped": flat}).
+            # under a key of its own ({"wrapped": flat}): a dict whose keys
+            # are all flat names (not a nested dict whose keys could equal
+            # one by chance).
             for key, value in d.items():
                 path = mappings.get(key)
                 if path is not None:
                     if not _is_tensor(value):
                         _set_element(original, path, value, torchs)
-                elif isinstance(value, dict):
+                elif isinstance(value, dict) and value and all(
+                        k in mappings for k in value):
                     put_back(value)
 
         put_back(self._flat)

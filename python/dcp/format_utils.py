@@ -203,7 +203,13 @@ def dcp_to_torch_save(dcp_checkpoint_dir, torch_save_path, *, keys=None,
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
-            _torch("dcp_to_torch_save").save(state, f)
+            try:
+                _torch("dcp_to_torch_save").save(state, f)
+            except RecursionError as e:
+                raise ValueError(
+                    f"dcp_to_torch_save: {dcp_checkpoint_dir} nests deeper "
+                    "than torch.save's pickler goes (Python's recursion "
+                    "limit)") from e
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

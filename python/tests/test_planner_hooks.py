@@ -350,3 +350,23 @@ def test_a_flattened_dict_wrapped_after_super_gets_its_values(tmp_path):
     dcp.load(back, checkpoint_id=ckpt, planner=_WrapAfter())
     assert back["m"]["step"] == 7 and torch.equal(back["m"]["w"],
                                                    torch.ones(2))
+
+
+class _WrapNestedAfter(dcp.DefaultLoadPlanner):
+    """Puts the caller's own (nested) dict under a key, after super()."""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        self.state_dict = {"nested": state_dict}
+
+
+def test_an_inner_key_like_a_flat_name_is_not_put_back_there(tmp_path):
+    # "m" holds a key "step" too: only the flat dict's keys are flat
+    # names; the nested dict's values load in place.
+    ckpt = str(tmp_path / "ckpt")
+    dcp.save({"nested": {"step": 1, "m": {"step": 7, "w": torch.ones(2)}}},
+             checkpoint_id=ckpt)
+    back = {"step": 0, "m": {"step": 0, "w": torch.zeros(2)}}
+    dcp.load(back, checkpoint_id=ckpt, planner=_WrapNestedAfter())
+    assert back["step"] == 1 and back["m"]["step"] == 7
+    assert torch.equal(back["m"]["w"], torch.ones(2))
