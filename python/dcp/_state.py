@@ -589,10 +589,18 @@ class Flat:
             mark = (len(self.t_paths), len(self.v_paths), len(self._tuples),
                     len(self._plain_lists), self._not_plain,
                     len(self._item_tuples), len(self._x.plain_tuples))
-        for i, v in enumerate(seq):
-            path.append((i << 1) | 1)
-            self._value(v, target, i)
-            path.pop()
+        if self.load and all(map(_SCALAR_TYPES.__contains__,
+                                 map(type, seq))):
+            # Scalars only: what _plain appends for each, at once.
+            base = tuple(path)
+            self.v_paths += [base + ((i << 1) | 1,) for i in range(len(seq))]
+            self.v_slots += [(target, i, v) for i, v in enumerate(seq)]
+            self.v_vals += [(_lib.VALUE_BYTES, _UNLOADED)] * len(seq)
+        else:
+            for i, v in enumerate(seq):
+                path.append((i << 1) | 1)
+                self._value(v, target, i)
+                path.pop()
         if self.load:
             t0, v0, tu0, pl0, np0, it0, pt0 = mark
             if len(self.t_paths) == t0 and self._not_plain == np0 and \
@@ -1544,9 +1552,13 @@ class Flat:
 
     # -- the C state dict --------------------------------------------------
 
-    def build(self, values_only: bool = False):
+    def build(self, values_only: bool = False, tensors_only: bool = False):
         """A new dcp_state_dict_t holding every leaf (the caller frees it
         with dcp_state_dict_free). Raises from the engine's checks.
+
+        tensors_only (load): the tensor leaves only, for a state dict that
+        reshape_lists may change (it builds again when it does);
+        set_values adds the plain leaves where it did not.
 
         values_only (load): only the plain leaves, each list index in their
         paths made a map key ("3"): the same flattened names, without the
@@ -1559,7 +1571,7 @@ class Flat:
             if values_only:
                 self._fill_values(L, sd)
             else:
-                self._fill(L, sd)
+                self._fill(L, sd, values=not tensors_only)
         except BaseException:
             L.dcp_state_dict_free(sd)
             raise
@@ -1599,7 +1611,11 @@ class Flat:
         self._arrays += [blob, blob_arr, elems]
         return paths
 
-    def _fill(self, L, sd) -> None:
+    def set_values(self, sd) -> None:
+        """Adds the plain leaves to `sd`, built with tensors_only=True."""
+        self._set_values(_lib.lib(), sd, self._paths_arr, len(self.t_objs))
+
+    def _fill(self, L, sd, values: bool = True) -> None:
         tensors = shards = None
         if self.t_objs:
             try:
@@ -1623,7 +1639,8 @@ class Flat:
                 self._arrays.append(marked)
                 _lib.check(L.dcp_state_dict_mark_requires_grad(
                     sd, len(self.t_grad), _addr(marked)))
-        self._set_values(L, sd, paths, nt)
+        if values:
+            self._set_values(L, sd, paths, nt)
 
     def _fill_values(self, L, sd) -> None:
         keyed = [tuple(self._key(str(e >> 1)) if e & 1 else e for e in path)
@@ -2255,6 +2272,8 @@ def _storable(t) -> bool:
 # What .item() of a numpy bool, int or float scalar stored as its Python
 # value gives (Flat._encode).
 _PLAIN_ITEMS = (bool, int, float, complex)
+# The types _value hands to _plain directly.
+_SCALAR_TYPES = frozenset((bool, int, float, str, type(None)))
 # Flat._saved_tree: tensors or maps at the list's indices.
 _NOT_PLAIN = object()
 

@@ -452,7 +452,8 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         flat = _state.Flat(load=True, allow_pickle=allow_pickle)
         flat.add(set_up.walked)
         p.flat = flat
-        p.sd = flat.build()
+        p.sd = flat.build(tensors_only=True)
+        built = p.sd
         if storage_reader is None and "://" not in path and (
                 os.path.exists(os.path.join(path, ".metadata")) or
                 os.path.exists(os.path.join(path, "rank-0", ".metadata"))):
@@ -479,6 +480,8 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                 p.metadata = handle
         _plan_with_metadata(flat, p, path, where.rank,
                             storage_reader)
+        if p.sd is built:  # not built again with its values
+            flat.set_values(p.sd)
         # The plain values load first, on their own: a value that cannot
         # be decoded (pickled without allow_pickle, an unpickling error)
         # then raises before the load of p.sd writes any caller tensor.
