@@ -175,6 +175,15 @@ TEST(FileSystemStorageTest, NoMetadataMeansNoCheckpoint) {
   EXPECT_THAT(List(dir), SizeIs(0));
 }
 
+TEST(FileSystemStorageTest, AnAbsentDirectoryIsNamedAsAbsent) {
+  const std::string dir = NewTestDir("absent") + "/not-there";
+  absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
+  EXPECT_EQ(metadata.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(metadata.status().message(),
+              HasSubstr(absl::StrCat("no checkpoint at ", dir,
+                                     ": the directory does not exist")));
+}
+
 template <typename Options>
 concept HasCacheStagedStateDict = requires(Options options) {
   options.cache_staged_state_dict;

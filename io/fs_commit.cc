@@ -16,6 +16,11 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
   const std::string metadata_path = JoinPath(dir, kMetadataFileName);
   absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(metadata_path);
   if (absl::IsNotFound(file.status())) {
+    absl::StatusOr<bool> dir_exists = fs.Exists(dir);
+    if (dir_exists.ok() && !*dir_exists) {
+      return absl::NotFoundError(absl::StrCat(
+          "no checkpoint at ", dir, ": the directory does not exist"));
+    }
     return absl::NotFoundError(absl::StrCat(
         "no committed checkpoint in ", dir, " (", metadata_path,
         " does not exist; a save that did not finish leaves none)"));

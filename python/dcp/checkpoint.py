@@ -413,6 +413,21 @@ def _name_partial_load(exc) -> None:
             _name_partial_load(failure)
 
 
+def _broadcasting_reader(storage_reader):
+    """dcp's BroadcastingTorchSaveReader for `storage_reader` (torch's
+    becomes dcp's, with its checkpoint_id and coordinator_rank), or None."""
+    from .format_utils import BroadcastingTorchSaveReader
+    if isinstance(storage_reader, BroadcastingTorchSaveReader):
+        return storage_reader
+    module = type(storage_reader).__module__ or ""
+    if type(storage_reader).__name__ == "BroadcastingTorchSaveReader" and \
+            module.startswith("torch.distributed.checkpoint"):
+        return BroadcastingTorchSaveReader(
+            getattr(storage_reader, "checkpoint_id", None),
+            getattr(storage_reader, "coordinator_rank", 0))
+    return None
+
+
 def _load(state_dict, *, process_group, no_dist, **kwargs):
     # In call order with the other operations on the group (Turn).
     with take_turn(resolve(process_group, no_dist)):
@@ -424,6 +439,13 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
                   process_group, coordinator_rank, no_dist, allow_pickle,
                   stateful):
     where = resolve(process_group, no_dist)
+    broadcasting = _broadcasting_reader(storage_reader)
+    if broadcasting is not None:
+        from . import _broadcast_load
+        return _broadcast_load.load(
+            state_dict, reader=broadcasting, checkpoint_id=checkpoint_id,
+            planner=planner, where=where, allow_pickle=allow_pickle,
+            stateful=stateful)
     p = _Prepared()
     error = None
     statefuls = {}
@@ -513,17 +535,21 @@ def _load_in_turn(state_dict, *, checkpoint_id, storage_reader, planner,
         where.agree("load", error)
         values = []
         if p.values_sd is not None:
+            first = None
             try:
                 _load_checked(p.values_sd, options, path, **checked)
-            except errors.CheckpointException as first:
+            except errors.CheckpointException as e:
+                first = e
+            if first is not None:
                 # The engine's checks of keys and types fail the load of
                 # every leaf too, before it writes anything, and name what
-                # comes first in the state dict: raise that. Any other
+                # comes first in the state dict: raise that (outside the
+                # handler, so it is not chained to the first). Any other
                 # failure (I/O, damaged data) is raised as it is: a second
                 # load could then succeed and write the caller's tensors.
                 if first.code in (_lib.NOT_FOUND, _lib.INVALID_ARGUMENT):
                     _load_checked(p.sd, options, path, **checked)
-                raise
+                raise first
             error = None
             try:
                 values = flat.read_values(p.values_sd)

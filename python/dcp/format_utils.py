@@ -33,7 +33,56 @@ from .metadata import TensorStorageMetadata, check_chunk_coverage, \
     read_metadata, read_metadata_through
 
 __all__ = ["load_all", "dcp_to_torch_save", "torch_save_to_dcp",
-           "torch_dcp_to_dcp"]
+           "torch_dcp_to_dcp", "BroadcastingTorchSaveReader",
+           "DynamicMetaLoadPlanner"]
+
+
+class BroadcastingTorchSaveReader:
+    """A storage_reader for dcp.load that reads a torch.save file (the
+    checkpoint_id) on one rank and broadcasts it: a model saved whole loads
+    straight into a distributed job, each rank keeping its own shards of
+    DTensor parameters (resharded as a dcp checkpoint would be)::
+
+        dcp.load({"model": model.state_dict()},
+                 checkpoint_id="model.pt",
+                 storage_reader=dcp.format_utils.BroadcastingTorchSaveReader(),
+                 planner=dcp.format_utils.DynamicMetaLoadPlanner())
+
+    The file's state dict is flattened as dcp.load flattens the
+    destination ("model.layers.0.weight"); names must match. Only the
+    rank `coordinator_rank` (a global rank, as in torch) reads the file,
+    with torch.load (memory-mapped where the file allows; weights_only
+    unless dcp.load gets allow_pickle=True); every tensor is then
+    broadcast whole over torch.distributed, one at a time, and copied
+    (converted as copy_ converts) into each rank's part. Plain values load
+    too (torch's reader loads tensors only). Without a process group (or
+    no_dist=True) the file is read in this process. Keys the file lacks
+    raise CheckpointNotFoundError unless the planner has
+    allow_partial_load; a shape that differs raises CheckpointValueError;
+    every rank raises together."""
+
+    def __init__(self, checkpoint_id=None, coordinator_rank: int = 0):
+        self.checkpoint_id = checkpoint_id
+        self.coordinator_rank = int(coordinator_rank)
+
+    def reset(self, checkpoint_id=None) -> None:
+        self.checkpoint_id = checkpoint_id
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return os.path.isfile(checkpoint_id)
+
+    def __repr__(self):
+        return (f"BroadcastingTorchSaveReader(checkpoint_id="
+                f"{self.checkpoint_id!r}, coordinator_rank="
+                f"{self.coordinator_rank})")
+
+
+class DynamicMetaLoadPlanner(checkpoint.DefaultLoadPlanner):
+    """The planner torch pairs with BroadcastingTorchSaveReader (a
+    torch.save file has no metadata to plan against); dcp's reader needs
+    none, so this is DefaultLoadPlanner under torch's name
+    (allow_partial_load works as there)."""
 
 
 def _torch(what: str):

@@ -18,6 +18,7 @@ AsyncCheckpointerType.PROCESS)`` maps and faults in that memory and starts
 the writer process ahead of the first save, for the same effect.
 """
 
+import abc
 import contextlib
 import copy
 import ctypes
@@ -56,6 +57,136 @@ class StagingOptions:
     use_non_blocking_copy: bool = True
     cache_staged_state_dict: bool = True
     copy_on_write: bool = False
+
+
+class AsyncStager(metaclass=abc.ABCMeta):
+    """torch's AsyncStager protocol, to subclass for a stager of your own:
+    ``stage(state_dict)`` returns a copy of the state dict that later
+    training steps do not change (or a Future of one); async_save writes
+    that copy in the background. ``should_synchronize_after_execute``
+    (default True) makes async_save call ``synchronize_staging()`` before
+    it returns, where ``stage`` returned a dict whose copies may still be
+    running. isinstance() is True for any object with these methods
+    (dcp's DefaultStager among them)."""
+
+    _synchronize_after_execute: bool = True
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict):
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement stage()")
+
+    def synchronize_staging(self) -> None:
+        """Waits until what stage() returned is complete (no-op here)."""
+
+    def close(self) -> None:
+        """Releases what the stager holds (no-op here)."""
+
+    @classmethod
+    def __subclasshook__(cls, other):
+        if cls is AsyncStager:
+            return all(callable(getattr(other, name, None))
+                       for name in ("stage", "synchronize_staging", "close"))
+        return NotImplemented
+
+
+class BlockingAsyncStager(AsyncStager):
+    """torch's BlockingAsyncStager: stage() returns a copy of the state dict
+    with every tensor in host memory, made in the call.
+    ``cache_staged_state_dict`` keeps that copy (in page-locked memory
+    where a GPU allows) and copies into it again on the next stage() of a
+    state dict of the same structure, shapes and dtypes: reuse one stager
+    for every save. ``type_check`` is accepted for torch's signature. For
+    the engine's faster staging, pass dcp.DefaultStager instead."""
+
+    _synchronize_after_execute: bool = False
+
+    def __init__(self, cache_staged_state_dict: bool = False,
+                 type_check: bool = False):
+        self.cache_staged_state_dict = cache_staged_state_dict
+        self.type_check = type_check
+        self.state_dict_cache = None
+
+    def stage(self, state_dict):
+        if self.cache_staged_state_dict and self.state_dict_cache is not None \
+                and _copy_into(self.state_dict_cache, state_dict):
+            return self.state_dict_cache
+        staged = _host_copy(state_dict, self.cache_staged_state_dict)
+        if self.cache_staged_state_dict:
+            self.state_dict_cache = staged
+        return staged
+
+    def close(self) -> None:
+        self.state_dict_cache = None
+
+
+def _copy_into(staged, value) -> bool:
+    """Copies `value`'s tensors into the host copy `staged` made of a value
+    of the same structure (plain values taken as they are); False, having
+    copied nothing, where the structure, a shape or a dtype differs."""
+    pairs = []
+
+    def match(a, b) -> bool:
+        torch = _state.torch
+        if isinstance(b, np.ndarray):
+            if not isinstance(a, np.ndarray) or a.shape != b.shape or \
+                    a.dtype != b.dtype:
+                return False
+            pairs.append((a, b))
+            return True
+        if torch is not None and isinstance(b, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or _state._is_dtensor(b) or \
+                    a.shape != b.shape or a.dtype != b.dtype:
+                return False
+            pairs.append((a, b))
+            return True
+        if isinstance(b, dict):
+            return isinstance(a, dict) and a.keys() == b.keys() and all(
+                match(a[k], b[k]) for k in b)
+        if isinstance(b, (list, tuple)):
+            return type(a) is type(b) and len(a) == len(b) and all(
+                match(x, y) for x, y in zip(a, b))
+        return not isinstance(b, _state.ShardedTensor)
+
+    if not match(staged, value):
+        return False
+    for a, b in pairs:
+        if isinstance(b, np.ndarray):
+            np.copyto(a, b)
+        else:
+            a.copy_(b.detach())
+    _refresh_plain(staged, value)
+    return True
+
+
+def _refresh_plain(staged, value):
+    """`staged` (a host copy of a value of `value`'s structure, its tensors
+    already copied) holding `value`'s plain values: dicts and lists
+    updated in place, tuples rebuilt."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            staged[k] = _refresh_plain(staged[k], v)
+        return staged
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            staged[i] = _refresh_plain(staged[i], v)
+        return staged
+    if isinstance(value, tuple):
+        items = [_refresh_plain(a, b) for a, b in zip(staged, value)]
+        if hasattr(type(value), "_fields"):  # a namedtuple
+            return type(value)(*items)
+        try:
+            return type(value)(items)
+        except TypeError:
+            return tuple(items)
+    torch = _state.torch
+    if isinstance(value, np.ndarray) or (
+            torch is not None and isinstance(value, torch.Tensor)):
+        return staged
+    return value
 
 
 def _pinned(t) -> bool:
@@ -243,8 +374,8 @@ def _host_copy(value, pin: bool):
     if torch is not None and isinstance(value, torch.Tensor):
         if _state._is_dtensor(value):
             raise NotImplementedError(
-                "DefaultStager.stage does not copy DTensors; async_save "
-                "stages them (pass the stager as async_stager=)")
+                "stage() does not copy DTensors; async_save with "
+                "async_stager=dcp.DefaultStager() (or none) stages them")
         pin = pin and torch.cuda.is_available()
         out = torch.empty(value.shape, dtype=value.dtype, device="cpu",
                           pin_memory=pin)

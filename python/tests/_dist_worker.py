@@ -379,6 +379,60 @@ def process_stage_order_scenario(rank, world, ckpt):
     assert not os.path.exists(os.path.join(ckpt, "n1", ".metadata"))
 
 
+def broadcast_torch_save_scenario(rank, world, mesh, full, path):
+    """A torch.save file of the whole tensors (written by the test) loads
+    into row- and column-sharded DTensors through the broadcasting reader
+    (dcp's and torch's class), read by rank 0 or the last rank; a key the
+    file lacks and one rank's wrong shape raise on every rank."""
+    from dcp.format_utils import (BroadcastingTorchSaveReader,
+                                  DynamicMetaLoadPlanner)
+    from torch.distributed.checkpoint import format_utils as torch_formats
+    for coordinator, placements in ((0, [Shard(0)]),
+                                    (world - 1, [Shard(1)])):
+        state = blank_like(sharded_state(mesh, full, rank, world,
+                                         placements))
+        del state["v"]
+        dcp.load(state, checkpoint_id=path,
+                 storage_reader=BroadcastingTorchSaveReader(
+                     coordinator_rank=coordinator),
+                 planner=DynamicMetaLoadPlanner())
+        state["v"] = dcp.ShardedTensor(full["v"][:0], (7, 5), (0, 0))
+        for name in ("w", "b", "e", "r"):
+            got = state["model"][name].full_tensor()
+            assert torch.equal(got, full[name]), name
+        assert state["step"] == 11 and state["cfg"] == {
+            "name": "run", "sizes": (13, 10)}, state
+    # torch's reader and planner, as a program written for torch's DCP
+    # passes them.
+    state = {"model": {"w": distribute_tensor(torch.zeros(13, 7), mesh,
+                                              [Shard(0)])}}
+    dcp.load(state, checkpoint_id=path,
+             storage_reader=torch_formats.BroadcastingTorchSaveReader(),
+             planner=torch_formats.DynamicMetaLoadPlanner())
+    assert torch.equal(state["model"]["w"].full_tensor(), full["w"])
+    missing = {"model": {"w": distribute_tensor(torch.zeros(13, 7), mesh,
+                                                [Shard(0)]),
+                         "absent": torch.zeros(2)}}
+    try:
+        dcp.load(missing, checkpoint_id=path,
+                 storage_reader=BroadcastingTorchSaveReader())
+    except dcp.CheckpointNotFoundError as e:
+        assert '"model.absent"' in str(e), str(e)
+    else:
+        raise AssertionError("the load of a missing key did not fail")
+    # Rank 1 alone asks for another shape: every rank raises, naming it.
+    shape = (13, 8) if rank == 1 else (13, 7)
+    wrong = {"model": {"w": torch.zeros(shape)}}
+    try:
+        dcp.load(wrong, checkpoint_id=path,
+                 storage_reader=BroadcastingTorchSaveReader())
+    except dcp.CheckpointException as e:
+        assert "rank 1" in str(e) and "model.w" in str(e), str(e)
+        assert list(e.failures) == [1], e.failures
+    else:
+        raise AssertionError("the load of a wrong shape did not fail")
+
+
 def submesh_scenario(rank, world, ckpt):
     """DTensors on a mesh of ranks 0 and 1 of a 3-rank world: rank 2,
     outside it, holds none of them (an empty local tensor) and saves and
@@ -546,6 +600,8 @@ def main():
         dropped_group_scenario(rank, world, ckpt)
     elif scenario == "group_timeout":
         group_timeout_scenario(rank, world, ckpt)
+    elif scenario == "broadcast_torch_save":
+        broadcast_torch_save_scenario(rank, world, mesh, full, ckpt)
     elif scenario == "submesh":
         submesh_scenario(rank, world, ckpt)
     elif scenario == "process_groups":

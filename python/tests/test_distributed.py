@@ -93,6 +93,21 @@ def test_dtensors_of_a_mesh_some_ranks_are_outside_of(tmp_path):
     _run("submesh", 3, tmp_path, str(tmp_path / "ckpt"))
 
 
+def test_a_torch_save_file_loads_into_dtensors_by_broadcast(tmp_path):
+    """format_utils.BroadcastingTorchSaveReader: 3 ranks load a model
+    saved whole with torch.save into DTensors sharded by rows and by
+    columns (a bf16 tensor saved as fp32: converted)."""
+    full = full_tensors()
+    path = str(tmp_path / "model.pt")
+    torch.save({"model": {"w": full["w"], "b": full["b"],
+                          "e": full["e"].float(), "r": full["r"]},
+                "step": 11, "cfg": {"name": "run", "sizes": (13, 10)}},
+               path)
+    full_e = full["e"]
+    assert torch.equal(full["e"].float().to(torch.bfloat16), full_e)
+    _run("broadcast_torch_save", 3, tmp_path, path)
+
+
 def test_a_group_dropped_during_an_async_save(tmp_path):
     _run("dropped_group", 2, tmp_path, str(tmp_path / "ckpt"))
 

@@ -99,6 +99,12 @@ def test_no_checkpoint_is_file_not_found(tmp_path):
     assert "nothing-here" in str(e.value)
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         dcp.read_metadata(missing)
+    # With a plain value too (a second load names it): raised once, not
+    # chained to the same error of the first load.
+    with pytest.raises(dcp.CheckpointFileNotFoundError,
+                       match="the directory does not exist") as e:
+        dcp.load({"a": torch.zeros(1), "step": 0}, checkpoint_id=missing)
+    assert e.value.__context__ is None
 
 
 def test_a_file_as_the_checkpoint_is_named_as_one(tmp_path, ckpt):

@@ -302,3 +302,83 @@ def test_dcp_to_torch_save_writes_through_a_link_with_the_usual_mode(
     finally:
         os.umask(old)
     assert oct(os.stat(fresh).st_mode & 0o777) == oct(0o640)
+
+
+class _Opaque:
+    """An object torch.load's weights_only unpickler refuses."""
+
+
+def test_broadcasting_reader_loads_a_torch_save_file_in_place(tmp_path):
+    """In one process (no group) the reader loads a torch.save file into
+    the caller's tensors (converted to their dtype), plain values and a
+    Stateful; torch's reader and planner classes work as dcp's."""
+    path = str(tmp_path / "model.pt")
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    torch.save({"model": src.state_dict(), "step": 7, "names": ["a", "b"]},
+               path)
+    dst = torch.nn.Sequential(torch.nn.Linear(4, 3),
+                              torch.nn.Linear(3, 2)).bfloat16()
+    weights = dst.state_dict()
+    state = {"model": weights, "step": 0, "names": []}
+    dcp.load(state, checkpoint_id=path,
+             storage_reader=format_utils.BroadcastingTorchSaveReader(),
+             planner=format_utils.DynamicMetaLoadPlanner())
+    assert state["step"] == 7 and state["names"] == ["a", "b"]
+    for name, value in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[name], value.bfloat16()), name
+        assert state["model"][name] is weights[name]  # in place
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    tfu = pytest.importorskip("torch.distributed.checkpoint.format_utils")
+    dcp.load({"model": fresh}, checkpoint_id=path,  # a Stateful
+             storage_reader=tfu.BroadcastingTorchSaveReader(),
+             planner=tfu.DynamicMetaLoadPlanner())
+    for name, value in src.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+
+
+def test_broadcasting_reader_errors(tmp_path):
+    path = str(tmp_path / "model.pt")
+    torch.save({"model": {"w": torch.ones(3, 4)}, "step": 7}, path)
+    reader = format_utils.BroadcastingTorchSaveReader
+    with pytest.raises(dcp.CheckpointNotFoundError,
+                       match=r'has no "model\.x"; load with planner='):
+        dcp.load({"model": {"x": torch.zeros(1)}}, checkpoint_id=path,
+                 storage_reader=reader())
+    kept = torch.full((2,), 5.0)
+    state = {"model": {"w": torch.zeros(3, 4), "x": kept}}
+    dcp.load(state, checkpoint_id=path, storage_reader=reader(),
+             planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert torch.equal(state["model"]["w"], torch.ones(3, 4))
+    assert torch.equal(kept, torch.full((2,), 5.0))
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r'"model\.w" has shape \[4, 3\] in the state '
+                             r'dict but \[3, 4\] in'):
+        dcp.load({"model": {"w": torch.zeros(4, 3)}}, checkpoint_id=path,
+                 storage_reader=reader())
+    with pytest.raises(dcp.CheckpointValueError,
+                       match=r'"step" is a tensor in the state dict but a '
+                             r'value of type int'):
+        dcp.load({"step": torch.zeros(1)}, checkpoint_id=path,
+                 storage_reader=reader())
+    with pytest.raises(dcp.CheckpointFileNotFoundError,
+                       match="no torch.save file at"):
+        dcp.load({"step": 0}, checkpoint_id=str(tmp_path / "absent.pt"),
+                 storage_reader=reader())
+    with pytest.raises(dcp.CheckpointValueError, match="is a directory"):
+        dcp.load({"step": 0}, checkpoint_id=str(tmp_path),
+                 storage_reader=reader())
+    opaque = str(tmp_path / "opaque.pt")
+    torch.save({"o": _Opaque()}, opaque)
+    with pytest.raises(dcp.CheckpointValueError, match="allow_pickle=True"):
+        dcp.load({"o": None}, checkpoint_id=opaque, storage_reader=reader())
+    state = {"o": None}
+    dcp.load(state, checkpoint_id=opaque, storage_reader=reader(),
+             allow_pickle=True)
+    assert isinstance(state["o"], _Opaque)
+    damaged = str(tmp_path / "damaged.pt")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(damaged, "wb") as f:
+        f.write(data[:len(data) // 2])
+    with pytest.raises(dcp.CheckpointCorruptError, match="damaged.pt"):
+        dcp.load({"step": 0}, checkpoint_id=damaged, storage_reader=reader())

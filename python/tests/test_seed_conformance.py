@@ -278,7 +278,8 @@ def test_read_metadata_of_a_mega_directory(tmp_path):
 # has under the same module path (`from torch.distributed.checkpoint.X
 # import Y` becomes `from dcp.X import Y`).
 _SUBMODULE_NAMES = {
-    "staging": ["DefaultStager", "StagingOptions"],
+    "staging": ["DefaultStager", "StagingOptions", "AsyncStager",
+                "BlockingAsyncStager"],
     "state_dict_saver": ["save_state_dict", "save", "async_save",
                          "AsyncCheckpointerType", "AsyncSaveResponse"],
     "state_dict_loader": ["load_state_dict", "load"],
@@ -295,7 +296,8 @@ _SUBMODULE_NAMES = {
                  "BytesStorageMetadata", "Metadata", "MetadataIndex",
                  "TensorProperties", "StorageMeta"],
     "stateful": ["Stateful"],
-    "format_utils": ["dcp_to_torch_save", "torch_save_to_dcp"],
+    "format_utils": ["dcp_to_torch_save", "torch_save_to_dcp",
+                     "BroadcastingTorchSaveReader", "DynamicMetaLoadPlanner"],
     "state_dict": ["StateDictOptions", "get_model_state_dict",
                    "get_optimizer_state_dict", "get_state_dict",
                    "set_model_state_dict", "set_optimizer_state_dict",
@@ -313,5 +315,7 @@ def test_torchs_submodule_paths_import_the_same_objects(module):
         assert name in ours.__all__, (module, name)
         obj = getattr(ours, name)
         # The same object as dcp's top-level name (or format_utils').
-        top = getattr(dcp, name, None) or getattr(dcp.format_utils, name)
+        top = getattr(dcp, name, None) or getattr(dcp.format_utils, name,
+                                                  None) or \
+            getattr(dcp.stager, name)
         assert obj is top, (module, name)

@@ -295,3 +295,51 @@ def test_stage_copies_inside_namedtuples_sharded_and_list_subclasses():
     assert torch.equal(staged["shard"].local, torch.ones(2, 2))
     assert torch.equal(staged["items"][0], torch.ones(1))
     stager.close()
+
+
+def test_torchs_async_stager_protocol_and_blocking_stager(tmp_path):
+    """dcp.staging.AsyncStager: subclassed for a stager of one's own, and
+    isinstance() of dcp's stagers. BlockingAsyncStager copies in the call;
+    with cache_staged_state_dict it copies into the same host copy again,
+    plain values (in tuples and namedtuples too) taken anew."""
+    import collections
+    from dcp.staging import AsyncStager, BlockingAsyncStager
+    assert isinstance(dcp.DefaultStager(), AsyncStager)
+    assert isinstance(BlockingAsyncStager(), AsyncStager)
+    assert not isinstance(object(), AsyncStager)
+    Pair = collections.namedtuple("Pair", "n t")
+    sd = {"w": torch.arange(4.0), "lr": 0.1, "t": (torch.ones(2), 3),
+          "p": Pair(1, torch.zeros(1)), "l": [1, torch.ones(1)]}
+    stager = BlockingAsyncStager(cache_staged_state_dict=True)
+    first = stager.stage(sd)
+    assert first["w"] is not sd["w"] and torch.equal(first["w"], sd["w"])
+    sd["w"] += 1
+    sd["lr"], sd["t"] = 0.2, (sd["t"][0] * 5, 4)
+    sd["p"], sd["l"][0] = Pair(2, sd["p"].t + 1), 9
+    second = stager.stage(sd)
+    assert second is first
+    assert torch.equal(second["w"], torch.arange(1.0, 5.0))
+    assert second["lr"] == 0.2 and second["t"][1] == 4 and \
+        torch.equal(second["t"][0], torch.full((2,), 5.0))
+    assert type(second["p"]) is Pair and second["p"].n == 2 and \
+        torch.equal(second["p"].t, torch.ones(1))
+    assert second["l"][0] == 9
+    sd["w"] = torch.zeros(5)  # another shape: a new copy
+    assert stager.stage(sd) is not first
+    f = dcp.async_save(sd, checkpoint_id=str(tmp_path / "blocking"),
+                       async_stager=BlockingAsyncStager())
+    f.result()
+    back = {"w": torch.ones(5), "lr": 0.0, "t": (torch.zeros(2), 0),
+            "p": Pair(0, torch.zeros(1)), "l": [0, torch.zeros(1)]}
+    dcp.load(back, checkpoint_id=str(tmp_path / "blocking"))
+    assert torch.equal(back["w"], torch.zeros(5)) and back["lr"] == 0.2
+
+    class Mine(AsyncStager):
+        def stage(self, state_dict):
+            return {k: v.clone() for k, v in state_dict.items()}
+    f = dcp.async_save({"x": torch.ones(2)}, async_stager=Mine(),
+                       checkpoint_id=str(tmp_path / "mine"))
+    f.result()
+    x = {"x": torch.zeros(2)}
+    dcp.load(x, checkpoint_id=str(tmp_path / "mine"))
+    assert torch.equal(x["x"], torch.ones(2))
