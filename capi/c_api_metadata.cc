@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "capi/internal/handles.h"
 #include "capi/internal/last_error.h"
 #include "capi/internal/options.h"
@@ -22,6 +23,7 @@
 #include "core/status.h"
 #include "dcp/dcp.h"
 #include "io/file_system_storage.h"
+#include "io/metadata_format.h"
 #include "planner/metadata.h"
 
 namespace dcp::capi {
@@ -170,6 +172,46 @@ int dcp_metadata_read(const char* checkpoint_id, dcp_metadata_t** out) {
 }
 
 int dcp_metadata_free(dcp_metadata_t* md) { return dcp::capi::FreeHandle(md); }
+
+int dcp_metadata_encode(const dcp_metadata_t* md, void* buf, size_t capacity,
+                        size_t* size) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(size, "size_t* size"));
+    DCP_ASSIGN_OR_RETURN(dcp_metadata * h, Resolve(md));
+    if (buf == nullptr && capacity != 0) {
+      return absl::InvalidArgumentError(
+          "dcp_metadata_encode: buf is NULL with a capacity");
+    }
+    DCP_ASSIGN_OR_RETURN(std::string encoded, dcp::EncodeMetadata(h->metadata));
+    *size = encoded.size();
+    if (buf == nullptr) return absl::OkStatus();
+    if (capacity < encoded.size()) {
+      return absl::OutOfRangeError(
+          absl::StrCat("dcp_metadata_encode: the encoding takes ",
+                       encoded.size(), " bytes, the buffer holds ", capacity));
+    }
+    std::copy(encoded.begin(), encoded.end(), static_cast<char*>(buf));
+    return absl::OkStatus();
+  });
+}
+
+int dcp_metadata_decode(const void* data, size_t size, const char* source,
+                        dcp_metadata_t** out) {
+  return Guard([&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(CheckOut(out, "dcp_metadata_t**"));
+    if (data == nullptr && size != 0) {
+      return absl::InvalidArgumentError(
+          "dcp_metadata_decode: data is NULL with a size");
+    }
+    DCP_ASSIGN_OR_RETURN(
+        dcp::Metadata metadata,
+        dcp::DecodeMetadata(
+            absl::string_view(static_cast<const char*>(data), size),
+            source != nullptr ? source : "the metadata bytes"));
+    *out = Publish(new dcp_metadata(std::move(metadata)));
+    return absl::OkStatus();
+  });
+}
 
 int dcp_metadata_num_items(const dcp_metadata_t* md, size_t* out) {
   return Guard([&]() -> absl::Status {

@@ -547,9 +547,9 @@ static void check_packed_items(const dcp_metadata_t* md, int* shared_key) {
     }
   }
   CHECK(at == num_records);
-  CHECK_ERROR(dcp_metadata_items_packed(md, NULL, &num_records, &text,
-                                        &text_size),
-              DCP_INVALID_ARGUMENT, "records");
+  CHECK_ERROR(
+      dcp_metadata_items_packed(md, NULL, &num_records, &text, &text_size),
+      DCP_INVALID_ARGUMENT, "records");
 }
 
 /* The packed storage entries of `md` say what dcp_metadata_storage says. */
@@ -594,7 +594,10 @@ static void test_metadata(void) {
   dcp_state_dict_t* sd = NULL;
   dcp_metadata_t* from_save = NULL;
   dcp_metadata_t* from_disk = NULL;
-  dcp_metadata_t* both[2];
+  dcp_metadata_t* decoded = NULL;
+  dcp_metadata_t* both[3];
+  char* encoded = NULL;
+  size_t encoded_size = 0, asked = 0;
   dcp_save_options_t so;
   dcp_item_info_t item;
   dcp_path_elem_t elem;
@@ -616,9 +619,24 @@ static void test_metadata(void) {
   CHECK_OK(dcp_save(sd, &so, &from_save));
   CHECK(from_save != NULL);
   CHECK_OK(dcp_metadata_read(dir, &from_disk));
+  /* Encoded and decoded again (what a writer process sends its parent). */
+  CHECK_OK(dcp_metadata_encode(from_save, NULL, 0, &encoded_size));
+  CHECK(encoded_size > 0);
+  encoded = (char*)malloc(encoded_size);
+  CHECK_ERROR(dcp_metadata_encode(from_save, encoded, encoded_size - 1, &asked),
+              DCP_OUT_OF_RANGE, "the buffer holds");
+  CHECK_OK(dcp_metadata_encode(from_save, encoded, encoded_size, &asked));
+  CHECK(asked == encoded_size);
+  CHECK_OK(dcp_metadata_decode(encoded, encoded_size, "sent", &decoded));
+  CHECK_ERROR(dcp_metadata_decode(encoded, encoded_size / 2, "half", &both[2]),
+              DCP_DATA_LOSS, "half");
+  CHECK_ERROR(dcp_metadata_decode(NULL, 4, NULL, &both[2]),
+              DCP_INVALID_ARGUMENT, "NULL");
+  free(encoded);
   both[0] = from_save;
   both[1] = from_disk;
-  for (m = 0; m < 2; ++m) {
+  both[2] = decoded;
+  for (m = 0; m < 3; ++m) {
     const dcp_metadata_t* md = both[m];
     /* layers.0 is the None the list was padded with. */
     CHECK_OK(dcp_metadata_num_items(md, &n));
@@ -699,6 +717,7 @@ static void test_metadata(void) {
   }
   CHECK_OK(dcp_metadata_free(from_save));
   CHECK_OK(dcp_metadata_free(from_disk));
+  CHECK_OK(dcp_metadata_free(decoded));
   CHECK_OK(dcp_state_dict_free(sd));
 }
 
@@ -1092,13 +1111,12 @@ static void test_dtype_mismatches(void) {
     lo.planner = &po;
     memset(f64, 0, sizeof(f64));
     CHECK_OK(dcp_state_dict_create(&convert));
-    CHECK_OK(dcp_state_dict_set_tensor(convert, PATH(KEY("m"), KEY("a")), &c,
-                                       NULL));
+    CHECK_OK(
+        dcp_state_dict_set_tensor(convert, PATH(KEY("m"), KEY("a")), &c, NULL));
     CHECK_OK(dcp_load(convert, &lo));
     for (k = 0; k < 4; ++k) CHECK(f64[k] == (double)f32[k]);
     po.convert_dtypes = 7;
-    CHECK_ERROR(dcp_load(convert, &lo), DCP_INVALID_ARGUMENT,
-                "convert_dtypes");
+    CHECK_ERROR(dcp_load(convert, &lo), DCP_INVALID_ARGUMENT, "convert_dtypes");
     lo.planner = NULL;
     CHECK_OK(dcp_state_dict_free(convert));
   }
@@ -1954,8 +1972,8 @@ static void* rank_main(void* arg) {
     v.dl_tensor = make_tensor(column, 2, column_shape, NULL, kDLFloat, 32);
     v.flags = run->rank == 1 ? 1 : 0; /* DLPACK_FLAG_BITMASK_READ_ONLY */
     shard.offsets = column_offsets;
-    RANK_CHECK(run, dcp_state_dict_set_dlpack_versioned(sd3, PATH(KEY("w")),
-                                                        &v, &shard) == DCP_OK);
+    RANK_CHECK(run, dcp_state_dict_set_dlpack_versioned(sd3, PATH(KEY("w")), &v,
+                                                        &shard) == DCP_OK);
     rc = dcp_load(sd3, &lo);
     RANK_CHECK(run, rc == DCP_INVALID_ARGUMENT &&
                         strstr(dcp_last_error_message(), "read-only") != NULL);
@@ -2255,7 +2273,6 @@ static void test_store_process_group(void) {
  * Managed DLPack tensors
  * ---------------------------------------------------------------------- */
 
-
 typedef struct managed_float {
   DLManagedTensor legacy;
   struct DLManagedTensorVersioned versioned;
@@ -2348,9 +2365,9 @@ static void test_managed_dlpack(void) {
               "\"versioned\": the tensor is read-only");
   /* Nor is it exported as a (writable) legacy DLManagedTensor. */
   exported = NULL;
-  CHECK_ERROR(dcp_state_dict_get_dlpack(dest, PATH(KEY("versioned")),
-                                        &exported),
-              DCP_INVALID_ARGUMENT, "is read-only");
+  CHECK_ERROR(
+      dcp_state_dict_get_dlpack(dest, PATH(KEY("versioned")), &exported),
+      DCP_INVALID_ARGUMENT, "is read-only");
   CHECK(exported == NULL);
   CHECK_OK(dcp_state_dict_free(dest));
   CHECK(c.deletes == 1 && d.deletes == 1 && e.deletes == 1);

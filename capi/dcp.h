@@ -839,6 +839,21 @@ DCP_API int dcp_shutdown(void);
 DCP_API int dcp_metadata_read(const char* checkpoint_id, dcp_metadata_t** out);
 DCP_API int dcp_metadata_free(dcp_metadata_t* md);
 
+/* Encodes `md` as the bytes of a checkpoint's .metadata file
+ * (docs/FORMAT.md), into `buf` of `capacity` bytes, as snprintf sizes its
+ * output: *size is set to the bytes the encoding takes; with buf NULL and
+ * capacity 0 nothing is written (ask for the size first).
+ * DCP_OUT_OF_RANGE, writing nothing, when capacity is smaller. */
+DCP_API int dcp_metadata_encode(const dcp_metadata_t* md, void* buf,
+                                size_t capacity, size_t* size);
+/* The metadata in `size` bytes at `data` that dcp_metadata_encode wrote
+ * (or a .metadata file holds); `source` (NULL: "the metadata bytes")
+ * names them in errors. The bytes are checked as a load checks a
+ * .metadata file: DCP_DATA_LOSS when they are not dcp metadata or are
+ * damaged, DCP_FAILED_PRECONDITION for a newer dcp's format. */
+DCP_API int dcp_metadata_decode(const void* data, size_t size,
+                                const char* source, dcp_metadata_t** out);
+
 typedef struct dcp_item_info {
   size_t struct_size;
   const char* name;  /* flattened name */

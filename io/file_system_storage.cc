@@ -23,6 +23,7 @@ namespace dcp {
 namespace {
 
 using internal_fs::CommittedFileNames;
+using internal_fs::HoldsPickledMetadata;
 using internal_fs::IsDataFileName;
 using internal_fs::IsTempMetadataFileName;
 using internal_fs::ReadMetadataFile;
@@ -317,6 +318,15 @@ absl::Status FileSystemWriter::SetUpLocked() {
   orphan_cleanup_ = OrphanCleanup();
   absl::StatusOr<std::set<std::string>> named = CommittedFileNames(*fs_, dir_);
   if (!named.ok()) {
+    if (HoldsPickledMetadata(*fs_, metadata_path)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir_, " holds a checkpoint written by torch.distributed.checkpoint (",
+          metadata_path,
+          " is a Python pickle, not dcp's metadata); a dcp save would replace "
+          "its metadata and leave its data files behind: save into another "
+          "directory, or remove that checkpoint first (convert it with "
+          "dcp.format_utils.torch_dcp_to_dcp to keep it)"));
+    }
     orphan_cleanup_.status = named.status();
     return absl::OkStatus();
   }
@@ -592,6 +602,7 @@ absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
   DCP_ASSIGN_OR_RETURN(Metadata metadata, std::move(read));
   if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};
   metadata.storage_meta->checkpoint_id = dir_;
+  read_save_id_ = metadata.storage_meta->save_id;
   return metadata;
 }
 
@@ -624,6 +635,30 @@ Future<void> FileSystemReader::ReadData(const LoadPlan& plan,
 
 absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
                                     Executor& pool) {
+  absl::Status status = ReadFiles(plan, planner, pool);
+  // A commit of another save replaces the data files that the metadata
+  // this reader read before it names (and a removal removes them): not
+  // damage. (Metadata the caller brought from elsewhere is not this.)
+  if (!absl::IsDataLoss(status) || !metadata_.has_value() ||
+      read_save_id_.empty() || !metadata_->storage_meta.has_value() ||
+      metadata_->storage_meta->save_id != read_save_id_) {
+    return status;
+  }
+  absl::StatusOr<Metadata> now = ReadMetadataFile(*fs_, dir_);
+  if (now.ok() && now->storage_meta.has_value() &&
+      now->storage_meta->save_id == read_save_id_) {
+    return status;
+  }
+  return absl::AbortedError(
+      absl::StrCat("the checkpoint in ", dir_,
+                   now.ok() ? " was replaced by another save" : " was removed",
+                   " while this load read it (", status.message(),
+                   "); the destination holds parts of it: load again",
+                   now.ok() ? " (the new one is whole)" : ""));
+}
+
+absl::Status FileSystemReader::ReadFiles(const LoadPlan& plan,
+                                         LoadPlanner& planner, Executor& pool) {
   if (!metadata_.has_value()) {
     return absl::FailedPreconditionError(
         "FileSystemReader::ReadData before SetUp");

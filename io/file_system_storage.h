@@ -421,8 +421,12 @@ class FileSystemReader final : public StorageReader {
   int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
  private:
-  // ReadData's work, on `pool`.
+  // ReadData's work, on `pool`: ReadFiles; a kDataLoss of data files that
+  // a save committed (or a removal) took away after this reader read the
+  // metadata it loads by is kAborted saying so.
   absl::Status Read(const LoadPlan& plan, LoadPlanner& planner, Executor& pool);
+  absl::Status ReadFiles(const LoadPlan& plan, LoadPlanner& planner,
+                         Executor& pool);
   // options_.executor, or the reader's own pool (created on first use).
   Executor& executor();
 
@@ -435,6 +439,8 @@ class FileSystemReader final : public StorageReader {
   absl::Status engine_error_;  // Reported by SetUp.
   std::optional<Metadata> metadata_;
   int64_t peak_bounce_bytes_ = 0;
+  // The save id of the metadata ReadMetadata last returned ("" before).
+  std::string read_save_id_;
   std::unique_ptr<DeviceStaging> owned_staging_;
   // Declared last: destroyed first, it finishes its tasks while the rest
   // of the reader is still there.

@@ -45,12 +45,14 @@ using ::dcp::testing::FlipByte;
 using ::dcp::testing::LoadOneRank;
 using ::dcp::testing::PatternTensor;
 using ::dcp::testing::SaveOneRank;
+using ::dcp::testing::WholeItemLoadPlan;
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsSupersetOf;
 using ::testing::SizeIs;
+using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
 
 using ::dcp::fs_testing::DataFiles;
@@ -443,6 +445,64 @@ TEST(FileSystemStorageTest, MissingDataFileIsDataLossNamingFileAndItem) {
               AllOf(HasSubstr("reading big"),
                     HasSubstr("data file " + file + " is missing"),
                     HasSubstr("the checkpoint is incomplete")));
+}
+
+TEST(FileSystemStorageTest,
+     ACheckpointReplacedDuringALoadIsAbortedNotDataLoss) {
+  const std::string dir = NewTestDir("replaced_during_load");
+  const Sample sample = Sample::Make(5);
+  for (const bool remove : {false, true}) {
+    ASSERT_TRUE(Save(dir, sample).ok());
+    FileSystemReader reader(dir);
+    FakeLoadPlanner planner;
+    sample.Destinations(planner);
+    absl::StatusOr<Metadata> metadata = reader.ReadMetadata();
+    ASSERT_TRUE(metadata.ok()) << metadata.status();
+    ASSERT_TRUE(reader.SetUp(*metadata, true).ok());
+    // Between the read of the metadata and of the data, another save's
+    // commit replaces the data files (or the checkpoint is removed).
+    if (remove) {
+      std::filesystem::remove_all(dir);
+    } else {
+      ASSERT_TRUE(Save(dir, Sample::Make(6)).ok());
+    }
+    absl::Status status =
+        reader.ReadData(WholeItemLoadPlan(*metadata), planner).Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+    EXPECT_THAT(
+        status.message(),
+        AllOf(HasSubstr(absl::StrCat(
+                  "the checkpoint in ", dir,
+                  remove ? " was removed" : " was replaced by another save",
+                  " while this load read it")),
+              HasSubstr("is missing"), HasSubstr("load again")));
+    std::filesystem::create_directories(dir);
+  }
+  // A file missing under the metadata that is still committed is damage.
+  ASSERT_TRUE(Save(dir, sample).ok());
+  ASSERT_EQ(::unlink(WhereBigLies(dir).second.c_str()), 0);
+  EXPECT_EQ(::dcp::testing::LoadAndCompare(dir, sample).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST(FileSystemStorageTest, ASaveRefusesADirectoryOfTorchsCheckpointFormat) {
+  const std::string dir = NewTestDir("torch_dcp_dir");
+  // torch.distributed.checkpoint's files: a pickled .metadata and its data.
+  std::ofstream(dir + "/.metadata", std::ios::binary)
+      << std::string("\x80\x04\x95 not dcp", 12);
+  std::ofstream(dir + "/__0_0.distcp", std::ios::binary) << "torch data";
+  absl::Status saved = Save(dir, Sample::Make(1));
+  EXPECT_EQ(saved.code(), absl::StatusCode::kFailedPrecondition) << saved;
+  EXPECT_THAT(saved.message(),
+              AllOf(HasSubstr(dir + " holds a checkpoint written by "
+                                    "torch.distributed.checkpoint"),
+                    HasSubstr("torch_dcp_to_dcp")));
+  EXPECT_THAT(List(dir), UnorderedElementsAre(".metadata", "__0_0.distcp"));
+  // Damaged metadata of dcp's own is replaced as before.
+  std::ofstream(dir + "/.metadata", std::ios::binary) << "DCPgarbage";
+  std::filesystem::remove(dir + "/__0_0.distcp");
+  EXPECT_TRUE(Save(dir, Sample::Make(1)).ok());
+  ExpectLoads(dir, Sample::Make(1));
 }
 
 TEST(FileSystemStorageTest, GarbageMetadataIsDataLoss) {

@@ -43,6 +43,17 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
   return DecodeMetadata(bytes, metadata_path);
 }
 
+bool HoldsPickledMetadata(FileSystemBase& fs, const std::string& path) {
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenForRead(path);
+  if (!file.ok()) return false;
+  std::byte head[2] = {};
+  absl::StatusOr<size_t> got = (*file)->PRead(0, head);
+  (*file)->Close().IgnoreError();
+  // A pickle of protocol 2 to 5 opens with PROTO (0x80) and its number.
+  return got.ok() && *got == 2 && head[0] == std::byte{0x80} &&
+         head[1] >= std::byte{2} && head[1] <= std::byte{5};
+}
+
 absl::StatusOr<std::set<std::string>> CommittedFileNames(
     FileSystemBase& fs, const std::string& dir) {
   absl::StatusOr<Metadata> committed = ReadMetadataFile(fs, dir);

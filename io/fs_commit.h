@@ -50,6 +50,11 @@ class CreatedFiles {
 absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
                                           const std::string& dir);
 
+// Whether the file at `path` opens as a Python pickle (protocol 2 to 5),
+// as torch.distributed.checkpoint's `.metadata` does; false when it cannot
+// be read.
+bool HoldsPickledMetadata(FileSystemBase& fs, const std::string& path);
+
 // The data file names the committed metadata of `dir` uses: none when there
 // is no `.metadata`; ReadMetadataFile's error when it cannot be read or
 // decoded.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,10 +35,28 @@ namespace {
 // The committed metadata of the checkpoint `id` names: a dcp directory or a
 // MEGA one (a `mega://` id, or a directory holding a MEGA index), through
 // the reader the storage registry picks for a load.
+// Whether `dir`/.metadata opens as a Python pickle (protocol 2 to 5), as
+// torch.distributed.checkpoint writes it.
+bool HoldsTorchDcpMetadata(const std::string& dir) {
+  std::ifstream file(JoinPath(dir, kMetadataFileName), std::ios::binary);
+  char head[2] = {};
+  return file.read(head, 2) && static_cast<unsigned char>(head[0]) == 0x80 &&
+         head[1] >= 2 && head[1] <= 5;
+}
+
 absl::StatusOr<Metadata> ReadCommittedMetadata(const std::string& id) {
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<StorageReader> reader,
                        StorageRegistry::Default().CreateReader(id));
-  return reader->ReadMetadata();
+  absl::StatusOr<Metadata> metadata = reader->ReadMetadata();
+  if (absl::IsDataLoss(metadata.status()) && HoldsTorchDcpMetadata(id)) {
+    return absl::UnimplementedError(absl::StrCat(
+        id,
+        " holds a checkpoint written by torch.distributed.checkpoint (its "
+        ".metadata is a Python pickle), which dcp does not read; convert it "
+        "once: python -m dcp.format_utils torch_dcp_to_dcp ",
+        id, " NEW_DIR"));
+  }
+  return metadata;
 }
 
 // The directory holding the data files of the checkpoint `id` names.
@@ -265,10 +284,19 @@ absl::Status RefuseNonDirectory(const std::string& id) {
   if (ec || status.type() == std::filesystem::file_type::directory) {
     return absl::OkStatus();  // Absent: the readers say so.
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat(id,
-                   " is a file, not a checkpoint directory; pass the "
-                   "directory that holds it"));
+  const std::string name = std::filesystem::path(id).filename().string();
+  if (name == kMetadataFileName || absl::EndsWith(name, ".distcp")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(id,
+                     " is a file, not a checkpoint directory; pass the "
+                     "directory that holds it"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      id,
+      " is a file, not a checkpoint directory (dcp checkpoints are "
+      "directories); a torch.save file converts with: python -m "
+      "dcp.format_utils torch_to_dcp ",
+      id, " NEW_DIR"));
 }
 
 }  // namespace
@@ -283,7 +311,8 @@ absl::Status RunInspect(const std::string& dir) {
   std::printf("checkpoint %s (format %s, checksum block %lld bytes)\n",
               dir.c_str(), metadata.version.c_str(),
               static_cast<long long>(metadata.checksum_block_size));
-  if (metadata.storage_meta.has_value()) {
+  if (metadata.storage_meta.has_value() &&
+      !metadata.storage_meta->save_id.empty()) {
     std::printf("save id %s\n", metadata.storage_meta->save_id.c_str());
   }
   std::map<std::string, int64_t> file_bytes;
@@ -404,6 +433,16 @@ absl::Status RunVerify(const std::string& id) {
                       **file, *size, buffer, bytes)) {
         problems.push_back(std::move(problem));
       }
+    }
+  }
+  if (!problems.empty()) {
+    // Files a save committed meanwhile took away are no damage.
+    absl::StatusOr<Metadata> now = ReadCommittedMetadata(id);
+    if (!now.ok() || !(*now == metadata)) {
+      return absl::AbortedError(absl::StrCat(
+          "the checkpoint in ", dir,
+          now.ok() ? " was replaced by another save" : " was removed",
+          " while verify read it (", problems.front(), "); run verify again"));
     }
   }
   for (const std::string& p : problems) std::printf("BAD  %s\n", p.c_str());

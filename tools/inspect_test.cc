@@ -140,6 +140,29 @@ TEST(InspectTest, AFilePassedForItsCheckpointIsNamedAsAFile) {
   }
 }
 
+TEST(InspectTest, ATorchSaveFileAndATorchDcpDirectoryAreNamedWithTheirFix) {
+  const std::string dir = NewTestDir("inspect_foreign");
+  const std::string pt = dir + "/model.pt";
+  std::ofstream(pt, std::ios::binary) << "PK\x03\x04 torch.save";
+  const std::string torchs = dir + "/torch_dcp";
+  std::filesystem::create_directories(torchs);
+  std::ofstream(torchs + "/.metadata", std::ios::binary)
+      << std::string("\x80\x04\x95 pickled", 12);
+  std::ofstream(torchs + "/__0_0.distcp", std::ios::binary) << "data";
+  for (const auto& run : {RunInspect, RunVerify}) {
+    absl::Status status = run(pt);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr(pt + " is a file, not a checkpoint directory"),
+                      HasSubstr("dcp.format_utils torch_to_dcp " + pt)));
+    status = run(torchs);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr("written by torch.distributed.checkpoint"),
+                      HasSubstr("torch_dcp_to_dcp " + torchs + " NEW_DIR")));
+  }
+}
+
 TEST(InspectTest, HugeChecksumBlockIsDataLossNotAnAbort) {
   // One 2^50-byte block: verify once allocated a buffer of the block.
   const std::string dir = NewTestDir("verify_huge_block");

@@ -289,16 +289,19 @@ def _child_main(conn):
                                  coordinator_rank=0, **spec)
                 try:
                     md = checkpoint.run_save(p, where.rank)
-                    # A Hugging Face or MEGA directory stores no dcp
-                    # metadata for the parent to read back: send it, as
-                    # plain values.
-                    sent = None
+                    # The metadata this save committed goes to the parent
+                    # (the directory may hold another save's by the time
+                    # it would read it back): a Hugging Face or MEGA
+                    # directory's as plain values, dcp's encoded.
                     if isinstance(spec["storage_writer"],
                                   (HuggingFaceStorageWriter,
                                    MegaStorageWriter)):
                         sent = _plain_metadata(Metadata._from_handle(md))
                     else:
-                        _lib.lib().dcp_metadata_free(md)
+                        try:
+                            sent = _encoded_metadata(md)
+                        finally:
+                            _lib.lib().dcp_metadata_free(md)
                 finally:
                     p.free()
                 del flat
@@ -308,6 +311,26 @@ def _child_main(conn):
                     e = errors.CheckpointException(
                         f"{type(e).__name__}: {e}", None, _lib.UNKNOWN)
                 conn.send(("done", job_id, e, None))
+
+
+def _encoded_metadata(handle) -> bytes:
+    """The dcp_metadata_t `handle` as the bytes of a .metadata file."""
+    L = _lib.lib()
+    size = ctypes.c_size_t()
+    _lib.check(L.dcp_metadata_encode(handle, None, 0, ctypes.byref(size)))
+    buf = ctypes.create_string_buffer(size.value)
+    _lib.check(L.dcp_metadata_encode(handle, buf, size.value,
+                                     ctypes.byref(size)))
+    return buf.raw[:size.value]
+
+
+def _decoded_metadata(data: bytes, source: str):
+    """The Metadata of bytes _encoded_metadata made."""
+    from .metadata import Metadata
+    handle = ctypes.c_void_p()
+    _lib.check(_lib.lib().dcp_metadata_decode(
+        data, len(data), _lib.encode_path(source), ctypes.byref(handle)))
+    return Metadata._from_handle(handle)
 
 
 def _plain_metadata(md):
@@ -489,12 +512,11 @@ class _Writer:
             job.upload.set_exception(error)
             return
         try:
-            if metadata is not None:
+            if isinstance(metadata, bytes):
+                result = _decoded_metadata(metadata, job.path)
+            else:
                 from .metadata import Metadata
                 result = Metadata(**metadata)
-            else:
-                from .metadata import read_metadata
-                result = read_metadata(job.path)
         except BaseException as e:
             job.upload.set_exception(e)
         else:

@@ -53,9 +53,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from . import _lib, _state
+from . import _lib, _state, errors
 from ._planner_hooks import set_up_save
-from .checkpoint import _stateful_to_state_dict, prepare_save, save
+from .checkpoint import (_absolute, _stateful_to_state_dict, prepare_save,
+                         save)
 from .metadata import Metadata
 from .process_group import free_parked_groups, resolve, take_turn
 
@@ -122,12 +123,18 @@ class _DcpFuture(Future):
     interpreter's exit until it is resolved (or cancelled) and its
     done-callbacks have run."""
 
+    # Whether result() or exception() was called (exit reports failures
+    # no one looked at: _finish_saves).
+    _seen = False
+
     def result(self, timeout=None):
         self._check_wait()
+        self._seen = True
         return super().result(timeout)
 
     def exception(self, timeout=None):
         self._check_wait()
+        self._seen = True
         return super().exception(timeout)
 
     def _check_wait(self):
@@ -142,6 +149,9 @@ class _DcpFuture(Future):
         with _unfinished_cond:
             if not self.done():
                 _unfinished.add(self)
+                self._tracked = True
+
+    _tracked = False
 
     def set_result(self, result):
         try:
@@ -153,6 +163,10 @@ class _DcpFuture(Future):
         try:
             super().set_exception(exception)
         finally:
+            if self._tracked:
+                with _unfinished_cond:
+                    if len(_failed) < _FAILED_KEPT:
+                        _failed.append(self)
             self._untrack()
 
     def cancel(self):
@@ -658,6 +672,14 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     if not isinstance(async_checkpointer_type, AsyncCheckpointerType):
         async_checkpointer_type = AsyncCheckpointerType(
             async_checkpointer_type)
+    # A relative directory is the one meant now, whatever the working
+    # directory is when the upload runs.
+    if checkpoint_id is not None:
+        checkpoint_id = _absolute(errors.checked_path(checkpoint_id,
+                                                      "checkpoint_id"))
+    elif isinstance(getattr(storage_writer, "path", None), str) and \
+            storage_writer.path:
+        checkpoint_id = _absolute(storage_writer.path)
     kwargs = dict(checkpoint_id=checkpoint_id, storage_writer=storage_writer,
                   planner=planner, process_group=process_group,
                   no_dist=no_dist, use_collectives=use_collectives,
@@ -704,16 +726,45 @@ def _finish_saves():
     # started, ... A thread that keeps starting saves would hold the exit
     # forever: after _EXIT_ROUNDS rounds the rest are left, said on stderr.
     with _unfinished_cond:
-        for _ in range(_EXIT_ROUNDS):
-            if not _unfinished:
-                return
-            running = set(_unfinished)
-            _unfinished_cond.wait_for(lambda: not (running & _unfinished))
+        try:
+            for _ in range(_EXIT_ROUNDS):
+                if not _unfinished:
+                    return
+                running = set(_unfinished)
+                _unfinished_cond.wait_for(
+                    lambda: not (running & _unfinished))
+        finally:
+            _report_unseen_failures()
         if _unfinished:
             print(f"dcp: {len(_unfinished)} async save(s) still running at "
                   f"exit after {_EXIT_ROUNDS} rounds of waiting (saves "
                   "started while others finished) were not waited for",
                   file=sys.stderr)
+
+
+def _report_unseen_failures() -> None:
+    """At exit (under _unfinished_cond): says on stderr which failed
+    async_saves no one looked at (result() or exception(), from a
+    done-callback too), so a program that ends without waiting for its
+    last save learns that it was not written. One line per failure (a
+    save's futures share its exception); each said once."""
+    said = set()
+    while _failed:
+        future = _failed.pop(0)
+        if future._seen:
+            continue
+        error = Future.exception(future, 0)
+        if id(error) in said:
+            continue
+        said.add(id(error))
+        print(f"dcp: an async_save failed and nothing waited for it: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+
+
+# Tracked futures that failed (the first _FAILED_KEPT of them), for
+# _report_unseen_failures.
+_failed: list = []
+_FAILED_KEPT = 64
 
 
 # How many generations of saves exit waits for (see _finish_saves).
@@ -750,7 +801,8 @@ def _forget_after_fork():
     stayed in the parent; the child's own saves start afresh (and fail in
     the library: it cannot be used in such a child)."""
     global _queue, _pending, _pending_lock, _thread, _thread_lock, \
-        _submit_lock, _unfinished, _unfinished_cond
+        _submit_lock, _unfinished, _unfinished_cond, _failed
+    _failed = []  # the parent's failures are the parent's to report
     _queue = queue.SimpleQueue()
     _pending = {}
     _pending_lock = threading.Lock()

@@ -72,17 +72,32 @@ class _Prepared:
             self.metadata = None
 
 
+def _absolute(path: str) -> str:
+    """A relative local `path` joined to the working directory now (not
+    normalized: ".." after a symlink stays the kernel's to resolve), so a
+    save or load finishing after an os.chdir (an async_save's upload, its
+    writer process) uses the directory meant at the call (mega://DIR's
+    DIR too). Other URIs ("://") and "" as they are."""
+    scheme = ""
+    if path.startswith("mega://"):
+        scheme, path = "mega://", path[len("mega://"):]
+    if not path or "://" in path or os.path.isabs(path):
+        return scheme + path
+    return scheme + os.path.join(os.getcwd(), path)
+
+
 def _checkpoint_path(checkpoint_id, storage, kind):
     """The directory (or URI) a save/load of `kind` uses, as the seed's
     _storage_setup: checkpoint_id when given, and then a given `storage` is
     reset(checkpoint_id) to point there too; else the storage's path.
+    A relative local path is made absolute (_absolute).
     Neither, or an empty path, raises errors.CheckpointIdMissingError (a
     ValueError and a RuntimeError); a path that is not a str, bytes
     (decoded as os.fsdecode does) or os.PathLike raises TypeError, one
     holding a NUL byte CheckpointValueError (errors.checked_path)."""
     storage_kind = f"storage_{'writer' if kind == 'save' else 'reader'}"
     if checkpoint_id is not None:
-        path = errors.checked_path(checkpoint_id, "checkpoint_id")
+        path = _absolute(errors.checked_path(checkpoint_id, "checkpoint_id"))
         if path:
             reset = getattr(storage, "reset", None)
             if callable(reset):
@@ -92,7 +107,8 @@ def _checkpoint_path(checkpoint_id, storage, kind):
             f"{kind}: checkpoint_id is empty; pass the checkpoint's "
             f"directory or a {storage_kind}")
     if storage is not None:
-        path = errors.checked_path(storage.path, f"{storage_kind} path")
+        path = _absolute(errors.checked_path(storage.path,
+                                             f"{storage_kind} path"))
         if path:
             return path
         raise errors.CheckpointIdMissingError(

@@ -728,3 +728,58 @@ def test_a_dead_writer_leaves_a_failed_staging_notice_alone(tmp_path):
     queued.upload_completion.result(WAIT)
     _check(str(tmp_path / "q"), 2)
     assert failed.upload.exception() is why
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_a_relative_checkpoint_id_is_the_directory_meant_at_the_call(
+        tmp_path, monkeypatch, kind):
+    """The working directory changing before the upload runs (THREAD: a
+    stager whose staging ends after os.chdir; PROCESS: a writer process
+    started in another directory) does not move the save: it lands where
+    the relative id pointed at the call, and result() describes it."""
+    kind = getattr(dcp.AsyncCheckpointerType, kind)
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    monkeypatch.chdir(one)
+    dcp.async_save({"w": torch.full((4,), 1.0)}, checkpoint_id="ck",
+                   async_checkpointer_type=kind).result()
+    monkeypatch.chdir(two)
+    staged = concurrent.futures.Future()
+
+    class Late:
+        def stage(self, state_dict):
+            return staged
+
+    second = {"w": torch.full((4,), 2.0), "run": "two"}
+    r = dcp.async_save(second, checkpoint_id="ck",
+                       async_checkpointer_type=kind, async_stager=Late())
+    monkeypatch.chdir(one)
+    staged.set_result(second)
+    assert "run" in r.upload_completion.result().state_dict_metadata
+    for where, value in ((one, 1.0), (two, 2.0)):
+        back = {"w": torch.zeros(4)}
+        dcp.load(back, checkpoint_id=str(where / "ck"),
+                 planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+        assert torch.equal(back["w"], torch.full((4,), value)), where
+
+
+def test_a_process_saves_result_is_what_it_committed_not_a_read_back(
+        tmp_path, monkeypatch):
+    """The writer process sends the metadata it committed: the parent does
+    not read the directory back (which by then may hold another save's, or
+    none), and the result is the same as a read of the checkpoint."""
+    from dcp import metadata as metadata_module
+    path = str(tmp_path / "ck")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("read the directory back")
+    monkeypatch.setattr(metadata_module, "read_metadata", refused)
+    got = dcp.async_save({"w": torch.ones(3), "step": 4}, checkpoint_id=path,
+                         async_checkpointer_type=dcp.AsyncCheckpointerType
+                         .PROCESS).result()
+    monkeypatch.undo()
+    on_disk = dcp.read_metadata(path)
+    assert got == on_disk
+    assert got.storage_meta.save_id == on_disk.storage_meta.save_id
+    assert sorted(got.state_dict_metadata) == ["step", "w"]

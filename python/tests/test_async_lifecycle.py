@@ -433,3 +433,41 @@ def test_wait_staged_raises_when_the_wait_itself_fails(tmp_path,
     monkeypatch.undo()
     L.dcp_shutdown()  # the save itself runs on
     _check(tmp_path / "a", 1)
+
+
+UNSEEN_SCRIPT = r"""
+import os, sys
+sys.path.insert(0, sys.argv[2])
+import torch
+import dcp
+d = sys.argv[1]
+dcp.save({"w": torch.zeros(10)}, checkpoint_id=os.path.join(d, "taken"))
+
+def refused(kind, name):
+    return dcp.async_save(
+        {name: torch.ones(10)}, async_checkpointer_type=kind,
+        storage_writer=dcp.FileSystemWriter(os.path.join(d, "taken"),
+                                            overwrite=False))
+
+refused(dcp.AsyncCheckpointerType.THREAD, "thread_unseen")
+refused(dcp.AsyncCheckpointerType.PROCESS, "process_unseen")
+looked = refused(dcp.AsyncCheckpointerType.THREAD, "looked_at")
+assert isinstance(looked.exception(), dcp.CheckpointExistsError)
+print("exiting", flush=True)
+"""
+
+
+def test_exit_says_which_failed_saves_nothing_waited_for(tmp_path):
+    """A program that exits without looking at its async_saves' results
+    learns on stderr that each failed one was not written (once each, THREAD
+    and PROCESS, failed before or during exit); one whose exception it
+    looked at is not repeated; the exit status is unchanged."""
+    out = subprocess.run([sys.executable, "-c", UNSEEN_SCRIPT, str(tmp_path),
+                          PYTHON_DIR], capture_output=True, text=True,
+                         timeout=WAIT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = [line for line in out.stderr.splitlines()
+             if line.startswith("dcp: an async_save failed")]
+    assert len(lines) == 2, out.stderr[-4000:]
+    assert all("nothing waited for it: CheckpointExistsError" in line and
+               "taken" in line for line in lines), lines

@@ -710,3 +710,23 @@ except dcp.CheckpointException as e:
     first, second = out.stdout.splitlines()[:2]
     assert first == "CheckpointException RESOURCE_EXHAUSTED False", first
     assert second in ("None", "[]"), second
+
+
+def test_a_save_into_a_torch_dcp_checkpoint_is_refused(tmp_path):
+    """dcp.save (and async_save) into a directory torch.distributed.checkpoint
+    wrote refuses, naming it, and leaves torch's checkpoint loadable (it
+    replaced torch's .metadata and left its data files behind)."""
+    import torch.distributed.checkpoint as tdcp
+    path = str(tmp_path / "torchs")
+    tdcp.save({"w": torch.ones(3)}, checkpoint_id=path, no_dist=True)
+    before = sorted(os.listdir(path))
+    for save in (dcp.save, lambda *a, **k: dcp.async_save(*a, **k).result()):
+        with pytest.raises(dcp.CheckpointException,
+                           match="written by torch.distributed.checkpoint"
+                                 ".*torch_dcp_to_dcp") as e:
+            save({"w": torch.zeros(3)}, checkpoint_id=path)
+        assert e.value.code == _lib.FAILED_PRECONDITION
+        assert sorted(os.listdir(path)) == before
+    back = {"w": torch.zeros(3)}
+    tdcp.load(back, checkpoint_id=path, no_dist=True)
+    assert torch.equal(back["w"], torch.ones(3))
