@@ -98,6 +98,11 @@ std::string OrphanCleanup::Summary(absl::string_view dir) const {
   return absl::StrJoin(parts, "; ");
 }
 
+bool IsWriterFileName(absl::string_view name) {
+  return internal_fs::IsDataFileName(name) ||
+         internal_fs::IsTempMetadataFileName(name);
+}
+
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir) {
   absl::StatusOr<std::set<std::string>> committed = CommittedFileNames(fs, dir);
   if (!committed.ok()) {

@@ -191,6 +191,11 @@ struct OrphanCleanup {
 // is indistinguishable from a file a save running now is writing.
 OrphanCleanup RemoveOrphans(FileSystemBase& fs, const std::string& dir);
 
+// Whether `name` has the form of a file a FileSystemWriter creates (a data
+// file or a temporary metadata file): an orphan where the committed
+// metadata does not name it.
+bool IsWriterFileName(absl::string_view name);
+
 class FileSystemWriter final : public StorageWriter {
  public:
   explicit FileSystemWriter(std::string path,

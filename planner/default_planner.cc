@@ -526,6 +526,24 @@ std::string SavedInstead(const std::vector<std::string>& missing,
       }
     }
   }
+  // The same names nested one key deeper or shallower: a state dict (or a
+  // checkpoint) wrapped as {"model": ...} on one side only.
+  const std::string& first = missing.front();
+  const std::string deeper = "." + first;
+  for (const auto& [saved, entry] : items) {
+    if (saved.ends_with(deeper)) {
+      return absl::StrCat(" (the checkpoint holds \"", saved,
+                          "\": saved under the key \"",
+                          saved.substr(0, saved.size() - deeper.size()),
+                          "\", which the state dict lacks?)");
+    }
+  }
+  const size_t dot = first.find('.');
+  if (dot != std::string::npos && items.count(first.substr(dot + 1)) != 0) {
+    return absl::StrCat(" (the checkpoint holds \"", first.substr(dot + 1),
+                        "\": saved without the key \"", first.substr(0, dot),
+                        "\" of the state dict?)");
+  }
   return "";
 }
 

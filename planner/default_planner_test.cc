@@ -587,6 +587,31 @@ TEST_F(LoadErrorTest, MissingKeyIsNotFoundUnlessPartial) {
   EXPECT_EQ(sd["also_gone"].int_value(), 1);  // Untouched.
 }
 
+// The names one key deeper or shallower in the checkpoint: the message
+// names the key one side lacks.
+TEST(DefaultPlannerTest, MissingKeysNameTheOuterKeyOneSideLacks) {
+  StateDict saved;
+  saved["model"] = StateDict{{"bias", RandomTensor(DType::kF32, {2}, 1)}};
+  absl::StatusOr<InMemoryCheckpoint> nested = SaveOne(saved);
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  StateDict bare{{"bias", Tensor::Empty(DType::kF32, {2})}};
+  absl::Status status = LoadOne(*nested, bare);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(),
+              HasSubstr("(the checkpoint holds \"model.bias\": saved under "
+                        "the key \"model\", which the state dict lacks?)"));
+  absl::StatusOr<InMemoryCheckpoint> flat =
+      SaveOne(StateDict{{"bias", RandomTensor(DType::kF32, {2}, 1)}});
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  StateDict wrapped;
+  wrapped["model"] = StateDict{{"bias", Tensor::Empty(DType::kF32, {2})}};
+  status = LoadOne(*flat, wrapped);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(),
+              HasSubstr("(the checkpoint holds \"bias\": saved without the "
+                        "key \"model\" of the state dict?)"));
+}
+
 // A missing name where the checkpoint holds something of another kind:
 // the message says what.
 TEST_F(LoadErrorTest, MissingKeyNamesWhatTheCheckpointHoldsInstead) {

@@ -1,7 +1,7 @@
 """The wheel's `dcp` script, and `python -m dcp`: the dcp command line
 (inspect, verify, convert, demo; `dcp --help`) that the wheel carries as
-dcp/_bin/dcp (tools/build_wheel.sh). DCP_TOOL names another binary to run
-instead (a build tree's bazel-bin/tools/dcp).
+dcp/_bin/dcp (tools/build_wheel.sh); from a source checkout, its
+bazel-bin/tools/dcp. DCP_TOOL names another binary to run instead.
 
 A module of its own, outside the dcp package: the script finds the binary
 without running dcp/__init__.py, which imports torch (a second and about
@@ -15,16 +15,22 @@ import sys
 
 
 def tool_path() -> str | None:
-    """The dcp binary: $DCP_TOOL, else the wheel's, else None."""
+    """The dcp binary: $DCP_TOOL, else the wheel's, else a source
+    checkout's bazel-bin/tools/dcp (as the library is looked up), else
+    None."""
     chosen = os.environ.get("DCP_TOOL")
     if chosen:
         return chosen
     spec = importlib.util.find_spec("dcp")  # located, not imported
     if spec is None or not spec.submodule_search_locations:
         return None
-    bundled = os.path.join(list(spec.submodule_search_locations)[0], "_bin",
-                           "dcp")
-    return bundled if os.access(bundled, os.X_OK) else None
+    package = list(spec.submodule_search_locations)[0]
+    bundled = os.path.join(package, "_bin", "dcp")
+    if os.access(bundled, os.X_OK):
+        return bundled
+    built = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(package))), "bazel-bin", "tools", "dcp")
+    return built if os.access(built, os.X_OK) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     path = tool_path()
     if path is None:
         print("dcp: this installation has no dcp command-line binary (a "
-              "wheel built without one, or a source checkout): build it "
-              "with `bazel build //tools:dcp` and set DCP_TOOL to "
-              "bazel-bin/tools/dcp", file=sys.stderr)
+              "wheel built without one, or a source checkout not built "
+              "yet): build it with `bazel build //tools:dcp` (a checkout's "
+              "bazel-bin/tools/dcp is then found), or set DCP_TOOL to the "
+              "binary", file=sys.stderr)
         return 2
     sys.stdout.flush()
     sys.stderr.flush()

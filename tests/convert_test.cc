@@ -384,6 +384,44 @@ TEST(Convert, TensorItsChunksDoNotCoverIsDataLossAndWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(dst));
 }
 
+TEST(Convert, PrefixExportsTheTensorsUnderItWithoutIt) {
+  StateDict state;
+  state["model.layers.0.weight"] = SeededTensor(DType::kBF16, {64, 33}, 1);
+  state["model.norm"] = SeededTensor(DType::kF32, {33}, 2);
+  state["optim.state.model.norm.exp_avg"] = SeededTensor(DType::kF32, {33}, 3);
+  state["model_extra"] = SeededTensor(DType::kF32, {2}, 4);
+  state["model.step"] = int64_t{7};
+  const std::string root = MakeTempDir("convert_prefix");
+  ASSERT_TRUE(SaveDcp(state, root + "/src").ok());
+  ConvertOptions options = Options("safetensors");
+  options.prefix = "model";
+  options.buffer_bytes = 1000;  // Windows: the source names them in full.
+  ASSERT_TRUE(RunConvert(root + "/src", root + "/hf", options).ok());
+  StateDict from_hf;
+  from_hf["layers.0.weight"] = SeededTensor(DType::kBF16, {64, 33}, 9);
+  from_hf["norm"] = SeededTensor(DType::kF32, {33}, 9);
+  ASSERT_TRUE(LoadHf(from_hf, root + "/hf").ok());
+  EXPECT_TRUE(from_hf["layers.0.weight"].tensor().BytesEqual(
+      state["model.layers.0.weight"].tensor()));
+  EXPECT_TRUE(
+      from_hf["norm"].tensor().BytesEqual(state["model.norm"].tensor()));
+  std::ifstream in(root + "/hf/" + kHfIndexFileName);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(Json::parse(text.str())["weight_map"].size(), 2u);
+
+  options.prefix = "absent";
+  absl::Status status = RunConvert(root + "/src", root + "/none", options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("holds no tensors named absent.*"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/none"));
+  EXPECT_THAT(ParseConvertFlags("dcp", "", "", 1, "model").status().message(),
+              HasSubstr("--prefix"));
+  EXPECT_THAT(
+      ParseConvertFlags("safetensors", "", "", 1, "model.").status().message(),
+      HasSubstr("--prefix \"model.\""));
+}
+
 TEST(Convert, BadArgumentsAreNamed) {
   auto message = [](const absl::StatusOr<ConvertOptions>& r) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype_convert.h"
 #include "core/state_dict.h"
@@ -153,15 +154,18 @@ void ForEachWindow(const SafetensorsTensor& t, DType source,
 // Puts `p`'s box at `data` (in dtype `dtype`) into `state`: the tensor
 // itself when the window is all of it, else a shard of a ShardedTensor
 // (windows of one tensor share it).
-void AddPiece(StateDict& state, const Piece& p, std::byte* data, DType dtype) {
+// `prefix` goes before the tensor's name in `state`.
+void AddPiece(StateDict& state, const Piece& p, std::byte* data, DType dtype,
+              const std::string& prefix = "") {
   const Shape& shape = p.tensor->shape;
   const TensorView view(data, dtype, p.sizes);
+  const std::string name = prefix + p.tensor->name;
   if (p.sizes == shape) {
-    state[p.tensor->name] = Tensor::Wrap(view);
+    state[name] = Tensor::Wrap(view);
     return;
   }
   Shard shard{p.offsets, Tensor::Wrap(view)};
-  auto [it, added] = state.try_emplace(p.tensor->name);
+  auto [it, added] = state.try_emplace(name);
   if (added) {
     it->second = ShardedTensor(dtype, shape, {std::move(shard)});
   } else {
@@ -171,13 +175,13 @@ void AddPiece(StateDict& state, const Piece& p, std::byte* data, DType dtype) {
 }
 
 // Loads the source bytes of `batch` from `reader` into `buffer`, the pieces
-// one after another.
+// one after another; the source names each tensor `prefix` + its name.
 absl::Status LoadPieces(StorageReader& reader, const std::vector<Piece>& batch,
-                        std::byte* buffer) {
+                        std::byte* buffer, const std::string& prefix = "") {
   StateDict state;
   int64_t offset = 0;
   for (const Piece& p : batch) {
-    AddPiece(state, p, buffer + offset, p.source);
+    AddPiece(state, p, buffer + offset, p.source, prefix);
     offset += p.bytes;
   }
   LoadOptions load;
@@ -224,13 +228,16 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
   std::vector<OutFile> files(1);
   std::map<std::string, DType> source_dtype;
   int64_t total = 0, source_total = 0;
-  for (const auto& [name, entry] : metadata.state_dict_metadata) {
+  // With a prefix, the tensors under it, named without it.
+  const std::string under =
+      options.prefix.empty() ? "" : absl::StrCat(options.prefix, ".");
+  std::vector<std::string> skipped;  // Non-tensor values, said below.
+  for (const auto& [source_name, entry] : metadata.state_dict_metadata) {
+    if (!absl::StartsWith(source_name, under)) continue;
+    const std::string name = source_name.substr(under.size());
     const auto* t = std::get_if<TensorStorageMetadata>(&entry);
     if (t == nullptr) {
-      std::fprintf(stderr,
-                   "dcp convert: skipping %s, a non-tensor value "
-                   "(safetensors holds tensors only)\n",
-                   name.c_str());
+      skipped.push_back(source_name);
       continue;
     }
     if (!InSafetensors(t->properties.dtype)) {
@@ -252,7 +259,19 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
     source_total += CheckedNumBytes(t->properties.dtype, t->size).value_or(0);
   }
 
+  if (source_dtype.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp convert: ", src, " holds no tensors",
+                     under.empty() ? "" : absl::StrCat(" named ", under, "*"),
+                     ": a safetensors file would hold nothing"));
+  }
   DCP_ASSIGN_OR_RETURN(const bool created, PrepareDestination(dst));
+  for (const std::string& name : skipped) {
+    std::fprintf(stderr,
+                 "dcp convert: skipping %s, a non-tensor value "
+                 "(safetensors holds tensors only)\n",
+                 name.c_str());
+  }
   FileSystemBase& fs =
       options.file_system != nullptr ? *options.file_system : LocalFileSystem();
   // The files' final names, the index last, and their temporary names.
@@ -293,7 +312,7 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
       auto flush = [&]() -> absl::Status {
         if (batch.empty()) return absl::OkStatus();
         buffer.resize(batch_bytes);
-        DCP_RETURN_IF_ERROR(LoadPieces(reader, batch, buffer.data()));
+        DCP_RETURN_IF_ERROR(LoadPieces(reader, batch, buffer.data(), under));
         int64_t offset = 0;
         for (const Piece& p : batch) {
           const std::byte* data = buffer.data() + offset;
@@ -547,13 +566,24 @@ absl::Status ToDcp(const std::string& src, const std::string& dst,
 
 absl::StatusOr<ConvertOptions> ParseConvertFlags(
     const std::string& to, const std::string& max_shard_size,
-    const std::string& dtype, int threads) {
+    const std::string& dtype, int threads, const std::string& prefix) {
   ConvertOptions options;
   if (to != "safetensors" && to != "dcp") {
     return absl::InvalidArgumentError(absl::StrCat(
         "dcp convert: --to must be safetensors or dcp, not \"", to, "\""));
   }
   options.to = to;
+  if (!prefix.empty() && to != "safetensors") {
+    return absl::InvalidArgumentError(
+        "dcp convert: --prefix picks tensors of a dcp checkpoint for "
+        "--to safetensors");
+  }
+  if (absl::StartsWith(prefix, ".") || absl::EndsWith(prefix, ".")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dcp convert: --prefix \"", prefix,
+                     "\" is a name without its dots around (e.g. model)"));
+  }
+  options.prefix = prefix;
   if (!max_shard_size.empty()) {
     absl::StatusOr<int64_t> bytes = ParseSize(max_shard_size);
     if (!bytes.ok() || *bytes <= 0) {

@@ -11,7 +11,10 @@
 //   slices when a row is larger), batched up to buffer_bytes, and appended,
 //   so memory stays near buffer_bytes whatever the model's size. A tensor
 //   the checkpoint's chunks do not cover is kDataLoss. Non-tensor values
-//   cannot be stored in safetensors: they are skipped, each named on stderr.
+//   cannot be stored in safetensors: they are skipped, each named on stderr
+//   (once DST is known to be usable). `prefix` picks the tensors named
+//   PREFIX.* and writes them without "PREFIX." (a model's weights from a
+//   training checkpoint); nothing to write is kInvalidArgument.
 // - To dcp: the Hugging Face directory SRC (any layout HuggingFaceStorage
 //   Reader reads) becomes a dcp checkpoint in DST, streamed the same way:
 //   one save planned for the whole state, whose windows are loaded and
@@ -54,6 +57,10 @@ struct ConvertOptions {
   std::optional<DType> dtype;
   int threads = 4;
   int64_t buffer_bytes = int64_t{256} << 20;
+  // To safetensors: only the tensors named `prefix`.*, written without
+  // "`prefix`." (a training checkpoint's "model" without its optimizer
+  // state); "": all of them.
+  std::string prefix;
   bool progress = false;  // Draw the progress line.
   // To safetensors: the file system DST's files are written, renamed and
   // removed through (tests inject faults with it); null: the local one.
@@ -62,10 +69,11 @@ struct ConvertOptions {
 };
 
 // Parses `dcp convert`'s flags as typed: --to, --max-shard-size (ParseSize),
-// --dtype (bf16, f16, f32), --threads. kInvalidArgument naming the flag.
+// --dtype (bf16, f16, f32), --threads, --prefix (safetensors only).
+// kInvalidArgument naming the flag.
 absl::StatusOr<ConvertOptions> ParseConvertFlags(
     const std::string& to, const std::string& max_shard_size,
-    const std::string& dtype, int threads);
+    const std::string& dtype, int threads, const std::string& prefix = "");
 
 // Runs the conversion. kNotFound when SRC holds no checkpoint of the
 // expected kind, kAlreadyExists for a DST that is not empty,

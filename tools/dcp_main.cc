@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       "lock: fails while a save runs) and print the bytes reclaimed");
 
   std::string convert_src, convert_dst, convert_to, convert_shard,
-      convert_dtype;
+      convert_dtype, convert_prefix;
   int convert_threads = 4;
   CLI::App* convert_cmd = app.add_subcommand(
       "convert",
@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
                           "Largest safetensors file (default 5GB)");
   convert_cmd->add_option("--dtype", convert_dtype,
                           "Convert floating tensors: bf16 | f16 | f32");
+  convert_cmd->add_option(
+      "--prefix", convert_prefix,
+      "To safetensors: only tensors named PREFIX.*, written without "
+      "\"PREFIX.\" (e.g. --prefix model: the model's weights alone)");
   convert_cmd->add_option("--threads", convert_threads,
                           "Reader and writer threads (default 4)");
 
@@ -126,8 +130,9 @@ int main(int argc, char** argv) {
     if (verify_clean) status = dcp::RunClean(verify_dir);
     if (status.ok()) status = dcp::RunVerify(verify_dir);
   } else if (*convert_cmd) {
-    absl::StatusOr<dcp::ConvertOptions> options = dcp::ParseConvertFlags(
-        convert_to, convert_shard, convert_dtype, convert_threads);
+    absl::StatusOr<dcp::ConvertOptions> options =
+        dcp::ParseConvertFlags(convert_to, convert_shard, convert_dtype,
+                               convert_threads, convert_prefix);
     status = options.ok() ? dcp::RunConvert(convert_src, convert_dst, *options)
                           : options.status();
   } else if (*bench_cmd) {

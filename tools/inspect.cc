@@ -459,6 +459,27 @@ absl::Status RunVerify(const std::string& id) {
       unreadable.empty()
           ? ""
           : absl::StrCat(", ", unreadable.size(), " unreadable files").c_str());
+  // Data files no committed metadata names: left by interrupted saves (or
+  // being written by a save running now).
+  int64_t orphans = 0, orphan_bytes = 0;
+  for (const std::string& name :
+       LocalFileSystem().ListDir(dir).value_or(std::vector<std::string>{})) {
+    if (IsWriterFileName(name) && by_file.count(name) == 0) {
+      ++orphans;
+      std::error_code ec;
+      const uintmax_t size =
+          std::filesystem::file_size(JoinPath(dir, name), ec);
+      if (!ec) orphan_bytes += static_cast<int64_t>(size);
+    }
+  }
+  if (orphans > 0) {
+    std::printf(
+        "NOTE: %lld files (%lld bytes) that the checkpoint does not use, "
+        "left by saves that did not finish (or being written by one now); "
+        "`dcp verify --clean %s` removes them\n",
+        static_cast<long long>(orphans), static_cast<long long>(orphan_bytes),
+        dir.c_str());
+  }
   if (problems.empty() && !unreadable.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "checkpoint ", dir, " could not be verified: ", unreadable.front(),

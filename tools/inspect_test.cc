@@ -352,6 +352,12 @@ TEST(VerifyCleanTest, RemovesTheOrphansPrintsThemAndKeepsTheCheckpoint) {
   WriteFileOfSize(dir, "__keep_me.distcp", 10);
   WriteFileOfSize(dir, "notes.txt", 10);
 
+  // verify passes, and says what --clean would remove.
+  ::testing::internal::CaptureStdout();
+  EXPECT_TRUE(RunVerify(dir).ok());
+  EXPECT_THAT(::testing::internal::GetCapturedStdout(),
+              HasSubstr("NOTE: 3 files (5100 bytes) that the checkpoint does "
+                        "not use"));
   auto [status, out] = CleanAndCapture(dir);
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_THAT(out, AllOf(HasSubstr("REMOVED  __0_00000000deadbeef_0.distcp\n"),

@@ -57,6 +57,10 @@ except ModuleNotFoundError as _e:
     # package (numpy arrays) still works.
     if _e.name != "torch":
         raise
+    _NEED_TORCH = frozenset((
+        "StateDictOptions", "get_model_state_dict", "get_optimizer_state_dict",
+        "get_state_dict", "load_sharded_optimizer_state_dict",
+        "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict"))
 
 
 def __getattr__(name):
@@ -66,6 +70,11 @@ def __getattr__(name):
     if name == "format_utils":
         import importlib
         return importlib.import_module(".format_utils", __name__)
+    if name in globals().get("_NEED_TORCH", ()):
+        raise AttributeError(
+            f"dcp.{name} needs torch (it works on torch modules and "
+            "optimizers), which is not installed: pip install torch, or the "
+            "wheel's [torch] extra")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -49,9 +49,25 @@ def test_inspect_and_verify_through_python_m_dcp(tmp_path):
     assert "CORRUPT" in broken.stdout and "w" in broken.stdout
 
 
-def test_without_a_binary_it_says_how_to_get_one():
+@pytest.mark.skipif(not os.access(TOOL, os.X_OK),
+                    reason="bazel-bin/tools/dcp not built")
+def test_a_source_checkout_runs_its_built_binary():
     # The source tree's package has no _bin/dcp; an empty DCP_TOOL is unset.
-    result = run(["inspect", "/nonexistent"], DCP_TOOL="")
+    result = run(["--help"], DCP_TOOL="")
+    assert result.returncode == 0, result.stderr
+    assert "inspect" in result.stdout
+
+
+def test_without_a_binary_it_says_how_to_get_one(tmp_path):
+    # A copy of the package, with no _bin/dcp and no bazel-bin beside it.
+    import shutil
+    copy = tmp_path / "python"
+    shutil.copytree(os.path.join(ROOT, "python", "dcp"), copy / "dcp")
+    shutil.copy(os.path.join(ROOT, "python", "_dcp_command.py"), copy)
+    environment = dict(os.environ, PYTHONPATH=str(copy), DCP_TOOL="")
+    result = subprocess.run([sys.executable, "-m", "dcp", "inspect", "/x"],
+                            capture_output=True, text=True, env=environment,
+                            timeout=120)
     assert result.returncode == 2
     assert "no dcp command-line binary" in result.stderr
     assert "DCP_TOOL" in result.stderr

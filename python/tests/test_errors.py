@@ -59,6 +59,17 @@ def test_missing_key_strict_and_partial(ckpt):
     assert dst["m"] == 5 and dst["n"] == 1
 
 
+def test_a_missing_key_names_the_outer_key_one_side_lacks(ckpt):
+    """A bare model state dict loaded from a checkpoint saved as
+    {"model": ...} (and the other way round): the message names the key."""
+    dcp.save({"model": {"bias": torch.ones(2)}}, checkpoint_id=ckpt)
+    with pytest.raises(dcp.CheckpointNotFoundError) as e:
+        dcp.load({"bias": torch.zeros(2)}, checkpoint_id=ckpt)
+    assert str(e.value) == (
+        'the checkpoint has no "bias" (the checkpoint holds "model.bias": '
+        'saved under the key "model", which the state dict lacks?)')
+
+
 class _Gone:
     """Pickled by reference to this module; unpickling fails once the
     attribute is removed."""

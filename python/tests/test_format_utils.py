@@ -382,3 +382,27 @@ def test_broadcasting_reader_errors(tmp_path):
         f.write(data[:len(data) // 2])
     with pytest.raises(dcp.CheckpointCorruptError, match="damaged.pt"):
         dcp.load({"step": 0}, checkpoint_id=damaged, storage_reader=reader())
+
+
+def test_state_dict_helpers_without_torch_say_they_need_it():
+    """Without torch, dcp imports (numpy arrays work) and a helper made for
+    torch models says it needs torch; hasattr() stays False."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "sys.modules['torch'] = None\n"
+        "import dcp\n"
+        "assert not hasattr(dcp, 'get_state_dict')\n"
+        "try:\n"
+        "    dcp.get_state_dict\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith(
+        "dcp.get_state_dict needs torch (it works on torch modules and "
+        "optimizers), which is not installed: pip install torch"), out.stdout
