@@ -185,7 +185,7 @@ absl::StatusOr<RendezvousInfo> RendezvousFromEnvironment(const EnvLookup& env) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "DCP_RENDEZVOUS is not set: a world of %d ranks (from %s) needs a "
         "meeting point; set it to a directory all ranks share or to "
-        "redis://host:port (dcp_launch sets it for local ranks)",
+        "redis://host:port (`dcp launch` sets it for local ranks)",
         info.world_size, info.rank_source));
   }
   return info;

@@ -86,19 +86,44 @@ def _read(path: str, allow_pickle: bool) -> dict:
     return flatten(state)[0]
 
 
-def _describe(source: dict, name: str):
+def _describe(source: dict, name: str, path: str):
+    """The header entry of `name`; raises for a tensor the broadcast cannot
+    carry (sparse, on the meta device)."""
     import torch
     if name not in source:
         return (_ABSENT,)
     value = source[name]
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_meta:
+            raise errors.from_status(
+                _lib.UNIMPLEMENTED,
+                f'"{name}" in {path} is a {value.layout} tensor'
+                f'{" on the meta device" if value.is_meta else ""}; '
+                "BroadcastingTorchSaveReader loads dense tensors")
         return (_TENSOR, tuple(value.shape), value.dtype)
     return (_VALUE, value)
 
 
 def _is_tensor(value) -> bool:
     import torch
-    return isinstance(value, (torch.Tensor, np.ndarray))
+    return isinstance(value, (torch.Tensor, np.ndarray,
+                              _state.ShardedTensor))
+
+
+def _global_shape(dest) -> tuple:
+    if isinstance(dest, _state.ShardedTensor):
+        return tuple(dest.global_shape)
+    return tuple(dest.shape)
+
+
+def _holds_tensor(value) -> bool:
+    if _is_tensor(value):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return False
 
 
 def _check(flat: dict, header: dict, partial: bool, path: str) -> list:
@@ -118,11 +143,17 @@ def _check(flat: dict, header: dict, partial: bool, path: str) -> list:
                     _lib.INVALID_ARGUMENT,
                     f'"{name}" is a tensor in the state dict but a value '
                     f"of type {type(entry[1]).__name__} in {path}")
-            if tuple(dest.shape) != entry[1]:
+            if _global_shape(dest) != entry[1]:
                 raise errors.from_status(
                     _lib.INVALID_ARGUMENT,
-                    f'"{name}" has shape {list(dest.shape)} in the state '
-                    f"dict but {list(entry[1])} in {path}")
+                    f'"{name}" has shape {list(_global_shape(dest))} in the '
+                    f"state dict but {list(entry[1])} in {path}")
+        elif _holds_tensor(dest):
+            raise errors.from_status(
+                _lib.UNIMPLEMENTED,
+                f'"{name}" is a {type(dest).__name__} holding tensors, which '
+                "BroadcastingTorchSaveReader would replace rather than fill "
+                "in place: hold them in a dict or list")
         elif entry[0] == _TENSOR:
             raise errors.from_status(
                 _lib.INVALID_ARGUMENT,
@@ -156,19 +187,24 @@ def _copy_into(dest, full, name: str) -> None:
                 full = full.narrow(dim, start, length)
         local.copy_(full)
         return
+    if isinstance(dest, _state.ShardedTensor):
+        for dim, (start, length) in enumerate(zip(dest.offsets,
+                                                  dest.local.shape)):
+            full = full.narrow(dim, start, length)
+        _copy_into(dest.local, full, name)
+        return
     if getattr(dest, "global_shape", None) is not None:
         raise errors.from_status(
             _lib.UNIMPLEMENTED,
-            f'"{name}": BroadcastingTorchSaveReader loads into tensors and '
-            "DTensors, not into a ShardedTensor or CheckpointableTensor")
+            f'"{name}": BroadcastingTorchSaveReader loads into tensors, '
+            "DTensors and dcp.ShardedTensor, not into a CheckpointableTensor")
     dest.copy_(full)
 
 
-def load(state_dict, *, reader, checkpoint_id, planner, where,
-         allow_pickle: bool, stateful: bool) -> None:
-    """dcp.load through BroadcastingTorchSaveReader `reader` (module
-    docstring), in the group `where` (process_group.Resolved)."""
-    import torch
+def _prepare(state_dict, reader, checkpoint_id, planner, where, stateful):
+    """What this rank loads, before any collective: (path, partial,
+    statefuls, target, flat, mappings, torch group or None, source rank,
+    is_source). Raises for bad arguments or a Stateful that fails."""
     import torch.distributed as dist
     if not isinstance(state_dict, dict):
         raise TypeError(f"state_dict must be a dict, not "
@@ -188,7 +224,7 @@ def load(state_dict, *, reader, checkpoint_id, planner, where,
         target[key] = value.state_dict()
     flat, mappings = flatten(target)
     group = where.group
-    tgroup = None
+    tgroup, source, is_source = None, reader.coordinator_rank, True
     if group is not None:
         tgroup = getattr(group, "_keep", None)
         if tgroup is None:
@@ -197,23 +233,49 @@ def load(state_dict, *, reader, checkpoint_id, planner, where,
                 "torch.distributed: pass a torch process group (or none, "
                 "after init_process_group), not a dcp.ProcessGroup")
         # The coordinator is a global rank, as in torch's reader.
-        source = reader.coordinator_rank
         dist.get_group_rank(tgroup, source)  # ValueError unless a member
         is_source = dist.get_rank() == source
-    else:
-        is_source = True
+    return (path, partial, statefuls, target, flat, mappings, tgroup, source,
+            is_source)
+
+
+def _nbytes(entry) -> int:
+    import torch
+    _, shape, dtype = entry
+    numel = 1
+    for n in shape:
+        numel *= n
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
+def load(state_dict, *, reader, checkpoint_id, planner, where,
+         allow_pickle: bool, stateful: bool) -> None:
+    """dcp.load through BroadcastingTorchSaveReader `reader` (module
+    docstring), in the group `where` (process_group.Resolved). Every
+    failure is agreed before the next collective, so each rank raises."""
+    import torch
+    import torch.distributed as dist
+    error = prepared = None
+    try:
+        prepared = _prepare(state_dict, reader, checkpoint_id, planner, where,
+                            stateful)
+    except Exception as e:
+        error = e
+    where.agree("load", error)
+    (path, partial, statefuls, target, flat, mappings, tgroup, source,
+     is_source) = prepared
     # What every rank needs, in one order.
     names = sorted(flat)
     if tgroup is not None:
-        gathered = [None] * group.size
+        gathered = [None] * where.group.size
         dist.all_gather_object(gathered, names, group=tgroup)
         names = sorted(set().union(*gathered))
     error = None
-    header = None
+    header = saved = None
     if is_source:
         try:
             saved = _read(path, allow_pickle)
-            header = {n: _describe(saved, n) for n in names}
+            header = {n: _describe(saved, n, path) for n in names}
         except Exception as e:
             error = e
     where.agree("load", error)
@@ -236,21 +298,28 @@ def load(state_dict, *, reader, checkpoint_id, planner, where,
             entry = header[name]
             if entry[0] != _TENSOR:
                 continue
+            nbytes = _nbytes(entry)
+            # The bytes travel as uint8 (any dtype, any backend); a rank
+            # that fails keeps taking part, and says so at the end.
+            payload = None
             if is_source:
-                full = saved[name].detach().to(device).contiguous()
-            else:
-                full = torch.empty(entry[1], dtype=entry[2], device=device)
-            if tgroup is not None:
-                dist.broadcast(full, src=source, group=tgroup)
+                try:
+                    full = saved[name].detach().to(device).contiguous()
+                    payload = full.reshape(-1).view(torch.uint8)
+                except Exception as e:
+                    error = error or _named(e, name)
+            if payload is None:
+                payload = torch.empty(nbytes, dtype=torch.uint8,
+                                      device=device)
+            if tgroup is not None and nbytes:
+                dist.broadcast(payload, src=source, group=tgroup)
             if name in loading and error is None:
                 try:
+                    full = payload.view(entry[2]).reshape(entry[1])
                     _copy_into(flat[name], full, name)
                 except Exception as e:
-                    error = e if isinstance(e, errors.CheckpointException) \
-                        else errors.from_status(
-                            _lib.INVALID_ARGUMENT,
-                            f'"{name}": {type(e).__name__}: {e}')
-            del full
+                    error = _named(e, name)
+            del payload
     where.agree("load", error)
     for name in sorted(loading):
         entry = header[name]
@@ -264,3 +333,11 @@ def load(state_dict, *, reader, checkpoint_id, planner, where,
             state_dict[key] = target[key]
     for key, value in statefuls.items():
         value.load_state_dict(target[key])
+
+
+def _named(error, name):
+    """`error` as a CheckpointException naming `name`."""
+    if isinstance(error, errors.CheckpointException):
+        return error
+    return errors.from_status(_lib.INVALID_ARGUMENT,
+                              f'"{name}": {type(error).__name__}: {error}')

@@ -56,7 +56,7 @@ from typing import Any
 from . import _lib, _state, errors
 from ._planner_hooks import set_up_save
 from .checkpoint import (_absolute, _stateful_to_state_dict, prepare_save,
-                         save)
+                         register_in_flight, save)
 from .metadata import Metadata
 from .process_group import free_parked_groups, resolve, take_turn
 
@@ -123,19 +123,19 @@ class _DcpFuture(Future):
     interpreter's exit until it is resolved (or cancelled) and its
     done-callbacks have run."""
 
-    # Whether result() or exception() was called (exit reports failures
-    # no one looked at: _finish_saves).
-    _seen = False
-
     def result(self, timeout=None):
         self._check_wait()
-        self._seen = True
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        finally:
+            _saw(self)
 
     def exception(self, timeout=None):
         self._check_wait()
-        self._seen = True
-        return super().exception(timeout)
+        try:
+            return super().exception(timeout)
+        finally:
+            _saw(self)
 
     def _check_wait(self):
         if getattr(_resolver, "active", False) and not self.done():
@@ -164,9 +164,7 @@ class _DcpFuture(Future):
             super().set_exception(exception)
         finally:
             if self._tracked:
-                with _unfinished_cond:
-                    if len(_failed) < _FAILED_KEPT:
-                        _failed.append(self)
+                _note_failure(self, exception)
             self._untrack()
 
     def cancel(self):
@@ -612,6 +610,9 @@ def _stager_async_save(state_dict, async_stager, upload_fn, where):
             raise
         # A cancelled upload never runs: its turn ends with it.
         result.add_done_callback(lambda f: f.cancelled() and turn.end())
+    lease = getattr(async_stager, "_lease", None)
+    if callable(lease):  # a stager reusing its copy waits for this upload
+        lease(result)
     response = AsyncSaveResponse(staging, result)
     # The seed: a stager that staged in the call gives the upload Future.
     return _staged_in_call(response) if not isinstance(staged, Future) \
@@ -698,8 +699,10 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
                 sd, **kwargs).upload_completion))
         else:
             upload = (lambda sd: save(sd, **kwargs))
-        return _stager_async_save(state_dict, async_stager, upload,
-                                  resolve(process_group, no_dist))
+        returned = _stager_async_save(state_dict, async_stager, upload,
+                                      resolve(process_group, no_dist))
+        register_in_flight(checkpoint_id, returned.upload_completion)
+        return returned
     # The seed stages in the call unless a stager stages asynchronously.
     in_call = engine_stager is None or \
         not engine_stager.config.use_async_staging
@@ -711,6 +714,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     else:
         response = _engine_async_save(state_dict, stager=engine_stager,
                                       **kwargs)
+    register_in_flight(checkpoint_id, response.upload_completion)
     return _staged_in_call(response) if in_call else response
 
 
@@ -742,28 +746,57 @@ def _finish_saves():
                   file=sys.stderr)
 
 
+def _note_failure(future, error) -> None:
+    """Notes that tracked `future` failed with `error`, for exit to report
+    unless a future carrying that error is looked at first (_saw). Keeps
+    the message, not the future or the error (whose traceback holds the
+    save's staged state)."""
+    if getattr(error, "_dcp_seen", False):  # seen through another future
+        return
+    with _failed_lock:
+        if len(_failed) < _FAILED_KEPT:
+            _failed[id(future)] = (id(error),
+                                   f"{type(error).__name__}: {error}")
+
+
+def _saw(future) -> None:
+    """result() or exception() of `future` was called (from a done-callback
+    too): its failure, and that of every future sharing its error (a save's
+    staging and upload futures, an upload wrapping a writer's), is seen."""
+    if not future.done() or future.cancelled():
+        return
+    error = Future.exception(future, 0)
+    if error is None:
+        return
+    try:
+        error._dcp_seen = True  # for futures failing with it later
+    except AttributeError:  # an exception type without a __dict__
+        pass
+    with _failed_lock:
+        for key in [k for k, (e, _) in _failed.items() if e == id(error)]:
+            del _failed[key]
+
+
 def _report_unseen_failures() -> None:
-    """At exit (under _unfinished_cond): says on stderr which failed
-    async_saves no one looked at (result() or exception(), from a
-    done-callback too), so a program that ends without waiting for its
-    last save learns that it was not written. One line per failure (a
-    save's futures share its exception); each said once."""
+    """At exit: says on stderr which failed async_saves no one looked at,
+    so a program that ends without waiting for its last save learns that
+    it was not written. One line per failure; each said once."""
     said = set()
-    while _failed:
-        future = _failed.pop(0)
-        if future._seen:
+    with _failed_lock:
+        entries = list(_failed.values())
+        _failed.clear()
+    for error_id, message in entries:
+        if error_id in said:
             continue
-        error = Future.exception(future, 0)
-        if id(error) in said:
-            continue
-        said.add(id(error))
+        said.add(error_id)
         print(f"dcp: an async_save failed and nothing waited for it: "
-              f"{type(error).__name__}: {error}", file=sys.stderr)
+              f"{message}", file=sys.stderr)
 
 
-# Tracked futures that failed (the first _FAILED_KEPT of them), for
-# _report_unseen_failures.
-_failed: list = []
+# id(failed tracked future) -> (id of its error, its message), the first
+# _FAILED_KEPT failures not yet seen (_note_failure).
+_failed: dict = {}
+_failed_lock = threading.Lock()
 _FAILED_KEPT = 64
 
 
@@ -801,8 +834,9 @@ def _forget_after_fork():
     stayed in the parent; the child's own saves start afresh (and fail in
     the library: it cannot be used in such a child)."""
     global _queue, _pending, _pending_lock, _thread, _thread_lock, \
-        _submit_lock, _unfinished, _unfinished_cond, _failed
-    _failed = []  # the parent's failures are the parent's to report
+        _submit_lock, _unfinished, _unfinished_cond, _failed, _failed_lock
+    _failed = {}  # the parent's failures are the parent's to report
+    _failed_lock = threading.Lock()
     _queue = queue.SimpleQueue()
     _pending = {}
     _pending_lock = threading.Lock()

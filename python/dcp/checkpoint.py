@@ -9,9 +9,11 @@ borrowed, never copied (see _state for the strided exceptions).
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import os
 import re
+import threading
 
 from . import _lib, _state, errors
 from .metadata import Metadata, holds_checkpoint
@@ -168,7 +170,47 @@ def prepare_save(state_dict, *, checkpoint_id, storage_writer, planner,
         raise
 
 
+# Directories that async_saves of this process are still writing: their
+# upload futures (register_in_flight).
+_in_flight: dict = {}
+_in_flight_lock = threading.Lock()
+
+
+def register_in_flight(path, upload) -> None:
+    """Notes that the future `upload` writes the checkpoint at `path`, until
+    it is done (then forgotten: a done future holds its save's state)."""
+    if not path:
+        return
+    with _in_flight_lock:
+        _in_flight.setdefault(path, []).append(upload)
+
+    def forget(done):
+        with _in_flight_lock:
+            futures = _in_flight.get(path)
+            if futures is not None and done in futures:
+                futures.remove(done)
+                if not futures:
+                    del _in_flight[path]
+    upload.add_done_callback(forget)
+
+
+def _wait_in_flight(path) -> None:
+    """Waits for this process's async_saves still writing `path`, so a save
+    there comes after them (their lock would refuse it). Not on dcp's own
+    threads, whose uploads are what it would wait for."""
+    if not path or threading.current_thread().name.startswith("dcp-"):
+        return
+    with _in_flight_lock:
+        pending = list(_in_flight.get(path, ()))
+    if pending:
+        concurrent.futures.wait(pending)
+
+
 def _save(state_dict, *, process_group, no_dist, **kwargs):
+    target = kwargs.get("checkpoint_id") or getattr(
+        kwargs.get("storage_writer"), "path", None)
+    if isinstance(target, str):
+        _wait_in_flight(_absolute(target))
     # In call order with the other operations on the group (Turn).
     with take_turn(resolve(process_group, no_dist)):
         return _save_in_turn(state_dict, process_group=process_group,

@@ -99,8 +99,11 @@ class BlockingAsyncStager(AsyncStager):
     ``cache_staged_state_dict`` keeps that copy (in page-locked memory
     where a GPU allows) and copies into it again on the next stage() of a
     state dict of the same structure, shapes and dtypes: reuse one stager
-    for every save. ``type_check`` is accepted for torch's signature. For
-    the engine's faster staging, pass dcp.DefaultStager instead."""
+    for every save. The next stage() first waits for the async_save that
+    still writes the copy (so each checkpoint holds its own step); a copy
+    staged by hand is yours to stop using first. ``type_check`` is
+    accepted for torch's signature. For the engine's faster staging, pass
+    dcp.DefaultStager instead."""
 
     _synchronize_after_execute: bool = False
 
@@ -109,8 +112,18 @@ class BlockingAsyncStager(AsyncStager):
         self.cache_staged_state_dict = cache_staged_state_dict
         self.type_check = type_check
         self.state_dict_cache = None
+        self._writing = None  # the upload still reading the cache
+
+    def _lease(self, upload) -> None:
+        """async_save: `upload` reads what stage() returned until done."""
+        self._writing = upload
 
     def stage(self, state_dict):
+        writing = self._writing
+        if self.cache_staged_state_dict and writing is not None:
+            from concurrent.futures import wait
+            wait([writing])
+            self._writing = None
         if self.cache_staged_state_dict and self.state_dict_cache is not None \
                 and _copy_into(self.state_dict_cache, state_dict):
             return self.state_dict_cache
@@ -158,6 +171,9 @@ def _copy_into(staged, value) -> bool:
             np.copyto(a, b)
         else:
             a.copy_(b.detach())
+            for name in _CHECKPOINTABLE:  # where this shard lies, anew
+                if hasattr(b, name):
+                    setattr(a, name, getattr(b, name))
     _refresh_plain(staged, value)
     return True
 

@@ -420,6 +420,34 @@ def broadcast_torch_save_scenario(rank, world, mesh, full, path):
         assert '"model.absent"' in str(e), str(e)
     else:
         raise AssertionError("the load of a missing key did not fail")
+    # Dtypes the gloo backend cannot broadcast travel as bytes.
+    extra = {"extra": {"f8": torch.zeros(3, dtype=torch.float8_e4m3fn),
+                       "u16": torch.zeros(3, dtype=torch.uint16),
+                       "b": torch.zeros(3, dtype=torch.bool),
+                       "c": torch.zeros(2, dtype=torch.complex64)}}
+    dcp.load(extra, checkpoint_id=path,
+             storage_reader=BroadcastingTorchSaveReader())
+    got = extra["extra"]
+    assert got["f8"].float().tolist() == [1.0, 2.0, 3.0], got
+    assert got["u16"].tolist() == [1, 2, 65535], got
+    assert got["b"].tolist() == [True, False, True], got
+    assert got["c"].tolist() == [1 + 1j, 2 - 1j], got
+
+    class Failing:  # a Stateful whose state_dict() raises on rank 1 only
+        def state_dict(self):
+            if rank == 1:
+                raise RuntimeError("rank 1 cannot say its state")
+            return {"w": torch.zeros(13, 7)}
+
+        def load_state_dict(self, sd):
+            pass
+    try:
+        dcp.load({"model": Failing()}, checkpoint_id=path,
+                 storage_reader=BroadcastingTorchSaveReader())
+    except dcp.CheckpointException as e:
+        assert "rank 1 cannot say its state" in str(e), str(e)
+    else:
+        raise AssertionError("the load with a failing Stateful did not fail")
     # Rank 1 alone asks for another shape: every rank raises, naming it.
     shape = (13, 8) if rank == 1 else (13, 7)
     wrong = {"model": {"w": torch.zeros(shape)}}

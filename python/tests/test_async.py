@@ -783,3 +783,62 @@ def test_a_process_saves_result_is_what_it_committed_not_a_read_back(
     assert got == on_disk
     assert got.storage_meta.save_id == on_disk.storage_meta.save_id
     assert sorted(got.state_dict_metadata) == ["step", "w"]
+
+
+def test_a_save_waits_for_this_processs_async_saves_to_its_directory(
+        tmp_path, monkeypatch):
+    """dcp.save into a directory an async_save of this process still
+    writes waits for it (its lock would refuse the save) and lands after
+    it: the checkpoint holds the save's values. The async upload is held
+    until the save waits (its stager's Future completes then)."""
+    from dcp import checkpoint as checkpoint_module
+    path = str(tmp_path / "ck")
+    staged = concurrent.futures.Future()
+
+    class Late:
+        def stage(self, state_dict):
+            return staged
+
+    first = {"w": torch.full((4,), 1.0)}
+    r = dcp.async_save(first, checkpoint_id=path, async_stager=Late())
+    waited = []
+    real_wait = concurrent.futures.wait
+
+    def wait(futures, *args, **kwargs):
+        waited.append(list(futures))
+        staged.set_result(first)  # the upload may run now
+        return real_wait(futures, *args, **kwargs)
+    monkeypatch.setattr(checkpoint_module.concurrent.futures, "wait", wait)
+    dcp.save({"w": torch.full((4,), 2.0)}, checkpoint_id=path)
+    monkeypatch.undo()
+    assert waited and r.upload_completion in waited[0]
+    r.upload_completion.result()
+    back = {"w": torch.zeros(4)}
+    dcp.load(back, checkpoint_id=path)
+    assert torch.equal(back["w"], torch.full((4,), 2.0))
+
+
+def test_a_failed_save_read_and_dropped_keeps_nothing_alive(tmp_path):
+    """A failed async_save whose future was read and dropped holds none of
+    its state (exit's report of unseen failures keeps messages, not the
+    futures or their errors)."""
+    import gc
+    import weakref
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(tmp_path / "taken"))
+    kept = []
+
+    class Copy:
+        def stage(self, state_dict):
+            staged = {k: v.clone() for k, v in state_dict.items()}
+            kept.append(weakref.ref(staged["w"]))
+            return staged
+    for kind in (dcp.AsyncCheckpointerType.THREAD,
+                 dcp.AsyncCheckpointerType.PROCESS):
+        f = dcp.async_save(
+            {"w": torch.ones(1 << 16)}, async_checkpointer_type=kind,
+            async_stager=Copy(), storage_writer=dcp.FileSystemWriter(
+                str(tmp_path / "taken"), overwrite=False))
+        assert isinstance(f.exception(), dcp.CheckpointExistsError)
+        del f
+    gc.collect()
+    assert [ref() is None for ref in kept] == [True, True]

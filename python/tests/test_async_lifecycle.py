@@ -453,6 +453,31 @@ refused(dcp.AsyncCheckpointerType.THREAD, "thread_unseen")
 refused(dcp.AsyncCheckpointerType.PROCESS, "process_unseen")
 looked = refused(dcp.AsyncCheckpointerType.THREAD, "looked_at")
 assert isinstance(looked.exception(), dcp.CheckpointExistsError)
+
+class Copy:
+    def stage(self, sd):
+        return dict(sd)
+
+# Looked at through the upload Future of a PROCESS save after a stager of
+# the caller's (which waits for the writer's own future).
+through = dcp.async_save(
+    {"w": torch.ones(10)}, async_checkpointer_type=dcp.AsyncCheckpointerType
+    .PROCESS, async_stager=Copy(),
+    storage_writer=dcp.FileSystemWriter(os.path.join(d, "taken"),
+                                        overwrite=False))
+assert isinstance(through.exception(), dcp.CheckpointExistsError)
+
+import concurrent.futures
+class Failing:
+    def stage(self, sd):
+        f = concurrent.futures.Future()
+        f.set_exception(RuntimeError("staging blew up"))
+        return f
+
+# Looked at through staging_completion: its upload carries the same error.
+r = dcp.async_save({"w": torch.ones(10)}, async_stager=Failing(),
+                   checkpoint_id=os.path.join(d, "never"))
+assert isinstance(r.staging_completion.exception(), RuntimeError)
 print("exiting", flush=True)
 """
 

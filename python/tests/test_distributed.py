@@ -101,7 +101,14 @@ def test_a_torch_save_file_loads_into_dtensors_by_broadcast(tmp_path):
     path = str(tmp_path / "model.pt")
     torch.save({"model": {"w": full["w"], "b": full["b"],
                           "e": full["e"].float(), "r": full["r"]},
-                "step": 11, "cfg": {"name": "run", "sizes": (13, 10)}},
+                "step": 11, "cfg": {"name": "run", "sizes": (13, 10)},
+                "extra": {
+                    "f8": torch.tensor([1.0, 2.0, 3.0]).to(
+                        torch.float8_e4m3fn),
+                    "u16": torch.tensor([1, 2, 65535], dtype=torch.uint16),
+                    "b": torch.tensor([True, False, True]),
+                    "c": torch.tensor([1 + 1j, 2 - 1j],
+                                      dtype=torch.complex64)}},
                path)
     full_e = full["e"]
     assert torch.equal(full["e"].float().to(torch.bfloat16), full_e)

@@ -343,3 +343,50 @@ def test_torchs_async_stager_protocol_and_blocking_stager(tmp_path):
     x = {"x": torch.zeros(2)}
     dcp.load(x, checkpoint_id=str(tmp_path / "mine"))
     assert torch.equal(x["x"], torch.ones(2))
+
+
+def test_a_caching_blocking_stager_waits_for_the_save_reading_its_copy(
+        tmp_path, monkeypatch):
+    """BlockingAsyncStager(cache_staged_state_dict=True) reused for saves
+    issued back to back: each stage() first waits for the upload still
+    reading the cached copy, so every checkpoint holds its own step; a
+    shard's placement (CheckpointableTensor attributes) is copied anew."""
+    import concurrent.futures
+    from dcp.staging import BlockingAsyncStager
+    stager = BlockingAsyncStager(cache_staged_state_dict=True)
+    w = torch.zeros(1 << 16)
+    sd = {"w": w, "step": 0}
+    waited = []
+    real_wait = concurrent.futures.wait
+
+    def wait(futures, *args, **kwargs):
+        waited.append(list(futures))
+        return real_wait(futures, *args, **kwargs)
+    monkeypatch.setattr(concurrent.futures, "wait", wait)
+    futures = []
+    for step in range(1, 4):
+        w.fill_(step)
+        sd["step"] = step
+        futures.append(dcp.async_save(
+            sd, checkpoint_id=str(tmp_path / f"s{step}"),
+            async_stager=stager))
+    monkeypatch.undo()
+    for f in futures:
+        f.result()
+    # The second and third stage() waited for the upload before them.
+    seen = [f for group in waited for f in group]
+    assert futures[0].upload_completion in seen
+    assert futures[1].upload_completion in seen
+    for step in range(1, 4):
+        back = {"w": torch.empty(1 << 16), "step": -1}
+        dcp.load(back, checkpoint_id=str(tmp_path / f"s{step}"))
+        assert back["step"] == step
+        assert torch.equal(back["w"], torch.full((1 << 16,), float(step)))
+
+    shard = torch.ones(2)
+    shard.global_shape, shard.global_offsets = (4,), [(0,)]
+    first = stager.stage({"s": shard})
+    moved = torch.ones(2)
+    moved.global_shape, moved.global_offsets = (4,), [(2,)]
+    again = stager.stage({"s": moved})
+    assert again is first and again["s"].global_offsets == [(2,)]
