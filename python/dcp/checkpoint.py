@@ -10,7 +10,9 @@ borrowed, never copied (see _state for the strided exceptions).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
+import gc
 import os
 import re
 import threading
@@ -316,7 +318,8 @@ def _load_checked(sd, options, path, rank=0, file_system=False):
     FileSystem checkpoint (`file_system`) whose .metadata
     torch.distributed.checkpoint wrote, CheckpointNotImplementedError
     saying how to convert it (errors.foreign_checkpoint_error)."""
-    code = _lib.lib().dcp_load(sd, ctypes.byref(options))
+    with _gc_resumed():
+        code = _lib.lib().dcp_load(sd, ctypes.byref(options))
     if code == _lib.OK:
         return
     _, message, failures = _lib.last_error()
@@ -486,9 +489,44 @@ def _broadcasting_reader(storage_reader):
     return None
 
 
+_gc_state = threading.local()
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic GC paused while a load walks and builds: it
+    allocates a few short-lived objects per leaf (freed by reference
+    counting), which would otherwise trigger full collections of the
+    caller's whole heap in the middle of it (0.1 s each on a large one).
+    Resumed while the engine reads (_gc_resumed), where other threads
+    run."""
+    enabled = gc.isenabled()
+    _gc_state.resume = enabled
+    gc.disable()
+    try:
+        yield
+    finally:
+        _gc_state.resume = False
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _gc_resumed():
+    """Inside _gc_paused: the GC as it was before, for a long C call."""
+    resume = getattr(_gc_state, "resume", False)
+    if resume:
+        gc.enable()
+    try:
+        yield
+    finally:
+        if resume:
+            gc.disable()
+
+
 def _load(state_dict, *, process_group, no_dist, **kwargs):
     # In call order with the other operations on the group (Turn).
-    with take_turn(resolve(process_group, no_dist)):
+    with take_turn(resolve(process_group, no_dist)), _gc_paused():
         return _load_in_turn(state_dict, process_group=process_group,
                              no_dist=no_dist, **kwargs)
 

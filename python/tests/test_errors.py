@@ -741,3 +741,33 @@ def test_a_save_into_a_torch_dcp_checkpoint_is_refused(tmp_path):
     back = {"w": torch.zeros(3)}
     tdcp.load(back, checkpoint_id=path, no_dist=True)
     assert torch.equal(back["w"], torch.ones(3))
+
+
+def test_a_load_leaves_the_garbage_collectors_state_as_it_was(ckpt):
+    """A load pauses Python's cyclic GC while it walks (not while the engine
+    reads) and leaves it as it found it, enabled or not, failed or not."""
+    import gc
+    dcp.save({"a": torch.ones(2), "l": [1, 2]}, checkpoint_id=ckpt)
+    seen = []
+    real = _lib.lib().dcp_load
+
+    class Spy:  # records the GC's state during the engine's read
+        def __call__(self, *args):
+            seen.append(gc.isenabled())
+            return real(*args)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(_lib.lib(), "dcp_load", Spy())
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            try:
+                dcp.load({"a": torch.zeros(2), "l": []}, checkpoint_id=ckpt)
+                assert gc.isenabled() is enabled
+                with pytest.raises(dcp.CheckpointNotFoundError):
+                    dcp.load({"b": torch.zeros(2)}, checkpoint_id=ckpt)
+                assert gc.isenabled() is enabled
+            finally:
+                gc.enable()
+    finally:
+        monkey.undo()
+    assert seen and seen[0] is True and False in seen
