@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <new>
 #include <utility>
@@ -504,9 +505,12 @@ Shape Minus(const Shape& a, const Shape& b) {
 
 // For a missing-key error: where the checkpoint holds something else at a
 // missing name (a list or dict saved where the state dict has a value, or a
-// value where it has a list or dict), what; else "".
-std::string SavedInstead(const std::vector<std::string>& missing,
-                         const Metadata& metadata) {
+// value where it has a list or dict), what; else the one saved name that is
+// the first missing one a key deeper or shallower (and not a name
+// `in_state_dict`); else "".
+std::string SavedInstead(
+    const std::vector<std::string>& missing, const Metadata& metadata,
+    const std::function<bool(const std::string&)>& in_state_dict) {
   const auto& items = metadata.state_dict_metadata;
   for (const std::string& name : missing) {
     const std::string prefix = name + ".";
@@ -526,23 +530,34 @@ std::string SavedInstead(const std::vector<std::string>& missing,
       }
     }
   }
-  // The same names nested one key deeper or shallower: a state dict (or a
-  // checkpoint) wrapped as {"model": ...} on one side only.
+  // The same name nested one key deeper or shallower: a state dict (or a
+  // checkpoint) wrapped as {"model": ...} on one side only. Named only
+  // where one saved name fits and the state dict does not hold it itself.
   const std::string& first = missing.front();
   const std::string deeper = "." + first;
+  const std::string* only = nullptr;
+  int fits = 0;
   for (const auto& [saved, entry] : items) {
-    if (saved.ends_with(deeper)) {
-      return absl::StrCat(" (the checkpoint holds \"", saved,
-                          "\": saved under the key \"",
-                          saved.substr(0, saved.size() - deeper.size()),
-                          "\", which the state dict lacks?)");
-    }
+    if (!saved.ends_with(deeper) || in_state_dict(saved)) continue;
+    const std::string_view outer(saved.data(), saved.size() - deeper.size());
+    if (outer.empty() || outer.find('.') != std::string_view::npos) continue;
+    only = &saved;
+    if (++fits > 1) break;
+  }
+  if (fits == 1) {
+    return absl::StrCat(" (the checkpoint holds \"", *only,
+                        "\": saved under the key \"",
+                        only->substr(0, only->size() - deeper.size()),
+                        "\", which the state dict lacks?)");
   }
   const size_t dot = first.find('.');
-  if (dot != std::string::npos && items.count(first.substr(dot + 1)) != 0) {
-    return absl::StrCat(" (the checkpoint holds \"", first.substr(dot + 1),
-                        "\": saved without the key \"", first.substr(0, dot),
-                        "\" of the state dict?)");
+  if (dot != std::string::npos) {
+    const std::string inner = first.substr(dot + 1);
+    if (items.count(inner) != 0 && !in_state_dict(inner)) {
+      return absl::StrCat(" (the checkpoint holds \"", inner,
+                          "\": saved without the key \"", first.substr(0, dot),
+                          "\" of the state dict?)");
+    }
   }
   return "";
 }
@@ -764,7 +779,12 @@ absl::StatusOr<LoadPlan> DefaultLoadPlanner::CreateLocalPlan() {
             ? absl::StrCat(" (and ", missing.size() - kListed, " more)")
             : "",
         "; load with allow_partial_load to skip missing keys",
-        SavedInstead(listed, *metadata_)));
+        SavedInstead(listed, *metadata_, [&](const std::string& name) {
+          for (const auto& [leaf_name, leaf] : leaves) {
+            if (leaf_name == name) return true;
+          }
+          return false;
+        })));
   }
   CountConversionItems(plan);
   return plan;

@@ -610,6 +610,25 @@ TEST(DefaultPlannerTest, MissingKeysNameTheOuterKeyOneSideLacks) {
   EXPECT_THAT(status.message(),
               HasSubstr("(the checkpoint holds \"bias\": saved without the "
                         "key \"model\" of the state dict?)"));
+  // No hint where two saved names fit, or where the one that fits is the
+  // state dict's own, or deeper than one key.
+  StateDict two;
+  two["a"] = StateDict{{"w", RandomTensor(DType::kF32, {2}, 1)}};
+  two["b"] = StateDict{{"w", RandomTensor(DType::kF32, {2}, 1)}};
+  two["c"] = StateDict{{"d", StateDict{{"v", int64_t{1}}}}};
+  absl::StatusOr<InMemoryCheckpoint> ambiguous = SaveOne(two);
+  ASSERT_TRUE(ambiguous.ok()) << ambiguous.status();
+  for (const char* name : {"w", "v"}) {
+    StateDict asks{{name, Tensor::Empty(DType::kF32, {2})}};
+    status = LoadOne(*ambiguous, asks);
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(status.message(), Not(HasSubstr("saved under"))) << name;
+  }
+  StateDict has_it{{"bias", Tensor::Empty(DType::kF32, {2})}};
+  has_it["model"] = StateDict{{"bias", Tensor::Empty(DType::kF32, {2})}};
+  status = LoadOne(*nested, has_it);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("no \"bias\""), Not(HasSubstr("saved under"))));
 }
 
 // A missing name where the checkpoint holds something of another kind:

@@ -420,6 +420,10 @@ TEST(Convert, PrefixExportsTheTensorsUnderItWithoutIt) {
   EXPECT_THAT(
       ParseConvertFlags("safetensors", "", "", 1, "model.").status().message(),
       HasSubstr("--prefix \"model.\""));
+  EXPECT_THAT(ParseConvertFlags("safetensors", "", "", 1, "optim..state")
+                  .status()
+                  .message(),
+              HasSubstr("--prefix \"optim..state\""));
 }
 
 TEST(Convert, BadArgumentsAreNamed) {

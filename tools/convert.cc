@@ -233,6 +233,10 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
       options.prefix.empty() ? "" : absl::StrCat(options.prefix, ".");
   std::vector<std::string> skipped;  // Non-tensor values, said below.
   for (const auto& [source_name, entry] : metadata.state_dict_metadata) {
+    if (!under.empty() && source_name == options.prefix) {
+      skipped.push_back(source_name);  // Its name without the prefix: "".
+      continue;
+    }
     if (!absl::StartsWith(source_name, under)) continue;
     const std::string name = source_name.substr(under.size());
     const auto* t = std::get_if<TensorStorageMetadata>(&entry);
@@ -268,8 +272,11 @@ absl::Status ToSafetensors(const std::string& src, const std::string& dst,
   DCP_ASSIGN_OR_RETURN(const bool created, PrepareDestination(dst));
   for (const std::string& name : skipped) {
     std::fprintf(stderr,
-                 "dcp convert: skipping %s, a non-tensor value "
-                 "(safetensors holds tensors only)\n",
+                 name == options.prefix
+                     ? "dcp convert: skipping %s, named the --prefix itself "
+                       "(nothing is left of its name)\n"
+                     : "dcp convert: skipping %s, a non-tensor value "
+                       "(safetensors holds tensors only)\n",
                  name.c_str());
   }
   FileSystemBase& fs =
@@ -578,7 +585,8 @@ absl::StatusOr<ConvertOptions> ParseConvertFlags(
         "dcp convert: --prefix picks tensors of a dcp checkpoint for "
         "--to safetensors");
   }
-  if (absl::StartsWith(prefix, ".") || absl::EndsWith(prefix, ".")) {
+  if (absl::StartsWith(prefix, ".") || absl::EndsWith(prefix, ".") ||
+      absl::StrContains(prefix, "..")) {
     return absl::InvalidArgumentError(
         absl::StrCat("dcp convert: --prefix \"", prefix,
                      "\" is a name without its dots around (e.g. model)"));

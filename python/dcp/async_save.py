@@ -701,7 +701,8 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
             upload = (lambda sd: save(sd, **kwargs))
         returned = _stager_async_save(state_dict, async_stager, upload,
                                       resolve(process_group, no_dist))
-        register_in_flight(checkpoint_id, returned.upload_completion)
+        register_in_flight(checkpoint_id, returned.upload_completion,
+                           returned.staging_completion)
         return returned
     # The seed stages in the call unless a stager stages asynchronously.
     in_call = engine_stager is None or \
@@ -750,13 +751,20 @@ def _note_failure(future, error) -> None:
     """Notes that tracked `future` failed with `error`, for exit to report
     unless a future carrying that error is looked at first (_saw). Keeps
     the message, not the future or the error (whose traceback holds the
-    save's staged state)."""
+    save's staged state); the error carries the note's number."""
     if getattr(error, "_dcp_seen", False):  # seen through another future
         return
     with _failed_lock:
-        if len(_failed) < _FAILED_KEPT:
-            _failed[id(future)] = (id(error),
-                                   f"{type(error).__name__}: {error}")
+        if len(_failed) >= _FAILED_KEPT:
+            return
+        token = getattr(error, "_dcp_failure", None)
+        if token is None:
+            token = next(_failure_numbers)
+            try:
+                error._dcp_failure = token
+            except Exception:  # an exception type refusing attributes
+                return
+        _failed[token] = f"{type(error).__name__}: {error}"
 
 
 def _saw(future) -> None:
@@ -770,32 +778,30 @@ def _saw(future) -> None:
         return
     try:
         error._dcp_seen = True  # for futures failing with it later
-    except AttributeError:  # an exception type without a __dict__
+    except Exception:  # an exception type refusing attributes
         pass
-    with _failed_lock:
-        for key in [k for k, (e, _) in _failed.items() if e == id(error)]:
-            del _failed[key]
+    token = getattr(error, "_dcp_failure", None)
+    if token is not None:
+        with _failed_lock:
+            _failed.pop(token, None)
 
 
 def _report_unseen_failures() -> None:
     """At exit: says on stderr which failed async_saves no one looked at,
     so a program that ends without waiting for its last save learns that
-    it was not written. One line per failure; each said once."""
-    said = set()
+    it was not written. One line per failure."""
     with _failed_lock:
-        entries = list(_failed.values())
+        messages = list(_failed.values())
         _failed.clear()
-    for error_id, message in entries:
-        if error_id in said:
-            continue
-        said.add(error_id)
+    for message in messages:
         print(f"dcp: an async_save failed and nothing waited for it: "
               f"{message}", file=sys.stderr)
 
 
-# id(failed tracked future) -> (id of its error, its message), the first
-# _FAILED_KEPT failures not yet seen (_note_failure).
+# The number of a failure (its error's _dcp_failure) -> its message, the
+# first _FAILED_KEPT failures not yet seen (_note_failure).
 _failed: dict = {}
+_failure_numbers = itertools.count(1)
 _failed_lock = threading.Lock()
 _FAILED_KEPT = 64
 

@@ -178,41 +178,80 @@ _in_flight: dict = {}
 _in_flight_lock = threading.Lock()
 
 
-def register_in_flight(path, upload) -> None:
+def _in_flight_key(path) -> str | None:
+    """`path` (str, bytes, os.PathLike) as one spelling of its directory,
+    or None for a URI or no path."""
+    try:
+        path = os.fsdecode(os.fspath(path))
+        if not path or "://" in path:
+            return None
+        return os.path.realpath(_absolute(path))
+    except (TypeError, ValueError, OSError):  # the save says what is wrong
+        return None
+
+
+def _forget_in_flight_after_fork() -> None:
+    """In a child of fork(2): the parent's uploads are not the child's."""
+    global _in_flight, _in_flight_lock
+    _in_flight = {}
+    _in_flight_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_flight_after_fork)
+
+
+def register_in_flight(path, upload, staging=None) -> None:
     """Notes that the future `upload` writes the checkpoint at `path`, until
-    it is done (then forgotten: a done future holds its save's state)."""
-    if not path:
+    it is done (then forgotten: a done future holds its save's state).
+    `staging`: the save's staging Future where a stager of the caller's
+    completes it (then _wait_in_flight cannot wait while it is pending)."""
+    path = _in_flight_key(path)
+    if path is None:
         return
+    entry = (upload, staging)
     with _in_flight_lock:
-        _in_flight.setdefault(path, []).append(upload)
+        _in_flight.setdefault(path, []).append(entry)
 
     def forget(done):
         with _in_flight_lock:
-            futures = _in_flight.get(path)
-            if futures is not None and done in futures:
-                futures.remove(done)
-                if not futures:
+            entries = _in_flight.get(path)
+            if entries is not None and entry in entries:
+                entries.remove(entry)
+                if not entries:
                     del _in_flight[path]
     upload.add_done_callback(forget)
 
 
 def _wait_in_flight(path) -> None:
     """Waits for this process's async_saves still writing `path`, so a save
-    there comes after them (their lock would refuse it). Not on dcp's own
-    threads, whose uploads are what it would wait for."""
-    if not path or threading.current_thread().name.startswith("dcp-"):
+    there comes after them (their lock would refuse it, or, not begun yet,
+    they would replace it). Raises CheckpointException, waiting for none,
+    where one still waits for its stager's Future: the caller may be the
+    one to complete it. Not on dcp's own threads, whose uploads are what
+    it would wait for."""
+    path = _in_flight_key(path)
+    if path is None or threading.current_thread().name.startswith("dcp-"):
         return
     with _in_flight_lock:
         pending = list(_in_flight.get(path, ()))
-    if pending:
-        concurrent.futures.wait(pending)
+    if not pending:
+        return
+    if any(staging is not None and not staging.done()
+           for _, staging in pending):
+        raise errors.from_status(
+            _lib.FAILED_PRECONDITION,
+            f"an async_save of this process into {path} is still staging "
+            "(its stager's Future is not done), and would replace this save "
+            "once it is: wait for its staging_completion (or "
+            "upload_completion) first")
+    concurrent.futures.wait([upload for upload, _ in pending])
 
 
 def _save(state_dict, *, process_group, no_dist, **kwargs):
-    target = kwargs.get("checkpoint_id") or getattr(
-        kwargs.get("storage_writer"), "path", None)
-    if isinstance(target, str):
-        _wait_in_flight(_absolute(target))
+    target = kwargs.get("checkpoint_id")
+    if target is None:
+        target = getattr(kwargs.get("storage_writer"), "path", None)
+    _wait_in_flight(target)
     # In call order with the other operations on the group (Turn).
     with take_turn(resolve(process_group, no_dist)):
         return _save_in_turn(state_dict, process_group=process_group,

@@ -120,11 +120,16 @@ class BlockingAsyncStager(AsyncStager):
 
     def stage(self, state_dict):
         writing = self._writing
-        if self.cache_staged_state_dict and writing is not None:
+        reuse = self.cache_staged_state_dict
+        if reuse and writing is not None and not writing.done():
+            if threading.current_thread().name.startswith("dcp-"):
+                # On dcp's threads (a done-callback), which may be the one
+                # the upload needs: a fresh copy this time.
+                return _host_copy(state_dict, True)
             from concurrent.futures import wait
             wait([writing])
-            self._writing = None
-        if self.cache_staged_state_dict and self.state_dict_cache is not None \
+        self._writing = None
+        if reuse and self.state_dict_cache is not None \
                 and _copy_into(self.state_dict_cache, state_dict):
             return self.state_dict_cache
         staged = _host_copy(state_dict, self.cache_staged_state_dict)

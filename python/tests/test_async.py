@@ -789,33 +789,63 @@ def test_a_save_waits_for_this_processs_async_saves_to_its_directory(
         tmp_path, monkeypatch):
     """dcp.save into a directory an async_save of this process still
     writes waits for it (its lock would refuse the save) and lands after
-    it: the checkpoint holds the save's values. The async upload is held
-    until the save waits (its stager's Future completes then)."""
+    it, however the directory is spelled: the checkpoint holds the save's
+    values. Held deterministically: the async upload into "ck" queues
+    behind one into "other" whose stager's Future completes only once the
+    save waits (a save does not wait for an upload whose staging the
+    caller has yet to complete, which could never end)."""
+    import pathlib
     from dcp import checkpoint as checkpoint_module
-    path = str(tmp_path / "ck")
+    monkeypatch.chdir(tmp_path)
     staged = concurrent.futures.Future()
 
     class Late:
         def stage(self, state_dict):
             return staged
 
-    first = {"w": torch.full((4,), 1.0)}
-    r = dcp.async_save(first, checkpoint_id=path, async_stager=Late())
+    class Copy:
+        def stage(self, state_dict):
+            return {k: v.clone() for k, v in state_dict.items()}
+
+    held = {"w": torch.full((4,), 9.0)}
+    first = dcp.async_save(held, checkpoint_id="other", async_stager=Late())
+    r = dcp.async_save({"w": torch.full((4,), 1.0)}, checkpoint_id="ck",
+                       async_stager=Copy())
     waited = []
     real_wait = concurrent.futures.wait
 
     def wait(futures, *args, **kwargs):
         waited.append(list(futures))
-        staged.set_result(first)  # the upload may run now
+        staged.set_result(held)  # the uploads may run now
         return real_wait(futures, *args, **kwargs)
     monkeypatch.setattr(checkpoint_module.concurrent.futures, "wait", wait)
-    dcp.save({"w": torch.full((4,), 2.0)}, checkpoint_id=path)
+    dcp.save({"w": torch.full((4,), 2.0)},
+             checkpoint_id=pathlib.Path(str(tmp_path)) / "sub" / ".." / "ck")
     monkeypatch.undo()
     assert waited and r.upload_completion in waited[0]
+    first.upload_completion.result()
     r.upload_completion.result()
     back = {"w": torch.zeros(4)}
-    dcp.load(back, checkpoint_id=path)
+    dcp.load(back, checkpoint_id=str(tmp_path / "ck"))
     assert torch.equal(back["w"], torch.full((4,), 2.0))
+    # Into "other" while its upload still waits for the caller's Future:
+    # refused (waiting could never end), and nothing is replaced.
+    again = concurrent.futures.Future()
+
+    class Later:
+        def stage(self, state_dict):
+            return again
+    late = dcp.async_save({"w": torch.full((4,), 5.0)},
+                          checkpoint_id="other", async_stager=Later())
+    with pytest.raises(dcp.CheckpointException,
+                       match="is still staging .* wait for its "
+                             "staging_completion"):
+        dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id="other/")
+    again.set_result({"w": torch.full((4,), 5.0)})
+    late.upload_completion.result()
+    dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id="other/")
+    dcp.load(back, checkpoint_id="other")
+    assert torch.equal(back["w"], torch.full((4,), 6.0))
 
 
 def test_a_failed_save_read_and_dropped_keeps_nothing_alive(tmp_path):
