@@ -835,16 +835,17 @@ def test_a_save_waits_for_this_processs_async_saves_to_its_directory(
     class Later:
         def stage(self, state_dict):
             return again
+    other = str(tmp_path / "other")
     late = dcp.async_save({"w": torch.full((4,), 5.0)},
-                          checkpoint_id="other", async_stager=Later())
+                          checkpoint_id=other, async_stager=Later())
     with pytest.raises(dcp.CheckpointException,
                        match="is still staging .* wait for its "
                              "staging_completion"):
-        dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id="other/")
+        dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id=other + "/")
     again.set_result({"w": torch.full((4,), 5.0)})
     late.upload_completion.result()
-    dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id="other/")
-    dcp.load(back, checkpoint_id="other")
+    dcp.save({"w": torch.full((4,), 6.0)}, checkpoint_id=other + "/")
+    dcp.load(back, checkpoint_id=other)
     assert torch.equal(back["w"], torch.full((4,), 6.0))
 
 
