@@ -196,13 +196,8 @@ def _refresh_plain(staged, value):
             staged[i] = _refresh_plain(staged[i], v)
         return staged
     if isinstance(value, tuple):
-        items = [_refresh_plain(a, b) for a, b in zip(staged, value)]
-        if hasattr(type(value), "_fields"):  # a namedtuple
-            return type(value)(*items)
-        try:
-            return type(value)(items)
-        except TypeError:
-            return tuple(items)
+        return _tuple_like(value, [_refresh_plain(a, b)
+                                   for a, b in zip(staged, value)])
     torch = _state.torch
     if isinstance(value, np.ndarray) or (
             torch is not None and isinstance(value, torch.Tensor)):
@@ -418,14 +413,19 @@ def _host_copy(value, pin: bool):
         out[:] = [_host_copy(v, pin) for v in value]
         return out
     if isinstance(value, tuple):
-        items = [_host_copy(v, pin) for v in value]
-        if hasattr(type(value), "_fields"):  # a namedtuple
-            return type(value)(*items)
-        try:
-            return type(value)(items)
-        except TypeError:
-            return tuple(items)
+        return _tuple_like(value, [_host_copy(v, pin) for v in value])
     return value
+
+
+def _tuple_like(value: tuple, items: list) -> tuple:
+    """`items` in a tuple of `value`'s type (a namedtuple's fields; a plain
+    tuple where the type cannot be built from a list)."""
+    if hasattr(type(value), "_fields"):  # a namedtuple
+        return type(value)(*items)
+    try:
+        return type(value)(items)
+    except TypeError:
+        return tuple(items)
 
 
 def _cuda_devices(value, out: set) -> set:
