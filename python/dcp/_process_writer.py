@@ -82,8 +82,8 @@ def _round_up(n, a=_ALIGN):
 
 class _Segment:
     """A memfd of `size` bytes mapped here. Raises CheckpointException
-    (RESOURCE_EXHAUSTED for ENOMEM/ENOSPC) when it cannot be made; nothing
-    is left open then."""
+    (CheckpointResourceError, RESOURCE_EXHAUSTED, for ENOMEM/ENOSPC) when
+    it cannot be made; nothing is left open then."""
 
     _ids = iter(range(1, 1 << 62))
     _live: "weakref.WeakSet[_Segment]" = weakref.WeakSet()
@@ -103,7 +103,7 @@ class _Segment:
             code = (_lib.RESOURCE_EXHAUSTED
                     if e.errno in (errno.ENOMEM, errno.ENOSPC)
                     else _lib.UNKNOWN)
-            raise errors.CheckpointException(
+            raise errors.exception_class(code)(
                 f"could not map a {self.size}-byte shared-memory staging "
                 f"segment for a PROCESS async_save: {e}", None, code) from e
         self.populated = False  # every page faulted in for writing

@@ -19,6 +19,10 @@ plain Python errors keeps working:
   DEADLINE_EXCEEDED               CheckpointTimeoutError    (TimeoutError)
   UNIMPLEMENTED                   CheckpointNotImplementedError
                                   (NotImplementedError)
+  RESOURCE_EXHAUSTED              CheckpointResourceError   (OSError)
+                                  the disk is full (ENOSPC, EDQUOT, EFBIG)
+                                  or memory ran out; .errno is set when the
+                                  message names the cause
   DATA_LOSS                       CheckpointCorruptError
   FAILED_PRECONDITION             CheckpointNotADirectoryError
                                   (NotADirectoryError) for a save whose
@@ -63,6 +67,7 @@ CheckpointValueError (a ValueError, as os functions raise) naming it
 from __future__ import annotations
 
 import builtins
+import errno
 import os
 import re
 import sys
@@ -76,6 +81,7 @@ __all__ = [
     "CheckpointPermissionError", "CheckpointTimeoutError",
     "CheckpointNotImplementedError", "CheckpointCorruptError",
     "CheckpointNotADirectoryError", "CheckpointIdMissingError",
+    "CheckpointResourceError",
 ]
 
 _CODE_NAMES = {
@@ -202,6 +208,26 @@ class CheckpointTimeoutError(CheckpointException, TimeoutError):
     """DEADLINE_EXCEEDED: a peer or the store did not answer in time."""
 
 
+# strerror texts of the causes of RESOURCE_EXHAUSTED, as the engine's
+# messages end (absl's ErrnoToStatus appends strerror).
+_RESOURCE_ERRNOS = tuple((os.strerror(e), e) for e in (
+    errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENOMEM))
+
+
+class CheckpointResourceError(CheckpointException, OSError):
+    """RESOURCE_EXHAUSTED: the disk is full (or a quota or file-size limit
+    was reached) or memory ran out; nothing was committed. An OSError, as
+    Python's own writes raise; `.errno` is ENOSPC, EDQUOT, EFBIG or ENOMEM
+    when the message names that cause, else None. `.strerror` is the
+    message."""
+
+    def __init__(self, msg: str, failures=None, code: int = _lib.UNKNOWN):
+        super().__init__(msg, failures, code)
+        self.strerror = msg
+        self.errno = next((e for text, e in _RESOURCE_ERRNOS
+                           if text in (msg or "")), None)
+
+
 class CheckpointNotImplementedError(CheckpointException, NotImplementedError):
     """UNIMPLEMENTED."""
 
@@ -231,6 +257,7 @@ _BY_CODE = {
     _lib.DEADLINE_EXCEEDED: CheckpointTimeoutError,
     _lib.UNIMPLEMENTED: CheckpointNotImplementedError,
     _lib.DATA_LOSS: CheckpointCorruptError,
+    _lib.RESOURCE_EXHAUSTED: CheckpointResourceError,
 }
 
 

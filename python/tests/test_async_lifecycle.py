@@ -361,6 +361,8 @@ def test_staging_segment_that_cannot_be_mapped(tmp_path, monkeypatch):
                                  "staging segment") as e:
             _process_writer._Segment(8192)
         assert e.value.code == _lib.RESOURCE_EXHAUSTED
+        assert isinstance(e.value, dcp.CheckpointResourceError)
+        assert e.value.errno == errno.ENOMEM
     assert _fds() == before
     monkeypatch.setattr(_process_writer, "_pool", _process_writer._Pool())
     resp = dcp.async_save({"w": torch.ones(1000)},

@@ -347,6 +347,26 @@ def test_exception_is_picklable_with_failures():
     assert f.failures[1][0].msg == "rank 1 bad"
 
 
+def test_a_full_disk_is_an_oserror_with_its_errno():
+    """RESOURCE_EXHAUSTED is CheckpointResourceError, an OSError whose
+    errno is the cause the engine's message names (None when it names
+    none); it pickles as itself."""
+    import errno
+    import pickle
+    for cause, number in ((errno.ENOSPC, errno.ENOSPC),
+                          (errno.EDQUOT, errno.EDQUOT), (None, None)):
+        text = "writing /c/__0_0.distcp at offset 0"
+        if cause is not None:
+            text += f": {os.strerror(cause)}"
+        e = dcp.errors.from_status(_lib.RESOURCE_EXHAUSTED, text)
+        assert type(e) is dcp.CheckpointResourceError
+        assert isinstance(e, OSError) and isinstance(e, dcp.CheckpointException)
+        assert e.errno == number and str(e) == text
+        f = pickle.loads(pickle.dumps(e))
+        assert type(f) is dcp.CheckpointResourceError and f.errno == number
+        assert str(f) == text and f.code == _lib.RESOURCE_EXHAUSTED
+
+
 def test_a_plain_destination_for_a_tensor_is_named_by_its_type(ckpt):
     dcp.save({"m": {"w": torch.ones(4)}}, checkpoint_id=ckpt)
     for value, what in ((3, "a value of type int"), (None, "None"),
@@ -708,7 +728,8 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 try:
     dcp.save({"w": torch.ones(1 << 20)}, checkpoint_id=sys.argv[1])
 except dcp.CheckpointException as e:
-    print(type(e).__name__, e.code_name, isinstance(e, ValueError))
+    print(type(e).__name__, e.code_name, isinstance(e, ValueError),
+          isinstance(e, OSError), e.errno)
     print(sorted(os.listdir(sys.argv[1])) if os.path.exists(sys.argv[1])
           else None)
 """
@@ -719,7 +740,9 @@ except dcp.CheckpointException as e:
                          env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.splitlines()[:2]
-    assert first == "CheckpointException RESOURCE_EXHAUSTED False", first
+    import errno
+    assert first == ("CheckpointResourceError RESOURCE_EXHAUSTED False True "
+                     f"{errno.EFBIG}"), first
     assert second in ("None", "[]"), second
 
 
