@@ -678,9 +678,10 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     if checkpoint_id is not None:
         checkpoint_id = _absolute(errors.checked_path(checkpoint_id,
                                                       "checkpoint_id"))
-    elif isinstance(getattr(storage_writer, "path", None), str) and \
-            storage_writer.path:
-        checkpoint_id = _absolute(storage_writer.path)
+    elif isinstance(getattr(storage_writer, "path", None),
+                    (str, os.PathLike)) and os.fspath(storage_writer.path):
+        checkpoint_id = _absolute(errors.checked_path(
+            storage_writer.path, "storage_writer path"))
     kwargs = dict(checkpoint_id=checkpoint_id, storage_writer=storage_writer,
                   planner=planner, process_group=process_group,
                   no_dist=no_dist, use_collectives=use_collectives,

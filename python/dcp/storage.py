@@ -15,6 +15,7 @@ import ctypes
 import enum
 import operator
 import os
+import pathlib
 
 from . import _lib, errors
 from .extensions import ExtensionRegistry, ZStandard, compression_of
@@ -77,11 +78,26 @@ def _path(owner: str, path) -> str:
     return errors.checked_path(path, f"{owner}: path")
 
 
+def _fs_path(owner: str, path) -> pathlib.Path:
+    """A FileSystem class's directory as a pathlib.Path; "" (which Path
+    would make ".", the working directory) raises
+    CheckpointIdMissingError."""
+    text = _path(owner, path)
+    if not text:
+        raise errors.CheckpointIdMissingError(
+            f"{owner}: path is empty; pass the checkpoint's directory")
+    return pathlib.Path(text)
+
+
 class _Storage:
     """What every storage class shares: the directory `path`, which is the
     checkpoint_id, and the seed's reset / validate_checkpoint_id."""
 
-    path: str
+    path: str | pathlib.Path
+
+    # The type `path` holds: a str, or pathlib.Path for the FileSystem
+    # classes (as the seed's FileSystemWriter/Reader hold theirs).
+    _path_type = str
 
     @property
     def checkpoint_id(self):
@@ -91,7 +107,8 @@ class _Storage:
         """The seed's reset: points the storage at `checkpoint_id` when
         given. (Each save draws a fresh save id anyway.)"""
         if checkpoint_id is not None:
-            self.path = errors.checked_path(checkpoint_id, "checkpoint_id")
+            self.path = self._path_type(
+                errors.checked_path(checkpoint_id, "checkpoint_id"))
 
     # The URL scheme of ids this class takes besides paths ("mega://").
     _scheme = None
@@ -136,7 +153,8 @@ def _mapping_arrays(mapping):
 
 
 class FileSystemWriter(_Storage):
-    """Writes a checkpoint into the directory `path`.
+    """Writes a checkpoint into the directory `path` (held as a
+    pathlib.Path, as the seed's writer holds it).
 
     single_file_per_rank: one data file per rank and writer thread (True)
       or one per item (False).
@@ -162,6 +180,8 @@ class FileSystemWriter(_Storage):
       string raises ValueError when the writer is used, another type
       TypeError at once).
     """
+
+    _path_type = pathlib.Path
 
     def __init__(self, path, single_file_per_rank: bool = True,
                  sync_files: bool = True, thread_count: int = 1,
@@ -190,7 +210,7 @@ class FileSystemWriter(_Storage):
                 f"FileSystemWriter: serialization_format must be a "
                 f"SerializationFormat, not {serialization_format!r}")
         owner = "FileSystemWriter"
-        self.path = _path(owner, path)
+        self.path = _fs_path(owner, path)
         self.single_file_per_rank = bool(single_file_per_rank)
         self.sync_files = bool(sync_files)
         self.thread_count = _threads(owner, "thread_count", thread_count)
@@ -243,11 +263,12 @@ class FileSystemWriter(_Storage):
                     serialization_format=self.serialization_format)
 
     def __repr__(self):
-        return f"FileSystemWriter({self.path!r})"
+        return f"FileSystemWriter({str(self.path)!r})"
 
 
 class FileSystemReader(_Storage):
-    """Reads the checkpoint in directory `path`.
+    """Reads the checkpoint in directory `path` (held as a pathlib.Path,
+    as the seed's reader holds it).
 
     _extension_registry: None or a dcp.ExtensionRegistry (loads decode
     the engine's extensions, zstd, either way). thread_count and direct_io (dcp only,
@@ -257,6 +278,8 @@ class FileSystemReader(_Storage):
     engine's default, O_DIRECT).
     """
 
+    _path_type = pathlib.Path
+
     def __init__(self, path, _extension_registry=None, *,
                  thread_count: int = 1, direct_io=None):
         if _extension_registry is not None and not isinstance(
@@ -265,7 +288,7 @@ class FileSystemReader(_Storage):
                 f"FileSystemReader: _extension_registry must be a "
                 f"dcp.ExtensionRegistry or None, not "
                 f"{type(_extension_registry).__name__}")
-        self.path = _path("FileSystemReader", path)
+        self.path = _fs_path("FileSystemReader", path)
         self.thread_count = _threads("FileSystemReader", "thread_count",
                                      thread_count)
         self.direct_io = direct_io
@@ -287,7 +310,7 @@ class FileSystemReader(_Storage):
         return handle
 
     def __repr__(self):
-        return f"FileSystemReader({self.path!r})"
+        return f"FileSystemReader({str(self.path)!r})"
 
 
 class HuggingFaceStorageWriter(_Storage):

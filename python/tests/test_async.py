@@ -730,13 +730,15 @@ def test_a_dead_writer_leaves_a_failed_staging_notice_alone(tmp_path):
     assert failed.upload.exception() is why
 
 
+@pytest.mark.parametrize("via", ["checkpoint_id", "storage_writer"])
 @pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
 def test_a_relative_checkpoint_id_is_the_directory_meant_at_the_call(
-        tmp_path, monkeypatch, kind):
+        tmp_path, monkeypatch, kind, via):
     """The working directory changing before the upload runs (THREAD: a
     stager whose staging ends after os.chdir; PROCESS: a writer process
     started in another directory) does not move the save: it lands where
-    the relative id pointed at the call, and result() describes it."""
+    the relative id (or a FileSystemWriter's relative path, a
+    pathlib.Path) pointed at the call, and result() describes it."""
     kind = getattr(dcp.AsyncCheckpointerType, kind)
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
@@ -752,8 +754,10 @@ def test_a_relative_checkpoint_id_is_the_directory_meant_at_the_call(
             return staged
 
     second = {"w": torch.full((4,), 2.0), "run": "two"}
-    r = dcp.async_save(second, checkpoint_id="ck",
-                       async_checkpointer_type=kind, async_stager=Late())
+    where = (dict(checkpoint_id="ck") if via == "checkpoint_id" else
+             dict(storage_writer=dcp.FileSystemWriter("ck")))
+    r = dcp.async_save(second, async_checkpointer_type=kind,
+                       async_stager=Late(), **where)
     monkeypatch.chdir(one)
     staged.set_result(second)
     assert "run" in r.upload_completion.result().state_dict_metadata

@@ -584,7 +584,7 @@ def test_wrong_argument_types_name_the_argument(tmp_path, ckpt):
     back = {"w": torch.zeros(3)}
     dcp.load(back, checkpoint_id=os.fsencode(ckpt))
     assert torch.equal(back["w"], sd["w"])
-    assert dcp.FileSystemWriter(os.fsencode(ckpt)).path == ckpt
+    assert os.fspath(dcp.FileSystemWriter(os.fsencode(ckpt)).path) == ckpt
     assert list(dcp.read_metadata(os.fsencode(ckpt)).state_dict_metadata) \
         == ["w"]
     # Bytes that are not UTF-8: refused before anything is written.

@@ -5,6 +5,7 @@ failures of a local error, torch DCP directories and MEGA metadata."""
 
 import copy
 import os
+import pathlib
 import pickle
 import traceback
 
@@ -83,7 +84,18 @@ def test_checkpoint_id_resets_the_storage_object(tmp_path, writer_cls,
     writer = writer_cls(first)
     dcp.save({"w": torch.arange(3.0)}, checkpoint_id=second,
              storage_writer=writer)
-    assert writer.path == second and writer.checkpoint_id == second
+    assert os.fspath(writer.path) == second
+    assert os.fspath(writer.checkpoint_id) == second
+    # The FileSystem classes hold a pathlib.Path, as the seed's do (code
+    # writes `writer.path / "extra.json"`); MEGA's a str (a URL).
+    path_type = pathlib.Path if writer_cls is dcp.FileSystemWriter else str
+    assert isinstance(writer.path, path_type)
+    assert isinstance(writer_cls(first).path, path_type)
+    if path_type is pathlib.Path:  # Path("") would be the working directory
+        for cls in (writer_cls, reader_cls):
+            with pytest.raises(dcp.errors.CheckpointIdMissingError,
+                               match="path is empty"):
+                cls("")
     assert not os.path.exists(first)
     # The writer now saves there without a checkpoint_id.
     dcp.save({"w": torch.full((3,), 7.0)}, storage_writer=writer)
@@ -91,7 +103,9 @@ def test_checkpoint_id_resets_the_storage_object(tmp_path, writer_cls,
     reader = reader_cls(first)
     dst = {"w": torch.zeros(3)}
     dcp.load(dst, checkpoint_id=second, storage_reader=reader)
-    assert reader.path == second
+    assert os.fspath(reader.path) == second
+    assert isinstance(reader.path, path_type)
+    assert isinstance(reader_cls(first).path, path_type)
     assert torch.equal(dst["w"], torch.full((3,), 7.0))
 
 
@@ -100,7 +114,7 @@ def test_checkpoint_id_resets_the_writer_of_async_save(tmp_path):
     writer = dcp.FileSystemWriter(first)
     dcp.async_save({"w": torch.ones(2)}, checkpoint_id=second,
                    storage_writer=writer).upload_completion.result(60)
-    assert writer.path == second
+    assert writer.path == pathlib.Path(second)
     assert os.path.exists(os.path.join(second, ".metadata"))
     assert not os.path.exists(first)
 
