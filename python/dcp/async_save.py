@@ -56,7 +56,7 @@ from typing import Any
 from . import _lib, _state, errors
 from ._planner_hooks import set_up_save
 from .checkpoint import (_absolute, _stateful_to_state_dict, prepare_save,
-                         register_in_flight, save)
+                         _wait_in_flight, register_in_flight, save)
 from .metadata import Metadata
 from .process_group import free_parked_groups, resolve, take_turn
 
@@ -692,6 +692,13 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
         # The engine's stager: THREAD stages through it; PROCESS stages
         # into the writer process's shared memory instead.
         engine_stager, async_stager = async_stager, None
+    # Each lane uploads in call order; an upload of another lane into the
+    # same directory is waited for here, or it could commit after this one
+    # (replacing the newer checkpoint) or hold the lock this one needs.
+    lane = ("stager" if async_stager is not None else "process"
+            if async_checkpointer_type is AsyncCheckpointerType.PROCESS
+            else "engine")
+    _wait_in_flight(checkpoint_id, lane)
     if async_stager is not None:  # a stager of the caller's
         if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
             from . import _process_writer
@@ -703,7 +710,7 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
         returned = _stager_async_save(state_dict, async_stager, upload,
                                       resolve(process_group, no_dist))
         register_in_flight(checkpoint_id, returned.upload_completion,
-                           returned.staging_completion)
+                           returned.staging_completion, lane)
         return returned
     # The seed stages in the call unless a stager stages asynchronously.
     in_call = engine_stager is None or \
@@ -716,7 +723,8 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
     else:
         response = _engine_async_save(state_dict, stager=engine_stager,
                                       **kwargs)
-    register_in_flight(checkpoint_id, response.upload_completion)
+    register_in_flight(checkpoint_id, response.upload_completion,
+                       lane=lane)
     return _staged_in_call(response) if in_call else response
 
 

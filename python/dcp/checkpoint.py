@@ -200,15 +200,17 @@ def _forget_in_flight_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_in_flight_after_fork)
 
 
-def register_in_flight(path, upload, staging=None) -> None:
+def register_in_flight(path, upload, staging=None, lane=None) -> None:
     """Notes that the future `upload` writes the checkpoint at `path`, until
     it is done (then forgotten: a done future holds its save's state).
     `staging`: the save's staging Future where a stager of the caller's
-    completes it (then _wait_in_flight cannot wait while it is pending)."""
+    completes it (then _wait_in_flight cannot wait while it is pending).
+    `lane`: the queue that runs the upload in call order with the others
+    of its lane ("engine", "process", "stager")."""
     path = _in_flight_key(path)
     if path is None:
         return
-    entry = (upload, staging)
+    entry = (upload, staging, lane)
     with _in_flight_lock:
         _in_flight.setdefault(path, []).append(entry)
 
@@ -222,18 +224,20 @@ def register_in_flight(path, upload, staging=None) -> None:
     upload.add_done_callback(forget)
 
 
-def _wait_in_flight(path) -> None:
+def _wait_in_flight(path, lane=None) -> None:
     """Waits for this process's async_saves still writing `path`, so a save
     there comes after them (their lock would refuse it, or, not begun yet,
-    they would replace it). Raises CheckpointException, waiting for none,
-    where one still waits for its stager's Future: the caller may be the
-    one to complete it. Not on dcp's own threads, whose uploads are what
-    it would wait for."""
+    they would replace it). `lane`: those of that lane are not waited for
+    (its queue runs them before the caller's own upload); None: all.
+    Raises CheckpointException, waiting for none, where one still waits
+    for its stager's Future: the caller may be the one to complete it. Not
+    on dcp's own threads, whose uploads are what it would wait for."""
     path = _in_flight_key(path)
     if path is None or threading.current_thread().name.startswith("dcp-"):
         return
     with _in_flight_lock:
-        pending = list(_in_flight.get(path, ()))
+        pending = [(upload, staging) for upload, staging, of in
+                   _in_flight.get(path, ()) if lane is None or of != lane]
     if not pending:
         return
     if any(staging is not None and not staging.done()

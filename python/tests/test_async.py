@@ -877,3 +877,67 @@ def test_a_failed_save_read_and_dropped_keeps_nothing_alive(tmp_path):
         del f
     gc.collect()
     assert [ref() is None for ref in kept] == [True, True]
+
+
+@pytest.mark.parametrize("second_kind", ["THREAD", "PROCESS"])
+def test_async_saves_of_different_lanes_into_one_directory_keep_call_order(
+        tmp_path, monkeypatch, second_kind):
+    """An async_save into a directory that an earlier async_save of this
+    process still writes through another queue (here a stager of the
+    caller's, whose upload is held open) waits for it: the later call's
+    checkpoint is the one left, and neither fails on the other's lock
+    (before, the later one could commit first and be replaced, or be
+    refused)."""
+    async_module = importlib.import_module("dcp.async_save")
+    ckpt = str(tmp_path / "ck")
+    release = threading.Event()
+    blocked = threading.Event()  # the second call waits, or has finished
+
+    class Gate:
+        def state_dict(self):  # runs in the first save's upload
+            release.wait(WAIT)
+            return {"v": torch.ones(1)}
+
+        def load_state_dict(self, sd):
+            pass
+
+    class Stager:
+        def stage(self, state_dict):
+            done = concurrent.futures.Future()
+            done.set_result({"w": state_dict["w"].clone(), "g": Gate()})
+            return done
+
+    real_wait = getattr(async_module, "_wait_in_flight", None)
+
+    def noting_wait(*args, **kwargs):  # the second call, before its wait
+        blocked.set()
+        return real_wait(*args, **kwargs)
+    monkeypatch.setattr(async_module, "_wait_in_flight", noting_wait,
+                        raising=False)
+    first = dcp.async_save({"w": torch.full((64,), 1.0)}, checkpoint_id=ckpt,
+                           async_stager=Stager())
+    blocked.clear()  # (the first call passed there too)
+    outcome = {}
+
+    def second():
+        try:
+            outcome["r"] = dcp.async_save(
+                {"w": torch.full((64,), 2.0), "g": {"v": torch.zeros(1)}},
+                checkpoint_id=ckpt,
+                async_checkpointer_type=getattr(dcp.AsyncCheckpointerType,
+                                                second_kind)).result(WAIT)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            outcome["e"] = e
+        finally:
+            blocked.set()
+    t = threading.Thread(target=second)
+    t.start()
+    assert blocked.wait(WAIT)
+    release.set()
+    first.upload_completion.result(WAIT)
+    t.join(WAIT)
+    assert "e" not in outcome, outcome.get("e")
+    back = {"w": torch.zeros(64), "g": {"v": torch.ones(1)}}
+    dcp.load(back, checkpoint_id=ckpt)
+    assert torch.equal(back["w"], torch.full((64,), 2.0))
+    assert torch.equal(back["g"]["v"], torch.zeros(1))
