@@ -426,7 +426,9 @@ int dcp_populate_host(void* data, size_t bytes) {
     const uintptr_t lo = (start + page - 1) / page * page;
     const uintptr_t hi = (start + bytes) / page * page;
     if (hi > lo) {
-      dcp::PopulateHostMemory(reinterpret_cast<std::byte*>(lo), hi - lo);
+      return dcp::Annotate(
+          dcp::PopulateHostMemory(reinterpret_cast<std::byte*>(lo), hi - lo),
+          "dcp_populate_host");
     }
     return absl::OkStatus();
   });

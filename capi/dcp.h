@@ -798,8 +798,11 @@ DCP_API int dcp_copy_host(const dcp_host_copy_t* copies, size_t count,
  * copy into fresh memory (a new shared-memory segment) otherwise faults
  * each page in on the copying thread. The contents are unchanged; on a
  * kernel before Linux 5.14 each page is read and written back, so nothing
- * else may write the range meanwhile. Blocks until done; thread-safe.
- * DCP_INVALID_ARGUMENT for data == NULL with bytes > 0. */
+ * else may write the range meanwhile (and the range must be mapped
+ * writable). Blocks until done; thread-safe. DCP_INVALID_ARGUMENT for
+ * data == NULL with bytes > 0, or for pages the kernel refuses to fault in
+ * for writing (read-only memory); DCP_RESOURCE_EXHAUSTED for pages not
+ * mapped or memory not to be had; the message names the range. */
 DCP_API int dcp_populate_host(void* data, size_t bytes);
 
 /* dcp_copy_host as a copy-on-write snapshot: returns as soon as the sources

@@ -38,18 +38,44 @@ SpareBuffers& Spares() {
   return *spares;
 }
 
-// Faults every page of [data, data + size) in for writing: one
-// MADV_POPULATE_WRITE (Linux 5.14), or a write to each page where the
-// kernel lacks it. The memory's contents are unchanged.
-void PopulateSlice(std::byte* data, size_t size) {
 #ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;
+constexpr int MADV_POPULATE_WRITE = 23;
 #endif
-  if (madvise(data, size, MADV_POPULATE_WRITE) == 0) return;
-  for (size_t at = 0; at < size; at += kPage) {
-    volatile std::byte* p = data + at;
-    *p = *p;
+
+// Whether the kernel has MADV_POPULATE_WRITE (Linux 5.14): tried once on a
+// page of its own, so that a failure on the caller's range is the range's.
+bool KernelPopulatesForWriting() {
+  static const bool has = [] {
+    void* page = mmap(nullptr, kPage, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return false;
+    const bool ok = madvise(page, kPage, MADV_POPULATE_WRITE) == 0;
+    munmap(page, kPage);
+    return ok;
+  }();
+  return has;
+}
+
+// Faults every page of [data, data + size) in for writing: one
+// MADV_POPULATE_WRITE, or a write to each page where the kernel lacks it.
+// The memory's contents are unchanged. A range the kernel refuses (not
+// mapped, not writable, memory that cannot be had) is an error naming it,
+// never a fault.
+absl::Status PopulateSlice(std::byte* data, size_t size) {
+  if (!KernelPopulatesForWriting()) {
+    for (size_t at = 0; at < size; at += kPage) {
+      volatile std::byte* p = data + at;
+      *p = *p;
+    }
+    return absl::OkStatus();
   }
+  if (madvise(data, size, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
+  const int err = errno;
+  return ErrnoError(err,
+                    absl::StrFormat("faulting in %d bytes at %p for writing "
+                                    "(MADV_POPULATE_WRITE; memory that is not "
+                                    "mapped, not writable or not to be had)",
+                                    size, static_cast<void*>(data)));
 }
 
 }  // namespace
@@ -58,25 +84,29 @@ void PopulateSlice(std::byte* data, size_t size) {
 // to 8 threads: faulting memory in is per-page kernel work that scales with
 // cores (bench/host_buffer_bench, 2 GiB of memfd on 2 cores: 0.55 s vs
 // 0.74 s on one thread).
-void PopulateHostMemory(std::byte* data, size_t size) {
+absl::Status PopulateHostMemory(std::byte* data, size_t size) {
   constexpr size_t kSlice = size_t{128} << 20;
   const size_t threads = std::min<size_t>(
       {size / kSlice,
        static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())),
        8});
-  if (threads <= 1) {
-    PopulateSlice(data, size);
-    return;
-  }
+  if (threads <= 1) return PopulateSlice(data, size);
   const size_t per = size / threads / kPage * kPage;
+  std::vector<absl::Status> results(threads);
   std::vector<std::thread> helpers;
   for (size_t i = 1; i < threads; ++i) {
     const size_t begin = i * per;
     const size_t end = i + 1 == threads ? size : begin + per;
-    helpers.emplace_back(PopulateSlice, data + begin, end - begin);
+    helpers.emplace_back([&results, i, data, begin, end] {
+      results[i] = PopulateSlice(data + begin, end - begin);
+    });
   }
-  PopulateSlice(data, per);
+  results[0] = PopulateSlice(data, per);
   for (std::thread& t : helpers) t.join();
+  for (absl::Status& result : results) {
+    if (!result.ok()) return result;
+  }
+  return absl::OkStatus();
 }
 
 void ReleaseSpareHostBuffers() {
@@ -150,7 +180,9 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(
   }
   buffer->data_ = static_cast<std::byte*>(p);
   if (options.populate) {
-    PopulateHostMemory(buffer->data_, buffer->size_);
+    DCP_RETURN_IF_ERROR(
+        Annotate(PopulateHostMemory(buffer->data_, buffer->size_),
+                 absl::StrFormat("staging memory of %d bytes", buffer->size_)));
   }
   if (options.pinned) {
     DCP_RETURN_IF_ERROR(Annotate(

@@ -61,8 +61,12 @@ struct HostBufferOptions {
 // threads (slices of at least 128 MiB), as HostBuffer::Create does: what
 // the first write into fresh memory would otherwise pay page by page, on
 // one thread. The contents are unchanged. For memory mapped elsewhere (a
-// binding's shared-memory segment).
-void PopulateHostMemory(std::byte* data, size_t size);
+// binding's shared-memory segment). A range the kernel will not fault in
+// for writing (not mapped, read-only, memory not to be had) is an error
+// naming it (absl's code for the errno: kResourceExhausted for ENOMEM),
+// never a fault; on a kernel before Linux 5.14 (no MADV_POPULATE_WRITE)
+// each page is read and written back instead, which such a range faults.
+absl::Status PopulateHostMemory(std::byte* data, size_t size);
 
 // Unmaps the spare buffers kept by HostBufferOptions::recycle.
 void ReleaseSpareHostBuffers();
