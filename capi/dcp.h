@@ -47,7 +47,11 @@
  * kDLFloat8_e8m0fnu = 14; lanes 1, 8 bits) and packed float4
  * (kDLFloat4_e2m1fn = 17, 4 bits, lanes 2: torch.float4_e2m1fn_x2, one
  * element per byte). Any other dtype or device is DCP_INVALID_ARGUMENT
- * naming the tensor's path.
+ * naming the tensor's path. bool is DLPack's kDLBool = 6 (lanes 1, 8
+ * bits); a DLPack header before 0.8 (Debian 12's libdlpack-dev is 0.6)
+ * lacks that name and the versioned struct, so a caller built against it
+ * writes 6 for the code and passes only DLTensor / DLManagedTensor; use a
+ * DLPack >= 1.0 header for dcp_state_dict_set_dlpack_versioned.
  */
 #ifndef DCP_DCP_H_
 #define DCP_DCP_H_

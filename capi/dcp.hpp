@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,11 +50,23 @@ class Path {
   struct Elem {
     Elem(const char* key) : key(key) {}
     Elem(std::string key) : key(std::move(key)) {}
-    Elem(int64_t index) : is_index(true), index(index) {}
-    Elem(int index) : is_index(true), index(index) {}
+    // A list index of any integer type (int, size_t, ...); one beyond
+    // int64_t's range becomes -1, which the library refuses.
+    template <typename I, typename = std::enable_if_t<std::is_integral_v<I> &&
+                                                      !std::is_same_v<I, bool>>>
+    Elem(I index) : is_index(true), index(ToIndex(index)) {}
     std::string key;
     bool is_index = false;
     int64_t index = 0;
+
+   private:
+    template <typename I>
+    static int64_t ToIndex(I index) {
+      if constexpr (std::is_unsigned_v<I>) {
+        if (index > static_cast<uint64_t>(INT64_MAX)) return -1;
+      }
+      return static_cast<int64_t>(index);
+    }
   };
   Path(std::initializer_list<Elem> elems) : elems_(elems) { Build(); }
   Path(const Path& other) : elems_(other.elems_) { Build(); }
@@ -61,6 +74,16 @@ class Path {
 
   // Valid while this Path lives.
   dcp_path_t c_path() const { return {c_elems_.data(), c_elems_.size()}; }
+
+  // The path as messages name it: elements joined by '.' ("model.layers.0").
+  std::string str() const {
+    std::string out;
+    for (const Elem& e : elems_) {
+      if (!out.empty()) out += '.';
+      out += e.is_index ? std::to_string(e.index) : e.key;
+    }
+    return out;
+  }
 
  private:
   void Build() {
@@ -144,16 +167,48 @@ class StateDict {
     Check(dcp_state_dict_get(sd_, path.c_path(), &info));
     return info;
   }
-  int64_t GetInt(const Path& path) const { return Get(path).int_value; }
-  double GetFloat(const Path& path) const { return Get(path).float_value; }
+  // The value of an int, float, str or bytes leaf (a bool leaf is an int
+  // here, 0 or 1); a leaf of another kind throws Error
+  // (DCP_INVALID_ARGUMENT) saying which kind it is.
+  int64_t GetInt(const Path& path) const {
+    dcp_leaf_info_t info = Get(path);
+    if (info.kind != DCP_VALUE_BOOL) {
+      ExpectKind(path, info, DCP_VALUE_INT, "an int");
+    }
+    return info.int_value;
+  }
+  double GetFloat(const Path& path) const {
+    dcp_leaf_info_t info = Get(path);
+    ExpectKind(path, info, DCP_VALUE_FLOAT, "a float");
+    return info.float_value;
+  }
   std::string GetString(const Path& path) const {
     dcp_leaf_info_t info = Get(path);
+    ExpectKind(path, info, DCP_VALUE_STRING, "a string");
+    return std::string(info.data, info.size);
+  }
+  std::string GetBytes(const Path& path) const {
+    dcp_leaf_info_t info = Get(path);
+    ExpectKind(path, info, DCP_VALUE_BYTES, "bytes");
     return std::string(info.data, info.size);
   }
 
   dcp_state_dict_t* get() const { return sd_; }
 
  private:
+  static void ExpectKind(const Path& path, const dcp_leaf_info_t& info,
+                         int kind, const char* wanted) {
+    static const char* const kNames[] = {
+        "None",    "a tensor", "a sharded tensor", "an int",
+        "a float", "a bool",   "a string",         "bytes"};
+    if (info.kind == kind) return;
+    const bool known = info.kind >= 0 && info.kind < 8;
+    throw Error(DCP_INVALID_ARGUMENT,
+                "\"" + path.str() + "\" is " +
+                    (known ? kNames[info.kind] : "of an unknown kind") +
+                    ", not " + wanted);
+  }
+
   dcp_state_dict_t* sd_ = nullptr;
 };
 

@@ -75,6 +75,28 @@ int Run(const std::string& dir) {
     std::fprintf(stderr, "restored state differs from step 6\n");
     return 1;
   }
+  // List indices of any integer type; a getter of the wrong kind throws,
+  // naming the path and both kinds.
+  const size_t layer = 1;
+  sd.SetString({"layers", size_t{0}}, "embed");
+  sd.SetInt({"layers", layer}, 7);
+  if (sd.GetString({"layers", 0u}) != "embed" ||
+      sd.GetInt({"layers", layer}) != 7) {
+    std::fprintf(stderr, "list leaves by size_t index differ\n");
+    return 1;
+  }
+  try {
+    sd.GetString({"step"});
+    std::fprintf(stderr, "GetString of an int leaf succeeded\n");
+    return 1;
+  } catch (const dcp::api::Error& e) {
+    if (e.code() != DCP_INVALID_ARGUMENT ||
+        std::string(e.what()).find("\"step\" is an int, not a string") ==
+            std::string::npos) {
+      std::fprintf(stderr, "GetString of an int leaf: %s\n", e.what());
+      return 1;
+    }
+  }
   // Errors are exceptions carrying the code and the engine's message.
   try {
     dcp::api::LoadOptions missing;
