@@ -183,6 +183,9 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::Status SynchronizeStream(DeviceStream* stream) override {
     DCP_RETURN_IF_ERROR(CheckStream(stream, "SynchronizeStream"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(stream)->device, "SynchronizeStream"));
     DCP_CUDA_CHECK(cudaStreamSynchronize(AsRecord(stream)->stream),
                    "cudaStreamSynchronize");
     return absl::OkStatus();
@@ -257,6 +260,8 @@ class CudaRuntime final : public DeviceRuntime {
   absl::Status DestroyEvent(DeviceEvent* event) override {
     if (event == nullptr) return absl::OkStatus();
     std::unique_ptr<CudaEventRecord> record(AsRecord(event));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterDevice(scope, record->device, "DestroyEvent"));
     DCP_CUDA_CHECK(cudaEventDestroy(record->event), "cudaEventDestroy");
     return absl::OkStatus();
   }
@@ -275,6 +280,9 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::StatusOr<bool> QueryEvent(DeviceEvent* event) override {
     DCP_RETURN_IF_ERROR(CheckEvent(event, "QueryEvent"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(event)->device, "QueryEvent"));
     const cudaError_t err = cudaEventQuery(AsRecord(event)->event);
     if (err == cudaSuccess) return true;
     if (err == cudaErrorNotReady) return false;
@@ -283,6 +291,9 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::Status SynchronizeEvent(DeviceEvent* event) override {
     DCP_RETURN_IF_ERROR(CheckEvent(event, "SynchronizeEvent"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(event)->device, "SynchronizeEvent"));
     DCP_CUDA_CHECK(cudaEventSynchronize(AsRecord(event)->event),
                    "cudaEventSynchronize");
     return absl::OkStatus();
@@ -292,6 +303,9 @@ class CudaRuntime final : public DeviceRuntime {
                                        DeviceEvent* end) override {
     DCP_RETURN_IF_ERROR(CheckEvent(start, "ElapsedMillis"));
     DCP_RETURN_IF_ERROR(CheckEvent(end, "ElapsedMillis"));
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(
+        EnterDevice(scope, AsRecord(start)->device, "ElapsedMillis"));
     float ms = 0;
     const cudaError_t err =
         cudaEventElapsedTime(&ms, AsRecord(start)->event, AsRecord(end)->event);
@@ -363,6 +377,8 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::Status FreePinned(void* ptr) override {
     if (ptr == nullptr) return absl::OkStatus();
+    ScopedDevice scope;
+    DCP_RETURN_IF_ERROR(EnterContextDevice(scope, "FreePinned"));
     DCP_CUDA_CHECK(cudaFreeHost(ptr), absl::StrFormat("cudaFreeHost %p", ptr));
     return absl::OkStatus();
   }
@@ -397,6 +413,18 @@ class CudaRuntime final : public DeviceRuntime {
 
   absl::Status FreeDevice(void* ptr) override {
     if (ptr == nullptr) return absl::OkStatus();
+    // On the device that holds `ptr`, found from a device that has a
+    // context: neither call creates one on the thread's device 0.
+    ScopedDevice context_scope;
+    DCP_RETURN_IF_ERROR(EnterContextDevice(context_scope, "FreeDevice"));
+    ScopedDevice scope;
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+      cudaGetLastError();  // Not sticky: cudaFree reports a bad pointer.
+    } else if (attributes.type == cudaMemoryTypeDevice &&
+               attributes.device >= 0) {
+      DCP_RETURN_IF_ERROR(EnterDevice(scope, attributes.device, "FreeDevice"));
+    }
     DCP_CUDA_CHECK(cudaFree(ptr), absl::StrFormat("cudaFree %p", ptr));
     return absl::OkStatus();
   }

@@ -1,11 +1,13 @@
 // Real-GPU checks of the CUDA DeviceRuntime. Tagged "gpu"; every test skips
 // when CudaDeviceCount() == 0, so the suite passes on machines without one.
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "cuda/device_runtime.h"
 #include "cuda/fp8_dequant.h"
+#include "cuda/internal/scoped_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,6 +25,44 @@ class CudaRuntimeGpuTest : public ::testing::Test {
   }
   std::unique_ptr<DeviceRuntime> runtime_;
 };
+
+// First in the file: no earlier test of this process has made a context on
+// device 0. dcp's own threads (the upload completion thread, the stager's
+// landing waiter) report device 0 as current without a context; waiting
+// for, querying and freeing a device-1 stream, event, allocation or pinned
+// buffer there creates none on device 0 (each would be ~0.5 GiB of device
+// 0's memory in every rank of a job).
+TEST_F(CudaRuntimeGpuTest, ThreadsOfDcpsCreateNoContextOnDeviceZero) {
+  if (runtime_->DeviceCount() < 2) GTEST_SKIP() << "needs two devices";
+  if (cuda_internal::HasActiveContext(0)) {
+    GTEST_SKIP() << "device 0 has a context already";
+  }
+  ASSERT_TRUE(runtime_->SetCurrentDevice(1).ok());
+  absl::StatusOr<DeviceStream*> stream = runtime_->CreateStream(1);
+  absl::StatusOr<DeviceEvent*> event = runtime_->CreateEvent(1, false);
+  absl::StatusOr<void*> dev = runtime_->AllocateDevice(1, 1 << 20);
+  absl::StatusOr<void*> pinned = runtime_->AllocatePinned(1 << 20);
+  ASSERT_TRUE(stream.ok() && event.ok() && dev.ok() && pinned.ok());
+  ASSERT_TRUE(
+      runtime_
+          ->CopyAsync(*dev, *pinned, 1 << 20, CopyKind::kHostToDevice, *stream)
+          .ok());
+  ASSERT_TRUE(runtime_->RecordEvent(*event, *stream).ok());
+  std::vector<absl::Status> results;
+  std::thread dcp_thread([&] {
+    absl::StatusOr<bool> done = runtime_->QueryEvent(*event);
+    results.push_back(done.status());
+    results.push_back(runtime_->SynchronizeEvent(*event));
+    results.push_back(runtime_->SynchronizeStream(*stream));
+    results.push_back(runtime_->FreeDevice(*dev));
+    results.push_back(runtime_->FreePinned(*pinned));
+    results.push_back(runtime_->DestroyEvent(*event));
+    results.push_back(runtime_->DestroyStream(*stream));
+  });
+  dcp_thread.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(cuda_internal::HasActiveContext(0));
+}
 
 TEST_F(CudaRuntimeGpuTest, PropertiesOfDeviceZero) {
   absl::StatusOr<DeviceProperties> props = runtime_->GetDeviceProperties(0);

@@ -84,6 +84,12 @@ void StagingPipeline::Produce(absl::Span<const PipelineItem> items) {
                                   CopyKind::kDeviceToHost, *stream);
           if (copied.ok()) {
             copied = runtime_->RecordEvent(piece.event.get(), *stream);
+            if (!copied.ok()) {
+              // The copy is enqueued without an event to wait for: the
+              // chunk goes back to the pool only once the stream has run
+              // it (its error, if any, is the one reported).
+              runtime_->SynchronizeStream(*stream).IgnoreError();
+            }
           }
           if (!copied.ok()) {
             error = Annotate(
