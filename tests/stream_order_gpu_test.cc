@@ -4,12 +4,18 @@
 // (the FileSystemWriter's pool) and AsyncSave (the seed's DefaultStager,
 // non-blocking copies) are called right after, with that stream; their
 // checkpoints must hold exactly the final bytes. A save that ignored the
-// stream would copy while the memsets run. Skips without a GPU.
+// stream would copy while the memsets run. The step starts with a host
+// function that holds the stream for half a second, longer than a save
+// takes to plan and reach its first copy, so the hazard is real on a fast
+// GPU (it does not pace the test: a save that honours the stream is
+// correct whatever the timing). Skips without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -52,6 +58,13 @@ class StreamOrderGpuTest : public ::testing::Test {
   void EnqueueStep() {
     ASSERT_EQ(cudaMemset(device_, 0, kBytes), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  stream_,
+                  [](void*) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+                  },
+                  nullptr),
+              cudaSuccess);
     for (int i = 0; i < kMemsets; ++i) {
       ASSERT_EQ(cudaMemsetAsync(device_, 0x40 + (i & 0x3f), kBytes, stream_),
                 cudaSuccess);

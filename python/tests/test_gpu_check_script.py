@@ -27,7 +27,8 @@ def test_every_check_passes_on_the_cpu(tmp_path):
     failed = [row for row in rows if not row["ok"]]
     assert proc.returncode == 0 and not failed, (proc.stdout, proc.stderr)
     for name in ("setup", "roundtrip", "convert", "async_thread",
-                 "async_process", "state_dict"):
+                 "async_process", "async_stager_thread",
+                 "async_stager_process", "state_dict"):
         assert name in checks, proc.stdout
     assert checks["convert"]["pairs"] == 12
     assert checks["roundtrip"]["tensors"] == 15

@@ -97,6 +97,7 @@ glibc_needed="$(objdump -T "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null |
 {
   echo "{"
   echo "  \"commit\": \"$(git rev-parse HEAD)\","
+  echo "  \"source_digest\": \"$(tests/gpu/source_digest.sh)\","
   echo "  \"dirty\": $([[ -n "$(git status --porcelain --untracked-files=no)" ]] && echo true || echo false),"
   echo "  \"built\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
   echo "  \"build_host\": \"$(. /etc/os-release && echo "$PRETTY_NAME")\","

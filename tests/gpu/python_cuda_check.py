@@ -228,6 +228,52 @@ def check_async(torch, dcp, device, base, kind_name):
                 return_seconds=returned, staged_seconds=staged)
 
 
+def check_async_stager(torch, dcp, device, base, kind_name):
+    """async_save through a kept dcp.DefaultStager (the seed's defaults:
+    pinned staging memory, non-blocking copies waited for by the stager's
+    background thread), called right after a chain of kernels on the
+    caller's side stream: each checkpoint holds the chain's final values,
+    not what the tensor held while the chain ran, nor what the loop wrote
+    after staging completed; twice, the second reusing the stager's
+    memory."""
+    kind = getattr(dcp.AsyncCheckpointerType, kind_name)
+    n = 64 << 20  # 256 MiB of fp32
+    x = torch.zeros(n, device=device)
+    stager = dcp.DefaultStager()
+    side = torch.cuda.Stream() if device.startswith("cuda") else None
+    results = []
+    for round_ in range(2):
+        if side is not None:
+            torch.cuda.synchronize()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(1 << 30)  # about half a second first
+                for _ in range(50):
+                    x.add_(1.0)
+                path = os.path.join(base, f"stager_{kind_name}_{round_}")
+                resp = dcp.async_save({"x": x}, checkpoint_id=path,
+                                      async_checkpointer_type=kind,
+                                      async_stager=stager)
+        else:
+            x.add_(50.0)
+            path = os.path.join(base, f"stager_{kind_name}_{round_}")
+            resp = dcp.async_save({"x": x}, checkpoint_id=path,
+                                  async_checkpointer_type=kind,
+                                  async_stager=stager)
+        resp.staging_completion.result()
+        want = float(50 * (round_ + 1))
+        x.fill_(-1.0)  # allowed once staged: must not reach the checkpoint
+        resp.upload_completion.result()
+        got = torch.empty(n, device="cpu")
+        dcp.load({"x": got}, checkpoint_id=path)
+        results.append(torch.unique(got).tolist()[:8])
+        x.fill_(want)
+        if side is not None:
+            torch.cuda.synchronize()
+    stager.close()
+    return emit(check=f"async_stager_{kind_name.lower()}",
+                ok=results == [[50.0], [100.0]], distinct_values=results)
+
+
 def check_copy_on_write_pinned(torch, dcp, device, base):
     """A copy-on-write stager copies pinned CPU tensors (a device's DMA
     into them would bypass the write protection) and snapshots pageable
@@ -317,6 +363,11 @@ def main():
                 ok &= check_async(torch, dcp, device, base, kind)
             except Exception as e:
                 ok &= emit(check=f"async_{kind.lower()}", ok=False,
+                           error=repr(e))
+            try:
+                ok &= check_async_stager(torch, dcp, device, base, kind)
+            except Exception as e:
+                ok &= emit(check=f"async_stager_{kind.lower()}", ok=False,
                            error=repr(e))
         if device.startswith("cuda"):
             try:

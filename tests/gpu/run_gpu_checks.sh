@@ -33,7 +33,9 @@
 #   TORCH_ARGS           tests/gpu/torch_async_save.py: torch's async_save
 #                        (and dcp's Python package, once it exists) on a
 #                        Llama-style CUDA state (default: --gib 4 --reps 2
-#                        --budget_s 120); run with $PYTHON (python3)
+#                        --budget_s 120); run with $PYTHON (default: the
+#                        torch venv /opt/torch/.venv/bin/python where it
+#                        exists, else python3)
 #   PYTHON_ARGS          tests/gpu/python_cuda_check.py: the dcp Python
 #                        package on CUDA tensors (round trips of every
 #                        dtype, the stream rule, async THREAD/PROCESS, the
@@ -43,13 +45,17 @@
 #   Each of the four is one part: empty skips it, PART_TIMEOUT_S bounds it
 #   (default 150), and its JSON lines land in parts/NAME.jsonl and in the
 #   summary under parts.NAME.rows, partial if it was cut short.
-#   TEST_TIMEOUT_S       per test binary (default 300)
+#   TEST_TIMEOUT_S       per test binary (default 60: a hang must not
+#                        spend a third of a 15-minute device session)
 #   BENCH_TIMEOUT_S      for staging_bench (default 300)
 #   CUDA_HOME            where NCCL is looked for (default /usr/local/cuda)
 #   DCP_REQUIRE_GPU=1    fail (exit 3) when no GPU is visible, instead of
 #                        letting the GPU tests skip
 # Exit code: 0 when every test binary and the benchmark succeeded (tests that
-# skip count as success), 1 otherwise, 2 for a missing bundle.
+# skip count as success), 1 otherwise, 2 for a missing bundle. A bundle built
+# from other sources than the tree beside it (MANIFEST.json's source_digest,
+# tests/gpu/source_digest.sh) is said on stderr and in the summary
+# (bundle_matches_tree false) and fails the run: rebuild it first.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 bundle="$(cd "${1:-.gpu_bundle}" 2>/dev/null && pwd)" || {
@@ -60,7 +66,7 @@ bundle="$(cd "${1:-.gpu_bundle}" 2>/dev/null && pwd)" || {
 out="${OUT:-$PWD/gpu_checks_out}"
 mkdir -p "$out/logs"
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
-test_timeout="${TEST_TIMEOUT_S:-300}"
+test_timeout="${TEST_TIMEOUT_S:-60}"
 bench_timeout="${BENCH_TIMEOUT_S:-300}"
 bench_args="${STAGING_BENCH_ARGS:---sizes_mib=64,256,1024,8192 --json}"
 device_save_args="${DEVICE_SAVE_ARGS---device_save_mib=4096 --pool_mib=256 --json}"
@@ -71,7 +77,9 @@ shm_args="${SHM_ARGS---budget_s=90 shm --mib=4096 --threads=1,4,8,16 --reps=2 --
 torch_args="${TORCH_ARGS---gib 4 --reps 2 --budget_s 120}"
 python_args="${PYTHON_ARGS---device cuda}"
 part_timeout="${PART_TIMEOUT_S:-150}"
-python="${PYTHON:-python3}"
+default_python=python3
+[[ -x /opt/torch/.venv/bin/python ]] && default_python=/opt/torch/.venv/bin/python
+python="${PYTHON:-$default_python}"
 
 # Bundled libraries first; NCCL from the CUDA install (dlopened by name).
 export LD_LIBRARY_PATH="$bundle/lib:$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -102,6 +110,16 @@ echo "run_gpu_checks: bundle $bundle" >&2
 echo "run_gpu_checks: GPU: $gpu_info" >&2
 echo "run_gpu_checks: NCCL: ${DCP_NCCL_LIBRARY:-not found (NCCL tests skip)}" >&2
 cp "$bundle/MANIFEST.json" "$out/bundle_manifest.json" 2>/dev/null
+bundle_digest="$(grep -o '"source_digest": *"[0-9a-f]*"' \
+  "$bundle/MANIFEST.json" 2>/dev/null | grep -o '[0-9a-f]\{64\}')"
+tree_digest="$(tests/gpu/source_digest.sh 2>/dev/null)"
+bundle_matches=true
+if [[ -z "$bundle_digest" || "$bundle_digest" != "$tree_digest" ]]; then
+  bundle_matches=false
+  echo "run_gpu_checks: STALE BUNDLE: built from sources" \
+    "${bundle_digest:-(unrecorded)}, the tree here is $tree_digest;" \
+    "rebuild it (tests/gpu/build_gpu_bundle.sh) before spending device time" >&2
+fi
 if [[ "${DCP_REQUIRE_GPU:-0}" == 1 && "$gpu_info" == none ]]; then
   echo "run_gpu_checks: DCP_REQUIRE_GPU=1 and no nvidia-smi" >&2
   exit 3
@@ -116,6 +134,7 @@ if [[ -n "$missing" ]]; then
 fi
 
 overall=0
+[[ "$bundle_matches" == true ]] || overall=1
 results=()
 gpu_skipped=()
 # The summary, rewritten after every step: a run cut short by its caller's
@@ -137,6 +156,8 @@ write_summary() {
   {
     echo "{"
     echo "  \"ok\": $([[ $overall == 0 ]] && echo true || echo false),"
+    echo "  \"bundle_matches_tree\": $bundle_matches,"
+    echo "  \"python\": \"$python\","
     echo "  \"host\": \"$(uname -n | json_escape)\","
     echo "  \"gpu\": \"$(echo "$gpu_info" | json_escape)\","
     echo "  \"nccl\": \"${DCP_NCCL_LIBRARY:-}\","

@@ -14,9 +14,15 @@ expect() {  # expect DESCRIPTION COMMAND...
   fi
 }
 
+# The digest of the tree the runner runs beside (its own root), as
+# build_gpu_bundle.sh records it.
+root="$(cd "$(dirname "$script")/../.." && pwd)"
+digest="$(cd "$root" && tests/gpu/source_digest.sh)"
+
 make_bundle() {  # make_bundle DIR [fail]
   mkdir -p "$1/bin" "$1/lib"
-  echo '{"commit": "fake"}' >"$1/MANIFEST.json"
+  echo "{\"commit\": \"fake\", \"source_digest\": \"$digest\"}" \
+    >"$1/MANIFEST.json"
   printf '#!/bin/sh\necho "[  PASSED  ] 3 tests."\n' >"$1/bin/a_test"
   printf '#!/bin/sh\necho "x.cc:1: Skipped"\necho "no CUDA device"\n%s\n' \
     'echo "[  PASSED  ] 0 tests."; echo "[  SKIPPED ] 2 tests, listed below:"' \
@@ -58,6 +64,18 @@ expect "training loop ok" grep -q '"training_loop_status": "ok"' "$s"
 expect "summary is JSON" /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$s"
 expect "per-test log" test -s "$tmp/out_ok/logs/a_test.log"
 expect "manifest copied" test -s "$tmp/out_ok/bundle_manifest.json"
+expect "bundle matches the tree" grep -q '"bundle_matches_tree": true' "$s"
+
+# A bundle built from other sources: said, and the run fails.
+make_bundle "$tmp/stale"
+sed -i 's/"source_digest": "[0-9a-f]*"/"source_digest": "0123"/' \
+  "$tmp/stale/MANIFEST.json"
+OUT="$tmp/out_stale" STAGING_BENCH_ARGS="--sizes_mib=64 --json" \
+  "$script" "$tmp/stale" 2>"$tmp/stale.err"
+expect "stale bundle exit code" test $? -eq 1
+expect "stale bundle in the summary" grep -q '"bundle_matches_tree": false' \
+  "$tmp/out_stale/summary.json"
+expect "stale bundle said" grep -q 'STALE BUNDLE' "$tmp/stale.err"
 expect "stager part rows" grep -q '"stager": {"status": "ok", "args": "--budget_s=110 stager --sizes_mib=1024,4096,16384 --streams=1 --chunks_mib=64 --reps=3", "rows": \[{"part": "header"},{"args": "--budget_s=110 stager --sizes_mib=1024,4096,16384 --streams=1 --chunks_mib=64 --reps=3"},{"done": true}\]}' "$s"
 expect "async part ok" grep -q '"async": {"status": "ok"' "$s"
 expect "shm part ok" grep -q '"shm": {"status": "ok"' "$s"
