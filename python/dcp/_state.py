@@ -71,6 +71,26 @@ SAVE_STRIDED_CPU = True
 # A load into a strided tensor: False loads into a contiguous temporary
 # and copies it back.
 LOAD_STRIDED = True
+# A load into a strided device tensor whose elements lie in runs shorter
+# than this many bytes (a transposed matrix: one element) goes through a
+# contiguous device temporary and copy_: the engine uploads a strided
+# destination one run per copy, and a copy costs microseconds.
+DEVICE_LOAD_RUN_BYTES = 256 << 10
+
+
+def contiguous_run_bytes(shape, strides, element_size) -> int:
+    """Bytes of a tensor of `shape`/`strides` (in elements) adjacent in
+    memory from any element that starts a run: its trailing dimensions
+    whose stride equals the element count inside them (size-1 dimensions
+    never step)."""
+    run = 1
+    for size, stride in zip(reversed(tuple(shape)), reversed(tuple(strides))):
+        if size == 1:
+            continue
+        if stride != run:
+            break
+        run *= size
+    return run * element_size
 
 PICKLE_MARKER = b"\x00dcp.pickle.v1\x00"
 # What an empty list or tuple is saved as (a plain leaf at its path: torch's
@@ -862,7 +882,10 @@ class Flat:
                 f"{tuple(t.stride())}; e.g. from expand, unfold or "
                 "as_strided)")
         if t.is_conj() or t.is_neg() or (not LOAD_STRIDED and
-                                         not t.is_contiguous()):
+                                         not t.is_contiguous()) or \
+                (t.device.type != "cpu" and not t.is_contiguous() and
+                 contiguous_run_bytes(t.shape, t.stride(), t.element_size())
+                 < DEVICE_LOAD_RUN_BYTES):
             # copy_ back applies a lazy conjugation or negation. The
             # temporary starts as the values the destination shows: a key
             # the checkpoint lacks (allow_partial_load) copies them back

@@ -28,7 +28,7 @@ def test_every_check_passes_on_the_cpu(tmp_path):
     assert proc.returncode == 0 and not failed, (proc.stdout, proc.stderr)
     for name in ("setup", "roundtrip", "convert", "async_thread",
                  "async_process", "async_stager_thread",
-                 "async_stager_process", "state_dict"):
+                 "async_stager_process", "strided_load", "state_dict"):
         assert name in checks, proc.stdout
     assert checks["convert"]["pairs"] == 12
     assert checks["roundtrip"]["tensors"] == 15

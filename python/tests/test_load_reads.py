@@ -89,3 +89,16 @@ def test_a_load_with_plain_values_reads_the_metadata_once(ckpt, monkeypatch):
         dcp.load(dest, checkpoint_id=ckpt)
     assert given and all(g is None for g in given)
     assert dest["step"] == 7
+
+
+def test_contiguous_run_bytes_of_strided_layouts():
+    """The rule that sends a load into a strided device tensor through a
+    contiguous temporary: the bytes adjacent from a run's start."""
+    from dcp._state import contiguous_run_bytes
+    t = torch.zeros(64, 128)
+    assert contiguous_run_bytes(t.shape, t.stride(), 4) == 64 * 128 * 4
+    assert contiguous_run_bytes(t.t().shape, t.t().stride(), 4) == 4
+    assert contiguous_run_bytes(t[:, :32].shape, t[:, :32].stride(), 4) \
+        == 32 * 4
+    u = torch.zeros(8, 1, 16)[::2]
+    assert contiguous_run_bytes(u.shape, u.stride(), 4) == 16 * 4
