@@ -2633,6 +2633,16 @@ def current_streams(flat: Flat):
     if not flat.has_cuda:
         return wait
     devices = sorted(flat.cuda_devices)
+    for d in devices:
+        with torch.cuda.device(d):
+            capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:
+            # The engine's allocations, synchronizations and events would
+            # invalidate the capture (and cannot be replayed).
+            raise RuntimeError(
+                f"dcp cannot save or load cuda:{d} tensors while a CUDA "
+                "graph is being captured on that device's current stream; "
+                "call it outside torch.cuda.graph(...)")
     if len(devices) == 1:
         stream = torch.cuda.current_stream(devices[0])
         wait.kind = _lib.DEVICE_WAIT_STREAM

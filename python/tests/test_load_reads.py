@@ -102,3 +102,26 @@ def test_contiguous_run_bytes_of_strided_layouts():
         == 32 * 4
     u = torch.zeros(8, 1, 16)[::2]
     assert contiguous_run_bytes(u.shape, u.stride(), 4) == 16 * 4
+
+
+def test_a_save_or_load_during_cuda_graph_capture_is_refused(monkeypatch):
+    """The engine's allocations, synchronizations and events would break a
+    capture: a state with CUDA tensors on a device whose current stream is
+    capturing is refused before anything runs, naming the device."""
+    import contextlib
+    import types
+    from dcp import _state
+    monkeypatch.setattr(torch.cuda, "device",
+                        lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        lambda: True)
+    flat = types.SimpleNamespace(has_cuda=True, cuda_devices={1})
+    with pytest.raises(RuntimeError, match=r"cuda:1 tensors while a CUDA "
+                       r"graph is being captured"):
+        _state.current_streams(flat)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda d: types.SimpleNamespace(cuda_stream=7))
+    wait = _state.current_streams(flat)
+    assert wait.device == 1 and wait.handle == 7
