@@ -207,7 +207,8 @@ int dcp_metadata_decode(const void* data, size_t size, const char* source,
         dcp::Metadata metadata,
         dcp::DecodeMetadata(
             absl::string_view(static_cast<const char*>(data), size),
-            source != nullptr ? source : "the metadata bytes"));
+            source != nullptr ? source
+                              : "the bytes given to dcp_metadata_decode"));
     *out = Publish(new dcp_metadata(std::move(metadata)));
     return absl::OkStatus();
   });

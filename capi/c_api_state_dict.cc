@@ -86,8 +86,10 @@ absl::StatusOr<StateValue> ShardedFromC(const ObjectPath& path,
           chunks[i].sizes().size(), " but the global shape has ", global_ndim));
     }
   }
-  DCP_ASSIGN_OR_RETURN(Shape global,
-                       ShapeFromC(global_shape, global_ndim, "global_shape"));
+  DCP_ASSIGN_OR_RETURN(
+      Shape global,
+      ShapeFromC(global_shape, global_ndim,
+                 absl::StrCat(PathPrefix(path), ": global_shape").c_str()));
   std::vector<Shard> shards;
   shards.reserve(chunks.size());
   for (size_t i = 0; i < chunks.size(); ++i) {

@@ -522,7 +522,10 @@ class HostRuntime final : public DeviceRuntime {
       if (device && !Contains(device_allocs_, a, bytes)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "%s %s %d bytes: %s %p is not device memory from AllocateDevice "
-            "(or the range runs past the allocation)",
+            "(or the range runs past the allocation); this process runs "
+            "the host-memory device runtime, which stands in for CUDA "
+            "where no CUDA device is usable: a tensor that says it is on a "
+            "CUDA device cannot be saved or loaded here",
             op, CopyKindName(kind), bytes, side, p));
       }
       if (!device && Overlaps(device_allocs_, a, bytes)) {

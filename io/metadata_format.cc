@@ -897,7 +897,10 @@ absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes,
                         bytes[1] >= 2 && bytes[1] <= 5;
     return absl::DataLossError(absl::StrCat(
         source, " is not a dcp metadata file (", bytes.size(),
-        " bytes, bad magic); the directory holds no readable dcp checkpoint",
+        " bytes, bad magic)",
+        absl::EndsWith(source, ".metadata")
+            ? "; the directory holds no readable dcp checkpoint"
+            : "",
         pickle ? absl::StrCat(
                      ". It is a Python pickle, as torch.distributed."
                      "checkpoint writes: convert that checkpoint once with "
