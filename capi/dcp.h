@@ -23,7 +23,13 @@
  *   the default in every field. A struct_size of 0 or larger than the
  *   library's struct of that name is DCP_INVALID_ARGUMENT; a smaller one (a
  *   caller compiled against an older header) gets defaults for the fields
- *   it lacks. A NULL options pointer means all defaults.
+ *   it lacks. A NULL options pointer means all defaults. `T o = {0};`
+ *   clears padding in C11 and later (memset in C99 and C++ aggregate
+ *   code that assigns fields one by one): two fields
+ *   (dcp_load_planner_options_t.convert_dtypes,
+ *   dcp_stager_options_t.copy_on_write) lie where the struct's first
+ *   version had tail padding, so stray bytes there would set them. Fields
+ *   added from now on go at the end and grow sizeof.
  * - Tri-state flags (dcp_flag_t): DCP_DEFAULT (0) keeps the seed's default,
  *   DCP_TRUE / DCP_FALSE set it.
  * - Strings passed in are NUL-terminated UTF-8 and copied before the call
