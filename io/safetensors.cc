@@ -48,69 +48,14 @@ void StoreLittleEndian64(uint64_t value, char* p) {
     p[i] = static_cast<char>((value >> (8 * i)) & 0xff);
 }
 
-// Whether a parse event opens an array or object nested more than
-// kMaxUntrustedJsonDepth levels deep (the callback's `depth` counts the
-// containers around the event: 0 for the top-level value).
-bool OpensTooDeep(int depth, Json::parse_event_t event) {
-  return (event == Json::parse_event_t::object_start ||
-          event == Json::parse_event_t::array_start) &&
-         depth >= kMaxUntrustedJsonDepth;
-}
-
-// Parses `json`, failing on a duplicate key in any object (the reference's
-// serde maps reject them; nlohmann keeps the last one silently) and on
-// nesting deeper than kMaxUntrustedJsonDepth. The library throws; this is
-// its adapter.
+// Parses the header: valid JSON, nested at most kMaxUntrustedJsonDepth
+// levels, no key twice in one object (the reference's serde maps reject
+// them; nlohmann would keep the last one silently).
 absl::StatusOr<Json> ParseJsonNoDuplicates(absl::string_view json,
                                            absl::string_view file) {
-  // One entry per open container: the keys seen so far for an object,
-  // nullopt for an array.
-  std::vector<std::optional<std::set<std::string>>> open;
-  std::string duplicate;
-  bool too_deep = false;
-  auto callback = [&](int depth, Json::parse_event_t event,
-                      Json& parsed) -> bool {
-    if (OpensTooDeep(depth, event)) {
-      // Discarded: nothing that deep is built (the error wins below).
-      too_deep = true;
-      return false;
-    }
-    if (too_deep) return true;  // `open` no longer matches the nesting.
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        open.emplace_back(std::set<std::string>());
-        break;
-      case Json::parse_event_t::array_start:
-        open.emplace_back(std::nullopt);
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!open.empty()) open.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!open.empty() && open.back().has_value() &&
-            !open.back()->insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      case Json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  Json parsed;
-  try {
-    parsed = Json::parse(json.begin(), json.end(), callback);
-  } catch (const std::exception& e) {
-    return Broken(
-        file, absl::StrCat("the header is not valid JSON (", e.what(), ")"));
-  }
-  if (too_deep) return Broken(file, internal_io::TooDeepMessage("the header"));
-  if (!duplicate.empty()) {
-    return Broken(file, absl::StrCat("the header has the key \"", duplicate,
-                                     "\" more than once"));
-  }
+  absl::StatusOr<Json> parsed =
+      internal_io::ParseUntrustedJson(json, "the header");
+  if (!parsed.ok()) return Broken(file, parsed.status().message());
   return parsed;
 }
 

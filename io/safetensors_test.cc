@@ -290,6 +290,19 @@ TEST(Safetensors, UntrustedJsonNestsUpToTheLimit) {
   EXPECT_THAT(json.status().message(), HasSubstr("j is not valid JSON"));
 }
 
+TEST(Safetensors, UntrustedJsonRefusesAKeyGivenTwiceInOneObject) {
+  absl::StatusOr<nlohmann::json> json =
+      ParseUntrustedJson(R"({"a":{"x":1},"b":{"x":2}})", "j");
+  ASSERT_TRUE(json.ok()) << json.status();  // one key per object: fine
+  json = ParseUntrustedJson(R"({"a":1,"b":2,"a":3})", "j");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(json.status().message(),
+              HasSubstr(R"(j has the key "a" more than once)"));
+  json = ParseUntrustedJson(R"([{"k":[{"x":1,"x":1}]}])", "j");
+  EXPECT_THAT(json.status().message(),
+              HasSubstr(R"(the key "x" more than once)"));
+}
+
 TEST(Safetensors, MessagesDescribeLargeValuesWithoutDumpingThem) {
   std::string dims = "1";
   for (int i = 0; i < 59; ++i) dims += ",1";

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -32,10 +35,36 @@ std::string TooDeepMessage(absl::string_view what) {
 absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
                                         absl::string_view what) {
   bool too_deep = false;
-  auto callback = [&](int depth, Json::parse_event_t event, Json&) -> bool {
-    if (!OpensTooDeep(depth, event)) return true;
-    too_deep = true;
-    return false;  // Discarded: nothing that deep is built.
+  // The keys of each object open around the parser: a key given twice in
+  // one object is refused (which value wins would be the parser's choice,
+  // so two readers could see two different checkpoints).
+  std::vector<absl::flat_hash_set<std::string>> open_objects;
+  std::string duplicate;
+  auto callback = [&](int depth, Json::parse_event_t event,
+                      Json& parsed) -> bool {
+    if (OpensTooDeep(depth, event)) {
+      too_deep = true;
+      return false;  // Discarded: nothing that deep is built.
+    }
+    if (too_deep) return true;  // `open_objects` no longer matches.
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open_objects.empty() && parsed.is_string() &&
+            !open_objects.back().insert(parsed.get<std::string>()).second &&
+            duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
   };
   Json parsed;
   try {
@@ -45,6 +74,11 @@ absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
         absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
   }
   if (too_deep) return absl::DataLossError(TooDeepMessage(what));
+  if (!duplicate.empty()) {
+    Json shown = duplicate;
+    return absl::DataLossError(absl::StrCat(
+        what, " has the key ", DescribeJsonValue(shown), " more than once"));
+  }
   return parsed;
 }
 

@@ -25,9 +25,11 @@ inline constexpr int kMaxUntrustedJsonDepth = 64;
 // of parsers that stop at kMaxUntrustedJsonDepth.
 std::string TooDeepMessage(absl::string_view what);
 
-// Parses `text`. kDataLoss "<what> is not valid JSON (...)", or
+// Parses `text`. kDataLoss "<what> is not valid JSON (...)",
 // TooDeepMessage(what) when arrays and objects nest more than
-// kMaxUntrustedJsonDepth levels deep (nothing that deep is built).
+// kMaxUntrustedJsonDepth levels deep (nothing that deep is built), or
+// "<what> has the key K more than once" for a key given twice in one
+// object (which value counts would be the parser's choice).
 absl::StatusOr<nlohmann::json> ParseUntrustedJson(absl::string_view text,
                                                   absl::string_view what);
 
