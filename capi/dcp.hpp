@@ -168,8 +168,8 @@ class StateDict {
     return info;
   }
   // The value of an int, float, str or bytes leaf (a bool leaf is an int
-  // here, 0 or 1); a leaf of another kind throws Error
-  // (DCP_INVALID_ARGUMENT) saying which kind it is.
+  // here, 0 or 1; GetString takes bytes too); a leaf of another kind
+  // throws Error (DCP_INVALID_ARGUMENT) saying which kind it is.
   int64_t GetInt(const Path& path) const {
     dcp_leaf_info_t info = Get(path);
     if (info.kind != DCP_VALUE_BOOL) {
@@ -182,9 +182,11 @@ class StateDict {
     ExpectKind(path, info, DCP_VALUE_FLOAT, "a float");
     return info.float_value;
   }
-  std::string GetString(const Path& path) const {
+  std::string GetString(const Path& path) const {  // a str or bytes leaf
     dcp_leaf_info_t info = Get(path);
-    ExpectKind(path, info, DCP_VALUE_STRING, "a string");
+    if (info.kind != DCP_VALUE_BYTES) {
+      ExpectKind(path, info, DCP_VALUE_STRING, "a string");
+    }
     return std::string(info.data, info.size);
   }
   std::string GetBytes(const Path& path) const {

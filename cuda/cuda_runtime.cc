@@ -261,8 +261,11 @@ class CudaRuntime final : public DeviceRuntime {
     if (event == nullptr) return absl::OkStatus();
     std::unique_ptr<CudaEventRecord> record(AsRecord(event));
     ScopedDevice scope;
-    DCP_RETURN_IF_ERROR(EnterDevice(scope, record->device, "DestroyEvent"));
+    // Destroyed even where its device cannot be entered (not leaked).
+    const absl::Status entered =
+        EnterDevice(scope, record->device, "DestroyEvent");
     DCP_CUDA_CHECK(cudaEventDestroy(record->event), "cudaEventDestroy");
+    DCP_RETURN_IF_ERROR(entered);
     return absl::OkStatus();
   }
 

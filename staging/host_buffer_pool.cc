@@ -91,7 +91,10 @@ absl::Status PopulateHostMemory(std::byte* data, size_t size) {
        static_cast<size_t>(std::max(1u, std::thread::hardware_concurrency())),
        8});
   if (threads <= 1) return PopulateSlice(data, size);
-  const size_t per = size / threads / kPage * kPage;
+  // Slices start on the kernel's pages (64 KiB on some arm64 kernels), as
+  // madvise wants; `data` starts on one.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t per = size / threads / page * page;
   std::vector<absl::Status> results(threads);
   std::vector<std::thread> helpers;
   for (size_t i = 1; i < threads; ++i) {

@@ -975,6 +975,7 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                 device = t.get_device()
                 if device not in events:
                     import torch
+                    _state.refuse_graph_capture([device])
                     events[device] = torch.cuda.Event()
                     events[device].record(torch.cuda.current_stream(device))
     except BaseException as e:

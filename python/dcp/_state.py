@@ -2623,6 +2623,21 @@ def _rebuild(dest, saved, path, paths, slots, tuples) -> list:
     return items
 
 
+def refuse_graph_capture(devices) -> None:
+    """RuntimeError naming the device where a CUDA graph is being captured
+    on the current stream of one of `devices` (CUDA device indices): the
+    engine's allocations, synchronizations and events would invalidate the
+    capture (and could not be replayed)."""
+    for d in devices:
+        with torch.cuda.device(d):
+            capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:
+            raise RuntimeError(
+                f"dcp cannot save or load cuda:{d} tensors while a CUDA "
+                "graph is being captured on that device's current stream; "
+                "call it outside torch.cuda.graph(...)")
+
+
 def current_streams(flat: Flat):
     """The dcp_device_wait_t for a save or load of `flat`'s tensors: the
     current torch stream of their CUDA device (a save's copies start after
@@ -2633,16 +2648,7 @@ def current_streams(flat: Flat):
     if not flat.has_cuda:
         return wait
     devices = sorted(flat.cuda_devices)
-    for d in devices:
-        with torch.cuda.device(d):
-            capturing = torch.cuda.is_current_stream_capturing()
-        if capturing:
-            # The engine's allocations, synchronizations and events would
-            # invalidate the capture (and cannot be replayed).
-            raise RuntimeError(
-                f"dcp cannot save or load cuda:{d} tensors while a CUDA "
-                "graph is being captured on that device's current stream; "
-                "call it outside torch.cuda.graph(...)")
+    refuse_graph_capture(devices)
     if len(devices) == 1:
         stream = torch.cuda.current_stream(devices[0])
         wait.kind = _lib.DEVICE_WAIT_STREAM

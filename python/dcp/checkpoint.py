@@ -238,6 +238,13 @@ def _wait_in_flight(path, lane=None) -> None:
     with _in_flight_lock:
         pending = [(upload, staging) for upload, staging, of in
                    _in_flight.get(path, ()) if lane is None or of != lane]
+        # The uploads of stagers of the caller's run one after another on
+        # one thread: one queued behind another (into any directory) that
+        # waits for its stager's Future waits for that too.
+        stalled = any(staging is not None and not staging.done()
+                      for entries in _in_flight.values()
+                      for _, staging, _ in entries) and \
+            any(staging is not None for _, staging in pending)
     if not pending:
         return
     if any(staging is not None and not staging.done()
@@ -248,6 +255,14 @@ def _wait_in_flight(path, lane=None) -> None:
             "(its stager's Future is not done), and would replace this save "
             "once it is: wait for its staging_completion (or "
             "upload_completion) first")
+    if stalled:
+        raise errors.from_status(
+            _lib.FAILED_PRECONDITION,
+            f"an async_save of this process into {path} is queued behind "
+            "another whose stager's Future is not done (the uploads of "
+            "stagers of yours run one after another), so waiting for it "
+            "could wait for you: complete that Future, or wait for the "
+            "earlier saves' upload_completion, first")
     concurrent.futures.wait([upload for upload, _ in pending])
 
 

@@ -105,10 +105,11 @@ class _Storage:
 
     def reset(self, checkpoint_id=None) -> None:
         """The seed's reset: points the storage at `checkpoint_id` when
-        given. (Each save draws a fresh save id anyway.)"""
+        given and not empty. (Each save draws a fresh save id anyway.)"""
         if checkpoint_id is not None:
-            self.path = self._path_type(
-                errors.checked_path(checkpoint_id, "checkpoint_id"))
+            text = errors.checked_path(checkpoint_id, "checkpoint_id")
+            if text:  # as the seed's: an empty id leaves the path
+                self.path = self._path_type(text)
 
     # The URL scheme of ids this class takes besides paths ("mega://").
     _scheme = None

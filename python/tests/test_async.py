@@ -941,3 +941,56 @@ def test_async_saves_of_different_lanes_into_one_directory_keep_call_order(
     dcp.load(back, checkpoint_id=ckpt)
     assert torch.equal(back["w"], torch.full((64,), 2.0))
     assert torch.equal(back["g"]["v"], torch.zeros(1))
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_a_save_that_would_wait_behind_a_callers_pending_stager_raises(
+        tmp_path, kind):
+    """The uploads of stagers of the caller's run one after another: an
+    async_save (of another queue) into D that would wait for such an
+    upload into D, itself queued behind one into D0 whose stager Future
+    the caller has not completed, raises at once (waiting would wait for
+    the caller itself); once that Future is done, saves into D go on."""
+    d0, d = str(tmp_path / "d0"), str(tmp_path / "d")
+    later = concurrent.futures.Future()
+
+    class Lazy:
+        def stage(self, sd):
+            return later
+
+    class Eager:
+        def stage(self, sd):
+            done = concurrent.futures.Future()
+            done.set_result({k: v.clone() for k, v in sd.items()})
+            return done
+
+    r0 = dcp.async_save({"w": torch.ones(16)}, checkpoint_id=d0,
+                        async_stager=Lazy())
+    r1 = dcp.async_save({"w": torch.ones(16)}, checkpoint_id=d,
+                        async_stager=Eager())
+    outcome = {}
+
+    def third():
+        try:
+            outcome["r"] = dcp.async_save(
+                {"w": torch.zeros(16)}, checkpoint_id=d,
+                async_checkpointer_type=getattr(dcp.AsyncCheckpointerType,
+                                                kind))
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            outcome["e"] = e
+    t = threading.Thread(target=third, daemon=True)
+    t.start()
+    t.join(WAIT)
+    later.set_result({"w": torch.full((16,), 3.0)})  # unblocks a hang too
+    assert not t.is_alive()
+    assert isinstance(outcome.get("e"), dcp.CheckpointException), outcome
+    assert "queued behind another whose stager's Future is not done" in \
+        str(outcome["e"])
+    r0.upload_completion.result(WAIT)
+    r1.upload_completion.result(WAIT)
+    dcp.async_save({"w": torch.full((16,), 2.0)}, checkpoint_id=d,
+                   async_checkpointer_type=getattr(dcp.AsyncCheckpointerType,
+                                                   kind)).result(WAIT)
+    back = {"w": torch.zeros(16)}
+    dcp.load(back, checkpoint_id=d)
+    assert torch.equal(back["w"], torch.full((16,), 2.0))

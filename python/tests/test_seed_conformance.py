@@ -96,6 +96,8 @@ def test_checkpoint_id_resets_the_storage_object(tmp_path, writer_cls,
             with pytest.raises(dcp.errors.CheckpointIdMissingError,
                                match="path is empty"):
                 cls("")
+    writer.reset("")  # as the seed's: an empty id leaves the path
+    assert os.fspath(writer.path) == second
     assert not os.path.exists(first)
     # The writer now saves there without a checkpoint_id.
     dcp.save({"w": torch.full((3,), 7.0)}, storage_writer=writer)
