@@ -535,6 +535,16 @@ class CudaRuntime final : public DeviceRuntime {
 
 }  // namespace
 
+bool CudaDriverInstalled() {
+  static const bool installed = [] {
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (driver == nullptr) return false;
+    dlclose(driver);
+    return true;
+  }();
+  return installed;
+}
+
 absl::StatusOr<int> QueryCudaDeviceCount() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -542,13 +552,9 @@ absl::StatusOr<int> QueryCudaDeviceCount() {
     cudaGetLastError();  // Do not leave the error for an unrelated call.
     // The runtime says "driver version is insufficient" also when there is
     // no driver at all: say which.
-    if (err == cudaErrorInsufficientDriver) {
-      void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-      if (driver == nullptr) {
-        return absl::FailedPreconditionError(
-            "no CUDA driver (libcuda.so.1 cannot be loaded)");
-      }
-      dlclose(driver);
+    if (err == cudaErrorInsufficientDriver && !CudaDriverInstalled()) {
+      return absl::FailedPreconditionError(
+          "no CUDA driver (libcuda.so.1 cannot be loaded)");
     }
     return CudaStatus(err, "cudaGetDeviceCount");
   }

@@ -62,8 +62,12 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateDeviceRuntime(
     case DeviceRuntimeMode::kAuto: {
       absl::StatusOr<int> count = cuda_internal::QueryCudaDeviceCount();
       if (count.ok() && *count > 0) return cuda_internal::CreateCudaRuntime();
+      // Said once, where a driver is installed but gives no usable device
+      // (a GPU machine misconfigured: CUDA_VISIBLE_DEVICES, an old
+      // driver). A machine without a GPU driver has no fast path to fall
+      // back from: nothing is said there.
       static std::atomic<bool> said_once{false};
-      if (!said_once.exchange(true)) {
+      if (cuda_internal::CudaDriverInstalled() && !said_once.exchange(true)) {
         const std::string reason =
             count.ok() ? std::string("cudaGetDeviceCount found 0 devices")
                        : std::string(count.status().message());

@@ -48,7 +48,8 @@ struct DeviceEvent;
 
 // Which implementation CreateDeviceRuntime returns.
 enum class DeviceRuntimeMode {
-  kAuto,  // CUDA when a device is usable, else host (said once on stderr).
+  kAuto,  // CUDA when a device is usable, else host (said once on stderr
+          // where a CUDA driver is installed; silent without one).
   kCuda,  // CUDA or kFailedPrecondition.
   kHost,  // Always the host-memory implementation.
 };
@@ -202,7 +203,8 @@ int CudaDeviceCount();
 
 // Returns the runtime chosen by `mode` (see DeviceRuntimeMode). kAuto falls
 // back to the host runtime when CudaDeviceCount() == 0, writing one line to
-// stderr the first time it does so in the process. kCuda returns
+// stderr the first time it does so in the process where a CUDA driver is
+// installed (none on a machine without a GPU driver). kCuda returns
 // kFailedPrecondition naming the CUDA error when no device is usable.
 absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateDeviceRuntime(
     DeviceRuntimeMode mode);

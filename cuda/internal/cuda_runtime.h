@@ -18,6 +18,10 @@ absl::StatusOr<std::unique_ptr<DeviceRuntime>> CreateCudaRuntime();
 // (kFailedPrecondition for "no driver" and "no device").
 absl::StatusOr<int> QueryCudaDeviceCount();
 
+// Whether the CUDA driver (libcuda.so.1) can be loaded: false on a machine
+// with no GPU driver installed. Checked once.
+bool CudaDriverInstalled();
+
 }  // namespace dcp::cuda_internal
 
 #endif  // DCP_CUDA_INTERNAL_CUDA_RUNTIME_H_
