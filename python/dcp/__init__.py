@@ -63,13 +63,21 @@ except ModuleNotFoundError as _e:
         "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict"))
 
 
+# The seed's submodules that `import dcp` does not import itself: attributes
+# of the package on first use (dcp.state_dict_saver.AsyncCheckpointerType
+# works as after `import torch.distributed.checkpoint as dcp`).
+_SEED_SUBMODULES = frozenset((
+    "api", "default_planner", "filesystem", "hf_storage", "staging",
+    "state_dict_loader", "state_dict_saver"))
+
+
 def __getattr__(name):
     # format_utils is imported on first use, not here: `python -m
     # dcp.format_utils` then runs it without runpy's RuntimeWarning (the
     # module found in sys.modules before it runs as __main__).
-    if name == "format_utils":
+    if name == "format_utils" or name in _SEED_SUBMODULES:
         import importlib
-        return importlib.import_module(".format_utils", __name__)
+        return importlib.import_module("." + name, __name__)
     if name in globals().get("_NEED_TORCH", ()):
         raise AttributeError(
             f"dcp.{name} needs torch (it works on torch modules and "

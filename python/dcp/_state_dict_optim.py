@@ -464,13 +464,21 @@ def _plan_optimizer_loads(index, optimizers, source, options, made_up) -> list:
                 if (fqn is not None and fqn in loaded.state
                         and takes(optim, param, loaded.state[fqn])):
                     entries[pid] = (loaded.state[fqn], param)
+                elif options.strict and param.requires_grad and \
+                        loaded.state and (fqn is None or
+                                          fqn not in loaded.state):
+                    # As the seed: whether or not the optimizer has state
+                    # of its own (a fresh one on resume has none); a state
+                    # dict without any state (a stateless optimizer's)
+                    # lacks nothing.
+                    raise RuntimeError(
+                        f"optimizer state for parameter {fqns[0]!r} is missing "
+                        "from the state dict: it requires gradients but has no "
+                        "saved optimizer state (StateDictOptions(strict=False) "
+                        "loads anyway, keeping the optimizer's current state "
+                        "for it)"
+                    )
                 elif optim.state.get(param) and id(optim) not in made_up:
-                    if options.strict and param.requires_grad:
-                        raise RuntimeError(
-                            f"optimizer state for parameter {fqns[0]!r} is missing "
-                            "from the state dict (StateDictOptions(strict=False) "
-                            "keeps the optimizer's current state)"
-                        )
                     entries[pid] = (None, param)
                 if fqn is not None and fqn in loaded.group_of:
                     candidate = loaded.group_of[fqn]

@@ -239,8 +239,21 @@ def set_optimizer_state_dict(
     """
     options = _check_options(options, loading=True)
     optims = _as_optimizers(optimizers)
+    _refuse_empty_optim_state_dict(optim_state_dict, options)
     index = _ModelIndex(model, options.dsd_fqn_modifiers)
     _load_optimizers(index, optims, optim_state_dict, options)
+
+
+def _refuse_empty_optim_state_dict(optim_state_dict, options) -> None:
+    """As the seed: an empty optimizer state dict (a resume that lost the
+    optimizer's state, a wrong key) is a RuntimeError whatever `strict`
+    says, but where the options let a rank pass none (broadcast_from_rank0;
+    cpu_offload with full_state_dict)."""
+    if not optim_state_dict and not options.broadcast_from_rank0 and not (
+            options.cpu_offload and options.full_state_dict):
+        raise RuntimeError(
+            "the optimizer state dict to load is empty "
+            f"({optim_state_dict!r}): it has neither state nor param_groups")
 
 
 def set_state_dict(
@@ -258,6 +271,8 @@ def set_state_dict(
     """
     options = _check_options(options, loading=True)
     optims = _as_optimizers(optimizers, optim_only=False)
+    if optims:
+        _refuse_empty_optim_state_dict(optim_state_dict, options)
     index = _ModelIndex(model, options.dsd_fqn_modifiers)
     if optims:
         _load_optimizers(index, optims, optim_state_dict, options)

@@ -335,3 +335,19 @@ def test_torchs_submodule_paths_import_the_same_objects(module):
                                                   None) or \
             getattr(dcp.stager, name)
         assert obj is top, (module, name)
+
+
+def test_the_seeds_submodules_are_attributes_of_the_package():
+    """After `import dcp`, the submodules torch's package exposes as
+    attributes are there too (code written for `import
+    torch.distributed.checkpoint as dcp` reaches them so)."""
+    import importlib
+    for name in ("api", "default_planner", "filesystem", "hf_storage",
+                 "staging", "state_dict_loader", "state_dict_saver",
+                 "state_dict", "metadata", "planner", "stateful", "storage",
+                 "format_utils"):
+        assert getattr(dcp, name) is importlib.import_module(f"dcp.{name}")
+    assert dcp.state_dict_saver.AsyncCheckpointerType.PROCESS is \
+        dcp.AsyncCheckpointerType.PROCESS
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        dcp.nope

@@ -949,9 +949,11 @@ def test_shared_parameter_state_lands_in_the_optimizer_that_had_it(
 
 def test_parameter_without_state_keeps_none_on_a_fresh_optimizer():
     """A parameter that never got a gradient has no optimizer state in the
-    state dict; loading into a never-stepped optimizer leaves it none (not
-    the made-up state of the load's own initialisation), strict or not, and
-    the next step matches the uninterrupted run's."""
+    state dict. strict=True refuses it, as the seed does (a state dict
+    missing a trainable parameter's state may have lost it), even into a
+    never-stepped optimizer, and changes nothing; strict=False leaves it
+    none (not the made-up state of the load's own initialisation), and the
+    next step matches the uninterrupted run's."""
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
 
     def trained():
@@ -975,6 +977,16 @@ def test_parameter_without_state_keeps_none_on_a_fresh_optimizer():
         torch.manual_seed(5)  # other initial values
         dst = nn.ModuleDict({"used": nn.Linear(4, 4), "aux": nn.Linear(4, 4)})
         fresh = torch.optim.Adam(dst.parameters(), lr=0.1)
+        if strict:
+            before = copy.deepcopy(dst.state_dict())
+            with pytest.raises(RuntimeError, match="optimizer state for "
+                               "parameter 'aux.weight' is missing"):
+                sd.set_state_dict(dst, fresh, model_state_dict=msd,
+                                  optim_state_dict=osd)
+            assert not fresh.state
+            assert all(torch.equal(v, dst.state_dict()[k])
+                       for k, v in before.items())
+            continue
         sd.set_state_dict(dst, fresh, model_state_dict=msd,
                           optim_state_dict=osd,
                           options=sd.StateDictOptions(strict=strict))
@@ -1071,3 +1083,22 @@ def test_an_optimizers_own_state_dict_loads_as_torch_takes_it():
     other = torch.optim.SGD(m3.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="cannot be split between 2"):
         sd.set_optimizer_state_dict(m3, [o3, other], native)
+
+
+def test_an_empty_optimizer_state_dict_is_refused_strict_or_not():
+    """As the seed: set_state_dict / set_optimizer_state_dict with an empty
+    optim_state_dict raise RuntimeError whatever strict says (a resume that
+    lost the optimizer's state must not go unnoticed), and change
+    nothing."""
+    model = nn.Linear(3, 2)
+    optim = torch.optim.AdamW(model.parameters())
+    for strict in (True, False):
+        options = sd.StateDictOptions(strict=strict)
+        with pytest.raises(RuntimeError, match="optimizer state dict to load "
+                           "is empty"):
+            sd.set_state_dict(model, optim,
+                              model_state_dict=model.state_dict(),
+                              optim_state_dict={}, options=options)
+        with pytest.raises(RuntimeError, match="is empty"):
+            sd.set_optimizer_state_dict(model, optim, {}, options=options)
+        assert not optim.state
