@@ -23,6 +23,30 @@ def _state(seed):
             "step": seed, "name": f"s{seed}", "t": (1, 2)}
 
 
+class _HeldUploadStager:
+    """A stager of the caller's whose staged dict ({"w": a copy of the
+    state's "w", "g": a Stateful}) holds the upload in the Stateful's
+    state_dict() until `release` is set: an upload held open without a
+    pending stager Future."""
+
+    def __init__(self, release):
+        self.release = release
+
+    def stage(self, state_dict):
+        release = self.release
+
+        class Gate:
+            def state_dict(self):  # runs in the upload
+                release.wait(WAIT)
+                return {"v": torch.ones(1)}
+
+            def load_state_dict(self, sd):
+                pass
+        done = concurrent.futures.Future()
+        done.set_result({"w": state_dict["w"].clone(), "g": Gate()})
+        return done
+
+
 def _check(ckpt, seed):
     want = _state(seed)
     got = {"w": torch.zeros(256, 256),
@@ -800,23 +824,8 @@ def test_a_save_waits_for_this_processs_async_saves_to_its_directory(
     from dcp import checkpoint as checkpoint_module
     monkeypatch.chdir(tmp_path)
     release = threading.Event()
-
-    class Gate:
-        def state_dict(self):  # runs in the async save's upload
-            release.wait(WAIT)
-            return {"v": torch.ones(1)}
-
-        def load_state_dict(self, sd):
-            pass
-
-    class Copy:
-        def stage(self, state_dict):
-            done = concurrent.futures.Future()
-            done.set_result({"w": state_dict["w"].clone(), "g": Gate()})
-            return done
-
     r = dcp.async_save({"w": torch.full((4,), 1.0)}, checkpoint_id="ck",
-                       async_stager=Copy())
+                       async_stager=_HeldUploadStager(release))
     waited = []
     real_wait = concurrent.futures.wait
 
@@ -895,20 +904,6 @@ def test_async_saves_of_different_lanes_into_one_directory_keep_call_order(
     release = threading.Event()
     blocked = threading.Event()  # the second call waits, or has finished
 
-    class Gate:
-        def state_dict(self):  # runs in the first save's upload
-            release.wait(WAIT)
-            return {"v": torch.ones(1)}
-
-        def load_state_dict(self, sd):
-            pass
-
-    class Stager:
-        def stage(self, state_dict):
-            done = concurrent.futures.Future()
-            done.set_result({"w": state_dict["w"].clone(), "g": Gate()})
-            return done
-
     real_wait = getattr(async_module, "_wait_in_flight", None)
 
     def noting_wait(*args, **kwargs):  # the second call, before its wait
@@ -917,7 +912,7 @@ def test_async_saves_of_different_lanes_into_one_directory_keep_call_order(
     monkeypatch.setattr(async_module, "_wait_in_flight", noting_wait,
                         raising=False)
     first = dcp.async_save({"w": torch.full((64,), 1.0)}, checkpoint_id=ckpt,
-                           async_stager=Stager())
+                           async_stager=_HeldUploadStager(release))
     blocked.clear()  # (the first call passed there too)
     outcome = {}
 
