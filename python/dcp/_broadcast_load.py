@@ -45,6 +45,16 @@ def _partial(planner) -> bool:
     return bool(getattr(planner, "allow_partial_load", False))
 
 
+def _planner_name(planner) -> str:
+    """How the missing-key message names the planner class to pass
+    allow_partial_load=True to: the caller's class where it is dcp's or
+    torch's DynamicMetaLoadPlanner, else DefaultLoadPlanner."""
+    name = type(planner).__name__ if planner is not None else ""
+    if name == "DynamicMetaLoadPlanner":
+        return "dcp.format_utils.DynamicMetaLoadPlanner"
+    return "dcp.DefaultLoadPlanner"
+
+
 def _read(path: str, allow_pickle: bool) -> dict:
     """The flattened state dict of torch.save file `path` (read as
     torch.load reads it: weights_only unless allow_pickle)."""
@@ -104,6 +114,26 @@ def _describe(source: dict, name: str, path: str):
     return (_VALUE, value)
 
 
+def _absent_hint(source: dict, name: str) -> str:
+    """For a `name` the file lacks: the same name one key shallower or
+    deeper in the file (a state dict wrapped as {"model": ...} on one side
+    only), as " (the file holds ...)"; "" when none fits alone."""
+    dot = name.find(".")
+    if dot > 0 and name[dot + 1:] in source:
+        return (f' (the file holds "{name[dot + 1:]}": saved without the '
+                f'key "{name[:dot]}" of the state dict? load into that '
+                "key's value)")
+    tail = "." + name
+    outers = [k for k in source if k.endswith(tail) and
+              "." not in k[:-len(tail)] and k[:-len(tail)]]
+    if len(outers) == 1:
+        outer = outers[0][:-len(tail)]
+        return (f' (the file holds "{outers[0]}": saved under the key '
+                f'"{outer}", which the state dict lacks? load '
+                f'{{"{outer}": ...}})')
+    return ""
+
+
 def _is_tensor(value) -> bool:
     import torch
     return isinstance(value, (torch.Tensor, np.ndarray,
@@ -126,9 +156,12 @@ def _holds_tensor(value) -> bool:
     return False
 
 
-def _check(flat: dict, header: dict, partial: bool, path: str) -> list:
+def _check(flat: dict, header: dict, partial: bool, path: str,
+           hint: str = "", planner_name: str = "DefaultLoadPlanner") -> list:
     """The names this rank loads (those the file holds); raises for a
-    name the file lacks (unless `partial`) or holds in another kind or
+    name the file lacks (unless `partial`: its message ends with `hint`,
+    the source's _absent_hint of the first one, and names the planner
+    class to pass allow_partial_load to) or holds in another kind or
     shape."""
     missing = []
     names = []
@@ -165,9 +198,9 @@ def _check(flat: dict, header: dict, partial: bool, path: str) -> list:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise errors.from_status(
             _lib.NOT_FOUND,
-            f"{path} has no {listed}{more}; load with planner="
-            "dcp.DefaultLoadPlanner(allow_partial_load=True) to skip "
-            "missing keys")
+            f"{path} has no {listed}{more}{hint}; or, to skip the keys it "
+            f"lacks, load with planner={planner_name}("
+            "allow_partial_load=True)")
     return names
 
 
@@ -272,20 +305,25 @@ def load(state_dict, *, reader, checkpoint_id, planner, where,
         names = sorted(set().union(*gathered))
     error = None
     header = saved = None
+    hint = ""
     if is_source:
         try:
             saved = _read(path, allow_pickle)
             header = {n: _describe(saved, n, path) for n in names}
+            absent = next((n for n in names if header[n][0] == _ABSENT),
+                          None)
+            hint = "" if absent is None else _absent_hint(saved, absent)
         except Exception as e:
             error = e
     where.agree("load", error)
     if tgroup is not None:
-        box = [header]
+        box = [(header, hint) if is_source else None]
         dist.broadcast_object_list(box, src=source, group=tgroup)
-        header = box[0]
+        header, hint = box[0]
     error = None
     try:
-        loading = set(_check(flat, header, partial, path))
+        loading = set(_check(flat, header, partial, path, hint,
+                             _planner_name(planner)))
     except Exception as e:
         error = e
     where.agree("load", error)

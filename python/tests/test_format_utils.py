@@ -341,8 +341,25 @@ def test_broadcasting_reader_errors(tmp_path):
     torch.save({"model": {"w": torch.ones(3, 4)}, "step": 7}, path)
     reader = format_utils.BroadcastingTorchSaveReader
     with pytest.raises(dcp.CheckpointNotFoundError,
-                       match=r'has no "model\.x"; load with planner='):
+                       match=r'has no "model\.x"; or, to skip the keys it '
+                             r'lacks, load with planner=dcp\.DefaultLoad'):
         dcp.load({"model": {"x": torch.zeros(1)}}, checkpoint_id=path,
+                 storage_reader=reader())
+    # The same names one key shallower or deeper in the file are named,
+    # and the planner class passed is the one the message suggests.
+    with pytest.raises(dcp.CheckpointNotFoundError,
+                       match=r'has no "w" \(the file holds "model\.w": saved '
+                             r'under the key "model", which the state dict '
+                             r'lacks\? load \{"model": \.\.\.\}\); or, to '
+                             r'skip the keys it lacks, load with planner='
+                             r'dcp\.format_utils\.DynamicMetaLoadPlanner\('):
+        dcp.load({"w": torch.zeros(3, 4)}, checkpoint_id=path,
+                 storage_reader=reader(),
+                 planner=format_utils.DynamicMetaLoadPlanner())
+    with pytest.raises(dcp.CheckpointNotFoundError,
+                       match=r'has no "outer\.step" \(the file holds "step": '
+                             r'saved without the key "outer"'):
+        dcp.load({"outer": {"step": 0}}, checkpoint_id=path,
                  storage_reader=reader())
     kept = torch.full((2,), 5.0)
     state = {"model": {"w": torch.zeros(3, 4), "x": kept}}

@@ -64,8 +64,21 @@ def test_readme_python_examples_run_as_written(tmp_path):
 
     train_step()
     expected = {k: v.clone() for k, v in model.state_dict().items()}
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1,
+                                                gamma=0.5)
+
+    lrs = []  # the learning rate after each step
+
+    def train_step():  # noqa: F811 - the loop's, with the scheduler
+        model(torch.randn(2, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+
     namespace = {"model": model, "optimizer": optimizer, "step": 3,
-                 "steps": 2, "train_step": train_step, "torch": torch}
+                 "steps": 2, "train_step": train_step, "torch": torch,
+                 "scheduler": scheduler}
     for name, block in blocks:
         for root in ("/ckpt", "/export"):
             block = block.replace(f'"{root}/', f'"{tmp_path}{root}/')
@@ -83,5 +96,12 @@ def test_readme_python_examples_run_as_written(tmp_path):
         planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
     for k, v in expected.items():
         assert torch.equal(back[k], v), k
-    for sub in ("ckpt/0", "export/hf", "ckpt/mega", "ckpt/step-100"):
+    for sub in ("ckpt/run/step-2", "export/hf", "ckpt/mega",
+                "ckpt/step-100"):
         assert os.listdir(tmp_path / sub), sub
+    # The loop's checkpoint holds the learning rate of its step (plain
+    # values are taken when the state is built), and the resume found it.
+    assert namespace["start"] == 2
+    saved_lr = dcp.format_utils.load_all(str(tmp_path / "ckpt" / "run" / "step-2"),
+                            keys=["optim"])["optim"]["param_groups"][0]["lr"]
+    assert saved_lr in lrs and saved_lr < 0.1, (saved_lr, lrs)
