@@ -1,15 +1,47 @@
 #include "io/fs_commit.h"
 
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "io/fs_layout.h"
 #include "io/internal/parallel_work.h"
 #include "io/metadata_format.h"
 
 namespace dcp::internal_fs {
+namespace {
+
+constexpr size_t kMaxNamed = 6;
+
+// Up to kMaxNamed subdirectories of `dir` holding a committed checkpoint
+// (their own .metadata), in name order, for the message of a load pointed
+// at a run's root (DIR/step-1000, DIR/step-2000, ...). Rank-local
+// checkpoints (rank-R) are not counted; the first 1000 entries are looked
+// at. Empty when `dir` cannot be listed.
+std::vector<std::string> CheckpointsInside(FileSystemBase& fs,
+                                           const std::string& dir) {
+  std::vector<std::string> found;
+  absl::StatusOr<std::vector<std::string>> names = fs.ListDir(dir);
+  if (!names.ok()) return found;
+  size_t looked = 0;
+  for (const std::string& name : *names) {
+    if (found.size() == kMaxNamed || ++looked > 1000) break;
+    if (absl::StartsWith(name, ".") || absl::StartsWith(name, "rank-")) {
+      continue;
+    }
+    absl::StatusOr<bool> holds =
+        fs.Exists(JoinPath(JoinPath(dir, name), kMetadataFileName));
+    if (holds.ok() && *holds) found.push_back(name);
+  }
+  return found;
+}
+
+}  // namespace
 
 absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
                                           const std::string& dir) {
@@ -20,6 +52,18 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
     if (dir_exists.ok() && !*dir_exists) {
       return absl::NotFoundError(absl::StrCat(
           "no checkpoint at ", dir, ": the directory does not exist"));
+    }
+    const std::vector<std::string> inside = CheckpointsInside(fs, dir);
+    if (!inside.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no committed checkpoint in ", dir, " itself (", metadata_path,
+          " does not exist), but ",
+          inside.size() == 1           ? "its subdirectory "
+          : inside.size() == kMaxNamed ? "its subdirectories (among others) "
+                                       : "its subdirectories ",
+          absl::StrJoin(inside, ", "),
+          inside.size() == 1 ? " holds one: pass it"
+                             : " hold one each: pass one of them"));
     }
     return absl::NotFoundError(absl::StrCat(
         "no committed checkpoint in ", dir, " (", metadata_path,

@@ -60,6 +60,27 @@ TEST(FsCommit, TheRenamedMetadataIsTheCommittedOneAndNoTempRemains) {
               ElementsAre(std::string(kMetadataFileName)));
 }
 
+// A load pointed at a run's root (checkpoints in step-N subdirectories)
+// names them; rank-local and unfinished ones are not named.
+TEST(FsCommit, AMissingMetadataNamesTheCheckpointsInSubdirectories) {
+  const std::string dir = FreshDir("commit_run_root");
+  absl::Status status = ReadMetadataFile(LocalFileSystem(), dir).status();
+  EXPECT_THAT(status.message(),
+              ::testing::HasSubstr("a save that did not finish leaves none"));
+  for (const char* sub : {"step-100", "step-200", "step-300", "rank-0"}) {
+    ASSERT_TRUE(LocalFileSystem().CreateDir(JoinPath(dir, sub)).ok());
+  }
+  for (const char* sub : {"step-100", "step-200", "rank-0"}) {
+    Touch(JoinPath(JoinPath(dir, sub), kMetadataFileName));
+  }
+  status = ReadMetadataFile(LocalFileSystem(), dir).status();
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(status.message(),
+              ::testing::HasSubstr(
+                  "but its subdirectories step-100, step-200 hold one each: "
+                  "pass one of them"));
+}
+
 TEST(FsCommit, AFailedRenameLeavesTheOldCheckpointAndAbortRemovesTheTemp) {
   const std::string dir = FreshDir("commit_rename_fails");
   CreatedFiles ignored;

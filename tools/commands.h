@@ -46,6 +46,13 @@ absl::StatusOr<uint64_t> ParseSeed(const std::string& text);
 // metadata (kInvalidArgument when it holds no synthetic state); with a size
 // that is not the checkpoint's, kInvalidArgument naming both.
 absl::Status RunDemo(const DemoFlags& flags);
+// A source the inspect, verify and convert commands refuse before reading:
+// kFailedPrecondition for a plain path to a file (a data file or
+// `.metadata` passed for its checkpoint; a torch.save file, naming the
+// conversion), kUnimplemented for a directory torch.distributed.checkpoint
+// wrote (naming the conversion). OK otherwise (URIs, absent paths: the
+// readers say what is wrong).
+absl::Status RefuseNonCheckpointSource(const std::string& id);
 // `dcp inspect DIR` / `dcp verify DIR`: a dcp checkpoint, or a Hugging Face
 // directory (IsHfCheckpointDirectory) through the *Hf variants.
 absl::Status RunInspect(const std::string& dir);

@@ -632,6 +632,7 @@ absl::Status RunConvert(const std::string& src, const std::string& dst,
     return absl::InvalidArgumentError(absl::StrCat(
         "dcp convert: the source and the destination are the same: ", src));
   }
+  DCP_RETURN_IF_ERROR(RefuseNonCheckpointSource(src));
   if (options.to == "safetensors") return ToSafetensors(src, dst, options);
   if (options.to == "dcp") return ToDcp(src, dst, options);
   return absl::InvalidArgumentError(

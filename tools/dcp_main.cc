@@ -1,14 +1,37 @@
 // dcp: the command line. Subcommands: demo, inspect, verify (and bench,
 // launch as they land). Run `dcp --help` or `dcp SUBCOMMAND --help`.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "tools/commands.h"
 #include "tools/convert.h"
 #include "tools/launch.h"
+
+namespace {
+
+// Levenshtein distance between `a` and `b` (short words).
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dcp: a GPU-aware distributed checkpoint engine"};
@@ -107,6 +130,31 @@ int main(int argc, char** argv) {
     absl::Status status = dcp::RunBench(argv[2], args);
     std::fprintf(stderr, "dcp: %s\n", status.ToString().c_str());
     return 1;
+  }
+
+  // A first word that names no subcommand: say which word, and the nearest
+  // subcommand, rather than CLI11's "A subcommand is required".
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      names.push_back(sub->get_name());
+    }
+    const std::string word = argv[1];
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      std::string nearest;
+      size_t best = 3;  // at most two edits away
+      for (const std::string& name : names) {
+        const size_t d = EditDistance(word, name);
+        if (d < best) best = d, nearest = name;
+      }
+      std::fprintf(
+          stderr, "dcp: unknown command \"%s\"%s; commands: %s (dcp --help)\n",
+          word.c_str(),
+          nearest.empty() ? ""
+                          : (" (did you mean \"" + nearest + "\"?)").c_str(),
+          absl::StrJoin(names, ", ").c_str());
+      return 2;
+    }
   }
 
   CLI11_PARSE(app, argc, argv);

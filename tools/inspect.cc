@@ -273,19 +273,25 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
 
 }  // namespace
 
-namespace {
-
-// kFailedPrecondition for a plain path to something that is not a
-// directory (a data file or `.metadata` passed for its checkpoint).
-absl::Status RefuseNonDirectory(const std::string& id) {
+absl::Status RefuseNonCheckpointSource(const std::string& id) {
   if (absl::StrContains(id, "://")) return absl::OkStatus();
+  if (HoldsTorchDcpMetadata(id)) {
+    return absl::UnimplementedError(absl::StrCat(
+        id,
+        " holds a checkpoint written by torch.distributed.checkpoint (its "
+        ".metadata is a Python pickle), which dcp does not read; convert it "
+        "once: python -m dcp.format_utils torch_dcp_to_dcp ",
+        id, " NEW_DIR"));
+  }
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(id, ec);
   if (ec || status.type() == std::filesystem::file_type::directory) {
     return absl::OkStatus();  // Absent: the readers say so.
   }
   const std::string name = std::filesystem::path(id).filename().string();
-  if (name == kMetadataFileName || absl::EndsWith(name, ".distcp")) {
+  if (name == kMetadataFileName || absl::EndsWith(name, ".distcp") ||
+      absl::EndsWith(name, ".safetensors") || absl::EndsWith(name, ".mega") ||
+      absl::EndsWith(name, ".index.json")) {
     return absl::FailedPreconditionError(
         absl::StrCat(id,
                      " is a file, not a checkpoint directory; pass the "
@@ -299,10 +305,8 @@ absl::Status RefuseNonDirectory(const std::string& id) {
       id, " NEW_DIR"));
 }
 
-}  // namespace
-
 absl::Status RunInspect(const std::string& dir) {
-  DCP_RETURN_IF_ERROR(RefuseNonDirectory(dir));
+  DCP_RETURN_IF_ERROR(RefuseNonCheckpointSource(dir));
   if (IsHfCheckpointDirectory(dir)) return RunInspectHf(dir);
   if (std::optional<absl::Status> each = ForEachRankLocal(dir, RunInspect)) {
     return *each;
@@ -356,7 +360,7 @@ absl::Status RunInspect(const std::string& dir) {
         }
       }
     } else {
-      std::printf("%-48s %-6s %-20s\n", name.c_str(), "bytes", "-");
+      std::printf("%-48s %-6s %-20s\n", name.c_str(), "value", "-");
     }
   }
   std::printf("\n%-40s %s\n", "file", "bytes of items");
@@ -387,7 +391,7 @@ std::vector<std::string> UncoveredTensors(const Metadata& metadata) {
 }
 
 absl::Status RunVerify(const std::string& id) {
-  DCP_RETURN_IF_ERROR(RefuseNonDirectory(id));
+  DCP_RETURN_IF_ERROR(RefuseNonCheckpointSource(id));
   if (IsHfCheckpointDirectory(id)) return RunVerifyHf(id);
   if (std::optional<absl::Status> each = ForEachRankLocal(id, RunVerify)) {
     return *each;
@@ -499,7 +503,7 @@ absl::Status RunVerify(const std::string& id) {
 }
 
 absl::Status RunClean(const std::string& dir) {
-  DCP_RETURN_IF_ERROR(RefuseNonDirectory(dir));
+  DCP_RETURN_IF_ERROR(RefuseNonCheckpointSource(dir));
   FileSystemBase& fs = LocalFileSystem();
   // The saves' own lock: an orphan cannot be told from a file a save
   // running now is writing, so a running save makes this fail, naming it.

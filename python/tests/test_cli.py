@@ -71,3 +71,37 @@ def test_without_a_binary_it_says_how_to_get_one(tmp_path):
     assert result.returncode == 2
     assert "no dcp command-line binary" in result.stderr
     assert "DCP_TOOL" in result.stderr
+
+
+@pytest.mark.skipif(not os.access(TOOL, os.X_OK),
+                    reason="bazel-bin/tools/dcp not built")
+def test_mistakes_a_newcomer_makes_are_named(tmp_path):
+    """A mistyped command names the word and the nearest command; convert
+    refuses a torch.save file and a torch DCP directory as inspect does,
+    naming the conversion; a run's root names the checkpoints inside."""
+    import torch
+    typo = run(["inspct", str(tmp_path)], DCP_TOOL=TOOL)
+    assert typo.returncode == 2
+    assert 'unknown command "inspct" (did you mean "inspect"?)' in \
+        typo.stderr, typo.stderr
+    pt = str(tmp_path / "model.pt")
+    torch.save({"w": torch.ones(2)}, pt)
+    converted = run(["convert", pt, str(tmp_path / "out"), "--to", "dcp"],
+                    DCP_TOOL=TOOL)
+    assert converted.returncode != 0
+    assert "dcp.format_utils torch_to_dcp " + pt in converted.stderr, \
+        converted.stderr
+    import torch.distributed.checkpoint as tdcp
+    theirs = str(tmp_path / "theirs")
+    tdcp.save({"w": torch.ones(2)}, checkpoint_id=theirs, no_dist=True)
+    converted = run(["convert", theirs, str(tmp_path / "out2"), "--to",
+                     "safetensors"], DCP_TOOL=TOOL)
+    assert converted.returncode != 0
+    assert "UNIMPLEMENTED" in converted.stderr and \
+        "torch_dcp_to_dcp " + theirs in converted.stderr, converted.stderr
+    root = tmp_path / "run"
+    dcp.save({"w": torch.ones(2)}, checkpoint_id=str(root / "step-10"))
+    inspected = run(["inspect", str(root)], DCP_TOOL=TOOL)
+    assert inspected.returncode != 0
+    assert "its subdirectory step-10 holds one: pass it" in \
+        inspected.stderr, inspected.stderr
