@@ -210,15 +210,17 @@ def register_in_flight(path, upload, staging=None, lane=None) -> None:
     path = _in_flight_key(path)
     if path is None:
         return
-    entry = (upload, staging, lane)
     with _in_flight_lock:
-        _in_flight.setdefault(path, []).append(entry)
+        _in_flight.setdefault(path, []).append((upload, staging, lane))
 
+    # Finds its entry by the future it is called with: a closure holding
+    # the entry (so the future) would be a cycle through the future's own
+    # callbacks, freed only by a full garbage collection.
     def forget(done):
         with _in_flight_lock:
             entries = _in_flight.get(path)
-            if entries is not None and entry in entries:
-                entries.remove(entry)
+            if entries is not None:
+                entries[:] = [e for e in entries if e[0] is not done]
                 if not entries:
                     del _in_flight[path]
     upload.add_done_callback(forget)

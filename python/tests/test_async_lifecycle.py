@@ -498,3 +498,47 @@ def test_exit_says_which_failed_saves_nothing_waited_for(tmp_path):
     assert len(lines) == 2, out.stderr[-4000:]
     assert all("nothing waited for it: CheckpointExistsError" in line and
                "taken" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("kind", ["THREAD", "PROCESS"])
+def test_a_finished_async_save_leaves_no_reference_cycle(tmp_path, kind):
+    """A finished async_save's futures and Metadata are freed when the
+    caller drops them, without the cyclic garbage collector (which a
+    process with torch loaded seldom runs a full pass of: 20,000-item
+    saves grew the heap by 16 MiB each). Whatever a collection finds
+    unreachable here was in a cycle."""
+    import concurrent.futures
+    import gc
+    from dcp import async_save as _  # noqa: F401 - the module, loaded
+    async_module = sys.modules["dcp.async_save"]
+    kind = getattr(dcp.AsyncCheckpointerType, kind)
+
+    class Copy:
+        def stage(self, state_dict):
+            done = concurrent.futures.Future()
+            done.set_result({k: v.clone() for k, v in state_dict.items()})
+            return done
+    state = {f"w{i}": torch.ones(2) for i in range(50)}
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for round_ in range(2):
+            for name, stager in (("plain", None), ("stager", Copy()),
+                                 ("dcp", dcp.DefaultStager())):
+                r = dcp.async_save(state, async_checkpointer_type=kind,
+                                   checkpoint_id=str(tmp_path / name),
+                                   async_stager=stager)
+                r.upload_completion.result(120)
+                r.staging_completion.result(120)
+                if stager is not None and hasattr(stager, "close"):
+                    stager.close()
+                del r
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage
+                  if isinstance(o, (async_module._DcpFuture, dcp.Metadata))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not cyclic, cyclic
