@@ -173,62 +173,139 @@ def _model_state_dict(
     return _gather_and_offload(state, options)
 
 
+def _module_loads_plainly(m: nn.Module) -> bool:
+    """Whether torch's load of module `m`'s own tensors (not its
+    children's) is a plain copy: nn.Module's _load_from_state_dict and
+    extra state, no load hooks."""
+    cls = type(m)
+    return (cls._load_from_state_dict is nn.Module._load_from_state_dict and
+            cls.get_extra_state is nn.Module.get_extra_state and
+            cls.set_extra_state is nn.Module.set_extra_state and
+            not getattr(m, "_load_state_dict_pre_hooks", None) and
+            not getattr(m, "_load_state_dict_post_hooks", None))
+
+
 @torch.no_grad()
-def _loads_plainly(model: nn.Module) -> bool:
-    """Whether model.load_state_dict(sd, strict=False) would only copy_
-    each of sd's tensors into the model's tensor of that key: the model's
-    load_state_dict is nn.Module's, no module loads its own way
-    (_load_from_state_dict, extra state, lazy modules), no load hook, no
-    swapping of tensors."""
+def _own_way_subtrees(model: nn.Module) -> dict[str, nn.Module] | None:
+    """The outermost submodules of `model` whose load is not a plain copy
+    (_module_loads_plainly), by their state-dict prefix ("layers.3."; a
+    module shared under several names has each); {} when every module
+    loads plainly. None where only torch's load of the whole model will
+    do: the model itself loads its own way or overrides load_state_dict,
+    or torch swaps tensors on load."""
     future = getattr(torch, "__future__", None)
     swap = getattr(future, "get_swap_module_params_on_conversion", None)
     if swap is not None and swap():
-        return False
+        return None
     if getattr(model.load_state_dict, "__func__",
-               None) is not nn.Module.load_state_dict:
-        return False
-    own_load = nn.Module._load_from_state_dict
-    own_get_extra = nn.Module.get_extra_state
-    own_set_extra = nn.Module.set_extra_state
-    for m in model.modules():
-        cls = type(m)
-        if (cls._load_from_state_dict is not own_load or
-                cls.get_extra_state is not own_get_extra or
-                cls.set_extra_state is not own_set_extra or
-                getattr(m, "_load_state_dict_pre_hooks", None) or
-                getattr(m, "_load_state_dict_post_hooks", None)):
-            return False
-    return True
+               None) is not nn.Module.load_state_dict or \
+            not _module_loads_plainly(model):
+        return None
+    found: dict[str, nn.Module] = {}
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            child_prefix = f"{prefix}{name}."
+            if _module_loads_plainly(child):
+                walk(child, child_prefix)
+            else:
+                found[child_prefix] = child
+    walk(model, "")
+    return found
+
+
+def _subtree_of(key: str, prefixes: dict) -> str | None:
+    """The prefix in `prefixes` that `key` lies under, or None."""
+    dot = key.find(".")
+    while dot >= 0:
+        prefix = key[:dot + 1]
+        if prefix in prefixes:
+            return prefix
+        dot = key.find(".", dot + 1)
+    return None
+
+
+def _load_subtree(module: nn.Module, state: dict[str, Any], prefix: str,
+                  missing: list, unexpected: list, errors: list) -> None:
+    """What nn.Module.load_state_dict does for `module` at `prefix` inside
+    the model (its own _load_from_state_dict with the key prefix it has in
+    the model, then its children's, then its post hooks, which see the
+    whole load's lists): `state` holds this subtree's keys, whole."""
+    module._load_from_state_dict(state, prefix, {}, True, missing,
+                                 unexpected, errors)
+    for name, child in module._modules.items():
+        if child is not None:
+            child_prefix = f"{prefix}{name}."
+            _load_subtree(child, {k: v for k, v in state.items()
+                                  if k.startswith(child_prefix)},
+                          child_prefix, missing, unexpected, errors)
+    incompatible = _IncompatibleKeys(missing, unexpected)
+    for hook in module._load_state_dict_post_hooks.values():
+        hook(module, incompatible)
 
 
 def _copy_plainly(model: nn.Module, local: dict[str, Any],
                   to_load: dict[str, Any]) -> _IncompatibleKeys | None:
-    """model.load_state_dict(to_load, strict=False) where that is a plain
-    copy of every value into the model's tensor of its key (each a
-    non-DTensor of the same shape; `local` is model.state_dict(keep_vars=
-    True)); None where it is not (having changed nothing, or where a copy
-    failed, only values torch's load then copies again). torch's load
-    filters the whole state dict once per child module, which is
+    """model.load_state_dict(to_load, strict=False), done as plain copies of
+    each value into the model's tensor of its key (each a non-DTensor of
+    the same shape; `local` is model.state_dict(keep_vars=True)), and, for
+    the submodules that load their own way (_own_way_subtrees), torch's
+    steps for each subtree with its own keys only. None where that is not
+    the same (having changed nothing, or where a step failed or reported
+    an error: torch's whole load then does it again, and says it). torch's
+    whole load filters the state dict once per child module, which is
     quadratic for a module with many children (10,000 of them: 15 s)."""
+    subtrees = _own_way_subtrees(model)
+    if subtrees is None:
+        return None
     pairs = []
+    parts: dict[str, dict[str, Any]] = {prefix: {} for prefix in subtrees}
     for key, value in to_load.items():
         target = local.get(key)
+        prefix = _subtree_of(key, subtrees) if subtrees else None
+        if prefix is not None:
+            if isinstance(value, torch.Tensor) and (
+                    _is_dtensor(value) or _is_dtensor(target) or (
+                        isinstance(target, torch.Tensor) and
+                        value.shape != target.shape)):
+                return None  # torch's load says what is wrong, or does more
+            parts[prefix][key] = value
+            continue
         if (not isinstance(value, torch.Tensor) or
                 not isinstance(target, torch.Tensor) or
                 _is_dtensor(value) or _is_dtensor(target) or
                 value.shape != target.shape):
             return None  # torch's load says what is wrong, or does more
         pairs.append((target, value))
-    if not _loads_plainly(model):
-        return None
+    missing: list = []
+    unexpected: list = []
+    errors: list = []
     try:
         with torch.no_grad():
             for target, value in pairs:
                 if value is not target:
                     target.copy_(value)
+            # In the model's order, as torch's load meets them: a subtree's
+            # post hooks see the keys missing before it, not after.
+            pending = dict(subtrees)
+            for key in local:
+                prefix = _subtree_of(key, subtrees) if subtrees else None
+                if prefix is None:
+                    if key not in to_load:
+                        missing.append(key)
+                elif prefix in pending:
+                    _load_subtree(pending.pop(prefix), parts[prefix], prefix,
+                                  missing, unexpected, errors)
+            for prefix, module in pending.items():  # (holding no tensors)
+                _load_subtree(module, parts[prefix], prefix, missing,
+                              unexpected, errors)
     except Exception:  # noqa: BLE001 - torch's load says it its way
         return None
-    return _IncompatibleKeys([k for k in local if k not in to_load], [])
+    if errors:
+        return None
+    return _IncompatibleKeys(missing, unexpected)
 
 
 def _load_model(

@@ -1102,3 +1102,83 @@ def test_an_empty_optimizer_state_dict_is_refused_strict_or_not():
         with pytest.raises(RuntimeError, match="is empty"):
             sd.set_optimizer_state_dict(model, optim, {}, options=options)
         assert not optim.state
+
+
+class _WithExtraState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.extra = {"calls": 0}
+
+    def get_extra_state(self):
+        return {"calls": self.extra["calls"] + 1}
+
+    def set_extra_state(self, state):
+        self.extra = dict(state)
+
+
+def _mixed_model():
+    """Plain modules, modules that load their own way (BatchNorm, extra
+    state, load hooks) nested at several depths, and a shared one under two
+    names."""
+    shared = nn.BatchNorm1d(2)
+    inner = nn.Sequential(nn.Linear(2, 2), _WithExtraState(), shared)
+    model = nn.ModuleDict({
+        "a": nn.Linear(2, 2), "inner": inner, "again": shared,
+        "hooked": nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)),
+        "tail": nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])})
+    return model
+
+
+def test_a_model_with_modules_of_their_own_way_loads_as_torch_loads_it():
+    """set_model_state_dict copies plain modules' tensors itself and runs
+    torch's steps only for the subtrees that load their own way: values,
+    extra state, the prefixes and strictness hooks see, what post hooks
+    see and change, and missing/unexpected keys are those of torch's own
+    load_state_dict of the whole model."""
+    torch.manual_seed(0)
+    source = _mixed_model()
+    for m in source.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.fill_(3.0)
+            m.num_batches_tracked.fill_(7)
+    saved = sd.get_model_state_dict(source)
+    saved.pop("tail.1.bias")  # missing
+    results = []
+    for how in ("torch", "dcp"):
+        torch.manual_seed(1)
+        model = _mixed_model()
+        seen = []
+        model["hooked"].register_load_state_dict_pre_hook(
+            lambda module, state, prefix, *rest: seen.append(
+                ("pre", prefix, sorted(k for k in state
+                                       if k.startswith(prefix)))))
+
+        def post(module, incompatible):
+            seen.append(("post", sorted(incompatible.missing_keys)))
+            incompatible.missing_keys[:] = [
+                k for k in incompatible.missing_keys
+                if not k.startswith("hooked.")]
+        model["hooked"].register_load_state_dict_post_hook(post)
+        state = dict(saved)
+        state["hooked.0.weight"] = state.pop("hooked.0.weight")
+        del state["hooked.1.bias"]  # missing, then dropped by the post hook
+        if how == "torch":
+            keys = model.load_state_dict(state, strict=False)
+        else:
+            keys = sd.set_model_state_dict(
+                model, state, options=sd.StateDictOptions(strict=False))
+        results.append((model, seen, sorted(keys.missing_keys),
+                        sorted(keys.unexpected_keys)))
+    (want, want_seen, want_missing, want_unexpected), \
+        (got, got_seen, got_missing, got_unexpected) = results
+    for (name, a), b in zip(want.state_dict().items(),
+                            got.state_dict().values()):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), name
+        else:
+            assert a == b, name
+    assert got["inner"][1].extra == want["inner"][1].extra == {"calls": 1}
+    assert got_seen == want_seen
+    assert got_missing == want_missing == ["tail.1.bias"]
+    assert got_unexpected == want_unexpected == []
