@@ -603,6 +603,7 @@ absl::StatusOr<Metadata> FileSystemReader::ReadMetadata() {
             ", or load it by its path without a storage reader"));
       }
     }
+    return internal_fs::NameCheckpointsInside(*fs_, dir_, read.status());
   }
   DCP_ASSIGN_OR_RETURN(Metadata metadata, std::move(read));
   if (!metadata.storage_meta.has_value()) metadata.storage_meta = StorageMeta{};

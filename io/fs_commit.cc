@@ -43,6 +43,22 @@ std::vector<std::string> CheckpointsInside(FileSystemBase& fs,
 
 }  // namespace
 
+absl::Status NameCheckpointsInside(FileSystemBase& fs, const std::string& dir,
+                                   absl::Status missing) {
+  if (!absl::IsNotFound(missing)) return missing;
+  const std::vector<std::string> inside = CheckpointsInside(fs, dir);
+  if (inside.empty()) return missing;
+  return absl::NotFoundError(absl::StrCat(
+      "no committed checkpoint in ", dir, " itself (",
+      JoinPath(dir, kMetadataFileName), " does not exist), but ",
+      inside.size() == 1           ? "its subdirectory "
+      : inside.size() == kMaxNamed ? "its subdirectories (among others) "
+                                   : "its subdirectories ",
+      absl::StrJoin(inside, ", "),
+      inside.size() == 1 ? " holds one: pass it"
+                         : " hold one each: pass one of them"));
+}
+
 absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
                                           const std::string& dir) {
   const std::string metadata_path = JoinPath(dir, kMetadataFileName);
@@ -52,18 +68,6 @@ absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
     if (dir_exists.ok() && !*dir_exists) {
       return absl::NotFoundError(absl::StrCat(
           "no checkpoint at ", dir, ": the directory does not exist"));
-    }
-    const std::vector<std::string> inside = CheckpointsInside(fs, dir);
-    if (!inside.empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no committed checkpoint in ", dir, " itself (", metadata_path,
-          " does not exist), but ",
-          inside.size() == 1           ? "its subdirectory "
-          : inside.size() == kMaxNamed ? "its subdirectories (among others) "
-                                       : "its subdirectories ",
-          absl::StrJoin(inside, ", "),
-          inside.size() == 1 ? " holds one: pass it"
-                             : " hold one each: pass one of them"));
     }
     return absl::NotFoundError(absl::StrCat(
         "no committed checkpoint in ", dir, " (", metadata_path,

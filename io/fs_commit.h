@@ -50,6 +50,15 @@ class CreatedFiles {
 absl::StatusOr<Metadata> ReadMetadataFile(FileSystemBase& fs,
                                           const std::string& dir);
 
+// For a load's `missing` (ReadMetadataFile's kNotFound for `dir`): the
+// same code, naming the subdirectories of `dir` that hold a committed
+// checkpoint (a run's root: DIR/step-1000, ...; rank-local ones not
+// counted, the first 1000 entries looked at) where there are any; else
+// `missing` as it is (also any other status). Lists `dir`: not for a
+// save's setup.
+absl::Status NameCheckpointsInside(FileSystemBase& fs, const std::string& dir,
+                                   absl::Status missing);
+
 // Whether the file at `path` opens as a Python pickle (protocol 2 to 5),
 // as torch.distributed.checkpoint's `.metadata` does; false when it cannot
 // be read.

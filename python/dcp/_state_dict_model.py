@@ -185,127 +185,96 @@ def _module_loads_plainly(m: nn.Module) -> bool:
             not getattr(m, "_load_state_dict_post_hooks", None))
 
 
-@torch.no_grad()
-def _own_way_subtrees(model: nn.Module) -> dict[str, nn.Module] | None:
-    """The outermost submodules of `model` whose load is not a plain copy
-    (_module_loads_plainly), by their state-dict prefix ("layers.3."; a
-    module shared under several names has each); {} when every module
-    loads plainly. None where only torch's load of the whole model will
-    do: the model itself loads its own way or overrides load_state_dict,
-    or torch swaps tensors on load."""
+def _torch_loads_it(model: nn.Module) -> bool:
+    """Whether only model.load_state_dict itself will do: the model
+    overrides it, or torch swaps tensors on load."""
     future = getattr(torch, "__future__", None)
     swap = getattr(future, "get_swap_module_params_on_conversion", None)
-    if swap is not None and swap():
-        return None
-    if getattr(model.load_state_dict, "__func__",
-               None) is not nn.Module.load_state_dict or \
-            not _module_loads_plainly(model):
-        return None
-    found: dict[str, nn.Module] = {}
-
-    def walk(module: nn.Module, prefix: str) -> None:
-        for name, child in module._modules.items():
-            if child is None:
-                continue
-            child_prefix = f"{prefix}{name}."
-            if _module_loads_plainly(child):
-                walk(child, child_prefix)
-            else:
-                found[child_prefix] = child
-    walk(model, "")
-    return found
+    return (swap is not None and swap()) or getattr(
+        model.load_state_dict, "__func__", None) is not \
+        nn.Module.load_state_dict
 
 
-def _subtree_of(key: str, prefixes: dict) -> str | None:
-    """The prefix in `prefixes` that `key` lies under, or None."""
-    dot = key.find(".")
-    while dot >= 0:
-        prefix = key[:dot + 1]
-        if prefix in prefixes:
-            return prefix
-        dot = key.find(".", dot + 1)
-    return None
+def _load_as_torch_does(model: nn.Module,
+                        state_dict: dict[str, Any]) -> _IncompatibleKeys:
+    """model.load_state_dict(state_dict, strict=False), step for step as
+    nn.Module's (each module's _load_from_state_dict with its prefix, then
+    its children's in order, then its post hooks, all sharing one list of
+    missing and unexpected keys; a RuntimeError for what the modules
+    report), but with each module's keys split among its children in one
+    pass where torch filters the whole dict once per child (quadratic for
+    a module with many children)."""
+    missing: list[str] = []
+    unexpected: list[str] = []
+    errors: list[str] = []
 
+    def load(module: nn.Module, local: dict[str, Any], prefix: str) -> None:
+        module._load_from_state_dict(local, prefix, {}, True, missing,
+                                     unexpected, errors)
+        if module._modules:
+            # Each child's keys, as torch's startswith(child_prefix)
+            # filter (after this module's load, which may change `local`)
+            # picks them, in the same order.
+            by_child: dict[str, dict[str, Any]] = {}
+            cut = len(prefix)
+            for key, value in local.items():
+                if key.startswith(prefix):
+                    dot = key.find(".", cut)
+                    if dot >= 0:
+                        by_child.setdefault(key[cut:dot], {})[key] = value
+            for name, child in module._modules.items():
+                if child is not None:
+                    load(child, by_child.get(name, {}), f"{prefix}{name}.")
+        incompatible = _IncompatibleKeys(missing, unexpected)
+        for hook in module._load_state_dict_post_hooks.values():
+            if hook(module, incompatible) is not None:
+                raise AssertionError(
+                    "Hooks registered with "
+                    "``register_load_state_dict_post_hook`` are not expected "
+                    "to return new values, if incompatible_keys need to be "
+                    "modified, it should be done inplace.")
 
-def _load_subtree(module: nn.Module, state: dict[str, Any], prefix: str,
-                  missing: list, unexpected: list, errors: list) -> None:
-    """What nn.Module.load_state_dict does for `module` at `prefix` inside
-    the model (its own _load_from_state_dict with the key prefix it has in
-    the model, then its children's, then its post hooks, which see the
-    whole load's lists): `state` holds this subtree's keys, whole."""
-    module._load_from_state_dict(state, prefix, {}, True, missing,
-                                 unexpected, errors)
-    for name, child in module._modules.items():
-        if child is not None:
-            child_prefix = f"{prefix}{name}."
-            _load_subtree(child, {k: v for k, v in state.items()
-                                  if k.startswith(child_prefix)},
-                          child_prefix, missing, unexpected, errors)
-    incompatible = _IncompatibleKeys(missing, unexpected)
-    for hook in module._load_state_dict_post_hooks.values():
-        hook(module, incompatible)
+    load(model, dict(state_dict), "")
+    if errors:
+        raise RuntimeError(
+            "Error(s) in loading state_dict for {}:\n\t{}".format(
+                model.__class__.__name__, "\n\t".join(errors)))
+    return _IncompatibleKeys(missing, unexpected)
 
 
 def _copy_plainly(model: nn.Module, local: dict[str, Any],
-                  to_load: dict[str, Any]) -> _IncompatibleKeys | None:
-    """model.load_state_dict(to_load, strict=False), done as plain copies of
-    each value into the model's tensor of its key (each a non-DTensor of
-    the same shape; `local` is model.state_dict(keep_vars=True)), and, for
-    the submodules that load their own way (_own_way_subtrees), torch's
-    steps for each subtree with its own keys only. None where that is not
-    the same (having changed nothing, or where a step failed or reported
-    an error: torch's whole load then does it again, and says it). torch's
-    whole load filters the state dict once per child module, which is
-    quadratic for a module with many children (10,000 of them: 15 s)."""
-    subtrees = _own_way_subtrees(model)
-    if subtrees is None:
-        return None
+                  to_load: dict[str, Any]) -> _IncompatibleKeys:
+    """model.load_state_dict(to_load, strict=False). Where every module
+    loads plainly (_module_loads_plainly) and every value is a non-DTensor
+    tensor of its key's shape in the model (`local` is model.state_dict(
+    keep_vars=True)), a plain copy of each value into the model's tensor
+    (a copy that fails: the rest as torch loads it); otherwise
+    _load_as_torch_does, or torch's own load where the model overrides it.
+    torch's own load filters the state dict once per child module, which
+    is quadratic for a module with many children (10,000 of them: 15 s)."""
+    if _torch_loads_it(model):
+        return model.load_state_dict(to_load, strict=False)
+    from torch.nn.parameter import is_lazy
     pairs = []
-    parts: dict[str, dict[str, Any]] = {prefix: {} for prefix in subtrees}
     for key, value in to_load.items():
         target = local.get(key)
-        prefix = _subtree_of(key, subtrees) if subtrees else None
-        if prefix is not None:
-            if isinstance(value, torch.Tensor) and (
-                    _is_dtensor(value) or _is_dtensor(target) or (
-                        isinstance(target, torch.Tensor) and
-                        value.shape != target.shape)):
-                return None  # torch's load says what is wrong, or does more
-            parts[prefix][key] = value
-            continue
         if (not isinstance(value, torch.Tensor) or
                 not isinstance(target, torch.Tensor) or
+                is_lazy(value) or is_lazy(target) or
                 _is_dtensor(value) or _is_dtensor(target) or
                 value.shape != target.shape):
-            return None  # torch's load says what is wrong, or does more
+            return _load_as_torch_does(model, to_load)
         pairs.append((target, value))
-    missing: list = []
-    unexpected: list = []
-    errors: list = []
+    if not all(_module_loads_plainly(m) for m in model.modules()):
+        return _load_as_torch_does(model, to_load)
     try:
         with torch.no_grad():
             for target, value in pairs:
                 if value is not target:
                     target.copy_(value)
-            # In the model's order, as torch's load meets them: a subtree's
-            # post hooks see the keys missing before it, not after.
-            pending = dict(subtrees)
-            for key in local:
-                prefix = _subtree_of(key, subtrees) if subtrees else None
-                if prefix is None:
-                    if key not in to_load:
-                        missing.append(key)
-                elif prefix in pending:
-                    _load_subtree(pending.pop(prefix), parts[prefix], prefix,
-                                  missing, unexpected, errors)
-            for prefix, module in pending.items():  # (holding no tensors)
-                _load_subtree(module, parts[prefix], prefix, missing,
-                              unexpected, errors)
-    except Exception:  # noqa: BLE001 - torch's load says it its way
-        return None
-    if errors:
-        return None
-    return _IncompatibleKeys(missing, unexpected)
+    except Exception:  # noqa: BLE001 - torch's steps say it their way
+        return _load_as_torch_does(model, to_load)
+    return _IncompatibleKeys([k for k in local if k not in to_load], [])
 
 
 def _load_model(
@@ -353,8 +322,6 @@ def _load_model(
         to_assign[key] = made[id(template)]
     # strict=False so that the error, if any, names canonical FQNs.
     result = _copy_plainly(model, local, to_load)
-    if result is None:
-        result = model.load_state_dict(to_load, strict=False)
     missing_keys = set(result.missing_keys)
     if to_assign:
         assigned = model.load_state_dict(to_assign, strict=False, assign=True)

@@ -1182,3 +1182,85 @@ def test_a_model_with_modules_of_their_own_way_loads_as_torch_loads_it():
     assert got_seen == want_seen
     assert got_missing == want_missing == ["tail.1.bias"]
     assert got_unexpected == want_unexpected == []
+
+
+def test_loads_that_go_through_torchs_steps_keep_their_order_and_effects():
+    """Where modules load their own way, set_model_state_dict runs torch's
+    steps in torch's order over the whole model: a failing module's error
+    comes after the earlier modules' effects, once each; a post hook of a
+    module without tensors sees the keys missing before it only; of a
+    weight tied under two names the later key's value stays; a post hook
+    returning a value is an AssertionError; a lazy module loads."""
+    relaxed = sd.StateDictOptions(strict=False)
+
+    def both(case):
+        return [case(lambda m, s: m.load_state_dict(s, strict=False)),
+                case(lambda m, s: sd.set_model_state_dict(m, s,
+                                                          options=relaxed))]
+
+    class Refuses(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(2))
+
+        def _load_from_state_dict(self, state, prefix, *args):
+            super()._load_from_state_dict(state, prefix, *args)
+            if float(state[prefix + "w"].sum()) < 0:
+                args[-1].append("negative w")
+
+    def failing(load):
+        log = []
+        m = nn.Sequential(_WithExtraState(), nn.Linear(2, 2), Refuses())
+        m[0].register_load_state_dict_post_hook(
+            lambda module, keys: log.append("post"))
+        state = dict(m.state_dict())
+        state["2.w"] = torch.full((2,), -1.0)
+        try:
+            load(m, state)
+        except RuntimeError as e:
+            log.append(str(e).splitlines()[-1].strip())
+        return log, m[0].extra
+
+    def sees_missing(load):
+        log = []
+        m = nn.Sequential(nn.Linear(2, 2), nn.Identity(), nn.Linear(2, 2))
+        m[1].register_load_state_dict_post_hook(
+            lambda module, keys: log.append(list(keys.missing_keys)))
+        state = dict(m.state_dict())
+        del state["0.bias"], state["2.weight"]
+        load(m, state)
+        return log
+
+    def tied(load):
+        m = nn.Module()
+        m.head = nn.Sequential(nn.Linear(2, 2, bias=False))
+        m.emb = nn.Linear(2, 2, bias=False)
+        m.emb.weight = m.head[0].weight
+        m.head.register_load_state_dict_post_hook(lambda module, keys: None)
+        load(m, {"head.0.weight": torch.full((2, 2), 1.0),
+                 "emb.weight": torch.full((2, 2), 2.0)})
+        return float(m.emb.weight[0, 0])
+
+    def returning(load):
+        m = nn.Sequential(nn.Linear(2, 2))
+        m[0].register_load_state_dict_post_hook(lambda module, keys: "x")
+        try:
+            load(m, dict(m.state_dict()))
+            return "loaded"
+        except AssertionError:
+            return "AssertionError"
+
+    def lazy(load):
+        torch.manual_seed(0)
+        source = nn.Sequential(nn.Linear(4, 3))
+        m = nn.Sequential(nn.LazyLinear(3))
+        load(m, dict(source.state_dict()))
+        return torch.equal(m[0].weight, source[0].weight)
+
+    want, got = both(failing)
+    assert got == want and want[0] == ["post", "negative w"], (want, got)
+    want, got = both(sees_missing)
+    assert got == want == [["0.bias"]], (want, got)
+    assert both(tied) == [2.0, 2.0]
+    assert both(returning) == ["AssertionError", "AssertionError"]
+    assert both(lazy) == [True, True]
