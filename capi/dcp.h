@@ -861,8 +861,8 @@ DCP_API int dcp_metadata_encode(const dcp_metadata_t* md, void* buf,
                                 size_t capacity, size_t* size);
 /* The metadata in `size` bytes at `data` that dcp_metadata_encode wrote
  * (or a .metadata file holds); `source` (NULL: "the bytes given to
- * dcp_metadata_decode") names them in errors. The bytes are checked as a load checks a
- * .metadata file: DCP_DATA_LOSS when they are not dcp metadata or are
+ * dcp_metadata_decode") names them in errors. The bytes are checked as a load
+ * checks a .metadata file: DCP_DATA_LOSS when they are not dcp metadata or are
  * damaged, DCP_FAILED_PRECONDITION for a newer dcp's format. */
 DCP_API int dcp_metadata_decode(const void* data, size_t size,
                                 const char* source, dcp_metadata_t** out);

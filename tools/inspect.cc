@@ -44,17 +44,23 @@ bool HoldsTorchDcpMetadata(const std::string& dir) {
          head[1] >= 2 && head[1] <= 5;
 }
 
+// kUnimplemented for the torch.distributed.checkpoint directory `id`,
+// naming the conversion.
+absl::Status TorchDcpCheckpointError(const std::string& id) {
+  return absl::UnimplementedError(absl::StrCat(
+      id,
+      " holds a checkpoint written by torch.distributed.checkpoint (its "
+      ".metadata is a Python pickle), which dcp does not read; convert it "
+      "once: python -m dcp.format_utils torch_dcp_to_dcp ",
+      id, " NEW_DIR"));
+}
+
 absl::StatusOr<Metadata> ReadCommittedMetadata(const std::string& id) {
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<StorageReader> reader,
                        StorageRegistry::Default().CreateReader(id));
   absl::StatusOr<Metadata> metadata = reader->ReadMetadata();
   if (absl::IsDataLoss(metadata.status()) && HoldsTorchDcpMetadata(id)) {
-    return absl::UnimplementedError(absl::StrCat(
-        id,
-        " holds a checkpoint written by torch.distributed.checkpoint (its "
-        ".metadata is a Python pickle), which dcp does not read; convert it "
-        "once: python -m dcp.format_utils torch_dcp_to_dcp ",
-        id, " NEW_DIR"));
+    return TorchDcpCheckpointError(id);
   }
   return metadata;
 }
@@ -276,12 +282,7 @@ std::vector<std::string> VerifyItem(const MetadataIndex& index,
 absl::Status RefuseNonCheckpointSource(const std::string& id) {
   if (absl::StrContains(id, "://")) return absl::OkStatus();
   if (HoldsTorchDcpMetadata(id)) {
-    return absl::UnimplementedError(absl::StrCat(
-        id,
-        " holds a checkpoint written by torch.distributed.checkpoint (its "
-        ".metadata is a Python pickle), which dcp does not read; convert it "
-        "once: python -m dcp.format_utils torch_dcp_to_dcp ",
-        id, " NEW_DIR"));
+    return TorchDcpCheckpointError(id);
   }
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(id, ec);
