@@ -9,6 +9,7 @@ docstring states the contracts.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -148,7 +149,13 @@ def _model_state_dict(
     options: StateDictOptions,
 ) -> dict[str, Any]:
     raw = model.state_dict()
-    state: dict[str, Any] = {}
+    # As torch's: an OrderedDict keeping the modules' versions (_metadata),
+    # which a module's _load_from_state_dict may need to read what it saved
+    # (nnq.Linear does).
+    state: dict[str, Any] = OrderedDict()
+    metadata = getattr(raw, "_metadata", None)
+    if metadata is not None:
+        state._metadata = metadata  # type: ignore[attr-defined]
     for key, value in raw.items():
         fqn = index.canonical(key)
         if fqn in state:
@@ -208,9 +215,13 @@ def _load_as_torch_does(model: nn.Module,
     unexpected: list[str] = []
     errors: list[str] = []
 
+    metadata = getattr(state_dict, "_metadata", None)
+
     def load(module: nn.Module, local: dict[str, Any], prefix: str) -> None:
-        module._load_from_state_dict(local, prefix, {}, True, missing,
-                                     unexpected, errors)
+        local_metadata = {} if metadata is None else \
+            metadata.get(prefix[:-1], {})
+        module._load_from_state_dict(local, prefix, local_metadata, True,
+                                     missing, unexpected, errors)
         if module._modules:
             # Each child's keys, as torch's startswith(child_prefix)
             # filter (after this module's load, which may change `local`)
@@ -305,7 +316,11 @@ def _load_model(
         if isinstance(v, torch.Tensor)
         and (v.to_local() if _is_dtensor(v) else v).device.type == "meta"
     }
-    to_load, to_assign, made = {}, {}, {}
+    to_load, to_assign, made = OrderedDict(), {}, {}
+    # The modules' versions travel with the state dict, as in torch's load.
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        to_load._metadata = metadata  # type: ignore[attr-defined]
     for fqn, value in state_dict.items():
         key = key_of.get(fqn, fqn)
         value = _localize(value, local.get(key))

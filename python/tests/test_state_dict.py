@@ -1264,3 +1264,29 @@ def test_loads_that_go_through_torchs_steps_keep_their_order_and_effects():
     assert both(tied) == [2.0, 2.0]
     assert both(returning) == ["AssertionError", "AssertionError"]
     assert both(lazy) == [True, True]
+
+
+def test_module_versions_travel_with_the_state_dict():
+    """get_model_state_dict keeps the modules' versions (_metadata, in an
+    OrderedDict) as torch's does, and set_model_state_dict hands each
+    module its own: a quantized Linear reads its version to know where its
+    weight lies (without it the load failed with KeyError '0.weight')."""
+    import warnings
+
+    nnq = pytest.importorskip("torch.ao.nn.quantized")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated
+        source = nn.Sequential(nnq.Linear(4, 3))
+        target = nn.Sequential(nnq.Linear(4, 3))
+        source[0].set_weight_bias(
+            torch.quantize_per_tensor(torch.arange(12.).reshape(3, 4) / 10,
+                                      0.05, 0, torch.qint8),
+            torch.tensor([1., 2., 3.]))
+        state = sd.get_model_state_dict(source)
+        assert isinstance(state, collections.OrderedDict)
+        assert state._metadata["0"] == source.state_dict()._metadata["0"]
+        result = sd.set_model_state_dict(target, state)
+        assert (result.missing_keys, result.unexpected_keys) == ([], [])
+        weight, bias = target[0]._weight_bias()
+        assert torch.equal(weight.int_repr(), source[0].weight().int_repr())
+        assert torch.equal(bias, torch.tensor([1., 2., 3.]))
