@@ -301,6 +301,32 @@ TEST(Safetensors, UntrustedJsonRefusesAKeyGivenTwiceInOneObject) {
   json = ParseUntrustedJson(R"([{"k":[{"x":1,"x":1}]}])", "j");
   EXPECT_THAT(json.status().message(),
               HasSubstr(R"(the key "x" more than once)"));
+  // Keys are counted per object: the outer object's after an inner one
+  // closed, an inner key equal to an outer one.
+  json = ParseUntrustedJson(R"({"a":{"b":1,"a":2},"b":3,"a":4})", "j");
+  EXPECT_THAT(json.status().message(),
+              HasSubstr(R"(j has the key "a" more than once)"));
+  json = ParseUntrustedJson(R"({"a":{"b":1,"a":2},"b":{"a":{}}})", "j");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ((*json)["a"]["a"], 2);
+}
+
+TEST(Safetensors, UntrustedJsonParsesAWideObjectWhole) {
+  // A header of many tensors: one object of 50,000 members, each an object.
+  std::string text = "{";
+  for (int i = 0; i < 50000; ++i) {
+    absl::StrAppend(&text, i == 0 ? "" : ",", "\"t", i, "\":{\"i\":", i, "}");
+  }
+  text += "}";
+  absl::StatusOr<nlohmann::json> json = ParseUntrustedJson(text, "j");
+  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_EQ(json->size(), 50000u);
+  EXPECT_EQ((*json)["t0"]["i"], 0);
+  EXPECT_EQ((*json)["t49999"]["i"], 49999);
+  json =
+      ParseUntrustedJson(text.substr(0, text.size() - 1) + ",\"t7\":{}}", "j");
+  EXPECT_THAT(json.status().message(),
+              HasSubstr(R"(j has the key "t7" more than once)"));
 }
 
 TEST(Safetensors, MessagesDescribeLargeValuesWithoutDumpingThem) {

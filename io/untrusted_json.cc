@@ -16,14 +16,71 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Whether a parse event opens an array or object nested more than
-// kMaxUntrustedJsonDepth levels deep (the callback's `depth` counts the
-// containers around the event: 0 for the top-level value).
-bool OpensTooDeep(int depth, Json::parse_event_t event) {
-  return (event == Json::parse_event_t::object_start ||
-          event == Json::parse_event_t::array_start) &&
-         depth >= kMaxUntrustedJsonDepth;
-}
+// A first pass over untrusted JSON that builds nothing: it finds nesting
+// deeper than kMaxUntrustedJsonDepth and a key given twice in one object
+// (which value counts would be the parser's choice, so two readers could
+// see two different checkpoints), in time linear in the text. (A parse
+// callback would do it in one pass, but nlohmann's callback parser scans
+// the whole parent object at each object's end: quadratic in the entries
+// of a safetensors header.)
+class Checker final : public nlohmann::json_sax<Json> {
+ public:
+  bool too_deep() const { return too_deep_; }
+  const std::string& duplicate() const { return duplicate_; }
+  const std::string& error() const { return error_; }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    Open();
+    // The keys of each object open around the parser, where tracked.
+    if (!too_deep_) open_objects_.emplace_back();
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (!too_deep_ && !open_objects_.empty() &&
+        !open_objects_.back().insert(key).second && duplicate_.empty()) {
+      duplicate_ = key;
+    }
+    return true;
+  }
+  bool end_object() override {
+    if (!too_deep_ && !open_objects_.empty()) open_objects_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    Open();
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    error_ = e.what();
+    return false;
+  }
+
+ private:
+  // Past the limit the keys are no longer tracked (the parse goes on, so
+  // that text which is not JSON at all is still reported as such).
+  void Open() {
+    if (++depth_ > kMaxUntrustedJsonDepth) too_deep_ = true;
+  }
+
+  int depth_ = 0;
+  bool too_deep_ = false;
+  std::vector<absl::flat_hash_set<std::string>> open_objects_;
+  std::string duplicate_;
+  std::string error_;
+};
 
 }  // namespace
 
@@ -34,52 +91,31 @@ std::string TooDeepMessage(absl::string_view what) {
 
 absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
                                         absl::string_view what) {
-  bool too_deep = false;
-  // The keys of each object open around the parser: a key given twice in
-  // one object is refused (which value wins would be the parser's choice,
-  // so two readers could see two different checkpoints).
-  std::vector<absl::flat_hash_set<std::string>> open_objects;
-  std::string duplicate;
-  auto callback = [&](int depth, Json::parse_event_t event,
-                      Json& parsed) -> bool {
-    if (OpensTooDeep(depth, event)) {
-      too_deep = true;
-      return false;  // Discarded: nothing that deep is built.
-    }
-    if (too_deep) return true;  // `open_objects` no longer matches.
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty()) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  Json parsed;
-  try {
-    parsed = Json::parse(text.begin(), text.end(), callback);
-  } catch (const std::exception& e) {
+  const auto not_json = [&](absl::string_view why) {
     return absl::DataLossError(
-        absl::StrCat(what, " is not valid JSON (", e.what(), ")"));
+        absl::StrCat(what, " is not valid JSON (", why, ")"));
+  };
+  Checker checker;
+  try {
+    if (!Json::sax_parse(text.begin(), text.end(), &checker)) {
+      return not_json(checker.error());
+    }
+  } catch (const std::exception& e) {
+    return not_json(e.what());
   }
-  if (too_deep) return absl::DataLossError(TooDeepMessage(what));
-  if (!duplicate.empty()) {
-    Json shown = duplicate;
+  if (checker.too_deep()) return absl::DataLossError(TooDeepMessage(what));
+  if (!checker.duplicate().empty()) {
+    Json shown = checker.duplicate();
     return absl::DataLossError(absl::StrCat(
         what, " has the key ", DescribeJsonValue(shown), " more than once"));
   }
-  return parsed;
+  // Known valid, shallow and without repeated keys: built without a
+  // callback.
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const std::exception& e) {
+    return not_json(e.what());
+  }
 }
 
 std::string DescribeJsonValue(const Json& value) {
