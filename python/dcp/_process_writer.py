@@ -928,7 +928,7 @@ def async_save(state_dict, *, process_group, no_dist, **kwargs):
 
 def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
                         process_group, no_dist, use_collectives, allow_pickle,
-                        copy_on_write=False):
+                        copy_on_write=False, count_copied=None):
     from .async_save import AsyncSaveResponse
     from .checkpoint import _checkpoint_path, _stateful_to_state_dict
     from ._planner_hooks import set_up_save
@@ -1033,7 +1033,11 @@ def _async_save_in_turn(state_dict, *, checkpoint_id, storage_writer, planner,
             # write-protected pages (this closure keeps them referenced).
             L = _lib.lib()
             try:
-                _lib.check(L.dcp_host_snapshot_wait(snapshot, None))
+                copied = ctypes.c_size_t()
+                _lib.check(L.dcp_host_snapshot_wait(snapshot,
+                                                    ctypes.byref(copied)))
+                if count_copied is not None:
+                    count_copied(copied.value)
             except BaseException as e:
                 _pool.release(seg)
                 job.segment = None

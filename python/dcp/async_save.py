@@ -735,9 +735,11 @@ def async_save(state_dict, *, checkpoint_id=None, storage_writer=None,
         not engine_stager.config.use_async_staging
     if async_checkpointer_type is AsyncCheckpointerType.PROCESS:
         from . import _process_writer
+        cow = engine_stager is not None and engine_stager.config.copy_on_write
         response = _process_writer.async_save(
-            state_dict, copy_on_write=engine_stager is not None and
-            engine_stager.config.copy_on_write, **kwargs)
+            state_dict, copy_on_write=cow, count_copied=(
+                engine_stager._count_copied_on_write if cow else None),
+            **kwargs)
     else:
         response = _engine_async_save(state_dict, stager=engine_stager,
                                       **kwargs)

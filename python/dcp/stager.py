@@ -227,6 +227,10 @@ class DefaultStager:
         # Without copy-on-write, for states holding pinned CPU tensors;
         # made on first need.
         self._copying = None
+        # Bytes PROCESS async_saves with this stager copied on write (their
+        # snapshots are taken outside the C stager).
+        self._process_copied_on_write = 0
+        self._counter_lock = threading.Lock()
 
     @staticmethod
     def _create(config):
@@ -241,13 +245,19 @@ class DefaultStager:
 
     @property
     def copy_on_write_bytes(self) -> int:
-        """Bytes staged by copy-on-write snapshots so far: copied after
-        staging completed (0 without ``copy_on_write`` or userfaultfd)."""
+        """Bytes staged by copy-on-write snapshots so far, THREAD and
+        PROCESS async_saves with this stager: copied after staging
+        completed (0 without ``copy_on_write`` or userfaultfd)."""
         out = ctypes.c_size_t()
         with self._use() as handle:
             _lib.check(_lib.lib().dcp_stager_copy_on_write_bytes(
                 handle, ctypes.byref(out)))
-        return out.value
+        with self._counter_lock:
+            return out.value + self._process_copied_on_write
+
+    def _count_copied_on_write(self, nbytes: int) -> None:
+        with self._counter_lock:
+            self._process_copied_on_write += nbytes
 
     def reserve(self, state_dict, async_checkpointer_type=None):
         """Makes the staging memory a save of ``state_dict`` will use

@@ -102,6 +102,8 @@ def test_readme_python_examples_run_as_written(tmp_path):
     # The loop's checkpoint holds the learning rate of its step (plain
     # values are taken when the state is built), and the resume found it.
     assert namespace["start"] == 2
+    # On a job's first run there is no checkpoint root yet.
+    assert namespace["latest_checkpoint"](str(tmp_path / "first-run")) is None
     saved_lr = dcp.format_utils.load_all(str(tmp_path / "ckpt" / "run" / "step-2"),
                             keys=["optim"])["optim"]["param_groups"][0]["lr"]
     assert saved_lr in lrs and saved_lr < 0.1, (saved_lr, lrs)
