@@ -352,17 +352,30 @@ def test_a_caching_blocking_stager_waits_for_the_save_reading_its_copy(
     reading the cached copy, so every checkpoint holds its own step; a
     shard's placement (CheckpointableTensor attributes) is copied anew."""
     import concurrent.futures
+    import threading
+
+    from dcp import checkpoint
     from dcp.staging import BlockingAsyncStager
     stager = BlockingAsyncStager(cache_staged_state_dict=True)
     w = torch.zeros(1 << 16)
     sd = {"w": w, "step": 0}
     waited = []
     real_wait = concurrent.futures.wait
+    real_run_save = checkpoint.run_save
+    # Each upload (they run one after another) writes only once a stage()
+    # waits for it, so none is done before the next stage() looks.
+    turns = threading.Semaphore(0)
+
+    def run_save(p, rank):
+        turns.acquire(timeout=60)  # (a stage() that never waits: fails below)
+        return real_run_save(p, rank)
 
     def wait(futures, *args, **kwargs):
         waited.append(list(futures))
+        turns.release()
         return real_wait(futures, *args, **kwargs)
     monkeypatch.setattr(concurrent.futures, "wait", wait)
+    monkeypatch.setattr(checkpoint, "run_save", run_save)
     futures = []
     for step in range(1, 4):
         w.fill_(step)
@@ -370,9 +383,10 @@ def test_a_caching_blocking_stager_waits_for_the_save_reading_its_copy(
         futures.append(dcp.async_save(
             sd, checkpoint_id=str(tmp_path / f"s{step}"),
             async_stager=stager))
-    monkeypatch.undo()
+    turns.release()  # the last upload
     for f in futures:
         f.result()
+    monkeypatch.undo()
     # The second and third stage() waited for the upload before them.
     seen = [f for group in waited for f in group]
     assert futures[0].upload_completion in seen
