@@ -181,6 +181,7 @@ absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
   dir_ = path_;
   save_id_ = internal_fs::NewSaveId();
+  save_marker_.clear();
   committed_ = false;
   replaceable_files_.clear();
   committed_files_.clear();
@@ -342,7 +343,39 @@ absl::Status FileSystemWriter::SetUpLocked() {
   // that the committed metadata does not name are orphans of interrupted
   // saves. They go before this save reserves space for its own.
   orphan_cleanup_ = RemoveOrphansExcept(*fs_, dir_, *named);
-  return absl::OkStatus();
+  return CreateSaveMarker();
+}
+
+absl::Status FileSystemWriter::CreateSaveMarker() {
+  if (dir_ != path_) return absl::OkStatus();  // Each rank its own directory.
+  const std::string marker =
+      JoinPath(dir_, internal_fs::SaveMarkerFileName(save_id_));
+  absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(marker);
+  if (!file.ok()) {
+    return Annotate(file.status(),
+                    absl::StrCat("rank ", rank_, ": checkpoint directory ",
+                                 dir_, " is not writable"));
+  }
+  created_->Record(marker);
+  save_marker_ = marker;
+  return (*file)->Close();
+}
+
+absl::Status FileSystemWriter::CheckCoordinatorDirectory(const SavePlan& plan) {
+  if (is_coordinator_ || dir_ != path_) return absl::OkStatus();
+  const absl::string_view save_id =
+      internal_fs::SaveIdOfDataFilePrefix(plan.storage_data);
+  if (save_id.empty()) return absl::OkStatus();  // Not a plan of this writer.
+  const std::string marker =
+      JoinPath(dir_, internal_fs::SaveMarkerFileName(save_id));
+  DCP_ASSIGN_OR_RETURN(bool found, fs_->Exists(marker));
+  if (found) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank_, ": checkpoint directory ", dir_,
+      " is not the one the coordinator saves into (it holds no ",
+      internal_fs::SaveMarkerFileName(save_id),
+      "): every rank of a save must pass the same checkpoint_id, naming one "
+      "directory that all of them reach"));
 }
 
 absl::Status FileSystemWriter::WithOrphanNote(absl::Status status) const {
@@ -368,6 +401,9 @@ absl::StatusOr<std::vector<SavePlan>> FileSystemWriter::PrepareGlobalPlan(
 
 Future<std::vector<WriteResult>> FileSystemWriter::WriteData(
     const SavePlan& plan, SavePlanner& planner) {
+  if (absl::Status same = CheckCoordinatorDirectory(plan); !same.ok()) {
+    return Future<std::vector<WriteResult>>::Ready(std::move(same));
+  }
   const std::string prefix = plan.storage_data.empty()
                                  ? internal_fs::DataFilePrefix(rank_, save_id_)
                                  : plan.storage_data;
@@ -484,6 +520,16 @@ absl::Status FileSystemWriter::CommitMetadata(
     described = &copy;
   }
   DCP_ASSIGN_OR_RETURN(std::string bytes, EncodeMetadata(*described, results));
+  // Every rank has written (it checked for the marker first): the
+  // committed checkpoint holds no marker (a removal that fails fails the
+  // save, which Abort then removes).
+  if (!save_marker_.empty()) {
+    absl::Status removed = fs_->RemoveFile(save_marker_);
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
+      return Annotate(removed, "remove the save's marker before the commit");
+    }
+    save_marker_.clear();
+  }
   DCP_RETURN_IF_ERROR(internal_fs::WriteMetadataFile(
       *fs_, dir_, save_id_, bytes, options_.sync_files, *created_));
   committed_ = true;

@@ -275,6 +275,13 @@ class FileSystemWriter final : public StorageWriter {
       const std::vector<std::vector<WriteResult>>& results);
   // The coordinator's part of SetUp once it holds the directory lock.
   absl::Status SetUpLocked();
+  // The coordinator's save marker (save_marker_), where all ranks share
+  // dir_.
+  absl::Status CreateSaveMarker();
+  // Another rank's check, before it writes `plan`, that dir_ holds the
+  // coordinator's marker: kFailedPrecondition naming the rank and dir_
+  // where it does not (the ranks were given different directories).
+  absl::Status CheckCoordinatorDirectory(const SavePlan& plan);
   // `status`, with orphan_cleanup_'s summary added when it is
   // kResourceExhausted (the space orphans took, or take, is the reader's
   // next question).
@@ -294,6 +301,9 @@ class FileSystemWriter final : public StorageWriter {
   IoEngine* engine_ = nullptr;
   absl::Status engine_error_;  // Reported by SetUp.
   std::string save_id_;
+  // The coordinator's SaveMarkerFileName in dir_ while it exists (SetUp of
+  // a save into the directory all ranks share, to the start of Finish).
+  std::string save_marker_;
   bool is_coordinator_ = true;
   int rank_ = 0;
   bool committed_ = false;

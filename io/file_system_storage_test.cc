@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/file_system.h"
+#include "io/fs_layout.h"
 #include "io/fs_test_helpers.h"
 #include "io/io_engine.h"
 #include "io/metadata_format.h"
@@ -167,7 +168,11 @@ TEST(FileSystemStorageTest, NoMetadataMeansNoCheckpoint) {
   std::vector<SavePlan> plans =
       *writer.PrepareGlobalPlan({*planner.CreateLocalPlan()});
   ASSERT_TRUE(writer.WriteData(plans[0], planner).Wait().ok());
-  EXPECT_THAT(DataFiles(dir), SizeIs(1));
+  // The data file and the coordinator's marker of the save in progress.
+  EXPECT_THAT(
+      DataFiles(dir),
+      UnorderedElementsAre(::testing::StartsWith("__0_"),
+                           internal_fs::SaveMarkerFileName(writer.save_id())));
 
   absl::StatusOr<Metadata> metadata = ReadMetadataOf(dir);
   EXPECT_EQ(metadata.status().code(), absl::StatusCode::kNotFound);

@@ -27,6 +27,7 @@
 #include "io/fault_injection.h"
 #include "io/file_system.h"
 #include "io/file_system_storage.h"
+#include "io/fs_layout.h"
 #include "io/fs_test_helpers.h"
 #include "io/metadata_format.h"
 #include "io/testing/fake_planners.h"
@@ -408,9 +409,11 @@ TEST(OrphanTest, OrphansGoAtSetUpBeforeTheSaveWritesAnything) {
   WriteFileOfSize(dir, "__0_00000000deadbeef_0.distcp", 4096);
   FileSystemWriter writer(dir);
   ASSERT_TRUE(writer.SetUp(true, 0, false).ok());
-  // Only the lock was added; the committed checkpoint is untouched.
+  // Only the lock and the save's marker were added; the committed
+  // checkpoint is untouched.
   std::vector<std::string> expected = committed;
   expected.push_back(kDirectoryLockFileName);
+  expected.push_back(internal_fs::SaveMarkerFileName(writer.save_id()));
   EXPECT_THAT(List(dir), UnorderedElementsAreArray(expected));
   ExpectLoads(dir, sample);
   writer.Abort();
@@ -436,8 +439,9 @@ TEST(OrphanTest, InterruptedSavesDoNotAccumulate) {
         left_by_previous.push_back(name);
       }
     }
-    EXPECT_THAT(left_by_previous, SizeIs(1));
-  }  // Each writer goes without Abort: its data file stays behind.
+    // Its data file and its marker.
+    EXPECT_THAT(left_by_previous, SizeIs(2));
+  }  // Each writer goes without Abort: its files stay behind.
   ExpectLoads(dir, Sample::Make(1));
   ASSERT_TRUE(Save(dir, Sample::Make(5)).ok());
   ExpectLoads(dir, Sample::Make(5));

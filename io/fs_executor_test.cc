@@ -67,7 +67,8 @@ TEST(FsExecutorTest, WriteDataAndReadDataRunOnTheExecutorNotTheCaller) {
   Future<std::vector<WriteResult>> written =
       writer.WriteData(final_plan, planner);
   EXPECT_FALSE(written.ready());
-  EXPECT_EQ(ListNames(dir).size(), 1u);  // The directory lock only.
+  // The directory lock and the save's marker only.
+  EXPECT_EQ(ListNames(dir).size(), 2u);
   EXPECT_GE(executor.RunAll(), 1);
   ASSERT_TRUE(written.ready());
   ASSERT_TRUE(written.Wait().ok()) << written.Wait().status();

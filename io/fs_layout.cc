@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "io/file_system.h"
 #include "io/internal/parallel_work.h"
 
 namespace dcp::internal_fs {
@@ -46,6 +47,23 @@ std::string DataFileName(absl::string_view prefix, size_t index) {
 
 std::string TempMetadataFileName(absl::string_view save_id) {
   return absl::StrCat(kTempMetadataPrefix, save_id);
+}
+
+absl::string_view SaveIdOfDataFilePrefix(absl::string_view prefix) {
+  if (!absl::ConsumePrefix(&prefix, "__") ||
+      !absl::ConsumeSuffix(&prefix, "_")) {
+    return {};
+  }
+  const size_t cut = prefix.find('_');
+  if (cut == absl::string_view::npos || !IsDecimal(prefix.substr(0, cut)) ||
+      !IsSaveId(prefix.substr(cut + 1))) {
+    return {};
+  }
+  return prefix.substr(cut + 1);
+}
+
+std::string SaveMarkerFileName(absl::string_view save_id) {
+  return absl::StrCat(kProbeFilePrefix, "save-", save_id);
 }
 
 bool IsSaveId(absl::string_view text) {

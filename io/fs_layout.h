@@ -35,6 +35,16 @@ std::string DataFilePrefix(int rank, absl::string_view save_id);
 std::string DataFileName(absl::string_view prefix, size_t index);
 // kTempMetadataPrefix and the save id.
 std::string TempMetadataFileName(absl::string_view save_id);
+// The save id of DataFilePrefix(rank, save id) `prefix`; empty for anything
+// else.
+absl::string_view SaveIdOfDataFilePrefix(absl::string_view prefix);
+// The file a save's coordinator keeps in a checkpoint directory all ranks
+// write into, from its SetUp until it commits: a rank that finds none for
+// the coordinator's save id (its plan's data file prefix) in its own
+// directory was given another directory (checkpoint_id). A probe file by
+// name (kProbeFilePrefix, "save-", the save id): an interrupted save's is
+// swept as probes are.
+std::string SaveMarkerFileName(absl::string_view save_id);
 
 // Whether `text` is a save id (NewSaveId's form).
 bool IsSaveId(absl::string_view text);

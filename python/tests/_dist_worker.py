@@ -505,6 +505,26 @@ def submesh_scenario(rank, world, ckpt):
         raise AssertionError("the save did not fail")
 
 
+def different_directories_scenario(rank, world, ckpt):
+    """Ranks given different checkpoint_ids: every rank raises naming the
+    rank whose directory is not the coordinator's, and neither directory
+    holds a checkpoint or any file afterwards."""
+    ours = os.path.join(ckpt, "shared" if rank != 1 else "other")
+    state = {f"x{rank}": torch.full((4,), float(rank))}
+    try:
+        dcp.save(state, checkpoint_id=ours)
+    except dcp.CheckpointException as e:
+        assert list(e.failures) == [1], (e.failures, e)
+        assert "is not the one the coordinator saves into" in str(e), e
+        assert os.path.join(ckpt, "other") in str(e), e
+    else:
+        raise AssertionError("a save into two directories returned")
+    dist.barrier()
+    if rank == 0:
+        for name in ("shared", "other"):
+            assert os.listdir(os.path.join(ckpt, name)) == [], name
+
+
 def main():
     scenario, rank, world, store, ckpt = sys.argv[1:6]
     if rank == "env":  # under torchrun
@@ -628,6 +648,8 @@ def main():
         dropped_group_scenario(rank, world, ckpt)
     elif scenario == "group_timeout":
         group_timeout_scenario(rank, world, ckpt)
+    elif scenario == "different_directories":
+        different_directories_scenario(rank, world, ckpt)
     elif scenario == "broadcast_torch_save":
         broadcast_torch_save_scenario(rank, world, mesh, full, ckpt)
     elif scenario == "submesh":

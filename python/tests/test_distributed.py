@@ -183,6 +183,11 @@ def test_dcp_launch_ranks_without_a_group_warn_too(tmp_path, monkeypatch):
     assert _alone_warnings(record)
 
 
+def test_ranks_given_different_directories_all_fail_and_commit_nothing(
+        tmp_path):
+    _run("different_directories", 3, tmp_path, str(tmp_path))
+
+
 def test_a_torch_groups_timeout_bounds_dcps_waits(tmp_path):
     _run("group_timeout", 2, tmp_path, str(tmp_path / "ckpt"))
 
