@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <exception>
 #include <set>
+#include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "absl/types/optional.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -162,8 +165,8 @@ absl::Status CompletePendingCommitForRead(FileSystemBase& fs,
         "; the next save into the directory, or a load that can lock and "
         "write it, completes it"));
   };
-  const std::string holder = absl::StrCat(
-      ThisProcessDescription(), " (a load completing an interrupted commit)");
+  const std::string holder =
+      absl::StrCat(ThisProcessDescription(), kReaderLockHolder);
   const absl::Time deadline = absl::Now() + wait;
   absl::Duration pause = absl::Milliseconds(1);
   for (;;) {
@@ -235,9 +238,25 @@ void JournaledSave::Reset() {
 absl::Status JournaledSave::LockAndRecover(
     FileSystemBase& fs, const std::string& dir, const std::string& holder,
     absl::FunctionRef<absl::Status()> recover) {
-  if (lock_ == nullptr) {
-    DCP_ASSIGN_OR_RETURN(lock_,
-                         fs.LockDirectory(dir, holder, LockMode::kExclusive));
+  const absl::Time deadline = absl::Now() + kReaderLockWait;
+  absl::Duration pause = absl::Milliseconds(1);
+  while (lock_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<DirectoryLock>> lock =
+        fs.LockDirectory(dir, holder, LockMode::kExclusive);
+    if (lock.ok()) {
+      lock_ = *std::move(lock);
+      break;
+    }
+    const absl::optional<absl::Cord> held =
+        lock.status().GetPayload(kLockHeldPayload);
+    const absl::Duration left = deadline - absl::Now();
+    if (!IsLockHeld(lock.status()) || !held.has_value() ||
+        !absl::EndsWith(std::string(*held), kReaderLockHolder) ||
+        left <= absl::ZeroDuration()) {
+      return lock.status();
+    }
+    absl::SleepFor(std::min(pause, left));
+    pause = std::min(2 * pause, absl::Milliseconds(50));
   }
   absl::Status status = recover();
   if (!status.ok()) lock_.reset();

@@ -269,5 +269,38 @@ TEST(CommitJournal, AReaderDoesNotWaitForALockNoOneCanTake) {
   EXPECT_TRUE(*local.Exists(JoinPath(dir, ".journal")));
 }
 
+// A save finding the lock held by a load that completes a pending commit
+// (or found it completed) waits for that load instead of failing; a lock
+// held by another save is refused at once, naming the holder.
+TEST(CommitJournal, ASaveWaitsForALoadHoldingTheLockButNotForASave) {
+  const std::string dir = PendingCommitDir("journal-save-after-load");
+  FileSystemBase& local = LocalFileSystem();
+  auto load = local.LockDirectory(
+      dir, absl::StrCat("pid 1 on host h", kReaderLockHolder),
+      LockMode::kExclusive);
+  ASSERT_TRUE(load.ok()) << load.status();
+  LockWatchingFileSystem fs;
+  JournaledSave save;
+  absl::Status locked;
+  std::thread saver([&] {
+    locked = save.LockAndRecover(fs, dir, "pid 2 on host h (a save)",
+                                 [] { return absl::OkStatus(); });
+  });
+  fs.refused.WaitForNotification();  // Its first try found the load.
+  load->reset();
+  saver.join();
+  EXPECT_TRUE(locked.ok()) << locked;
+  save.Reset();
+
+  auto other = local.LockDirectory(dir, "pid 3 on host h (a save)",
+                                   LockMode::kExclusive);
+  ASSERT_TRUE(other.ok()) << other.status();
+  JournaledSave second;
+  locked = second.LockAndRecover(local, dir, "pid 4 on host h (a save)",
+                                 [] { return absl::OkStatus(); });
+  EXPECT_EQ(locked.code(), absl::StatusCode::kFailedPrecondition) << locked;
+  EXPECT_THAT(locked.message(), HasSubstr("pid 3 on host h (a save)"));
+}
+
 }  // namespace
 }  // namespace dcp::internal_io

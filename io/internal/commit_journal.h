@@ -73,6 +73,17 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
 // directory's lock to complete a pending commit.
 inline constexpr absl::Duration kPendingCommitWait = absl::Seconds(60);
 
+// How long a save's LockAndRecover waits for a load that holds the
+// directory's lock to complete a pending commit (such a load holds it for
+// the commit's renames and removals, or a moment where the commit was
+// completed already) before it reports the lock held.
+inline constexpr absl::Duration kReaderLockWait = absl::Seconds(10);
+
+// The end of the description a load holding the directory's lock gives
+// (CompletePendingCommitForRead): saves wait for such a holder.
+inline constexpr char kReaderLockHolder[] =
+    " (a load completing an interrupted commit)";
+
 // For a reader of `dir`: OK when no commit is pending there; else completes
 // the commit the journal `dir`/`journal_name` records (what the next save
 // would do first: the journal is there only once the commit was decided)
@@ -113,6 +124,9 @@ class JournaledSave {
   // The coordinator: takes the lock on `dir` (kept until MarkCommitted or
   // Abort; already held: kept), then runs `recover` (completing what an
   // interrupted save decided). The lock is released if `recover` fails.
+  // A lock held by a load completing a pending commit (kReaderLockHolder)
+  // is waited for, up to kReaderLockWait; one held by anything else is
+  // reported at once (kFailedPrecondition naming the holder).
   absl::Status LockAndRecover(FileSystemBase& fs, const std::string& dir,
                               const std::string& holder,
                               absl::FunctionRef<absl::Status()> recover);
