@@ -197,10 +197,10 @@ absl::Status CompletePendingCommitForRead(FileSystemBase& fs,
 
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
                                           const std::string& path,
-                                          int64_t limit) {
+                                          int64_t limit, bool follow_links) {
   OpenOptions options;
   options.exclusive = false;
-  options.no_follow = true;
+  options.no_follow = !follow_links;
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                        fs.OpenForRead(path, options));
   DCP_ASSIGN_OR_RETURN(const int64_t size, file->Size());

@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<std::string>> ResolveHfCheckpointFiles(
                        fs.Exists(JoinPath(dir, kHfSingleFileName)));
   if (single) return std::vector<std::string>{kHfSingleFileName};
   const std::string index_path = JoinPath(dir, kHfIndexFileName);
-  absl::StatusOr<std::string> index =
-      ReadSmallFile(fs, index_path, kHfMaxIndexBytes);
+  absl::StatusOr<std::string> index = ReadSmallFile(
+      fs, index_path, kHfMaxIndexBytes, internal_hf::kHfReadersFollowLinks);
   if (index.ok()) {
     DCP_ASSIGN_OR_RETURN(Json json, ParseUntrustedJson(*index, index_path));
     if (!json.is_object() || !json.contains("weight_map") ||

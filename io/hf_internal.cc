@@ -169,7 +169,7 @@ absl::StatusOr<Metadata> BuildHfMetadata(
   std::map<std::string, std::vector<Found>> found;
   OpenOptions options;
   options.exclusive = false;
-  options.no_follow = true;
+  options.no_follow = !kHfReadersFollowLinks;
   for (size_t s = 0; s < sources.size(); ++s) {
     const HfSource& source = sources[s];
     DCP_RETURN_IF_ERROR(CheckRelativePath(source.relative));

@@ -276,8 +276,8 @@ absl::StatusOr<int64_t> QuantizedHuggingFaceStorageReader::BlockSize() const {
 absl::StatusOr<std::optional<int64_t>> ConfiguredFp8BlockSize(
     FileSystemBase& fs, const std::string& dir) {
   const std::string path = JoinPath(dir, "config.json");
-  absl::StatusOr<std::string> text =
-      internal_io::ReadSmallFile(fs, path, kMaxConfigBytes);
+  absl::StatusOr<std::string> text = internal_io::ReadSmallFile(
+      fs, path, kMaxConfigBytes, internal_hf::kHfReadersFollowLinks);
   if (absl::IsNotFound(text.status())) return std::nullopt;
   if (!text.ok()) return text.status();
   DCP_ASSIGN_OR_RETURN(const nlohmann::json config,
@@ -449,7 +449,7 @@ Future<void> QuantizedHuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   FileSystemBase* fs = internal_io::OrLocal(options_.base.file_system);
   OpenOptions open_options;
   open_options.exclusive = false;
-  open_options.no_follow = true;
+  open_options.no_follow = !internal_hf::kHfReadersFollowLinks;
   open_options.uncached = options_.base.uncached_reads;
   std::map<std::string, std::pair<std::unique_ptr<File>, int64_t>> files;
   auto open = [&](const StorageInfo& info)

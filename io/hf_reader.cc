@@ -251,7 +251,7 @@ Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
   open_options.exclusive = false;
   open_options.direct = direct;
   open_options.uncached = options_.uncached_reads;
-  open_options.no_follow = true;
+  open_options.no_follow = !internal_hf::kHfReadersFollowLinks;
   OpenFiles files(*fs_, path_, open_options);
   OpenOptions buffered_options = open_options;
   buffered_options.direct = false;

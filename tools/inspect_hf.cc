@@ -30,11 +30,20 @@ absl::StatusOr<std::unique_ptr<File>> OpenNoFollow(const std::string& path) {
   return LocalFileSystem().OpenForRead(path, options);
 }
 
+// A file of a Hugging Face checkpoint, following a symbolic link as the
+// readers do (a hub cache snapshot links its files into ../../blobs/);
+// never a FIFO or device.
+absl::StatusOr<std::unique_ptr<File>> OpenHfFile(const std::string& path) {
+  OpenOptions options;
+  options.exclusive = false;
+  return LocalFileSystem().OpenForRead(path, options);
+}
+
 // The index's JSON, or null when there is none (or it does not parse:
 // ResolveHfCheckpointFiles reports that).
 Json ReadIndex(const std::string& dir) {
   absl::StatusOr<std::unique_ptr<File>> file =
-      OpenNoFollow(JoinPath(dir, kHfIndexFileName));
+      OpenHfFile(JoinPath(dir, kHfIndexFileName));
   if (!file.ok()) return nullptr;
   absl::StatusOr<int64_t> size = (*file)->Size();
   if (!size.ok() || *size > kHfMaxIndexBytes) return nullptr;
@@ -59,7 +68,7 @@ std::vector<HfFile> ReadHeaders(const std::string& dir,
   std::vector<HfFile> files;
   for (const std::string& name : names) {
     absl::StatusOr<std::unique_ptr<File>> file =
-        OpenNoFollow(JoinPath(dir, name));
+        OpenHfFile(JoinPath(dir, name));
     absl::StatusOr<SafetensorsHeader> header =
         file.ok() ? ReadSafetensorsHeader(**file)
                   : absl::StatusOr<SafetensorsHeader>(file.status());

@@ -99,11 +99,13 @@ absl::Status CompletePendingCommitForRead(
     CheckpointFileTest is_checkpoint_file,
     absl::Duration wait = kPendingCommitWait);
 
-// The whole file at `path` (opened without following a symbolic link) if
-// it has at most `limit` bytes; kDataLoss naming it otherwise.
+// The whole file at `path` (opened without following a symbolic link,
+// unless `follow_links`; never a FIFO or device) if it has at most `limit`
+// bytes; kDataLoss naming it otherwise.
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
                                           const std::string& path,
-                                          int64_t limit);
+                                          int64_t limit,
+                                          bool follow_links = false);
 
 // Writes `bytes` to the new file `path`, fsynced when `sync`.
 absl::Status WriteSmallFile(FileSystemBase& fs, const std::string& path,

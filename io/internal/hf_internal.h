@@ -37,6 +37,15 @@ using internal_io::AlignUp;
 using internal_io::FirstError;
 using internal_io::kDirectIoAlignment;
 
+// Whether readers of a Hugging Face checkpoint follow a file of the
+// directory that is a symbolic link (to a regular file: never a FIFO or
+// device). They do: a Hugging Face hub cache snapshot links each file to
+// ../../blobs/<hash>, and the safetensors library, transformers and
+// PyTorch's reader follow such links. The names they open stay plain names
+// inside the directory (CheckRelativePath); dcp's own format follows no
+// link.
+inline constexpr bool kHfReadersFollowLinks = true;
+
 // OK when `name` is a plain file name: not empty, ".", "..", no '/' or NUL,
 // at most NAME_MAX bytes.
 // kDataLoss otherwise.

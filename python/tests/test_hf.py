@@ -242,3 +242,37 @@ def test_an_empty_sharded_directory_is_no_checkpoint(tmp_path):
     back = {"a": torch.zeros(2)}
     dcp.load(back, checkpoint_id=str(where))
     assert torch.equal(back["a"], torch.ones(2))
+
+
+def test_a_hub_cache_snapshot_of_symbolic_links_loads(tmp_path):
+    """huggingface_hub's cache: snapshots/<rev>/ holds the index and the
+    shards as relative symbolic links into ../../blobs/. dcp's readers
+    follow them, as safetensors and torch do; a link to a FIFO is refused
+    without blocking."""
+    from safetensors.torch import save_file
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    tensors = {"a": torch.arange(6.).reshape(2, 3),
+               "b": torch.ones(4, dtype=torch.bfloat16)}
+    save_file({"a": tensors["a"]}, str(blobs / "h1"))
+    save_file({"b": tensors["b"]}, str(blobs / "h2"))
+    (blobs / "h3").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors",
+        "b": "model-00002-of-00002.safetensors"}}))
+    for blob, name in (("h1", "model-00001-of-00002.safetensors"),
+                       ("h2", "model-00002-of-00002.safetensors"),
+                       ("h3", "model.safetensors.index.json")):
+        os.symlink(os.path.join("..", "..", "blobs", blob), snap / name)
+    dest = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    dcp.load(dest, storage_reader=dcp.HuggingFaceStorageReader(str(snap)))
+    for k, v in tensors.items():
+        assert torch.equal(dest[k], v), k
+
+    os.mkfifo(blobs / "fifo")
+    os.remove(snap / "model-00002-of-00002.safetensors")
+    os.symlink(os.path.join("..", "..", "blobs", "fifo"),
+               snap / "model-00002-of-00002.safetensors")
+    with pytest.raises(dcp.CheckpointException, match="not a regular file"):
+        dcp.load(dest,
+                 storage_reader=dcp.HuggingFaceStorageReader(str(snap)))
