@@ -311,6 +311,17 @@ TEST(Safetensors, UntrustedJsonRefusesAKeyGivenTwiceInOneObject) {
   EXPECT_EQ((*json)["a"]["a"], 2);
 }
 
+TEST(Safetensors, UntrustedJsonMessagesShowBytesThatAreNotUtf8Escaped) {
+  absl::StatusOr<nlohmann::json> json = ParseUntrustedJson(
+      "{\"m\xe6"
+      "d\": 1",
+      "j");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(json.status().message(), HasSubstr("j is not valid JSON"));
+  EXPECT_THAT(json.status().message(), HasSubstr("\\xe6"));
+  EXPECT_TRUE(IsValidUtf8(json.status().message()));
+}
+
 TEST(Safetensors, UntrustedJsonParsesAWideObjectWhole) {
   // A header of many tensors: one object of 50,000 members, each an object.
   std::string text = "{";

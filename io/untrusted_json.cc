@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
 namespace dcp::internal_io {
@@ -91,9 +92,24 @@ std::string TooDeepMessage(absl::string_view what) {
 
 absl::StatusOr<Json> ParseUntrustedJson(absl::string_view text,
                                         absl::string_view what) {
+  // The parser's message quotes the text it stopped at, which may be
+  // anything: bytes outside ASCII are shown escaped unless valid UTF-8.
   const auto not_json = [&](absl::string_view why) {
+    std::string shown;
+    if (IsValidUtf8(why)) {
+      shown = std::string(why);
+    } else {
+      for (const char c : why) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte < 0x80) {
+          shown += c;
+        } else {
+          absl::StrAppendFormat(&shown, "\\x%02x", byte);
+        }
+      }
+    }
     return absl::DataLossError(
-        absl::StrCat(what, " is not valid JSON (", why, ")"));
+        absl::StrCat(what, " is not valid JSON (", shown, ")"));
   };
   Checker checker;
   try {
