@@ -180,6 +180,7 @@ Executor& FileSystemWriter::executor() {
 absl::Status FileSystemWriter::Reset(const std::string& checkpoint_id) {
   if (!checkpoint_id.empty()) path_ = checkpoint_id;
   dir_ = path_;
+  rank_local_rank_ = -1;
   save_id_ = internal_fs::NewSaveId();
   save_marker_.clear();
   committed_ = false;
@@ -199,6 +200,7 @@ absl::Status FileSystemWriter::SelectRankLocal(int rank) {
         absl::StrCat("rank-local save for rank ", rank));
   }
   dir_ = RankLocalDirectory(path_, rank);
+  rank_local_rank_ = rank;
   return RefuseSymbolicLink(*fs_, dir_,
                             absl::StrCat("rank ", rank,
                                          "'s rank-local "
@@ -237,6 +239,9 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
                      "format"));
   }
   is_coordinator_ = is_coordinator;
+  // A rank-local save runs alone (as rank 0): its messages name the group
+  // rank it saves for.
+  if (dir_ != path_ && rank_local_rank_ >= 0) rank = rank_local_rank_;
   rank_ = rank;
   // Every rank, before it creates anything (the coordinator checks again
   // under the lock).

@@ -306,6 +306,9 @@ class FileSystemWriter final : public StorageWriter {
   std::string save_marker_;
   bool is_coordinator_ = true;
   int rank_ = 0;
+  // The group rank SelectRankLocal chose (its save runs alone, as rank 0):
+  // what messages name. -1 when no rank-local directory is selected.
+  int rank_local_rank_ = -1;
   bool committed_ = false;
   DeviceWait device_wait_;  // For the next WriteData's device copies.
   // The data files of the replaced checkpoint (its metadata at SetUp names

@@ -221,6 +221,22 @@ TEST(ConcurrentSaveTest, ALockFileThatIsNoFileIsNotHeld) {
 // exclude each other while they run (each refuses the other's committed
 // metadata only once it is there), while rank-local saves of different
 // ranks run together.
+// A rank-local save runs alone (the engine passes rank 0): its failures
+// name the group rank it saves for.
+TEST(RankLocalTest, FailuresNameTheGroupRank) {
+  const std::string dir = NewTestDir("rank_local_names");
+  FaultInjectionFileSystem faulty(LocalFileSystem());
+  faulty.Inject(Fault{FaultOp::kOpen, EIO, ".dcp-probe-", 0});
+  FileSystemWriterOptions options;
+  options.file_system = &faulty;
+  FileSystemWriter writer(dir, options);
+  ASSERT_TRUE(writer.SelectRankLocal(3).ok());
+  absl::Status s = writer.SetUp(true, 0, false);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("rank 3: checkpoint directory"));
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("rank 0")));
+}
+
 TEST(ConcurrentSaveTest, TheTwoLayoutsNeverSaveIntoOneDirectoryAtOnce) {
   const std::string dir = NewTestDir("layout_locks");
   FileSystemWriter together(dir);
