@@ -282,6 +282,9 @@ absl::Status FileSystemWriter::SetUp(bool is_coordinator, int rank,
     directory_lock_ = *std::move(lock);
   }
   absl::Status status = SetUpLocked();
+  // After the orphan sweep (which would take it for an interrupted save's),
+  // whether or not the committed metadata could be read.
+  if (status.ok()) status = CreateSaveMarker();
   if (!status.ok()) {
     directory_lock_.reset();
     layout_lock_.reset();
@@ -348,11 +351,12 @@ absl::Status FileSystemWriter::SetUpLocked() {
   // that the committed metadata does not name are orphans of interrupted
   // saves. They go before this save reserves space for its own.
   orphan_cleanup_ = RemoveOrphansExcept(*fs_, dir_, *named);
-  return CreateSaveMarker();
+  return absl::OkStatus();
 }
 
 absl::Status FileSystemWriter::CreateSaveMarker() {
-  if (dir_ != path_) return absl::OkStatus();  // Each rank its own directory.
+  // Each rank its own directory; or made by an earlier SetUp of this save.
+  if (dir_ != path_ || !save_marker_.empty()) return absl::OkStatus();
   const std::string marker =
       JoinPath(dir_, internal_fs::SaveMarkerFileName(save_id_));
   absl::StatusOr<std::unique_ptr<File>> file = fs_->OpenForWrite(marker);
@@ -696,8 +700,17 @@ absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
   // A commit of another save replaces the data files that the metadata
   // this reader read before it names (and a removal removes them): not
   // damage. (Metadata the caller brought from elsewhere is not this.)
-  if (!absl::IsDataLoss(status) || !metadata_.has_value() ||
-      read_save_id_.empty() || !metadata_->storage_meta.has_value() ||
+  if (!absl::IsDataLoss(status) || !metadata_.has_value()) return status;
+  if (metadata_source_ != nullptr) {
+    absl::StatusOr<Metadata> now = metadata_source_();
+    if (!now.ok() ||
+        (now->storage_data == metadata_->storage_data &&
+         now->state_dict_metadata == metadata_->state_dict_metadata)) {
+      return status;
+    }
+    return ReplacedWhileReading(dir_, status, /*removed=*/false);
+  }
+  if (read_save_id_.empty() || !metadata_->storage_meta.has_value() ||
       metadata_->storage_meta->save_id != read_save_id_) {
     return status;
   }
@@ -706,12 +719,7 @@ absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
       now->storage_meta->save_id == read_save_id_) {
     return status;
   }
-  return absl::AbortedError(
-      absl::StrCat("the checkpoint in ", dir_,
-                   now.ok() ? " was replaced by another save" : " was removed",
-                   " while this load read it (", status.message(),
-                   "); the destination holds parts of it: load again",
-                   now.ok() ? " (the new one is whole)" : ""));
+  return ReplacedWhileReading(dir_, status, /*removed=*/!now.ok());
 }
 
 absl::Status FileSystemReader::ReadFiles(const LoadPlan& plan,

@@ -523,6 +523,21 @@ def different_directories_scenario(rank, world, ckpt):
     if rank == 0:
         for name in ("shared", "other"):
             assert os.listdir(os.path.join(ckpt, name)) == [], name
+    # The same directory for all: saved, and saved over a .metadata that
+    # cannot be read (nothing of it is removed, the save replaces it).
+    shared = os.path.join(ckpt, "shared")
+    dcp.save(state, checkpoint_id=shared)
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(shared, ".metadata"), "wb") as f:
+            f.write(b"not metadata")
+    dist.barrier()
+    state[f"x{rank}"].fill_(7.0)
+    dcp.save(state, checkpoint_id=shared)
+    back = {f"x{rank}": torch.zeros(4)}
+    dcp.load(back, checkpoint_id=shared)
+    assert torch.equal(back[f"x{rank}"], torch.full((4,), 7.0))
+    assert not [n for n in os.listdir(shared) if n.startswith(".dcp-probe")]
 
 
 def main():
