@@ -195,6 +195,19 @@ absl::Status CompletePendingCommitForRead(FileSystemBase& fs,
   }
 }
 
+absl::StatusOr<Metadata> DescribeWhileCommitsMayRun(
+    absl::FunctionRef<absl::StatusOr<Metadata>()> describe) {
+  absl::Duration pause = absl::Milliseconds(2);
+  for (int tries = 1;; ++tries) {
+    absl::StatusOr<Metadata> described = describe();
+    if (described.ok() || !absl::IsDataLoss(described.status()) || tries == 3) {
+      return described;
+    }
+    absl::SleepFor(pause);
+    pause *= 10;
+  }
+}
+
 absl::StatusOr<std::string> ReadSmallFile(FileSystemBase& fs,
                                           const std::string& path,
                                           int64_t limit, bool follow_links) {
@@ -250,8 +263,13 @@ absl::Status JournaledSave::LockAndRecover(
     const absl::optional<absl::Cord> held =
         lock.status().GetPayload(kLockHeldPayload);
     const absl::Duration left = deadline - absl::Now();
+    // A holder that has not described itself yet has just taken the lock:
+    // asked again, it says what it is.
+    const std::string description =
+        held.has_value() ? std::string(*held) : std::string();
     if (!IsLockHeld(lock.status()) || !held.has_value() ||
-        !absl::EndsWith(std::string(*held), kReaderLockHolder) ||
+        !(description.empty() ||
+          absl::EndsWith(description, kReaderLockHolder)) ||
         left <= absl::ZeroDuration()) {
       return lock.status();
     }

@@ -300,6 +300,50 @@ TEST(CommitJournal, ASaveWaitsForALoadHoldingTheLockButNotForASave) {
                                  [] { return absl::OkStatus(); });
   EXPECT_EQ(locked.code(), absl::StatusCode::kFailedPrecondition) << locked;
   EXPECT_THAT(locked.message(), HasSubstr("pid 3 on host h (a save)"));
+  other->reset();
+
+  // A holder that has just locked and not described itself yet (an empty
+  // description) is asked again rather than refused.
+  auto fresh = local.LockDirectory(dir, "", LockMode::kExclusive);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  LockWatchingFileSystem watching;
+  JournaledSave third;
+  std::thread waiter([&] {
+    locked = third.LockAndRecover(watching, dir, "pid 5 on host h (a save)",
+                                  [] { return absl::OkStatus(); });
+  });
+  watching.refused.WaitForNotification();
+  fresh->reset();
+  waiter.join();
+  EXPECT_TRUE(locked.ok()) << locked;
+}
+
+// A description failing with kDataLoss (a file the index names missing
+// while a commit renames) is tried again, three tries in all; other
+// failures and successes are returned at once.
+TEST(CommitJournal, DescribingRetriesOnlyDataLossAndAtMostThreeTimes) {
+  int calls = 0;
+  absl::StatusOr<Metadata> described =
+      DescribeWhileCommitsMayRun([&]() -> absl::StatusOr<Metadata> {
+        if (++calls < 3) return absl::DataLossError("a file is missing");
+        return Metadata{};
+      });
+  EXPECT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(calls, 3);
+  calls = 0;
+  described = DescribeWhileCommitsMayRun([&]() -> absl::StatusOr<Metadata> {
+    ++calls;
+    return absl::DataLossError("damaged");
+  });
+  EXPECT_EQ(described.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(calls, 3);
+  calls = 0;
+  described = DescribeWhileCommitsMayRun([&]() -> absl::StatusOr<Metadata> {
+    ++calls;
+    return absl::NotFoundError("no checkpoint");
+  });
+  EXPECT_EQ(described.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(calls, 1);
 }
 
 }  // namespace

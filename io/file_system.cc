@@ -607,6 +607,16 @@ bool IsProbeFileName(absl::string_view name) {
   return absl::StartsWith(name, kProbeFilePrefix);
 }
 
+absl::Status ReplacedWhileReading(absl::string_view dir,
+                                  const absl::Status& status, bool removed) {
+  return absl::AbortedError(
+      absl::StrCat("the checkpoint in ", dir,
+                   removed ? " was removed" : " was replaced by another save",
+                   " while this load read it (", status.message(),
+                   "); the destination holds parts of it: load again",
+                   removed ? "" : " (the new one is whole)"));
+}
+
 absl::Status RenameCommitFile(FileSystemBase& fs, const std::string& from,
                               const std::string& to,
                               absl::string_view content) {

@@ -263,6 +263,12 @@ absl::Status ProbeWritable(
     absl::FunctionRef<void(const std::string&)> created =
         [](const std::string&) {});
 
+// The kAborted status of a load whose read failed with `status` because
+// another save replaced the checkpoint in `dir` (or, `removed`, a removal
+// took it) after the load read its metadata: not damage, load again.
+absl::Status ReplacedWhileReading(absl::string_view dir,
+                                  const absl::Status& status, bool removed);
+
 // Renames `from` (a small file this process wrote, holding `content`) to
 // `to`: the step that commits a checkpoint. A rename that reports failure
 // but was done (over NFS a retried request finds its source gone and says

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -438,6 +439,16 @@ class FileSystemReader final : public StorageReader {
   // The most bounce-buffer bytes the last ReadData held at once.
   int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
+  // For a reader of metadata another format builds (MegaStorageReader,
+  // whose metadata has no save id): reads that metadata again, so that a
+  // ReadData failing with kDataLoss can tell a checkpoint another save
+  // replaced meanwhile (its files now described otherwise: kAborted) from
+  // a damaged one.
+  void SetMetadataSource(
+      absl::AnyInvocable<absl::StatusOr<Metadata>()> source) {
+    metadata_source_ = std::move(source);
+  }
+
  private:
   // ReadData's work, on `pool`: ReadFiles; a kDataLoss of data files that
   // a save committed (or a removal) took away after this reader read the
@@ -459,6 +470,7 @@ class FileSystemReader final : public StorageReader {
   int64_t peak_bounce_bytes_ = 0;
   // The save id of the metadata ReadMetadata last returned ("" before).
   std::string read_save_id_;
+  absl::AnyInvocable<absl::StatusOr<Metadata>()> metadata_source_;
   std::unique_ptr<DeviceStaging> owned_staging_;
   // Declared last: destroyed first, it finishes its tasks while the rest
   // of the reader is still there.

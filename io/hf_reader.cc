@@ -14,6 +14,7 @@
 #include "io/fs_read_plan.h"
 #include "io/fs_read_window.h"
 #include "io/hf_storage.h"
+#include "io/internal/commit_journal.h"
 #include "io/internal/hf_internal.h"
 #include "io/internal/storage_resources.h"
 #include "staging/device_box_upload.h"
@@ -208,6 +209,11 @@ absl::Status HuggingFaceStorageReader::Reset(const std::string& checkpoint_id) {
 }
 
 absl::StatusOr<Metadata> HuggingFaceStorageReader::ReadMetadata() {
+  return internal_io::DescribeWhileCommitsMayRun(
+      [this] { return DescribeFiles(); });
+}
+
+absl::StatusOr<Metadata> HuggingFaceStorageReader::DescribeFiles() {
   std::map<std::string, std::string> weight_map;
   DCP_ASSIGN_OR_RETURN(std::vector<std::string> files,
                        ResolveHfCheckpointFiles(*fs_, path_, &weight_map));
@@ -241,6 +247,26 @@ HuggingFaceStorageReader::PrepareGlobalPlan(std::vector<LoadPlan> plans) {
 
 Future<void> HuggingFaceStorageReader::ReadData(const LoadPlan& plan,
                                                 LoadPlanner& planner) {
+  Future<void> read = ReadFiles(plan, planner);  // Ready: the call blocks.
+  const absl::Status& status = read.Wait();
+  // Files another save's commit replaced or removed after this reader
+  // described them (their headers now say otherwise): not damage.
+  if (!(absl::IsDataLoss(status) || absl::IsNotFound(status)) ||
+      !metadata_.has_value()) {
+    return read;
+  }
+  absl::StatusOr<Metadata> now = ReadMetadata();
+  if (!now.ok() ||
+      (now->storage_data == metadata_->storage_data &&
+       now->state_dict_metadata == metadata_->state_dict_metadata)) {
+    return read;
+  }
+  return Future<void>::Ready(
+      ReplacedWhileReading(path_, status, /*removed=*/false));
+}
+
+Future<void> HuggingFaceStorageReader::ReadFiles(const LoadPlan& plan,
+                                                 LoadPlanner& planner) {
   if (!metadata_.has_value()) {
     return Future<void>::Ready(absl::FailedPreconditionError(
         "HuggingFaceStorageReader::ReadData before SetUp"));

@@ -256,8 +256,10 @@ class HuggingFaceStorageReader final : public StorageReader {
   // file, as in files the reference library writes); any other box (a resharded
   // slice, a strided or device destination) in pieces covering only the rows of
   // the box, copied out piece by piece (see read_window_bytes). kDataLoss
-  // naming the file when it is shorter than its header said. The call
-  // blocks; the returned future is ready.
+  // naming the file when it is shorter than its header said; kAborted
+  // where another save replaced the files meanwhile (their headers, read
+  // again, describe other tensors or places). The call blocks; the
+  // returned future is ready.
   Future<void> ReadData(const LoadPlan& plan, LoadPlanner& planner) override;
 
   const std::string& path() const { return path_; }
@@ -267,6 +269,11 @@ class HuggingFaceStorageReader final : public StorageReader {
   int64_t peak_bounce_bytes() const { return peak_bounce_bytes_; }
 
  private:
+  // ReadMetadata's one look at the files.
+  absl::StatusOr<Metadata> DescribeFiles();
+  // ReadData's reads (ready when it returns).
+  Future<void> ReadFiles(const LoadPlan& plan, LoadPlanner& planner);
+
   std::string path_;
   HuggingFaceStorageReaderOptions options_;
   FileSystemBase* fs_;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "io/fault_injection.h"
 #include "io/file_system.h"
 #include "io/safetensors.h"
+#include "planner/default_planner.h"
 
 namespace dcp {
 namespace {
@@ -112,6 +114,65 @@ TEST(HfDirectory, AMissingFileTheIndexNamesIsDataLossNamingItsTensors) {
               AllOf(HasSubstr(gone + " is missing"),
                     HasSubstr("maps 1 tensor to it (b)"),
                     HasSubstr("the checkpoint is incomplete")));
+}
+
+// A load planner that runs `between` once it has planned: after the
+// reader described the checkpoint, before it reads the files.
+class PlanThenRun final : public DefaultLoadPlanner {
+ public:
+  explicit PlanThenRun(std::function<void()> between)
+      : between_(std::move(between)) {}
+  absl::StatusOr<LoadPlan> CreateLocalPlan() override {
+    absl::StatusOr<LoadPlan> plan = DefaultLoadPlanner::CreateLocalPlan();
+    between_();
+    return plan;
+  }
+
+ private:
+  std::function<void()> between_;
+};
+
+// A load whose files another save replaced after the reader described
+// them is kAborted saying so (not kDataLoss: nothing is damaged); files
+// removed with no new checkpoint in their place stay kDataLoss.
+TEST(HfDirectory, FilesReplacedDuringALoadAreAbortedNotDataLoss) {
+  const std::string dir = TempDir("hf-replaced-during-load");
+  StateDict state;
+  state["a"] = F32({1, 2});
+  state["b"] = F32({3});
+  HuggingFaceStorageWriterOptions two_files;
+  two_files.fqn_to_index_mapping = {{"a", 1}, {"b", 2}};
+  ASSERT_TRUE(SaveHf(dir, state, two_files).ok());
+  StateDict back;
+  back["a"] = F32({0, 0});
+  back["b"] = F32({0});
+  PlanThenRun replace([&] {
+    StateDict next;
+    next["a"] = F32({5, 6});
+    next["b"] = F32({7});
+    ASSERT_TRUE(SaveHf(dir, next).ok());  // One file now.
+  });
+  HuggingFaceStorageReader reader(dir);
+  LoadOptions load;
+  load.storage_reader = &reader;
+  load.planner = &replace;
+  absl::Status status = Load(back, load);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("was replaced by another save while this load "
+                              "read it"),
+                    HasSubstr("load again")));
+  ASSERT_TRUE(LoadHf(dir, back).ok());
+  EXPECT_EQ(ValuesOf(back["b"].tensor()), std::vector<float>({7}));
+
+  ASSERT_TRUE(SaveHf(dir, state, two_files).ok());
+  const std::string gone = dir + "/model-00002-of-00002.safetensors";
+  PlanThenRun remove([&] { ASSERT_TRUE(std::filesystem::remove(gone)); });
+  HuggingFaceStorageReader reader2(dir);
+  load.storage_reader = &reader2;
+  load.planner = &remove;
+  status = Load(back, load);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
 }
 
 // nlohmann's dump() recursed once per level of an index's value in the

@@ -566,6 +566,7 @@ absl::Status CheckCoverage(const Metadata& metadata, const std::string& dir) {
 MegaStorageReader::MegaStorageReader(std::string path,
                                      MegaStorageReaderOptions options)
     : options_(options), delegate_("", options) {
+  delegate_.SetMetadataSource([this] { return ReadMetadata(); });
   absl::StatusOr<std::string> dir = MegaPathFromId(path);
   path_ = dir.ok() ? *dir : path;
   path_error_ = dir.status();
@@ -582,6 +583,11 @@ absl::Status MegaStorageReader::Reset(const std::string& checkpoint_id) {
 }
 
 absl::StatusOr<Metadata> MegaStorageReader::ReadMetadata() {
+  return internal_io::DescribeWhileCommitsMayRun(
+      [this] { return DescribeFiles(); });
+}
+
+absl::StatusOr<Metadata> MegaStorageReader::DescribeFiles() {
   DCP_RETURN_IF_ERROR(path_error_);
   FileSystemBase& fs = *OrLocal(options_.file_system);
   DCP_RETURN_IF_ERROR(internal_io::CompletePendingCommitForRead(

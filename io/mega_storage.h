@@ -175,6 +175,9 @@ class MegaStorageReader final : public StorageReader {
   const std::string& path() const { return path_; }
 
  private:
+  // ReadMetadata's one look at the files.
+  absl::StatusOr<Metadata> DescribeFiles();
+
   std::string path_;
   absl::Status path_error_;
   MegaStorageReaderOptions options_;

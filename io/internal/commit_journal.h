@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "io/file_system.h"
+#include "planner/metadata.h"
 
 namespace dcp::internal_io {
 
@@ -72,6 +73,15 @@ absl::Status CompleteCommit(FileSystemBase& fs, const std::string& dir,
 // How long CompletePendingCommitForRead waits for another holder of the
 // directory's lock to complete a pending commit.
 inline constexpr absl::Duration kPendingCommitWait = absl::Seconds(60);
+
+// Describes a checkpoint whose files another save's commit may be
+// renaming meanwhile (the Hugging Face and MEGA formats, whose metadata is
+// built from several files): `describe` is tried again, twice at most and
+// a few milliseconds apart, while it fails with kDataLoss (a file the index
+// names missing, headers that disagree), which a damaged checkpoint keeps
+// returning and a commit in progress does not.
+absl::StatusOr<Metadata> DescribeWhileCommitsMayRun(
+    absl::FunctionRef<absl::StatusOr<Metadata>()> describe);
 
 // How long a save's LockAndRecover waits for a load that holds the
 // directory's lock to complete a pending commit (such a load holds it for
@@ -126,9 +136,10 @@ class JournaledSave {
   // The coordinator: takes the lock on `dir` (kept until MarkCommitted or
   // Abort; already held: kept), then runs `recover` (completing what an
   // interrupted save decided). The lock is released if `recover` fails.
-  // A lock held by a load completing a pending commit (kReaderLockHolder)
-  // is waited for, up to kReaderLockWait; one held by anything else is
-  // reported at once (kFailedPrecondition naming the holder).
+  // A lock held by a load completing a pending commit (kReaderLockHolder),
+  // or by a holder that has not described itself yet, is waited for, up to
+  // kReaderLockWait; one held by anything else is reported at once
+  // (kFailedPrecondition naming the holder).
   absl::Status LockAndRecover(FileSystemBase& fs, const std::string& dir,
                               const std::string& holder,
                               absl::FunctionRef<absl::Status()> recover);
