@@ -151,11 +151,13 @@ def _model_state_dict(
     raw = model.state_dict()
     # As torch's: an OrderedDict keeping the modules' versions (_metadata),
     # which a module's _load_from_state_dict may need to read what it saved
-    # (nnq.Linear does).
+    # (nnq.Linear does); also where torch's gathered or offloaded copies
+    # lose them. Not for submodules without their prefixes (the versions
+    # are keyed by the model's module names).
     state: dict[str, Any] = OrderedDict()
     metadata = getattr(raw, "_metadata", None)
-    if metadata is not None:
-        state._metadata = metadata  # type: ignore[attr-defined]
+    if submodules is not None and not options.keep_submodule_prefixes:
+        metadata = None
     for key, value in raw.items():
         fqn = index.canonical(key)
         if fqn in state:
@@ -169,7 +171,7 @@ def _model_state_dict(
             state.pop(fqn, None)
     if submodules is not None:
         prefixes = _submodule_prefixes(index, submodules)
-        selected: dict[str, Any] = {}
+        selected: dict[str, Any] = OrderedDict()
         for fqn, value in state.items():
             for prefix in prefixes:
                 if fqn.startswith(prefix):
@@ -177,7 +179,12 @@ def _model_state_dict(
                     selected[key] = value
                     break
         state = selected
-    return _gather_and_offload(state, options)
+    state = _gather_and_offload(state, options)
+    if metadata is not None and state:  # (empty: not rank 0 of a gather)
+        if not isinstance(state, OrderedDict):
+            state = OrderedDict(state)
+        state._metadata = metadata  # type: ignore[attr-defined]
+    return state
 
 
 def _module_loads_plainly(m: nn.Module) -> bool:

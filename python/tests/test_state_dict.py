@@ -1290,3 +1290,13 @@ def test_module_versions_travel_with_the_state_dict():
         weight, bias = target[0]._weight_bias()
         assert torch.equal(weight.int_repr(), source[0].weight().int_repr())
         assert torch.equal(bias, torch.tensor([1., 2., 3.]))
+        # Also the copies full_state_dict and cpu_offload return (torch's
+        # lose the versions there).
+        for options in (sd.StateDictOptions(cpu_offload=True),
+                        sd.StateDictOptions(full_state_dict=True)):
+            other = nn.Sequential(nnq.Linear(4, 3))
+            copied = sd.get_model_state_dict(source, options=options)
+            assert "0" in copied._metadata, options
+            sd.set_model_state_dict(other, copied, options=options)
+            assert torch.equal(other[0].weight().int_repr(),
+                               source[0].weight().int_repr()), options
