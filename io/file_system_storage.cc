@@ -703,9 +703,8 @@ absl::Status FileSystemReader::Read(const LoadPlan& plan, LoadPlanner& planner,
   if (!absl::IsDataLoss(status) || !metadata_.has_value()) return status;
   if (metadata_source_ != nullptr) {
     absl::StatusOr<Metadata> now = metadata_source_();
-    if (!now.ok() ||
-        (now->storage_data == metadata_->storage_data &&
-         now->state_dict_metadata == metadata_->state_dict_metadata)) {
+    // Where the bytes lie, and their checksums.
+    if (!now.ok() || now->storage_data == metadata_->storage_data) {
       return status;
     }
     return ReplacedWhileReading(dir_, status, /*removed=*/false);
