@@ -474,7 +474,8 @@ TEST(MegaCheckpoint, OutOfSpaceKeepsTheOldCheckpoint) {
 
 // A failed call (EIO) at each file-system call of a load in turn: the load
 // fails naming the file (in the directory) it was at, or, for a call it can
-// do without, loads every byte; no file stays open.
+// do without or one of describing the files (tried again: a commit may be
+// renaming them), loads every byte; no file stays open.
 TEST(MegaCheckpoint, AFailedCallAtAnyStepOfALoadIsAClearError) {
   const std::string dir = MakeTempDir("mega_load_faults");
   MegaStorageWriterOptions writer_options;
@@ -483,6 +484,7 @@ TEST(MegaCheckpoint, AFailedCallAtAnyStepOfALoadIsAClearError) {
   const StateDict saved = SmallState(3);
   ASSERT_TRUE(SaveMega(dir, saved, writer_options).ok());
   int failures = 0;
+  int recovered = 0;
   for (int64_t nth = 1;; ++nth) {
     FaultInjectionFileSystem faulty(LocalFileSystem());
     faulty.Inject(Fault{FaultOp::kAny, EIO, "", nth});
@@ -497,14 +499,16 @@ TEST(MegaCheckpoint, AFailedCallAtAnyStepOfALoadIsAClearError) {
       ExpectEqualStates(saved, loaded);
       break;
     }
-    if (status.ok()) {  // A call the reader may do without.
+    if (status.ok()) {  // Done without, or tried again.
       ExpectEqualStates(saved, loaded);
+      ++recovered;
       continue;
     }
     ++failures;
     EXPECT_THAT(status.message(), HasSubstr(dir)) << "call " << nth;
   }
-  EXPECT_GT(failures, 5);
+  EXPECT_GT(failures, 3);
+  EXPECT_GT(failures + recovered, 5);
   EXPECT_TRUE(LoadsAs(dir, saved));
 }
 
